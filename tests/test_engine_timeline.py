@@ -479,6 +479,35 @@ def test_cpu_oversubscription_between_ranks(toy, penalty, threads_per_rank, over
                                                               rel=1e-9)
 
 
+def test_default_pool_is_one_thread_per_physical_core(toy):
+    """PyTorch sizes its OpenMP pool to the physical cores, so two hardware threads per core
+    do not double the pool: the overflow check reads 115008 fp32 grads (460032 B) at 1 GB/s
+    per thread with 4 threads (115008000 ps), not 8; an explicit 8 halves it."""
+    two_per_core = {"hardware": {"host": {"threads_per_core": 2}}}
+    for threads, ps in [(None, 115008000), (8, 57504000)]:
+        patch = two_per_core | {"runtime": {"cpu_threads_per_rank": threads}}
+        spans = toy.run(patch).spans
+        check = spans[spans.op == "overflow check"]
+        assert list(check.end_s - check.start_s) == pytest.approx([ps * PS], rel=1e-9)
+
+
+TWO_SOCKETS = {"sockets": 2, "numa_domains": 2, "cores_per_socket": 2,
+               "socket_link_GBps": {"value": 2}}
+
+
+@pytest.mark.parametrize(("placement", "ps"), [
+    ("round_robin", 3276800),  # rank 0 on domain 0, the GPU's own: 32768 B at 10 GB/s
+    ("interleaved", 8192000),  # half the bytes cross a 2 GB/s link: r / 2 <= 2e9, 4 GB/s
+])
+def test_interleaved_pages_send_half_of_a_copy_over_the_socket_link(toy, placement, ps):
+    """The GPU hangs off domain 0. lm_head's grad partition (16384 fp16 elements, 32768 B)
+    goes to pinned memory: local under round_robin, half on each domain when interleaved."""
+    patch = {"hardware": {"host": TWO_SOCKETS | {"rank_memory_placement": {"value": placement}}}}
+    spans = toy.run(patch).spans
+    accum = spans[spans.op == "grad → accum lm_head (pinned)"]
+    assert list(accum.end_s - accum.start_s) == pytest.approx([ps * PS], rel=1e-9)
+
+
 # DeepSpeed stage3.py: reduce_and_partition_stream = Stream() if overlap_comm else
 # default_stream(), so without overlap_comm the reduction is serialized with the backward.
 NO_OVERLAP = {"deepspeed": {"zero_optimization": {"overlap_comm": False,

@@ -86,15 +86,16 @@ PRIOR = {
     "cpu.elementwise_GBps_per_thread": ("0.3:20", 4),
     "cpu.page_zeroing_GBps": ("0.3:30", 3),
     "cpu.oversubscription_penalty": ("0.001:3", 0.15),
-    "cpu.cast_threads": ("1:192", 16),
+    "cpu.cast_threads": ("1:96", 16),
 }
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "fitted on DP=1 and DP=2 only, the DP=4 update comes out 27% short (forward -5%, "
-    "non-boundary backward -8%, boundary backward -9% are within 15%): only DP=4 runs enough "
-    "OpenMP pools (4 x 192 threads on 192) for the oversubscription cost to show, so DP=1/2 "
-    "leave it undetermined"))
+    "fitted on DP=1 and DP=2 only, the DP=4 update comes out 25% short (forward -5%, "
+    "non-boundary backward -8%, boundary backward -8% are within 15%): with PyTorch's pool of "
+    "one thread per physical core, DP=1 and DP=2 run 96 and 192 OpenMP threads on 192 "
+    "hardware threads and never oversubscribe, so the oversubscription cost that the study "
+    "itself blames for DP=4's flat update is not identifiable from them and stays at its prior"))
 def test_fit_on_dp1_and_dp2_predicts_every_dp4_phase_within_15_percent(tmp_path):
     """Cross-validation: start from the uncalibrated values, fit on the DP=1 and DP=2 rows of
     Table 2 only, and predict the DP=4 row the fit never saw."""

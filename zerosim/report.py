@@ -28,7 +28,8 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.gpus_per_node} "
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
     top.add_row("runtime", f"DeepSpeed {format_version(scenario.runtime.deepspeed_version)}, "
-                f"cpu_threads_per_rank {scenario.runtime.cpu_threads_per_rank or 'all'}")
+                f"cpu_threads_per_rank "
+                f"{scenario.runtime.cpu_threads_per_rank or 'one per physical core'}")
     console.print(top)
     table = Table(title="deepspeed (resolved, defaults filled in)", title_justify="left")
     table.add_column("key")

@@ -23,12 +23,13 @@ Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a rank lives: its node, its GPU, and the NUMA domain holding its host buffers."""
+    """Where a rank lives: its node, its GPU, and how its host buffers spread over the node's
+    NUMA domains, as (domain, share of the pages) pairs."""
 
     rank: int
     node: int
     gpu: int
-    host_domain: int
+    host_shares: tuple[tuple[int, float], ...]
 
     @property
     def device(self) -> str:
@@ -39,17 +40,35 @@ class Placement:
         return f"host{self.node}"
 
 
+def host_shares(profile: HardwareProfile, local_rank: int) -> tuple[tuple[int, float], ...]:
+    """Where a rank's host pages live under the profile's placement rule.
+
+    `gpu_local`: the domain its GPU hangs off; `round_robin`: domain r mod domains (unbound
+    processes spread over sockets, first touch keeps each rank's pages home); `interleaved`:
+    evenly over every domain (buffers first touched by an OpenMP pool spanning all sockets).
+    """
+    if profile.rank_memory_placement == "interleaved":
+        share = 1.0 / profile.numa_domains
+        return tuple((d, share) for d in range(profile.numa_domains))
+    if profile.rank_memory_placement == "gpu_local":
+        return ((profile.gpu_numa_domain[local_rank], 1.0),)
+    return ((local_rank % profile.numa_domains, 1.0),)
+
+
 def place_ranks(profile: HardwareProfile, ranks: int) -> list[Placement]:
     """Rank r drives GPU r; its host buffers follow the profile's placement rule."""
     placements = []
     for rank in range(ranks):
         node, local = divmod(rank, profile.gpus_per_node)
-        if profile.rank_memory_placement == "gpu_local":
-            domain = profile.gpu_numa_domain[local]
-        else:
-            domain = local % profile.numa_domains
-        placements.append(Placement(rank, node, rank, domain))
+        placements.append(Placement(rank, node, rank, host_shares(profile, local)))
     return placements
+
+
+def default_threads_per_rank(profile: HardwareProfile) -> int:
+    """PyTorch's intra-op default, which the OpenMP pool of DeepSpeedCPUAdam inherits when
+    OMP_NUM_THREADS is unset (DeepSpeed's launcher leaves it unset): one thread per physical
+    core (c10 TaskThreadPoolBase::defaultNumThreads), not per hardware thread."""
+    return profile.physical_cores
 
 
 @dataclass
@@ -67,7 +86,7 @@ class Machine:
         self.profile = profile
         self.placements = place_ranks(profile, ranks)
         self.flows = FlowNetwork(env, keep_records=False)
-        self.threads_per_rank = threads_per_rank or profile.hardware_threads
+        self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._build_resources(ranks)
 
@@ -103,24 +122,32 @@ class Machine:
         if p.pcie_latency_s > 0:
             yield self.env.timeout(p.pcie_latency_s)
         link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
-        memory = self.memory[(pl.node, pl.host_domain)]
         host_bytes = costs.PINNED_HOST_BYTES if pinned else costs.PAGEABLE_STAGING_HOST_BYTES
-        usage = {link: 1.0, memory: host_bytes} | self._remote_socket(pl, direction)
+        usage = {link: 1.0} | self._host_memory(pl, host_bytes) | self._remote_socket(pl,
+                                                                                   direction)
         peak = None if pinned else (p.h2d_pageable_Bps if direction == "h2d"
                                     else p.d2h_pageable_Bps)
         yield self.flows.start(nbytes, usage, max_rate=peak,
                                weight=p.dma_memory_weight / host_bytes, label=label)
 
+    def _host_memory(self, pl: Placement, bytes_per_unit: float
+                     ) -> dict[SharedResource, float]:
+        """The rank's NUMA domains, each carrying its share of `bytes_per_unit`."""
+        return {self.memory[(pl.node, domain)]: bytes_per_unit * share
+                for domain, share in pl.host_shares}
+
     def _remote_socket(self, pl: Placement, direction: Direction
                        ) -> dict[SharedResource, float]:
-        """A GPU attached to one socket copying to or from memory of the other crosses the
-        inter-socket link (UPI) in the direction the data moves."""
+        """The share of a copy between a GPU attached to one socket and memory of another
+        crosses the inter-socket link (UPI) in the direction the data moves."""
         gpu_domain = self.profile.gpu_numa_domain[pl.gpu % self.profile.gpus_per_node]
-        if gpu_domain == pl.host_domain:
-            return {}
-        src, dst = ((gpu_domain, pl.host_domain) if direction == "d2h"
-                    else (pl.host_domain, gpu_domain))
-        return {self.socket_link[(pl.node, src, dst)]: 1.0}
+        usage: dict[SharedResource, float] = {}
+        for domain, share in pl.host_shares:
+            if domain != gpu_domain:
+                src, dst = ((gpu_domain, domain) if direction == "d2h"
+                            else (domain, gpu_domain))
+                usage[self.socket_link[(pl.node, src, dst)]] = share
+        return usage
 
     # ------------------------------------------------------------------ CPU work
 
@@ -136,10 +163,8 @@ class Machine:
             return
         pl = self.placements[rank]
         threads = min(threads or self.threads_per_rank, self.threads_per_rank)
-        usage: dict[SharedResource, float] = {
-            self.cpu[pl.node]: 1.0 / elements_per_s_per_thread,
-            self.memory[(pl.node, pl.host_domain)]: bytes_per_element,
-        }
+        usage = {self.cpu[pl.node]: 1.0 / elements_per_s_per_thread} | self._host_memory(
+            pl, bytes_per_element)
         yield self.flows.start(elements, usage,
                                max_rate=threads * elements_per_s_per_thread,
                                weight=1.0 / bytes_per_element, label=label)
@@ -162,10 +187,9 @@ class Machine:
         if nbytes <= 0:
             return
         pl = self.placements[rank]
-        memory = self.memory[(pl.node, pl.host_domain)]
         threads = min(threads, self.threads_per_rank)
-        yield self.flows.start(nbytes, {memory: 1.0},
-                               max_rate=threads * self.profile.page_zeroing_Bps, label=label)
+        rate = threads * self.profile.page_zeroing_Bps
+        yield self.flows.start(nbytes, self._host_memory(pl, 1.0), max_rate=rate, label=label)
 
     # ------------------------------------------------------------------ collectives
 

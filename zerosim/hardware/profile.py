@@ -20,7 +20,7 @@ from zerosim.units import GB, TFLOPS, US, GiB
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 BASES = ("spec", "measured", "fitted", "assumed", "override")
-PLACEMENTS = ("round_robin", "gpu_local")
+PLACEMENTS = ("round_robin", "gpu_local", "interleaved")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,10 @@ class HardwareProfile:
     @property
     def hardware_threads(self) -> int:
         return self.sockets * self.cores_per_socket * self.threads_per_core
+
+    @property
+    def physical_cores(self) -> int:
+        return self.sockets * self.cores_per_socket
 
     @property
     def total_gpus(self) -> int:
