@@ -508,6 +508,23 @@ def test_interleaved_pages_send_half_of_a_copy_over_the_socket_link(toy, placeme
     assert list(accum.end_s - accum.start_s) == pytest.approx([ps * PS], rel=1e-9)
 
 
+@pytest.mark.parametrize(("placement", "busiest_domain_bytes"), [
+    ("gpu_local", 28),  # bound to socket 0: all 28 B of an element on domain 0
+    ("round_robin", 20),  # fp32 param + grad (12 B) at home, exp_avg/_sq (16 B) half each
+    ("interleaved", 14),  # every page evenly on both domains
+])
+def test_adam_memory_traffic_follows_where_each_buffer_lives(toy, placement,
+                                                             busiest_domain_bytes):
+    """Adam on sub-group 0 (57472 elements) with 0.2 GB/s per domain, far below its thread
+    ceiling (4 x 1e8 params/s): the busiest domain sets the rate, 0.2e9 / bytes it carries."""
+    host = TWO_SOCKETS | {"rank_memory_placement": {"value": placement},
+                          "memory_GBps_per_domain": {"value": 0.2}}
+    spans = toy.run({"hardware": {"host": host}}).spans
+    adam = spans[spans.op == "cpu adam sub-group 0"]
+    assert list(adam.end_s - adam.start_s) == pytest.approx(
+        [57472 * busiest_domain_bytes / 0.2e9], rel=1e-9)
+
+
 # DeepSpeed stage3.py: reduce_and_partition_stream = Stream() if overlap_comm else
 # default_stream(), so without overlap_comm the reduction is serialized with the backward.
 NO_OVERLAP = {"deepspeed": {"zero_optimization": {"overlap_comm": False,

@@ -21,15 +21,21 @@ Direction = Literal["h2d", "d2h"]
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
 
+Shares = tuple[tuple[int, float], ...]
+"""How a set of pages spreads over a node's NUMA domains: (domain, share of the pages) pairs."""
+
+
 @dataclass(frozen=True)
 class Placement:
-    """Where a rank lives: its node, its GPU, and how its host buffers spread over the node's
-    NUMA domains, as (domain, share of the pages) pairs."""
+    """Where a rank lives: its node, its GPU, and where its host pages sit: `home` for the
+    buffers its host thread allocates, `spread` for tensors its CPU pool first touches (see
+    `costs.HostBytes`)."""
 
     rank: int
     node: int
     gpu: int
-    host_shares: tuple[tuple[int, float], ...]
+    home: Shares
+    spread: Shares
 
     @property
     def device(self) -> str:
@@ -40,19 +46,22 @@ class Placement:
         return f"host{self.node}"
 
 
-def host_shares(profile: HardwareProfile, local_rank: int) -> tuple[tuple[int, float], ...]:
-    """Where a rank's host pages live under the profile's placement rule.
+def host_shares(profile: HardwareProfile, local_rank: int) -> tuple[Shares, Shares]:
+    """Where a rank's home and spread pages live under the profile's placement rule.
 
-    `gpu_local`: the domain its GPU hangs off; `round_robin`: domain r mod domains (unbound
-    processes spread over sockets, first touch keeps each rank's pages home); `interleaved`:
-    evenly over every domain (buffers first touched by an OpenMP pool spanning all sockets).
+    `round_robin`: unbound processes; Linux spreads their host threads over the sockets, so
+    home is domain r mod domains (first touch keeps pages local), while the OpenMP pool spans
+    every socket and spreads what it first touches evenly. `gpu_local`: ranks bound to the
+    socket their GPU hangs off (numactl, `--bind_cores_to_rank`), pool included: everything on
+    that domain. `interleaved`: `numactl --interleave=all`: every page evenly on every domain.
     """
+    every = tuple((d, 1.0 / profile.numa_domains) for d in range(profile.numa_domains))
     if profile.rank_memory_placement == "interleaved":
-        share = 1.0 / profile.numa_domains
-        return tuple((d, share) for d in range(profile.numa_domains))
+        return every, every
     if profile.rank_memory_placement == "gpu_local":
-        return ((profile.gpu_numa_domain[local_rank], 1.0),)
-    return ((local_rank % profile.numa_domains, 1.0),)
+        local = ((profile.gpu_numa_domain[local_rank], 1.0),)
+        return local, local
+    return ((local_rank % profile.numa_domains, 1.0),), every
 
 
 def place_ranks(profile: HardwareProfile, ranks: int) -> list[Placement]:
@@ -60,7 +69,7 @@ def place_ranks(profile: HardwareProfile, ranks: int) -> list[Placement]:
     placements = []
     for rank in range(ranks):
         node, local = divmod(rank, profile.gpus_per_node)
-        placements.append(Placement(rank, node, rank, host_shares(profile, local)))
+        placements.append(Placement(rank, node, rank, *host_shares(profile, local)))
     return placements
 
 
@@ -113,8 +122,11 @@ class Machine:
     # ------------------------------------------------------------------ copies
 
     def dma(self, rank: int, direction: Direction, nbytes: float, *, pinned: bool,
-            label: str = "") -> Generator[simpy.Event, Any, None]:
-        """A host<->device copy: PCIe latency, then a flow over the link and host memory."""
+            buffer: costs.HostBytes = costs.PINNED_DMA_HOST_BYTES, label: str = ""
+            ) -> Generator[simpy.Event, Any, None]:
+        """A host<->device copy: PCIe latency, then a flow over the link and host memory.
+        A pageable copy is staged through the driver's pinned buffer; `buffer` says where the
+        pageable buffer's pages live."""
         if nbytes <= 0:
             return
         pl = self.placements[rank]
@@ -122,27 +134,30 @@ class Machine:
         if p.pcie_latency_s > 0:
             yield self.env.timeout(p.pcie_latency_s)
         link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
-        host_bytes = costs.PINNED_HOST_BYTES if pinned else costs.PAGEABLE_STAGING_HOST_BYTES
-        usage = {link: 1.0} | self._host_memory(pl, host_bytes) | self._remote_socket(pl,
-                                                                                   direction)
+        host = costs.PINNED_DMA_HOST_BYTES if pinned else costs.pageable_dma_host_bytes(buffer)
+        usage = {link: 1.0} | self._host_memory(pl, host) | self._remote_socket(pl, direction)
         peak = None if pinned else (p.h2d_pageable_Bps if direction == "h2d"
                                     else p.d2h_pageable_Bps)
         yield self.flows.start(nbytes, usage, max_rate=peak,
-                               weight=p.dma_memory_weight / host_bytes, label=label)
+                               weight=p.dma_memory_weight / host.total, label=label)
 
-    def _host_memory(self, pl: Placement, bytes_per_unit: float
-                     ) -> dict[SharedResource, float]:
-        """The rank's NUMA domains, each carrying its share of `bytes_per_unit`."""
-        return {self.memory[(pl.node, domain)]: bytes_per_unit * share
-                for domain, share in pl.host_shares}
+    def _host_memory(self, pl: Placement, host: costs.HostBytes) -> dict[SharedResource, float]:
+        """The bytes each of the rank's NUMA domains carries per unit of work."""
+        usage: dict[SharedResource, float] = {}
+        for shares, nbytes in ((pl.home, host.home), (pl.spread, host.spread)):
+            for domain, share in shares:
+                if nbytes * share > 0:
+                    resource = self.memory[(pl.node, domain)]
+                    usage[resource] = usage.get(resource, 0.0) + nbytes * share
+        return usage
 
     def _remote_socket(self, pl: Placement, direction: Direction
                        ) -> dict[SharedResource, float]:
-        """The share of a copy between a GPU attached to one socket and memory of another
+        """The share of a DMA between a GPU attached to one socket and home pages on another
         crosses the inter-socket link (UPI) in the direction the data moves."""
         gpu_domain = self.profile.gpu_numa_domain[pl.gpu % self.profile.gpus_per_node]
         usage: dict[SharedResource, float] = {}
-        for domain, share in pl.host_shares:
+        for domain, share in pl.home:
             if domain != gpu_domain:
                 src, dst = ((gpu_domain, domain) if direction == "d2h"
                             else (domain, gpu_domain))
@@ -151,7 +166,7 @@ class Machine:
 
     # ------------------------------------------------------------------ CPU work
 
-    def cpu_kernel(self, rank: int, elements: float, *, bytes_per_element: float,
+    def cpu_kernel(self, rank: int, elements: float, *, host: costs.HostBytes,
                    elements_per_s_per_thread: float, threads: float | None = None,
                    label: str = "") -> Generator[simpy.Event, Any, None]:
         """A multi-threaded CPU kernel bounded by its threads and its share of memory bandwidth.
@@ -164,32 +179,34 @@ class Machine:
         pl = self.placements[rank]
         threads = min(threads or self.threads_per_rank, self.threads_per_rank)
         usage = {self.cpu[pl.node]: 1.0 / elements_per_s_per_thread} | self._host_memory(
-            pl, bytes_per_element)
+            pl, host)
         yield self.flows.start(elements, usage,
                                max_rate=threads * elements_per_s_per_thread,
-                               weight=1.0 / bytes_per_element, label=label)
+                               weight=1.0 / host.total, label=label)
 
-    def elementwise(self, rank: int, elements: float, bytes_per_element: float, *,
+    def elementwise(self, rank: int, elements: float, host: costs.HostBytes, *,
                     threads: float | None = None, label: str = ""
                     ) -> Generator[simpy.Event, Any, None]:
         """A streaming CPU kernel (unscale, casts): memory-bound per thread."""
-        rate = self.profile.elementwise_Bps_per_thread / bytes_per_element
-        yield from self.cpu_kernel(rank, elements, bytes_per_element=bytes_per_element,
-                                   elements_per_s_per_thread=rate, threads=threads, label=label)
+        rate = self.profile.elementwise_Bps_per_thread / host.total
+        yield from self.cpu_kernel(rank, elements, host=host, elements_per_s_per_thread=rate,
+                                   threads=threads, label=label)
 
-    def zero_pages(self, rank: int, nbytes: float, *, threads: float = 1, label: str = ""
+    def zero_pages(self, rank: int, nbytes: float, *, threads: float = 1,
+                   where: costs.HostBytes = costs.PINNED_DMA_HOST_BYTES, label: str = ""
                    ) -> Generator[simpy.Event, Any, None]:
         """The kernel zeroing the fresh pages of a new host temporary on first touch.
 
         Page faults are served by the thread that touches the page first: the CUDA driver's
-        single staging thread for a pageable D2H, the cast's threads for a CPU-side cast.
+        single staging thread for a pageable D2H (home pages), the cast's threads for a
+        CPU-side cast (spread pages); `where` says which, per byte.
         """
         if nbytes <= 0:
             return
         pl = self.placements[rank]
         threads = min(threads, self.threads_per_rank)
         rate = threads * self.profile.page_zeroing_Bps
-        yield self.flows.start(nbytes, self._host_memory(pl, 1.0), max_rate=rate, label=label)
+        yield self.flows.start(nbytes, self._host_memory(pl, where), max_rate=rate, label=label)
 
     # ------------------------------------------------------------------ collectives
 

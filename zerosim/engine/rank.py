@@ -117,10 +117,11 @@ class RankProgram:
                                                                  passes=passes)),
                              after=after, nbytes=nbytes)
 
-    def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str) -> Gen:
+    def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str,
+            buffer: costs.HostBytes = costs.PINNED_DMA_HOST_BYTES) -> Gen:
         """A host<->device copy, also drawn on the rank's copy-engine track."""
         start = self.env.now
-        yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned,
+        yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,
                                     label=f"rank{self.rank} {op}")
         kind = "pinned" if pinned else "pageable"
         self.ctx.spans.append(Span(self.rank, f"pcie.{direction}", self.phase, self.micro,

@@ -26,6 +26,10 @@ BOUNDARY_NONBLOCKING_FROM: Version = (0, 19, 5)
 """From 0.19.5 that D2H is non-blocking and overlaps the backward."""
 
 
+CAST_OUTPUT = costs.HostBytes(spread=1)
+"""Where a CPU-side cast's output lives, per byte: first touched by the pool, so spread."""
+
+
 class Zero3Rank(RankProgram):
     def __init__(self, ctx: RunContext, rank: int):
         super().__init__(ctx, rank)
@@ -372,7 +376,8 @@ class Zero3Rank(RankProgram):
             if self.accum_bytes != FP32_BYTES:
                 yield from self.cpu_work(
                     f"cast fp16→fp32 {name}",
-                    self.machine.elementwise(self.rank, elements, self.accum_bytes + FP32_BYTES,
+                    self.machine.elementwise(self.rank, elements,
+                                             costs.HostBytes(home=self.accum_bytes + FP32_BYTES),
                                              threads=self.profile.cast_threads),
                     nbytes=nbytes, track="cpu.flush")
 
@@ -388,7 +393,8 @@ class Zero3Rank(RankProgram):
         yield from self.dma("d2h", temp_bytes, pinned=False, op=f"fp32 flush {name}")
         yield from self.cpu_work(
             f"cast fp16→fp32 {name}",
-            self.machine.elementwise(self.rank, elements, self.dtype_bytes + FP32_BYTES,
+            self.machine.elementwise(self.rank, elements,
+                                     costs.HostBytes(home=self.dtype_bytes + FP32_BYTES),
                                      threads=self.profile.cast_threads),
             nbytes=temp_bytes)
         self.host.free("pageable temporaries", temp)
@@ -407,7 +413,7 @@ class Zero3Rank(RankProgram):
         part = self.plan.partition_numel
         if self.ds.dtype == "fp16":
             yield from self.cpu_work("overflow check", self.machine.elementwise(
-                self.rank, part, costs.OVERFLOW_CHECK_BYTES_PER_ELEMENT))
+                self.rank, part, costs.OVERFLOW_CHECK_HOST_BYTES))
             yield from self.machine.collective(self.rank, self.next_key("all_reduce"),
                                                "all_reduce", DEVICE_SCALAR_BYTES, self.ranks)
         yield from self.machine.collective(self.rank, self.next_key("all_reduce"), "all_reduce",
@@ -473,9 +479,9 @@ class Zero3Rank(RankProgram):
     def update_subgroup(self, group: int, elements: int) -> Gen:
         m = self.machine
         yield from self.cpu_work(f"unscale sub-group {group}", m.elementwise(
-            self.rank, elements, costs.UNSCALE_BYTES_PER_ELEMENT))
+            self.rank, elements, costs.UNSCALE_HOST_BYTES))
         yield from self.cpu_work(f"cpu adam sub-group {group}", m.cpu_kernel(
-            self.rank, elements, bytes_per_element=costs.ADAM_BYTES_PER_ELEMENT,
+            self.rank, elements, host=costs.ADAM_HOST_BYTES,
             elements_per_s_per_thread=self.profile.adam_params_per_s_per_thread))
         if self.what_if.overlap_copy_back:
             self.streams["copy-back"].launch(
@@ -489,28 +495,33 @@ class Zero3Rank(RankProgram):
         then a blocking H2D (or, with offload_param, the cast straight into the host copy).
         The what-if `overlap_copy_back` runs it on a helper thread (`track`)."""
         m = self.machine
-        cast_bytes = FP32_BYTES + self.dtype_bytes
         threads = self.profile.cast_threads
         if self.offload_param:
+            cast = costs.HostBytes(home=FP32_BYTES + self.dtype_bytes)
             yield from self.cpu_work(f"cast fp32→16-bit sub-group {group}", m.elementwise(
-                self.rank, elements, cast_bytes, threads=threads), track=track)
+                self.rank, elements, cast, threads=threads), track=track)
             return
         temp_bytes = self.dtype_bytes * elements
         temp = self.host.allocate("pageable temporaries", temp_bytes, f"sub-group {group} cast")
         yield from self.cpu_work(f"cast fp32→16-bit sub-group {group}",
-                                 self._zero_then_cast(elements, temp_bytes, cast_bytes, threads),
+                                 self._zero_then_cast(elements, temp_bytes, threads),
                                  track=track)
 
         def upload() -> Gen:
-            yield from self.dma("h2d", temp_bytes, pinned=False, op=f"params sub-group {group}")
+            yield from self.dma("h2d", temp_bytes, pinned=False, buffer=CAST_OUTPUT,
+                                op=f"params sub-group {group}")
 
         yield self.compute.launch(f"H2D params sub-group {group}", upload, nbytes=temp_bytes)
         self.host.free("pageable temporaries", temp)
 
-    def _zero_then_cast(self, elements: int, temp_bytes: int, cast_bytes: int,
-                        threads: float) -> Gen:
-        yield from self.machine.zero_pages(self.rank, temp_bytes, threads=threads)
-        yield from self.machine.elementwise(self.rank, elements, cast_bytes, threads=threads)
+    def _zero_then_cast(self, elements: int, temp_bytes: int, threads: float) -> Gen:
+        """`fp32.to(16-bit)` on the CPU: the pool's threads fault in (zero) the fresh
+        temporary's pages, so they spread like it, then read the fp32 master (home)."""
+        yield from self.machine.zero_pages(self.rank, temp_bytes, threads=threads,
+                                           where=CAST_OUTPUT)
+        yield from self.machine.elementwise(
+            self.rank, elements, costs.HostBytes(home=FP32_BYTES, spread=self.dtype_bytes),
+            threads=threads)
 
 
 STATIC_CATEGORIES = {

@@ -14,13 +14,46 @@ from zerosim.models.breakdown import Module
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward computes grads w.r.t. inputs and weights: twice the forward matmul work."""
 
-ADAM_BYTES_PER_ELEMENT = 28
-"""CPU Adam reads fp32 param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq."""
+@dataclass(frozen=True)
+class HostBytes:
+    """Host-memory bytes per element (or per copied byte), by where the buffers they touch live.
 
-UNSCALE_BYTES_PER_ELEMENT = 8
+    `home`: buffers the rank's host thread allocates or first touches (pinned buffers, the
+    driver's staging buffers, the fp32 master params and gradients, a pageable D2H target);
+    `spread`: tensors first touched by the rank's multi-threaded CPU pool (the optimizer
+    states that `zeros_like` fills in parallel, the output of a CPU-side cast).
+    """
+
+    home: float = 0.0
+    spread: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.home + self.spread
+
+
+ADAM_HOST_BYTES = HostBytes(home=12, spread=16)
+"""CPU Adam reads the fp32 param and grad and writes the param (home); reads and writes
+exp_avg and exp_avg_sq (spread): 28 B per element."""
+
+UNSCALE_HOST_BYTES = HostBytes(home=8)
 """unscale_and_clip_grads: an in-place multiply of the fp32 gradient (read 4 B, write 4 B)."""
 
-GPU_STEP_BYTES_PER_ELEMENT = UNSCALE_BYTES_PER_ELEMENT + ADAM_BYTES_PER_ELEMENT + 6
+OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4)
+"""The fp16 overflow check reads every fp32 gradient once."""
+
+PINNED_DMA_HOST_BYTES = HostBytes(home=1)
+"""Host-memory bytes per byte of a DMA to or from pinned memory."""
+
+
+def pageable_dma_host_bytes(buffer: HostBytes) -> HostBytes:
+    """Host-memory bytes per byte of a pageable copy: the DMA to or from the driver's pinned
+    staging buffer (home), then a memcpy between it (home) and the pageable buffer, which
+    lives where `buffer` (1 B in all) says."""
+    return HostBytes(home=2 + buffer.home, spread=buffer.spread)
+
+
+GPU_STEP_BYTES_PER_ELEMENT = UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total + 6
 """A sub-group stepped on the GPU: unscale, Adam, then the fp32 -> 16-bit cast (4 B + 2 B)."""
 
 GPU_STATE_BYTES_PER_ELEMENT = 16
@@ -28,16 +61,6 @@ GPU_STATE_BYTES_PER_ELEMENT = 16
 
 GPU_STATE_WRITEBACK_BYTES_PER_ELEMENT = 12
 """What goes back after it: fp32 param, exp_avg, exp_avg_sq."""
-
-OVERFLOW_CHECK_BYTES_PER_ELEMENT = 4
-"""The fp16 overflow check reads every fp32 gradient once."""
-
-PAGEABLE_STAGING_HOST_BYTES = 3
-"""Host-memory bytes per byte of a pageable copy: the DMA into the driver's pinned bounce
-buffer, then a memcpy between it and the pageable buffer (one read, one write)."""
-
-PINNED_HOST_BYTES = 1
-"""Host-memory bytes per byte of a DMA to or from pinned memory."""
 
 
 def _efficiency(module: Module, profile: HardwareProfile) -> float:

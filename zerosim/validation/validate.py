@@ -9,7 +9,7 @@ import simpy
 
 from zerosim.api import simulate
 from zerosim.engine.machine import Machine
-from zerosim.hardware.costs import UNSCALE_BYTES_PER_ELEMENT
+from zerosim.hardware.costs import UNSCALE_HOST_BYTES
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.results import Result
 from zerosim.scenario import scenario_from_dict
@@ -135,7 +135,7 @@ def pcie_drop_during_unscale(profile: HardwareProfile) -> float:
         copy = env.process(machine.dma(0, "h2d", UNSCALE_PROBE_BYTES, pinned=True))
         if with_unscale:
             env.process(machine.elementwise(0, 100 * UNSCALE_PROBE_BYTES,
-                                            UNSCALE_BYTES_PER_ELEMENT))
+                                            UNSCALE_HOST_BYTES))
         env.run(until=copy)
         return env.now
 
