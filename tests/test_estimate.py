@@ -25,32 +25,20 @@ from zerosim.estimate import (
     estimate_model_states,
 )
 from zerosim.models import CATALOG, largest_layer_params, total_params
+from zerosim.validation.reference import load_estimator_tables, load_study
+from zerosim.validation.validate import table1_estimate
 
 T5_3B_PARAMS = 2851e6  # DS_DOCS `_all_cold` calls: total_params=2851e6
 T5_3B_LARGEST = 32e6  # DS_DOCS: largest_layer_params=32e6
 
-# DS_DOCS, estimate_zero3_model_states_mem_needs_all_cold(2851e6, 32e6, num_gpus_per_node=8)
-DS_DOCS_ZERO3_COLD = """\
-Estimated memory needed for params, optim states and gradients for a:
-HW: Setup with 1 node, 8 GPUs per node.
-SW: Model with 2851M total params, 32M largest layer params.
-  per CPU  |  per GPU |   Options
-   71.69GB |   0.12GB | offload_param=cpu , offload_optimizer=cpu , zero_init=1
-  127.45GB |   0.12GB | offload_param=cpu , offload_optimizer=cpu , zero_init=0
-   63.72GB |   0.78GB | offload_param=none, offload_optimizer=cpu , zero_init=1
-  127.45GB |   0.78GB | offload_param=none, offload_optimizer=cpu , zero_init=0
-    1.43GB |   6.09GB | offload_param=none, offload_optimizer=none, zero_init=1
-  127.45GB |   6.09GB | offload_param=none, offload_optimizer=none, zero_init=0"""
-
-# DS_DOCS, estimate_zero2_model_states_mem_needs_all_cold(2851e6, num_gpus_per_node=8). The web
-# page drops the trailing space DeepSpeed prints after "cpu " (f'{OffloadDeviceEnum.cpu:4}').
-DS_DOCS_ZERO2_COLD = """\
-Estimated memory needed for params, optim states and gradients for a:
-HW: Setup with 1 node, 8 GPUs per node.
-SW: Model with 2851M total params.
-  per CPU  |  per GPU |   Options
-  127.45GB |   5.31GB | offload_optimizer=cpu
-  127.45GB |  15.93GB | offload_optimizer=none"""
+# DS_DOCS's `_all_cold` tables as zerosim ships them for `zerosim validate`
+# (zerosim/validation/data/deepspeed_estimator.yaml, each with the call behind it):
+# estimate_zero3_model_states_mem_needs_all_cold(2851e6, 32e6, num_gpus_per_node=8) and
+# estimate_zero2_model_states_mem_needs_all_cold(2851e6, num_gpus_per_node=8). The web page
+# drops the trailing space DeepSpeed prints after "cpu " (f'{OffloadDeviceEnum.cpu:4}').
+DS_DOCS = {table.name: table.printed for table in load_estimator_tables()}
+DS_DOCS_ZERO3_COLD = DS_DOCS["ZeRO-3 t5-3b"]
+DS_DOCS_ZERO2_COLD = DS_DOCS["ZeRO-2 t5-3b"]
 
 CLI_T5_ZERO3 = ["estimate", "--total-params", "2851e6", "--largest-layer-params", "32e6",
                 "--gpus-per-node", "8", "--stage", "3"]
@@ -293,25 +281,15 @@ def test_gaudi_zero2_limit_with_deepspeed_estimator():
 
 # --- Study, Table 1 ---------------------------------------------------------------------------
 
-# STUDY Table 1: model size -> (model states GB, optimizer states GB)
-STUDY_TABLE1 = {
-    "7B": (24, 96),
-    "13B": (46, 187),
-    "30B": (120, 475),
-    "70B": (240, 960),
-    "130B": (473, 1890),
-    "175B": (640, 2572),
-}
-STUDY_MODELS = {"7B": "llama2-7b", "13B": "llama2-13b", "70B": "llama2-70b",
-                "175B": "gpt3-175b"}
-STUDY_NOMINAL_PARAMS = {"30B": 30_000_000_000, "130B": 130_000_000_000}
+# STUDY Table 1 as zerosim ships it (zerosim/validation/data/study.yaml): model size ->
+# (model states GB, optimizer states GB), and the catalog model or nominal count behind each.
+TABLE1 = {row.size: row for row in load_study().table1}
+STUDY_TABLE1 = {size: (row.model_states_GB, row.optimizer_states_GB)
+                for size, row in TABLE1.items()}
 
 
 def _offload_estimate(size: str) -> Estimate:
-    if size in STUDY_MODELS:
-        return estimate_for_model(STUDY_MODELS[size], stage=1, additional_buffer_factor=1.0)
-    return estimate_model_states(stage=1, total_params=STUDY_NOMINAL_PARAMS[size],
-                                 additional_buffer_factor=1.0)
+    return table1_estimate(TABLE1[size])
 
 
 @pytest.mark.parametrize("size", list(STUDY_TABLE1))

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from zerosim.scenario import Scenario
 from zerosim.scenario.version import format_version
+from zerosim.validation.report import format_value
 
 
 def _console() -> Console:
@@ -109,7 +110,8 @@ def render_validation(cells, out_dir) -> None:
     colours = {"pass": "green", "fail": "red", "excluded": "yellow", "reported": "cyan"}
     for c in cells:
         colour = colours[c.status]
-        table.add_row(c.case, c.quantity, f"{c.measured:.4g}", f"{c.simulated:.4g}",
+        table.add_row(c.case, c.quantity, format_value(c.measured, c.unit),
+                      format_value(c.simulated, c.unit),
                       f"{c.rel_error:+.1%}", f"[{colour}]{c.status}[/{colour}]")
     console.print(table)
     judged = [c for c in cells if c.status in ("pass", "fail")]

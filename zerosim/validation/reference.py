@@ -1,4 +1,5 @@
-"""Published reference data shipped with zerosim (see data/study.yaml for every source)."""
+"""Published reference data shipped with zerosim (every source is in data/study.yaml and
+data/deepspeed_estimator.yaml)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class Table1Row:
+    """A column of the study's Table 1: a catalog model, or a nominal parameter count."""
+
+    size: str
+    model: str | None
+    params: int | None
+    model_states_GB: float
+    optimizer_states_GB: float
+
+
+@dataclass(frozen=True)
 class Study:
     title: str
     setup: str
@@ -29,6 +41,10 @@ class Study:
     table2_source: str
     excluded: dict[str, str]
     observations: dict[str, Observation]
+    table1: tuple[Table1Row, ...]
+    table1_source: str
+    table1_tolerance: float
+    table1_tolerance_reason: str
 
     def scenario_for(self, data_parallel: int) -> dict[str, Any]:
         tree = copy.deepcopy(self.scenario)
@@ -37,9 +53,30 @@ class Study:
         return tree
 
 
+@dataclass(frozen=True)
+class EstimatorTable:
+    """A table DeepSpeed's documentation prints, with the arguments of the call behind it."""
+
+    name: str
+    call: str
+    arguments: dict[str, Any]
+    printed: str
+    source: str
+
+
+def _data(name: str) -> dict[str, Any]:
+    text = (resources.files("zerosim.validation") / "data" / name).read_text()
+    return parse_yaml_text(text, f"zerosim/validation/data/{name}")
+
+
+def load_estimator_tables() -> tuple[EstimatorTable, ...]:
+    data = _data("deepspeed_estimator.yaml")
+    return tuple(EstimatorTable(t["name"], t["call"], dict(t["arguments"]), t["printed"],
+                                data["source"]) for t in data["tables"])
+
+
 def load_study() -> Study:
-    text = (resources.files("zerosim.validation") / "data" / "study.yaml").read_text()
-    data = parse_yaml_text(text, "zerosim/validation/data/study.yaml")
+    data = _data("study.yaml")
     observations = {
         key: Observation(key, float(entry["value"]), entry["source"], entry.get("inconsistent"))
         for key, entry in data["observations"].items()
@@ -54,4 +91,10 @@ def load_study() -> Study:
         table2_source=table["source"],
         excluded=dict(table.get("excluded", {})),
         observations=observations,
+        table1=tuple(Table1Row(size, row.get("model"), row.get("params"),
+                               float(row["model_states_GB"]), float(row["optimizer_states_GB"]))
+                     for size, row in data["table1"]["cases"].items()),
+        table1_source=data["table1"]["source"],
+        table1_tolerance=float(data["table1"]["tolerance"]),
+        table1_tolerance_reason=data["table1"]["tolerance_reason"],
     )

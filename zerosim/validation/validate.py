@@ -9,16 +9,26 @@ import simpy
 
 from zerosim.api import simulate
 from zerosim.engine.machine import Machine
+from zerosim.estimate import Estimate, estimate_for_model, estimate_model_states
 from zerosim.hardware.costs import UNSCALE_HOST_BYTES
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.results import Result
 from zerosim.scenario import scenario_from_dict
 from zerosim.units import GiB
-from zerosim.validation.reference import PHASES, Study, load_study
+from zerosim.validation.reference import (
+    PHASES,
+    EstimatorTable,
+    Study,
+    Table1Row,
+    load_estimator_tables,
+    load_study,
+)
 
 PHASE_TOLERANCE = 0.10
 MEMORY_TOLERANCE = 0.10
 RATIO_TOLERANCE = 0.10
+PRINTED_GB_TOLERANCE = 0.005
+"""DeepSpeed's estimator prints GB with two decimals: a reproduction is within half of 0.01."""
 UNSCALE_PROBE_BYTES = 4 * GiB
 """Size of the pinned test transfer in the unscale-contention probe (study section 3.5)."""
 
@@ -36,6 +46,8 @@ class Cell:
     tolerance: float
     status: str
     note: str = ""
+    absolute: bool = False
+    """Whether `tolerance` is in the cell's unit (a printed rounding) rather than relative."""
 
     @property
     def rel_error(self) -> float:
@@ -43,15 +55,17 @@ class Cell:
 
 
 def _cell(group: str, case: str, quantity: str, unit: str, measured: float, simulated: float,
-          tolerance: float | None, note: str = "", excluded: str | None = None) -> Cell:
+          tolerance: float | None, note: str = "", excluded: str | None = None,
+          absolute: bool = False) -> Cell:
     if excluded:
         return Cell(group, case, quantity, unit, measured, simulated, tolerance or 0.0,
                     "excluded", excluded)
     if tolerance is None:
         return Cell(group, case, quantity, unit, measured, simulated, 0.0, "reported", note)
-    ok = abs(simulated - measured) <= tolerance * abs(measured)
+    allowed = tolerance if absolute else tolerance * abs(measured)
+    ok = abs(simulated - measured) <= allowed * (1 + 1e-9)
     return Cell(group, case, quantity, unit, measured, simulated, tolerance,
-                "pass" if ok else "fail", note)
+                "pass" if ok else "fail", note, absolute)
 
 
 def run_study(study: Study, data_parallel: int) -> Result:
@@ -173,6 +187,55 @@ def observation_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
     ]
 
 
+def table1_estimate(row: Table1Row) -> Estimate:
+    """One GPU with the optimizer offloaded and no buffer factor: the GPU holds the model states
+    (16-bit params and grads, 2N + 2N), the host the optimizer states (16N)."""
+    if row.model:
+        return estimate_for_model(row.model, stage=1, additional_buffer_factor=1.0)
+    return estimate_model_states(stage=1, total_params=row.params, additional_buffer_factor=1.0)
+
+
+def table1_cells(study: Study) -> list[Cell]:
+    cells = []
+    for row in study.table1:
+        (offloaded,) = [r for r in table1_estimate(row).rows if r.offload_optimizer == "cpu"]
+        case = f"{row.size} ({row.model or 'nominal'})"
+        cells += [
+            _cell("Table 1", case, "model states", "GB", row.model_states_GB,
+                  offloaded.per_gpu_GB, study.table1_tolerance),
+            _cell("Table 1", case, "optimizer states", "GB", row.optimizer_states_GB,
+                  offloaded.per_cpu_GB, study.table1_tolerance),
+        ]
+    return cells
+
+
+def _printed_gb(block: str) -> list[tuple[float, float, str]]:
+    """(per CPU, per GPU, options) of each row of a table DeepSpeed printed."""
+    rows = []
+    for line in block.splitlines()[4:]:
+        cpu, gpu, options = (cell.strip() for cell in line.split("|"))
+        rows.append((float(cpu.removesuffix("GB")), float(gpu.removesuffix("GB")),
+                     " ".join(options.replace(" ,", ",").split())))
+    return rows
+
+
+def estimator_cells(tables: tuple[EstimatorTable, ...]) -> list[Cell]:
+    cells = []
+    for table in tables:
+        estimate = estimate_model_states(**table.arguments)
+        printed = _printed_gb(table.printed)
+        if len(printed) != len(estimate.rows):
+            raise ValueError(f"{table.name}: DeepSpeed printed {len(printed)} rows, "
+                             f"zerosim estimates {len(estimate.rows)}")
+        for row, (cpu_gb, gpu_gb, options) in zip(estimate.rows, printed, strict=True):
+            for where, published, computed in (("per CPU", cpu_gb, row.per_cpu_GB),
+                                               ("per GPU", gpu_gb, row.per_gpu_GB)):
+                cells.append(_cell("DeepSpeed estimator", table.name, f"{where}: {options}",
+                                   "GB", published, computed, PRINTED_GB_TOLERANCE,
+                                   absolute=True))
+    return cells
+
+
 def validate(study: Study | None = None) -> tuple[list[Cell], dict[int, Result]]:
     """Run every case of the study; return the comparison cells and the results."""
     study = study or load_study()
@@ -184,6 +247,7 @@ def validate(study: Study | None = None) -> tuple[list[Cell], dict[int, Result]]
     o = study.observations["pcie_drop_during_unscale"]
     cells.append(_cell("observations", "probe", "PCIe drop while unscale runs", "", o.value,
                        probe, RATIO_TOLERANCE))
+    cells += table1_cells(study) + estimator_cells(load_estimator_tables())
     return cells, results
 
 
