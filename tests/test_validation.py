@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from zerosim.validation.reference import PHASES, load_study
-from zerosim.validation.validate import _cell, validate
+from zerosim.validation.validate import judge, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_deepspeed_estimator_tables_to_the_printed_hundredth(cells):
 @pytest.mark.parametrize(("simulated", "status"), [(71.694, "pass"), (71.686, "pass"),
                                                    (71.70, "fail"), (71.68, "fail")])
 def test_absolute_tolerance_is_half_the_printed_digit(simulated, status):
-    cell = _cell("DeepSpeed estimator", "t", "per CPU", "GB", 71.69, simulated, 0.005,
+    cell = judge("DeepSpeed estimator", "t", "per CPU", "GB", 71.69, simulated, 0.005,
                  absolute=True)
     assert cell.status == status
 

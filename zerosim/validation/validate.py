@@ -54,9 +54,11 @@ class Cell:
         return (self.simulated - self.measured) / self.measured
 
 
-def _cell(group: str, case: str, quantity: str, unit: str, measured: float, simulated: float,
+def judge(group: str, case: str, quantity: str, unit: str, measured: float, simulated: float,
           tolerance: float | None, note: str = "", excluded: str | None = None,
           absolute: bool = False) -> Cell:
+    """A comparison with its status: `excluded` (with the reason), `reported` (no tolerance),
+    else pass or fail against `tolerance`, relative or (`absolute`) in the cell's unit."""
     if excluded:
         return Cell(group, case, quantity, unit, measured, simulated, tolerance or 0.0,
                     "excluded", excluded)
@@ -100,9 +102,9 @@ def table2_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
     for dp, measured in study.table2.items():
         summary = results[dp].summary
         for phase in PHASES:
-            cells.append(_cell("Table 2", f"DP={dp}", phase, "s", measured[phase],
+            cells.append(judge("Table 2", f"DP={dp}", phase, "s", measured[phase],
                                summary["phases_s"][phase], PHASE_TOLERANCE))
-        cells.append(_cell("Table 2", f"DP={dp}", "TFLOPS per GPU", "TFLOPS",
+        cells.append(judge("Table 2", f"DP={dp}", "TFLOPS per GPU", "TFLOPS",
                            measured["tflops"], summary["tflops_per_gpu"], PHASE_TOLERANCE,
                            excluded=study.excluded.get(f"{dp}.tflops")))
     return cells
@@ -117,11 +119,11 @@ def memory_cells(study: Study, dp1: Result) -> list[Cell]:
                                      ["gradient_accumulation_steps"] - 1)
     during_update = gpu_peak_between(dp1, up_start, up_end)
     return [
-        _cell("memory", "DP=1", "GPU memory at forward start", "GiB",
+        judge("memory", "DP=1", "GPU memory at forward start", "GiB",
               obs["memory_forward_start_GiB"].value, at_start / GiB, MEMORY_TOLERANCE),
-        _cell("memory", "DP=1", "activations of one micro-batch", "GiB",
+        judge("memory", "DP=1", "activations of one micro-batch", "GiB",
               obs["memory_activations_GiB"].value, (peak - at_start) / GiB, MEMORY_TOLERANCE),
-        _cell("memory", "DP=1", "GPU memory during the update", "GiB",
+        judge("memory", "DP=1", "GPU memory during the update", "GiB",
               obs["memory_update_GiB"].value, during_update / GiB, MEMORY_TOLERANCE),
     ]
 
@@ -165,9 +167,9 @@ def observation_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
                  tolerance: float | None = RATIO_TOLERANCE) -> Cell:
         o = obs[key]
         if o.inconsistent:
-            return _cell("observations", case, quantity, unit, o.value, simulated, tolerance,
+            return judge("observations", case, quantity, unit, o.value, simulated, tolerance,
                          excluded=f"inconsistent: {o.inconsistent}")
-        return _cell("observations", case, quantity, unit, o.value, simulated, tolerance)
+        return judge("observations", case, quantity, unit, o.value, simulated, tolerance)
 
     return [
         reported("boundary_share_dp1", "DP=1", "boundary backward share of the iteration", "",
@@ -201,9 +203,9 @@ def table1_cells(study: Study) -> list[Cell]:
         (offloaded,) = [r for r in table1_estimate(row).rows if r.offload_optimizer == "cpu"]
         case = f"{row.size} ({row.model or 'nominal'})"
         cells += [
-            _cell("Table 1", case, "model states", "GB", row.model_states_GB,
+            judge("Table 1", case, "model states", "GB", row.model_states_GB,
                   offloaded.per_gpu_GB, study.table1_tolerance),
-            _cell("Table 1", case, "optimizer states", "GB", row.optimizer_states_GB,
+            judge("Table 1", case, "optimizer states", "GB", row.optimizer_states_GB,
                   offloaded.per_cpu_GB, study.table1_tolerance),
         ]
     return cells
@@ -230,7 +232,7 @@ def estimator_cells(tables: tuple[EstimatorTable, ...]) -> list[Cell]:
         for row, (cpu_gb, gpu_gb, options) in zip(estimate.rows, printed, strict=True):
             for where, published, computed in (("per CPU", cpu_gb, row.per_cpu_GB),
                                                ("per GPU", gpu_gb, row.per_gpu_GB)):
-                cells.append(_cell("DeepSpeed estimator", table.name, f"{where}: {options}",
+                cells.append(judge("DeepSpeed estimator", table.name, f"{where}: {options}",
                                    "GB", published, computed, PRINTED_GB_TOLERANCE,
                                    absolute=True))
     return cells
@@ -245,7 +247,7 @@ def validate(study: Study | None = None) -> tuple[list[Cell], dict[int, Result]]
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
     probe = pcie_drop_during_unscale(profile)
     o = study.observations["pcie_drop_during_unscale"]
-    cells.append(_cell("observations", "probe", "PCIe drop while unscale runs", "", o.value,
+    cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
                        probe, RATIO_TOLERANCE))
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
     return cells, results
