@@ -122,7 +122,7 @@ class Machine:
     # ------------------------------------------------------------------ copies
 
     def dma(self, rank: int, direction: Direction, nbytes: float, *, pinned: bool,
-            buffer: costs.HostBytes = costs.PINNED_DMA_HOST_BYTES, label: str = ""
+            buffer: costs.HostBytes = costs.HOME_PAGES, label: str = ""
             ) -> Generator[simpy.Event, Any, None]:
         """A host<->device copy: PCIe latency, then a flow over the link and host memory.
         A pageable copy is staged through the driver's pinned buffer; `buffer` says where the
@@ -193,7 +193,7 @@ class Machine:
                                    threads=threads, label=label)
 
     def zero_pages(self, rank: int, nbytes: float, *, threads: float = 1,
-                   where: costs.HostBytes = costs.PINNED_DMA_HOST_BYTES, label: str = ""
+                   where: costs.HostBytes = costs.HOME_PAGES, label: str = ""
                    ) -> Generator[simpy.Event, Any, None]:
         """The kernel zeroing the fresh pages of a new host temporary on first touch.
 

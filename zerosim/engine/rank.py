@@ -118,7 +118,7 @@ class RankProgram:
                              after=after, nbytes=nbytes)
 
     def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str,
-            buffer: costs.HostBytes = costs.PINNED_DMA_HOST_BYTES) -> Gen:
+            buffer: costs.HostBytes = costs.HOME_PAGES) -> Gen:
         """A host<->device copy, also drawn on the rank's copy-engine track."""
         start = self.env.now
         yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,

@@ -26,10 +26,6 @@ BOUNDARY_NONBLOCKING_FROM: Version = (0, 19, 5)
 """From 0.19.5 that D2H is non-blocking and overlaps the backward."""
 
 
-CAST_OUTPUT = costs.HostBytes(spread=1)
-"""Where a CPU-side cast's output lives, per byte: first touched by the pool, so spread."""
-
-
 class Zero3Rank(RankProgram):
     def __init__(self, ctx: RunContext, rank: int):
         super().__init__(ctx, rank)
@@ -508,7 +504,7 @@ class Zero3Rank(RankProgram):
                                  track=track)
 
         def upload() -> Gen:
-            yield from self.dma("h2d", temp_bytes, pinned=False, buffer=CAST_OUTPUT,
+            yield from self.dma("h2d", temp_bytes, pinned=False, buffer=costs.SPREAD_PAGES,
                                 op=f"params sub-group {group}")
 
         yield self.compute.launch(f"H2D params sub-group {group}", upload, nbytes=temp_bytes)
@@ -518,7 +514,7 @@ class Zero3Rank(RankProgram):
         """`fp32.to(16-bit)` on the CPU: the pool's threads fault in (zero) the fresh
         temporary's pages, so they spread like it, then read the fp32 master (home)."""
         yield from self.machine.zero_pages(self.rank, temp_bytes, threads=threads,
-                                           where=CAST_OUTPUT)
+                                           where=costs.SPREAD_PAGES)
         yield from self.machine.elementwise(
             self.rank, elements, costs.HostBytes(home=FP32_BYTES, spread=self.dtype_bytes),
             threads=threads)

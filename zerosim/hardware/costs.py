@@ -42,8 +42,14 @@ UNSCALE_HOST_BYTES = HostBytes(home=8)
 OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4)
 """The fp16 overflow check reads every fp32 gradient once."""
 
-PINNED_DMA_HOST_BYTES = HostBytes(home=1)
-"""Host-memory bytes per byte of a DMA to or from pinned memory."""
+HOME_PAGES = HostBytes(home=1)
+"""A buffer on the rank's home pages, per byte (where a pageable buffer lives by default)."""
+
+SPREAD_PAGES = HostBytes(spread=1)
+"""A buffer first touched by the rank's CPU pool, per byte (a CPU-side cast's output)."""
+
+PINNED_DMA_HOST_BYTES = HOME_PAGES
+"""Host-memory bytes per byte of a DMA to or from pinned memory (pinned buffers are home)."""
 
 
 def pageable_dma_host_bytes(buffer: HostBytes) -> HostBytes:
