@@ -150,6 +150,22 @@ TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
          "host.cpu_name": "cpu_name"}
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
+DEFAULTS: dict[str, tuple[Any, str]] = {}
+"""Keys a profile may leave out: key -> (value in the key's unit, why that default). A resource
+added to zerosim gets a default here, so profiles written before it keep loading; what a
+default fills in is recorded with basis `assumed` and its reason."""
+
+
+def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
+    filled = dict(flat)
+    for key, (value, why) in DEFAULTS.items():
+        if key in filled:
+            continue
+        if key in QUANTITIES:
+            filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
+        else:
+            filled[key] = value
+    return filled
 
 
 def _walk(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -213,7 +229,7 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     """Validate a profile mapping and convert it to SI units."""
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
-    flat = _walk(tree)
+    flat = _with_defaults(_walk(tree))
     known = set(QUANTITIES) | set(COUNTS) | set(TEXTS) | set(CHOICES) | OTHER_KEYS
     for key in flat:
         if key not in known:
@@ -277,15 +293,20 @@ def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
     for dotted, value in overrides.items():
         node = patched
         parts = dotted.split(".")
+        defaulted = dotted in DEFAULTS
         for part in parts[:-1]:
+            if defaulted and part not in node:
+                node[part] = {}
             if not isinstance(node.get(part), dict):
                 raise ScenarioError(source, f"{key_path}.{dotted}", "an existing profile key",
                                     dotted)
             node = node[part]
         leaf = parts[-1]
-        if leaf not in node:
+        if leaf not in node and not defaulted:
             raise ScenarioError(source, f"{key_path}.{dotted}", "an existing profile key", dotted)
-        if isinstance(node[leaf], Mapping) and "value" in node[leaf]:
+        provenance_leaf = ((isinstance(node.get(leaf), Mapping) and "value" in node[leaf])
+                           or (leaf not in node and dotted in QUANTITIES))
+        if provenance_leaf:
             node[leaf] = {"value": value, "basis": "override", "source": f"override in {source}"}
         else:
             node[leaf] = value

@@ -1,0 +1,67 @@
+"""DeepSpeed behaviours that changed between releases: one table, resolved once per scenario.
+
+Each row names the behaviour, the first release that has it, and where that was read (a PR or
+a file at a tag). `resolve_behaviours(version)` turns the table into one frozen record that the
+scenario carries; the engine, the defaults and the estimator read that record and never compare
+versions themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from zerosim.scenario.version import Version, format_version
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    name: str
+    since: Version
+    source: str
+    what: str
+
+
+BEHAVIOURS: tuple[Behaviour, ...] = (
+    Behaviour("zero2_estimator_16bit_params", (0, 14, 3),
+              "PR #5099 (2024-06-04), stage_1_and_2.py estimate_zero2_model_states_mem_needs",
+              "the ZeRO-2 no-offload estimator counts 2 B/param replicated + 18 B/param "
+              "partitioned, not 4 + 16"),
+    Behaviour("boundary_flush_cast_on_gpu", (0, 15, 4),
+              "stage3.py partition_grads, read at v0.15.3 and v0.15.4",
+              "the boundary's fp32 gradient is cast on the GPU, then copied to the host "
+              "(before: a cross-dtype copy_ into a pageable 16-bit temporary, cast on the CPU)"),
+    Behaviour("gradient_clipping_default_one", (0, 19, 3),
+              "runtime/config.py GRADIENT_CLIPPING_DEFAULT, read at v0.19.3",
+              "gradient_clipping defaults to 1.0 instead of 0"),
+    Behaviour("boundary_flush_non_blocking", (0, 19, 5),
+              "PR #8207 'fix(zero3): async grad offload + pinned offload buffers by default'",
+              "the boundary's fp32 gradient copy is non_blocking and overlaps the backward"),
+    Behaviour("offload_pin_memory_default_true", (0, 19, 5),
+              "PR #8207, offload_config.py",
+              "offload_optimizer/offload_param.pin_memory default to true"),
+)
+
+
+@dataclass(frozen=True)
+class Behaviours:
+    """Which rows of `BEHAVIOURS` a DeepSpeed release has (field names are row names)."""
+
+    zero2_estimator_16bit_params: bool
+    boundary_flush_cast_on_gpu: bool
+    gradient_clipping_default_one: bool
+    boundary_flush_non_blocking: bool
+    offload_pin_memory_default_true: bool
+
+    def describe(self) -> dict[str, bool]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def resolve_behaviours(version: Version) -> Behaviours:
+    return Behaviours(**{row.name: version >= row.since for row in BEHAVIOURS})
+
+
+def behaviour_table() -> list[dict[str, str]]:
+    """The table as rows (for docs and `zerosim check`)."""
+    return [{"behaviour": row.name, "since": format_version(row.since), "source": row.source,
+             "what": row.what} for row in BEHAVIOURS]
+

@@ -1,0 +1,183 @@
+"""One vocabulary for every layer: streams, phases, op kinds, buffer kinds, memory categories,
+devices and link kinds.
+
+The engine writes these values into its records as fields; results, plots, validation and tests
+select on the fields, never on display text. Values are `StrEnum`s, so they compare equal to
+their plain text (`Stream.COMPUTE == "compute"`) and land in DataFrames and CSV as that text.
+Pure: imports nothing from zerosim.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Stream(StrEnum):
+    """In-order queues of a rank: CUDA streams, copy-engine tracks, host threads."""
+
+    COMPUTE = "compute"
+    ALLGATHER = "allgather"
+    REDUCE = "reduce"
+    PCIE_H2D = "pcie.h2d"
+    PCIE_D2H = "pcie.d2h"
+    CPU = "cpu"
+    FLUSH = "flush"
+    CPU_FLUSH = "cpu.flush"
+    OPTIMIZER_GPU = "optimizer.gpu"
+    COPY_BACK = "copy-back"
+    CPU_COPY_BACK = "cpu.copy-back"
+    NVME_READ = "nvme.read"
+    NVME_WRITE = "nvme.write"
+    SWAP = "swap"
+
+    @property
+    def is_copy_engine(self) -> bool:
+        """A track that draws DMA transfers (several may overlap), not an in-order queue."""
+        return self in COPY_ENGINE_STREAMS
+
+
+COPY_ENGINE_STREAMS = frozenset({Stream.PCIE_H2D, Stream.PCIE_D2H, Stream.NVME_READ,
+                                 Stream.NVME_WRITE})
+
+PCIE_STREAMS = {"h2d": Stream.PCIE_H2D, "d2h": Stream.PCIE_D2H}
+"""The copy-engine track of each PCIe direction."""
+
+
+class Phase(StrEnum):
+    SETUP = "setup"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    UPDATE = "update"
+
+
+class OpKind(StrEnum):
+    """What an op does, whatever its display name says."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
+    PARAM_FETCH = "param_fetch"
+    """A parameter partition brought to the GPU before its all-gather (offload_param)."""
+    GRAD_TO_BUCKET = "grad_to_bucket"
+    GRAD_WAIT = "grad_wait"
+    PARTITION_GRADS = "partition_grads"
+    GRAD_TO_HOST = "grad_to_host"
+    """A gradient partition moved into the host accumulation buffer."""
+    GRAD_FROM_HOST = "grad_from_host"
+    GRAD_ACCUMULATE = "grad_accumulate"
+    GRAD_FLUSH = "grad_flush"
+    """The boundary's fp32 gradient on its way to the optimizer."""
+    ZERO_PAGES = "zero_pages"
+    CAST = "cast"
+    OVERFLOW_CHECK = "overflow_check"
+    UNSCALE = "unscale"
+    OPTIMIZER_STEP = "optimizer_step"
+    PARAM_COPY_BACK = "param_copy_back"
+    """Updated 16-bit parameters written back to where the GPU reads them."""
+    STATE_TO_GPU = "state_to_gpu"
+    STATE_TO_HOST = "state_to_host"
+    SWAP_IN = "swap_in"
+    """NVMe -> host memory."""
+    SWAP_OUT = "swap_out"
+    """Host memory -> NVMe."""
+
+
+class BufferKind(StrEnum):
+    """Where the host side of a copy or an allocation lives."""
+
+    NONE = ""
+    PINNED = "pinned"
+    PAGEABLE = "pageable"
+    DEVICE = "device"
+    NVME = "nvme"
+
+
+def host_buffer(pinned: bool) -> BufferKind:
+    return BufferKind.PINNED if pinned else BufferKind.PAGEABLE
+
+
+class Category(StrEnum):
+    """Memory categories (what occupies HBM, host memory or NVMe)."""
+
+    RUNTIME_CONTEXT = "runtime context"
+    PARAMS_16BIT = "params 16-bit"
+    PARAMS_PERSISTENT = "params persistent"
+    PARAMS_GATHERED = "params gathered"
+    IPG_BUCKET = "ipg bucket"
+    GRADS = "grads"
+    GRAD_PARTITIONS = "grad partitions"
+    FP32_MASTER = "fp32 master params"
+    OPTIMIZER_STATES = "optimizer states"
+    FP32_GRADS = "fp32 grads"
+    GRAD_ACCUMULATION = "grad accumulation"
+    FP32_MASTER_GPU = "fp32 master params (GPU)"
+    OPTIMIZER_STATES_GPU = "optimizer states (GPU)"
+    FP32_GRADS_GPU = "fp32 grads (GPU)"
+    ACTIVATIONS = "activations"
+    WORKSPACE = "workspace"
+    PAGEABLE_TEMPORARIES = "pageable temporaries"
+    BOUNDARY_GRAD_BUFFER = "boundary grad buffer"
+    PREFETCHED_STATE = "prefetched optimizer state"
+    SWAP_BUFFERS = "swap buffers"
+
+    @property
+    def is_static(self) -> bool:
+        """Allocated once for the whole run (model states and their buffers)."""
+        return self in STATIC_CATEGORIES
+
+
+STATIC_CATEGORIES = frozenset({
+    Category.RUNTIME_CONTEXT, Category.PARAMS_16BIT, Category.PARAMS_PERSISTENT,
+    Category.IPG_BUCKET, Category.FP32_MASTER, Category.OPTIMIZER_STATES, Category.FP32_GRADS,
+    Category.GRAD_ACCUMULATION, Category.FP32_MASTER_GPU, Category.OPTIMIZER_STATES_GPU,
+    Category.FP32_GRADS_GPU, Category.SWAP_BUFFERS,
+})
+
+
+def category_label(category: Category, buffer: BufferKind = BufferKind.NONE) -> str:
+    """What a memory record calls a category: 'fp32 grads (pinned)' for a host buffer whose
+    kind matters, the category alone otherwise."""
+    if buffer in (BufferKind.PINNED, BufferKind.PAGEABLE):
+        return f"{category.value} ({buffer.value})"
+    return category.value
+
+
+class DeviceKind(StrEnum):
+    GPU = "gpu"
+    HOST = "host"
+    NVME = "nvme"
+
+
+def device_name(kind: DeviceKind, index: int) -> str:
+    return f"{kind.value}{index}"
+
+
+def device_kind(device: str) -> DeviceKind:
+    """The kind of a device named by `device_name`."""
+    for kind in DeviceKind:
+        if device.startswith(kind.value) and device[len(kind.value):].isdigit():
+            return kind
+    raise ValueError(f"not a device name: {device!r}")
+
+
+class LinkKind(StrEnum):
+    """Shared resources of the flow network, by kind."""
+
+    PCIE_H2D = "pcie.h2d"
+    PCIE_D2H = "pcie.d2h"
+    NVLINK = "nvlink"
+    NIC = "nic"
+    HOST_MEMORY = "memory"
+    SOCKET_LINK = "socket link"
+    CPU = "cpu"
+    NVME_READ = "nvme.read"
+    NVME_WRITE = "nvme.write"
+
+
+class Collective(StrEnum):
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
