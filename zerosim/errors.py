@@ -23,8 +23,10 @@ class ScenarioError(ZerosimError, ValueError):
         )
 
 
-class UnsupportedConfigError(ZerosimError, NotImplementedError):
-    """A configuration that is valid for DeepSpeed but not modelled by zerosim (yet)."""
+class UnsupportedConfigError(ScenarioError):
+    """A configuration zerosim refuses: DeepSpeed would refuse it too, or zerosim does not
+    model it (yet). Decided once, when the scenario is resolved (`zerosim.scenario.support`),
+    so `check`, `sweep` and `run` agree."""
 
 
 def _show(value: Any) -> str:

@@ -427,9 +427,8 @@ def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num
         zero2_rule=zero2_rule)
 
 
-ZERO2_FORMULA_CHANGED_IN = (0, 14, 3)
-
-
 def zero2_rule_for(version: tuple[int, int, int]) -> Zero2Rule:
-    """The ZeRO-2 GPU formula a DeepSpeed version prints (PR #5099 changed it in 0.14.3)."""
-    return "current" if version >= ZERO2_FORMULA_CHANGED_IN else "docs"
+    """The ZeRO-2 GPU formula a DeepSpeed version prints (`zerosim.behaviours`)."""
+    from zerosim.behaviours import resolve_behaviours
+
+    return "current" if resolve_behaviours(version).zero2_estimator_16bit_params else "docs"

@@ -6,3 +6,4 @@ TFLOPS = 1e12
 US = 1e-6
 
 BYTES_PER_DTYPE = {"fp32": 4, "fp16": 2, "bf16": 2}
+FP32_BYTES = BYTES_PER_DTYPE["fp32"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from zerosim.engine.records import MemorySample
+from zerosim.vocabulary import BufferKind, Category, category_label
 
 
 class OutOfMemory(Exception):
@@ -29,7 +30,11 @@ class OutOfMemory(Exception):
 
 
 class MemoryPool:
-    """Byte counts per category on one device; records a sample only when a level changes."""
+    """Byte counts per category on one device; records a sample only when a level changes.
+
+    A category with a buffer kind (pinned or pageable host memory) is its own level, labelled
+    as `vocabulary.category_label` says.
+    """
 
     def __init__(self, device: str, capacity: int, clock: Callable[[], float],
                  log: list[MemorySample]):
@@ -41,28 +46,32 @@ class MemoryPool:
         self.used = 0
         self.peak = 0
 
-    def allocate(self, category: str, nbytes: float, what: str) -> int:
+    def allocate(self, category: Category, nbytes: float, what: str,
+                 buffer: BufferKind = BufferKind.NONE) -> int:
         amount = round(nbytes)
         if amount <= 0:
             return 0
+        label = category_label(category, buffer)
         if self.used + amount > self.capacity:
-            raise OutOfMemory(self._clock(), self.device, category, amount, self.used,
+            raise OutOfMemory(self._clock(), self.device, label, amount, self.used,
                               self.capacity, what)
-        self._change(category, amount)
+        self._change(label, amount, buffer)
         return amount
 
-    def free(self, category: str, amount: int) -> None:
+    def free(self, category: Category, amount: int, buffer: BufferKind = BufferKind.NONE
+             ) -> None:
         if amount <= 0:
             return
-        level = self.levels.get(category, 0)
+        label = category_label(category, buffer)
+        level = self.levels.get(label, 0)
         if amount > level:
-            raise RuntimeError(f"{self.device}: freeing {amount} B of {category} with only "
+            raise RuntimeError(f"{self.device}: freeing {amount} B of {label} with only "
                                f"{level} B allocated")
-        self._change(category, -amount)
+        self._change(label, -amount, buffer)
 
-    def _change(self, category: str, delta: int) -> None:
-        level = self.levels.get(category, 0) + delta
-        self.levels[category] = level
+    def _change(self, label: str, delta: int, buffer: BufferKind) -> None:
+        level = self.levels.get(label, 0) + delta
+        self.levels[label] = level
         self.used += delta
         self.peak = max(self.peak, self.used)
-        self._log.append(MemorySample(self._clock(), self.device, category, level))
+        self._log.append(MemorySample(self._clock(), self.device, label, level, buffer))

@@ -1,4 +1,9 @@
-"""What every rank program shares: streams, memory helpers, phases, compute launches."""
+"""What every part of a rank program shares: its streams, phase, memory, copies and compute.
+
+A `RankCore` is one data-parallel rank's host thread (a SimPy process) with the queues it issues
+work onto. The parts of a rank program (parameter coordinator, gradient path, optimizer step,
+model states: see `compose.py`) each hold the core and act through it.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,24 @@ from typing import Any
 
 import simpy
 
+from zerosim.behaviours import Behaviours
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import MemoryPool
 from zerosim.engine.plan import Plan
 from zerosim.engine.records import MemorySample, PhaseSpan, Span
-from zerosim.engine.streams import Body, Stream
+from zerosim.engine.streams import Body, InOrderStream
 from zerosim.hardware import costs
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
+from zerosim.vocabulary import (
+    PCIE_STREAMS,
+    Category,
+    Collective,
+    OpKind,
+    Phase,
+    Stream,
+    host_buffer,
+)
 
 Gen = Generator[simpy.Event, Any, Any]
 
@@ -34,17 +49,16 @@ class RunContext:
     memory_log: list[MemorySample] = field(default_factory=list)
 
 
-class RankProgram:
-    """One data-parallel rank: a host thread (this SimPy process) issuing work onto streams."""
-
-    STREAMS = ("compute", "allgather", "reduce", "pcie.h2d", "pcie.d2h", "cpu", "flush",
-               "optimizer.gpu", "copy-back")
+class RankCore:
+    """One rank's host thread, streams and memory, and the primitive activities it issues."""
 
     def __init__(self, ctx: RunContext, rank: int):
         self.ctx = ctx
         self.env = ctx.env
         self.rank = rank
         self.ds = ctx.scenario.deepspeed
+        self.behaviours: Behaviours = ctx.scenario.behaviours
+        self.what_if = ctx.scenario.what_if
         self.profile = ctx.scenario.hardware
         self.machine = ctx.machine
         self.plan = ctx.plan
@@ -52,24 +66,31 @@ class RankProgram:
         self.gpu = ctx.pools[self.placement.device]
         self.host = ctx.pools[self.placement.host_device]
         self.ranks = tuple(range(ctx.scenario.data_parallel))
-        self.phase, self.micro = "setup", -1
+        self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
         self._seq: dict[str, int] = {}
-        self.streams = {name: Stream(self.env, rank, name, ctx.spans, self._tag)
-                        for name in self.STREAMS}
-        self.compute = self.streams["compute"]
-        self.allgather = self.streams["allgather"]
-        # Without overlap_comm DeepSpeed reduces on the default stream, in line with compute.
-        self.reduce = self.streams["reduce"] if self.ds.overlap_comm else self.compute
+        self.streams: dict[Stream, InOrderStream] = {}
+        self.compute = self.stream(Stream.COMPUTE)
         self.dtype_bytes = BYTES_PER_DTYPE[self.ds.dtype]
         self.comm_bytes = BYTES_PER_DTYPE[self.ds.communication_dtype]
         self.accum_bytes = BYTES_PER_DTYPE[self.ds.grad_accum_dtype]
         self.pinned = self.ds.offload_optimizer.pin_memory
+        self.buffer = host_buffer(self.pinned)
         self.activations: dict[int, int] = {}
         self.launches = 0
 
+    def stream(self, name: Stream) -> InOrderStream:
+        if name not in self.streams:
+            self.streams[name] = InOrderStream(self.env, self.rank, name, self.ctx.spans,
+                                               self._tag)
+        return self.streams[name]
+
     def _tag(self) -> tuple[str, int]:
         return self.phase, self.micro
+
+    @property
+    def distributed(self) -> bool:
+        return len(self.ranks) > 1
 
     def next_key(self, kind: str) -> tuple[str, int]:
         """Collective keys: every rank issues collectives of a kind in the same order."""
@@ -79,7 +100,7 @@ class RankProgram:
 
     # ------------------------------------------------------------------ phases
 
-    def begin(self, phase: str, micro: int) -> None:
+    def begin(self, phase: Phase, micro: int) -> None:
         self.phase, self.micro = phase, micro
         self._phase_start = self.env.now
 
@@ -110,30 +131,40 @@ class RankProgram:
             yield self.env.timeout(seconds)
         return body
 
-    def hbm_op(self, stream: Stream, op: str, nbytes: float, *, passes: float = 2.0,
-               after: tuple[simpy.Event | None, ...] = ()) -> simpy.Event:
+    def hbm_seconds(self, nbytes: float, passes: float = 2.0) -> float:
+        return costs.hbm_copy_s(nbytes, self.profile, passes=passes)
+
+    def hbm_op(self, stream: InOrderStream, op: str, kind: OpKind, nbytes: float, *,
+               passes: float = 2.0, after: tuple[simpy.Event | None, ...] = ()
+               ) -> simpy.Event:
         """A device-local copy or elementwise kernel on `stream`."""
-        return stream.launch(op, self.gpu_time(costs.hbm_copy_s(nbytes, self.profile,
-                                                                 passes=passes)),
+        return stream.launch(op, self.gpu_time(self.hbm_seconds(nbytes, passes)), kind=kind,
                              after=after, nbytes=nbytes)
 
-    def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str,
+    def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str, kind: OpKind,
             buffer: costs.HostBytes = costs.HOME_PAGES) -> Gen:
         """A host<->device copy, also drawn on the rank's copy-engine track."""
         start = self.env.now
         yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,
                                     label=f"rank{self.rank} {op}")
-        kind = "pinned" if pinned else "pageable"
-        self.ctx.spans.append(Span(self.rank, f"pcie.{direction}", self.phase, self.micro,
-                                   f"{op} ({kind})", start, self.env.now, nbytes))
+        host = host_buffer(pinned)
+        self.ctx.spans.append(Span(self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
+                                   f"{op} ({host.value})", start, self.env.now, nbytes, kind,
+                                   host))
 
-    def cpu_work(self, op: str, work: Gen, nbytes: float = 0.0, track: str = "cpu") -> Gen:
+    def cpu_work(self, op: str, kind: OpKind, work: Gen, nbytes: float = 0.0,
+                 track: Stream = Stream.CPU) -> Gen:
         """CPU work done by the thread running it (it blocks that thread), drawn on `track`
         (`cpu` for the rank's main thread)."""
         start = self.env.now
         yield from work
         self.ctx.spans.append(Span(self.rank, track, self.phase, self.micro, op, start,
-                                   self.env.now, nbytes))
+                                   self.env.now, nbytes, kind))
+
+    def collective(self, kind: Collective, nbytes: float) -> Gen:
+        """Join the next collective of `kind` over every rank (the host waits for it)."""
+        yield from self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
+                                           self.ranks)
 
     def host_overhead(self) -> Gen:
         """Host time of a module's ZeRO hooks and kernel launches."""
@@ -154,11 +185,12 @@ class RankProgram:
         module = self.plan.modules[index]
 
         def body() -> Gen:
-            saved = self.gpu.allocate("activations", activation_bytes, module.name)
+            saved = self.gpu.allocate(Category.ACTIVATIONS, activation_bytes, module.name)
             self.activations[index] = self.activations.get(index, 0) + saved
-            workspace = self.gpu.allocate("workspace", module.transient_bytes, module.name)
+            workspace = self.gpu.allocate(Category.WORKSPACE, module.transient_bytes,
+                                          module.name)
             yield self.env.timeout(seconds)
-            self.gpu.free("workspace", workspace)
+            self.gpu.free(Category.WORKSPACE, workspace)
         return body
 
     def backward_body(self, index: int, seconds: float,
@@ -166,10 +198,11 @@ class RankProgram:
         """A module's backward: frees its activations and produces its gradients at the end."""
         def body() -> Gen:
             yield self.env.timeout(seconds)
-            self.gpu.free("activations", self.activations.pop(index, 0))
+            self.gpu.free(Category.ACTIVATIONS, self.activations.pop(index, 0))
             if on_end is not None:
                 on_end()
         return body
 
     def module_seconds(self, index: int, factor: float) -> float:
         return costs.module_compute_s(self.plan.modules[index], self.profile, factor=factor)
+

@@ -9,18 +9,17 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from zerosim.engine.compose import build_rank
 from zerosim.engine.flows import RateChange
 from zerosim.engine.machine import Machine
 from zerosim.engine.memory import MemoryPool, OutOfMemory
 from zerosim.engine.plan import Plan, make_plan
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span
-from zerosim.engine.zero3 import Zero3Rank
-from zerosim.engine.zero12 import Zero12Rank
-from zerosim.errors import UnsupportedConfigError
 from zerosim.models.breakdown import Workload, build_modules
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
+from zerosim.vocabulary import Stream
 
 GC_YOUNG_THRESHOLD = 50_000
 
@@ -71,34 +70,6 @@ def _quiet_garbage_collector():
         gc.unfreeze()
 
 
-def check_supported(scenario: Scenario) -> None:
-    """Refuse, clearly, what the engine does not replay (yet)."""
-    ds = scenario.deepspeed
-    if ds.stage == 0:
-        raise UnsupportedConfigError(
-            f"{scenario.source}: deepspeed.zero_optimization.stage=0: the engine replays ZeRO "
-            "stages 1-3 with the optimizer offloaded; `zerosim estimate --stage 0` covers plain "
-            "data parallelism")
-    if ds.stage < 3 and ds.offload_param.enabled:
-        raise UnsupportedConfigError(
-            f"{scenario.source}: deepspeed.zero_optimization.offload_param needs stage 3, "
-            f"got stage {ds.stage}")
-    if ds.offload_optimizer.device != "cpu":
-        raise UnsupportedConfigError(
-            f"{scenario.source}: deepspeed.zero_optimization.offload_optimizer.device="
-            f"{ds.offload_optimizer.device!r}: zerosim replays optimizer offload to 'cpu' only")
-    if ds.offload_param.device == "nvme":
-        raise UnsupportedConfigError(
-            f"{scenario.source}: deepspeed.zero_optimization.offload_param.device='nvme' is not "
-            "modelled; use 'cpu' or 'none'")
-    what_if = scenario.what_if
-    if ds.stage < 3 and (what_if.overlap_copy_back or what_if.buffer_boundary_grads
-                         or what_if.gpu_update_every):
-        raise UnsupportedConfigError(
-            f"{scenario.source}: what_if options are modelled for ZeRO stage 3, got stage "
-            f"{ds.stage}")
-
-
 def workload_of(scenario: Scenario) -> Workload:
     return Workload(
         sequence_length=scenario.sequence_length,
@@ -123,7 +94,6 @@ def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
 
 
 def run_engine(scenario: Scenario, *, count_events: bool = False) -> RawRun:
-    check_supported(scenario)
     env = CountingEnvironment() if count_events else simpy.Environment()
     modules = build_modules(scenario.model, workload_of(scenario))
     plan = make_plan(scenario, modules)
@@ -132,8 +102,7 @@ def run_engine(scenario: Scenario, *, count_events: bool = False) -> RawRun:
     log: list[MemorySample] = []
     pools = _pools(env, machine, log)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
-    program = Zero3Rank if scenario.deepspeed.stage == 3 else Zero12Rank
-    ranks = [env.process(program(ctx, rank).run()) for rank in range(scenario.data_parallel)]
+    ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(scenario.data_parallel)]
     status, oom = "ok", None
     try:
         with _quiet_garbage_collector():
@@ -160,7 +129,7 @@ def check_invariants(raw: RawRun, pools: dict[str, MemoryPool]) -> list[str]:
         raise RuntimeError(f"memory not freed at the end of the iteration: {leftovers}")
     by_stream: dict[tuple[int, str], list[Span]] = {}
     for span in raw.spans:
-        if not span.stream.startswith("pcie."):
+        if not Stream(span.stream).is_copy_engine:
             by_stream.setdefault((span.rank, span.stream), []).append(span)
     for (rank, stream), spans in by_stream.items():
         spans.sort(key=lambda s: (s.start_s, s.end_s))

@@ -6,3 +6,7 @@ reduction once more than this many are outstanding."""
 
 DEVICE_SCALAR_BYTES = 8
 """An all-reduced scalar (overflow flag, gradient norm)."""
+
+STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
+"""DeepSpeed engine.py `MEMORY_OPT_ALLREDUCE_SIZE`: without ZeRO, `allreduce_gradients` reduces
+the gradients at the boundary in flat buffers of this many elements."""

@@ -8,18 +8,19 @@ from typing import Any
 import simpy
 
 from zerosim.engine.records import Span
+from zerosim.vocabulary import OpKind, Stream
 
 Body = Callable[[], Generator[simpy.Event, Any, Any]]
 
 
-class Stream:
+class InOrderStream:
     """Runs ops one after another; an op also waits for the events it depends on.
 
     `launch` returns at once (the host thread goes on, as with an asynchronous CUDA launch);
     the returned event fires when the op has finished on the stream.
     """
 
-    def __init__(self, env: simpy.Environment, rank: int, name: str, spans: list[Span],
+    def __init__(self, env: simpy.Environment, rank: int, name: Stream, spans: list[Span],
                  tag: Callable[[], tuple[str, int]]):
         self.env = env
         self.rank = rank
@@ -28,16 +29,16 @@ class Stream:
         self._tag = tag
         self.tail: simpy.Event | None = None
 
-    def launch(self, op: str, body: Body, *, after: Sequence[simpy.Event | None] = (),
-               nbytes: float = 0.0) -> simpy.Event:
+    def launch(self, op: str, body: Body, *, kind: OpKind,
+               after: Sequence[simpy.Event | None] = (), nbytes: float = 0.0) -> simpy.Event:
         waits = [e for e in (self.tail, *after) if e is not None and not e.processed]
         phase, micro = self._tag()
-        done = self.env.process(self._run(op, body, waits, nbytes, phase, micro))
+        done = self.env.process(self._run(op, kind, body, waits, nbytes, phase, micro))
         self.tail = done
         return done
 
-    def _run(self, op: str, body: Body, waits: list[simpy.Event], nbytes: float, phase: str,
-             micro: int):
+    def _run(self, op: str, kind: OpKind, body: Body, waits: list[simpy.Event], nbytes: float,
+             phase: str, micro: int):
         if len(waits) == 1:
             yield waits[0]
         elif waits:
@@ -45,7 +46,7 @@ class Stream:
         start = self.env.now
         yield from body()
         self._spans.append(Span(self.rank, self.name, phase, micro, op, start, self.env.now,
-                                nbytes))
+                                nbytes, kind))
 
     def idle_event(self) -> simpy.Event | None:
         """The event to wait for before this stream is idle (None when it already is)."""

@@ -13,12 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from zerosim.behaviours import Behaviours
 from zerosim.errors import ScenarioError
 from zerosim.scenario.validation import validate_section
-from zerosim.scenario.version import Version
-
-PIN_MEMORY_DEFAULT_TRUE_FROM: Version = (0, 19, 5)
-CLIPPING_DEFAULT_ONE_FROM: Version = (0, 19, 3)
 
 # ds_config keys accepted without a warning because they cannot change time or memory.
 NO_EFFECT_KEYS = {
@@ -225,9 +222,9 @@ def _dtype(raw: _DeepSpeedRaw, source: str) -> str:
                         "fp16 or bf16 enabled (zerosim models 16-bit mixed precision)", False)
 
 
-def resolve_deepspeed(data: Any, *, version: Version, source: str, data_parallel: int
+def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_parallel: int
                       ) -> tuple[DeepSpeedConfig, list[str]]:
-    """Validate the section and fill DeepSpeed's code defaults for `version`."""
+    """Validate the section and fill DeepSpeed's code defaults for a release's behaviours."""
     raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data or {}, source=source,
                                           prefix="deepspeed")
     zero = raw.zero_optimization
@@ -247,8 +244,8 @@ def resolve_deepspeed(data: Any, *, version: Version, source: str, data_parallel
         raise ScenarioError(source, "deepspeed.zero_optimization.offload_optimizer.ratio",
                             "1.0 unless stage is 3 (Twin-Flow is a ZeRO-3 feature)",
                             zero.offload_optimizer.ratio)
-    pin_default = version >= PIN_MEMORY_DEFAULT_TRUE_FROM
-    clip_default = 1.0 if version >= CLIPPING_DEFAULT_ONE_FROM else 0.0
+    pin_default = behaviours.offload_pin_memory_default_true
+    clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0
     offload_opt = OffloadSettings(
         zero.offload_optimizer.device,
         pin_default if zero.offload_optimizer.pin_memory is None

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from zerosim.behaviours import Behaviours, resolve_behaviours
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import (
     HardwareProfile,
@@ -22,6 +23,7 @@ from zerosim.hardware.profile import (
 from zerosim.models import CATALOG, ModelSpec, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
+from zerosim.scenario.support import check_supported
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version
 from zerosim.yamlio import parse_scalar, read_yaml_file
@@ -87,6 +89,8 @@ class Scenario:
     what_if: WhatIf
     source: str
     unmodelled_keys: tuple[str, ...] = field(default=())
+    behaviours: Behaviours = field(default_factory=lambda: resolve_behaviours((0, 13, 3)))
+    """The DeepSpeed behaviours of `runtime.deepspeed_version` (`zerosim.behaviours`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario with every default filled in (what `zerosim check` prints)."""
@@ -111,6 +115,7 @@ class Scenario:
                         "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank},
             "what_if": self.what_if.model_dump(),
             "unmodelled_keys": list(self.unmodelled_keys),
+            "deepspeed_behaviours": self.behaviours.describe(),
         }
 
 
@@ -271,20 +276,23 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                             f"at most the {hardware.total_gpus} GPUs of {hardware.name}",
                             data_parallel)
     ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir)
-    deepspeed, unmodelled = resolve_deepspeed(ds_data, version=version, source=ds_source,
+    behaviours = resolve_behaviours(version)
+    deepspeed, unmodelled = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
                                               data_parallel=data_parallel)
     if unmodelled:
         warnings.warn(f"{ds_source}: zerosim does not model these keys and ignores them: "
                       f"{', '.join(unmodelled)}", UnmodelledKeysWarning, stacklevel=3)
     name = raw.name or Path(source).stem
-    return Scenario(
+    scenario = Scenario(
         name=name, description=raw.description, model=model,
         sequence_length=raw.sequence_length,
         activation_checkpointing=raw.activation_checkpointing, attention=raw.attention,
         hardware=hardware, data_parallel=data_parallel, deepspeed=deepspeed,
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank), what_if=raw.what_if,
         source=source,
-        unmodelled_keys=tuple(unmodelled))
+        unmodelled_keys=tuple(unmodelled), behaviours=behaviours)
+    check_supported(scenario)
+    return scenario
 
 
 def load_scenario(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] | None = None

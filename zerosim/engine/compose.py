@@ -1,0 +1,86 @@
+"""Pick a rank program's parts from the scenario: the one place that knows which part serves
+which ZeRO stage and offload target.
+
+| part                  | chosen by                    | variants                                  |
+|-----------------------|------------------------------|-------------------------------------------|
+| parameter coordinator | stage; offload_param.device  | replicated; partitioned from HBM or host  |
+| gradient path         | stage                        | boundary all-reduce (0); IPG buckets      |
+| gradient sink         | stage; offload_optimizer     | host partitions (3); host accumulation    |
+|                       |                              | (1/2); GPU partitions (no offload)        |
+| boundary flush        | DeepSpeed behaviours         | CPU cast; GPU cast (blocking or not)      |
+| optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
+| copy-back             | offload_param                | cast + H2D; cast into host params         |
+| post-step gather      | stage                        | persistent params (3); all params (1/2)   |
+| model states          | stage; offloads              | `states.model_states`                     |
+"""
+
+from __future__ import annotations
+
+from zerosim.engine.gradients import BoundaryAllReduce, GradientPath, IpgBuckets
+from zerosim.engine.optimizer import (
+    CpuStep,
+    GpuStep,
+    PostStep,
+    allgather_updated,
+    cast_into_host_params,
+    cast_then_upload,
+    nothing_to_gather,
+    regather_persistent,
+)
+from zerosim.engine.params import (
+    ParameterCoordinator,
+    PartitionedParams,
+    PartitionsInHbm,
+    PartitionsInHost,
+    ReplicatedParams,
+)
+from zerosim.engine.program import OptimizerStep, RankProgram
+from zerosim.engine.rank import RankCore, RunContext
+from zerosim.engine.sinks import BoundaryFlush, GpuPartitions, HostAccumulation, HostPartitions
+from zerosim.engine.states import model_states
+from zerosim.vocabulary import Collective
+
+
+def build_rank(ctx: RunContext, rank: int) -> RankProgram:
+    core = RankCore(ctx, rank)
+    return RankProgram(core, _params(core), _gradients(core), _optimizer(core),
+                       model_states(core.ds, core.plan, core.profile))
+
+
+def _params(core: RankCore) -> ParameterCoordinator:
+    if core.ds.stage < 3:
+        return ReplicatedParams()
+    source = PartitionsInHost() if core.ds.offload_param.enabled else PartitionsInHbm()
+    return PartitionedParams(core, source)
+
+
+def _gradients(core: RankCore) -> GradientPath:
+    ds = core.ds
+    if ds.stage == 0:
+        return BoundaryAllReduce(core)
+    collective = Collective.REDUCE_SCATTER if ds.reduce_scatter else Collective.ALL_REDUCE
+    if not ds.offload_optimizer.enabled:
+        sink = GpuPartitions(core)
+    elif ds.stage == 3:
+        sink = HostPartitions(core, BoundaryFlush(core))
+    else:
+        sink = HostAccumulation(core)
+    return IpgBuckets(core, sink, collective)
+
+
+def _post_step(core: RankCore) -> PostStep:
+    return {0: nothing_to_gather, 3: regather_persistent}.get(core.ds.stage, allgather_updated)
+
+
+def _optimizer(core: RankCore) -> OptimizerStep:
+    ds, plan = core.ds, core.plan
+    if ds.stage == 3:
+        groups = plan.subgroups
+    elif ds.stage > 0:
+        groups = (plan.partition_numel,)
+    else:
+        groups = (sum(p.numel for p in plan.all_params),)
+    if not ds.offload_optimizer.enabled:
+        return GpuStep(core, groups, _post_step(core))
+    copy_back = cast_into_host_params if ds.offload_param.enabled else cast_then_upload
+    return CpuStep(core, groups, copy_back, _post_step(core))

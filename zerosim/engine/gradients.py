@@ -1,0 +1,195 @@
+"""The gradient path of a rank: gradients held on the GPU, IPG buckets and their reduction.
+
+`IpgBuckets` follows `reduce_independent_p_g_buckets_and_remove_grads` /
+`__reduce_and_partition_ipg_grads` (stage3.py) and `reduce_ipg_grads` (stage_1_and_2.py): each
+gradient is copied into the bucket as its module's backward ends; a full bucket is reduced
+(reduce-scatter or all-reduce) on the reduction stream, then handed to a `GradientSink` that
+moves or accumulates this rank's partition wherever the mode keeps it (see `sinks.py`).
+`BoundaryAllReduce` is stage 0: no buckets during the backward, one blocking all-reduce of all
+gradients at the accumulation boundary (engine.py `allreduce_gradients`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import simpy
+
+from zerosim.engine.plan import Param
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
+from zerosim.engine.streams import Body
+from zerosim.vocabulary import Category, Collective, OpKind, Stream
+
+
+@dataclass(frozen=True)
+class BucketEntry:
+    param: Param
+    in_bucket: bool
+    """Copied into the contiguous IPG buffer (else reduced in place and freed after)."""
+
+
+class GradientStore:
+    """The 16-bit gradients a backward produces, held on the GPU until they are reduced (or,
+    in stages 0 and 1, accumulated across micro-batches until the boundary)."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+        self.grads: dict[tuple[int, int], int] = {}
+
+    def produce(self, index: int) -> None:
+        core = self.core
+        for param in core.plan.params[index]:
+            key = (index, param.index)
+            if key not in self.grads:
+                self.grads[key] = core.gpu.allocate(Category.GRADS,
+                                                    core.dtype_bytes * param.numel,
+                                                    core.plan.modules[index].name)
+
+    def free(self, param: Param) -> None:
+        self.core.gpu.free(Category.GRADS, self.grads.pop((param.module, param.index)))
+
+    def free_all(self) -> None:
+        for key in list(self.grads):
+            self.core.gpu.free(Category.GRADS, self.grads.pop(key))
+
+
+class GradientSink(Protocol):
+    """Where a reduced bucket's partition goes: `partition_grads` of the mode."""
+
+    def reduces_at(self, micro: int, boundary: bool) -> bool:
+        """Whether this micro-batch's gradients are bucketed and reduced at all."""
+        ...
+
+    def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
+                  ) -> tuple[Body, bool]:
+        """The in-order op that moves the bucket's partitions, and whether the host thread
+        waits for it."""
+        ...
+
+    def frees_grads_after_backward(self, boundary: bool) -> bool: ...
+
+
+class GradientPath(Protocol):
+    store: GradientStore
+
+    def add(self, param: Param, produced: simpy.Event, micro: int, boundary: bool) -> Gen: ...
+    def epilogue(self, micro: int, boundary: bool) -> Gen: ...
+
+
+class IpgBuckets:
+    def __init__(self, core: RankCore, sink: GradientSink, collective: Collective):
+        self.core = core
+        self.sink = sink
+        self.collective = collective
+        self.store = GradientStore(core)
+        self.bucket: list[BucketEntry] = []
+        self.bucket_numel = 0
+        self.outstanding: deque[simpy.Event] = deque()
+        # Without overlap_comm DeepSpeed reduces on the default stream, in line with compute.
+        self.stream = core.stream(Stream.REDUCE) if core.ds.overlap_comm else core.compute
+
+    def add(self, param: Param, produced: simpy.Event, micro: int, boundary: bool) -> Gen:
+        """`__add_grad_to_ipg_bucket`: reduce the bucket first if the gradient would overflow
+        it, then copy the gradient in (or, without contiguous gradients, wait for it)."""
+        if not self.sink.reduces_at(micro, boundary):
+            return
+        core, size = self.core, self.core.ds.reduce_bucket_size
+        if self.bucket and self.bucket_numel + param.numel > size:
+            yield from self.reduce(micro, boundary)
+        in_bucket = core.ds.contiguous_gradients and self.bucket_numel + param.numel <= size
+        if in_bucket:
+            nbytes = core.comm_bytes * param.numel
+            copy = core.hbm_op(self.stream, f"copy grad {core.plan.modules[param.module].name}",
+                               OpKind.GRAD_TO_BUCKET, nbytes, after=(produced,))
+            core.when_done(copy, lambda: self.store.free(param))
+        else:
+            self.stream.launch("wait grad", core.gpu_time(0.0), kind=OpKind.GRAD_WAIT,
+                               after=(produced,))
+        self.bucket.append(BucketEntry(param, in_bucket))
+        self.bucket_numel += param.numel
+
+    def reduce(self, micro: int, boundary: bool) -> Gen:
+        """Reduce the bucket, then hand its partitions to the sink; at most
+        `MAX_PARAM_REDUCE_EVENTS` reductions stay outstanding."""
+        core = self.core
+        while self.outstanding and self.outstanding[0].processed:
+            self.outstanding.popleft()
+        if len(self.outstanding) > MAX_PARAM_REDUCE_EVENTS:
+            yield self.outstanding.popleft()
+        bucket, numel = self.bucket, self.bucket_numel
+        self.bucket, self.bucket_numel = [], 0
+        key = core.next_key(self.collective)
+        core.launches += core.distributed
+        yield from core.pay_launches()
+        out_bytes = core.comm_bytes * sum(e.param.partition_numel for e in bucket)
+        held: dict[str, int] = {}
+
+        def reduce_body() -> Gen:
+            held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
+                                            "reduce-scatter out")
+            if core.distributed:
+                yield from core.machine.collective(core.rank, key, self.collective,
+                                                   core.comm_bytes * numel, core.ranks)
+            else:
+                yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
+            for entry in bucket:
+                if not entry.in_bucket:
+                    self.store.free(entry.param)
+
+        label = self.collective.value.replace("_", "-")
+        self.stream.launch(f"{label} {numel / 1e6:.0f}M", reduce_body,
+                           kind=OpKind(self.collective.value), nbytes=core.comm_bytes * numel)
+        body, host_waits = self.sink.partition(bucket, micro, boundary)
+        moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
+        done = self.stream.launch(f"partition grads {len(bucket)} params", body,
+                                  kind=OpKind.PARTITION_GRADS, nbytes=moved)
+        core.when_done(done, lambda: core.gpu.free(Category.GRAD_PARTITIONS, held["out"]))
+        self.outstanding.append(done)
+        if host_waits:
+            yield done
+
+    def epilogue(self, micro: int, boundary: bool) -> Gen:
+        """`independent_gradient_partition_epilogue`: the last bucket, then synchronize."""
+        if self.bucket:
+            yield from self.reduce(micro, boundary)
+        yield from self.core.synchronize()
+        if self.sink.frees_grads_after_backward(boundary):
+            self.store.free_all()
+
+
+class BoundaryAllReduce:
+    """Stage 0: gradients accumulate in place on the GPU; at the boundary the host all-reduces
+    them in buffers of `STAGE0_ALLREDUCE_BUCKET_NUMEL` on the default stream
+    (`buffered_allreduce_fallback`), after the backward."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+        self.store = GradientStore(core)
+
+    def add(self, param: Param, produced: simpy.Event, micro: int, boundary: bool) -> Gen:
+        return
+        yield
+
+    def epilogue(self, micro: int, boundary: bool) -> Gen:
+        core = self.core
+        if boundary and core.distributed:
+            total = sum(p.numel for p in core.plan.all_params)
+            start = 0
+            while start < total:
+                numel = min(STAGE0_ALLREDUCE_BUCKET_NUMEL, total - start)
+                nbytes = core.comm_bytes * numel
+                key = core.next_key(Collective.ALL_REDUCE)
+
+                def body(key=key, nbytes=nbytes) -> Gen:
+                    yield from core.machine.collective(core.rank, key, Collective.ALL_REDUCE,
+                                                       nbytes, core.ranks)
+
+                core.compute.launch(f"all-reduce {numel / 1e6:.0f}M", body,
+                                    kind=OpKind.ALL_REDUCE, nbytes=nbytes)
+                start += numel
+        yield from core.synchronize()
+        if boundary:
+            self.store.free_all()

@@ -1,0 +1,205 @@
+"""Optimizer steps: on the CPU (optimizer offloaded) or on the GPU (no offload), then the
+gathers that follow a step.
+
+`CpuStep` follows stage3.py `step` (sub-group by sub-group: unscale, DeepSpeedCPUAdam, blocking
+copy-back; Twin-Flow's GPU sub-groups and the study's what-ifs in between) and, with one group
+for the whole partition, stage_1_and_2.py's offloaded step. `GpuStep` is the fused GPU Adam of
+a step without offload, memory-bound on HBM. The copy-back and the post-step gather are parts
+chosen by `compose.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.software import DEVICE_SCALAR_BYTES
+from zerosim.hardware import costs
+from zerosim.units import FP32_BYTES
+from zerosim.vocabulary import Category, Collective, OpKind, Phase, Stream
+
+CopyBack = Callable[[RankCore, int, int, Stream], Gen]
+"""(core, sub-group, elements, track): write a stepped group's 16-bit params where the GPU
+reads them."""
+PostStep = Callable[[RankCore], None]
+
+
+def launch_gpu_adam(core: RankCore, group: int, elements: int) -> simpy.Event:
+    """Unscale, Adam and the fp32 -> 16-bit cast of a group whose state is in HBM: GPU
+    kernels the host launches without waiting."""
+    nbytes = costs.GPU_STEP_BYTES_PER_ELEMENT * elements
+    return core.compute.launch(f"gpu adam sub-group {group}",
+                               core.gpu_time(core.hbm_seconds(nbytes, passes=1.0)),
+                               kind=OpKind.OPTIMIZER_STEP, nbytes=nbytes)
+
+
+class CpuStep:
+    def __init__(self, core: RankCore, groups: tuple[int, ...], copy_back: CopyBack,
+                 post_step: PostStep):
+        self.core = core
+        self.groups = groups
+        self.copy_back = copy_back
+        self.post_step = post_step
+
+    def run(self) -> Gen:
+        core = self.core
+        core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
+        if core.ds.dtype == "fp16":
+            yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
+                                     core.machine.elementwise(core.rank,
+                                                              core.plan.partition_numel,
+                                                              costs.OVERFLOW_CHECK_HOST_BYTES))
+            yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        for group, elements in enumerate(self.groups):
+            if group in core.plan.gpu_subgroups:
+                launch_gpu_adam(core, group, elements)
+            elif self._steps_on_gpu(group):
+                self._step_prefetched_on_gpu(group, elements)
+            else:
+                yield from self._update_on_cpu(group, elements)
+        self.post_step(core)
+        yield from core.end()
+
+    def _steps_on_gpu(self, group: int) -> bool:
+        """What-if: every k-th sub-group is updated on the GPU (`what_if.gpu_update_every`)."""
+        every = self.core.what_if.gpu_update_every
+        return every > 0 and (group + 1) % every == 0
+
+    def _step_prefetched_on_gpu(self, group: int, elements: int) -> None:
+        """What-if (study section 4): bring the sub-group's fp32 state and gradient to the GPU
+        on a stream of its own while the CPU steps the other sub-groups, update it there, send
+        the state back; the 16-bit params are written on the GPU."""
+        core = self.core
+        state = costs.GPU_STATE_BYTES_PER_ELEMENT * elements
+        back = costs.GPU_STATE_WRITEBACK_BYTES_PER_ELEMENT * elements
+
+        def body() -> Gen:
+            held = core.gpu.allocate(Category.PREFETCHED_STATE, state, f"sub-group {group}")
+            yield from core.dma("h2d", state, pinned=core.pinned, op=f"state sub-group {group}",
+                                kind=OpKind.STATE_TO_GPU)
+            yield core.env.timeout(core.hbm_seconds(
+                costs.GPU_STEP_BYTES_PER_ELEMENT * elements, passes=1.0))
+            yield from core.dma("d2h", back, pinned=core.pinned, op=f"state sub-group {group}",
+                                kind=OpKind.STATE_TO_HOST)
+            core.gpu.free(Category.PREFETCHED_STATE, held)
+
+        core.stream(Stream.OPTIMIZER_GPU).launch(f"gpu adam sub-group {group}", body,
+                                                 kind=OpKind.OPTIMIZER_STEP, nbytes=state)
+
+    def _update_on_cpu(self, group: int, elements: int) -> Gen:
+        core, m = self.core, self.core.machine
+        yield from core.cpu_work(f"unscale sub-group {group}", OpKind.UNSCALE,
+                                 m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
+        yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
+                                 m.cpu_kernel(core.rank, elements, host=costs.ADAM_HOST_BYTES,
+                                              elements_per_s_per_thread=(
+                                                  core.profile.adam_params_per_s_per_thread)))
+        if core.what_if.overlap_copy_back:
+            core.stream(Stream.COPY_BACK).launch(
+                f"copy-back sub-group {group}",
+                lambda: self.copy_back(core, group, elements, Stream.CPU_COPY_BACK),
+                kind=OpKind.PARAM_COPY_BACK)
+        else:
+            yield from self.copy_back(core, group, elements, Stream.CPU)
+
+
+def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:
+    """`fp16_partition.copy_(fp32_partition)`: a CPU cast into a fresh pageable temporary
+    (the pool's threads fault its pages in, so they spread like it; then they read the fp32
+    master at home), then a blocking H2D. The what-if `overlap_copy_back` runs it on a helper
+    thread (`track`)."""
+    threads = core.profile.cast_threads
+    temp_bytes = core.dtype_bytes * elements
+    temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
+                              f"sub-group {group} cast")
+
+    def zero_then_cast() -> Gen:
+        yield from core.machine.zero_pages(core.rank, temp_bytes, threads=threads,
+                                           where=costs.SPREAD_PAGES)
+        yield from core.machine.elementwise(
+            core.rank, elements, costs.HostBytes(home=FP32_BYTES, spread=core.dtype_bytes),
+            threads=threads)
+
+    yield from core.cpu_work(f"cast fp32→16-bit sub-group {group}", OpKind.CAST,
+                             zero_then_cast(), track=track)
+
+    def upload() -> Gen:
+        yield from core.dma("h2d", temp_bytes, pinned=False, buffer=costs.SPREAD_PAGES,
+                            op=f"params sub-group {group}", kind=OpKind.PARAM_COPY_BACK)
+
+    yield core.compute.launch(f"H2D params sub-group {group}", upload,
+                              kind=OpKind.PARAM_COPY_BACK, nbytes=temp_bytes)
+    core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
+
+
+def cast_into_host_params(core: RankCore, group: int, elements: int, track: Stream) -> Gen:
+    """With `offload_param` the 16-bit partition lives in host memory: the cast writes it
+    there and nothing crosses PCIe until the next fetch."""
+    cast = costs.HostBytes(home=FP32_BYTES + core.dtype_bytes)
+    yield from core.cpu_work(f"cast fp32→16-bit sub-group {group}", OpKind.CAST,
+                             core.machine.elementwise(core.rank, elements, cast,
+                                                      threads=core.profile.cast_threads),
+                             track=track)
+
+
+class GpuStep:
+    """No offload: the overflow check and the norms on the GPU, then the fused Adam of each
+    group (unscale, Adam, cast to 16 bits) as kernels the host launches without waiting."""
+
+    def __init__(self, core: RankCore, groups: tuple[int, ...], post_step: PostStep):
+        self.core = core
+        self.groups = groups
+        self.post_step = post_step
+
+    def run(self) -> Gen:
+        core = self.core
+        core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
+        elements = sum(self.groups)
+        if core.ds.dtype == "fp16":
+            check = core.hbm_op(core.compute, "overflow check", OpKind.OVERFLOW_CHECK,
+                                costs.OVERFLOW_CHECK_HOST_BYTES.total * elements, passes=1.0)
+            yield check
+            yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        for group, size in enumerate(self.groups):
+            launch_gpu_adam(core, group, size)
+        self.post_step(core)
+        yield from core.end()
+
+
+def gather_all(core: RankCore, op: str, nbytes: float) -> simpy.Event:
+    key = core.next_key(Collective.ALL_GATHER)
+
+    def body() -> Gen:
+        yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER, nbytes,
+                                           core.ranks)
+
+    return core.stream(Stream.ALLGATHER).launch(op, body, kind=OpKind.ALL_GATHER,
+                                                nbytes=nbytes)
+
+
+def regather_persistent(core: RankCore) -> None:
+    """Stage 3 `_post_step`: persistent parameters are re-gathered."""
+    if core.plan.persistent_numel and core.distributed:
+        gather_all(core, "all-gather persistent params",
+                   core.dtype_bytes * core.plan.persistent_numel)
+
+
+def allgather_updated(core: RankCore) -> None:
+    """Stages 1/2 `all_gather_dp_groups`: the updated 16-bit partitions, in allgather
+    buckets."""
+    if not core.distributed:
+        return
+    total = core.dtype_bytes * sum(p.numel for p in core.plan.all_params)
+    chunk = core.dtype_bytes * core.ds.allgather_bucket_size
+    start = 0
+    while start < total:
+        gather_all(core, "all-gather updated params", min(chunk, total - start))
+        start += chunk
+
+
+def nothing_to_gather(core: RankCore) -> None:
+    """Stage 0: every rank stepped every parameter."""

@@ -1,0 +1,166 @@
+"""Parameter coordinators: how a rank gets a module's 16-bit parameters before it runs.
+
+`ReplicatedParams` (stages 0-2): every GPU holds them all; nothing to fetch.
+`PartitionedParams` (stage 3, partitioned_param_coordinator.py): all-gather each module's
+partitions before use, prefetch ahead in trace order within `stage3_prefetch_bucket_size` and
+`stage3_max_live_parameters`, release after use unless the module comes back within
+`stage3_max_reuse_distance`. Where the partition lives before the all-gather is a `ParamSource`:
+in HBM, in host memory (`offload_param: cpu`), or on NVMe.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import simpy
+
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.vocabulary import Category, Collective, OpKind, Stream
+
+
+class ParameterCoordinator(Protocol):
+    def fetch(self, index: int) -> simpy.Event | None: ...
+    def prefetch_after(self, index: int, backward: bool) -> None: ...
+    def release(self, index: int, after: simpy.Event | None) -> None: ...
+    def release_all(self) -> None: ...
+    def keep_after_forward(self, index: int) -> bool: ...
+
+
+class ReplicatedParams:
+    """Stages 0-2: the 16-bit parameters are resident on every GPU."""
+
+    def fetch(self, index: int) -> simpy.Event | None:
+        return None
+
+    def prefetch_after(self, index: int, backward: bool) -> None:
+        return None
+
+    def release(self, index: int, after: simpy.Event | None) -> None:
+        return None
+
+    def release_all(self) -> None:
+        return None
+
+    def keep_after_forward(self, index: int) -> bool:
+        return True
+
+
+class ParamSource(Protocol):
+    def bring(self, core: RankCore, index: int, partition_numel: int) -> Gen:
+        """Make the module's partition readable by the GPU (before its all-gather)."""
+        ...
+
+    @property
+    def always_gathers(self) -> bool:
+        """Whether even one rank must run the gather op (its partition is not in HBM)."""
+        ...
+
+
+class PartitionsInHbm:
+    always_gathers = False
+
+    def bring(self, core: RankCore, index: int, partition_numel: int) -> Gen:
+        return
+        yield
+
+
+class PartitionsInHost:
+    """`offload_param: cpu`: every fetch starts with an H2D of the 16-bit partition."""
+
+    always_gathers = True
+
+    def bring(self, core: RankCore, index: int, partition_numel: int) -> Gen:
+        yield from core.dma("h2d", core.dtype_bytes * partition_numel,
+                            pinned=core.ds.offload_param.pin_memory,
+                            op=f"fetch {core.plan.modules[index].name}",
+                            kind=OpKind.PARAM_FETCH)
+
+
+class PartitionedParams:
+    """ZeRO-3's partitioned parameter coordinator for one rank."""
+
+    def __init__(self, core: RankCore, source: ParamSource):
+        self.core = core
+        self.source = source
+        plan = core.plan
+        n = len(plan.modules)
+        self.gathered: list[simpy.Event | None] = [None] * n
+        self.gathered_bytes = [0] * n
+        self.is_gathered = [False] * n
+        self.live_numel = 0
+        self.trace = [i for i in range(n) if plan.gathered_numel[i] > 0]
+        self.forward_position = {m: pos for pos, m in enumerate(self.trace)}
+        self.backward_order = self.trace[::-1]
+        self.backward_position = {m: pos for pos, m in enumerate(self.backward_order)}
+        self.allgather = core.stream(Stream.ALLGATHER)
+
+    def keep_after_forward(self, index: int) -> bool:
+        return self.core.plan.keep_after_forward[index]
+
+    def fetch(self, index: int) -> simpy.Event | None:
+        """All-gather a module's params unless they are gathered or on their way."""
+        core, plan = self.core, self.core.plan
+        if self.is_gathered[index] or plan.gathered_numel[index] == 0:
+            return self.gathered[index]
+        numel = plan.gathered_numel[index]
+        self.is_gathered[index] = True
+        self.live_numel += numel
+        if not core.distributed and not self.source.always_gathers:
+            self.gathered[index] = None
+            return None
+        module = plan.modules[index]
+        key = core.next_key(Collective.ALL_GATHER)
+        core.launches += core.distributed
+        partition = sum(p.partition_numel for p in plan.params[index] if not p.persistent)
+
+        def body() -> Gen:
+            self.gathered_bytes[index] = core.gpu.allocate(
+                Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
+            yield from self.source.bring(core, index, partition)
+            yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
+                                               core.dtype_bytes * numel, core.ranks)
+
+        event = self.allgather.launch(f"all-gather {module.name}", body,
+                                      kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel)
+        self.gathered[index] = event
+        return event
+
+    def prefetch_after(self, index: int, backward: bool) -> None:
+        """Fetch ahead of `index` in trace order up to `stage3_prefetch_bucket_size` numel,
+        within `stage3_max_live_parameters`."""
+        positions = self.backward_position if backward else self.forward_position
+        if index not in positions:
+            return
+        order = self.backward_order if backward else self.trace
+        ds = self.core.ds
+        budget = min(ds.stage3_prefetch_bucket_size,
+                     ds.stage3_max_live_parameters - self.live_numel)
+        issued = 0
+        for later in order[positions[index] + 1:]:
+            if issued >= budget:
+                return
+            if self.is_gathered[later]:
+                continue
+            numel = self.core.plan.gathered_numel[later]
+            if self.live_numel + numel > ds.stage3_max_live_parameters:
+                return
+            self.fetch(later)
+            issued += numel
+
+    def release(self, index: int, after: simpy.Event | None) -> None:
+        if not self.is_gathered[index]:
+            return
+        self.is_gathered[index] = False
+        self.live_numel -= self.core.plan.gathered_numel[index]
+        gathered = self.gathered[index]
+        self.gathered[index] = None
+
+        def free() -> None:
+            self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
+            self.gathered_bytes[index] = 0
+
+        self.core.when_done(after if after is not None else gathered, free)
+
+    def release_all(self) -> None:
+        for index in self.trace:
+            self.release(index, self.gathered[index])

@@ -1,0 +1,128 @@
+"""A rank's iteration, composed of parts: forward, bucketed backward, optimizer step.
+
+The program only orders the work: which module runs when, with activation checkpointing's
+recompute before each block's backward. What it takes to get a module's parameters, where
+gradients go and how the optimizer steps are the parts `compose.py` picked for the scenario.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from zerosim.engine.gradients import GradientPath
+from zerosim.engine.params import ParameterCoordinator
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.states import Holding
+from zerosim.hardware import costs
+from zerosim.vocabulary import DeviceKind, OpKind, Phase
+
+
+class OptimizerStep(Protocol):
+    def run(self) -> Gen: ...
+
+
+class RankProgram:
+    def __init__(self, core: RankCore, params: ParameterCoordinator, gradients: GradientPath,
+                 optimizer: OptimizerStep, states: list[Holding]):
+        self.core = core
+        self.params = params
+        self.gradients = gradients
+        self.optimizer = optimizer
+        self.states = states
+        self.held: list[tuple[Holding, int]] = []
+
+    def run(self) -> Gen:
+        self.hold_model_states()
+        steps = self.core.ds.gradient_accumulation_steps
+        for micro in range(steps):
+            yield from self.forward(micro)
+            yield from self.backward(micro, boundary=micro == steps - 1)
+        yield from self.optimizer.run()
+        self.release_model_states()
+
+    def _pool(self, holding: Holding):
+        return self.core.gpu if holding.device is DeviceKind.GPU else self.core.host
+
+    def hold_model_states(self) -> None:
+        for holding in self.states:
+            amount = self._pool(holding).allocate(holding.category, holding.nbytes,
+                                                  holding.what, holding.buffer)
+            self.held.append((holding, amount))
+
+    def release_model_states(self) -> None:
+        """Static buffers outlive the iteration; release them so the end-of-run check can
+        verify that every transient allocation was freed."""
+        for holding, amount in self.held:
+            self._pool(holding).free(holding.category, amount, holding.buffer)
+        self.held = []
+
+    def _fetch_for(self, index: int, *, backward: bool | None) -> Gen:
+        """A module's hooks: host time, its fetch, prefetch ahead (not when recomputing),
+        and the launches of the collectives just issued. Returns the fetch's event."""
+        core = self.core
+        yield from core.host_overhead()
+        ready = self.params.fetch(index)
+        if backward is not None:
+            self.params.prefetch_after(index, backward)
+            yield from core.pay_launches()
+        return ready
+
+    def forward(self, micro: int) -> Gen:
+        core = self.core
+        core.begin(Phase.FORWARD, micro)
+        for index, module in enumerate(core.plan.modules):
+            ready = None
+            if module.params:
+                ready = yield from self._fetch_for(index, backward=False)
+            done = core.compute.launch(
+                f"forward {module.name}",
+                core.forward_body(index, core.module_seconds(index, 1.0), module.saved_bytes),
+                kind=OpKind.FORWARD, after=(ready,))
+            if not self.params.keep_after_forward(index):
+                self.params.release(index, done)
+        yield from core.end()
+
+    def backward(self, micro: int, *, boundary: bool) -> Gen:
+        core = self.core
+        core.begin(Phase.BACKWARD, micro)
+        modules = core.plan.modules
+        for index in range(len(modules) - 1, -1, -1):
+            module = modules[index]
+            if core.ctx.scenario.activation_checkpointing and self._last_of_block(index):
+                yield from self.recompute_block(module.layer)
+            ready = None
+            if module.params:
+                ready = yield from self._fetch_for(index, backward=True)
+            done = core.compute.launch(
+                f"backward {module.name}",
+                core.backward_body(index,
+                                   core.module_seconds(index, costs.BACKWARD_FLOPS_FACTOR),
+                                   on_end=lambda i=index: self.gradients.store.produce(i)),
+                kind=OpKind.BACKWARD, after=(ready,))
+            for param in core.plan.params[index]:
+                yield from self.gradients.add(param, done, micro, boundary)
+            self.params.release(index, done)
+        yield from self.gradients.epilogue(micro, boundary)
+        self.params.release_all()
+        yield from core.end()
+
+    def _last_of_block(self, index: int) -> bool:
+        modules = self.core.plan.modules
+        layer = modules[index].layer
+        is_last = index + 1 == len(modules) or modules[index + 1].layer != layer
+        return layer is not None and is_last
+
+    def recompute_block(self, layer: int) -> Gen:
+        """Activation checkpointing: re-run the block's forward before its backward."""
+        core = self.core
+        for index, module in enumerate(core.plan.modules):
+            if module.layer != layer:
+                continue
+            ready = None
+            if module.params:
+                ready = yield from self._fetch_for(index, backward=None)
+            core.compute.launch(
+                f"recompute {module.name}",
+                core.forward_body(index, core.module_seconds(index, 1.0),
+                                  module.recompute_bytes),
+                kind=OpKind.RECOMPUTE, after=(ready,))

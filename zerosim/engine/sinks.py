@@ -1,0 +1,237 @@
+"""Where a reduced gradient partition goes: the `partition_grads` of each mode.
+
+`HostPartitions` (stage 3, optimizer offloaded; stage3.py `partition_grads`): the first
+micro-batch moves each partition D2H into the host accumulation buffer and back, later ones
+bring the accumulator H2D, add on the GPU and send it back; at the boundary the fp32 gradient
+goes to the optimizer's host buffer as the DeepSpeed version does it (`BoundaryFlush`).
+`HostAccumulation` (stages 1/2, optimizer offloaded; stage_1_and_2.py
+`async_accumulate_grad_in_cpu_via_gpu` and the boundary `copy_(src.float(), non_blocking=True)`).
+`GpuPartitions` (no offload): the partition is copied into, or added to, its HBM buffer.
+"""
+
+from __future__ import annotations
+
+from zerosim.engine.gradients import BucketEntry
+from zerosim.engine.plan import Param
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.streams import Body
+from zerosim.hardware import costs
+from zerosim.units import FP32_BYTES
+from zerosim.vocabulary import Category, OpKind, Stream
+
+ADD_PASSES = 3.0
+"""An in-place add on the GPU: read both operands, write one."""
+
+
+def _per_param(bucket: list[BucketEntry], move) -> Body:
+    """The host thread issues the bucket's copies one by one; when one blocks, it waits for
+    everything before it on the stream, so the whole bucket is one in-order op."""
+    def body() -> Gen:
+        for entry in bucket:
+            yield from move(entry.param)
+    return body
+
+
+class HostPartitions:
+    """Stage 3 with the optimizer offloaded."""
+
+    def __init__(self, core: RankCore, flush: BoundaryFlush):
+        self.core = core
+        self.flush = flush
+
+    def reduces_at(self, micro: int, boundary: bool) -> bool:
+        return True
+
+    def frees_grads_after_backward(self, boundary: bool) -> bool:
+        return False
+
+    def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
+                  ) -> tuple[Body, bool]:
+        buffered = boundary and self.flush.can_buffer(bucket)
+
+        def move(param: Param) -> Gen:
+            yield from self._move(param, micro, boundary, buffered)
+
+        return _per_param(bucket, move), self._host_blocks(boundary, buffered)
+
+    def _host_blocks(self, boundary: bool, buffered: bool) -> bool:
+        """Any copy to or from pageable memory blocks the host thread, and so does the
+        boundary flush before `boundary_flush_non_blocking` (unless the what-if buffers it)."""
+        if not self.core.pinned:
+            return True
+        return (boundary and not self.core.behaviours.boundary_flush_non_blocking
+                and not buffered)
+
+    def _move(self, param: Param, micro: int, boundary: bool, buffered: bool) -> Gen:
+        core = self.core
+        name = core.plan.modules[param.module].name
+        acc = core.accum_bytes * param.partition_numel
+        pinned = core.pinned
+        if micro == 0:
+            yield from core.dma("d2h", acc, pinned=pinned, op=f"grad → accum {name}",
+                                kind=OpKind.GRAD_TO_HOST)
+            buffer = core.gpu.allocate(Category.GRAD_PARTITIONS, acc, f"grad buffer {name}")
+            yield from core.dma("h2d", acc, pinned=pinned, op=f"accum → GPU {name}",
+                                kind=OpKind.GRAD_FROM_HOST)
+        else:
+            buffer = core.gpu.allocate(Category.GRAD_PARTITIONS, acc, f"grad buffer {name}")
+            yield from core.dma("h2d", acc, pinned=pinned, op=f"accum → GPU {name}",
+                                kind=OpKind.GRAD_FROM_HOST)
+            yield core.env.timeout(core.hbm_seconds(acc, ADD_PASSES))
+            yield from core.dma("d2h", acc, pinned=pinned, op=f"accum → host {name}",
+                                kind=OpKind.GRAD_TO_HOST)
+        if boundary:
+            yield core.env.timeout(core.hbm_seconds(acc, passes=1.0))
+            yield from self.flush.send(param, name, buffered)
+        core.gpu.free(Category.GRAD_PARTITIONS, buffer)
+
+
+class BoundaryFlush:
+    """The boundary's fp32 gradient of one partition, on its way to the optimizer."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+
+    def can_buffer(self, bucket: list[BucketEntry]) -> bool:
+        """What-if: buffer a boundary bucket on the GPU only if it fits in free HBM now."""
+        core = self.core
+        need = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
+        return (core.what_if.buffer_boundary_grads
+                and core.gpu.used + need <= core.gpu.capacity)
+
+    def send(self, param: Param, name: str, buffered: bool) -> Gen:
+        """As each DeepSpeed version does it. With fp32 accumulation the buffer already holds
+        fp32: a plain D2H, no cast."""
+        core = self.core
+        elements = param.partition_numel
+        fp32 = FP32_BYTES * elements
+        if core.plan.on_gpu(param):
+            yield core.env.timeout(core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements,
+                                                    passes=1.0))
+        elif buffered:
+            yield from self._buffer_and_flush_async(elements, name)
+        elif core.ds.grad_accum_dtype == "fp32":
+            yield from core.dma("d2h", fp32, pinned=core.pinned, op=f"fp32 flush {name}",
+                                kind=OpKind.GRAD_FLUSH)
+        elif not core.behaviours.boundary_flush_cast_on_gpu:
+            yield from self._via_cpu_cast(elements, name)
+        else:
+            yield from gpu_cast_then_d2h(core, elements, name)
+
+    def _buffer_and_flush_async(self, elements: int, name: str) -> Gen:
+        """What-if (study section 4): keep the boundary gradient in GPU memory freed by the
+        activations and flush it in the background: a D2H on its own stream, then the cast
+        into the fp32 buffer by a host helper thread. Nothing waits for it until the step."""
+        core = self.core
+        nbytes = core.accum_bytes * elements
+        buffered = core.gpu.allocate(Category.BOUNDARY_GRAD_BUFFER, nbytes,
+                                     f"buffered grad {name}")
+        yield core.env.timeout(core.hbm_seconds(nbytes))
+
+        def flush() -> Gen:
+            yield from core.dma("d2h", nbytes, pinned=core.pinned, op=f"async flush {name}",
+                                kind=OpKind.GRAD_FLUSH)
+            core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, buffered)
+            if core.accum_bytes != FP32_BYTES:
+                yield from core.cpu_work(
+                    f"cast fp16→fp32 {name}", OpKind.CAST,
+                    core.machine.elementwise(core.rank, elements,
+                                             costs.HostBytes(home=core.accum_bytes + FP32_BYTES),
+                                             threads=core.profile.cast_threads),
+                    nbytes=nbytes, track=Stream.CPU_FLUSH)
+
+        core.stream(Stream.FLUSH).launch(f"async flush {name}", flush, kind=OpKind.GRAD_FLUSH,
+                                         nbytes=nbytes)
+
+    def _via_cpu_cast(self, elements: int, name: str) -> Gen:
+        """PyTorch's blocking cross-dtype D2H: a D2H into a fresh pageable 16-bit temporary,
+        then a cast into the fp32 buffer on the CPU."""
+        core = self.core
+        temp_bytes = core.dtype_bytes * elements
+        temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
+                                  f"fp16 temp {name}")
+        yield from core.cpu_work(f"zero pages {name}", OpKind.ZERO_PAGES,
+                                 core.machine.zero_pages(core.rank, temp_bytes, threads=1,
+                                                         label=f"zero pages {name}"),
+                                 nbytes=temp_bytes)
+        yield from core.dma("d2h", temp_bytes, pinned=False, op=f"fp32 flush {name}",
+                            kind=OpKind.GRAD_FLUSH)
+        yield from core.cpu_work(
+            f"cast fp16→fp32 {name}", OpKind.CAST,
+            core.machine.elementwise(core.rank, elements,
+                                     costs.HostBytes(home=core.dtype_bytes + FP32_BYTES),
+                                     threads=core.profile.cast_threads),
+            nbytes=temp_bytes)
+        core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
+
+
+def gpu_cast_then_d2h(core: RankCore, elements: int, name: str) -> Gen:
+    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of 4 B/element."""
+    fp32 = FP32_BYTES * elements
+    temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp32, f"fp32 cast {name}")
+    yield core.env.timeout(core.hbm_seconds(fp32, passes=1.5))
+    yield from core.dma("d2h", fp32, pinned=core.pinned, op=f"fp32 grad {name}",
+                        kind=OpKind.GRAD_FLUSH)
+    core.gpu.free(Category.GRAD_PARTITIONS, temp)
+
+
+class HostAccumulation:
+    """Stages 1/2 with the optimizer offloaded."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+        self.accumulates = core.ds.stage == 2 and core.ds.gradient_accumulation_steps > 1
+
+    def reduces_at(self, micro: int, boundary: bool) -> bool:
+        """Stage 1 keeps accumulating full gradients on the GPU and reduces at the boundary."""
+        return self.core.ds.stage == 2 or boundary
+
+    def frees_grads_after_backward(self, boundary: bool) -> bool:
+        return self.core.ds.stage == 2 or boundary
+
+    def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
+                  ) -> tuple[Body, bool]:
+        def move(param: Param) -> Gen:
+            yield from self._move(param, micro, boundary)
+
+        return _per_param(bucket, move), not self.core.pinned
+
+    def _move(self, param: Param, micro: int, boundary: bool) -> Gen:
+        core = self.core
+        name = core.plan.modules[param.module].name
+        acc = core.accum_bytes * param.partition_numel
+        if self.accumulates:
+            if micro == 0:
+                yield from core.dma("d2h", acc, pinned=core.pinned, op=f"grad → accum {name}",
+                                    kind=OpKind.GRAD_TO_HOST)
+            else:
+                yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
+                                    kind=OpKind.GRAD_FROM_HOST)
+                yield core.env.timeout(core.hbm_seconds(acc, ADD_PASSES))
+                yield from core.dma("d2h", acc, pinned=core.pinned, op=f"accum → host {name}",
+                                    kind=OpKind.GRAD_TO_HOST)
+        if boundary:
+            yield from gpu_cast_then_d2h(core, param.partition_numel, name)
+
+
+class GpuPartitions:
+    """No offload: this rank's reduced partition is copied into its HBM gradient buffer on
+    the first micro-batch and added to it on later ones (stage 3 `partition_grads`, stage
+    1/2 `copy_grads_in_partition` / averaged gradients)."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+
+    def reduces_at(self, micro: int, boundary: bool) -> bool:
+        return self.core.ds.stage != 1 or boundary
+
+    def frees_grads_after_backward(self, boundary: bool) -> bool:
+        return self.core.ds.stage != 1 or boundary
+
+    def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
+                  ) -> tuple[Body, bool]:
+        core = self.core
+        nbytes = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
+        passes = 2.0 if micro == 0 or core.ds.stage == 1 else ADD_PASSES
+        return core.gpu_time(core.hbm_seconds(nbytes, passes)), False
+

@@ -1,0 +1,137 @@
+"""Model states: what a rank holds for the whole iteration, where, by mode (pure: no SimPy).
+
+Offloaded modes follow what DeepSpeed allocates (stage3.py, stage_1_and_2.py). Without offload
+the GPU holds what DeepSpeed's own estimators count (`zerosim estimate`): stage 3 18 B per
+partitioned parameter (16-bit param, fp32 master, fp32 gradient, two Adam states), stages 1/2
+2 B per parameter replicated plus 12 B (stage 1) or 18 B (stage 2, its 16-bit gradient
+partition and fp32 gradient) per partitioned one, stage 0 the 16-bit params and 12 B of fp32
+state for every parameter; the 16-bit gradients that stages 0 and 1 keep across micro-batches
+are tracked as `grads` while they live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerosim.engine.plan import Plan
+from zerosim.hardware.profile import HardwareProfile
+from zerosim.scenario import DeepSpeedConfig
+from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
+from zerosim.vocabulary import BufferKind, Category, DeviceKind, host_buffer
+
+ADAM_STATES = 2
+"""exp_avg and exp_avg_sq, fp32 each."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    device: DeviceKind
+    category: Category
+    nbytes: float
+    what: str
+    buffer: BufferKind = BufferKind.NONE
+
+
+def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile) -> list[Holding]:
+    """Every static allocation of one rank, in the order DeepSpeed makes them."""
+    held = [Holding(DeviceKind.GPU, Category.RUNTIME_CONTEXT, profile.runtime_context_bytes,
+                    "CUDA context")]
+    if ds.offload_optimizer.enabled:
+        states = _offloaded_stage3 if ds.stage == 3 else _offloaded_stage12
+    else:
+        states = _on_gpu
+    return held + states(ds, plan)
+
+
+def _sizes(ds: DeepSpeedConfig, plan: Plan) -> tuple[int, int, int, int]:
+    dtype = BYTES_PER_DTYPE[ds.dtype]
+    comm = BYTES_PER_DTYPE[ds.communication_dtype]
+    accum = BYTES_PER_DTYPE[ds.grad_accum_dtype]
+    total = sum(p.numel for p in plan.all_params)
+    return dtype, comm, accum, total
+
+
+def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
+    gpu, host = DeviceKind.GPU, DeviceKind.HOST
+    dtype, comm, accum, _ = _sizes(ds, plan)
+    part = plan.partition_numel
+    held = []
+    if ds.offload_param.enabled:
+        held.append(Holding(host, Category.PARAMS_16BIT, dtype * part, "fp16 partition",
+                            host_buffer(ds.offload_param.pin_memory)))
+    else:
+        held.append(Holding(gpu, Category.PARAMS_16BIT, dtype * part, "fp16 partition"))
+    held.append(Holding(gpu, Category.PARAMS_PERSISTENT, dtype * plan.persistent_numel,
+                        "persistent params"))
+    if ds.contiguous_gradients:
+        held.append(Holding(gpu, Category.IPG_BUCKET, comm * ds.reduce_bucket_size,
+                            "IPG bucket buffer"))
+    kind = host_buffer(ds.offload_optimizer.pin_memory)
+    on_cpu, on_gpu = plan.numel_on("cpu"), plan.numel_on("gpu")
+    return [
+        *held,
+        Holding(host, Category.FP32_MASTER, FP32_BYTES * on_cpu, "fp32 partition"),
+        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_cpu,
+                "exp_avg, exp_avg_sq"),
+        Holding(host, Category.FP32_GRADS, FP32_BYTES * on_cpu, "fp32 gradients", kind),
+        Holding(host, Category.GRAD_ACCUMULATION, accum * part,
+                "host gradient accumulation buffer", kind),
+        Holding(gpu, Category.FP32_MASTER_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 partition"),
+        Holding(gpu, Category.OPTIMIZER_STATES_GPU, ADAM_STATES * FP32_BYTES * on_gpu,
+                "Twin-Flow Adam states"),
+        Holding(gpu, Category.FP32_GRADS_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 gradients"),
+    ]
+
+
+def ipg_buffers(ds: DeepSpeedConfig) -> int:
+    """Stage 1/2 keep a second IPG buffer to fill while the first is reduced."""
+    return 2 if ds.overlap_comm else 1
+
+
+def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
+    gpu, host = DeviceKind.GPU, DeviceKind.HOST
+    dtype, comm, accum, total = _sizes(ds, plan)
+    part = plan.partition_numel
+    kind = host_buffer(ds.offload_optimizer.pin_memory)
+    held = [
+        Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params"),
+        Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * comm * ds.reduce_bucket_size,
+                "IPG bucket buffers"),
+        Holding(host, Category.FP32_MASTER, FP32_BYTES * part, "fp32 partition"),
+        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * part,
+                "exp_avg, exp_avg_sq"),
+        Holding(host, Category.FP32_GRADS, FP32_BYTES * part, "fp32 gradients", kind),
+    ]
+    if ds.stage == 2 and ds.gradient_accumulation_steps > 1:
+        held.append(Holding(host, Category.GRAD_ACCUMULATION, accum * part,
+                            "accumulated_grads_in_cpu", kind))
+    return held
+
+
+def _on_gpu(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
+    gpu = DeviceKind.GPU
+    dtype, comm, accum, total = _sizes(ds, plan)
+    stepped = plan.partition_numel if ds.stage > 0 else total
+    if ds.stage == 3:
+        held = [Holding(gpu, Category.PARAMS_16BIT, dtype * stepped, "fp16 partition"),
+                Holding(gpu, Category.PARAMS_PERSISTENT, dtype * plan.persistent_numel,
+                        "persistent params")]
+        if ds.contiguous_gradients:
+            held.append(Holding(gpu, Category.IPG_BUCKET, comm * ds.reduce_bucket_size,
+                                "IPG bucket buffer"))
+    else:
+        held = [Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params")]
+        if ds.stage > 0:
+            held.append(Holding(gpu, Category.IPG_BUCKET,
+                                ipg_buffers(ds) * comm * ds.reduce_bucket_size,
+                                "IPG bucket buffers"))
+    held += [Holding(gpu, Category.FP32_MASTER, FP32_BYTES * stepped, "fp32 master params"),
+             Holding(gpu, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * stepped,
+                     "exp_avg, exp_avg_sq")]
+    if ds.stage >= 2:
+        held.append(Holding(gpu, Category.FP32_GRADS, FP32_BYTES * stepped,
+                            "fp32 gradient partition"))
+    if ds.stage == 2:
+        held.append(Holding(gpu, Category.GRAD_ACCUMULATION, accum * stepped,
+                            "averaged gradient partition"))
+    return held
