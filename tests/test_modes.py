@@ -1,0 +1,204 @@
+"""Every ZeRO mode on the engine of parts: exact toy timelines worked out by hand, and model
+states tied to `zerosim estimate`.
+
+Toy node, model and units as in `test_engine_timeline.py` (picoseconds; the toy GPU moves 1e12
+HBM bytes/s). At DP=1 the partition of every parameter is the parameter (115008 elements).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import zerosim
+from zerosim.estimate import estimate_model_states
+from zerosim.vocabulary import Category, OpKind, Stream
+
+PS = 1e-12
+N = 115008  # toy parameters
+FORWARD_END = 1652224  # the forward of the toy at 8 tokens (test_engine_timeline.py)
+BACKWARD_END = 3 * FORWARD_END  # 4956672: the backward is twice the forward
+COPIES_END = 5031680  # the last gradient copied into the IPG bucket (test_engine_timeline.py)
+GROUPS = (57472, 57536)  # ZeRO-3 sub-groups at sub_group_size 50000
+GPU_ADAM_PS = 42  # per element: unscale 8 B + Adam 28 B + cast to 16 bits 6 B, 1 pass each
+OVERFLOW_CHECK_PS = 4  # one read of the 4 B fp32 gradient
+
+
+def _no_offload(stage: int, **zero) -> dict:
+    return {"deepspeed": {"zero_optimization": {"stage": stage,
+                                                "offload_optimizer": {"device": "none"},
+                                                **zero}}}
+
+
+def _phase_ends(result) -> dict[str, float]:
+    phases = result.phases
+    return {f"{row.phase} {row.micro_batch}": row.end_s / PS for row in phases.itertuples()}
+
+
+def _ops(result, stream: Stream, phase: str) -> list[tuple[str, float, float]]:
+    """Rank 0's ops on `stream` during `phase`: (op, start_ps, end_ps)."""
+    spans = result.spans
+    chosen = spans[(spans.stream == stream) & (spans.phase == phase) & (spans["rank"] == 0)]
+    chosen = chosen.sort_values(["start_s", "end_s"], kind="stable")
+    return [(r.op, r.start_s / PS, r.end_s / PS) for r in chosen.itertuples()]
+
+
+def _assert_ops(ops: list[tuple[str, float, float]],
+                expected: list[tuple[str, float, float]]) -> None:
+    assert [op for op, _, _ in ops] == [op for op, _, _ in expected]
+    assert [t for _, *ts in ops for t in ts] == pytest.approx(
+        [t for _, *ts in expected for t in ts], rel=1e-9)
+
+
+# ------------------------------------------------------------------------- no offload
+
+
+def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
+    """Backward: the bucket is reduced (DP=1: a local copy, 2 passes over 2N B = 460032 ps)
+    and its partitions copied into their HBM buffer (2 passes over 2N B). Update: the overflow
+    check reads the fp32 gradients (4N ps), then each sub-group's fused Adam (42 ps/element)."""
+    result = toy.run(_no_offload(3))
+    reduced = COPIES_END + 4 * N  # 5491712
+    partitioned = reduced + 4 * N  # 5951744
+    _assert_ops(_ops(result, Stream.REDUCE, "backward")[-2:], [
+        ("reduce-scatter 0M", COPIES_END, reduced),
+        ("partition grads 21 params", reduced, partitioned)])
+    checked = partitioned + OVERFLOW_CHECK_PS * N  # 6411776
+    first = checked + GPU_ADAM_PS * GROUPS[0]  # 8825600
+    second = first + GPU_ADAM_PS * GROUPS[1]  # 11242112
+    _assert_ops(_ops(result, Stream.COMPUTE, "update"), [
+        ("overflow check", partitioned, checked),
+        ("gpu adam sub-group 0", checked, first),
+        ("gpu adam sub-group 1", first, second)])
+    assert _phase_ends(result) == pytest.approx({"forward 0": FORWARD_END,
+                                                 "backward 0": partitioned,
+                                                 "update 0": 11242112})
+    assert result.spans[result.spans.stream.isin([Stream.PCIE_H2D, Stream.PCIE_D2H])].empty
+    assert result.summary["pcie_GB"] == {"h2d": 0.0, "d2h": 0.0}
+
+
+def test_zero2_without_offload_steps_its_whole_partition_at_once(toy):
+    """Same backward as ZeRO-3 at DP=1 (nothing to gather); one Adam over all N elements."""
+    result = toy.run(_no_offload(2))
+    start = 5951744 + OVERFLOW_CHECK_PS * N  # 6411776
+    _assert_ops(_ops(result, Stream.COMPUTE, "update")[1:], [
+        ("gpu adam sub-group 0", start, start + GPU_ADAM_PS * N)])  # to 11242112
+    assert result.summary["iteration_s"] == pytest.approx(11242112 * PS, rel=1e-12)
+
+
+def test_zero0_reduces_nothing_during_the_backward(toy):
+    """Stage 0 at DP=1: no IPG bucket, no reduction; the step follows the backward."""
+    result = toy.run(_no_offload(0))
+    assert _ops(result, Stream.REDUCE, "backward") == []
+    assert _phase_ends(result) == pytest.approx({
+        "forward 0": FORWARD_END, "backward 0": BACKWARD_END,
+        "update 0": BACKWARD_END + (OVERFLOW_CHECK_PS + GPU_ADAM_PS) * N})  # 10247040
+
+
+def test_zero0_all_reduces_at_the_boundary_on_the_compute_stream(toy):
+    """Two ranks: after the boundary backward, one blocking ring all-reduce of the 16-bit
+    gradients (2 x (2-1)/2 x 2N B = 230016 B per link at 100 GB/s = 2300160 ps)."""
+    result = toy.run(_no_offload(0), gpus=2)
+    ops = [op for op in _ops(result, Stream.COMPUTE, "backward") if op[0].startswith("all")]
+    _assert_ops(ops, [("all-reduce 0M", BACKWARD_END, BACKWARD_END + 2300160)])
+
+
+def test_zero1_without_offload_reduces_only_at_the_boundary(toy):
+    """GA=2: the first backward leaves its gradients on the GPU (no bucket, no reduction), the
+    boundary reduces them; ZeRO-1 keeps the full 16-bit gradients for both micro-batches."""
+    result = toy.run(_no_offload(1) | {"deepspeed": {
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "none"}}}})
+    spans = result.spans
+    reduce = spans[spans.stream == Stream.REDUCE]
+    assert set(reduce.micro_batch) == {1}
+    grads = result.memory[(result.memory.device == "gpu0")
+                          & (result.memory.category == Category.GRADS)]
+    assert grads.bytes.max() == 2 * N
+
+
+# ------------------------------------------------------------------ ZeRO-1/2, offloaded
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_offload_sends_the_fp32_gradient_per_parameter(toy, stage):
+    """GA=1: after the local reduction (460032 ps) each parameter's partition is cast to fp32
+    on the GPU (1.5 passes over 4n B = 6n ps) and copied D2H into pinned memory (4n B at
+    10 GB/s = 400n ps), one after another: 406 ps x 115008 = 46693248 ps."""
+    result = toy.run({"deepspeed": {"zero_optimization": {"stage": stage}}})
+    flush = result.spans[result.spans.op_kind == OpKind.GRAD_FLUSH]
+    assert list(flush.bytes) == [4 * n for n in _grad_order_numels()]
+    backward_end = COPIES_END + 4 * N + 406 * N  # 52184960
+    assert flush.end_s.max() / PS == pytest.approx(backward_end)
+    # The update: overflow check (1 ns/element), then unscale 2000, Adam 2500, zero + cast
+    # 4000 and the pageable H2D 400 ps per element, for the whole partition at once.
+    update = result.phases.set_index("phase").loc["update"]
+    assert update.end_s / PS - update.start_s / PS == pytest.approx((1000 + 8900) * N)
+    cpu = [op for op, _, _ in _ops(result, Stream.CPU, "update")]
+    assert cpu == ["overflow check", "unscale sub-group 0", "cpu adam sub-group 0",
+                   "cast fp32→16-bit sub-group 0"]
+
+
+def _grad_order_numels() -> list[int]:
+    from test_engine_timeline import GRAD_ORDER, PARAMS
+
+    return [PARAMS[name] for name in GRAD_ORDER]
+
+
+def test_zero2_offload_dp2_all_gathers_the_updated_params(toy):
+    """After the step each rank all-gathers the 16-bit params: 2N B in one bucket."""
+    result = toy.run({"deepspeed": {"zero_optimization": {"stage": 2}}}, gpus=2)
+    gathers = result.spans[(result.spans.stream == Stream.ALLGATHER)
+                           & (result.spans.phase == "update")]
+    assert list(gathers.op) == ["all-gather updated params"] * 2
+    assert list(gathers.bytes) == [2 * N, 2 * N]
+
+
+# --------------------------------------------------------------- states vs the estimator
+
+DP = 4
+
+
+@pytest.fixture(scope="module")
+def states_at_setup():
+    """GPU levels of each category right after the model states are allocated, per stage."""
+    levels = {}
+    for stage in (0, 1, 2, 3):
+        result = zerosim.simulate("scenarios/llama13b_dp4.yaml", {
+            "deepspeed.zero_optimization.stage": stage,
+            "deepspeed.zero_optimization.offload_optimizer.device": "none",
+            "deepspeed.zero_optimization.stage3_param_persistence_threshold": 0,
+            "model": "llama2-7b", "hardware.gpu.hbm_GiB": 1000})
+        memory = result.memory[(result.memory.device == "gpu0") & (result.memory.t_s == 0)]
+        levels[stage] = (memory.groupby("category").bytes.last().to_dict(),
+                         result.memory[(result.memory.device == "gpu0")
+                                       & (result.memory.category == Category.GRADS)].bytes.max())
+    return levels
+
+
+MODEL_STATES = {Category.PARAMS_16BIT, Category.FP32_MASTER, Category.OPTIMIZER_STATES,
+                Category.FP32_GRADS, Category.GRAD_ACCUMULATION}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_states_without_offload_equal_what_zerosim_estimate_says(states_at_setup, stage):
+    """Llama-2-7B (6,738,415,616 params, every tensor divisible by 4) on 4 GPUs: the model
+    states the engine holds (plus, in stages 0 and 1, the full 16-bit gradients they keep, and
+    in stage 3 the largest layer's gathered params and gradients) equal the estimator's
+    no-offload GPU row."""
+    from zerosim import models
+
+    spec = models.CATALOG["llama2-7b"]
+    total, largest = models.total_params(spec), models.largest_layer_params(spec)
+    estimate = estimate_model_states(stage=stage, total_params=total,
+                                     largest_layer_params=largest, num_gpus_per_node=DP,
+                                     additional_buffer_factor=1.0)
+    expected = next(r for r in estimate.rows if r.offload_optimizer == "none"
+                    and r.offload_param in (None, "none")).per_gpu_bytes
+    levels, grads_peak = states_at_setup[stage]
+    held = sum(v for k, v in levels.items() if k in MODEL_STATES)
+    if stage in (0, 1):
+        assert grads_peak == 2 * total
+        held += grads_peak
+    if stage == 3:
+        held += 4 * largest
+    assert held == expected
