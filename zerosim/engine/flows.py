@@ -209,6 +209,33 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
 
 
+def _usage_pairs(
+    index: Mapping[SharedResource, int],
+    amount: float,
+    usage: Mapping[SharedResource, float],
+    max_rate: float | None,
+    weight: float,
+) -> tuple[tuple[int, float], ...]:
+    """A flow's usage as sorted (resource index, coefficient) pairs, after checking it."""
+    if not 0 <= amount < math.inf:
+        raise ValueError(f"amount must be a finite number >= 0, got {amount!r}")
+    _require_positive("weight", weight)
+    if max_rate is not None:
+        _require_positive("max_rate", max_rate)
+    pairs = []
+    for resource, coef in usage.items():
+        idx = index.get(resource)
+        if idx is None:
+            raise ValueError(f"resource {resource!r} does not belong to this network")
+        if not 0 < coef < math.inf:
+            _require_positive(f"usage coefficient of resource {resource.name!r}", coef)
+        pairs.append((idx, coef))
+    if not pairs and max_rate is None:
+        raise ValueError("a flow that uses no resource needs a max_rate, got max_rate=None")
+    pairs.sort()
+    return tuple(pairs)
+
+
 class FlowNetwork:
     """Flows sharing resources under weighted max-min fairness, driven by a SimPy environment.
 
@@ -240,10 +267,7 @@ class FlowNetwork:
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
-        self._recorded: list[float] = []
-        self._pending: dict[int, float] = {}
-        self._pending_t = env.now
-        self._rate_changes: list[RateChange] = []
+        self._rates = _RateLog(env, self._resources)
         self.records: list[FlowRecord] = []
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
@@ -255,7 +279,7 @@ class FlowNetwork:
         self._resources.append(resource)
         self._capacities.append(capacity)
         self._users.append(set())
-        self._recorded.append(0.0)
+        self._rates.add_resource()
         self._names.add(name)
         return resource
 
@@ -273,7 +297,7 @@ class FlowNetwork:
         While the flow runs at rate ``r`` it consumes ``usage[res] * r`` of each resource.
         ``max_rate`` bounds ``r``; ``weight`` sets the flow's share under contention.
         """
-        flow_usage = self._validate(amount, usage, max_rate, weight)
+        flow_usage = _usage_pairs(self._index, amount, usage, max_rate, weight)
         now = self._env.now
         event = simpy.Event(self._env)
         if amount == 0:
@@ -309,8 +333,7 @@ class FlowNetwork:
         Changes of one resource at one instant are coalesced into a single row holding the
         final value (several flows often start at the same instant).
         """
-        self._flush_rates()
-        return self._rate_changes
+        return self._rates.changes()
 
     def assert_idle(self) -> None:
         """End-of-run invariant: raise RuntimeError if any flow is still in flight."""
@@ -321,32 +344,6 @@ class FlowNetwork:
             for flow in self._active.values()
         )
         raise RuntimeError(f"{len(self._active)} flow(s) still in flight: {in_flight}")
-
-    def _validate(
-        self,
-        amount: float,
-        usage: Mapping[SharedResource, float],
-        max_rate: float | None,
-        weight: float,
-    ) -> tuple[tuple[int, float], ...]:
-        if not 0 <= amount < math.inf:
-            raise ValueError(f"amount must be a finite number >= 0, got {amount!r}")
-        _require_positive("weight", weight)
-        if max_rate is not None:
-            _require_positive("max_rate", max_rate)
-        index = self._index
-        pairs = []
-        for resource, coef in usage.items():
-            idx = index.get(resource)
-            if idx is None:
-                raise ValueError(f"resource {resource!r} does not belong to this network")
-            if not 0 < coef < math.inf:
-                _require_positive(f"usage coefficient of resource {resource.name!r}", coef)
-            pairs.append((idx, coef))
-        if not pairs and max_rate is None:
-            raise ValueError("a flow that uses no resource needs a max_rate, got max_rate=None")
-        pairs.sort()
-        return tuple(pairs)
 
     def _advance(self) -> None:
         """Bring every active flow's remaining work up to ``env.now``."""
@@ -368,7 +365,7 @@ class FlowNetwork:
         component, touched = self._component(flows, resources)
         used = _allocate(component, self._capacities) if component else {}
         if self._record_rates:
-            self._note_usage(touched, used)
+            self._rates.note(touched, used)
 
     def _component(
         self, flows: list[_Flow], resources: Iterable[int]
@@ -458,23 +455,41 @@ class FlowNetwork:
         self.records.append(record)
         event.succeed(record)
 
-    def _note_usage(self, touched: Iterable[int], used: dict[int, float]) -> None:
+
+class _RateLog:
+    """The usage of every resource over time, one row per change (coalesced per instant)."""
+
+    def __init__(self, env: simpy.Environment, resources: list[SharedResource]):
+        self._env = env
+        self._resources = resources
+        self._recorded: list[float] = []
+        self._pending: dict[int, float] = {}
+        self._pending_t = env.now
+        self._changes: list[RateChange] = []
+
+    def add_resource(self) -> None:
+        self._recorded.append(0.0)
+
+    def changes(self) -> list[RateChange]:
+        self._flush()
+        return self._changes
+
+    def note(self, touched: Iterable[int], used: dict[int, float]) -> None:
         """Stage the new usage of every resource of the recomputed component(s)."""
         now = self._env.now
         if now != self._pending_t:
-            self._flush_rates()
+            self._flush()
             self._pending_t = now
         pending = self._pending
         for idx in touched:
             pending[idx] = used.get(idx, 0.0)
 
-    def _flush_rates(self) -> None:
+    def _flush(self) -> None:
         """Append a RateChange for each staged usage that differs from the last recorded one."""
         pending, recorded, t_s = self._pending, self._recorded, self._pending_t
         for idx in sorted(pending):
             rate = pending[idx]
             if not _close(rate, recorded[idx]):
-                name = self._resources[idx].name
-                self._rate_changes.append(RateChange(t_s, name, rate))
+                self._changes.append(RateChange(t_s, self._resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()
