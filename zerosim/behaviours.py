@@ -39,6 +39,13 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour("offload_pin_memory_default_true", (0, 19, 5),
               "PR #8207, offload_config.py",
               "offload_optimizer/offload_param.pin_memory default to true"),
+    Behaviour("coalesced_collectives", (0, 6, 0),
+              "PR #1453 'Various ZeRO Stage3 Optimizations + Improvements (including bfloat16 "
+              "support)' (merged 2022-01-20 as 4912e0ad; in v0.6.0, not in v0.5.10): "
+              "runtime/comm/coalesced_collectives.py reduce_scatter_coalesced, "
+              "partition_parameters.py all_gather_coalesced",
+              "ZeRO-3 all-gathers a module's parameters and reduce-scatters a bucket's "
+              "gradients as one collective each (before: one collective per tensor)"),
 )
 
 
@@ -51,6 +58,7 @@ class Behaviours:
     gradient_clipping_default_one: bool
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
+    coalesced_collectives: bool
 
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

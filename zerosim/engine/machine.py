@@ -117,7 +117,10 @@ class Machine:
             factor = costs.cpu_oversubscription(on_node, self.threads_per_rank,
                                                 p.hardware_threads)
             self.cpu[n] = add(f"host{n}.cpu", costs.cpu_capacity_threads(p, factor))
-        self.nic = {n: add(f"host{n}.nic", p.nic_Bps) for n in nodes}
+        # One resource per node for all its NICs: NCCL stripes its channels over every NIC of
+        # the node (and a GPU's traffic is not tied to the NIC behind its PCIe switch), so the
+        # NICs act as one pipe of nics_per_node x nic_GBps per direction.
+        self.nic = {n: add(f"host{n}.nic", p.node_network_Bps) for n in nodes}
 
     # ------------------------------------------------------------------ copies
 
@@ -226,20 +229,30 @@ class Machine:
 
     def _run_collective(self, done: simpy.Event, kind: Collective, total_bytes: float,
                         ranks: Sequence[int], key: tuple[Any, ...]):
+        """Run the collective's levels (see `costs.hierarchical_collective`) one after the
+        other: each waits its latency, then one flow per GPU over its NVLink port or over its
+        node's NICs (shared with the node's other GPUs)."""
         p = self.profile
-        nodes = sorted({self.placements[r].node for r in ranks})
-        latency = p.network_latency_s if len(nodes) > 1 else p.nvlink_latency_s
-        ring = (costs.ring_all_reduce if kind == "all_reduce" else costs.ring_all_gather)(
-            total_bytes, len(ranks), latency_s=latency)
-        yield self.env.timeout(ring.latency_s)
+        by_node: dict[int, list[int]] = {}
+        for r in ranks:
+            by_node.setdefault(self.placements[r].node, []).append(r)
+        nodes = sorted(by_node)
+        steps = costs.hierarchical_collective(
+            kind, total_bytes, [len(by_node[n]) for n in nodes],
+            nvlink_latency_s=p.nvlink_latency_s, network_latency_s=p.network_latency_s)
         label = f"{kind} {key}"
-        flows = [self.flows.start(ring.bytes_per_link, {self.nvlink[self.placements[r].gpu]: 1.0},
-                                  label=label) for r in ranks if ring.bytes_per_link > 0]
-        if len(nodes) > 1:
-            flows += [self.flows.start(ring.bytes_per_link, {self.nic[n]: 1.0}, label=label)
-                      for n in nodes]
-        if flows:
-            yield simpy.AllOf(self.env, flows)
+        for step in steps:
+            yield self.env.timeout(step.latency_s)
+            flows = []
+            for node, nbytes in zip(nodes, step.bytes_per_gpu, strict=True):
+                if nbytes <= 0:
+                    continue
+                for r in by_node[node]:
+                    link = (self.nvlink[self.placements[r].gpu] if step.link == "nvlink"
+                            else self.nic[node])
+                    flows.append(self.flows.start(nbytes, {link: 1.0}, label=label))
+            if flows:
+                yield simpy.AllOf(self.env, flows)
         done.succeed()
 
     def assert_idle(self) -> None:

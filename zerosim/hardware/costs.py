@@ -6,6 +6,7 @@ timeouts (exclusive GPU streams) or flows (shared links and host memory).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zerosim.hardware.profile import HardwareProfile
@@ -108,6 +109,64 @@ def ring_all_reduce(total_bytes: float, ranks: int, *, latency_s: float) -> Ring
     if ranks <= 1:
         return RingCost(0.0, 0.0)
     return RingCost(2 * (ranks - 1) / ranks * total_bytes, 2 * (ranks - 1) * latency_s)
+
+
+@dataclass(frozen=True)
+class CollectiveStep:
+    """One level of a (hierarchical) collective: every GPU of node i moves `bytes_per_gpu[i]`
+    bytes (per direction) over `link` (`"nvlink"`: its own NVLink port; `"network"`: its
+    node's NICs, shared with the node's other GPUs), after `latency_s` of ring-step latency."""
+
+    link: str
+    bytes_per_gpu: tuple[float, ...]
+    latency_s: float
+
+
+def hierarchical_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int], *,
+                            nvlink_latency_s: float, network_latency_s: float
+                            ) -> tuple[CollectiveStep, ...]:
+    """The steps of a collective of a `total_bytes` tensor (the gathered size) over ranks that
+    sit `gpus_per_node[i]` to a node, in the order they run.
+
+    One node: a single NVLink ring, `ring_all_gather` (all-gather, reduce-scatter) or
+    `ring_all_reduce`. Several nodes: the bandwidth-optimal two-level decomposition NCCL-style
+    hierarchical collectives use. With N = sum(g_i) ranks, n nodes and S = total_bytes:
+
+    - reduce-scatter: (1) within each node a ring reduce-scatter of S over NVLink: each GPU sends
+      (g_i - 1)/g_i x S, (g_max - 1) steps of nvlink latency; (2) across nodes each GPU
+      reduce-scatters its S/g_i share with its peers on the other nodes: the data a node must
+      send is what the ranks of the other nodes own, (N - g_i)/N x S, split over its g_i GPUs
+      ((n - 1)/n x S / g per GPU when every node has g), (n - 1) steps of network latency.
+    - all-gather: the same two levels in the reverse order (across nodes first, then within).
+    - all-reduce: intra-node reduce-scatter, inter-node all-reduce of each GPU's share
+      (2 x (N - g_i)/N x S / g_i per GPU, 2 (n - 1) network steps), intra-node all-gather.
+
+    The levels run one after the other (no chunk pipelining between them), so a multi-node
+    collective costs the sum of its levels. A level with nothing to move (one GPU per node, or
+    one node) is left out.
+    """
+    if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
+        raise ValueError(f"unknown collective {kind!r}")
+    if len(gpus_per_node) == 1:
+        ring = ring_all_reduce if kind == "all_reduce" else ring_all_gather
+        cost = ring(total_bytes, gpus_per_node[0], latency_s=nvlink_latency_s)
+        return (CollectiveStep("nvlink", (cost.bytes_per_link,), cost.latency_s),)
+    ranks = sum(gpus_per_node)
+    nodes = len(gpus_per_node)
+    g_max = max(gpus_per_node)
+    intra = CollectiveStep("nvlink", tuple((g - 1) / g * total_bytes for g in gpus_per_node),
+                           (g_max - 1) * nvlink_latency_s)
+    passes = 2 if kind == "all_reduce" else 1
+    inter = CollectiveStep(
+        "network", tuple(passes * (ranks - g) / ranks * total_bytes / g for g in gpus_per_node),
+        passes * (nodes - 1) * network_latency_s)
+    if g_max == 1:
+        return (inter,)
+    if kind == "reduce_scatter":
+        return intra, inter
+    if kind == "all_gather":
+        return inter, intra
+    return intra, inter, intra
 
 
 def cpu_oversubscription(ranks_on_node: int, threads_per_rank: int, hardware_threads: int) -> float:

@@ -4,6 +4,12 @@ A profile leaf that is a physical quantity is written `{value: X, basis: B, sour
 where B is `spec` (vendor datasheet), `measured` (a published or own measurement), `fitted`
 (written by `zerosim calibrate`), `assumed` (a stated estimate awaiting a fit) or `override`
 (patched by a scenario). Values are converted to bytes, seconds and FLOP/s once, here.
+
+Network keys: `network.nic_GBps` is the bandwidth of ONE network interface, per direction (a
+100 Gb/s EFA or InfiniBand port is 12.5 GB/s each way); `network.nics_per_node` (a count,
+optional, default 1) says how many a node has, so the node's inter-node bandwidth is
+nics_per_node x nic_GBps per direction. `network.latency_us` is the latency of one step of an
+inter-node ring, `nvlink.latency_us` that of one step within a node.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class HardwareProfile:
     nvlink_Bps: float
     nvlink_latency_s: float
     nic_Bps: float
+    nics_per_node: int
     network_latency_s: float
     cpu_name: str
     sockets: int
@@ -87,6 +94,11 @@ class HardwareProfile:
     @property
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def node_network_Bps(self) -> float:
+        """What one node's NICs carry together, per direction."""
+        return self.nics_per_node * self.nic_Bps
 
 
 def _positive(x: float) -> bool:
@@ -121,7 +133,8 @@ QUANTITIES: dict[str, Quantity] = {
     "pcie.latency_us": ("pcie_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
     "nvlink.bus_GBps": ("nvlink_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "nvlink.latency_us": ("nvlink_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
-    "network.nic_GBps": ("nic_Bps", GB, _positive, "a positive bandwidth in GB/s"),
+    "network.nic_GBps": ("nic_Bps", GB, _positive,
+                         "a positive bandwidth in GB/s per NIC per direction"),
     "network.latency_us": ("network_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
     "host.memory_GiB": ("host_memory_bytes", GiB, _positive, "a positive number of GiB"),
     "host.memory_GBps_per_domain": ("memory_Bps_per_domain", GB, _positive,
@@ -145,12 +158,16 @@ COUNTS = {
     "host.cores_per_socket": "cores_per_socket",
     "host.threads_per_core": "threads_per_core",
     "host.numa_domains": "numa_domains",
+    "network.nics_per_node": "nics_per_node",
 }
 TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
          "host.cpu_name": "cpu_name"}
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
-DEFAULTS: dict[str, tuple[Any, str]] = {}
+DEFAULTS: dict[str, tuple[Any, str]] = {
+    "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
+                              "gave the node's whole network bandwidth as network.nic_GBps"),
+}
 """Keys a profile may leave out: key -> (value in the key's unit, why that default). A resource
 added to zerosim gets a default here, so profiles written before it keep loading; what a
 default fills in is recorded with basis `assumed` and its reason."""
@@ -229,7 +246,8 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     """Validate a profile mapping and convert it to SI units."""
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
-    flat = _with_defaults(_walk(tree))
+    given = _walk(tree)
+    flat = _with_defaults(given)
     known = set(QUANTITIES) | set(COUNTS) | set(TEXTS) | set(CHOICES) | OTHER_KEYS
     for key in flat:
         if key not in known:
@@ -252,6 +270,8 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         provenance[key] = prov
     for key, name in COUNTS.items():
         values[name] = _count(flat, key, source)
+        if key in DEFAULTS and key not in given:
+            provenance[key] = Provenance(values[name], "assumed", f"default: {DEFAULTS[key][1]}")
     for key, name in TEXTS.items():
         text = flat.get(key, "")
         if not isinstance(text, str) or (key == "name" and not text):

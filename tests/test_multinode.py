@@ -1,0 +1,227 @@
+"""Collectives across nodes: exact timelines on a two-node toy cluster, worked out by hand.
+
+The toy node is described in `conftest.py`; here it is doubled (`nodes: 2`) with 1 or 2 GPUs per
+node, NVLink 100 GB/s per GPU with 0.5 us per ring step, and NICs of 10 GB/s per direction with
+2 us per ring step. Units: picoseconds (PS). Expected values never come from zerosim's cost
+functions.
+
+Two-level collectives (S = gathered bytes, N ranks, n = 2 nodes, g GPUs per node):
+
+- all-gather: across nodes first, each GPU sends (N - g)/N x S / g through its node's NICs, which
+  its node's g GPUs share (n - 1 = 1 step of 2 us); then within the node each GPU sends
+  (g - 1)/g x S over its own NVLink port (g - 1 steps of 0.5 us).
+- reduce-scatter: the same two levels, NVLink first.
+- all-reduce: NVLink reduce-scatter, NIC all-reduce (twice the bytes and steps), NVLink
+  all-gather.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import simpy
+
+import zerosim
+from zerosim.engine.machine import Machine
+from zerosim.errors import ScenarioError
+from zerosim.hardware.profile import load_profile, parse_profile
+
+PS = 1e-12
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+NET_LATENCY_PS = 2_000_000  # 2 us
+NVLINK_LATENCY_PS = 500_000  # 0.5 us
+EMBED_BYTES = 2 * 16384  # embed_tokens in fp16: the forward's first all-gather
+GRAD_BYTES = 2 * 115008  # the whole toy model's fp16 gradients: one reduce-scatter bucket
+
+
+def q(value: float) -> dict:
+    return {"value": value, "basis": "assumed", "source": "tests/test_multinode.py"}
+
+
+def two_nodes(per_node: int, nics: int | None = 1) -> dict:
+    network = {"nic_GBps": q(10), "latency_us": q(2)}
+    if nics is not None:
+        network["nics_per_node"] = nics
+    return {"hardware": {"nodes": 2,
+                         "gpu": {"per_node": per_node, "numa_domain": [0] * per_node},
+                         "nvlink": {"latency_us": q(0.5)},
+                         "network": network}}
+
+
+def _span(result: zerosim.Result, stream: str, op: str, rank: int = 0):
+    spans = result.spans
+    rows = spans[(spans["rank"] == rank) & (spans.stream == stream)
+                 & spans.op.str.startswith(op)]
+    return rows.sort_values("start_s", kind="stable").iloc[0]
+
+
+# ----------------------------------------------------------------- all-gather, whole engine
+
+
+@pytest.mark.parametrize(("per_node", "nics", "end_ps"), [
+    # 1 GPU per node: one step across: 2 us + (2-1)/2 x 32768 B = 16384 B at 10 GB/s
+    # = 1638400 ps; nothing within a node. 2000000 + 1638400 = 3638400.
+    (1, 1, 3638400),
+    # 2 GPUs per node, 1 NIC: across, each GPU sends (4-2)/4 x 32768 / 2 = 8192 B, the node's
+    # two GPUs share 10 GB/s: 5 GB/s each, 1638400 ps after 2 us; then within, 16384 B over
+    # 100 GB/s NVLink = 163840 ps after 0.5 us: 2000000 + 1638400 + 500000 + 163840 = 4302240.
+    (2, 1, 4302240),
+    # 2 NICs: the node has 20 GB/s, 10 GB/s per GPU: 819200 ps across instead of 1638400.
+    # 2000000 + 819200 + 500000 + 163840 = 3483040.
+    (2, 2, 3483040),
+])
+def test_two_node_all_gather(toy, per_node, nics, end_ps):
+    result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node)
+    for rank in range(2 * per_node):
+        gather = _span(result, "allgather", "all-gather embed_tokens", rank)
+        assert gather.bytes == EMBED_BYTES
+        assert (gather.start_s, gather.end_s) == pytest.approx((0.0, end_ps * PS), rel=1e-9,
+                                                               abs=1e-18)
+
+
+# ------------------------------------------------------------- reduce-scatter, whole engine
+
+
+@pytest.mark.parametrize(("per_node", "nics", "duration_ps"), [
+    # 1 GPU per node: 2 us + (2-1)/2 x 230016 B = 115008 B at 10 GB/s = 11500800 ps: 13500800.
+    (1, 1, 13500800),
+    # 2 GPUs per node: within first, 230016 / 2 = 115008 B over NVLink at 100 GB/s = 1150080 ps
+    # after 0.5 us; then across, (4-2)/4 x 230016 / 2 = 57504 B per GPU, two GPUs on 10 GB/s:
+    # 5 GB/s each, 11500800 ps after 2 us. 500000 + 1150080 + 2000000 + 11500800 = 15150880.
+    (2, 1, 15150880),
+    # 2 NICs: across takes 5750400 ps. 500000 + 1150080 + 2000000 + 5750400 = 9400480.
+    (2, 2, 9400480),
+])
+def test_two_node_reduce_scatter(toy, per_node, nics, duration_ps):
+    """The one gradient bucket's reduce-scatter at the end of the backward (nothing else is on
+    the NICs then): its span lasts exactly the two levels."""
+    result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node)
+    starts = set()
+    for rank in range(2 * per_node):
+        scatter = _span(result, "reduce", "reduce-scatter", rank)
+        assert scatter.bytes == GRAD_BYTES
+        assert scatter.end_s - scatter.start_s == pytest.approx(duration_ps * PS, rel=1e-9)
+        starts.add(scatter.start_s)
+    assert len(starts) == 1  # the ranks stay in step
+
+
+# ----------------------------------------------------------------- the Machine on its own
+
+
+def _collective_end_ps(profile, kind: str, nbytes: float, ranks: int) -> list[float]:
+    env = simpy.Environment()
+    machine = Machine(env, profile, ranks, None)
+    ends: list[float] = []
+
+    def rank_program(rank: int):
+        yield from machine.collective(rank, ("k",), kind, nbytes, list(range(ranks)))
+        ends.append(env.now / PS)
+
+    for rank in range(ranks):
+        env.process(rank_program(rank))
+    env.run()
+    machine.assert_idle()
+    return ends
+
+
+def test_two_node_all_reduce_machine(toy):
+    """All-reduce of 32768 B over 2 nodes x 2 GPUs: NVLink reduce-scatter (0.5 us + 16384 B at
+    100 GB/s = 163840 ps), NIC all-reduce (2 steps = 4 us; 2 x (4-2)/4 x 32768 / 2 = 16384 B per
+    GPU at 5 GB/s = 3276800 ps), NVLink all-gather (0.5 us + 163840 ps):
+    500000 + 163840 + 4000000 + 3276800 + 500000 + 163840 = 8604480 ps."""
+    profile = toy.scenario(two_nodes(2), gpus=4).hardware
+    ends = _collective_end_ps(profile, "all_reduce", EMBED_BYTES, 4)
+    assert ends == pytest.approx([8604480] * 4, rel=1e-9)
+
+
+def test_inter_node_part_halves_with_twice_the_nics(toy):
+    """Same all-gather, 1 vs 2 NICs: the NVLink level (0.5 us + 163840 ps) and the latency
+    (2 us) stay, the NIC transfer goes from 1638400 to 819200 ps."""
+    fixed = NET_LATENCY_PS + NVLINK_LATENCY_PS + 163840
+    one, two = (_collective_end_ps(toy.scenario(two_nodes(2, nics), gpus=4).hardware,
+                                   "all_gather", EMBED_BYTES, 4)[0] for nics in (1, 2))
+    assert one - fixed == pytest.approx(1638400, rel=1e-9)
+    assert two - fixed == pytest.approx(819200, rel=1e-9)
+
+
+# ------------------------------------------------------------------- one node is unchanged
+
+
+def test_single_node_collectives_unchanged(toy):
+    """One node, 2 GPUs: the ring over NVLink as before (16384 B at 100 GB/s, no latency in the
+    toy), whatever the (unused) NIC count says."""
+    default = toy.run(gpus=2)
+    gather = _span(default, "allgather", "all-gather embed_tokens")
+    assert (gather.start_s, gather.end_s) == pytest.approx((0.0, 16384 / 100e9), rel=1e-9)
+    four_nics = toy.run({"hardware": {"network": {"nics_per_node": 4}}}, gpus=2)
+    assert four_nics.spans.equals(default.spans)
+    # with a latency: (2-1) step of 0.5 us, then 16384 B at 100 GB/s
+    profile = toy.scenario({"hardware": {"nvlink": {"latency_us": q(0.5)}}}, gpus=2).hardware
+    assert _collective_end_ps(profile, "all_gather", EMBED_BYTES, 2) == pytest.approx(
+        [500000 + 163840] * 2, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- profiles
+
+
+def test_nics_per_node_defaults_to_one_and_says_so(toy):
+    profile = toy.scenario(gpus=1).hardware  # the toy profile has no nics_per_node
+    assert profile.nics_per_node == 1
+    assert profile.node_network_Bps == 10e9
+    prov = profile.provenance["network.nics_per_node"]
+    assert prov.basis == "assumed" and prov.source.startswith("default:")
+    assert load_profile("h100-jlse").nics_per_node == 1
+
+
+def test_nics_per_node_must_be_a_positive_count(toy):
+    tree = toy.profile(1)
+    tree["network"]["nics_per_node"] = 0
+    with pytest.raises(ScenarioError, match=r"network\.nics_per_node"):
+        parse_profile(tree, "<test>")
+
+
+def test_p4d_profile():
+    p = load_profile("p4d-24xlarge")
+    assert (p.nodes, p.gpus_per_node, p.total_gpus) == (8, 8, 64)
+    assert p.nics_per_node == 4
+    assert p.nic_Bps == 12.5e9 and p.node_network_Bps == 50e9  # 4 x 100 Gb/s EFA
+    assert p.peak_16bit_flops == 312e12 and p.hbm_Bps == 1555e9
+    assert p.hardware_threads == 96 and p.numa_domains == 2
+    assert p.gpu_numa_domain == (0, 0, 0, 0, 1, 1, 1, 1)
+    assert all(prov.basis in ("spec", "measured", "assumed") for prov in p.provenance.values())
+
+
+@pytest.mark.parametrize("name", ["roberta10b_p4d64", "roberta50b_p4d64"])
+def test_seed003_scenarios_load(name):
+    scenario = zerosim.load_scenario(SCENARIOS / "seed003" / f"{name}.yaml")
+    assert scenario.hardware.name == "p4d-24xlarge"
+    assert scenario.data_parallel == 64
+
+
+def test_seed003_rows_report_published_next_to_simulated():
+    """The reader runs each case once per release and reports, never judges. A stand-in
+    simulate returns 60 TFLOPS (zerosim's 3 x forward count) before the coalescing release and
+    90 after; the published figures count the checkpointing recompute too (x 4/3): 80 and 120."""
+    from zerosim.validation.seed003 import load_seed003, rows_markdown, seed003_rows
+
+    calls = []
+
+    def fake(path: Path, overrides) -> float:
+        calls.append((path.name, overrides["runtime.deepspeed_version"]))
+        assert path.is_file()
+        return 60.0 if overrides["runtime.deepspeed_version"] == "0.5.10" else 90.0
+
+    rows = seed003_rows(fake)
+    assert calls == [("roberta10b_p4d64.yaml", "0.5.10"), ("roberta10b_p4d64.yaml", "0.6.0"),
+                     ("roberta50b_p4d64.yaml", "0.5.10"), ("roberta50b_p4d64.yaml", "0.6.0")]
+    table = {(r.model, r.variant): r for r in rows}
+    assert {k: r.published_tflops for k, r in table.items()} == {
+        ("RoBERTa-10B", "unoptimized"): 73, ("RoBERTa-10B", "optimized"): 123,
+        ("RoBERTa-50B", "unoptimized"): 89, ("RoBERTa-50B", "optimized"): 154}
+    r = table[("RoBERTa-10B", "optimized")]
+    assert r.simulated_tflops == pytest.approx(120.0)
+    assert r.ratio == pytest.approx(120 / 123)
+    assert all(row.verdict == "reported, not judged" for row in rows)
+    assert "reported, not judged" in rows_markdown(rows)
+    assert seed003_rows(lambda path, overrides: None, data=load_seed003())[0].ratio is None
