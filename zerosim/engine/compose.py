@@ -8,6 +8,7 @@ which ZeRO stage and offload target.
 | gradient sink         | stage; offload_optimizer     | host partitions (3); host accumulation    |
 |                       |                              | (1/2); GPU partitions (no offload)        |
 | boundary flush        | DeepSpeed behaviours         | CPU cast; GPU cast (blocking or not)      |
+| collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
 | optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
 | copy-back             | offload_param                | cast + H2D; cast into host params         |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
@@ -51,7 +52,12 @@ def _params(core: RankCore) -> ParameterCoordinator:
     if core.ds.stage < 3:
         return ReplicatedParams()
     source = PartitionsInHost() if core.ds.offload_param.enabled else PartitionsInHbm()
-    return PartitionedParams(core, source)
+    return PartitionedParams(core, source, per_tensor=_per_tensor_collectives(core))
+
+
+def _per_tensor_collectives(core: RankCore) -> bool:
+    """ZeRO-3 before DeepSpeed batched its collectives (`coalesced_collectives`)."""
+    return core.ds.stage == 3 and not core.behaviours.coalesced_collectives
 
 
 def _gradients(core: RankCore) -> GradientPath:
@@ -65,7 +71,7 @@ def _gradients(core: RankCore) -> GradientPath:
         sink = HostPartitions(core, BoundaryFlush(core))
     else:
         sink = HostAccumulation(core)
-    return IpgBuckets(core, sink, collective)
+    return IpgBuckets(core, sink, collective, per_tensor=_per_tensor_collectives(core))
 
 
 def _post_step(core: RankCore) -> PostStep:

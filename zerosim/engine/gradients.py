@@ -80,10 +80,13 @@ class GradientPath(Protocol):
 
 
 class IpgBuckets:
-    def __init__(self, core: RankCore, sink: GradientSink, collective: Collective):
+    def __init__(self, core: RankCore, sink: GradientSink, collective: Collective, *,
+                 per_tensor: bool = False):
         self.core = core
         self.sink = sink
         self.collective = collective
+        self.per_tensor = per_tensor
+        """DeepSpeed before `coalesced_collectives`: one reduction per gradient tensor."""
         self.store = GradientStore(core)
         self.bucket: list[BucketEntry] = []
         self.bucket_numel = 0
@@ -121,8 +124,9 @@ class IpgBuckets:
             yield self.outstanding.popleft()
         bucket, numel = self.bucket, self.bucket_numel
         self.bucket, self.bucket_numel = [], 0
-        key = core.next_key(self.collective)
-        core.launches += core.distributed
+        sizes = [e.param.numel for e in bucket] if self.per_tensor else [numel]
+        keys = [core.next_key(self.collective) for _ in sizes]
+        core.launches += core.distributed * len(sizes)
         yield from core.pay_launches()
         out_bytes = core.comm_bytes * sum(e.param.partition_numel for e in bucket)
         held: dict[str, int] = {}
@@ -131,8 +135,9 @@ class IpgBuckets:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
                                             "reduce-scatter out")
             if core.distributed:
-                yield from core.machine.collective(core.rank, key, self.collective,
-                                                   core.comm_bytes * numel, core.ranks)
+                for key, size in zip(keys, sizes, strict=True):
+                    yield from core.machine.collective(core.rank, key, self.collective,
+                                                       core.comm_bytes * size, core.ranks)
             else:
                 yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
             for entry in bucket:

@@ -79,9 +79,11 @@ class PartitionsInHost:
 class PartitionedParams:
     """ZeRO-3's partitioned parameter coordinator for one rank."""
 
-    def __init__(self, core: RankCore, source: ParamSource):
+    def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False):
         self.core = core
         self.source = source
+        self.per_tensor = per_tensor
+        """DeepSpeed before `coalesced_collectives`: one all-gather per parameter tensor."""
         plan = core.plan
         n = len(plan.modules)
         self.gathered: list[simpy.Event | None] = [None] * n
@@ -109,16 +111,19 @@ class PartitionedParams:
             self.gathered[index] = None
             return None
         module = plan.modules[index]
-        key = core.next_key(Collective.ALL_GATHER)
-        core.launches += core.distributed
-        partition = sum(p.partition_numel for p in plan.params[index] if not p.persistent)
+        gathered = [p for p in plan.params[index] if not p.persistent]
+        sizes = [p.numel for p in gathered] if self.per_tensor else [numel]
+        keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
+        core.launches += core.distributed * len(sizes)
+        partition = sum(p.partition_numel for p in gathered)
 
         def body() -> Gen:
             self.gathered_bytes[index] = core.gpu.allocate(
                 Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
             yield from self.source.bring(core, index, partition)
-            yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
-                                               core.dtype_bytes * numel, core.ranks)
+            for key, size in zip(keys, sizes, strict=True):
+                yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
+                                                   core.dtype_bytes * size, core.ranks)
 
         event = self.allgather.launch(f"all-gather {module.name}", body,
                                       kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel)
