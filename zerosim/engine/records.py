@@ -17,6 +17,10 @@ class Span:
     start_s: float
     end_s: float
     bytes: float
+    op_kind: str = ""
+    """What the op does (`vocabulary.OpKind`), whatever `op` says."""
+    buffer_kind: str = ""
+    """The host side of a copy (`vocabulary.BufferKind`), empty for other ops."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,8 @@ class MemorySample:
     device: str
     category: str
     bytes: int
+    buffer_kind: str = ""
+    """Pinned or pageable for host buffers whose kind matters (`vocabulary.BufferKind`)."""
 
 
 @dataclass(frozen=True, slots=True)
