@@ -26,8 +26,31 @@ from matplotlib.patches import Patch
 from matplotlib.textpath import TextPath
 from matplotlib.ticker import EngFormatter, NullFormatter
 
-from zerosim.results.trace import memory_levels, phase_label
+from zerosim.results.trace import (
+    STREAM_NAMES,
+    link_name,
+    memory_kind,
+    memory_levels,
+    phase_label,
+    stream_name,
+)
 from zerosim.units import GB, GiB
+from zerosim.vocabulary import (
+    PHASE_TIMES,
+    Category,
+    DeviceKind,
+    LinkKind,
+    Phase,
+    PhaseTime,
+    Stream,
+    base_category,
+    device_name,
+    device_parts,
+    devices_of,
+    is_gpu,
+    resource_name,
+    split_resource,
+)
 
 # Okabe & Ito (2008), "Color Universal Design"; plus Paul Tol's muted scheme for extra slots.
 OKABE_ITO = {
@@ -38,47 +61,65 @@ TOL_MUTED = ("#332288", "#88CCEE", "#44AA99", "#117733", "#999933", "#DDCC77", "
              "#882255", "#AA4499")
 GREY = "#999999"
 
-STREAMS = ("compute", "allgather", "reduce", "pcie.h2d", "pcie.d2h", "cpu")
-STREAM_LABELS = {"compute": "compute", "allgather": "all-gather", "reduce": "reduce",
-                 "pcie.h2d": "PCIe H2D", "pcie.d2h": "PCIe D2H", "cpu": "CPU"}
-STREAM_COLORS = {
-    "compute": OKABE_ITO["blue"],
-    "allgather": OKABE_ITO["sky blue"],
-    "reduce": OKABE_ITO["orange"],
-    "pcie.h2d": OKABE_ITO["bluish green"],
-    "pcie.d2h": OKABE_ITO["vermillion"],
-    "cpu": OKABE_ITO["reddish purple"],
+STREAMS: tuple[Stream, ...] = tuple(Stream)
+"""Rows of a rank in the timeline, top to bottom."""
+STREAM_LABELS: dict[str, str] = {stream: STREAM_NAMES[stream] for stream in Stream}
+STREAM_COLORS: dict[Stream, str] = {
+    Stream.COMPUTE: OKABE_ITO["blue"],
+    Stream.ALLGATHER: OKABE_ITO["sky blue"],
+    Stream.REDUCE: OKABE_ITO["orange"],
+    Stream.PCIE_H2D: OKABE_ITO["bluish green"],
+    Stream.PCIE_D2H: OKABE_ITO["vermillion"],
+    Stream.CPU: OKABE_ITO["reddish purple"],
+    Stream.FLUSH: TOL_MUTED[6],
+    Stream.CPU_FLUSH: TOL_MUTED[8],
+    Stream.OPTIMIZER_GPU: TOL_MUTED[0],
+    Stream.COPY_BACK: TOL_MUTED[3],
+    Stream.CPU_COPY_BACK: TOL_MUTED[7],
+    Stream.NVME_READ: TOL_MUTED[4],
+    Stream.NVME_WRITE: TOL_MUTED[5],
+    Stream.SWAP: TOL_MUTED[1],
 }
 
-# Memory categories, bottom of the stack first. A category may carry a suffix such as
-# " (pinned)"; its colour and position come from the name before the suffix.
-MEMORY_COLORS = {
+# Memory categories, bottom of the stack first. A label such as "fp32 grads (pinned)" takes
+# the colour and position of its category (`vocabulary.base_category`); the GPU copies of
+# the optimizer's buffers share the colours of the host ones.
+MEMORY_COLORS: dict[Category, str] = {
     # GPU HBM
-    "runtime context": GREY,
-    "params 16-bit": OKABE_ITO["blue"],
-    "replicated 16-bit params": OKABE_ITO["blue"],
-    "params persistent": TOL_MUTED[0],
-    "ipg bucket": OKABE_ITO["yellow"],
-    "params gathered": OKABE_ITO["sky blue"],
-    "grads": OKABE_ITO["orange"],
-    "grad partitions": OKABE_ITO["vermillion"],
-    "activations": OKABE_ITO["bluish green"],
-    "workspace": OKABE_ITO["reddish purple"],
-    # host memory
-    "fp32 master params": TOL_MUTED[2],
-    "optimizer states": TOL_MUTED[7],
-    "fp32 grads": TOL_MUTED[5],
-    "grad accumulation": TOL_MUTED[4],
-    "pageable temporaries": OKABE_ITO["black"],
+    Category.RUNTIME_CONTEXT: GREY,
+    Category.PARAMS_16BIT: OKABE_ITO["blue"],
+    Category.PARAMS_PERSISTENT: TOL_MUTED[0],
+    Category.IPG_BUCKET: OKABE_ITO["yellow"],
+    Category.PARAMS_GATHERED: OKABE_ITO["sky blue"],
+    Category.GRADS: OKABE_ITO["orange"],
+    Category.GRAD_PARTITIONS: OKABE_ITO["vermillion"],
+    Category.BOUNDARY_GRAD_BUFFER: TOL_MUTED[6],
+    Category.ACTIVATIONS: OKABE_ITO["bluish green"],
+    Category.WORKSPACE: OKABE_ITO["reddish purple"],
+    # host memory (and the optimizer on the GPU)
+    Category.FP32_MASTER: TOL_MUTED[2],
+    Category.FP32_MASTER_GPU: TOL_MUTED[2],
+    Category.OPTIMIZER_STATES: TOL_MUTED[7],
+    Category.OPTIMIZER_STATES_GPU: TOL_MUTED[7],
+    Category.PREFETCHED_STATE: TOL_MUTED[8],
+    Category.FP32_GRADS: TOL_MUTED[5],
+    Category.FP32_GRADS_GPU: TOL_MUTED[5],
+    Category.GRAD_ACCUMULATION: TOL_MUTED[4],
+    Category.SWAP_BUFFERS: TOL_MUTED[1],
+    Category.PAGEABLE_TEMPORARIES: OKABE_ITO["black"],
 }
 MEMORY_ORDER = tuple(MEMORY_COLORS)
 _SPARE_COLORS = (TOL_MUTED[1], TOL_MUTED[3], TOL_MUTED[6], TOL_MUTED[8], "#DDDDDD")
 
-PHASE_KEYS = ("forward", "backward_non_boundary", "backward_boundary", "update")
-PHASE_LABELS = {"forward": "forward", "backward_non_boundary": "backward\n(non-boundary)",
-                "backward_boundary": "backward\n(boundary)", "update": "optimizer\nupdate"}
-PHASE_BAND_COLORS = {"forward": "#E4EFF9", "backward": "#FCF0DE", "update": "#F1EAF0"}
-PHASE_STRIP_COLORS = {"forward": "#B9D7EF", "backward": "#F6D3A1", "update": "#DCC8D9"}
+PHASE_KEYS = PHASE_TIMES
+PHASE_LABELS = {PhaseTime.FORWARD: "forward",
+                PhaseTime.BACKWARD_NON_BOUNDARY: "backward\n(non-boundary)",
+                PhaseTime.BACKWARD_BOUNDARY: "backward\n(boundary)",
+                PhaseTime.UPDATE: "optimizer\nupdate"}
+PHASE_BAND_COLORS = {Phase.FORWARD: "#E4EFF9", Phase.BACKWARD: "#FCF0DE",
+                     Phase.UPDATE: "#F1EAF0"}
+PHASE_STRIP_COLORS = {Phase.FORWARD: "#B9D7EF", Phase.BACKWARD: "#F6D3A1",
+                      Phase.UPDATE: "#DCC8D9"}
 BOUNDARY_HATCH_COLOR = "#EBCB9B"
 SIMULATED_COLOR = OKABE_ITO["blue"]
 MEASURED_COLOR = OKABE_ITO["orange"]
@@ -87,16 +128,13 @@ OOM_COLOR = OKABE_ITO["vermillion"]
 TITLE_SIZE = 11
 
 
-def _base_category(category: str) -> str:
-    return category.split(" (")[0]
-
-
 def memory_color(category: str) -> str:
-    """The colour of a memory category (the same in every figure)."""
-    base = _base_category(category)
-    if base in MEMORY_COLORS:
+    """The colour of a memory category label (the same in every figure); a label no
+    `Category` makes gets a spare colour picked by its text."""
+    base = base_category(category)
+    if base is not None and base in MEMORY_COLORS:
         return MEMORY_COLORS[base]
-    return _SPARE_COLORS[zlib.crc32(base.encode()) % len(_SPARE_COLORS)]
+    return _SPARE_COLORS[zlib.crc32(str(category).encode()) % len(_SPARE_COLORS)]
 
 
 def stream_color(stream: str) -> str:
@@ -105,7 +143,7 @@ def stream_color(stream: str) -> str:
 
 
 def _category_key(category: str) -> tuple[int, str]:
-    base = _base_category(category)
+    base = base_category(category)
     rank = MEMORY_ORDER.index(base) if base in MEMORY_ORDER else len(MEMORY_ORDER)
     return rank, category
 
@@ -142,7 +180,7 @@ def _phase_rows(phases: pd.DataFrame, rank: int | None) -> pd.DataFrame:
 
 
 def _boundary(phases: pd.DataFrame) -> int | None:
-    backward = phases[phases.phase == "backward"]
+    backward = phases[phases.phase == Phase.BACKWARD]
     return None if backward.empty else int(backward.micro_batch.max())
 
 
@@ -179,15 +217,15 @@ def _phase_strip(ax, phases: pd.DataFrame, *, rank: int | None, t_range: tuple[f
             continue
         ax.broken_barh([(start, end - start)], (0, 1), edgecolor="white", lw=0.8,
                        facecolors=PHASE_STRIP_COLORS.get(row.phase, "#CCCCCC"))
-        if row.phase == "backward" and int(row.micro_batch) == boundary:
+        if row.phase == Phase.BACKWARD and int(row.micro_batch) == boundary:
             ax.broken_barh([(start, end - start)], (0, 1), facecolors="none", hatch="//",
                            edgecolor=BOUNDARY_HATCH_COLOR, lw=0)
         candidates.append((end - start, (start + end) / 2,
-                           phase_label(row.phase, int(row.micro_batch), boundary)))
+                           phase_label(row.phase, int(row.micro_batch), boundary),
+                           phase_label(row.phase, int(row.micro_batch), None)))
     placed: list[tuple[float, float]] = []
-    for width, middle, text in sorted(candidates, reverse=True):
+    for width, middle, text, short in sorted(candidates, reverse=True):
         width_in, centre_in = width * per_in, (middle - lo) * per_in
-        short = text.split(" (")[0]
         for label, rotation in ((text, 0), (short, 0), (short, 90)):
             extent = rotated_in if rotation else _text_width_in(label, LABEL_FONT)
             if rotation == 0 and extent + pad_in > width_in:
@@ -252,7 +290,7 @@ def timeline(result, ranks: Iterable[int] | None = None,
     for rank in chosen:
         present = set(spans.loc[spans["rank"] == rank, "stream"])
         streams = [s for s in STREAMS if s in present] + sorted(present - set(STREAMS))
-        rows.extend((rank, s) for s in (streams or ["compute"]))
+        rows.extend((rank, s) for s in (streams or [Stream.COMPUTE]))
     fig, strip, (ax,), width_in = _time_figure(12, [0.3 * len(rows) + 0.3], result.phases,
                                                 legend_in=0.0)
     groups = spans.groupby(["rank", "stream"], sort=False)
@@ -261,7 +299,7 @@ def timeline(result, ranks: Iterable[int] | None = None,
     for index, (rank, stream) in enumerate(rows):
         y = len(rows) - 1 - index
         y_ticks.append(y)
-        name = STREAM_LABELS.get(stream, stream)
+        name = stream_name(stream)
         y_labels.append(f"rank {rank}  {name}" if len(chosen) > 1 else name)
         if (rank, stream) not in keys:
             continue
@@ -316,15 +354,15 @@ def memory_total_at(memory: pd.DataFrame, device: str, t_s: float) -> float:
 
 
 def _device_rank(device: str) -> int | None:
-    digits = device[3:] if device.startswith("gpu") else ""
-    return int(digits) if digits.isdigit() else None
+    kind, index = device_parts(device) or (None, None)
+    return index if kind is DeviceKind.GPU else None
 
 
 def _gib(value: float) -> str:
     return f"{value:.1f}" if value >= 0.095 or value == 0 else f"{value:.2g}"
 
 
-def memory_over_time(result, device: str = "gpu0") -> Figure:
+def memory_over_time(result, device: str = device_name(DeviceKind.GPU, 0)) -> Figure:
     """Memory of one device (``gpu0``, ``gpu1``, ..., ``host0``) over the iteration, stacked by
     category as step curves, with the capacity line and, for an OOM run, where it failed."""
     stack = memory_stack(result.memory, device)
@@ -360,8 +398,7 @@ def memory_over_time(result, device: str = "gpu0") -> Figure:
     ax.set_ylim(0.0, max(bottom.max(), (capacity or 0) / GiB, 1e-3) * 1.06)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("memory (GiB)")
-    kind = "HBM" if device.startswith("gpu") else "memory"
-    title = f"{_scenario_name(result)}: {device} {kind} by category"
+    title = f"{_scenario_name(result)}: {device} {memory_kind(device)} by category"
     if result.summary.get("status") == "oom":
         title += " - out of memory"
     _title(strip, ax, title)
@@ -426,11 +463,11 @@ def pcie_throughput(result, gpu: int = 0) -> Figure:
     fig, strip, axes, width_in = _time_figure(11, [1.9, 1.9], result.phases)
     end = _end_time(result)
     links = result.links
-    for ax, direction in zip(axes, ("h2d", "d2h"), strict=True):
-        rows = links[links.resource == f"gpu{gpu}.pcie.{direction}"]
-        stream = f"pcie.{direction}"
+    directions = ((Stream.PCIE_H2D, LinkKind.PCIE_H2D), (Stream.PCIE_D2H, LinkKind.PCIE_D2H))
+    for ax, (stream, link) in zip(axes, directions, strict=True):
+        rows = links[links.resource == resource_name(device_name(DeviceKind.GPU, gpu), link)]
         color = stream_color(stream)
-        name = STREAM_LABELS[stream]
+        name = stream_name(stream)
         _draw_phase_bands(ax, result.phases, rank=gpu)
         if rows.empty or end <= 0:
             ax.text(0.5, 0.5, f"no {name} traffic", transform=ax.transAxes, ha="center",
@@ -458,7 +495,7 @@ def pcie_throughput(result, gpu: int = 0) -> Figure:
                      axes_width_in=width_in)
     axes[-1].set_xlim(0.0, end)
     axes[-1].set_xlabel("time (s)")
-    title = f"{_scenario_name(result)}: gpu{gpu} PCIe throughput"
+    title = f"{_scenario_name(result)}: {device_name(DeviceKind.GPU, gpu)} PCIe throughput"
     if result.summary.get("status") == "oom":
         title += " - out of memory"
     _title(strip, axes[0], title)
@@ -583,7 +620,7 @@ def _phase_window(result, rank: int, phase: str, micro_batch: int | None
     return float(row.start_s), float(row.end_s), micro_batch
 
 
-def activity(result, *, rank: int = 0, phase: str = "backward",
+def activity(result, *, rank: int = 0, phase: str = Phase.BACKWARD,
              micro_batch: int | None = None) -> pd.DataFrame:
     """Where the time of one phase goes on one rank: busy seconds per stream and op kind
     (spans clipped to the phase), with the share of the phase's length each one covers.
@@ -601,7 +638,7 @@ def activity(result, *, rank: int = 0, phase: str = "backward",
     return table.sort_values("busy_s", ascending=False, ignore_index=True)
 
 
-def link_activity(result, *, rank: int = 0, phase: str = "backward",
+def link_activity(result, *, rank: int = 0, phase: str = Phase.BACKWARD,
                   micro_batch: int | None = None) -> pd.DataFrame:
     """What each shared resource did during one phase of one rank, from `result.links`:
     seconds with traffic, the amount moved (GB; thread-seconds for a CPU) and the mean rate
@@ -610,8 +647,8 @@ def link_activity(result, *, rank: int = 0, phase: str = "backward",
     start, end, _ = _phase_window(result, rank, phase, micro_batch)
     rows = []
     for resource, group in result.links.groupby("resource", sort=True):
-        device = str(resource).partition(".")[0]
-        if device.startswith("gpu") and device != f"gpu{rank}":
+        device, kind, _ = split_resource(str(resource))
+        if is_gpu(device) and device != device_name(DeviceKind.GPU, rank):
             continue
         group = group.sort_values("t_s", kind="stable")
         knots = np.append(group.t_s.to_numpy(dtype=float), max(end, float(group.t_s.max())))
@@ -619,7 +656,7 @@ def link_activity(result, *, rank: int = 0, phase: str = "backward",
         rate = group.rate.to_numpy(dtype=float)
         active = float(((hi - lo) * (rate > 0)).sum())
         amount = float(((hi - lo) * rate).sum())
-        unit = "thread-s" if str(resource).endswith(".cpu") else "GB"
+        unit = "thread-s" if kind is LinkKind.CPU else "GB"
         amount = amount if unit == "thread-s" else amount / GB
         rows.append({"resource": str(resource), "active_s": active,
                      "share": active / max(end - start, 1e-12), "amount": amount,
@@ -629,7 +666,7 @@ def link_activity(result, *, rank: int = 0, phase: str = "backward",
     return frame.sort_values("active_s", ascending=False, ignore_index=True)
 
 
-def phase_activity(result, *, rank: int = 0, phase: str = "backward",
+def phase_activity(result, *, rank: int = 0, phase: str = Phase.BACKWARD,
                    micro_batch: int | None = None, top: int = 14) -> Figure:
     """Where one phase of one rank goes: busy time per stream and op kind (bars coloured by
     stream, see `activity`) and, below, how long each shared resource carried traffic (see
@@ -642,7 +679,7 @@ def phase_activity(result, *, rank: int = 0, phase: str = "backward",
     fig = _new_figure(10, 2.0 + 0.27 * (max(len(table), 1) + max(len(links), 1)))
     axes = fig.subplots(2, 1, sharex=True, height_ratios=[max(len(table), 1),
                                                           max(len(links), 1)])
-    busy = [(f"{STREAM_LABELS.get(r.stream, r.stream)}: {r.kind}", r.busy_s, r.share,
+    busy = [(f"{stream_name(r.stream)}: {r.kind}", r.busy_s, r.share,
              f"{r.spans} spans", stream_color(r.stream)) for r in table.itertuples()]
     carried = [(_link_label(r.resource), r.active_s, r.share,
                 f"{r.amount:.3g} {r.unit}", LINK_COLOR) for r in links.itertuples()]
@@ -674,7 +711,7 @@ def phase_activity(result, *, rank: int = 0, phase: str = "backward",
                       f"{phase_label(phase, micro_batch, boundary)} goes on rank {rank}",
                       fontsize=TITLE_SIZE)
     present = list(dict.fromkeys(table.stream))
-    axes[0].legend(handles=[Patch(facecolor=stream_color(s), label=STREAM_LABELS.get(s, s))
+    axes[0].legend(handles=[Patch(facecolor=stream_color(s), label=stream_name(s))
                             for s in present], loc="upper left", bbox_to_anchor=(1.01, 1.0),
                    fontsize=8, title="stream", title_fontsize=8, frameon=False)
     return fig
@@ -684,12 +721,8 @@ LINK_COLOR = GREY
 
 
 def _link_label(resource: str) -> str:
-    device, _, rest = resource.partition(".")
-    names = {"pcie.h2d": "PCIe H2D", "pcie.d2h": "PCIe D2H", "nvlink": "NVLink", "nic": "NIC",
-             "cpu": "CPU threads"}
-    if rest.endswith(".memory"):
-        return f"{device} {rest.split('.')[0].upper()} memory"
-    return f"{device} {names.get(rest, rest)}"
+    cpu = split_resource(resource)[1] is LinkKind.CPU
+    return link_name(resource) + (" threads" if cpu else "")
 
 
 # ------------------------------------------------------------------------------ sweeps
@@ -851,13 +884,11 @@ def _fmt_eng(value: Any) -> str:
 
 def gpu_devices(result) -> list[str]:
     """The GPUs with memory records, in index order (gpu0, gpu1, ..., gpu10)."""
-    names = {d for d in result.memory.device.unique() if str(d).startswith("gpu")}
-    return sorted(names, key=lambda d: (len(d), d))
+    return devices_of(result.memory.device.unique(), DeviceKind.GPU)
 
 
 def host_devices(result) -> list[str]:
-    names = {d for d in result.memory.device.unique() if str(d).startswith("host")}
-    return sorted(names, key=lambda d: (len(d), d))
+    return devices_of(result.memory.device.unique(), DeviceKind.HOST)
 
 
 def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"),
@@ -870,7 +901,7 @@ def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"
     for device in gpu_devices(result) + host_devices(result):
         figures.append((f"memory_{device}", memory_over_time(result, device)))
     for device in gpu_devices(result):
-        figures.append((f"pcie_{device}", pcie_throughput(result, int(device[3:]))))
+        figures.append((f"pcie_{device}", pcie_throughput(result, _device_rank(device))))
     figures.append(("phases", phase_breakdown(result.summary)))
     written = []
     for name, fig in figures:

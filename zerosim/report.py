@@ -8,6 +8,7 @@ from rich.table import Table
 from zerosim.scenario import Scenario
 from zerosim.scenario.version import format_version
 from zerosim.validation.report import format_value
+from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
 def _console() -> Console:
@@ -71,8 +72,10 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None) 
                   title_justify="left", caption_justify="left")
     table.add_column("phase")
     table.add_column("seconds", justify="right")
-    labels = {"forward": "forward", "backward_non_boundary": "backward (non-boundary)",
-              "backward_boundary": "backward (boundary)", "update": "optimizer update"}
+    labels = {PhaseTime.FORWARD: "forward",
+              PhaseTime.BACKWARD_NON_BOUNDARY: "backward (non-boundary)",
+              PhaseTime.BACKWARD_BOUNDARY: "backward (boundary)",
+              PhaseTime.UPDATE: "optimizer update"}
     for key, label in labels.items():
         table.add_row(label, _seconds(summary["phases_s"].get(key)))
     table.add_row("[bold]iteration[/bold]", f"[bold]{_seconds(summary['iteration_s'])}[/bold]")
@@ -84,7 +87,7 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None) 
                   f"{summary['hbm_capacity_GiB']:.2f} GiB")
     facts.add_row("peak host memory", f"{summary['peak_host_GiB']:.1f} of "
                   f"{summary['host_capacity_GiB']:.0f} GiB")
-    for direction in ("h2d", "d2h"):
+    for direction in PCIE_STREAMS:
         mean = summary["pcie_mean_GBps"][direction]
         facts.add_row(f"PCIe {direction.upper()}", f"{summary['pcie_GB'][direction]:.1f} GB in all"
                       + ("" if mean is None else f", {mean:.2f} GB/s mean per GPU"))

@@ -9,6 +9,7 @@ Pure: imports nothing from zerosim.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -48,6 +49,20 @@ class Phase(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     UPDATE = "update"
+
+
+class PhaseTime(StrEnum):
+    """The phase times a run's summary reports (`summary["phases_s"]`): a micro-batch's
+    backward pass is either a non-boundary one or the accumulation boundary."""
+
+    FORWARD = "forward"
+    BACKWARD_NON_BOUNDARY = "backward_non_boundary"
+    BACKWARD_BOUNDARY = "backward_boundary"
+    UPDATE = "update"
+
+
+PHASE_TIMES: tuple[str, ...] = tuple(p.value for p in PhaseTime)
+"""The keys of `summary["phases_s"]`, in order, as plain text."""
 
 
 class OpKind(StrEnum):
@@ -145,6 +160,15 @@ def category_label(category: Category, buffer: BufferKind = BufferKind.NONE) -> 
     return category.value
 
 
+_CATEGORY_OF_LABEL = {category_label(c, b): c for c in Category for b in BufferKind}
+
+
+def base_category(label: str) -> Category | None:
+    """The category a memory record's label names ('fp32 grads (pinned)' -> FP32_GRADS,
+    'fp32 master params (GPU)' -> FP32_MASTER_GPU); None for a label no category makes."""
+    return _CATEGORY_OF_LABEL.get(label)
+
+
 class DeviceKind(StrEnum):
     GPU = "gpu"
     HOST = "host"
@@ -155,12 +179,35 @@ def device_name(kind: DeviceKind, index: int) -> str:
     return f"{kind.value}{index}"
 
 
+def device_parts(device: str) -> tuple[DeviceKind, int] | None:
+    """(kind, index) of a device named by `device_name`; None for any other name."""
+    for kind in DeviceKind:
+        index = device.removeprefix(kind.value)
+        if index != device and index.isdigit():
+            return kind, int(index)
+    return None
+
+
 def device_kind(device: str) -> DeviceKind:
     """The kind of a device named by `device_name`."""
-    for kind in DeviceKind:
-        if device.startswith(kind.value) and device[len(kind.value):].isdigit():
-            return kind
-    raise ValueError(f"not a device name: {device!r}")
+    parts = device_parts(device)
+    if parts is None:
+        raise ValueError(f"not a device name: {device!r}")
+    return parts[0]
+
+
+def devices_of(names: Iterable[str], kind: DeviceKind) -> list[str]:
+    """The distinct names among `names` that are devices of `kind`, in index order (gpu0,
+    gpu1, ..., gpu10)."""
+    found = {(parts[1], name) for name in names
+             if (parts := device_parts(str(name))) is not None and parts[0] is kind}
+    return [name for _, name in sorted(found)]
+
+
+def is_gpu(device: str) -> bool:
+    """Whether `device` names a GPU (False for any name `device_name` does not make)."""
+    parts = device_parts(device)
+    return parts is not None and parts[0] is DeviceKind.GPU
 
 
 class LinkKind(StrEnum):
@@ -175,6 +222,31 @@ class LinkKind(StrEnum):
     CPU = "cpu"
     NVME_READ = "nvme.read"
     NVME_WRITE = "nvme.write"
+
+
+def resource_name(device: str, kind: LinkKind) -> str:
+    """The flow-network resource of `kind` on `device`: 'gpu0.pcie.h2d', 'host0.cpu'."""
+    return f"{device}.{kind.value}"
+
+
+def split_resource(resource: str) -> tuple[str, LinkKind | None, str]:
+    """(device, kind, where) of a flow-network resource: 'gpu0.pcie.h2d' -> ('gpu0',
+    PCIE_H2D, ''), 'host0.numa1.memory' -> ('host0', HOST_MEMORY, 'numa1'),
+    'host0.numa0->numa1' -> ('host0', SOCKET_LINK, 'numa0->numa1'); kind None for a
+    resource of no known kind (where then holds the rest of the name)."""
+    device, _, rest = resource.partition(".")
+    if rest in _LINK_KINDS:
+        return device, _LINK_KINDS[rest], ""
+    where, _, tail = rest.rpartition(".")
+    if where and tail == LinkKind.HOST_MEMORY:
+        return device, LinkKind.HOST_MEMORY, where
+    if "->" in rest:
+        return device, LinkKind.SOCKET_LINK, rest
+    return device, None, rest
+
+
+_LINK_KINDS = {kind.value: kind for kind in LinkKind
+               if kind not in (LinkKind.HOST_MEMORY, LinkKind.SOCKET_LINK)}
 
 
 class Collective(StrEnum):

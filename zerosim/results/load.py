@@ -10,9 +10,13 @@ import pandas as pd
 from zerosim.errors import ZerosimError
 from zerosim.results.result import Result
 from zerosim.units import GiB
+from zerosim.vocabulary import is_gpu
 
 CAPACITIES_FILE = "capacities.json"
 TABLE_FILES = ("spans", "memory", "phases", "links")
+KIND_COLUMNS = {"spans": ("op_kind", "buffer_kind"), "memory": ("buffer_kind",)}
+"""Text columns that are often empty: CSV gives an empty field back as NaN, older folders
+lack them."""
 REQUIRED_FILES = ("summary.json", *(f"{name}.csv" for name in TABLE_FILES))
 
 
@@ -28,10 +32,19 @@ def _capacities(folder: Path, summary: dict, memory: pd.DataFrame) -> dict[str, 
         return {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
     capacities = {}
     for device in sorted(set(memory.device)):
-        key = "hbm_capacity_GiB" if device.startswith("gpu") else "host_capacity_GiB"
+        key = "hbm_capacity_GiB" if is_gpu(device) else "host_capacity_GiB"
         if summary.get(key) is not None:
             capacities[device] = int(float(summary[key]) * GiB)
     return capacities
+
+
+def _kind_columns(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with its kind columns as text ('' where empty), added if the file predates
+    them."""
+    columns = {c: (table[c].astype(object).fillna("").astype(str) if c in table.columns
+                   else "")
+               for c in KIND_COLUMNS.get(name, ())}
+    return table.assign(**columns) if columns else table
 
 
 def load_result(folder: str | Path) -> Result:
@@ -44,7 +57,8 @@ def load_result(folder: str | Path) -> Result:
                                f"{', '.join(missing)} (write one with `zerosim run`)")
     try:
         summary = json.loads((folder / "summary.json").read_text())
-        tables = {name: pd.read_csv(folder / f"{name}.csv") for name in TABLE_FILES}
+        tables = {name: _kind_columns(name, pd.read_csv(folder / f"{name}.csv"))
+                  for name in TABLE_FILES}
     except (ValueError, OSError) as err:
         raise ResultFilesError(f"{folder}: cannot read the result files: {err}") from err
     name = str(summary.get("scenario", folder.name))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
+from enum import Enum
+from operator import attrgetter
 from typing import Any
 
 import pandas as pd
@@ -13,21 +15,44 @@ from zerosim.engine.simulate import RawRun
 from zerosim.hardware import costs
 from zerosim.scenario.version import format_version
 from zerosim.units import GB, GiB
+from zerosim.vocabulary import (
+    PCIE_STREAMS,
+    PHASE_TIMES,
+    DeviceKind,
+    LinkKind,
+    Phase,
+    PhaseTime,
+    devices_of,
+    split_resource,
+)
 
-PHASE_KEYS = ("forward", "backward_non_boundary", "backward_boundary", "update")
+PHASE_KEYS = PHASE_TIMES
 
 
 def _frame(records: list, record_type: type) -> pd.DataFrame:
-    columns = list(record_type.__dataclass_fields__)
-    return pd.DataFrame([asdict(r) for r in records], columns=columns)
+    """One row per record, one column per field in declaration order (defaulted fields
+    included); vocabulary members are written as their plain text."""
+    columns = [f.name for f in fields(record_type)]
+    row = attrgetter(*columns)
+    frame = pd.DataFrame([row(r) for r in records], columns=columns)
+    for name in columns:
+        column = frame[name]
+        if (not pd.api.types.is_numeric_dtype(column)
+                and any(isinstance(v, Enum) for v in column)):
+            frame[name] = [v.value if isinstance(v, Enum) else v for v in column]
+    return frame
 
 
 @dataclass(frozen=True)
 class Result:
     """One simulated iteration.
 
-    `spans`: one row per activity (rank, stream, phase, micro_batch, op, start_s, end_s, bytes).
-    `memory`: step curves (t_s, device, category, bytes) - the level after each change.
+    `spans`: one row per activity (rank, stream, phase, micro_batch, op, start_s, end_s, bytes,
+    op_kind, buffer_kind): `op` is display text; select on `stream`, `phase`, `op_kind`
+    (`vocabulary.OpKind`) and `buffer_kind` (`vocabulary.BufferKind`).
+    `memory`: step curves (t_s, device, category, bytes, buffer_kind) - the level after each
+    change; `category` is the label `vocabulary.category_label` makes
+    (`vocabulary.base_category` gives its `Category` back).
     `phases`: one row per rank x phase x micro-batch.
     `links`: usage of each shared resource over time (t_s, resource, rate, unit): bytes/s for
     PCIe directions, NVLink and host memory; busy hardware threads for a node's CPU.
@@ -53,16 +78,18 @@ def _phase_seconds(phases: pd.DataFrame, accumulation_steps: int) -> dict[str, f
         return dict.fromkeys(PHASE_KEYS)
     frame = phases.assign(duration=phases.end_s - phases.start_s)
     last = accumulation_steps - 1
+    backward = frame.phase == Phase.BACKWARD
     selections = {
-        "forward": frame.phase == "forward",
-        "backward_non_boundary": (frame.phase == "backward") & (frame.micro_batch < last),
-        "backward_boundary": (frame.phase == "backward") & (frame.micro_batch == last),
-        "update": frame.phase == "update",
+        PhaseTime.FORWARD: frame.phase == Phase.FORWARD,
+        PhaseTime.BACKWARD_NON_BOUNDARY: backward & (frame.micro_batch < last),
+        PhaseTime.BACKWARD_BOUNDARY: backward & (frame.micro_batch == last),
+        PhaseTime.UPDATE: frame.phase == Phase.UPDATE,
     }
     out: dict[str, float | None] = {}
     for key, mask in selections.items():
         chosen = frame[mask]
-        out[key] = None if chosen.empty else float(chosen.groupby("rank").duration.mean().max())
+        out[key.value] = (None if chosen.empty
+                          else float(chosen.groupby("rank").duration.mean().max()))
     return out
 
 
@@ -71,13 +98,13 @@ def summarize(raw: RawRun, spans: pd.DataFrame, phases: pd.DataFrame) -> dict[st
     ds = scenario.deepspeed
     ranks = scenario.data_parallel
     iteration = float(phases.end_s.max()) if raw.status == "ok" and not phases.empty else None
-    pcie_bytes = {d: float(spans.loc[spans.stream == f"pcie.{d}", "bytes"].sum())
-                  for d in ("h2d", "d2h")}
+    pcie_bytes = {d: float(spans.loc[spans.stream == stream, "bytes"].sum())
+                  for d, stream in PCIE_STREAMS.items()}
     model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
     tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
               if iteration else None)
-    hbm_peaks = [v for k, v in raw.peaks.items() if k.startswith("gpu")]
-    host_peaks = [v for k, v in raw.peaks.items() if k.startswith("host")]
+    hbm_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.GPU)]
+    host_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.HOST)]
     return {
         "scenario": scenario.name,
         "status": raw.status,
@@ -102,7 +129,7 @@ def summarize(raw: RawRun, spans: pd.DataFrame, phases: pd.DataFrame) -> dict[st
 
 def link_unit(resource: str) -> str:
     """CPU resources carry busy hardware threads; every other resource bytes per second."""
-    return "threads" if resource.endswith(".cpu") else "B/s"
+    return "threads" if split_resource(resource)[1] is LinkKind.CPU else "B/s"
 
 
 def build_result(raw: RawRun) -> Result:

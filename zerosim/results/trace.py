@@ -3,9 +3,10 @@
 Layout, as Perfetto shows it (https://ui.perfetto.dev, Open trace file):
 
 - one process per rank, "rank R (gpuR)", holding one thread (track) per stream: "phases"
-  (fwd 0, bwd 0, ..., bwd 1 (boundary), update), "compute", "all-gather", "reduce",
-  "PCIe H2D", "PCIe D2H", "CPU"; and the counters of its GPU: HBM in GiB by category (plus
-  the total) and PCIe / NVLink throughput in GB/s;
+  (fwd 0, bwd 0, ..., bwd 1 (boundary), update), then the rank's streams in `STREAM_ORDER`
+  ("compute", "all-gather", "reduce", "PCIe H2D", "PCIe D2H", "CPU", "flush", ...,
+  "NVMe read", "NVMe write", "swap"; see `STREAM_NAMES`); and the counters of its GPU: HBM
+  in GiB by category (plus the total) and PCIe / NVLink throughput in GB/s;
 - one process per host, "host0 (CPU, memory)": host memory in GiB by category (plus the
   total), memory bandwidth per NUMA domain in GB/s, CPU threads busy;
 - an instant event "out of memory" where an OOM run failed.
@@ -27,23 +28,80 @@ import numpy as np
 import pandas as pd
 
 from zerosim.units import GB, GiB
+from zerosim.vocabulary import (
+    DeviceKind,
+    LinkKind,
+    Phase,
+    Stream,
+    device_name,
+    device_parts,
+    is_gpu,
+    split_resource,
+)
 
 NS_PER_S = 1_000_000_000
-STREAM_ORDER = ("phases", "compute", "allgather", "reduce", "pcie.h2d", "pcie.d2h", "cpu")
-STREAM_NAMES = {"phases": "phases", "compute": "compute", "allgather": "all-gather",
-                "reduce": "reduce", "pcie.h2d": "PCIe H2D", "pcie.d2h": "PCIe D2H",
-                "cpu": "CPU"}
+PHASES_TRACK = "phases"
+"""The track of a rank's phases (not a stream of the engine)."""
+STREAM_ORDER: tuple[str, ...] = (PHASES_TRACK, *Stream)
+"""Tracks of a rank, top to bottom: the phases, then every stream in `Stream`'s order."""
+STREAM_NAMES: dict[str, str] = {
+    PHASES_TRACK: "phases",
+    Stream.COMPUTE: "compute",
+    Stream.ALLGATHER: "all-gather",
+    Stream.REDUCE: "reduce",
+    Stream.PCIE_H2D: "PCIe H2D",
+    Stream.PCIE_D2H: "PCIe D2H",
+    Stream.CPU: "CPU",
+    Stream.FLUSH: "flush",
+    Stream.CPU_FLUSH: "CPU flush",
+    Stream.OPTIMIZER_GPU: "optimizer (GPU)",
+    Stream.COPY_BACK: "copy-back",
+    Stream.CPU_COPY_BACK: "CPU copy-back",
+    Stream.NVME_READ: "NVMe read",
+    Stream.NVME_WRITE: "NVMe write",
+    Stream.SWAP: "swap",
+}
+"""Display name of each track."""
+_TRACK_INDEX = {str(track): index for index, track in enumerate(STREAM_ORDER)}
 LANES_PER_STREAM = 1000
 HOST_PID_OFFSET = 1000
 OTHER_PID_OFFSET = 2000
-LINK_NAMES = {"pcie.h2d": "PCIe H2D", "pcie.d2h": "PCIe D2H", "nvlink": "NVLink", "nic": "NIC"}
+LINK_NAMES: dict[LinkKind, str] = {
+    LinkKind.PCIE_H2D: "PCIe H2D",
+    LinkKind.PCIE_D2H: "PCIe D2H",
+    LinkKind.NVLINK: "NVLink",
+    LinkKind.NIC: "NIC",
+    LinkKind.HOST_MEMORY: "memory",
+    LinkKind.SOCKET_LINK: "socket link",
+    LinkKind.CPU: "CPU",
+    LinkKind.NVME_READ: "NVMe read",
+    LinkKind.NVME_WRITE: "NVMe write",
+}
+"""Display name of each kind of shared resource."""
+KIND_COLUMNS = ("op_kind", "buffer_kind")
+"""Span columns copied into a slice's args when set."""
+
+
+def stream_name(stream: str) -> str:
+    """The display name of a stream (the stream itself when it has none)."""
+    return STREAM_NAMES.get(stream, str(stream))
+
+
+def link_name(resource: str) -> str:
+    """'gpu0 PCIe H2D', 'host0 NUMA1 memory', 'host0 numa0->numa1': a resource for people."""
+    device, kind, where = split_resource(resource)
+    if kind is LinkKind.HOST_MEMORY:
+        return f"{device} {where.upper()} memory"
+    if kind is None or kind is LinkKind.SOCKET_LINK:
+        return f"{device} {where}"
+    return f"{device} {LINK_NAMES[kind]}"
 
 
 def phase_label(phase: str, micro_batch: int, boundary: int | None) -> str:
     """'fwd 0', 'bwd 1 (boundary)', 'update': the name of one phase of one micro-batch."""
-    if phase == "forward":
+    if phase == Phase.FORWARD:
         return f"fwd {micro_batch}"
-    if phase == "backward":
+    if phase == Phase.BACKWARD:
         return f"bwd {micro_batch}" + (" (boundary)" if micro_batch == boundary else "")
     return str(phase)
 
@@ -79,27 +137,30 @@ def assign_lanes(starts_ns: Iterable[int], ends_ns: Iterable[int]) -> list[int]:
 
 
 def thread_id(stream: str, lane: int) -> int:
-    base = STREAM_ORDER.index(stream) if stream in STREAM_ORDER else len(STREAM_ORDER)
+    base = _TRACK_INDEX.get(str(stream), len(STREAM_ORDER))
     return base * LANES_PER_STREAM + lane
 
 
 def _thread_name(stream: str, lane: int) -> str:
-    name = STREAM_NAMES.get(stream, stream)
+    name = stream_name(stream)
     return name if lane == 0 else f"{name} ({lane + 1})"
 
 
 def _phase_rows(phases: pd.DataFrame) -> pd.DataFrame:
     """Phases as span-like rows on a 'phases' stream, named 'fwd 0' ... 'update'."""
-    backward = phases[phases.phase == "backward"]
+    backward = phases[phases.phase == Phase.BACKWARD]
     boundary = None if backward.empty else int(backward.micro_batch.max())
     names = [phase_label(p, int(m), boundary)
              for p, m in zip(phases.phase, phases.micro_batch, strict=True)]
-    return phases.assign(stream="phases", op=names, bytes=0.0)
+    return phases.assign(stream=PHASES_TRACK, op=names, bytes=0.0)
 
 
 def _slices(spans: pd.DataFrame, phases: pd.DataFrame) -> tuple[list[dict], set]:
-    columns = ["rank", "stream", "phase", "micro_batch", "op", "start_s", "end_s", "bytes"]
-    frames = [f[columns] for f in (spans, _phase_rows(phases)) if not f.empty]
+    kinds = [c for c in KIND_COLUMNS if c in spans.columns]
+    columns = ["rank", "stream", "phase", "micro_batch", "op", "start_s", "end_s", "bytes",
+               *kinds]
+    phase_rows = _phase_rows(phases).assign(**dict.fromkeys(kinds, ""))
+    frames = [f[columns] for f in (spans, phase_rows) if not f.empty]
     if not frames:
         return [], set()
     everything = pd.concat(frames, ignore_index=True)
@@ -112,12 +173,16 @@ def _slices(spans: pd.DataFrame, phases: pd.DataFrame) -> tuple[list[dict], set]
         for lane, row in zip(lanes, group.itertuples(index=False), strict=True):
             tid = thread_id(stream, lane)
             threads.add((int(rank), tid, _thread_name(stream, lane)))
+            args = {"phase": str(row.phase), "micro_batch": int(row.micro_batch),
+                    "bytes": _finite(row.bytes)}
+            for column in kinds:
+                value = getattr(row, column)
+                if isinstance(value, str) and value:
+                    args[column] = value
             events.append({
                 "name": str(row.op), "cat": str(row.phase), "ph": "X", "pid": int(rank),
                 "tid": tid, "ts": _us(row.start_ns),
-                "dur": _us(max(row.end_ns - row.start_ns, 0)),
-                "args": {"phase": str(row.phase), "micro_batch": int(row.micro_batch),
-                         "bytes": _finite(row.bytes)},
+                "dur": _us(max(row.end_ns - row.start_ns, 0)), "args": args,
             })
     return events, threads
 
@@ -134,10 +199,11 @@ def memory_levels(memory: pd.DataFrame, device: str) -> pd.DataFrame:
 
 def _device_pid(device: str, ranks: set[int], others: dict[str, int]) -> int:
     """gpuN lives in rank N's process, hostN in its host process, anything else alone."""
-    if device.startswith("gpu") and device[3:].isdigit() and int(device[3:]) in ranks:
-        return int(device[3:])
-    if device.startswith("host") and device[4:].isdigit():
-        return HOST_PID_OFFSET + int(device[4:])
+    kind, index = device_parts(device) or (None, -1)
+    if kind is DeviceKind.GPU and index in ranks:
+        return index
+    if kind is DeviceKind.HOST:
+        return HOST_PID_OFFSET + index
     return others.setdefault(device, OTHER_PID_OFFSET + len(others))
 
 
@@ -145,8 +211,7 @@ def _memory_counters(memory: pd.DataFrame, device: str, pid: int) -> list[dict]:
     """One counter event per instant at which a category changed: the changed categories'
     levels and the device total, in GiB (each arg becomes its own Perfetto track)."""
     rows = memory[memory.device == device]
-    kind = "HBM" if device.startswith("gpu") else "memory"
-    name = f"{device} {kind} GiB"
+    name = f"{device} {memory_kind(device)} GiB"
     order = np.argsort(rows.t_s.to_numpy(), kind="stable")
     times = _ns(rows.t_s.to_numpy()[order])
     categories = rows.category.to_numpy()[order]
@@ -167,14 +232,19 @@ def _memory_counters(memory: pd.DataFrame, device: str, pid: int) -> list[dict]:
     return events
 
 
+def memory_kind(device: str) -> str:
+    """What a device's memory is called: 'HBM' on a GPU, 'memory' elsewhere."""
+    return "HBM" if is_gpu(device) else "memory"
+
+
 def _link_name(resource: str) -> tuple[str, str]:
     """('gpu0 PCIe H2D', 'GB/s') for 'gpu0.pcie.h2d'; the CPU counts threads, not bytes."""
-    device, _, rest = resource.partition(".")
-    if rest == "cpu":
-        return f"{device} CPU", "threads busy"
-    if rest.endswith(".memory"):
-        return f"{device} {rest.split('.')[0].upper()} memory bandwidth", "GB/s"
-    return f"{device} {LINK_NAMES.get(rest, rest)}", "GB/s"
+    kind = split_resource(resource)[1]
+    if kind is LinkKind.CPU:
+        return link_name(resource), "threads busy"
+    if kind is LinkKind.HOST_MEMORY:
+        return f"{link_name(resource)} bandwidth", "GB/s"
+    return link_name(resource), "GB/s"
 
 
 def _link_counters(links: pd.DataFrame, pid_of: Mapping[str, int]) -> list[dict]:
@@ -182,7 +252,7 @@ def _link_counters(links: pd.DataFrame, pid_of: Mapping[str, int]) -> list[dict]
     for resource, rows in links.groupby("resource", sort=True):
         name, unit = _link_name(str(resource))
         scale = 1.0 if unit == "threads busy" else 1 / GB
-        pid = pid_of[str(resource).partition(".")[0]]
+        pid = pid_of[split_resource(str(resource))[0]]
         rows = rows.assign(t_ns=_ns(rows.t_s)).drop_duplicates("t_ns", keep="last")
         for t_ns, rate in zip(rows.t_ns, rows.rate, strict=True):
             events.append({"name": name, "ph": "C", "pid": pid, "ts": _us(t_ns),
@@ -205,13 +275,13 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
     """The trace as a JSON-ready dict: {"traceEvents": [...], ...}."""
     slices, threads = _slices(spans, phases)
     ranks = {r for r, _, _ in threads}
-    devices = sorted(set(memory.device) | {str(r).partition(".")[0] for r in links.resource},
-                     key=lambda d: (not d.startswith("gpu"), len(d), d))
+    devices = sorted(set(memory.device) | {split_resource(str(r))[0] for r in links.resource},
+                     key=lambda d: (not is_gpu(d), len(d), d))
     others: dict[str, int] = {}
     pid_of = {d: _device_pid(d, ranks, others) for d in devices}
     if summary and summary.get("status") == "oom":
         threads.add((pid_of.get(str((summary.get("oom") or {}).get("device")), 0), 0,
-                     "phases"))
+                     PHASES_TRACK))
     meta: list[dict] = []
 
     def process(pid: int, name: str, sort_index: int) -> None:
@@ -223,9 +293,10 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
     pids = {pid for pid, _, _ in threads} | set(pid_of.values())
     for pid in sorted(pids):
         if pid < HOST_PID_OFFSET:
-            process(pid, f"rank {pid} (gpu{pid})", pid)
+            process(pid, f"rank {pid} ({device_name(DeviceKind.GPU, pid)})", pid)
         elif pid < OTHER_PID_OFFSET:
-            process(pid, f"host{pid - HOST_PID_OFFSET} (CPU, memory)", pid)
+            process(pid, f"{device_name(DeviceKind.HOST, pid - HOST_PID_OFFSET)} (CPU, memory)",
+                    pid)
         else:
             name = next(d for d, p in pid_of.items() if p == pid)
             process(pid, name, pid)
@@ -235,7 +306,7 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
         meta.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
                      "args": {"sort_index": tid}})
     counters = []
-    for device in sorted(set(memory.device), key=lambda d: (not d.startswith("gpu"), d)):
+    for device in sorted(set(memory.device), key=lambda d: (not is_gpu(d), d)):
         counters += _memory_counters(memory, device, pid_of[device])
     counters += _link_counters(links, pid_of)
     return {"traceEvents": meta + slices + counters + _oom_event(summary, pid_of),

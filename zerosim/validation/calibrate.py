@@ -23,8 +23,9 @@ from zerosim.api import simulate
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import QUANTITIES, builtin_profile_tree, profile_tree_from_file
 from zerosim.scenario import load_scenario, parse_overrides
+from zerosim.vocabulary import PHASE_TIMES
 
-PHASE_KEYS = ("forward", "backward_non_boundary", "backward_boundary", "update", "iteration")
+PHASE_KEYS = (*PHASE_TIMES, "iteration")
 PROBE_KEYS = ("probe.pcie_drop_during_unscale",)
 """Rows that are not phase times but a probe of the scenario's machine (a fraction, in the
 `seconds` column): the PCIe throughput lost by a pinned copy while unscale runs."""

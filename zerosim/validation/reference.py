@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import parse_yaml_text
 
-PHASES = ("forward", "backward_non_boundary", "backward_boundary", "update")
+PHASES = PHASE_TIMES
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,14 @@ from zerosim.validation.reference import (
     load_estimator_tables,
     load_study,
 )
+from zerosim.vocabulary import DeviceKind, OpKind, Phase, Stream, device_name
 
 PHASE_TOLERANCE = 0.10
 MEMORY_TOLERANCE = 0.10
 RATIO_TOLERANCE = 0.10
 PRINTED_GB_TOLERANCE = 0.005
 """DeepSpeed's estimator prints GB with two decimals: a reproduction is within half of 0.01."""
+GPU0 = device_name(DeviceKind.GPU, 0)
 UNSCALE_PROBE_BYTES = 4 * GiB
 """Size of the pinned test transfer in the unscale-contention probe (study section 3.5)."""
 
@@ -76,14 +78,14 @@ def run_study(study: Study, data_parallel: int) -> Result:
     return simulate(scenario)
 
 
-def gpu_level_at(result: Result, t_s: float, device: str = "gpu0") -> float:
+def gpu_level_at(result: Result, t_s: float, device: str = GPU0) -> float:
     """Total bytes allocated on `device` just after time `t_s` (all changes at t_s applied)."""
     rows = result.memory[(result.memory.device == device) & (result.memory.t_s <= t_s)]
     return float(rows.groupby("category").bytes.last().sum())
 
 
 def gpu_peak_between(result: Result, start_s: float, end_s: float,
-                     device: str = "gpu0") -> float:
+                     device: str = GPU0) -> float:
     rows = result.memory[result.memory.device == device]
     wide = rows.pivot_table(index="t_s", columns="category", values="bytes", aggfunc="last")
     total = wide.ffill().fillna(0.0).sum(axis=1)
@@ -112,10 +114,10 @@ def table2_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
 
 def memory_cells(study: Study, dp1: Result) -> list[Cell]:
     obs = study.observations
-    start, end = _phase_window(dp1, "forward", 0)
+    start, end = _phase_window(dp1, Phase.FORWARD, 0)
     at_start = gpu_level_at(dp1, start)
     peak = gpu_peak_between(dp1, start, end)
-    up_start, up_end = _phase_window(dp1, "update", study.scenario["deepspeed"]
+    up_start, up_end = _phase_window(dp1, Phase.UPDATE, study.scenario["deepspeed"]
                                      ["gradient_accumulation_steps"] - 1)
     during_update = gpu_peak_between(dp1, up_start, up_end)
     return [
@@ -128,16 +130,39 @@ def memory_cells(study: Study, dp1: Result) -> list[Cell]:
     ]
 
 
+LEGACY_OP_PREFIXES = {OpKind.OPTIMIZER_STEP: "cpu adam", OpKind.GRAD_FLUSH: "fp32 flush"}
+"""What an engine that leaves `op_kind` empty names these ops (rank.dma adds the buffer kind
+after the name). Used only while no span of a run carries an op_kind."""
+
+
+def spans_of_kind(spans: pd.DataFrame, kind: OpKind) -> pd.Series:
+    """Which spans do `kind`: by `op_kind`, or by the op's name in a run whose engine did not
+    fill `op_kind` (every value empty)."""
+    if "op_kind" in spans.columns and spans.op_kind.fillna("").ne("").any():
+        return spans.op_kind == kind
+    return spans.op.str.startswith(LEGACY_OP_PREFIXES[kind])
+
+
+def adam_spans(spans: pd.DataFrame) -> pd.DataFrame:
+    """Rank 0's CPU Adam steps (optimizer steps not on the GPU's optimizer stream)."""
+    return spans[(spans["rank"] == 0) & (spans.stream != Stream.OPTIMIZER_GPU)
+                 & spans_of_kind(spans, OpKind.OPTIMIZER_STEP)]
+
+
+def boundary_flush_spans(spans: pd.DataFrame) -> pd.DataFrame:
+    """Rank 0's D2H copies of the boundary's fp32 gradient flush (in the study's DeepSpeed
+    0.13.3, a pageable 16-bit copy that the CPU then casts)."""
+    return spans[(spans["rank"] == 0) & (spans.stream == Stream.PCIE_D2H)
+                 & spans_of_kind(spans, OpKind.GRAD_FLUSH)]
+
+
 def _adam_rate(result: Result) -> float:
-    spans = result.spans
-    adam = spans[(spans["rank"] == 0) & spans.op.str.startswith("cpu adam")]
+    adam = adam_spans(result.spans)
     return float(result.summary["partition_numel"] / (adam.end_s - adam.start_s).sum())
 
 
 def _flush_rate(result: Result) -> float:
-    spans = result.spans
-    flush = spans[(spans["rank"] == 0) & (spans.stream == "pcie.d2h")
-                  & spans.op.str.startswith("fp32 flush")]
+    flush = boundary_flush_spans(result.spans)
     return float(flush.bytes.sum() / (flush.end_s - flush.start_s).sum() / 1e9)
 
 

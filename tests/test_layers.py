@@ -1,0 +1,36 @@
+"""The pure layers load without the engine (SimPy), the results (pandas) or the figures
+(matplotlib): a fresh interpreter imports them and nothing else heavy comes along."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("simpy", "pandas", "matplotlib")
+
+
+def modules_loaded_by(imports: str) -> set[str]:
+    """Which of HEAVY a fresh interpreter holds after `import <imports>`."""
+    code = (f"import {imports}; import sys, json; "
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_pure_layers_import_no_engine_results_or_figures():
+    pure = ("zerosim.models, zerosim.estimate, zerosim.hardware.costs, zerosim.vocabulary, "
+            "zerosim.behaviours")
+    assert modules_loaded_by(pure) == set()
+
+
+@pytest.mark.parametrize("module", ["zerosim.scenario", "zerosim"])
+def test_scenarios_load_without_simpy_or_pandas(module):
+    assert modules_loaded_by(module) & {"simpy", "pandas"} == set()
+
+
+def test_the_check_sees_a_heavy_import():
+    assert "pandas" in modules_loaded_by("zerosim.results")
