@@ -73,6 +73,7 @@ def test_run_json_prints_the_summary():
 
 def test_run_of_an_unsupported_config_is_refused_clearly():
     nvme = "deepspeed.zero_optimization.offload_param.device=nvme"
-    result = CliRunner().invoke(main, ["run", DP1, "--no-files", "--set", nvme])
+    path = "deepspeed.zero_optimization.offload_param.nvme_path=/local_nvme"
+    result = CliRunner().invoke(main, ["run", DP1, "--no-files", "--set", nvme, "--set", path])
     assert result.exit_code == 2
     assert "offload_param.device='nvme' is not modelled" in result.output

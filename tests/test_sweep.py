@@ -255,7 +255,8 @@ def test_errors_and_oom_are_rows_and_the_sweep_goes_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(zerosim.api, "simulate", flaky)   # workers=1 runs in this process
     path = write_sweep(tmp_path, {"base": "tiny.yaml", "variants": [
-        {"name": "nvme", "set": {"deepspeed.zero_optimization.offload_param.device": "nvme"}},
+        {"name": "nvme", "set": {"deepspeed.zero_optimization.offload_param.device": "nvme",
+                                 "deepspeed.zero_optimization.offload_param.nvme_path": "/nvme"}},
         {"name": "raises", "set": {"sequence_length": 96}},
         {"name": "tiny hbm", "set": {"hardware.gpu.hbm_GiB": 0.001}},
         {"name": "fine"}]})
