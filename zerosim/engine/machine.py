@@ -18,6 +18,7 @@ from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
 
 Direction = Literal["h2d", "d2h"]
+NvmeDirection = Literal["read", "write"]
 Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
 
@@ -121,6 +122,21 @@ class Machine:
         # the node (and a GPU's traffic is not tied to the NIC behind its PCIe switch), so the
         # NICs act as one pipe of nics_per_node x nic_GBps per direction.
         self.nic = {n: add(f"host{n}.nic", p.node_network_Bps) for n in nodes}
+        self.nvme = self._build_nvme(nodes)
+
+    def _build_nvme(self, nodes: list[int]) -> dict[tuple[int, str], SharedResource]:
+        """One resource per node and direction for all its drives together: DeepSpeed writes
+        every swap file under one `nvme_path`, so several drives serve it only as one striped
+        volume (RAID 0), over which a large transfer spreads evenly; max-min sharing of n
+        drives that every flow crosses in equal parts is then exactly that of one resource
+        of n times the capacity. Reads and writes get separate capacities, as PCIe directions
+        do (the spec sheets give each alone; how a drive mixes them is not modelled). No
+        drives, no resource."""
+        p = self.profile
+        if not p.has_nvme:
+            return {}
+        return {(n, d): self.flows.add_resource(f"host{n}.nvme.{d}", costs.nvme_node_Bps(p, d))
+                for n in nodes for d in ("read", "write")}
 
     # ------------------------------------------------------------------ copies
 
@@ -143,6 +159,38 @@ class Machine:
                                     else p.d2h_pageable_Bps)
         yield self.flows.start(nbytes, usage, max_rate=peak,
                                weight=p.dma_memory_weight / host.total, label=label)
+
+    def nvme_read(self, rank: int, nbytes: float, *, label: str = ""
+                  ) -> Generator[simpy.Event, Any, None]:
+        """An aio read (swap in): `nbytes` from the node's NVMe drives into a pinned swap buffer
+        of `rank`, crossing the drives' read capacity and the buffer's NUMA domain."""
+        yield from self._nvme(rank, "read", nbytes, label)
+
+    def nvme_write(self, rank: int, nbytes: float, *, label: str = ""
+                   ) -> Generator[simpy.Event, Any, None]:
+        """An aio write (swap out): `nbytes` from a pinned swap buffer of `rank` to the node's
+        NVMe drives, crossing the drives' write capacity and the buffer's NUMA domain."""
+        yield from self._nvme(rank, "write", nbytes, label)
+
+    def _nvme(self, rank: int, direction: NvmeDirection, nbytes: float, label: str
+              ) -> Generator[simpy.Event, Any, None]:
+        """The drives' latency, then a flow striped over every drive of the rank's node. The
+        drives DMA straight into the pinned buffer (one host-memory byte per byte, on its home
+        pages) with the same arbitration weight against CPU kernels as a GPU's DMA."""
+        if nbytes <= 0:
+            return
+        pl = self.placements[rank]
+        drives = self.nvme.get((pl.node, direction))
+        if drives is None:
+            raise ValueError(f"nvme_{direction} on {pl.host_device}: profile "
+                             f"{self.profile.name!r} has no NVMe drives (nvme.drives_per_node "
+                             "is 0)")
+        if self.profile.nvme_latency_s > 0:
+            yield self.env.timeout(self.profile.nvme_latency_s)
+        host = costs.NVME_AIO_HOST_BYTES
+        usage = {drives: 1.0} | self._host_memory(pl, host)
+        yield self.flows.start(nbytes, usage, weight=self.profile.dma_memory_weight / host.total,
+                               label=label)
 
     def _host_memory(self, pl: Placement, host: costs.HostBytes) -> dict[SharedResource, float]:
         """The bytes each of the rank's NUMA domains carries per unit of work."""

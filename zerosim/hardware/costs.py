@@ -52,6 +52,26 @@ SPREAD_PAGES = HostBytes(spread=1)
 PINNED_DMA_HOST_BYTES = HOME_PAGES
 """Host-memory bytes per byte of a DMA to or from pinned memory (pinned buffers are home)."""
 
+NVME_AIO_HOST_BYTES = HOME_PAGES
+"""Host-memory bytes per byte of an aio transfer between the NVMe drives and a swap buffer: the
+drive's DMA touches the buffer once. DeepSpeed's swap buffers are pinned by the rank's host
+thread at start-up (swap_tensor/utils.py SwapBufferManager), so they are home pages."""
+
+
+def nvme_node_Bps(profile: HardwareProfile, direction: str) -> float:
+    """What a node's NVMe drives move together in one direction ('read': drives -> host,
+    'write': host -> drives), a large transfer being striped evenly over every drive."""
+    per_drive = (profile.nvme_read_Bps_per_drive if direction == "read"
+                 else profile.nvme_write_Bps_per_drive)
+    return profile.nvme_drives_per_node * per_drive
+
+
+def nvme_transfer_s(nbytes: float, profile: HardwareProfile, direction: str) -> float:
+    """An uncontended aio transfer of `nbytes`: the drives' latency, then the striped stream."""
+    if nbytes <= 0:
+        return 0.0
+    return profile.nvme_latency_s + nbytes / nvme_node_Bps(profile, direction)
+
 
 def pageable_dma_host_bytes(buffer: HostBytes) -> HostBytes:
     """Host-memory bytes per byte of a pageable copy: the DMA to or from the driver's pinned

@@ -80,6 +80,11 @@ class HardwareProfile:
     page_zeroing_Bps: float
     cast_threads: float
     oversubscription_penalty: float
+    nvme_drives_per_node: int
+    nvme_read_Bps_per_drive: float
+    nvme_write_Bps_per_drive: float
+    nvme_latency_s: float
+    nvme_capacity_bytes_per_drive: float
     provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
     observed: Mapping[str, Provenance] = field(repr=False, compare=False)
 
@@ -99,6 +104,10 @@ class HardwareProfile:
     def node_network_Bps(self) -> float:
         """What one node's NICs carry together, per direction."""
         return self.nics_per_node * self.nic_Bps
+
+    @property
+    def has_nvme(self) -> bool:
+        return self.nvme_drives_per_node > 0
 
 
 def _positive(x: float) -> bool:
@@ -150,6 +159,13 @@ QUANTITIES: dict[str, Quantity] = {
     "cpu.cast_threads": ("cast_threads", 1.0, _positive, "a positive (effective) thread count"),
     "cpu.oversubscription_penalty": ("oversubscription_penalty", 1.0, _non_negative,
                                      "a number >= 0"),
+    "nvme.read_GBps_per_drive": ("nvme_read_Bps_per_drive", GB, _positive,
+                                 "a positive bandwidth in GB/s"),
+    "nvme.write_GBps_per_drive": ("nvme_write_Bps_per_drive", GB, _positive,
+                                  "a positive bandwidth in GB/s"),
+    "nvme.latency_us": ("nvme_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
+    "nvme.capacity_GiB_per_drive": ("nvme_capacity_bytes_per_drive", GiB, _positive,
+                                    "a positive number of GiB"),
 }
 COUNTS = {
     "nodes": "nodes",
@@ -160,13 +176,25 @@ COUNTS = {
     "host.numa_domains": "numa_domains",
     "network.nics_per_node": "nics_per_node",
 }
+OPTIONAL_COUNTS = {"nvme.drives_per_node": "nvme_drives_per_node"}
+"""Counts that may be 0 (a node without that hardware)."""
 TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
          "host.cpu_name": "cpu_name"}
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
+GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
 DEFAULTS: dict[str, tuple[Any, str]] = {
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
+    "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "
+                             "describe nodes without one"),
+    "nvme.read_GBps_per_drive": (7.0, f"sequential read of {GEN4_NVME} (spec sheets of the "
+                                 "class list 6.8-7.0 GB/s)"),
+    "nvme.write_GBps_per_drive": (4.2, f"sequential write of {GEN4_NVME} (spec sheets of the "
+                                  "class list 4-5 GB/s)"),
+    "nvme.latency_us": (80, f"access latency of {GEN4_NVME} (tens of microseconds to about "
+                        "100); negligible against MB-sized swaps"),
+    "nvme.capacity_GiB_per_drive": (3576, f"3.84 TB, a common size of {GEN4_NVME}"),
 }
 """Keys a profile may leave out: key -> (value in the key's unit, why that default). A resource
 added to zerosim gets a default here, so profiles written before it keep loading; what a
@@ -224,10 +252,11 @@ def _number(prov: Provenance, source: str, key: str, check: Callable[[float], bo
     return float(value)
 
 
-def _count(flat: Mapping[str, Any], key: str, source: str) -> int:
+def _count(flat: Mapping[str, Any], key: str, source: str, *, least: int = 1) -> int:
     value = flat.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ScenarioError(source, key, "a positive integer", value if key in flat else "nothing")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        expected = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ScenarioError(source, key, expected, value if key in flat else "nothing")
     return value
 
 
@@ -248,7 +277,8 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     given = _walk(tree)
     flat = _with_defaults(given)
-    known = set(QUANTITIES) | set(COUNTS) | set(TEXTS) | set(CHOICES) | OTHER_KEYS
+    known = (set(QUANTITIES) | set(COUNTS) | set(OPTIONAL_COUNTS) | set(TEXTS) | set(CHOICES)
+             | OTHER_KEYS)
     for key in flat:
         if key not in known:
             raise ScenarioError(source, key, f"a known profile key ({', '.join(sorted(known))})",
@@ -270,6 +300,10 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         provenance[key] = prov
     for key, name in COUNTS.items():
         values[name] = _count(flat, key, source)
+        if key in DEFAULTS and key not in given:
+            provenance[key] = Provenance(values[name], "assumed", f"default: {DEFAULTS[key][1]}")
+    for key, name in OPTIONAL_COUNTS.items():
+        values[name] = _count(flat, key, source, least=0)
         if key in DEFAULTS and key not in given:
             provenance[key] = Provenance(values[name], "assumed", f"default: {DEFAULTS[key][1]}")
     for key, name in TEXTS.items():

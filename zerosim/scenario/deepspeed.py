@@ -29,10 +29,6 @@ NO_EFFECT_KEYS = {
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
-    "zero_optimization.offload_optimizer.buffer_count",
-    "zero_optimization.offload_optimizer.fast_init", "zero_optimization.offload_param.buffer_count",
-    "zero_optimization.offload_param.buffer_size", "zero_optimization.offload_param.max_in_cpu",
-    "zero_optimization.offload_optimizer.nvme_path", "zero_optimization.offload_param.nvme_path",
 }
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
 
@@ -47,22 +43,67 @@ class _Precision(_Open):
     enabled: bool = False
 
 
-class _OffloadOptimizer(_Open):
-    device: Literal["none", "cpu", "nvme"] = "none"
-    pin_memory: bool | None = None
-    ratio: float = Field(1.0, gt=0, le=1)
-
-
-class _OffloadParam(_Open):
-    device: Literal["none", "cpu", "nvme"] = "none"
-    pin_memory: bool = False
-
-
 def _number_not_auto(value: Any) -> Any:
     if value == "auto":
         raise ValueError("a number ('auto' is filled in by the Hugging Face Trainer; "
                          "zerosim needs the concrete value)")
     return value
+
+
+def _whole(value: Any) -> Any:
+    """DeepSpeed's int fields take 1e8 from JSON as 100000000; 1.5 is refused."""
+    value = _number_not_auto(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Defaults of DeepSpeed 0.13.3 (runtime/zero/offload_config.py, runtime/swap_tensor/constants.py).
+OPTIMIZER_BUFFER_COUNT = 4
+PARAM_BUFFER_COUNT = 5
+PARAM_BUFFER_SIZE = 100_000_000
+PARAM_MAX_IN_CPU = 1_000_000_000
+AIO_BLOCK_SIZE = 1_048_576
+AIO_QUEUE_DEPTH = 8
+AIO_THREAD_COUNT = 1
+
+
+class _OffloadOptimizer(_Open):
+    device: Literal["none", "cpu", "nvme"] = "none"
+    nvme_path: str | None = None
+    pin_memory: bool | None = None
+    ratio: float = Field(1.0, gt=0, le=1)
+    buffer_count: int = Field(OPTIMIZER_BUFFER_COUNT, ge=0)
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+    fast_init: bool = False
+
+    _whole = field_validator("buffer_count", mode="before")(_whole)
+
+
+class _OffloadParam(_Open):
+    device: Literal["none", "cpu", "nvme"] = "none"
+    nvme_path: str | None = None
+    pin_memory: bool = False
+    buffer_count: int = Field(PARAM_BUFFER_COUNT, ge=0)
+    buffer_size: int = Field(PARAM_BUFFER_SIZE, ge=0)
+    max_in_cpu: int = Field(PARAM_MAX_IN_CPU, ge=0)
+
+    _whole = field_validator("buffer_count", "buffer_size", "max_in_cpu", mode="before")(_whole)
+
+
+class _Aio(_Open):
+    """The top-level `aio` block (runtime/swap_tensor/aio_config.py). DeepSpeed reads it with
+    no checks; a zero count or size breaks its aio handle or makes the I/O alignment 0
+    (`_io_aligned_numel` then takes a modulo by zero), so zerosim wants each >= 1."""
+
+    block_size: int = Field(AIO_BLOCK_SIZE, ge=1)
+    queue_depth: int = Field(AIO_QUEUE_DEPTH, ge=1)
+    thread_count: int = Field(AIO_THREAD_COUNT, ge=1)
+    single_submit: bool = False
+    overlap_events: bool = True
+
+    _whole = field_validator("block_size", "queue_depth", "thread_count", mode="before")(_whole)
 
 
 class _Zero(_Open):
@@ -105,6 +146,7 @@ class _DeepSpeedRaw(_Open):
     data_types: _DataTypes = _DataTypes()
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
     zero_optimization: _Zero = _Zero()
+    aio: _Aio | None = None
 
     _no_auto = field_validator("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                                "train_batch_size", "gradient_clipping",
@@ -113,13 +155,54 @@ class _DeepSpeedRaw(_Open):
 
 @dataclass(frozen=True)
 class OffloadSettings:
+    """One of `offload_optimizer` / `offload_param`. Defaults are DeepSpeed 0.13.3's for
+    `offload_optimizer`; the resolved `offload_param` carries its own (buffer_count 5).
+    `buffer_size` and `max_in_cpu` are `offload_param` keys, `ratio`, `pipeline_read`,
+    `pipeline_write` and `fast_init` `offload_optimizer` keys; the other section keeps them at
+    their defaults."""
+
     device: str
     pin_memory: bool
     ratio: float = 1.0
+    nvme_path: str | None = None
+    buffer_count: int = OPTIMIZER_BUFFER_COUNT
+    buffer_size: int = PARAM_BUFFER_SIZE
+    max_in_cpu: int = PARAM_MAX_IN_CPU
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+    fast_init: bool = False
 
     @property
     def enabled(self) -> bool:
         return self.device != "none"
+
+    @property
+    def nvme(self) -> bool:
+        return self.device == "nvme"
+
+    @property
+    def pipelined(self) -> bool:
+        """DeepSpeed picks PipelinedOptimizerSwapper when either is set (offload_config.py
+        `set_pipeline`, stage3.py _configure_tensor_swapping)."""
+        return self.pipeline_read or self.pipeline_write
+
+
+@dataclass(frozen=True)
+class AioSettings:
+    """The `aio` block: how DeepSpeed's libaio handles submit swaps. Recorded, and used for the
+    swap-buffer alignment and the smallest swapped tensor (zerosim.hardware.nvme); what share
+    of the drives' bandwidth they reach is not modelled (no published basis)."""
+
+    block_size: int = AIO_BLOCK_SIZE
+    queue_depth: int = AIO_QUEUE_DEPTH
+    thread_count: int = AIO_THREAD_COUNT
+    single_submit: bool = False
+    overlap_events: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "queue_depth": self.queue_depth,
+                "thread_count": self.thread_count, "single_submit": self.single_submit,
+                "overlap_events": self.overlap_events}
 
 
 @dataclass(frozen=True)
@@ -146,6 +229,7 @@ class DeepSpeedConfig:
     stage3_param_persistence_threshold: int
     offload_optimizer: OffloadSettings
     offload_param: OffloadSettings
+    aio: AioSettings = AioSettings()
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in ds_config.json shape."""
@@ -161,11 +245,8 @@ class DeepSpeedConfig:
             "stage3_max_live_parameters": self.stage3_max_live_parameters,
             "stage3_max_reuse_distance": self.stage3_max_reuse_distance,
             "stage3_param_persistence_threshold": self.stage3_param_persistence_threshold,
-            "offload_optimizer": {"device": self.offload_optimizer.device,
-                                  "pin_memory": self.offload_optimizer.pin_memory,
-                                  "ratio": self.offload_optimizer.ratio},
-            "offload_param": {"device": self.offload_param.device,
-                              "pin_memory": self.offload_param.pin_memory},
+            "offload_optimizer": _offload_optimizer_dict(self.offload_optimizer),
+            "offload_param": _offload_param_dict(self.offload_param),
         }
         return {
             "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu,
@@ -177,7 +258,20 @@ class DeepSpeedConfig:
             "data_types": {"grad_accum_dtype": self.grad_accum_dtype},
             "communication_data_type": self.communication_dtype,
             "zero_optimization": zero,
+            "aio": self.aio.to_dict(),
         }
+
+
+def _offload_optimizer_dict(o: OffloadSettings) -> dict[str, Any]:
+    return {"device": o.device, "nvme_path": o.nvme_path, "pin_memory": o.pin_memory,
+            "ratio": o.ratio, "buffer_count": o.buffer_count, "pipeline_read": o.pipeline_read,
+            "pipeline_write": o.pipeline_write, "fast_init": o.fast_init}
+
+
+def _offload_param_dict(o: OffloadSettings) -> dict[str, Any]:
+    return {"device": o.device, "nvme_path": o.nvme_path, "pin_memory": o.pin_memory,
+            "buffer_count": o.buffer_count, "buffer_size": o.buffer_size,
+            "max_in_cpu": o.max_in_cpu}
 
 
 TYPO_CUTOFF = 0.8
@@ -222,6 +316,59 @@ def _dtype(raw: _DeepSpeedRaw, source: str) -> str:
                         "fp16 or bf16 enabled (zerosim models 16-bit mixed precision)", False)
 
 
+ZERO_KEY = "deepspeed.zero_optimization"
+
+
+NVME_PATH_WHY = {
+    "offload_param": "DeepSpeed asserts '\"nvme_path\" in DeepSpeed Config cannot be None if "
+                     "remote device is nvme' (partition_parameters.py _validate_remote_device)",
+    "offload_optimizer": "DeepSpeed builds its swap folder from it (stage3.py "
+                         "_configure_tensor_swapping) and fails without one",
+}
+
+
+def _check_nvme(zero: _Zero, source: str) -> None:
+    """What DeepSpeed 0.13.3 itself refuses about NVMe offload, whatever the model (docs/nvme.md;
+    the model-dependent limits are in zerosim.hardware.nvme)."""
+    for section, why in NVME_PATH_WHY.items():
+        if getattr(zero, section).device == "nvme" and not getattr(zero, section).nvme_path:
+            raise ScenarioError(source, f"{ZERO_KEY}.{section}.nvme_path",
+                                f"a filesystem path on the NVMe drives when {section}.device is "
+                                f"'nvme' ({why})", "nothing")
+    if zero.offload_optimizer.device == "nvme" and zero.stage != 3:
+        raise ScenarioError(
+            source, f"{ZERO_KEY}.offload_optimizer.device",
+            "'cpu' or 'none' unless stage is 3 (NVMe offloading is available only with ZeRO "
+            "stage 3: only stage3.py has the optimizer swapper, and DeepSpeed's "
+            "stage_1_and_2.py would silently offload to 'cpu' instead)", "nvme")
+    if zero.offload_optimizer.device == "nvme" and zero.offload_optimizer.buffer_count < 1:
+        raise ScenarioError(
+            source, f"{ZERO_KEY}.offload_optimizer.buffer_count",
+            "at least 1 with device 'nvme' (DeepSpeed's SwapBufferManager reads its first "
+            "buffer; a sub-group on NVMe needs 4, more with pipeline_read/pipeline_write)",
+            zero.offload_optimizer.buffer_count)
+
+
+def _aio_settings(raw: _Aio | None) -> AioSettings:
+    raw = raw or _Aio()
+    return AioSettings(raw.block_size, raw.queue_depth, raw.thread_count, raw.single_submit,
+                       raw.overlap_events)
+
+
+def _offload_optimizer(raw: _OffloadOptimizer, pin_default: bool) -> OffloadSettings:
+    return OffloadSettings(
+        raw.device, pin_default if raw.pin_memory is None else raw.pin_memory, raw.ratio,
+        nvme_path=raw.nvme_path, buffer_count=raw.buffer_count,
+        pipeline_read=raw.pipeline_read, pipeline_write=raw.pipeline_write,
+        fast_init=raw.fast_init)
+
+
+def _offload_param(raw: _OffloadParam) -> OffloadSettings:
+    return OffloadSettings(
+        raw.device, raw.pin_memory, nvme_path=raw.nvme_path, buffer_count=raw.buffer_count,
+        buffer_size=raw.buffer_size, max_in_cpu=raw.max_in_cpu)
+
+
 def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_parallel: int
                       ) -> tuple[DeepSpeedConfig, list[str]]:
     """Validate the section and fill DeepSpeed's code defaults for a release's behaviours."""
@@ -244,13 +391,11 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_pa
         raise ScenarioError(source, "deepspeed.zero_optimization.offload_optimizer.ratio",
                             "1.0 unless stage is 3 (Twin-Flow is a ZeRO-3 feature)",
                             zero.offload_optimizer.ratio)
+    _check_nvme(zero, source)
+    aio = _aio_settings(raw.aio)
     pin_default = behaviours.offload_pin_memory_default_true
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0
-    offload_opt = OffloadSettings(
-        zero.offload_optimizer.device,
-        pin_default if zero.offload_optimizer.pin_memory is None
-        else zero.offload_optimizer.pin_memory,
-        zero.offload_optimizer.ratio)
+    offload_opt = _offload_optimizer(zero.offload_optimizer, pin_default)
     resolved = DeepSpeedConfig(
         train_micro_batch_size_per_gpu=micro,
         gradient_accumulation_steps=accum,
@@ -272,6 +417,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_pa
         stage3_max_reuse_distance=int(zero.stage3_max_reuse_distance),
         stage3_param_persistence_threshold=int(zero.stage3_param_persistence_threshold),
         offload_optimizer=offload_opt,
-        offload_param=OffloadSettings(zero.offload_param.device, zero.offload_param.pin_memory),
+        offload_param=_offload_param(zero.offload_param),
+        aio=aio,
     )
     return resolved, unmodelled_keys(raw, source)

@@ -1,0 +1,302 @@
+"""The NVMe tier: profile keys, scenario keys, Machine.nvme_read/nvme_write and swap-buffer sizes.
+
+Every expected value is worked out by hand in the comments next to it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from tests.conftest import deep_merge, q, toy_profile, toy_tree
+from zerosim import scenario_from_dict
+from zerosim.engine.machine import Machine
+from zerosim.errors import ScenarioError
+from zerosim.hardware import nvme
+from zerosim.hardware.profile import apply_overrides, load_profile, parse_profile
+
+# --------------------------------------------------------------------------- a toy node with NVMe
+
+TOY_NVME = {
+    "drives_per_node": 2,
+    "read_GBps_per_drive": q(1.0),    # 2 drives: 2 GB/s of reads per node
+    "write_GBps_per_drive": q(0.5),   # 2 drives: 1 GB/s of writes per node
+    "latency_us": q(0),
+    "capacity_GiB_per_drive": q(100),
+}
+
+
+def nvme_profile(gpus: int = 2, *, memory_GBps: float = 1e6, latency_us: float = 0):
+    tree = toy_profile(gpus)
+    tree["nvme"] = dict(TOY_NVME, latency_us=q(latency_us))
+    tree["host"]["memory_GBps_per_domain"] = q(memory_GBps)
+    return parse_profile(tree, "toy+nvme")
+
+
+def run(machine: Machine, *jobs) -> dict[str, float]:
+    """Start every (name, generator) at t = 0; return when each one finished."""
+    env = machine.env
+    done: dict[str, float] = {}
+
+    def job(name, gen):
+        yield from gen
+        done[name] = env.now
+
+    for name, gen in jobs:
+        env.process(job(name, gen))
+    env.run()
+    machine.assert_idle()
+    return done
+
+
+def machine_for(profile, ranks: int = 2) -> Machine:
+    return Machine(simpy.Environment(), profile, ranks, None)
+
+
+# --------------------------------------------------------------------------- profile keys
+
+def test_profile_without_nvme_keys_loads_with_stated_defaults():
+    profile = parse_profile(toy_profile(), "toy")
+    assert profile.nvme_drives_per_node == 0 and not profile.has_nvme
+    assert profile.nvme_read_Bps_per_drive == 7.0e9
+    assert profile.nvme_write_Bps_per_drive == 4.2e9
+    assert profile.nvme_latency_s == pytest.approx(80e-6)
+    assert profile.nvme_capacity_bytes_per_drive == 3576 * 2**30
+    prov = profile.provenance["nvme.read_GBps_per_drive"]
+    assert prov.basis == "assumed" and prov.source.startswith("default: ")
+
+
+def test_profile_with_nvme_keys():
+    profile = nvme_profile()
+    assert profile.nvme_drives_per_node == 2
+    assert profile.nvme_read_Bps_per_drive == 1e9
+    assert profile.nvme_write_Bps_per_drive == 0.5e9
+    assert profile.nvme_capacity_bytes_per_drive == 100 * 2**30
+
+
+def test_study_node_has_two_gen4_drives_of_1_5_TB():
+    profile = load_profile("h100-jlse")
+    assert profile.nvme_drives_per_node == 2
+    # 1397 GiB = 1,499,998,...: the study's 1.5 TB to 0.02%
+    assert profile.nvme_capacity_bytes_per_drive == pytest.approx(1.5e12, rel=2e-4)
+    assert profile.provenance["nvme.read_GBps_per_drive"].basis == "assumed"
+    assert "study section 3.1" in profile.provenance["nvme.capacity_GiB_per_drive"].source
+
+
+def test_negative_drive_count_is_an_error():
+    tree = toy_profile()
+    tree["nvme"] = {"drives_per_node": -1}
+    with pytest.raises(ScenarioError, match=r"nvme.drives_per_node: expected an integer >= 0"):
+        parse_profile(tree, "toy")
+
+
+def test_override_adds_a_defaulted_nvme_key():
+    tree = apply_overrides(toy_profile(), {"nvme.drives_per_node": 4,
+                                           "nvme.read_GBps_per_drive": 3.0}, source="t")
+    profile = parse_profile(tree, "t")
+    assert profile.nvme_drives_per_node == 4
+    assert profile.nvme_read_Bps_per_drive == 3e9
+    assert profile.provenance["nvme.read_GBps_per_drive"].basis == "override"
+
+
+# --------------------------------------------------------------------------- nvme_read / nvme_write
+
+def test_read_and_write_alone_run_at_the_striped_drive_bandwidth():
+    m = machine_for(nvme_profile())
+    # read: 4e9 B / (2 drives x 1 GB/s) = 2.0 s
+    assert run(m, ("r", m.nvme_read(0, 4e9))) == {"r": pytest.approx(2.0)}
+    m = machine_for(nvme_profile())
+    # write: 4e9 B / (2 drives x 0.5 GB/s) = 4.0 s
+    assert run(m, ("w", m.nvme_write(0, 4e9))) == {"w": pytest.approx(4.0)}
+
+
+def test_latency_comes_first():
+    m = machine_for(nvme_profile(latency_us=10))
+    # 10 us, then 2e9 B / 2 GB/s = 1.0 s
+    assert run(m, ("r", m.nvme_read(0, 2e9))) == {"r": pytest.approx(1.0 + 10e-6)}
+
+
+def test_zero_bytes_take_no_time():
+    m = machine_for(nvme_profile(latency_us=10))
+    assert run(m, ("r", m.nvme_read(0, 0))) == {"r": 0.0}
+
+
+def test_two_ranks_share_the_drives_max_min_fairly():
+    m = machine_for(nvme_profile())
+    # 2 GB/s shared: 1 GB/s each until rank 0's 1e9 B are done at t = 1.0; rank 1 has
+    # 3e9 - 1e9 = 2e9 B left, alone at 2 GB/s: 1.0 s more, t = 2.0.
+    done = run(m, ("r0", m.nvme_read(0, 1e9)), ("r1", m.nvme_read(1, 3e9)))
+    assert done == {"r0": pytest.approx(1.0), "r1": pytest.approx(2.0)}
+
+
+def test_reads_and_writes_use_separate_capacities():
+    m = machine_for(nvme_profile())
+    # read 2e9 B at 2 GB/s = 1.0 s; write 1e9 B at 1 GB/s = 1.0 s; neither slows the other
+    done = run(m, ("r", m.nvme_read(0, 2e9)), ("w", m.nvme_write(1, 1e9)))
+    assert done == {"r": pytest.approx(1.0), "w": pytest.approx(1.0)}
+
+
+def test_host_memory_bounds_a_read():
+    m = machine_for(nvme_profile(memory_GBps=1.5))
+    # 1 B of host memory per byte: min(2 GB/s drives, 1.5 GB/s memory) = 1.5 GB/s;
+    # 3e9 B / 1.5e9 B/s = 2.0 s
+    assert run(m, ("r", m.nvme_read(0, 3e9))) == {"r": pytest.approx(2.0)}
+
+
+def test_a_read_and_a_gpu_dma_share_the_numa_domain():
+    m = machine_for(nvme_profile(memory_GBps=3.0))
+    # One NUMA domain of 3 GB/s carries both (1 B per byte each, equal weights since the toy's
+    # dma_memory_weight is 1): 1.5 GB/s each, under the drives' 2 GB/s and PCIe's 10 GB/s.
+    # 3e9 B / 1.5 GB/s = 2.0 s for both.
+    done = run(m, ("nvme", m.nvme_read(0, 3e9)),
+               ("d2h", m.dma(1, "d2h", 3e9, pinned=True)))
+    assert done == {"nvme": pytest.approx(2.0), "d2h": pytest.approx(2.0)}
+
+
+def test_a_node_without_drives_refuses_nvme_io():
+    m = machine_for(parse_profile(toy_profile(2), "toy"))
+    assert m.nvme == {}
+    with pytest.raises(ValueError, match="has no NVMe drives"):
+        run(m, ("r", m.nvme_read(0, 1e9)))
+
+
+def test_drive_resources_are_named_per_node_and_direction():
+    m = machine_for(nvme_profile())
+    assert sorted(r.name for r in m.nvme.values()) == ["host0.nvme.read", "host0.nvme.write"]
+    assert m.nvme[(0, "read")].capacity == 2e9
+    assert m.nvme[(0, "write")].capacity == 1e9
+
+
+# --------------------------------------------------------------------------- scenario keys
+
+def nvme_scenario(zero_patch=None, top_patch=None):
+    tree = deep_merge(toy_tree(), {"deepspeed": {"zero_optimization": zero_patch or {}}})
+    return scenario_from_dict(deep_merge(tree, {"deepspeed": top_patch or {}}), source="s.yaml")
+
+
+NVME_OPT = {"offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}
+NVME_PARAM = {"offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}
+
+
+def test_nvme_offload_loads_with_deepspeed_defaults(recwarn):
+    ds = nvme_scenario(deep_merge(NVME_OPT, NVME_PARAM)).deepspeed
+    opt, param, aio = ds.offload_optimizer, ds.offload_param, ds.aio
+    assert (opt.device, opt.nvme_path, opt.buffer_count) == ("nvme", "/local_nvme", 4)
+    assert (opt.pipeline_read, opt.pipeline_write, opt.fast_init) == (False, False, False)
+    assert not opt.pipelined
+    assert (param.buffer_count, param.buffer_size, param.max_in_cpu) == (5, 10**8, 10**9)
+    assert (aio.block_size, aio.queue_depth, aio.thread_count) == (1048576, 8, 1)
+    assert (aio.single_submit, aio.overlap_events) == (False, True)
+    assert not [w for w in recwarn if "does not model" in str(w.message)]
+
+
+def test_nvme_keys_are_read_and_written_back():
+    ds = nvme_scenario(
+        {"offload_optimizer": {"device": "nvme", "nvme_path": "/n", "buffer_count": 12,
+                               "pipeline_read": True, "pipeline_write": True, "fast_init": True},
+         "offload_param": {"device": "nvme", "nvme_path": "/n", "buffer_count": 8,
+                           "buffer_size": 2e8, "max_in_cpu": 5e8}},
+        {"aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 2,
+                 "single_submit": True, "overlap_events": False}}).deepspeed
+    out = ds.to_dict()
+    assert out["zero_optimization"]["offload_optimizer"] == {
+        "device": "nvme", "nvme_path": "/n", "pin_memory": True, "ratio": 1.0,  # toy: pinned
+        "buffer_count": 12, "pipeline_read": True, "pipeline_write": True, "fast_init": True}
+    assert out["zero_optimization"]["offload_param"] == {
+        "device": "nvme", "nvme_path": "/n", "pin_memory": False, "buffer_count": 8,
+        "buffer_size": 200_000_000, "max_in_cpu": 500_000_000}
+    assert out["aio"] == {"block_size": 262144, "queue_depth": 32, "thread_count": 2,
+                          "single_submit": True, "overlap_events": False}
+    assert ds.offload_optimizer.pipelined
+
+
+def test_cpu_offload_still_resolves_as_before():
+    ds = nvme_scenario().deepspeed
+    assert ds.offload_optimizer.device == "cpu" and ds.offload_optimizer.nvme_path is None
+    assert ds.aio.block_size == 1048576
+
+
+@pytest.mark.parametrize(("zero", "top", "message"), [
+    ({"offload_optimizer": {"device": "nvme"}}, None,
+     r"s.yaml: deepspeed.zero_optimization.offload_optimizer.nvme_path: expected a filesystem "
+     r"path .* got 'nothing'"),
+    ({"offload_param": {"device": "nvme"}}, None,
+     r"deepspeed.zero_optimization.offload_param.nvme_path: expected .*cannot be None"),
+    (dict(NVME_OPT, stage=2), None,
+     r"deepspeed.zero_optimization.offload_optimizer.device: expected 'cpu' or 'none' unless "
+     r"stage is 3 .* got 'nvme'"),
+    ({"offload_optimizer": dict(NVME_OPT["offload_optimizer"], buffer_count=0)}, None,
+     r"offload_optimizer.buffer_count: expected at least 1 .* got 0"),
+    ({"offload_param": {"buffer_size": 1.5}}, None,
+     r"offload_param.buffer_size: expected a whole number, got 1.5"),
+    ({"offload_param": {"buffer_count": -1}}, None,
+     r"offload_param.buffer_count: expected a number >= 0, got -1"),
+    (None, {"aio": {"thread_count": 0}}, r"deepspeed.aio.thread_count: expected a number >= 1"),
+    (None, {"aio": {"queue_dept": 4}}, r"deepspeed.aio.queue_dept: .*did you mean 'queue_depth'"),
+])
+def test_nvme_errors_name_file_key_expected_and_got(zero, top, message):
+    with pytest.raises(ScenarioError, match=message):
+        nvme_scenario(zero, top)
+
+
+# --------------------------------------------------------------------------- swap-buffer sizes
+
+def test_io_alignment():
+    # 1024 B x thread_count: 256 fp32 elements per thread, 512 16-bit ones
+    assert nvme.io_alignment_elements(4, 1) == 256
+    assert nvme.io_alignment_elements(4, 2) == 512
+    assert nvme.io_alignment_elements(2, 1) == 512
+    assert nvme.io_aligned_numel(1000, 4, 1) == 1024
+    assert nvme.io_aligned_numel(1024, 4, 1) == 1024
+    assert nvme.io_aligned_numel(1025, 4, 1) == 1280
+
+
+def test_optimizer_swap_buffers():
+    # 1e6 fp32 elements: 1e6 / 256 = 3906.25 -> 3907 x 256 = 1,000,192 elements;
+    # 4 buffers x 1,000,192 x 4 B = 16,003,072 B
+    assert nvme.optimizer_swap_buffer_bytes(1_000_000, buffer_count=4, thread_count=1) \
+        == 16_003_072
+
+
+def test_param_swap_buffers():
+    # buffer_size 1e8 16-bit elements: 1e8 / 512 = 195312.5 -> 195313 x 512 = 100,000,256;
+    # 5 buffers x 100,000,256 x 2 B = 1,000,002,560 B
+    assert nvme.param_swap_buffer_bytes(buffer_count=5, buffer_size=10**8, thread_count=1) \
+        == 1_000_002_560
+
+
+@pytest.mark.parametrize(("sub_groups", "read", "write", "needed"), [
+    (0, True, True, 1),     # nothing swapped, but SwapBufferManager reads buffer 0
+    (1, True, True, 4),     # no neighbour to overlap with: fp32, exp_avg, exp_avg_sq, grad
+    (5, False, False, 4),
+    (5, True, False, 8),    # + the next sub-group's read
+    (5, False, True, 8),    # + the previous sub-group's write
+    (2, True, True, 8),     # two sub-groups: only one neighbour at a time
+    (3, True, True, 12),    # middle sub-group: previous write, own step, next read
+])
+def test_optimizer_buffers_needed(sub_groups, read, write, needed):
+    assert nvme.optimizer_buffers_needed(sub_groups, pipeline_read=read,
+                                         pipeline_write=write) == needed
+
+
+def test_what_is_small_enough_to_stay_in_memory():
+    # 1 MiB = 262,144 fp32 elements
+    assert nvme.swappable(262_144, 4, 1_048_576)
+    assert not nvme.swappable(262_143, 4, 1_048_576)
+    assert not nvme.swappable(262_144, 4, 2 * 1_048_576)  # a larger aio.block_size raises it
+
+
+def test_param_partition_must_be_smaller_than_a_buffer():
+    assert not nvme.param_partition_fits(10**8, buffer_size=10**8, element_bytes=2,
+                                         block_size=1_048_576)
+    assert nvme.param_partition_fits(10**8 - 1, buffer_size=10**8, element_bytes=2,
+                                     block_size=1_048_576)
+    # 1000 x 2 B < 1 MiB: kept in host memory, no buffer needed
+    assert nvme.param_partition_fits(1000, buffer_size=10, element_bytes=2,
+                                     block_size=1_048_576)
+
+
+def test_swapped_bytes_per_element():
+    assert nvme.OPTIMIZER_SWAP_IN_BYTES_PER_ELEMENT == 16   # 4 fp32 tensors in
+    assert nvme.OPTIMIZER_SWAP_OUT_BYTES_PER_ELEMENT == 12  # 3 fp32 tensors out
+    assert nvme.GRADIENT_SWAP_OUT_BYTES_PER_ELEMENT == 4
