@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
+import zerosim
 from tests.conftest import deep_merge, q, toy_profile, toy_tree
 from zerosim import scenario_from_dict
 from zerosim.engine.machine import Machine
@@ -170,7 +171,10 @@ def test_drive_resources_are_named_per_node_and_direction():
 # --------------------------------------------------------------------------- scenario keys
 
 def nvme_scenario(zero_patch=None, top_patch=None):
-    tree = deep_merge(toy_tree(), {"deepspeed": {"zero_optimization": zero_patch or {}}})
+    """The toy scenario on a toy node with two NVMe drives (a node without drives refuses
+    NVMe offload when the scenario is resolved)."""
+    tree = deep_merge(toy_tree(), {"hardware": {"nvme": dict(TOY_NVME)},
+                                   "deepspeed": {"zero_optimization": zero_patch or {}}})
     return scenario_from_dict(deep_merge(tree, {"deepspeed": top_patch or {}}), source="s.yaml")
 
 
@@ -300,3 +304,129 @@ def test_swapped_bytes_per_element():
     assert nvme.OPTIMIZER_SWAP_IN_BYTES_PER_ELEMENT == 16   # 4 fp32 tensors in
     assert nvme.OPTIMIZER_SWAP_OUT_BYTES_PER_ELEMENT == 12  # 3 fp32 tensors out
     assert nvme.GRADIENT_SWAP_OUT_BYTES_PER_ELEMENT == 4
+
+
+# ------------------------------------------------------------------ the engine's NVMe tier
+
+# A toy big enough to swap: DeepSpeed leaves tensors under 1 MiB in memory. Hidden 256,
+# intermediate 1024, vocab 4096, 2 layers: embed and lm_head 4096 x 256 = 1048576 params each,
+# a layer 2 x 256 + 4 x 65536 + 3 x 262144 = 1049088, the final norm 256: 4195584 in all.
+WIDE = {"hidden_size": 256, "intermediate_size": 1024, "vocab_size": 4096}
+WIDE_PARAMS = 4195584
+# sub_group_size 2e6 closes group 0 at layer 0's down_proj (1048576 + 1049088 = 2097664) and
+# group 1 at the last parameter (1049088 + 256 + 1048576 = 2097920); both are >= 1 MiB of fp32.
+GROUPS = (2097664, 2097920)
+READ_BPS, WRITE_BPS = 2e9, 1e9  # two toy drives
+
+
+def nvme_run(zero: dict, gpus: int = 1):
+    tree = deep_merge(toy_tree(gpus), {
+        "model": WIDE, "hardware": {"nvme": dict(TOY_NVME)},
+        "deepspeed": {"zero_optimization": deep_merge(
+            {"sub_group_size": 2e6, **NVME_OPT}, zero)}})
+    return zerosim.simulate(scenario_from_dict(tree, source="wide.yaml"))
+
+
+def _io(result, stream: str, phase: str | None = None):
+    spans = result.spans
+    chosen = spans[(spans.stream == stream) & (spans["rank"] == 0)]
+    if phase is not None:
+        chosen = chosen[chosen.phase == phase]
+    return chosen.sort_values("start_s", kind="stable").reset_index(drop=True)
+
+
+def test_optimizer_on_nvme_swaps_each_sub_group_in_then_out():
+    """No pipelining: read sub-group g (16 B/element at 2 GB/s), step it, write it back
+    (12 B/element at 1 GB/s), then read the next one."""
+    result = nvme_run({})
+    reads, writes = _io(result, "nvme.read", "update"), _io(result, "nvme.write", "update")
+    assert list(reads.op) == ["swap in sub-group 0", "swap in sub-group 1"]
+    assert list(writes.op) == ["swap out sub-group 0", "swap out sub-group 1"]
+    assert list(reads.bytes) == [16 * n for n in GROUPS]
+    assert list(writes.bytes) == [12 * n for n in GROUPS]
+    assert list(reads.end_s - reads.start_s) == pytest.approx(
+        [16 * n / READ_BPS for n in GROUPS], rel=1e-9)
+    assert list(writes.end_s - writes.start_s) == pytest.approx(
+        [12 * n / WRITE_BPS for n in GROUPS], rel=1e-9)
+    assert reads.start_s[1] == pytest.approx(writes.end_s[0], rel=1e-12)
+    update = result.phases.set_index("phase").loc["update"]
+    assert update.end_s == pytest.approx(writes.end_s[1], rel=1e-12)
+    adam = result.spans[result.spans.op == "cpu adam sub-group 0"].iloc[0]
+    assert reads.end_s[0] <= adam.start_s and adam.end_s <= writes.start_s[0]
+
+
+def test_pipeline_read_reads_the_next_sub_group_while_this_one_steps():
+    result = nvme_run({"offload_optimizer": {"pipeline_read": True, "buffer_count": 8}})
+    reads = _io(result, "nvme.read", "update")
+    # sub-group 1's read is issued as soon as sub-group 0's read is done
+    assert reads.start_s[1] == pytest.approx(reads.end_s[0], rel=1e-12)
+
+
+def test_pipeline_write_leaves_the_write_in_flight_until_the_next_swap_out():
+    result = nvme_run({"offload_optimizer": {"pipeline_write": True, "buffer_count": 8}})
+    reads, writes = _io(result, "nvme.read", "update"), _io(result, "nvme.write", "update")
+    # the read of sub-group 1 overlaps the write of sub-group 0 (separate read/write capacity)
+    assert reads.start_s[1] == pytest.approx(writes.start_s[0], rel=1e-12)
+    assert reads.end_s[1] < writes.end_s[0]
+    # the write of sub-group 1 waits for the write of sub-group 0
+    assert writes.start_s[1] >= writes.end_s[0]
+
+
+def test_too_few_swap_buffers_for_pipelining_are_refused_as_deepspeed_does():
+    with pytest.raises(ScenarioError, match="at least 8"):
+        nvme_run({"offload_optimizer": {"pipeline_read": True}})
+
+
+def test_nvme_traffic_is_conserved():
+    """Over an iteration every swapped element is read once (16 B) and written once in the
+    step (12 B) and once as a boundary gradient (4 B); DP=2 halves each rank's share."""
+    for gpus in (1, 2):
+        result = nvme_run({"offload_optimizer": {"pipeline_read": True,
+                                                 "pipeline_write": True,
+                                                 "buffer_count": 12}}, gpus=gpus)
+        spans = result.spans
+        partition = sum(-(-n // gpus) for n in _wide_param_numels())
+        for rank in range(gpus):
+            mine = spans[spans["rank"] == rank]
+            assert mine[mine.stream == "nvme.read"].bytes.sum() == 16 * partition
+            assert mine[mine.stream == "nvme.write"].bytes.sum() == 16 * partition
+            grads = mine[(mine.stream == "nvme.write") & (mine.phase == "backward")]
+            assert grads.bytes.sum() == 4 * partition
+        assert result.summary["status"] == "ok"
+
+
+def _wide_param_numels() -> list[int]:
+    from zerosim.models import ModelSpec, Workload, build_modules
+
+    spec = ModelSpec(name="wide", family="llama", hidden_size=256, num_hidden_layers=2,
+                     intermediate_size=1024, num_attention_heads=4, num_key_value_heads=4,
+                     vocab_size=4096)
+    modules = build_modules(spec, Workload(sequence_length=8, micro_batch_size=1,
+                                           attention="eager", activation_checkpointing=False,
+                                           dtype_bytes=2))
+    numels = [n for m in modules for n in m.param_numels]
+    assert sum(numels) == WIDE_PARAMS
+    return numels
+
+
+def test_parameters_on_nvme_are_read_before_their_fetch_and_written_after_the_step():
+    """max_in_cpu 0: every 16-bit partition of at least 1 MiB (524288 elements) lives on NVMe:
+    embed_tokens and lm_head (1048576 each). Each forward fetch of one reads 2 MiB at 2 GB/s;
+    after the step the cast values of each sub-group's part go back (2 B/element)."""
+    result = nvme_run(NVME_PARAM | {"offload_param": {"device": "nvme",
+                                                      "nvme_path": "/local_nvme",
+                                                      "max_in_cpu": 0,
+                                                      "pin_memory": True}})
+    reads = _io(result, "nvme.read", "forward")
+    assert list(reads.op) == ["swap in embed_tokens", "swap in lm_head"]
+    assert list(reads.end_s - reads.start_s) == pytest.approx([2 * 1048576 / READ_BPS] * 2,
+                                                               rel=1e-9)
+    fetch = _io(result, "pcie.h2d", "forward")
+    assert fetch.op[0] == "fetch embed_tokens (pinned)"
+    assert fetch.start_s[0] == pytest.approx(reads.end_s[0], rel=1e-12)
+    writes = _io(result, "nvme.write", "update")
+    params_out = writes[writes.op.str.startswith("swap out params")]
+    assert list(params_out.bytes) == [2 * 1048576, 2 * 1048576]
+    memory = result.memory
+    on_nvme = memory[(memory.device == "nvme0") & (memory.category == "params 16-bit")]
+    assert on_nvme.bytes.max() == 2 * 2 * 1048576

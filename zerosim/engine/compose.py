@@ -3,14 +3,17 @@ which ZeRO stage and offload target.
 
 | part                  | chosen by                    | variants                                  |
 |-----------------------|------------------------------|-------------------------------------------|
-| parameter coordinator | stage; offload_param.device  | replicated; partitioned from HBM or host  |
+| parameter coordinator | stage; offload_param.device  | replicated; partitioned from HBM, host or |
+|                       |                              | NVMe                                      |
 | gradient path         | stage                        | boundary all-reduce (0); IPG buckets      |
 | gradient sink         | stage; offload_optimizer     | host partitions (3); host accumulation    |
 |                       |                              | (1/2); GPU partitions (no offload)        |
 | boundary flush        | DeepSpeed behaviours         | CPU cast; GPU cast (blocking or not)      |
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
 | optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
-| copy-back             | offload_param                | cast + H2D; cast into host params         |
+| optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
+| copy-back             | offload_param                | cast + H2D; cast into host params (and    |
+|                       |                              | swap out to NVMe)                         |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
 | model states          | stage; offloads              | `states.model_states`                     |
 """
@@ -39,19 +42,27 @@ from zerosim.engine.program import OptimizerStep, RankProgram
 from zerosim.engine.rank import RankCore, RunContext
 from zerosim.engine.sinks import BoundaryFlush, GpuPartitions, HostAccumulation, HostPartitions
 from zerosim.engine.states import model_states
+from zerosim.engine.swapping import (
+    InMemoryStates,
+    OptimizerSwapper,
+    PartitionsOnNvme,
+    cast_into_host_or_swap_out,
+)
 from zerosim.vocabulary import Collective
 
 
 def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     core = RankCore(ctx, rank)
-    return RankProgram(core, _params(core), _gradients(core), _optimizer(core),
-                       model_states(core.ds, core.plan, core.profile))
+    states = OptimizerSwapper(core) if core.plan.nvme_subgroups else InMemoryStates()
+    return RankProgram(core, _params(core), _gradients(core, states),
+                       _optimizer(core, states), model_states(core.ds, core.plan, core.profile))
 
 
 def _params(core: RankCore) -> ParameterCoordinator:
     if core.ds.stage < 3:
         return ReplicatedParams()
-    source = PartitionsInHost() if core.ds.offload_param.enabled else PartitionsInHbm()
+    sources = {"none": PartitionsInHbm, "cpu": PartitionsInHost, "nvme": PartitionsOnNvme}
+    source = sources[core.ds.offload_param.device]()
     return PartitionedParams(core, source, per_tensor=_per_tensor_collectives(core))
 
 
@@ -60,7 +71,7 @@ def _per_tensor_collectives(core: RankCore) -> bool:
     return core.ds.stage == 3 and not core.behaviours.coalesced_collectives
 
 
-def _gradients(core: RankCore) -> GradientPath:
+def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates) -> GradientPath:
     ds = core.ds
     if ds.stage == 0:
         return BoundaryAllReduce(core)
@@ -68,7 +79,7 @@ def _gradients(core: RankCore) -> GradientPath:
     if not ds.offload_optimizer.enabled:
         sink = GpuPartitions(core)
     elif ds.stage == 3:
-        sink = HostPartitions(core, BoundaryFlush(core))
+        sink = HostPartitions(core, BoundaryFlush(core, states))
     else:
         sink = HostAccumulation(core)
     return IpgBuckets(core, sink, collective, per_tensor=_per_tensor_collectives(core))
@@ -78,7 +89,7 @@ def _post_step(core: RankCore) -> PostStep:
     return {0: nothing_to_gather, 3: regather_persistent}.get(core.ds.stage, allgather_updated)
 
 
-def _optimizer(core: RankCore) -> OptimizerStep:
+def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates) -> OptimizerStep:
     ds, plan = core.ds, core.plan
     if ds.stage == 3:
         groups = plan.subgroups
@@ -88,5 +99,6 @@ def _optimizer(core: RankCore) -> OptimizerStep:
         groups = (sum(p.numel for p in plan.all_params),)
     if not ds.offload_optimizer.enabled:
         return GpuStep(core, groups, _post_step(core))
-    copy_back = cast_into_host_params if ds.offload_param.enabled else cast_then_upload
-    return CpuStep(core, groups, copy_back, _post_step(core))
+    copy_backs = {"none": cast_then_upload, "cpu": cast_into_host_params,
+                  "nvme": cast_into_host_or_swap_out}
+    return CpuStep(core, groups, copy_backs[ds.offload_param.device], _post_step(core), states)

@@ -11,6 +11,7 @@ chosen by `compose.py`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import simpy
 
@@ -35,13 +36,22 @@ def launch_gpu_adam(core: RankCore, group: int, elements: int) -> simpy.Event:
                                kind=OpKind.OPTIMIZER_STEP, nbytes=nbytes)
 
 
+class StateStore(Protocol):
+    """Where the offloaded optimizer state lives between steps (`swapping.py`)."""
+
+    def before_step(self) -> Gen: ...
+    def swap_in(self, group: int) -> Gen: ...
+    def swap_out(self, group: int) -> Gen: ...
+
+
 class CpuStep:
     def __init__(self, core: RankCore, groups: tuple[int, ...], copy_back: CopyBack,
-                 post_step: PostStep):
+                 post_step: PostStep, states: StateStore):
         self.core = core
         self.groups = groups
         self.copy_back = copy_back
         self.post_step = post_step
+        self.states = states
 
     def run(self) -> Gen:
         core = self.core
@@ -53,6 +63,7 @@ class CpuStep:
                                                               costs.OVERFLOW_CHECK_HOST_BYTES))
             yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
         yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
                 launch_gpu_adam(core, group, elements)
@@ -91,6 +102,7 @@ class CpuStep:
 
     def _update_on_cpu(self, group: int, elements: int) -> Gen:
         core, m = self.core, self.core.machine
+        yield from self.states.swap_in(group)
         yield from core.cpu_work(f"unscale sub-group {group}", OpKind.UNSCALE,
                                  m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
         yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
@@ -104,6 +116,7 @@ class CpuStep:
                 kind=OpKind.PARAM_COPY_BACK)
         else:
             yield from self.copy_back(core, group, elements, Stream.CPU)
+        yield from self.states.swap_out(group)
 
 
 def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zerosim.models.breakdown import Module
-from zerosim.scenario import Scenario
+from zerosim.hardware import nvme
+from zerosim.models.breakdown import Module, Workload, build_modules
+from zerosim.scenario import DeepSpeedConfig, Scenario
+from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class Plan:
     """(module, parameter index) -> its optimizer sub-group."""
     gpu_subgroups: frozenset[int]
     """Sub-groups whose fp32 state lives and steps on the GPU (Twin-Flow)."""
+    nvme_subgroups: frozenset[int]
+    """Sub-groups whose fp32 state is swapped to NVMe (`offload_optimizer: nvme`)."""
+    nvme_params: frozenset[tuple[int, int]]
+    """(module, parameter index) of 16-bit partitions kept on NVMe (`offload_param: nvme`)."""
     partition_numel: int
     persistent_numel: int
     ranks: int
@@ -46,9 +52,27 @@ class Plan:
         return self.subgroup_of[(param.module, param.index)] in self.gpu_subgroups
 
     def numel_on(self, device: str) -> int:
-        """Partition numel whose optimizer state lives on `device` ('cpu' or 'gpu')."""
+        """Partition numel whose optimizer state lives on `device` ('cpu', 'gpu' or 'nvme');
+        'cpu' is what stays in host memory."""
         gpu = sum(size for g, size in enumerate(self.subgroups) if g in self.gpu_subgroups)
-        return gpu if device == "gpu" else self.partition_numel - gpu
+        nvme = sum(size for g, size in enumerate(self.subgroups) if g in self.nvme_subgroups)
+        return {"gpu": gpu, "nvme": nvme}.get(device, self.partition_numel - gpu - nvme)
+
+    def params_on_nvme(self, module: int) -> int:
+        """Partition numel of the module's 16-bit parameters that live on NVMe."""
+        return sum(p.partition_numel for p in self.params[module]
+                   if (p.module, p.index) in self.nvme_params)
+
+    @property
+    def nvme_param_numel(self) -> int:
+        return sum(p.partition_numel for p in self.all_params
+                   if (p.module, p.index) in self.nvme_params)
+
+    def subgroup_params_on_nvme(self, group: int) -> int:
+        """Partition numel of the sub-group's 16-bit parameters that live on NVMe."""
+        return sum(p.partition_numel for p in self.all_params
+                   if self.subgroup_of[(p.module, p.index)] == group
+                   and (p.module, p.index) in self.nvme_params)
 
 
 def partition_numel(numel: int, ranks: int) -> int:
@@ -89,6 +113,34 @@ def _gpu_subgroups(count: int, ratio: float) -> frozenset[int]:
     return frozenset(range(int(ratio * count), count)) if ratio < 1 else frozenset()
 
 
+def _nvme_subgroups(groups: list[int], on_gpu: frozenset[int], ds: DeepSpeedConfig
+                    ) -> frozenset[int]:
+    """stage3.py `_swappable_optimizer_subgroup`: with the optimizer on NVMe, every CPU
+    sub-group of at least `min_aio_bytes` of fp32 is swapped; smaller ones stay in memory."""
+    if not ds.offload_optimizer.nvme:
+        return frozenset()
+    return frozenset(g for g, size in enumerate(groups) if g not in on_gpu
+                     and nvme.swappable(size, FP32_BYTES, ds.aio.block_size))
+
+
+def _nvme_params(params: list[Param], groups: list[int], member: dict[tuple[int, int], int],
+                 ds: DeepSpeedConfig, dtype_bytes: int) -> frozenset[tuple[int, int]]:
+    """With parameters on NVMe, partitions of at least `min_aio_bytes` start on NVMe; stage3.py
+    `_move_to_flat_buffer` then moves the first sub-groups that fit in `max_in_cpu` elements
+    into a pinned CPU buffer for good. What is left stays on NVMe."""
+    if not ds.offload_param.nvme:
+        return frozenset()
+    in_cpu, used = set(), 0
+    for group, size in enumerate(groups):
+        if used + size > ds.offload_param.max_in_cpu:
+            break
+        in_cpu.add(group)
+        used += size
+    return frozenset((p.module, p.index) for p in params
+                     if member[(p.module, p.index)] not in in_cpu
+                     and nvme.swappable(p.partition_numel, dtype_bytes, ds.aio.block_size))
+
+
 def make_plan(scenario: Scenario, modules: list[Module]) -> Plan:
     ds = scenario.deepspeed
     ranks = scenario.data_parallel
@@ -105,6 +157,7 @@ def make_plan(scenario: Scenario, modules: list[Module]) -> Plan:
                 for group in params]
     numels = [sum(p.numel for p in group) for group in params]
     groups, member = _subgroups(flat, ds.sub_group_size)
+    on_gpu = _gpu_subgroups(len(groups), ds.offload_optimizer.ratio)
     return Plan(
         modules=tuple(modules),
         params=tuple(params),
@@ -112,8 +165,25 @@ def make_plan(scenario: Scenario, modules: list[Module]) -> Plan:
         keep_after_forward=tuple(_keep_after_forward(numels, ds.stage3_max_reuse_distance)),
         subgroups=tuple(groups),
         subgroup_of=member,
-        gpu_subgroups=_gpu_subgroups(len(groups), ds.offload_optimizer.ratio),
+        gpu_subgroups=on_gpu,
+        nvme_subgroups=_nvme_subgroups(groups, on_gpu, ds),
+        nvme_params=_nvme_params(flat, groups, member, ds, BYTES_PER_DTYPE[ds.dtype]),
         partition_numel=sum(p.partition_numel for p in flat),
         persistent_numel=sum(p.numel for p in flat if p.persistent),
         ranks=ranks,
     )
+
+
+def workload_of(scenario: Scenario) -> Workload:
+    return Workload(
+        sequence_length=scenario.sequence_length,
+        micro_batch_size=scenario.deepspeed.train_micro_batch_size_per_gpu,
+        attention=scenario.attention,
+        activation_checkpointing=scenario.activation_checkpointing,
+        dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
+    )
+
+
+def plan_of(scenario: Scenario) -> Plan:
+    """The plan of a resolved scenario (pure: what `run_engine` starts from)."""
+    return make_plan(scenario, build_modules(scenario.model, workload_of(scenario)))

@@ -41,7 +41,8 @@ class RankProgram:
         self.release_model_states()
 
     def _pool(self, holding: Holding):
-        return self.core.gpu if holding.device is DeviceKind.GPU else self.core.host
+        return {DeviceKind.GPU: self.core.gpu, DeviceKind.HOST: self.core.host,
+                DeviceKind.NVME: self.core.nvme}[holding.device]
 
     def hold_model_states(self) -> None:
         for holding in self.states:

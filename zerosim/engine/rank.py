@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import simpy
 
@@ -24,11 +24,14 @@ from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import (
     PCIE_STREAMS,
+    BufferKind,
     Category,
     Collective,
+    DeviceKind,
     OpKind,
     Phase,
     Stream,
+    device_name,
     host_buffer,
 )
 
@@ -65,6 +68,7 @@ class RankCore:
         self.placement = ctx.machine.placements[rank]
         self.gpu = ctx.pools[self.placement.device]
         self.host = ctx.pools[self.placement.host_device]
+        self.nvme = ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node))
         self.ranks = tuple(range(ctx.scenario.data_parallel))
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
@@ -151,6 +155,18 @@ class RankCore:
         self.ctx.spans.append(Span(self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
                                    f"{op} ({host.value})", start, self.env.now, nbytes, kind,
                                    host))
+
+    def nvme_io(self, direction: Literal["read", "write"], nbytes: float, *, op: str,
+                kind: OpKind) -> Gen:
+        """An aio transfer between the node's NVMe drives and a pinned swap buffer, drawn on
+        the rank's NVMe track (in the phase it was issued in: the boundary's gradient writes
+        end during the step that waits for them)."""
+        start, phase, micro = self.env.now, self.phase, self.micro
+        io = self.machine.nvme_read if direction == "read" else self.machine.nvme_write
+        yield from io(self.rank, nbytes, label=f"rank{self.rank} {op}")
+        track = Stream.NVME_READ if direction == "read" else Stream.NVME_WRITE
+        self.ctx.spans.append(Span(self.rank, track, phase, micro, op, start, self.env.now,
+                                   nbytes, kind, BufferKind.NVME))
 
     def cpu_work(self, op: str, kind: OpKind, work: Gen, nbytes: float = 0.0,
                  track: Stream = Stream.CPU) -> Gen:

@@ -13,13 +13,12 @@ from zerosim.engine.compose import build_rank
 from zerosim.engine.flows import RateChange
 from zerosim.engine.machine import Machine
 from zerosim.engine.memory import MemoryPool, OutOfMemory
-from zerosim.engine.plan import Plan, make_plan
+from zerosim.engine.plan import Plan, make_plan, workload_of
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span
-from zerosim.models.breakdown import Workload, build_modules
+from zerosim.models.breakdown import build_modules
 from zerosim.scenario import Scenario
-from zerosim.units import BYTES_PER_DTYPE
-from zerosim.vocabulary import Stream
+from zerosim.vocabulary import DeviceKind, Stream, device_name
 
 GC_YOUNG_THRESHOLD = 50_000
 
@@ -70,16 +69,6 @@ def _quiet_garbage_collector():
         gc.unfreeze()
 
 
-def workload_of(scenario: Scenario) -> Workload:
-    return Workload(
-        sequence_length=scenario.sequence_length,
-        micro_batch_size=scenario.deepspeed.train_micro_batch_size_per_gpu,
-        attention=scenario.attention,
-        activation_checkpointing=scenario.activation_checkpointing,
-        dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
-    )
-
-
 def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
            ) -> dict[str, MemoryPool]:
     profile = machine.profile
@@ -87,9 +76,12 @@ def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
     for placement in machine.placements:
         pools[placement.device] = MemoryPool(placement.device, profile.hbm_bytes,
                                              lambda: env.now, log)
-        pools.setdefault(placement.host_device,
-                         MemoryPool(placement.host_device, profile.host_memory_bytes,
-                                    lambda: env.now, log))
+        if placement.host_device not in pools:
+            pools[placement.host_device] = MemoryPool(
+                placement.host_device, profile.host_memory_bytes, lambda: env.now, log)
+            if profile.has_nvme:
+                nvme = device_name(DeviceKind.NVME, placement.node)
+                pools[nvme] = MemoryPool(nvme, profile.nvme_bytes_per_node, lambda: env.now, log)
     return pools
 
 

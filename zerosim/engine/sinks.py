@@ -11,6 +11,8 @@ goes to the optimizer's host buffer as the DeepSpeed version does it (`BoundaryF
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from zerosim.engine.gradients import BucketEntry
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
@@ -86,11 +88,18 @@ class HostPartitions:
         core.gpu.free(Category.GRAD_PARTITIONS, buffer)
 
 
-class BoundaryFlush:
-    """The boundary's fp32 gradient of one partition, on its way to the optimizer."""
+class GradientSwap(Protocol):
+    def swaps(self, param: Param) -> bool: ...
+    def flush_gradient(self, param: Param, name: str) -> Gen: ...
 
-    def __init__(self, core: RankCore):
+
+class BoundaryFlush:
+    """The boundary's fp32 gradient of one partition, on its way to the optimizer (to NVMe
+    when its sub-group's state is swapped: `swap`)."""
+
+    def __init__(self, core: RankCore, swap: GradientSwap):
         self.core = core
+        self.swap = swap
 
     def can_buffer(self, bucket: list[BucketEntry]) -> bool:
         """What-if: buffer a boundary bucket on the GPU only if it fits in free HBM now."""
@@ -110,6 +119,8 @@ class BoundaryFlush:
                                                     passes=1.0))
         elif buffered:
             yield from self._buffer_and_flush_async(elements, name)
+        elif self.swap.swaps(param):
+            yield from self.swap.flush_gradient(param, name)
         elif core.ds.grad_accum_dtype == "fp32":
             yield from core.dma("d2h", fp32, pinned=core.pinned, op=f"fp32 flush {name}",
                                 kind=OpKind.GRAD_FLUSH)
@@ -165,13 +176,15 @@ class BoundaryFlush:
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
 
-def gpu_cast_then_d2h(core: RankCore, elements: int, name: str) -> Gen:
-    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of 4 B/element."""
+def gpu_cast_then_d2h(core: RankCore, elements: int, name: str, *,
+                      pinned: bool | None = None) -> Gen:
+    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of 4 B/element
+    (into the optimizer's host buffer, pinned or not, unless told)."""
     fp32 = FP32_BYTES * elements
     temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp32, f"fp32 cast {name}")
     yield core.env.timeout(core.hbm_seconds(fp32, passes=1.5))
-    yield from core.dma("d2h", fp32, pinned=core.pinned, op=f"fp32 grad {name}",
-                        kind=OpKind.GRAD_FLUSH)
+    yield from core.dma("d2h", fp32, pinned=core.pinned if pinned is None else pinned,
+                        op=f"fp32 grad {name}", kind=OpKind.GRAD_FLUSH)
     core.gpu.free(Category.GRAD_PARTITIONS, temp)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zerosim.engine.plan import Plan
+from zerosim.hardware import nvme
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.scenario import DeepSpeedConfig
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
@@ -55,12 +56,7 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
     dtype, comm, accum, _ = _sizes(ds, plan)
     part = plan.partition_numel
-    held = []
-    if ds.offload_param.enabled:
-        held.append(Holding(host, Category.PARAMS_16BIT, dtype * part, "fp16 partition",
-                            host_buffer(ds.offload_param.pin_memory)))
-    else:
-        held.append(Holding(gpu, Category.PARAMS_16BIT, dtype * part, "fp16 partition"))
+    held = _stage3_params(ds, plan, dtype)
     held.append(Holding(gpu, Category.PARAMS_PERSISTENT, dtype * plan.persistent_numel,
                         "persistent params"))
     if ds.contiguous_gradients:
@@ -80,6 +76,55 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
         Holding(gpu, Category.OPTIMIZER_STATES_GPU, ADAM_STATES * FP32_BYTES * on_gpu,
                 "Twin-Flow Adam states"),
         Holding(gpu, Category.FP32_GRADS_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 gradients"),
+        *_swapped_optimizer(ds, plan),
+    ]
+
+
+def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]:
+    """The 16-bit partition: in HBM, in host memory (`offload_param: cpu`), or on NVMe beyond
+    `max_in_cpu` with its pinned swap buffers and the re-use pool the step writes through
+    (stage3.py `_create_param_groups_fp16_flat_cpu_memory`, `reserve_partitioned_swap_space`;
+    docs/nvme.md)."""
+    part = plan.partition_numel
+    if not ds.offload_param.enabled:
+        return [Holding(DeviceKind.GPU, Category.PARAMS_16BIT, dtype * part, "fp16 partition")]
+    host, pinned = DeviceKind.HOST, host_buffer(ds.offload_param.pin_memory)
+    on_nvme = plan.nvme_param_numel
+    held = [Holding(host, Category.PARAMS_16BIT, dtype * (part - on_nvme), "fp16 partition",
+                    pinned)]
+    if ds.offload_param.nvme:
+        largest = max((plan.subgroup_params_on_nvme(g) for g in range(len(plan.subgroups))),
+                      default=0)
+        held += [
+            Holding(DeviceKind.NVME, Category.PARAMS_16BIT, dtype * on_nvme,
+                    "fp16 partition swap files"),
+            Holding(host, Category.SWAP_BUFFERS, nvme.param_swap_buffer_bytes(
+                buffer_count=ds.offload_param.buffer_count,
+                buffer_size=ds.offload_param.buffer_size, thread_count=ds.aio.thread_count,
+                element_bytes=dtype), "parameter swap buffers", BufferKind.PINNED),
+            Holding(host, Category.SWAP_BUFFERS, dtype * largest,
+                    "16-bit swap-out pool of the largest sub-group", BufferKind.PINNED),
+        ]
+    return held
+
+
+def _swapped_optimizer(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
+    """With the optimizer on NVMe the swapped sub-groups' fp32 master, Adam states and fp32
+    gradients live in swap files; host memory keeps `buffer_count` pinned buffers of the
+    largest sub-group (optimizer_utils.py `OptimizerSwapper.__init__`)."""
+    if not plan.nvme_subgroups:
+        return []
+    on_nvme = plan.numel_on("nvme")
+    largest = max(plan.subgroups[g] for g in plan.nvme_subgroups)
+    nvme_device = DeviceKind.NVME
+    return [
+        Holding(nvme_device, Category.FP32_MASTER, FP32_BYTES * on_nvme, "fp32 swap files"),
+        Holding(nvme_device, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_nvme,
+                "exp_avg, exp_avg_sq swap files"),
+        Holding(nvme_device, Category.FP32_GRADS, FP32_BYTES * on_nvme, "fp32 gradient swap"),
+        Holding(DeviceKind.HOST, Category.SWAP_BUFFERS, nvme.optimizer_swap_buffer_bytes(
+            largest, buffer_count=ds.offload_optimizer.buffer_count,
+            thread_count=ds.aio.thread_count), "optimizer swap buffers", BufferKind.PINNED),
     ]
 
 

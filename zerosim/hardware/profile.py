@@ -109,6 +109,10 @@ class HardwareProfile:
     def has_nvme(self) -> bool:
         return self.nvme_drives_per_node > 0
 
+    @property
+    def nvme_bytes_per_node(self) -> float:
+        return self.nvme_drives_per_node * self.nvme_capacity_bytes_per_drive
+
 
 def _positive(x: float) -> bool:
     return x > 0

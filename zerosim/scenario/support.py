@@ -12,9 +12,10 @@ ZERO = "deepspeed.zero_optimization"
 
 def check_supported(scenario: Any) -> None:
     """Raise `UnsupportedConfigError` for a configuration the engine does not replay."""
-    for rule in (_offload_needs_zero, _param_offload_needs_stage3, _nvme_not_yet,
+    for rule in (_offload_needs_zero, _param_offload_needs_stage3,
                  _param_offload_needs_optimizer_offload, _twin_flow_needs_offload,
-                 _what_ifs_need_offloaded_stage3):
+                 _what_ifs_need_offloaded_stage3, _nvme_needs_drives, _what_ifs_not_with_nvme,
+                 _nvme_buffers_suffice):
         rule(scenario)
 
 
@@ -36,15 +37,6 @@ def _param_offload_needs_stage3(scenario: Any) -> None:
         _refuse(scenario, f"{ZERO}.offload_param.device",
                 f"'none' below stage 3 (parameter offload is a ZeRO-3 feature; stage is "
                 f"{ds.stage})", ds.offload_param.device)
-
-
-def _nvme_not_yet(scenario: Any) -> None:
-    ds = scenario.deepspeed
-    for name, settings in (("offload_optimizer", ds.offload_optimizer),
-                           ("offload_param", ds.offload_param)):
-        if settings.device == "nvme":
-            _refuse(scenario, f"{ZERO}.{name}.device",
-                    "'cpu' or 'none' (the NVMe tier is not modelled yet)", settings.device)
 
 
 def _param_offload_needs_optimizer_offload(scenario: Any) -> None:
@@ -71,3 +63,53 @@ def _what_ifs_need_offloaded_stage3(scenario: Any) -> None:
                     "off unless ZeRO stage 3 offloads the optimizer (the study's what-ifs "
                     f"change that replay; stage {ds.stage}, offload_optimizer "
                     f"{ds.offload_optimizer.device})", getattr(what_if, name))
+
+
+def _nvme_sections(scenario: Any) -> list[tuple[str, Any]]:
+    ds = scenario.deepspeed
+    return [(name, settings) for name, settings in (("offload_optimizer", ds.offload_optimizer),
+                                                    ("offload_param", ds.offload_param))
+            if settings.nvme]
+
+
+def _nvme_needs_drives(scenario: Any) -> None:
+    for name, settings in _nvme_sections(scenario):
+        if not scenario.hardware.has_nvme:
+            _refuse(scenario, f"{ZERO}.{name}.device",
+                    f"'cpu' or 'none' on {scenario.hardware.name} (its profile has no NVMe "
+                    "drives: nvme.drives_per_node is 0)", settings.device)
+
+
+def _what_ifs_not_with_nvme(scenario: Any) -> None:
+    what_if = scenario.what_if
+    if scenario.deepspeed.offload_optimizer.nvme and (what_if.gpu_update_every
+                                                      or what_if.buffer_boundary_grads):
+        _refuse(scenario, "what_if", "no gpu_update_every or buffer_boundary_grads with the "
+                "optimizer on NVMe (zerosim does not model them with swapped state)",
+                what_if.model_dump())
+
+
+def _nvme_buffers_suffice(scenario: Any) -> None:
+    """DeepSpeed's own limits that depend on the model (docs/nvme.md): enough optimizer swap
+    buffers for the pipelining asked for, and parameter partitions smaller than one buffer."""
+    if not _nvme_sections(scenario):
+        return
+    from zerosim.engine.plan import plan_of
+    from zerosim.hardware import nvme
+
+    ds, plan = scenario.deepspeed, plan_of(scenario)
+    opt = ds.offload_optimizer
+    needed = nvme.optimizer_buffers_needed(len(plan.nvme_subgroups),
+                                           pipeline_read=opt.pipeline_read,
+                                           pipeline_write=opt.pipeline_write)
+    if opt.nvme and opt.buffer_count < needed:
+        _refuse(scenario, f"{ZERO}.offload_optimizer.buffer_count",
+                f"at least {needed} (DeepSpeed: 'ran out of swap buffers, try increasing "
+                "buffer_count': 4 per sub-group in flight, with "
+                f"{len(plan.nvme_subgroups)} swapped sub-groups)", opt.buffer_count)
+    largest = max((p.partition_numel for p in plan.all_params
+                   if (p.module, p.index) in plan.nvme_params), default=0)
+    if largest and largest >= ds.offload_param.buffer_size:
+        _refuse(scenario, f"{ZERO}.offload_param.buffer_size",
+                f"more than {largest} elements, the largest parameter partition on NVMe "
+                "(DeepSpeed asserts numel < elements_per_buffer)", ds.offload_param.buffer_size)

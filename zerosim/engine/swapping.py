@@ -1,0 +1,141 @@
+"""The NVMe tier (ZeRO-Infinity, DeepSpeed 0.13.3; docs/nvme.md has the code it follows).
+
+`OptimizerSwapper`: around each swapped sub-group's CPU step, read its fp32 master, Adam
+states and gradient in (16 B/element) and write master and states back (12 B/element);
+`pipeline_read` reads the next swapped sub-group while this one steps, `pipeline_write` leaves
+the write in flight until the next swap-out. In the boundary backward each gradient partition
+of a swapped sub-group goes to NVMe asynchronously (4 B/element), and the step waits for those
+writes first. `InMemoryStates` is the same interface when nothing is swapped.
+`PartitionsOnNvme`: a module's 16-bit partition still on NVMe is read into a pinned swap buffer
+(2 B/element) before its H2D and all-gather; after the step it is cast and written back.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from zerosim.engine.plan import Param
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.sinks import gpu_cast_then_d2h
+from zerosim.hardware import costs, nvme
+from zerosim.units import FP32_BYTES
+from zerosim.vocabulary import OpKind, Stream
+
+
+class InMemoryStates:
+    """The optimizer state stays in host memory: nothing to swap."""
+
+    def swaps(self, param: Param) -> bool:
+        return False
+
+    def before_step(self) -> Gen:
+        return
+        yield
+
+    def swap_in(self, group: int) -> Gen:
+        return
+        yield
+
+    def swap_out(self, group: int) -> Gen:
+        return
+        yield
+
+    def flush_gradient(self, param: Param, name: str) -> Gen:
+        return
+        yield
+
+
+class OptimizerSwapper:
+    def __init__(self, core: RankCore):
+        self.core = core
+        self.settings = core.ds.offload_optimizer
+        self.swapped = sorted(core.plan.nvme_subgroups)
+        self.reads: dict[int, simpy.Event] = {}
+        self.write: simpy.Event | None = None
+        self.gradient_writes: list[simpy.Event] = []
+
+    def swaps(self, param: Param) -> bool:
+        return self.core.plan.subgroup_of[(param.module, param.index)] in self.swapped
+
+    def _io(self, direction: str, nbytes: float, op: str, kind: OpKind) -> simpy.Event:
+        return self.core.env.process(self.core.nvme_io(direction, nbytes, op=op, kind=kind))
+
+    def _read(self, group: int) -> simpy.Event:
+        elements = self.core.plan.subgroups[group]
+        return self._io("read", nvme.OPTIMIZER_SWAP_IN_BYTES_PER_ELEMENT * elements,
+                        f"swap in sub-group {group}", OpKind.SWAP_IN)
+
+    def _write(self, group: int) -> simpy.Event:
+        elements = self.core.plan.subgroups[group]
+        return self._io("write", nvme.OPTIMIZER_SWAP_OUT_BYTES_PER_ELEMENT * elements,
+                        f"swap out sub-group {group}", OpKind.SWAP_OUT)
+
+    def flush_gradient(self, param: Param, name: str) -> Gen:
+        """`swap_out_gradients`: the fp32 gradient reaches a pinned swap buffer (a blocking
+        D2H after the cast on the GPU), then an asynchronous write to NVMe."""
+        elements = param.partition_numel
+        yield from gpu_cast_then_d2h(self.core, elements, name, pinned=True)
+        self.gradient_writes.append(self._io("write", FP32_BYTES * elements,
+                                             f"swap out grad {name}", OpKind.SWAP_OUT))
+
+    def before_step(self) -> Gen:
+        """`_flush_gradient_swapper`: the gradient writes finish before the first swap-in."""
+        pending = [e for e in self.gradient_writes if not e.processed]
+        self.gradient_writes = []
+        if pending:
+            yield simpy.AllOf(self.core.env, pending)
+
+    def swap_in(self, group: int) -> Gen:
+        if group not in self.swapped:
+            return
+        read = self.reads.pop(group, None) or self._read(group)
+        yield read
+        following = self.swapped.index(group) + 1
+        if self.settings.pipeline_read and following < len(self.swapped):
+            later = self.swapped[following]
+            self.reads[later] = self._read(later)
+
+    def swap_out(self, group: int) -> Gen:
+        if group not in self.swapped:
+            return
+        if not self.settings.pipeline_write:
+            yield self._write(group)
+            return
+        if self.write is not None:
+            yield self.write
+        self.write = self._write(group)
+        if group == self.swapped[-1]:
+            yield self.write
+
+
+class PartitionsOnNvme:
+    """`offload_param: nvme`: partitions beyond `max_in_cpu` are read from NVMe into a pinned
+    swap buffer before the H2D that precedes their all-gather."""
+
+    always_gathers = True
+
+    def bring(self, core: RankCore, index: int, partition_numel: int) -> Gen:
+        name = core.plan.modules[index].name
+        on_nvme = core.plan.params_on_nvme(index)
+        if on_nvme:
+            yield from core.nvme_io("read", core.dtype_bytes * on_nvme, op=f"swap in {name}",
+                                    kind=OpKind.SWAP_IN)
+        pinned = core.ds.offload_param.pin_memory or on_nvme == partition_numel
+        yield from core.dma("h2d", core.dtype_bytes * partition_numel, pinned=pinned,
+                            op=f"fetch {name}", kind=OpKind.PARAM_FETCH)
+
+
+def cast_into_host_or_swap_out(core: RankCore, group: int, elements: int,
+                               track: Stream) -> Gen:
+    """After a sub-group's step with parameters offloaded: the cast writes the 16-bit values
+    into host memory; the part of the sub-group on NVMe goes through the pinned pool and is
+    written synchronously (`_partitioned_params_swap_out`, 2 B/element)."""
+    cast = costs.HostBytes(home=FP32_BYTES + core.dtype_bytes)
+    yield from core.cpu_work(f"cast fp32→16-bit sub-group {group}", OpKind.CAST,
+                             core.machine.elementwise(core.rank, elements, cast,
+                                                      threads=core.profile.cast_threads),
+                             track=track)
+    on_nvme = core.plan.subgroup_params_on_nvme(group)
+    if on_nvme:
+        yield from core.nvme_io("write", core.dtype_bytes * on_nvme,
+                                op=f"swap out params sub-group {group}", kind=OpKind.SWAP_OUT)
