@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from zerosim.scenario.version import Version, format_version
+Version = tuple[int, int, int]
+"""A DeepSpeed release as (major, minor, patch)."""
+
+
+def format_version(version: Version) -> str:
+    return ".".join(str(part) for part in version)
 
 
 @dataclass(frozen=True)

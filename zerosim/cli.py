@@ -141,7 +141,7 @@ def validate(out_dir: Path, as_json: bool) -> None:
     from zerosim.validation.validate import validate as run_validation
 
     study = load_study()
-    cells, _ = run_validation(study)
+    cells, _ = run_validation(study, seed003=True)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
     write_report(cells, study, profile, out_dir)
     if as_json:

@@ -41,6 +41,7 @@ from numbers import Integral, Real
 from typing import Any, Literal
 
 from zerosim import models
+from zerosim.behaviours import resolve_behaviours
 from zerosim.errors import ScenarioError
 from zerosim.units import GiB
 
@@ -429,6 +430,4 @@ def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num
 
 def zero2_rule_for(version: tuple[int, int, int]) -> Zero2Rule:
     """The ZeRO-2 GPU formula a DeepSpeed version prints (`zerosim.behaviours`)."""
-    from zerosim.behaviours import resolve_behaviours
-
     return "current" if resolve_behaviours(version).zero2_estimator_16bit_params else "docs"

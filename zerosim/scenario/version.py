@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
+from zerosim.behaviours import Version, format_version
 from zerosim.errors import ScenarioError
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+__all__ = ["Version", "format_version", "parse_version"]
 
-Version = tuple[int, int, int]
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
 
 
 def parse_version(text: object, *, source: str = "<inline>",
@@ -18,7 +19,3 @@ def parse_version(text: object, *, source: str = "<inline>",
         raise ScenarioError(source, key_path, "a DeepSpeed version like \"0.13.3\" (quote it)",
                             text)
     return int(match[1]), int(match[2]), int(match[3])
-
-
-def format_version(version: Version) -> str:
-    return ".".join(str(part) for part in version)

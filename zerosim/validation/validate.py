@@ -263,8 +263,24 @@ def estimator_cells(tables: tuple[EstimatorTable, ...]) -> list[Cell]:
     return cells
 
 
-def validate(study: Study | None = None) -> tuple[list[Cell], dict[int, Result]]:
-    """Run every case of the study; return the comparison cells and the results."""
+def seed003_cells() -> list[Cell]:
+    """Seed 003's RoBERTa runs on 8 p4d nodes: published TFLOPS/GPU beside zerosim's, in the
+    published FLOP convention (reported: shapes and efficiencies are assumptions)."""
+    from zerosim.validation.seed003 import seed003_rows
+
+    return [judge("seed 003 (AWS p4d, 64 A100)", f"{row.model} {row.variant}",
+                  f"TFLOPS per GPU (DeepSpeed {row.version})", "TFLOPS", row.published_tflops,
+                  row.simulated_tflops or 0.0, None,
+                  note="assumed shapes and A100 efficiencies, see seed003.yaml",
+                  excluded=None if row.simulated_tflops is not None
+                  else "does not fit in zerosim (out of memory)")
+            for row in seed003_rows()]
+
+
+def validate(study: Study | None = None, *, seed003: bool = False
+             ) -> tuple[list[Cell], dict[int, Result]]:
+    """Run every case of the study (and, with `seed003`, the multi-node rows of seed 003, a
+    minute more); return the comparison cells and the study's results."""
     study = study or load_study()
     results = {dp: run_study(study, dp) for dp in sorted(study.table2)}
     cells = table2_cells(study, results) + memory_cells(study, results[1])
@@ -275,6 +291,8 @@ def validate(study: Study | None = None) -> tuple[list[Cell], dict[int, Result]]
     cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
                        probe, RATIO_TOLERANCE))
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
+    if seed003:
+        cells += seed003_cells()
     return cells, results
 
 
