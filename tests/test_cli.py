@@ -80,6 +80,19 @@ REFUSED = [
     # the study's what-ifs change the offloaded ZeRO-3 replay only
     ("deepspeed.zero_optimization.stage=1", "what_if.overlap_copy_back",
      "what_if.overlap_copy_back=true"),
+    # NVMe offload of the optimizer is a ZeRO-3 feature
+    ("deepspeed.zero_optimization.stage=2", "offload_optimizer.device",
+     "deepspeed.zero_optimization.offload_optimizer.device=nvme",
+     "deepspeed.zero_optimization.offload_optimizer.nvme_path=/local_nvme"),
+    # a node without drives
+    ("hardware.nvme.drives_per_node=0", "offload_optimizer.device",
+     "deepspeed.zero_optimization.offload_optimizer.device=nvme",
+     "deepspeed.zero_optimization.offload_optimizer.nvme_path=/local_nvme"),
+    # DeepSpeed runs out of swap buffers at its first step
+    ("deepspeed.zero_optimization.offload_optimizer.pipeline_read=true",
+     "offload_optimizer.buffer_count",
+     "deepspeed.zero_optimization.offload_optimizer.device=nvme",
+     "deepspeed.zero_optimization.offload_optimizer.nvme_path=/local_nvme"),
 ]
 
 

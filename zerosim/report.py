@@ -15,6 +15,16 @@ def _console() -> Console:
     return Console(soft_wrap=False, width=max(Console().width, 100))
 
 
+def _mode(scenario: Scenario) -> str:
+    """'ZeRO-3, optimizer on nvme, params on cpu' in a few words."""
+    ds = scenario.deepspeed
+    where = [f"optimizer on {ds.offload_optimizer.device}" if ds.offload_optimizer.enabled
+             else "no offload"]
+    if ds.offload_param.enabled:
+        where.append(f"params on {ds.offload_param.device}")
+    return f"ZeRO-{ds.stage}, " + ", ".join(where)
+
+
 def render_scenario(scenario: Scenario) -> None:
     console = _console()
     m, ds, hw = scenario.model, scenario.deepspeed, scenario.hardware
@@ -32,6 +42,10 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("runtime", f"DeepSpeed {format_version(scenario.runtime.deepspeed_version)}, "
                 f"cpu_threads_per_rank "
                 f"{scenario.runtime.cpu_threads_per_rank or 'one per physical core'}")
+    top.add_row("mode", _mode(scenario))
+    behaviours = scenario.behaviours.describe()
+    top.add_row("behaviours", ", ".join(f"{name} {'yes' if on else 'no'}"
+                                        for name, on in behaviours.items()))
     console.print(top)
     table = Table(title="deepspeed (resolved, defaults filled in)", title_justify="left")
     table.add_column("key")
