@@ -55,14 +55,7 @@ class CpuStep:
 
     def run(self) -> Gen:
         core = self.core
-        core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
-        if core.ds.dtype == "fp16":
-            yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
-                                     core.machine.elementwise(core.rank,
-                                                              core.plan.partition_numel,
-                                                              costs.OVERFLOW_CHECK_HOST_BYTES))
-            yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
-        yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        yield from begin_step(core, self._check_overflow)
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
@@ -73,6 +66,12 @@ class CpuStep:
                 yield from self._update_on_cpu(group, elements)
         self.post_step(core)
         yield from core.end()
+
+    def _check_overflow(self) -> Gen:
+        core = self.core
+        yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
+                                 core.machine.elementwise(core.rank, core.plan.partition_numel,
+                                                          costs.OVERFLOW_CHECK_HOST_BYTES))
 
     def _steps_on_gpu(self, group: int) -> bool:
         """What-if: every k-th sub-group is updated on the GPU (`what_if.gpu_update_every`)."""
@@ -169,18 +168,27 @@ class GpuStep:
 
     def run(self) -> Gen:
         core = self.core
-        core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
-        elements = sum(self.groups)
-        if core.ds.dtype == "fp16":
-            check = core.hbm_op(core.compute, "overflow check", OpKind.OVERFLOW_CHECK,
-                                costs.OVERFLOW_CHECK_HOST_BYTES.total * elements, passes=1.0)
-            yield check
-            yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
-        yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+        yield from begin_step(core, self._check_overflow)
         for group, size in enumerate(self.groups):
             launch_gpu_adam(core, group, size)
         self.post_step(core)
         yield from core.end()
+
+    def _check_overflow(self) -> Gen:
+        """Reads every fp32 gradient on the GPU; the host waits for the flag."""
+        elements = sum(self.groups)
+        yield self.core.hbm_op(self.core.compute, "overflow check", OpKind.OVERFLOW_CHECK,
+                               costs.OVERFLOW_CHECK_HOST_BYTES.total * elements, passes=1.0)
+
+
+def begin_step(core: RankCore, check_overflow: Callable[[], Gen]) -> Gen:
+    """The update phase opens with fp16's overflow check and its all-reduced flag, then the
+    all-reduced gradient norm."""
+    core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
+    if core.ds.dtype == "fp16":
+        yield from check_overflow()
+        yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+    yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
 
 
 def gather_all(core: RankCore, op: str, nbytes: float) -> simpy.Event:
