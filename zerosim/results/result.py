@@ -105,6 +105,7 @@ def summarize(raw: RawRun, spans: pd.DataFrame, phases: pd.DataFrame) -> dict[st
               if iteration else None)
     hbm_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.GPU)]
     host_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.HOST)]
+    nvme_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.NVME)]
     return {
         "scenario": scenario.name,
         "status": raw.status,
@@ -117,6 +118,7 @@ def summarize(raw: RawRun, spans: pd.DataFrame, phases: pd.DataFrame) -> dict[st
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
         "hbm_capacity_GiB": scenario.hardware.hbm_bytes / GiB,
         "peak_host_GiB": max(host_peaks) / GiB,
+        "peak_nvme_GiB": max(nvme_peaks) / GiB if nvme_peaks else None,
         "host_capacity_GiB": scenario.hardware.host_memory_bytes / GiB,
         "pcie_GB": {d: b / GB for d, b in pcie_bytes.items()},
         "pcie_mean_GBps": {d: (b / ranks / iteration / GB if iteration else None)
