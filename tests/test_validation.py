@@ -164,3 +164,14 @@ def test_pcie_drop_probe_is_the_dma_share_of_a_saturated_numa_domain(cells):
     cell = cells[("observations", "probe", "PCIe drop while unscale runs")]
     assert cell.simulated == pytest.approx(expected, rel=1e-9)
     assert cell.status == "pass"
+
+
+def test_a_case_that_did_not_fit_prints_oom_not_a_number():
+    from dataclasses import replace
+
+    from zerosim.validation.validate import judge
+
+    cell = replace(judge("g", "case", "TFLOPS per GPU", "TFLOPS", 89.0, 0.0, None,
+                         excluded="does not fit in zerosim (out of HBM)"), simulated_text="oom")
+    assert cell.shown("0.00") == ("oom", "")
+    assert judge("g", "c", "q", "s", 2.0, 2.5, 0.5).shown("2.50") == ("2.50", "+25.0%")

@@ -130,8 +130,8 @@ def render_validation(cells, out_dir) -> None:
     for c in cells:
         colour = colours[c.status]
         table.add_row(c.case, c.quantity, format_value(c.measured, c.unit),
-                      format_value(c.simulated, c.unit),
-                      f"{c.rel_error:+.1%}", f"[{colour}]{c.status}[/{colour}]")
+                      *c.shown(format_value(c.simulated, c.unit)),
+                      f"[{colour}]{c.status}[/{colour}]")
     console.print(table)
     judged = [c for c in cells if c.status in ("pass", "fail")]
     console.print(f"{sum(c.status == 'pass' for c in judged)} of {len(judged)} judged cells "

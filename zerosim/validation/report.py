@@ -61,10 +61,10 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
     for c in cells:
         unit = f" {c.unit}" if c.unit else ""
         tol = _tolerance(c) if c.status in ("pass", "fail") else ""
+        simulated, error = c.shown(f"{format_value(c.simulated, c.unit)}{unit}")
         lines.append(
             f"| {c.group} | {c.case} | {c.quantity} | {format_value(c.measured, c.unit)}{unit} | "
-            f"{format_value(c.simulated, c.unit)}{unit} | {c.rel_error:+.1%} | {tol} | "
-            f"{STATUS_MARK[c.status]} | {c.note} |")
+            f"{simulated} | {error} | {tol} | {STATUS_MARK[c.status]} | {c.note} |")
     lines += _fitted_values(profile)
     lines += ["", "Regenerate with `zerosim validate` (writes this file, `validation.csv` and "
               "`validation.png`)."]

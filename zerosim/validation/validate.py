@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 import simpy
@@ -50,10 +50,18 @@ class Cell:
     note: str = ""
     absolute: bool = False
     """Whether `tolerance` is in the cell's unit (a printed rounding) rather than relative."""
+    simulated_text: str = ""
+    """What to print instead of `simulated` when zerosim produced no value (did not fit)."""
 
     @property
     def rel_error(self) -> float:
         return (self.simulated - self.measured) / self.measured
+
+    def shown(self, formatted: str) -> tuple[str, str]:
+        """(simulated, error) as a table prints them."""
+        if self.simulated_text:
+            return self.simulated_text, ""
+        return formatted, f"{self.rel_error:+.1%}"
 
 
 def judge(group: str, case: str, quantity: str, unit: str, measured: float, simulated: float,
@@ -268,13 +276,18 @@ def seed003_cells() -> list[Cell]:
     published FLOP convention (reported: shapes and efficiencies are assumptions)."""
     from zerosim.validation.seed003 import seed003_rows
 
-    return [judge("seed 003 (AWS p4d, 64 A100)", f"{row.model} {row.variant}",
-                  f"TFLOPS per GPU (DeepSpeed {row.version})", "TFLOPS", row.published_tflops,
-                  row.simulated_tflops or 0.0, None,
-                  note="assumed shapes and A100 efficiencies, see seed003.yaml",
-                  excluded=None if row.simulated_tflops is not None
-                  else "does not fit in zerosim (out of memory)")
-            for row in seed003_rows()]
+    cells = []
+    for row in seed003_rows():
+        cell = judge("seed 003 (AWS p4d, 64 A100)", f"{row.model} {row.variant}",
+                     f"TFLOPS per GPU (DeepSpeed {row.version})", "TFLOPS", row.published_tflops,
+                     row.simulated_tflops or 0.0, None,
+                     note="assumed shapes and A100 efficiencies, see seed003.yaml",
+                     excluded=None if row.simulated_tflops is not None
+                     else "does not fit in zerosim (out of HBM)")
+        if row.simulated_tflops is None:
+            cell = replace(cell, simulated_text="oom")
+        cells.append(cell)
+    return cells
 
 
 def validate(study: Study | None = None, *, seed003: bool = False
