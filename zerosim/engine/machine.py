@@ -13,13 +13,14 @@ from typing import Any, Literal
 
 import simpy
 
+from zerosim.engine.collectives import Collectives
 from zerosim.engine.flows import FlowNetwork, SharedResource
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.vocabulary import Collective
 
 Direction = Literal["h2d", "d2h"]
 NvmeDirection = Literal["read", "write"]
-Collective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
 
 Shares = tuple[tuple[int, float], ...]
@@ -81,12 +82,6 @@ def default_threads_per_rank(profile: HardwareProfile) -> int:
     return profile.physical_cores
 
 
-@dataclass
-class _Rendezvous:
-    done: simpy.Event
-    arrived: int = 0
-
-
 class Machine:
     """The node(s) of a run as SimPy-facing resources."""
 
@@ -97,8 +92,9 @@ class Machine:
         self.placements = place_ranks(profile, ranks)
         self.flows = FlowNetwork(env, keep_records=False)
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
-        self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._build_resources(ranks)
+        self.collectives = Collectives(env, self.flows, profile, self.placements, self.nvlink,
+                                       self.nic)
 
     def _build_resources(self, ranks: int) -> None:
         p = self.profile
@@ -263,48 +259,9 @@ class Machine:
 
     def collective(self, rank: int, key: tuple[Any, ...], kind: Collective, total_bytes: float,
                    ranks: Sequence[int]) -> Generator[simpy.Event, Any, None]:
-        """Join a ring collective; it starts when the last of `ranks` arrives."""
-        if len(ranks) <= 1:
-            return
-        meeting = self._pending.get(key)
-        if meeting is None:
-            meeting = self._pending[key] = _Rendezvous(self.env.event())
-        meeting.arrived += 1
-        if meeting.arrived == len(ranks):
-            del self._pending[key]
-            self.env.process(self._run_collective(meeting.done, kind, total_bytes, ranks, key))
-        yield meeting.done
-
-    def _run_collective(self, done: simpy.Event, kind: Collective, total_bytes: float,
-                        ranks: Sequence[int], key: tuple[Any, ...]):
-        """Run the collective's levels (see `costs.hierarchical_collective`) one after the
-        other: each waits its latency, then one flow per GPU over its NVLink port or over its
-        node's NICs (shared with the node's other GPUs)."""
-        p = self.profile
-        by_node: dict[int, list[int]] = {}
-        for r in ranks:
-            by_node.setdefault(self.placements[r].node, []).append(r)
-        nodes = sorted(by_node)
-        steps = costs.hierarchical_collective(
-            kind, total_bytes, [len(by_node[n]) for n in nodes],
-            nvlink_latency_s=p.nvlink_latency_s, network_latency_s=p.network_latency_s)
-        label = f"{kind} {key}"
-        for step in steps:
-            yield self.env.timeout(step.latency_s)
-            flows = []
-            for node, nbytes in zip(nodes, step.bytes_per_gpu, strict=True):
-                if nbytes <= 0:
-                    continue
-                for r in by_node[node]:
-                    link = (self.nvlink[self.placements[r].gpu] if step.link == "nvlink"
-                            else self.nic[node])
-                    flows.append(self.flows.start(nbytes, {link: 1.0}, label=label))
-            if flows:
-                yield simpy.AllOf(self.env, flows)
-        done.succeed()
+        """Join a collective; it starts when the last of `ranks` arrives."""
+        yield from self.collectives.join(rank, key, kind, total_bytes, ranks)
 
     def assert_idle(self) -> None:
         self.flows.assert_idle()
-        if self._pending:
-            keys = ", ".join(str(k) for k in self._pending)
-            raise RuntimeError(f"collectives still waiting for ranks: {keys}")
+        self.collectives.assert_idle()
