@@ -101,7 +101,7 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None) 
                   f"{summary['hbm_capacity_GiB']:.2f} GiB")
     facts.add_row("peak host memory", f"{summary['peak_host_GiB']:.1f} of "
                   f"{summary['host_capacity_GiB']:.0f} GiB")
-    if summary.get("peak_nvme_GiB") is not None:
+    if summary.get("peak_nvme_GiB"):
         facts.add_row("NVMe in use", f"{summary['peak_nvme_GiB']:.1f} GiB (swap files)")
     for direction in PCIE_STREAMS:
         mean = summary["pcie_mean_GBps"][direction]
