@@ -137,18 +137,6 @@ def test_validation_selects_by_op_kind_whatever_the_ops_are_called():
     assert boundary_flush_spans(spans).op.tolist() == ["boundary grad a"]
 
 
-def test_validation_falls_back_to_op_names_while_the_engine_leaves_op_kind_empty():
-    spans = _spans([
-        (0, "cpu", "update", 1, "cpu adam sub-group 0", 0.0, 1.0, 0.0, "", ""),
-        (0, "cpu", "update", 1, "cast fp16→fp32 x", 0.0, 1.0, 0.0, "", ""),
-        (0, "pcie.d2h", "backward", 1, "fp32 flush x (pageable)", 0.0, 1.0, 1.0, "", ""),
-        (0, "pcie.d2h", "backward", 1, "accum → host x (pinned)", 0.0, 1.0, 1.0, "", ""),
-    ])
-    assert adam_spans(spans).op.tolist() == ["cpu adam sub-group 0"]
-    assert boundary_flush_spans(spans).op.tolist() == ["fp32 flush x (pageable)"]
-    assert adam_spans(spans.drop(columns=["op_kind"])).op.tolist() == ["cpu adam sub-group 0"]
-
-
 def test_trace_slices_carry_the_kinds_that_are_set():
     spans = _spans([(0, "nvme.read", "update", 0, "swap in", 0.0, 1.0, 1.0, "swap_in",
                      "nvme"),

@@ -302,12 +302,10 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
             raise ScenarioError(source, f"{key}.value", f"one of {', '.join(choices)}", prov.value)
         values[name] = prov.value
         provenance[key] = prov
-    for key, name in COUNTS.items():
-        values[name] = _count(flat, key, source)
-        if key in DEFAULTS and key not in given:
-            provenance[key] = Provenance(values[name], "assumed", f"default: {DEFAULTS[key][1]}")
-    for key, name in OPTIONAL_COUNTS.items():
-        values[name] = _count(flat, key, source, least=0)
+    counts = [(key, name, 1) for key, name in COUNTS.items()]
+    counts += [(key, name, 0) for key, name in OPTIONAL_COUNTS.items()]
+    for key, name, least in counts:
+        values[name] = _count(flat, key, source, least=least)
         if key in DEFAULTS and key not in given:
             provenance[key] = Provenance(values[name], "assumed", f"default: {DEFAULTS[key][1]}")
     for key, name in TEXTS.items():

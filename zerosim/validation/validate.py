@@ -138,17 +138,9 @@ def memory_cells(study: Study, dp1: Result) -> list[Cell]:
     ]
 
 
-LEGACY_OP_PREFIXES = {OpKind.OPTIMIZER_STEP: "cpu adam", OpKind.GRAD_FLUSH: "fp32 flush"}
-"""What an engine that leaves `op_kind` empty names these ops (rank.dma adds the buffer kind
-after the name). Used only while no span of a run carries an op_kind."""
-
-
 def spans_of_kind(spans: pd.DataFrame, kind: OpKind) -> pd.Series:
-    """Which spans do `kind`: by `op_kind`, or by the op's name in a run whose engine did not
-    fill `op_kind` (every value empty)."""
-    if "op_kind" in spans.columns and spans.op_kind.fillna("").ne("").any():
-        return spans.op_kind == kind
-    return spans.op.str.startswith(LEGACY_OP_PREFIXES[kind])
+    """Which spans do `kind` (the engine's `op_kind` field, never the op's display name)."""
+    return spans.op_kind == kind
 
 
 def adam_spans(spans: pd.DataFrame) -> pd.DataFrame:
