@@ -42,13 +42,14 @@ def scenario_argument(func):
 
 
 def _load(scenario: Path, overrides: tuple[str, ...]):
-    """Load a scenario, showing the unmodelled-keys warning once on stderr."""
+    """Load a scenario, showing each of its warnings once on stderr."""
     import warnings
 
-    from zerosim.scenario import UnmodelledKeysWarning, load_scenario
+    from zerosim.errors import ScenarioWarning
+    from zerosim.scenario import load_scenario
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnmodelledKeysWarning)
+        warnings.simplefilter("always", ScenarioWarning)
         loaded = load_scenario(scenario, overrides)
     for warning in caught:
         click.echo(f"warning: {warning.message}", err=True)
