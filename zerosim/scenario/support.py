@@ -27,8 +27,8 @@ def _needs_16bit_training(scenario: Any) -> None:
     if scenario.deepspeed.dtype == "fp32":
         _refuse(scenario, "deepspeed.fp16.enabled",
                 "fp16 or bf16 enabled (without either DeepSpeed trains in fp32, which zerosim "
-                "does not replay: it models 16-bit mixed precision; a Hugging Face 'auto' takes "
-                "the scenario's precision: fp16 or bf16)",
+                "does not replay: it models 16-bit mixed precision; an 'auto' enabled takes "
+                "the scenario's precision, fp16 or bf16, in the block the ds_config has)",
                 "neither fp16.enabled nor bf16.enabled true (fp32 training)")
 
 
