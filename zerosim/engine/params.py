@@ -19,6 +19,9 @@ from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
 class ParameterCoordinator(Protocol):
+    module_hooks: bool
+    """Whether DeepSpeed hooks every module's forward and backward (ZeRO-3's coordinator)."""
+
     def fetch(self, index: int) -> simpy.Event | None: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
     def release(self, index: int, after: simpy.Event | None) -> None: ...
@@ -28,6 +31,8 @@ class ParameterCoordinator(Protocol):
 
 class ReplicatedParams:
     """Stages 0-2: the 16-bit parameters are resident on every GPU."""
+
+    module_hooks = False
 
     def fetch(self, index: int) -> simpy.Event | None:
         return None
@@ -78,6 +83,8 @@ class PartitionsInHost:
 
 class PartitionedParams:
     """ZeRO-3's partitioned parameter coordinator for one rank."""
+
+    module_hooks = True
 
     def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False):
         self.core = core

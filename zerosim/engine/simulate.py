@@ -87,7 +87,7 @@ def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
 
 def run_engine(scenario: Scenario, *, count_events: bool = False) -> RawRun:
     env = CountingEnvironment() if count_events else simpy.Environment()
-    modules = build_modules(scenario.model, workload_of(scenario))
+    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
     plan = make_plan(scenario, modules)
     machine = Machine(env, scenario.hardware, scenario.data_parallel,
                       scenario.runtime.cpu_threads_per_rank)

@@ -28,6 +28,7 @@ from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, Traine
 from zerosim.scenario.support import check_supported
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version
+from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
 from zerosim.yamlio import parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
@@ -57,6 +58,7 @@ class _Runtime(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
     cpu_threads_per_rank: int | None = Field(None, ge=1)
+    framework: Any = None
 
 
 class WhatIf(BaseModel):
@@ -112,6 +114,8 @@ class Scenario:
     """Each Hugging Face "auto" in the ds_config and what it became."""
     behaviours: Behaviours = field(default_factory=lambda: resolve_behaviours((0, 13, 3)))
     """The DeepSpeed behaviours of `runtime.deepspeed_version` (`zerosim.behaviours`)."""
+    stack: SoftwareStack = field(default_factory=lambda: load_stack(DEFAULT_STACK))
+    """The software stack of `runtime.framework` (`zerosim.stacks`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario with every default filled in (what `zerosim check` prints)."""
@@ -133,7 +137,10 @@ class Scenario:
             "data_parallel": self.data_parallel,
             "deepspeed": self.deepspeed.to_dict(),
             "runtime": {"deepspeed_version": format_version(self.runtime.deepspeed_version),
-                        "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank},
+                        "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
+                        "framework": {"name": self.stack.name, "values": {
+                            key: {"value": p.value, "basis": p.basis, "source": p.source}
+                            for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
             "unmodelled_keys": list(self.unmodelled_keys),
             "auto_filled": [fill.describe() for fill in self.auto_filled],
@@ -329,6 +336,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     version = parse_version(raw.runtime.deepspeed_version, source=source)
     model = _resolve_model(raw.model, source, base_dir)
     hardware = _resolve_hardware(raw.hardware, source, base_dir)
+    stack = resolve_stack(raw.runtime.framework, source=source, base_dir=base_dir)
     data_parallel = raw.data_parallel or hardware.total_gpus
     if data_parallel > hardware.total_gpus:
         raise ScenarioError(source, "data_parallel",
@@ -351,7 +359,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank), what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
-        behaviours=behaviours)
+        behaviours=behaviours, stack=stack)
     check_supported(scenario)
     return scenario
 
