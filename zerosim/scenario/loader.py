@@ -20,7 +20,7 @@ from zerosim.hardware.profile import (
     parse_profile,
     profile_tree_from_file,
 )
-from zerosim.models import CATALOG, ModelSpec, spec_from_hf_fields, spec_from_hf_file
+from zerosim.models import CATALOG, ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
 from zerosim.scenario.dsfile import read_ds_config
@@ -237,10 +237,7 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
         if base not in CATALOG:
             raise ScenarioError(source, "model.base",
                                 f"a catalog model ({', '.join(catalog_names())})", base)
-        from dataclasses import asdict
-
-        merged = asdict(CATALOG[base])
-        merged.pop("name")
+        merged = fields_of(CATALOG[base])
         merged.update(fields)
         fields = merged
     name = str(fields.pop("name", base or "custom"))
