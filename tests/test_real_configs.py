@@ -167,3 +167,48 @@ def test_check_and_run_agree_on_every_real_ds_config(tmp_path):
         assert checked.exit_code == ran.exit_code, path.name
         if ran.exit_code:
             assert checked.output == ran.output
+
+
+# ------------------------------------------------------------------ check and estimate
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_check_a_config_json_prints_counts_breakdown_and_flops_per_token():
+    text = invoke("check", str(MODELS / "Mixtral-8x7B-v0.1" / "config.json"))
+    assert text.startswith("Model Mixtral-8x7B-v0.1: 46,702,792,704 parameters "
+                           "(12,879,925,248 active per token)")
+    assert "FLOPs per token at sequence length 2048" in text
+    assert "layers.*.mlp.experts.*.down_proj" in text
+
+
+def test_flops_per_token_are_two_per_weight_plus_dense_attention():
+    """Llama-3-8B at 2,048 tokens: 2 FLOPs per matmul weight (everything but the embedding and
+    the norms) and 4 s x hidden per layer of attention."""
+    data = json.loads(invoke("check", str(MODELS / "Meta-Llama-3-8B" / "config.json"),
+                             "--json"))
+    weights = 8_030_261_248 - 128_256 * 4096 - (2 * 32 + 1) * 4096
+    assert data["forward_flops_per_token"] == 2 * weights + 4 * 2048 * 4096 * 32
+    assert data["training_flops_per_token"] == 3 * data["forward_flops_per_token"]
+
+
+def test_estimate_takes_a_config_json():
+    data = json.loads(invoke("estimate", "--hf-config",
+                             str(MODELS / "Llama-3.1-70B" / "config.json"),
+                             "--gpus-per-node", "8", "--json"))
+    assert data["total_params"] == data["model"]["total_params"] == 70_553_706_496
+    assert data["largest_layer_params"] == 128_256 * 8192
+    assert (data["stage"], data["num_gpus_per_node"]) == (3, 8)
+
+
+def test_estimate_and_check_take_a_scenario():
+    scenario = str(Path(__file__).resolve().parent.parent / "scenarios" / "llama13b_dp4.yaml")
+    data = json.loads(invoke("estimate", "--scenario", scenario, "--json"))
+    assert (data["stage"], data["num_gpus_per_node"], data["num_nodes"]) == (3, 4, 1)
+    assert data["model"]["total_params"] == 13_015_864_320
+    checked = json.loads(invoke("check", scenario, "--json"))
+    assert checked["model_summary"]["total_params"] == 13_015_864_320
