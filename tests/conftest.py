@@ -17,13 +17,13 @@ sequence 8, micro-batch 1 (8 tokens), untied embeddings.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 import zerosim
+from zerosim.scenario.loader import deep_merge
 
 TOY_SOURCE = "tests/conftest.py toy profile"
 
@@ -142,17 +142,6 @@ def toy_tree(gpus: int = 1) -> dict[str, Any]:
         },
         "runtime": {"deepspeed_version": "0.13.3", "framework": toy_stack()},
     }
-
-
-def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `patch` merged in, recursively (mappings merge, everything else replaces)."""
-    merged = copy.deepcopy(dict(base))
-    for key, value in patch.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 class Toy:

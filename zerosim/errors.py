@@ -29,6 +29,11 @@ class UnsupportedConfigError(ScenarioError):
     so `check`, `sweep` and `run` agree."""
 
 
+class ScenarioWarning(UserWarning):
+    """Something about an input worth telling the user, naming the field; nothing is refused.
+    The CLI prints each once on stderr as `warning: ...`."""
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -53,6 +53,14 @@ def render_scenario(scenario: Scenario) -> None:
     for key, value in _flatten(ds.to_dict()):
         table.add_row(key, str(value))
     console.print(table)
+    if scenario.auto_filled:
+        auto = Table(title="'auto' values (filled as the Hugging Face Trainer fills them)",
+                     title_justify="left")
+        for column in ("key", "value", "from"):
+            auto.add_column(column, overflow="fold")
+        for fill in scenario.auto_filled:
+            auto.add_row(f"deepspeed.{fill.key}", str(fill.value), fill.origin)
+        console.print(auto)
     prov = Table(title=f"hardware profile {hw.name}", title_justify="left")
     for column in ("key", "value", "basis", "source"):
         prov.add_column(column, overflow="fold")

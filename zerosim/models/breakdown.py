@@ -145,14 +145,18 @@ def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Mo
 
 
 def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: Workload,
-            saves_input: bool, r: Recipe, after: tuple[MemoryPass, ...] = ()) -> Module:
+            saves_input: bool, r: Recipe, after: tuple[MemoryPass, ...] = (), *,
+            tokens: float | None = None) -> Module:
+    """A linear layer over `tokens` rows (the micro-batch's tokens unless an expert sees
+    fewer)."""
+    t = w.tokens if tokens is None else tokens
     numels = (d_in * d_out, d_out) if bias else (d_in * d_out,)
     params = sum(numels)
-    flops = 2.0 * d_in * d_out * w.tokens
-    saved = w.dtype_bytes * d_in * w.tokens if saves_input else 0.0
+    flops = 2.0 * d_in * d_out * t
+    saved = w.dtype_bytes * d_in * t if saves_input else 0.0
     module = Module(name, "linear", "matmul", layer, params, flops, flops, 0.0, saved,
                     param_numels=numels)
-    gemm = Gemm(w.tokens, d_out, d_in, dtype_bytes=w.dtype_bytes)
+    gemm = Gemm(t, d_out, d_in, dtype_bytes=w.dtype_bytes)
     return _with_backward(module, (gemm, *after), r)
 
 
@@ -167,15 +171,15 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
 
 
 def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
-    h, hkv, a, s = spec.hidden_size, spec.kv_hidden_size, spec.num_attention_heads, \
+    q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
-    rotary = _pass(r.rotary, t * (h + hkv), w) if spec.family == "llama" else ()
-    context = _pass(r.context, t * h, w)
+    rotary = _pass(r.rotary, t * (q + hkv), w) if spec.position_embedding == "rotary" else ()
+    context = _pass(r.context, t * q, w)
     if w.attention == "flash":
-        io = w.dtype_bytes * t * (2 * h + 2 * hkv)
-        return (*rotary, FusedAttention(2.0 * t * s * h, io), *context)
-    repeat = _pass(r.kv_repeat, 2 * t * h, w) if hkv < h else ()
+        io = w.dtype_bytes * t * (2 * q + 2 * hkv)
+        return (*rotary, FusedAttention(2.0 * t * s * q, io), *context)
+    repeat = _pass(r.kv_repeat, 2 * t * q, w) if hkv < q else ()
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
     return (*rotary, *repeat, scores, *_pass(r.scores, a * s * t, w), mix, *context)
@@ -183,11 +187,11 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
 
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                     r: Recipe) -> Module:
-    h, hkv, a, s = spec.hidden_size, spec.kv_hidden_size, spec.num_attention_heads, \
+    q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t = w.tokens
-    dense_flops = 4.0 * t * s * h
-    qkv_saved = w.dtype_bytes * t * (h + 2 * hkv)
+    dense_flops = 4.0 * t * s * q
+    qkv_saved = w.dtype_bytes * t * (q + 2 * hkv)
     if w.attention == "eager":
         scores = a * s * t
         saved = qkv_saved + w.dtype_bytes * scores
@@ -205,9 +209,9 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
 
 
 def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload,
-                    r: Recipe) -> Module:
+                    r: Recipe, tokens: float | None = None) -> Module:
     inputs = 2 if gated else 1
-    elements = i * w.tokens
+    elements = i * (w.tokens if tokens is None else tokens)
     saved = inputs * w.dtype_bytes * elements
     module = Module(name, "activation", "elementwise", layer, 0,
                     ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 0.0, 0.0, saved)
@@ -217,64 +221,123 @@ def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload,
     return _with_backward(module, _pass(r.activation, moved, w, module.fwd_flops), r)
 
 
-def _dropout_mask(name: str, layer: int, h: int, w: Workload, r: Recipe) -> Module:
+def _dropout_mask(name: str, layer: int | None, h: int, w: Workload, r: Recipe) -> Module:
     elements = h * w.tokens
     module = Module(name, "dropout", "elementwise", layer, 0, elements, 0.0, 0.0,
                     MASK_BYTES * elements)
     return _with_backward(module, (MemoryPass(2 * w.dtype_bytes * elements, 1, elements),), r)
 
 
+@dataclass(frozen=True)
+class _Names:
+    """Module names in a block: Hugging Face's Llama names, or the gpt family's."""
+
+    first_norm: str
+    second_norm: str
+    attention: str
+    out: str
+
+
+NAMES = {"llama": _Names("input_layernorm", "post_attention_layernorm", "self_attn", "o_proj"),
+         "gpt": _Names("ln_1", "ln_2", "attn", "out_proj")}
+
+
 def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload,
                            r: Recipe) -> Iterator[Module]:
-    h, hkv = spec.hidden_size, spec.kv_hidden_size
-    if r.fused_qkv:
-        yield _linear(f"{p}.self_attn.qkv_proj", layer, h, h + 2 * hkv, False, w, True, r)
+    """Q, K and V as three projections, or one where the stack or the model's own code fuses
+    them (Megatron's `query_key_value`, GPT-2's `c_attn`)."""
+    h, q, hkv, bias = spec.hidden_size, spec.q_size, spec.kv_hidden_size, spec.qkv_bias
+    attention = f"{p}.{NAMES[spec.family].attention}"
+    if r.fused_qkv or spec.fused_qkv:
+        yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r)
         return
-    yield _linear(f"{p}.self_attn.q_proj", layer, h, h, False, w, True, r)
-    yield _linear(f"{p}.self_attn.k_proj", layer, h, hkv, False, w, False, r)
-    yield _linear(f"{p}.self_attn.v_proj", layer, h, hkv, False, w, False, r)
+    yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r)
+    yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r)
+    yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r)
 
 
-def _gated_projections(spec: ModelSpec, p: str, layer: int, w: Workload,
-                       r: Recipe) -> Iterator[Module]:
-    h, i = spec.hidden_size, spec.intermediate_size
+def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: Recipe, *,
+               saves_input: bool, after: tuple[MemoryPass, ...] = (),
+               tokens: float | None = None) -> Iterator[Module]:
+    """A gated MLP (gate, up, act_fn, down; gate/up fused where the stack fuses them) or a
+    plain one (fc_in, act, fc_out) of `width` over `tokens` rows."""
+    h, bias = spec.hidden_size, spec.mlp_bias
+    if not spec.gated_mlp:
+        yield _linear(f"{p}.fc_in", layer, h, width, bias, w, saves_input, r, tokens=tokens)
+        yield _mlp_activation(f"{p}.act", layer, width, False, w, r, tokens)
+        yield _linear(f"{p}.fc_out", layer, width, h, bias, w, True, r, after, tokens=tokens)
+        return
     if r.fused_gate_up:
-        yield _linear(f"{p}.mlp.gate_up_proj", layer, h, 2 * i, False, w, True, r)
+        yield _linear(f"{p}.gate_up_proj", layer, h, 2 * width, bias, w, saves_input, r,
+                      tokens=tokens)
+    else:
+        yield _linear(f"{p}.gate_proj", layer, h, width, bias, w, saves_input, r, tokens=tokens)
+        yield _linear(f"{p}.up_proj", layer, h, width, bias, w, False, r, tokens=tokens)
+    yield _mlp_activation(f"{p}.act_fn", layer, width, True, w, r, tokens)
+    yield _linear(f"{p}.down_proj", layer, width, h, bias, w, True, r, after, tokens=tokens)
+
+
+ROUTER_BYTES_PER_LOGIT = 10
+"""The router's softmax in fp32 and top-k: read the 16-bit logits (2 B), write and read the
+fp32 probabilities (4 + 4 B)."""
+ROUTING_PASSES = 3
+"""Per routed token and hidden element: the gather of the expert's input rows, the scaling of
+its output by the routing weight, and the index_add into the block output (read and write
+each)."""
+
+
+def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+             residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
+    """Router, then every expert in order (each one's hooks fire and ZeRO-3 fetches its
+    parameters: transformers runs every expert of an `nn.ModuleList`), then the shared expert
+    and its gate. Each expert computes its share of the routed tokens and saves its gathered
+    input and scaled output besides what an MLP saves."""
+    moe, h, t = spec.moe, spec.hidden_size, w.tokens
+    logits = moe.num_experts * t
+    softmax = MemoryPass(ROUTER_BYTES_PER_LOGIT * logits, 3, ELEMENTWISE_FLOPS_PER_ELEMENT * logits)
+    router = _linear(f"{p}.gate", layer, h, moe.num_experts, False, w, True, r, (softmax,))
+    yield replace(router, saved_bytes=router.saved_bytes + FP32_BYTES * logits)
+    routed = moe.tokens_per_expert(t)
+    combine = MemoryPass(ROUTING_PASSES * 2 * w.dtype_bytes * routed * h, ROUTING_PASSES)
+    shared = moe.shared_expert_intermediate_size
+    for expert in range(moe.num_experts):
+        last = expert == moe.num_experts - 1 and not shared
+        modules = list(_dense_mlp(spec, f"{p}.experts.{expert}", layer,
+                                  moe.expert_intermediate_size, w, r, saves_input=True,
+                                  after=(combine, *(residual if last else ())), tokens=routed))
+        down = modules[-1]
+        modules[-1] = replace(down, saved_bytes=down.saved_bytes + w.dtype_bytes * routed * h)
+        yield from modules
+    if not shared:
         return
-    yield _linear(f"{p}.mlp.gate_proj", layer, h, i, False, w, True, r)
-    yield _linear(f"{p}.mlp.up_proj", layer, h, i, False, w, False, r)
+    yield from _dense_mlp(spec, f"{p}.shared_expert", layer, shared, w, r, saves_input=False,
+                          after=() if moe.shared_expert_gate else residual)
+    if moe.shared_expert_gate:
+        yield _linear(f"{p}.shared_expert_gate", layer, h, 1, False, w, False, r, residual)
 
 
-def _llama_block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Iterator[Module]:
-    h, i = spec.hidden_size, spec.intermediate_size
+def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Iterator[Module]:
+    """A pre-norm block: norm, attention, (second norm,) MLP or MoE; with one norm, attention
+    and MLP read the same normalised input (GPT-J, Falcon-7B)."""
+    h, names = spec.hidden_size, NAMES[spec.family]
     p = f"layers.{layer}"
+    norm_bias = spec.norm == "layer"
     residual = _pass(r.residual, h * w.tokens, w)
-    yield _norm(f"{p}.input_layernorm", layer, h, False, w, r)
+    yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
     yield from _attention_projections(spec, p, layer, w, r)
     yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
-    yield _linear(f"{p}.self_attn.o_proj", layer, h, h, False, w, True, r, after=residual)
-    yield _norm(f"{p}.post_attention_layernorm", layer, h, False, w, r)
-    yield from _gated_projections(spec, p, layer, w, r)
-    yield _mlp_activation(f"{p}.mlp.act_fn", layer, i, True, w, r)
-    yield _linear(f"{p}.mlp.down_proj", layer, i, h, False, w, True, r, after=residual)
-
-
-def _gpt_block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Iterator[Module]:
-    h, i = spec.hidden_size, spec.intermediate_size
-    p = f"layers.{layer}"
-    dropout = spec.hidden_dropout > 0
-    residual = _pass(r.residual, h * w.tokens, w)
-    yield _norm(f"{p}.ln_1", layer, h, True, w, r)
-    yield _linear(f"{p}.attn.qkv_proj", layer, h, h + 2 * spec.kv_hidden_size, True, w, True, r)
-    yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
-    yield _linear(f"{p}.attn.out_proj", layer, h, h, True, w, True, r, after=residual)
-    if dropout:
+    yield _linear(f"{p}.{names.attention}.{names.out}", layer, spec.q_size, h,
+                  spec.attention_out_bias, w, True, r, after=residual)
+    if spec.hidden_dropout > 0:
         yield _dropout_mask(f"{p}.attn.resid_dropout", layer, h, w, r)
-    yield _norm(f"{p}.ln_2", layer, h, True, w, r)
-    yield _linear(f"{p}.mlp.fc_in", layer, h, i, True, w, True, r)
-    yield _mlp_activation(f"{p}.mlp.act", layer, i, False, w, r)
-    yield _linear(f"{p}.mlp.fc_out", layer, i, h, True, w, True, r, after=residual)
-    if dropout:
+    if spec.norms_per_block == 2:
+        yield _norm(f"{p}.{names.second_norm}", layer, h, norm_bias, w, r)
+    if spec.is_moe_layer(layer):
+        yield from _moe_mlp(spec, f"{p}.mlp", layer, w, r, residual)
+    else:
+        yield from _dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
+                              saves_input=spec.norms_per_block == 2, after=residual)
+    if spec.hidden_dropout > 0:
         yield _dropout_mask(f"{p}.mlp.dropout", layer, h, w, r)
 
 
@@ -287,17 +350,29 @@ def _lookup(name: str, rows: int, w: Workload, r: Recipe, h: int) -> Module:
 
 
 def _embedding(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
-    yield _lookup("embed_tokens", spec.vocab_size, w, r, spec.hidden_size)
-    if spec.family == "gpt":
-        yield _lookup("embed_positions", spec.max_position_embeddings, w, r, spec.hidden_size)
+    h, width = spec.hidden_size, spec.embedding_width
+    yield _lookup("embed_tokens", spec.vocab_size, w, r, width)
+    if spec.word_embed_proj_dim:
+        yield _linear("project_in", None, width, h, False, w, False, r)
+    if spec.position_embedding == "learned":
+        rows = spec.max_position_embeddings + spec.position_offset
+        yield _lookup("embed_positions", rows, w, r, h)
+    if spec.embedding_norm:
+        yield _norm("embed_layernorm", None, h, True, w, r)
+    if spec.embedding_dropout > 0:
+        yield _dropout_mask("embed_dropout", None, h, w, r)
 
 
 def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
     h, v, t = spec.hidden_size, spec.vocab_size, w.tokens
-    yield _norm("norm", None, h, spec.family == "gpt", w, r)
-    head = _linear("lm_head", None, h, v, False, w, True, r)
+    if spec.final_norm:
+        yield _norm("norm", None, h, spec.norm == "layer", w, r)
+    if spec.word_embed_proj_dim:
+        yield _linear("project_out", None, h, spec.embedding_width, False, w, True, r)
+    head = _linear("lm_head", None, spec.embedding_width, v, spec.lm_head_bias, w, True, r)
     if spec.tie_word_embeddings:
-        head = replace(head, params=0, param_numels=())
+        bias = head.param_numels[1:]
+        head = replace(head, params=sum(bias), param_numels=bias)
     yield head
     logits = v * t
     loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
@@ -306,8 +381,7 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
 
 
 def _block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> list[Module]:
-    builder = _llama_block if spec.family == "llama" else _gpt_block
-    modules = list(builder(spec, layer, w, r))
+    modules = list(_block_modules(spec, layer, w, r))
     if not w.activation_checkpointing:
         return modules
     block_input = w.dtype_bytes * spec.hidden_size * w.tokens

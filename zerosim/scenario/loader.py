@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerosim.behaviours import Behaviours, resolve_behaviours
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.profile import (
     HardwareProfile,
     apply_overrides,
@@ -20,9 +20,11 @@ from zerosim.hardware.profile import (
     parse_profile,
     profile_tree_from_file,
 )
-from zerosim.models import CATALOG, ModelSpec, spec_from_hf_fields, spec_from_hf_file
+from zerosim.models import CATALOG, ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
+from zerosim.scenario.dsfile import read_ds_config
+from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
 from zerosim.scenario.support import check_supported
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version
@@ -33,8 +35,23 @@ DEFAULT_DEEPSPEED_VERSION = "0.13.3"
 HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides"}
 
 
-class UnmodelledKeysWarning(UserWarning):
+class UnmodelledKeysWarning(ScenarioWarning):
     """ds_config keys that zerosim does not model: reported once per load, then ignored."""
+
+
+class LegacyKeyWarning(ScenarioWarning):
+    """A deprecated ds_config key, mapped as DeepSpeed maps it (`zerosim.scenario.legacy`)."""
+
+
+class AutoDefaultWarning(ScenarioWarning):
+    """An "auto" filled from a Hugging Face Trainer default the scenario did not state."""
+
+
+# Hugging Face `attn_implementation` names and the attention zerosim replays for each: PyTorch's
+# SDPA picks the flash or memory-efficient kernel for 16-bit causal attention, and neither
+# stores the softmax probabilities.
+ATTENTION_NAMES = {"eager": "eager", "flash": "flash", "sdpa": "flash",
+                   "flash_attention_2": "flash"}
 
 
 class _Runtime(BaseModel):
@@ -60,10 +77,12 @@ class _ScenarioRaw(BaseModel):
     model: Any
     sequence_length: int = Field(ge=1)
     activation_checkpointing: bool = False
-    attention: Literal["eager", "flash"] = "eager"
+    attention: Literal["eager", "flash", "sdpa", "flash_attention_2"] = "eager"
     hardware: Any
     data_parallel: int | None = Field(None, ge=1)
     deepspeed: Any = None
+    precision: Precision | None = None
+    trainer: TrainerArgs | None = None
     runtime: _Runtime = _Runtime()
     what_if: WhatIf = WhatIf()
 
@@ -91,6 +110,8 @@ class Scenario:
     what_if: WhatIf
     source: str
     unmodelled_keys: tuple[str, ...] = field(default=())
+    auto_filled: tuple[AutoFill, ...] = field(default=())
+    """Each Hugging Face "auto" in the ds_config and what it became."""
     behaviours: Behaviours = field(default_factory=lambda: resolve_behaviours((0, 13, 3)))
     """The DeepSpeed behaviours of `runtime.deepspeed_version` (`zerosim.behaviours`)."""
     stack: SoftwareStack = field(default_factory=lambda: load_stack(DEFAULT_STACK))
@@ -122,6 +143,7 @@ class Scenario:
                             for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
             "unmodelled_keys": list(self.unmodelled_keys),
+            "auto_filled": [fill.describe() for fill in self.auto_filled],
             "deepspeed_behaviours": self.behaviours.describe(),
         }
 
@@ -239,10 +261,7 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
         if base not in CATALOG:
             raise ScenarioError(source, "model.base",
                                 f"a catalog model ({', '.join(catalog_names())})", base)
-        from dataclasses import asdict
-
-        merged = asdict(CATALOG[base])
-        merged.pop("name")
+        merged = fields_of(CATALOG[base])
         merged.update(fields)
         fields = merged
     name = str(fields.pop("name", base or "custom"))
@@ -286,11 +305,48 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
         raise
 
 
-def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path) -> tuple[Any, str]:
-    if isinstance(value, Mapping) and set(value) == {"file"}:
-        path = base_dir / str(value["file"])
-        return read_yaml_file(path, referenced_from=source, key_path="deepspeed.file"), str(path)
-    return value, source
+def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `patch` merged in: mappings merge key by key, anything else replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in patch.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path, behaviours: Behaviours
+                            ) -> tuple[Any, str]:
+    """`{file: ds.json}` is read as DeepSpeed reads it; keys beside `file:` (and
+    `--set deepspeed.X` overrides, which land there) patch the file's content, merged key by
+    key, before it is validated."""
+    if not (isinstance(value, Mapping) and "file" in value):
+        return value, source
+    path = base_dir / str(value["file"])
+    content = read_ds_config(path, behaviours=behaviours, referenced_from=source,
+                             key_path="deepspeed.file")
+    if not isinstance(content, Mapping):
+        raise ScenarioError(str(path), "<root>", "a ds_config mapping (JSON object)",
+                            type(content).__name__)
+    patch = {key: item for key, item in value.items() if key != "file"}
+    if not patch:
+        return content, str(path)
+    return deep_merge(content, patch), f"{path} (patched by {source})"
+
+
+def _warn_resolution(resolution: Any, ds_source: str) -> None:
+    if resolution.unmodelled:
+        warnings.warn(f"{ds_source}: zerosim does not model these keys and ignores them: "
+                      f"{', '.join(resolution.unmodelled)}", UnmodelledKeysWarning, stacklevel=4)
+    for line in resolution.legacy:
+        warnings.warn(f"{ds_source}: {line}", LegacyKeyWarning, stacklevel=4)
+    defaulted = [f"deepspeed.{fill.key} = {fill.value}" for fill in resolution.auto
+                 if fill.defaulted]
+    if defaulted:
+        warnings.warn(f"{ds_source}: 'auto' filled from the Hugging Face Trainer's defaults "
+                      f"(set trainer: and precision: in the scenario to choose): "
+                      f"{', '.join(defaulted)}", AutoDefaultWarning, stacklevel=4)
 
 
 def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
@@ -307,22 +363,24 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         raise ScenarioError(source, "data_parallel",
                             f"at most the {hardware.total_gpus} GPUs of {hardware.name}",
                             data_parallel)
-    ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir)
     behaviours = resolve_behaviours(version)
-    deepspeed, unmodelled = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
-                                              data_parallel=data_parallel)
-    if unmodelled:
-        warnings.warn(f"{ds_source}: zerosim does not model these keys and ignores them: "
-                      f"{', '.join(unmodelled)}", UnmodelledKeysWarning, stacklevel=3)
+    ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
+    trainer = raw.trainer or TrainerArgs()
+    context = TrainerContext(trainer, frozenset(trainer.model_fields_set), raw.precision,
+                             data_parallel, model.hidden_size)
+    resolution = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
+                                   trainer=context)
+    _warn_resolution(resolution, ds_source)
     name = raw.name or Path(source).stem
     scenario = Scenario(
         name=name, description=raw.description, model=model,
         sequence_length=raw.sequence_length,
-        activation_checkpointing=raw.activation_checkpointing, attention=raw.attention,
-        hardware=hardware, data_parallel=data_parallel, deepspeed=deepspeed,
+        activation_checkpointing=raw.activation_checkpointing,
+        attention=ATTENTION_NAMES[raw.attention],
+        hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank), what_if=raw.what_if,
-        source=source,
-        unmodelled_keys=tuple(unmodelled), behaviours=behaviours, stack=stack)
+        source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
+        behaviours=behaviours, stack=stack)
     check_supported(scenario)
     return scenario
 
