@@ -8,14 +8,27 @@ from typing import Any
 
 from zerosim.engine.simulate import run_engine
 from zerosim.results import Result, build_result
+from zerosim.results.result import summary_of
 from zerosim.scenario import Scenario, load_scenario
 
 
 def simulate(scenario: Scenario | str | Path,
              overrides: Iterable[str] | Mapping[str, Any] | None = None) -> Result:
     """Replay one training iteration of `scenario` (a Scenario, or a path to its YAML)."""
+    return build_result(run_engine(_resolved(scenario, overrides)))
+
+
+def simulate_summary(scenario: Scenario | str | Path,
+                     overrides: Iterable[str] | Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """`simulate(...).summary` without the tables: what a sweep point keeps."""
+    return summary_of(run_engine(_resolved(scenario, overrides), full=False))
+
+
+def _resolved(scenario: Scenario | str | Path,
+              overrides: Iterable[str] | Mapping[str, Any] | None) -> Scenario:
     if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario, overrides)
-    elif overrides:
+        return load_scenario(scenario, overrides)
+    if overrides:
         raise ValueError("overrides apply to a scenario path; pass them to load_scenario")
-    return build_result(run_engine(scenario))
+    return scenario

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from enum import Enum
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from zerosim.engine.flows import RateChange
-from zerosim.engine.records import MemorySample, PhaseSpan, Span
+from zerosim.engine.records import Span, Table
 from zerosim.engine.simulate import RawRun
 from zerosim.hardware import costs
 from zerosim.scenario.version import format_version
@@ -27,20 +25,19 @@ from zerosim.vocabulary import (
 )
 
 PHASE_KEYS = PHASE_TIMES
+SPAN_ORDER = ["start_s", "rank", "stream"]
 
 
-def _frame(records: list, record_type: type) -> pd.DataFrame:
-    """One row per record, one column per field in declaration order (defaulted fields
-    included); vocabulary members are written as their plain text."""
-    columns = [f.name for f in fields(record_type)]
-    row = attrgetter(*columns)
-    frame = pd.DataFrame([row(r) for r in records], columns=columns)
-    for name in columns:
-        column = frame[name]
-        if (not pd.api.types.is_numeric_dtype(column)
-                and any(isinstance(v, Enum) for v in column)):
-            frame[name] = [v.value if isinstance(v, Enum) else v for v in column]
-    return frame
+def _frame(table: Table) -> pd.DataFrame:
+    """One row per record, one column per field in declaration order; vocabulary members are
+    written as their plain text."""
+    if not len(table):
+        return pd.DataFrame([], columns=list(table.names))
+    return pd.DataFrame(table.columns(), columns=list(table.names))
+
+
+def _sorted_spans(table: Table[Span]) -> pd.DataFrame:
+    return _frame(table).sort_values(SPAN_ORDER, kind="stable", ignore_index=True)
 
 
 @dataclass(frozen=True)
@@ -135,11 +132,19 @@ def link_unit(resource: str) -> str:
 
 
 def build_result(raw: RawRun) -> Result:
-    spans = _frame(raw.spans, Span).sort_values(["start_s", "rank", "stream"], kind="stable",
-                                                ignore_index=True)
-    phases = _frame(raw.phases, PhaseSpan)
-    memory = _frame(raw.memory, MemorySample)
-    links = _frame(raw.links, RateChange)
+    spans = _sorted_spans(raw.spans)
+    phases = _frame(raw.phases)
+    memory = _frame(raw.memory)
+    links = _frame(raw.links)
     links["unit"] = links.resource.map(link_unit)
     return Result(raw.scenario.name, spans, memory, phases, links,
                   summarize(raw, spans, phases), dict(raw.capacities))
+
+
+def summary_of(raw: RawRun) -> dict[str, Any]:
+    """The summary alone, equal to `build_result(raw).summary`: only the phases and the PCIe
+    spans become (small) frames, in the order `build_result` gives them."""
+    pcie = frozenset(PCIE_STREAMS.values())
+    copies = Table(Span)
+    copies.rows.extend(row for row in raw.spans.rows if row[1] in pcie)
+    return summarize(raw, _sorted_spans(copies), _frame(raw.phases))
