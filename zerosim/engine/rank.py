@@ -51,6 +51,10 @@ class RunContext:
     phases: Table[PhaseSpan] = field(default_factory=lambda: Table(PhaseSpan))
     memory_log: Table[MemorySample] = field(default_factory=lambda: Table(MemorySample))
 
+    def __post_init__(self) -> None:
+        self.world = tuple(range(self.scenario.data_parallel))
+        """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
+
 
 class RankCore:
     """One rank's host thread, streams and memory, and the primitive activities it issues."""
@@ -69,7 +73,7 @@ class RankCore:
         self.gpu = ctx.pools[self.placement.device]
         self.host = ctx.pools[self.placement.host_device]
         self.nvme = ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node))
-        self.ranks = tuple(range(ctx.scenario.data_parallel))
+        self.ranks = ctx.world
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
         self._seq: dict[str, int] = {}

@@ -40,6 +40,9 @@ class RawRun:
     events: int | None = None
     """SimPy events processed (counted only when asked: counting costs about 8%)."""
     checks: list[str] = field(default_factory=list)
+    copies: int = 1
+    """How many nodes each simulated node stands for (`simulated_ranks`): the tables hold
+    the simulated ranks and devices; totals over every rank multiply by it."""
 
 
 class CountingEnvironment(simpy.Environment):
@@ -70,18 +73,31 @@ def _pools(env: simpy.Environment, machine: Machine, log: Table[MemorySample] | 
     return pools
 
 
-def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = True) -> RawRun:
+def simulated_ranks(scenario: Scenario, *, fold: bool = True) -> int:
+    """Ranks the engine runs: node 0's alone when the ranks fill two or more identical nodes
+    (every node then runs the same timeline: nodes share nothing but collectives, which are
+    sized for every rank), else all of them."""
+    ranks, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
+    if fold and ranks > per_node and ranks % per_node == 0:
+        return per_node
+    return ranks
+
+
+def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = True,
+               fold: bool = True) -> RawRun:
     """Simulate one iteration. `full=False` keeps only what the summary needs: no memory log
-    and no link rates (the timeline is the same)."""
+    and no link rates (the timeline is the same). `fold=False` simulates every node even when
+    they are identical (see `simulated_ranks`)."""
     env = CountingEnvironment() if count_events else simpy.Environment()
     modules = build_modules(scenario.model, workload_of(scenario))
     plan = make_plan(scenario, modules)
-    machine = Machine(env, scenario.hardware, scenario.data_parallel,
+    simulated = simulated_ranks(scenario, fold=fold)
+    machine = Machine(env, scenario.hardware, simulated,
                       scenario.runtime.cpu_threads_per_rank, record_rates=full)
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
-    ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(scenario.data_parallel)]
+    ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(simulated)]
     status, oom = "ok", None
     try:
         env.run(simpy.AllOf(env, ranks))
@@ -91,7 +107,8 @@ def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = T
     raw = RawRun(scenario, plan, status, ctx.spans, ctx.phases, log, links,
                  {name: pool.capacity for name, pool in pools.items()},
                  {name: pool.peak for name, pool in pools.items()}, oom,
-                 env.processed if count_events else None)
+                 env.processed if count_events else None,
+                 copies=scenario.data_parallel // simulated)
     if status == "ok":
         machine.assert_idle()
         raw.checks = check_invariants(raw, pools)

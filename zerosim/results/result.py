@@ -95,7 +95,7 @@ def summarize(raw: RawRun, spans: pd.DataFrame, phases: pd.DataFrame) -> dict[st
     ds = scenario.deepspeed
     ranks = scenario.data_parallel
     iteration = float(phases.end_s.max()) if raw.status == "ok" and not phases.empty else None
-    pcie_bytes = {d: float(spans.loc[spans.stream == stream, "bytes"].sum())
+    pcie_bytes = {d: float(spans.loc[spans.stream == stream, "bytes"].sum()) * raw.copies
                   for d, stream in PCIE_STREAMS.items()}
     model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
     tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
