@@ -13,9 +13,15 @@ from zerosim.scenario import Scenario, load_scenario
 
 
 def simulate(scenario: Scenario | str | Path,
-             overrides: Iterable[str] | Mapping[str, Any] | None = None) -> Result:
-    """Replay one training iteration of `scenario` (a Scenario, or a path to its YAML)."""
-    return build_result(run_engine(_resolved(scenario, overrides)))
+             overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
+             fold_nodes: bool = True) -> Result:
+    """Replay one training iteration of `scenario` (a Scenario, or a path to its YAML).
+
+    When the ranks fill two or more identical nodes, only node 0 is simulated (every node
+    runs the same timeline) and the tables hold its ranks and devices; the summary covers
+    every rank. `fold_nodes=False` simulates every node.
+    """
+    return build_result(run_engine(_resolved(scenario, overrides), fold=fold_nodes))
 
 
 def simulate_summary(scenario: Scenario | str | Path,
