@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerosim.engine.simulate import run_engine
-from zerosim.results import Result, build_result
-from zerosim.results.result import summary_of
+from zerosim.results.summary import summarize
 from zerosim.scenario import Scenario, load_scenario
+
+if TYPE_CHECKING:
+    from zerosim.results import Result
 
 
 def simulate(scenario: Scenario | str | Path,
@@ -21,6 +23,8 @@ def simulate(scenario: Scenario | str | Path,
     runs the same timeline) and the tables hold its ranks and devices; the summary covers
     every rank. `fold_nodes=False` simulates every node.
     """
+    from zerosim.results import build_result
+
     return build_result(run_engine(_resolved(scenario, overrides), fold=fold_nodes))
 
 
@@ -28,7 +32,7 @@ def simulate_summary(scenario: Scenario | str | Path,
                      overrides: Iterable[str] | Mapping[str, Any] | None = None
                      ) -> dict[str, Any]:
     """`simulate(...).summary` without the tables: what a sweep point keeps."""
-    return summary_of(run_engine(_resolved(scenario, overrides), full=False))
+    return summarize(run_engine(_resolved(scenario, overrides), full=False))
 
 
 def _resolved(scenario: Scenario | str | Path,
