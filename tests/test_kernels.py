@@ -117,7 +117,7 @@ def test_stack_values_are_overridden_like_profile_values():
     assert scenario.stack.provenance["host.fetch_hook_us"].basis == "override"
     hf = load_scenario("scenarios/llama13b_dp1.yaml", ["runtime.framework=hf-transformers"])
     assert not hf.stack.recipe.fused_qkv
-    with pytest.raises(ScenarioError, match="runtime.framework"):
+    with pytest.raises(ScenarioError, match=r"runtime\.framework"):
         load_scenario("scenarios/llama13b_dp1.yaml", ["runtime.framework=pytorch-lightning"])
 
 
