@@ -189,22 +189,27 @@ def validate(out_dir: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("data", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.option("--param", "params", multiple=True, metavar="KEY[=LOW:HIGH]",
-              help="A profile value to fit, with bounds in its unit (default x/10..x*10).")
+@click.argument("data", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--param", "params", multiple=True, metavar="[PROFILE:]KEY[=LOW:HIGH]",
+              help="A value to fit, with bounds in its unit (default x/10..x*10): a profile key "
+                   "(every profile), PROFILE:key (one testbed) or stack.key (the shared "
+                   "software stack).")
 @click.option("--holdout", metavar="TEXT",
               help="Fit without the rows whose scenario or overrides contain TEXT; report "
                    "the prediction error on them.")
-@click.option("--name", help="Name of the fitted profile (default: <profile>-fitted).")
+@click.option("--suffix", default="-fitted", show_default=True,
+              help="Appended to each fitted profile's and stack's name.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("results") / "calibration", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for the simulations (default: CPU count).")
 @click.option("--max-iterations", type=click.IntRange(min=1), default=25, show_default=True)
-def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: str | None,
-              out_dir: Path, workers: int | None, max_iterations: int) -> None:
-    """Fit hardware-profile values to measured phase times (CSV: scenario, overrides, phase,
-    seconds) and write the fitted profile and the residuals."""
+def calibrate(data: tuple[Path, ...], params: tuple[str, ...], holdout: str | None,
+              suffix: str, out_dir: Path, workers: int | None, max_iterations: int) -> None:
+    """Fit profile and stack values to measured phase times (CSV files: scenario, overrides,
+    phase, seconds; several testbeds at once) and write the fitted profiles and stack, the
+    residuals and what the data identifies."""
     import os
     from concurrent.futures import ProcessPoolExecutor
 
@@ -215,14 +220,14 @@ def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: st
     workers = workers or os.cpu_count() or 1
     pool = ProcessPoolExecutor(workers) if workers > 1 else None
     try:
-        result, tree, base = run_calibration(
-            data, params, holdout=holdout, max_iterations=max_iterations, pool=pool,
-            progress=lambda i, cost: click.echo(f"iteration {i}: sum of squared log errors "
+        result, bases = run_calibration(
+            list(data), params, holdout=holdout, max_iterations=max_iterations, pool=pool,
+            progress=lambda i, cost: click.echo(f"evaluation {i}: sum of squared log errors "
                                                 f"{cost:.4f}", err=True))
     finally:
         if pool is not None:
             pool.shutdown()
-    paths = write_outputs(result, tree, data, out_dir, name or f"{base}-fitted")
+    paths = write_outputs(result, bases, " + ".join(p.name for p in data), out_dir, suffix)
     render_calibration(result, paths)
 
 

@@ -149,11 +149,14 @@ def render_validation(cells, out_dir) -> None:
 def render_calibration(fit, paths) -> None:
     console = _console()
     values = Table(title="fitted values", title_justify="left")
-    for column in ("key", "start", "fitted", "bounds"):
+    for column in ("key", "start", "fitted", "bounds", "std error", "identified"):
         values.add_column(column)
+    ident = fit.identifiability
     for p in fit.parameters:
         values.add_row(p.key, f"{p.start:.4g}", f"{fit.values[p.key]:.4g}",
-                       f"{p.low:.3g} .. {p.high:.3g}")
+                       f"{p.low:.3g} .. {p.high:.3g}",
+                       f"{ident.rel_std[p.key]:.0%}" if ident else "",
+                       ("yes" if ident.identified(p.key) else "NO") if ident else "")
     console.print(values)
     rows = Table(title="residuals", title_justify="left")
     for column in ("case", "split", "measured s", "simulated s", "error"):
@@ -166,5 +169,5 @@ def render_calibration(fit, paths) -> None:
     console.print(rows)
     console.print(f"rms relative error: train {fit.rms(fit.train):.1%}"
                   + (f", holdout {fit.rms(fit.holdout):.1%}" if fit.holdout else "")
-                  + f"; {fit.iterations} iterations")
+                  + f"; {fit.iterations} evaluations")
     console.print("wrote " + ", ".join(str(p) for p in paths))

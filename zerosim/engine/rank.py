@@ -17,7 +17,7 @@ from zerosim.behaviours import Behaviours
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import MemoryPool
 from zerosim.engine.plan import Plan
-from zerosim.engine.records import MemorySample, PhaseSpan, Span
+from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
 from zerosim.hardware import costs
 from zerosim.models.kernels import Kernel, kernel_count
@@ -48,9 +48,13 @@ class RunContext:
     machine: Machine
     plan: Plan
     pools: dict[str, MemoryPool]
-    spans: list[Span] = field(default_factory=list)
-    phases: list[PhaseSpan] = field(default_factory=list)
-    memory_log: list[MemorySample] = field(default_factory=list)
+    spans: Table[Span] = field(default_factory=lambda: Table(Span))
+    phases: Table[PhaseSpan] = field(default_factory=lambda: Table(PhaseSpan))
+    memory_log: Table[MemorySample] = field(default_factory=lambda: Table(MemorySample))
+
+    def __post_init__(self) -> None:
+        self.world = tuple(range(self.scenario.data_parallel))
+        """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
 
 
 class RankCore:
@@ -70,7 +74,7 @@ class RankCore:
         self.gpu = ctx.pools[self.placement.device]
         self.host = ctx.pools[self.placement.host_device]
         self.nvme = ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node))
-        self.ranks = tuple(range(ctx.scenario.data_parallel))
+        self.ranks = ctx.world
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
         self._seq: dict[str, int] = {}
@@ -116,8 +120,7 @@ class RankCore:
     def end(self) -> Gen:
         """Wait until every stream of this rank is idle, then record the phase."""
         yield from self.synchronize()
-        self.ctx.phases.append(PhaseSpan(self.rank, self.phase, self.micro, self._phase_start,
-                                         self.env.now))
+        self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now))
 
     def synchronize(self) -> Gen:
         while True:
@@ -157,9 +160,8 @@ class RankCore:
         yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,
                                     label=f"rank{self.rank} {op}")
         host = host_buffer(pinned)
-        self.ctx.spans.append(Span(self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
-                                   f"{op} ({host.value})", start, self.env.now, nbytes, kind,
-                                   host))
+        self.ctx.spans.add((self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
+                            f"{op} ({host.value})", start, self.env.now, nbytes, kind, host))
 
     def nvme_io(self, direction: Literal["read", "write"], nbytes: float, *, op: str,
                 kind: OpKind) -> Gen:
@@ -170,8 +172,8 @@ class RankCore:
         io = self.machine.nvme_read if direction == "read" else self.machine.nvme_write
         yield from io(self.rank, nbytes, label=f"rank{self.rank} {op}")
         track = Stream.NVME_READ if direction == "read" else Stream.NVME_WRITE
-        self.ctx.spans.append(Span(self.rank, track, phase, micro, op, start, self.env.now,
-                                   nbytes, kind, BufferKind.NVME))
+        self.ctx.spans.add((self.rank, track, phase, micro, op, start, self.env.now, nbytes, kind,
+                            BufferKind.NVME))
 
     def cpu_work(self, op: str, kind: OpKind, work: Gen, nbytes: float = 0.0,
                  track: Stream = Stream.CPU) -> Gen:
@@ -179,8 +181,8 @@ class RankCore:
         (`cpu` for the rank's main thread)."""
         start = self.env.now
         yield from work
-        self.ctx.spans.append(Span(self.rank, track, self.phase, self.micro, op, start,
-                                   self.env.now, nbytes, kind))
+        self.ctx.spans.add((self.rank, track, self.phase, self.micro, op, start, self.env.now,
+                            nbytes, kind, ""))
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""

@@ -185,12 +185,33 @@ def _route_override(dotted: str) -> str:
     """Map convenience paths onto the scenario's structure.
 
     `hardware.pcie.h2d_pageable_GBps=12` patches the profile (-> hardware.overrides), and
-    `model.num_hidden_layers=20` on a catalog model starts from that catalog entry.
+    `model.num_hidden_layers=20` on a catalog model starts from that catalog entry, and
+    `stack.host.fetch_hook_us=500` patches the software stack (-> runtime.framework.overrides).
     """
     head, _, rest = dotted.partition(".")
     if head == "hardware" and rest and rest.split(".")[0] not in HARDWARE_REFERENCE_KEYS:
         return f"hardware.overrides.{rest}"
     return dotted
+
+
+def _override_stack(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
+    """`stack.host.fetch_hook_us=500` patches the scenario's software stack (-> the overrides
+    of `runtime.framework`, or the value of an inline stack)."""
+    runtime = tree.setdefault("runtime", {})
+    if not isinstance(runtime, dict):
+        raise ScenarioError(source, "runtime", "a mapping", runtime)
+    framework = runtime.get("framework")
+    if framework is None or isinstance(framework, str):
+        framework = runtime["framework"] = {"stack": framework or DEFAULT_STACK}
+    if not isinstance(framework, dict):
+        raise ScenarioError(source, "runtime.framework", "a stack name or a mapping", framework)
+    if "name" in framework:
+        _set_dotted(framework, f"{key}.value", value, source)
+        return
+    overrides = framework.setdefault("overrides", {})
+    if not isinstance(overrides, dict):
+        raise ScenarioError(source, "runtime.framework.overrides", "a mapping", overrides)
+    overrides[key] = value
 
 
 def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
@@ -205,6 +226,9 @@ def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
             if not isinstance(hardware, dict):
                 raise ScenarioError(source, dotted, "hardware to be a profile", hardware)
             hardware.setdefault("overrides", {})[routed.removeprefix("hardware.overrides.")] = value
+            continue
+        if routed.startswith("stack."):
+            _override_stack(patched, routed.removeprefix("stack."), value, source)
             continue
         if routed.startswith("model.") and isinstance(patched.get("model"), str):
             patched["model"] = {"base": patched["model"]}
