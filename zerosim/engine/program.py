@@ -76,12 +76,12 @@ class RankProgram:
             if module.params:
                 ready = yield from self._fetch_for(index, backward=False)
             yield from core.issue_kernels(module.kernels)
-            done = core.compute.launch(
+            core.compute.launch(
                 f"forward {module.name}",
                 core.forward_body(index, core.forward_seconds(index), module.saved_bytes),
                 kind=OpKind.FORWARD, after=(ready,))
             if not self.params.keep_after_forward(index):
-                self.params.release(index, done)
+                self.params.release(index)
         yield from core.end()
 
     def backward(self, micro: int, *, boundary: bool) -> Gen:
@@ -103,7 +103,7 @@ class RankProgram:
                 kind=OpKind.BACKWARD, after=(ready,))
             for param in core.plan.params[index]:
                 yield from self.gradients.add(param, done, micro, boundary)
-            self.params.release(index, done)
+            self.params.release(index)
         yield from self.gradients.epilogue(micro, boundary)
         self.params.release_all()
         yield from core.end()

@@ -49,6 +49,8 @@ LOSS_SCALE = 0.1
 START_MARGIN = 0.02
 """A start on a bound is moved this fraction of the (log) range inside: the trust-region
 reflective method's scaling makes a variable that sits on its bound creep away from it."""
+MAX_LOG_STD = math.log(100.0)
+"""Standard errors are capped at 100x (9900%): beyond, the data says nothing about the value."""
 IDENTIFIED_REL_STD = 0.25
 """A fitted value whose standard error exceeds 25% of it is not identified by the data."""
 
@@ -365,7 +367,7 @@ def identifiability(jacobian: np.ndarray, residuals: np.ndarray, parameters: lis
                 for p, t in zip(parameters, theta, strict=True)}
     return Identifiability(
         singular_values=tuple(float(x) for x in np.linalg.svd(jacobian, compute_uv=False)),
-        rel_std={k: float(math.expm1(s)) for k, s in zip(keys, std, strict=True)},
+        rel_std={k: float(math.expm1(min(s, MAX_LOG_STD))) for k, s in zip(keys, std, strict=True)},
         correlation={(a, b): float(correlation[i, j]) for i, a in enumerate(keys)
                      for j, b in enumerate(keys) if i < j},
         at_bound=at_bound)
