@@ -212,3 +212,14 @@ def test_estimate_and_check_take_a_scenario():
     assert data["model"]["total_params"] == 13_015_864_320
     checked = json.loads(invoke("check", scenario, "--json"))
     assert checked["model_summary"]["total_params"] == 13_015_864_320
+
+
+def test_fields_beside_hf_config_and_overrides_patch_the_file(tmp_path):
+    tree = scenario(tmp_path, {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}},
+                    model={"hf_config": str(MODELS / "Meta-Llama-3-8B" / "config.json"),
+                           "num_hidden_layers": 2})
+    spec = resolve(tmp_path, tree)[0].model
+    assert (spec.num_hidden_layers, spec.vocab_size, spec.num_key_value_heads) == (2, 128256, 8)
+    patched = scenario_from_dict(tree, base_dir=tmp_path,
+                                 overrides=["model.num_hidden_layers=4"]).model
+    assert patched.num_hidden_layers == 4

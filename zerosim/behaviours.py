@@ -51,6 +51,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "partition_parameters.py all_gather_coalesced",
               "ZeRO-3 all-gathers a module's parameters and reduce-scatters a bucket's "
               "gradients as one collective each (before: one collective per tensor)"),
+    Behaviour("bounded_fetch_events", (0, 6, 2),
+              "PR #1901 'Fix multiple zero 3 tracing errors' (ef17c895, first in v0.6.2): "
+              "partitioned_param_coordinator.py fetch_sub_module, __max_ongoing_fetch_events",
+              "the host blocks in a module's pre-forward/backward hook while more than two "
+              "fetch events (one per gathered parameter it waited on) are unfinished "
+              "(before: no bound on how far the host runs ahead of the all-gathers)"),
     Behaviour("zero_config_model", (0, 7, 0),
               "runtime/zero/config.py and runtime/config_utils.py read at v0.6.7 and v0.7.0",
               "zero_optimization is a pydantic model: the parameter-offload flag is "
@@ -81,6 +87,7 @@ class Behaviours:
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
     coalesced_collectives: bool
+    bounded_fetch_events: bool
     zero_config_model: bool
     hjson_config_files: bool
     autotp_training: bool

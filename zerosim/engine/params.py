@@ -6,10 +6,16 @@ partitions before use, prefetch ahead in trace order within `stage3_prefetch_buc
 `stage3_max_live_parameters`, release after use unless the module comes back within
 `stage3_max_reuse_distance`. Where the partition lives before the all-gather is a `ParamSource`:
 in HBM, in host memory (`offload_param: cpu`), or on NVMe.
+
+The host thread does not wait for an all-gather, with one bound: `fetch_sub_module` records an
+event on the all-gather stream for every parameter it waits on and, with more than
+`MAX_ONGOING_FETCH_EVENTS` of them unfinished, blocks until the oldest finishes (DeepSpeed
+0.13.3's `__max_ongoing_fetch_events`, from 0.6.2), before it issues the prefetches.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 import simpy
@@ -23,6 +29,7 @@ class ParameterCoordinator(Protocol):
     """Whether DeepSpeed hooks every module's forward and backward (ZeRO-3's coordinator)."""
 
     def fetch(self, index: int) -> simpy.Event | None: ...
+    def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
     def release(self, index: int) -> None: ...
     def release_all(self) -> None: ...
@@ -36,6 +43,10 @@ class ReplicatedParams:
 
     def fetch(self, index: int) -> simpy.Event | None:
         return None
+
+    def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
+        return
+        yield
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         return None
@@ -81,16 +92,23 @@ class PartitionsInHost:
                             kind=OpKind.PARAM_FETCH)
 
 
+MAX_ONGOING_FETCH_EVENTS = 2
+"""partitioned_param_coordinator.py (0.13.3) `__max_ongoing_fetch_events`."""
+
+
 class PartitionedParams:
     """ZeRO-3's partitioned parameter coordinator for one rank."""
 
     module_hooks = True
 
-    def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False):
+    def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False,
+                 bounded_fetches: bool = True):
         self.core = core
         self.source = source
         self.per_tensor = per_tensor
         """DeepSpeed before `coalesced_collectives`: one all-gather per parameter tensor."""
+        self.bounded_fetches = bounded_fetches
+        """DeepSpeed from 0.6.2 (`bounded_fetch_events`): the host waits on old fetches."""
         plan = core.plan
         n = len(plan.modules)
         self.gathered: list[simpy.Event | None] = [None] * n
@@ -102,6 +120,10 @@ class PartitionedParams:
         self.backward_order = self.trace[::-1]
         self.backward_position = {m: pos for pos, m in enumerate(self.backward_order)}
         self.allgather = core.stream(Stream.ALLGATHER)
+        self.ongoing: deque[simpy.Event] = deque()
+        self.waited = [True] * n
+        """Whether the host has waited on the module's fetch since it was issued (DeepSpeed's
+        inflight registry, which the wait empties)."""
 
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
@@ -114,6 +136,7 @@ class PartitionedParams:
         numel = plan.gathered_numel[index]
         self.is_gathered[index] = True
         self.live_numel += numel
+        self.waited[index] = False
         if not core.distributed and not self.source.always_gathers:
             self.gathered[index] = None
             return None
@@ -137,9 +160,28 @@ class PartitionedParams:
         self.gathered[index] = event
         return event
 
+    def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
+        """The host's wait on a module's in-flight parameters: one event per parameter tensor
+        it gathers, and a block on the oldest unfinished one while more than
+        `MAX_ONGOING_FETCH_EVENTS` are."""
+        if self.waited[index]:
+            return
+        self.waited[index] = True
+        if ready is None or not self.bounded_fetches:
+            return
+        for param in self.core.plan.params[index]:
+            if param.persistent:
+                continue
+            while self.ongoing and self.ongoing[0].triggered:
+                self.ongoing.popleft()
+            if len(self.ongoing) > MAX_ONGOING_FETCH_EVENTS:
+                yield self.ongoing.popleft()
+            self.ongoing.append(ready)
+
     def prefetch_after(self, index: int, backward: bool) -> None:
-        """Fetch ahead of `index` in trace order up to `stage3_prefetch_bucket_size` numel,
-        within `stage3_max_live_parameters`."""
+        """Fetch ahead of `index` in trace order while fewer than
+        min(`stage3_prefetch_bucket_size`, `stage3_max_live_parameters` - live) numel are
+        issued; as in DeepSpeed, the module that crosses the bound is still fetched."""
         positions = self.backward_position if backward else self.forward_position
         if index not in positions:
             return
@@ -153,11 +195,8 @@ class PartitionedParams:
                 return
             if self.is_gathered[later]:
                 continue
-            numel = self.core.plan.gathered_numel[later]
-            if self.live_numel + numel > ds.stage3_max_live_parameters:
-                return
             self.fetch(later)
-            issued += numel
+            issued += self.core.plan.gathered_numel[later]
 
     def release(self, index: int) -> None:
         """Release a module's gathered params when the host's post-hook runs.

@@ -428,7 +428,10 @@ def looks_like_hf_config(path: Path) -> bool:
         {"model_type", "architectures"} & set(tree))
 
 
-def spec_from_hf_file(path: Path, *, source: str, key_path: str) -> ModelSpec:
+def spec_from_hf_file(path: Path, *, source: str, key_path: str,
+                      patch: Mapping[str, Any] | None = None) -> ModelSpec:
+    """A model from its config.json; `patch` (fields beside `hf_config:` in a scenario, or
+    `--set model.X` overrides) replaces the file's fields of the same name."""
     try:
         fields = json.loads(path.read_text())
     except FileNotFoundError:
@@ -438,4 +441,6 @@ def spec_from_hf_file(path: Path, *, source: str, key_path: str) -> ModelSpec:
     if not isinstance(fields, dict):
         raise ScenarioError(str(path), "<root>", "a JSON object", type(fields).__name__)
     name = fields.get("_name_or_path") or path.parent.name or path.stem
-    return spec_from_hf_fields(fields, name=str(name), source=str(path), key_path="<root>")
+    origin = f"{path} (patched by {source})" if patch else str(path)
+    return spec_from_hf_fields({**fields, **(patch or {})}, name=str(name), source=origin,
+                               key_path="<root>")

@@ -35,15 +35,23 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return tree
 
 
+class _NoHjson(ValueError):
+    """hjson (a zerosim dependency) is not installed and the file is not strict JSON."""
+
+
 def _parse(text: str, lenient: bool) -> Any:
     """Strict JSON first (the same tree hjson gives for it); hjson for the rest."""
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as err:
         if not lenient:
             raise
-    import hjson
-
+        strict_error = err
+    try:
+        import hjson
+    except ImportError:
+        raise _NoHjson(f"not strict JSON ({strict_error}) and hjson is not installed "
+                       "(pip install hjson, or pip install -e . again)") from None
     return hjson.loads(text, object_pairs_hook=_no_duplicates)
 
 

@@ -249,12 +249,9 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     if not isinstance(value, Mapping):
         raise ScenarioError(source, "model", "a catalog name or a mapping", value)
     if "hf_config" in value:
-        extra = set(value) - {"hf_config"}
-        if extra:
-            raise ScenarioError(source, f"model.{sorted(extra)[0]}",
-                                "only hf_config next to hf_config", sorted(extra)[0])
+        patch = {key: item for key, item in value.items() if key != "hf_config"}
         return spec_from_hf_file(base_dir / str(value["hf_config"]), source=source,
-                                 key_path="model.hf_config")
+                                 key_path="model.hf_config", patch=patch)
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
