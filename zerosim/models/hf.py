@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, clip
+from zerosim.inputs import check_plausible, parse_json, read_input_text
 from zerosim.models.spec import ModelSpec
 
 LLAMA_TYPES = {"llama", "mistral", "qwen2", "gemma", "internlm2", "yi"}
@@ -23,6 +23,8 @@ ALIASES = {
     "resid_pdrop": "hidden_dropout",
 }
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+MAX_NAME_CHARS = 256
+"""A config's `_name_or_path` is a label: longer ones are cut."""
 INT_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
               "num_key_value_heads", "vocab_size", "max_position_embeddings")
 
@@ -50,6 +52,7 @@ def _positive_int(fields: dict[str, Any], key: str, source: str, key_path: str) 
     value = fields[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ScenarioError(source, f"{key_path}.{key}", "a positive integer", value)
+    check_plausible(f"model.{key}", value, source=source, key_path=f"{key_path}.{key}")
     return value
 
 
@@ -86,13 +89,11 @@ def spec_from_hf_fields(fields: dict[str, Any], *, name: str, source: str = "<in
 
 
 def spec_from_hf_file(path: Path, *, source: str, key_path: str) -> ModelSpec:
-    try:
-        fields = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(source, key_path, "an existing config.json file", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise ScenarioError(str(path), "<root>", "valid JSON", f"parse error: {err}") from None
+    text = read_input_text(path, referenced_from=source, key_path=key_path,
+                           what="config.json file")
+    fields = parse_json(text, str(path))
     if not isinstance(fields, dict):
         raise ScenarioError(str(path), "<root>", "a JSON object", type(fields).__name__)
     name = fields.get("_name_or_path") or path.parent.name or path.stem
-    return spec_from_hf_fields(fields, name=str(name), source=str(path), key_path="<root>")
+    return spec_from_hf_fields(fields, name=clip(str(name), MAX_NAME_CHARS), source=str(path),
+                               key_path="<root>")

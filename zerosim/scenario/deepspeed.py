@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from zerosim.behaviours import Behaviours
 from zerosim.errors import ScenarioError
+from zerosim.inputs import check_section
 from zerosim.scenario.validation import validate_section
 
 # ds_config keys accepted without a warning because they cannot change time or memory.
@@ -31,6 +32,12 @@ NO_EFFECT_KEYS = {
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
 }
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
+CLOSED_SECTIONS = {
+    "optimizer": ("type", "params", "legacy_fusion"),
+    "scheduler": ("type", "params"),
+}
+"""ds_config sections whose every key DeepSpeed knows (runtime/config.py reads these and no
+others): any other key is a mistake, refused with the nearest known key."""
 
 
 class _Open(BaseModel):
@@ -294,6 +301,23 @@ def _extras(model: BaseModel, source: str, prefix: str = "") -> list[str]:
     return found
 
 
+def check_closed_sections(data: Any, source: str) -> None:
+    """A key DeepSpeed does not know in a closed section (`optimizer.tpye`) is an error."""
+    if not isinstance(data, dict):
+        return
+    for section, known in CLOSED_SECTIONS.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            continue
+        for key in block:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ScenarioError(source, f"deepspeed.{section}.{key}",
+                                    f"one of the keys DeepSpeed reads in {section} "
+                                    f"({', '.join(known)}){hint}", key)
+
+
 def unmodelled_keys(raw: _DeepSpeedRaw, source: str) -> list[str]:
     """Keys present in the ds_config that zerosim neither models nor knows to be harmless."""
     keys = []
@@ -372,8 +396,10 @@ def _offload_param(raw: _OffloadParam) -> OffloadSettings:
 def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_parallel: int
                       ) -> tuple[DeepSpeedConfig, list[str]]:
     """Validate the section and fill DeepSpeed's code defaults for a release's behaviours."""
+    check_closed_sections(data, source)
     raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data or {}, source=source,
                                           prefix="deepspeed")
+    check_section(data, prefix="deepspeed.", source=source, key_prefix="deepspeed.")
     zero = raw.zero_optimization
     dtype = _dtype(raw, source)
     micro, accum = raw.train_micro_batch_size_per_gpu, raw.gradient_accumulation_steps

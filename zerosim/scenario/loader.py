@@ -17,9 +17,11 @@ from zerosim.hardware.profile import (
     HardwareProfile,
     apply_overrides,
     builtin_profile_tree,
+    flatten_overrides,
     parse_profile,
     profile_tree_from_file,
 )
+from zerosim.inputs import check_plausible, check_section, referenced_path
 from zerosim.models import CATALOG, ModelSpec, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
@@ -30,6 +32,8 @@ from zerosim.yamlio import parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
 HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides"}
+DOCUMENT_SECTIONS = ("model", "hardware", "deepspeed")
+"""Scenario keys holding another document, whose values are checked where it is resolved."""
 
 
 class UnmodelledKeysWarning(UserWarning):
@@ -200,8 +204,9 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
         if extra:
             raise ScenarioError(source, f"model.{sorted(extra)[0]}",
                                 "only hf_config next to hf_config", sorted(extra)[0])
-        return spec_from_hf_file(base_dir / str(value["hf_config"]), source=source,
-                                 key_path="model.hf_config")
+        path = referenced_path(base_dir, value["hf_config"], source=source,
+                               key_path="model.hf_config", what="a Hugging Face config.json")
+        return spec_from_hf_file(path, source=source, key_path="model.hf_config")
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
@@ -214,7 +219,9 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
         merged.pop("name")
         merged.update(fields)
         fields = merged
-    name = str(fields.pop("name", base or "custom"))
+    name = fields.pop("name", base or "custom")
+    check_plausible("model.name", name, source=source, key_path="model.name")
+    name = str(name)
     return spec_from_hf_fields(fields, name=name, source=source, key_path="model")
 
 
@@ -227,17 +234,23 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     if not isinstance(overrides, Mapping):
         raise ScenarioError(source, "hardware.overrides", "a mapping of profile keys to values",
                             overrides)
+    overrides = flatten_overrides(overrides)
     if "profile" in value or "file" in value:
         extra = set(value) - HARDWARE_REFERENCE_KEYS
         if extra:
             raise ScenarioError(source, f"hardware.{sorted(extra)[0]}",
                                 "profile or file, plus optional overrides", sorted(extra)[0])
+        if "profile" in value and "file" in value:
+            raise ScenarioError(source, "hardware.file",
+                                "either a catalog profile or a profile file, not both "
+                                f"(hardware.profile is {value['profile']!r})", value["file"])
         if "profile" in value:
-            tree = builtin_profile_tree(str(value["profile"]), source=source,
+            tree = builtin_profile_tree(value["profile"], source=source,
                                         key_path="hardware.profile")
             profile_source = f"profile {value['profile']}"
         else:
-            path = base_dir / str(value["file"])
+            path = referenced_path(base_dir, value["file"], source=source,
+                                   key_path="hardware.file", what="a hardware profile")
             tree = profile_tree_from_file(path, source=source, key_path="hardware.file")
             profile_source = str(path)
     else:
@@ -257,7 +270,8 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
 
 def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path) -> tuple[Any, str]:
     if isinstance(value, Mapping) and set(value) == {"file"}:
-        path = base_dir / str(value["file"])
+        path = referenced_path(base_dir, value["file"], source=source, key_path="deepspeed.file",
+                               what="a ds_config")
         return read_yaml_file(path, referenced_from=source, key_path="deepspeed.file"), str(path)
     return value, source
 
@@ -267,6 +281,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         raise ScenarioError(source, "<root>", "a mapping with model, hardware, deepspeed, ...",
                             type(tree).__name__)
     raw: _ScenarioRaw = validate_section(_ScenarioRaw, dict(tree), source=source, prefix="")
+    check_section({k: v for k, v in tree.items() if k not in DOCUMENT_SECTIONS}, prefix="",
+                  source=source)
     version = parse_version(raw.runtime.deepspeed_version, source=source)
     model = _resolve_model(raw.model, source, base_dir)
     hardware = _resolve_hardware(raw.hardware, source, base_dir)

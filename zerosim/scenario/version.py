@@ -9,7 +9,7 @@ from zerosim.errors import ScenarioError
 
 __all__ = ["Version", "format_version", "parse_version"]
 
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+_VERSION = re.compile(r"^(\d{1,9})\.(\d{1,9})\.(\d{1,9})(?!\d)")
 
 
 def parse_version(text: object, *, source: str = "<inline>",
