@@ -196,13 +196,12 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
 def validate(out_dir: Path, as_json: bool) -> None:
     """Compare simulated against every published measurement zerosim ships."""
     from zerosim.report import render_validation
+    from zerosim.results.folders import check_output_folder
     from zerosim.scenario import scenario_from_dict
     from zerosim.validation.reference import load_study
     from zerosim.validation.report import write_report
     from zerosim.validation.validate import cells_frame
     from zerosim.validation.validate import validate as run_validation
-
-    from zerosim.results.folders import check_output_folder
 
     check_output_folder(out_dir, replaceable=False)
     study = load_study()
@@ -234,12 +233,11 @@ def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: st
     seconds) and write the fitted profile and the residuals."""
     from concurrent.futures import ProcessPoolExecutor
 
+    from zerosim.interrupts import ignore_interrupts_in_worker
     from zerosim.report import render_calibration
+    from zerosim.results.folders import check_output_folder
     from zerosim.validation.calibrate import calibrate as run_calibration
     from zerosim.validation.calibrate import write_outputs
-
-    from zerosim.interrupts import ignore_interrupts_in_worker
-    from zerosim.results.folders import check_output_folder
 
     check_output_folder(out_dir, replaceable=False)
     workers = workers or os.cpu_count() or 1

@@ -13,10 +13,14 @@ from typing import Any
 
 SHOWN_CHARS = 80
 """The most characters of a value an error message quotes."""
+DESCRIBED_CHARS = 300
+"""The most characters of a description zerosim wrote for a `got` (it may hold a path)."""
 PLACE_CHARS = 200
 """The most characters of a file name or a key path an error message quotes."""
 EXPECTED_CHARS = 1000
 """The most characters of the `expected` text (it may list known keys)."""
+YAML_WORDS = {True: "true", False: "false", None: "null"}
+"""How true, false and null are shown: as the user wrote them."""
 LARGE_INT_BITS = 256
 """Integers wider than this are described by their digit count, not written out."""
 
@@ -59,6 +63,8 @@ def clip(text: str, limit: int) -> str:
 
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """A short rendering of `value`, in time proportional to `limit`, never to its size."""
+    if isinstance(value, Described):
+        return clip(str.__str__(value), DESCRIBED_CHARS)
     return clip(_bounded_repr(value, limit + 1), limit)
 
 
@@ -74,8 +80,9 @@ def _bounded_repr(value: Any, budget: int) -> str:
                                      for k, v in value.items()), budget)
     if isinstance(value, list | tuple | set | frozenset):
         return _container("[", "]", (("", item) for item in value), budget)
-    return repr(value)[:budget] if isinstance(value, float | bool | type(None)) else (
-        _object_text(value, budget))
+    if isinstance(value, bool) or value is None:
+        return YAML_WORDS[value]
+    return repr(value)[:budget] if isinstance(value, float) else _object_text(value, budget)
 
 
 def _int_text(value: int) -> str:

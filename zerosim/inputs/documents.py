@@ -157,8 +157,9 @@ def _children(node: Any) -> Iterator[Any]:
 
 def parse_yaml(text: str, source: str) -> Any:
     """The value of YAML `text`; `source` names it in errors (a file, `--set`)."""
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -172,7 +173,8 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ScenarioError(source, _line(err), "valid YAML", Described(_problem(err))
                             ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _problem(err: yaml.YAMLError) -> str:

@@ -56,6 +56,7 @@ def _count(low: float, high: float, what: str) -> Plausible:
     return Plausible(low, high, what, whole=True)
 
 
+ELEMENTS = "a number of elements"
 ELEMENTS_MAX = 1e15      # 1000x the parameters of the largest published dense model
 GBPS = (1e-3, 1e9)       # 1 MB/s .. 1 EB/s (tests use 1e6 GB/s for "never binds")
 MICROSECONDS = (0, 1e7)  # up to 10 s
@@ -83,23 +84,23 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "deepspeed.train_batch_size": _count(1, 1e12, "a batch size"),
     "deepspeed.gradient_clipping": Plausible(0, 1e12, "a gradient norm"),
     "deepspeed.zero_optimization.stage": _count(0, 3, "a ZeRO stage"),
-    "deepspeed.zero_optimization.reduce_bucket_size": Plausible(1, ELEMENTS_MAX, "elements"),
-    "deepspeed.zero_optimization.allgather_bucket_size": Plausible(1, ELEMENTS_MAX, "elements"),
-    "deepspeed.zero_optimization.sub_group_size": Plausible(1, ELEMENTS_MAX, "elements"),
+    "deepspeed.zero_optimization.reduce_bucket_size": Plausible(1, ELEMENTS_MAX, ELEMENTS),
+    "deepspeed.zero_optimization.allgather_bucket_size": Plausible(1, ELEMENTS_MAX, ELEMENTS),
+    "deepspeed.zero_optimization.sub_group_size": Plausible(1, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.zero_optimization.stage3_prefetch_bucket_size":
-        Plausible(0, ELEMENTS_MAX, "elements"),
+        Plausible(0, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.zero_optimization.stage3_max_live_parameters":
-        Plausible(0, ELEMENTS_MAX, "elements"),
+        Plausible(0, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.zero_optimization.stage3_max_reuse_distance":
-        Plausible(0, ELEMENTS_MAX, "elements"),
+        Plausible(0, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.zero_optimization.stage3_param_persistence_threshold":
-        Plausible(0, ELEMENTS_MAX, "elements"),
+        Plausible(0, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.zero_optimization.offload_optimizer.ratio": Plausible(0, 1, "a fraction"),
     "deepspeed.zero_optimization.offload_optimizer.buffer_count":
         _count(0, 1e6, "a buffer count"),
     "deepspeed.zero_optimization.offload_param.buffer_count": _count(0, 1e6, "a buffer count"),
-    "deepspeed.zero_optimization.offload_param.buffer_size": _count(0, ELEMENTS_MAX, "elements"),
-    "deepspeed.zero_optimization.offload_param.max_in_cpu": _count(0, ELEMENTS_MAX, "elements"),
+    "deepspeed.zero_optimization.offload_param.buffer_size": _count(0, ELEMENTS_MAX, ELEMENTS),
+    "deepspeed.zero_optimization.offload_param.max_in_cpu": _count(0, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.aio.block_size": _count(1, 2**40, "a block size in bytes"),
     "deepspeed.aio.queue_depth": _count(1, 1e6, "a queue depth"),
     "deepspeed.aio.thread_count": _count(1, 16_384, "a thread count"),
@@ -183,7 +184,7 @@ def _check_number(rule: Plausible, value: Any, source: str, key_path: str) -> No
     if not isinstance(value, int | float):
         return  # a text or a mapping: the section's own validation names the type
     if isinstance(value, float) and not math.isfinite(value):
-        raise ScenarioError(source, key_path, f"a finite number: {rule.expected()}", value)
+        raise ScenarioError(source, key_path, f"{rule.expected()} (a finite number)", value)
     if not rule.low <= value <= rule.high:
         raise ScenarioError(source, key_path, rule.expected(), value)
 

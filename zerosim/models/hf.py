@@ -36,9 +36,9 @@ def _family(fields: dict[str, Any], source: str, key_path: str) -> str:
             raise ScenarioError(source, f"{key_path}.family", "'llama' or 'gpt'", family)
         return family
     model_type = fields.get("model_type")
-    if model_type in LLAMA_TYPES:
+    if isinstance(model_type, str) and model_type in LLAMA_TYPES:
         return "llama"
-    if model_type in GPT_TYPES:
+    if isinstance(model_type, str) and model_type in GPT_TYPES:
         return "gpt"
     raise ScenarioError(
         source, f"{key_path}.family",

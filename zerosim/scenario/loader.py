@@ -210,7 +210,7 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
-        if base not in CATALOG:
+        if not isinstance(base, str) or base not in CATALOG:
             raise ScenarioError(source, "model.base",
                                 f"a catalog model ({', '.join(catalog_names())})", base)
         from dataclasses import asdict

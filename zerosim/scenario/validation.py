@@ -77,5 +77,6 @@ def validate_section(model: type[BaseModel], data: Any, *, source: str, prefix: 
         expected = _expected(first, _known_keys(model, loc))
         rule = rule_for(path)
         if first["type"] in OUT_OF_RANGE and isinstance(rule, Plausible):
-            expected = f"a finite number: {rule.expected()}"
+            expected = rule.expected() + (" (a finite number)" if first["type"] ==
+                                          "finite_number" else "")
         raise ScenarioError(source, path, expected, got) from None

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
-from zerosim.scenario import UnmodelledKeysWarning, load_scenario, scenario_from_dict
 from zerosim.inputs import read_input_text
+from zerosim.scenario import UnmodelledKeysWarning, load_scenario, scenario_from_dict
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 SPEC_KEYS = ("base", "description", "set", "grid", "zip", "variants")
