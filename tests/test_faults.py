@@ -311,6 +311,21 @@ def test_a_bug_is_one_line_and_status_70(toy_file, monkeypatch):
                              "ZEROSIM_TRACEBACK=1 shows the traceback): RuntimeError: a bug\n")
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--total-params", "inf", "--largest-layer-params", "1"],
+     "--total-params: expected the total parameter count as a positive whole number, got inf"),
+    (["--total-params", "1e9", "--largest-layer-params", "nan"],
+     "--largest-layer-params: expected the largest layer's parameter count as a positive whole "
+     "number, got nan"),
+    (["--model", "llama2-7b", "--buffer-factor", "inf"],
+     "--buffer-factor: expected a finite number > 0, got inf"),
+])
+def test_estimate_refuses_non_finite_numbers_with_one_line(args, message):
+    result = invoke("estimate", *args)
+    assert result.exit_code == 2
+    assert result.output == f"error: <inline>: {message}\n"
+
+
 def test_help_documents_the_exit_statuses_and_input_rules():
     text = invoke("--help").output
     assert "Exit status: 0 done; 1 sweep: some points could not be run; 2 bad input" in text

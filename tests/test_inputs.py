@@ -357,6 +357,13 @@ def test_a_file_over_one_mebibyte_is_refused(tmp_path):
 # ------------------------------------------------------------------ hardware references
 
 
+def test_a_provenance_source_is_a_bounded_text():
+    override = {"gpu.hbm_GiB": {"value": 80, "basis": "spec", "source": "s" * 5000}}
+    assert refusal(minimal(hardware={"profile": "h100-jlse", "overrides": override})) == (
+        "s.yaml: hardware.overrides.gpu.hbm_GiB.source: expected a text of 1 to 4000 "
+        "characters, got a text of 5000 characters")
+
+
 def test_profile_and_file_together_are_refused():
     assert refusal(minimal(hardware={"file": "x.yaml", "profile": "h100-jlse"})) == (
         "s.yaml: hardware.file: expected either a catalog profile or a profile file, not both "

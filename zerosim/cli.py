@@ -288,9 +288,8 @@ def estimate(total_params, largest_layer_params, model_name, gpus_per_node, node
         if total_params is None:
             raise click.UsageError("give --total-params (and --largest-layer-params) or --model")
         result = estimate_model_states(
-            stage=int(stage), total_params=int(total_params),
-            largest_layer_params=None if largest_layer_params is None
-            else int(largest_layer_params),
+            stage=int(stage), total_params=total_params,
+            largest_layer_params=largest_layer_params,
             num_gpus_per_node=gpus_per_node, num_nodes=nodes,
             additional_buffer_factor=buffer_factor, zero2_rule=rule)
     if as_json:

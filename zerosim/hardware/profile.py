@@ -246,6 +246,8 @@ def _provenance(raw: Any, source: str, key: str) -> Provenance:
     if not isinstance(raw.get("source"), str) or not raw["source"].strip():
         raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
                             "comes from", raw.get("source"))
+    check_plausible(f"hardware.{key}.source", raw["source"], source=source,
+                    key_path=f"{key}.source")
     return Provenance(raw.get("value"), raw["basis"], raw["source"])
 
 

@@ -261,11 +261,21 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     try:
         return parse_profile(tree, profile_source)
     except ScenarioError as err:
-        key = err.key_path.removesuffix(".value")
-        if key in overrides:
+        key = _overridden_key(err.key_path, overrides)
+        if key is not None:
             raise ScenarioError(source, f"hardware.overrides.{key}", err.expected,
                                 err.got) from None
         raise
+
+
+def _overridden_key(key_path: str, overrides: Mapping[str, Any]) -> str | None:
+    """The override an error in the patched profile is about, as the scenario names it:
+    `gpu.hbm_GiB.value` -> `gpu.hbm_GiB`; `gpu.hbm_GiB.source` of a provenance override stays."""
+    if key_path.removesuffix(".value") in overrides:
+        return key_path.removesuffix(".value")
+    if any(key_path.startswith(f"{key}.") for key in overrides):
+        return key_path
+    return None
 
 
 def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path) -> tuple[Any, str]:
