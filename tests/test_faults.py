@@ -357,3 +357,31 @@ def test_run_json_is_strict_json(toy_file):
 def test_interrupted_carries_the_exit_status():
     assert Interrupted(signal.SIGINT).exit_status == 130
     assert Interrupted(signal.SIGTERM).exit_status == 143
+
+
+# ------------------------------------------------------------------ what a person sees
+
+
+def test_the_phase_table_adds_up_to_the_iteration(tmp_path, toy):
+    from zerosim.report import BETWEEN_PHASES, iteration_totals
+
+    patch = {"deepspeed": {"gradient_accumulation_steps": 3}}
+    result = toy.run(patch)
+    rank, totals, counts = iteration_totals(result.phases, 3)
+    assert rank == 0
+    assert counts == {"forward": 3, "backward_non_boundary": 2, "backward_boundary": 1,
+                      "update": 1}
+    assert sum(totals.values()) == pytest.approx(result.summary["iteration_s"], abs=1e-12)
+    assert totals[BETWEEN_PHASES] == pytest.approx(0.0, abs=1e-12)
+    assert totals["forward"] == pytest.approx(3 * result.summary["phases_s"]["forward"])
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(toy.tree(patch)))
+    output = invoke("run", path, "--no-files").output
+    header = output.index("per iteration: the phases of rank 0, the last to finish; they add "
+                          "up to the iteration\nmean per micro-batch: the slowest rank's\n"
+                          "phase times in seconds")
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in output[header:].splitlines() if line.startswith("│")}
+    assert rows["forward"] == ["3", f"{totals['forward']:.3f}",
+                               f"{result.summary['phases_s']['forward']:.3f}"]
+    assert rows["iteration"][1] == f"{result.summary['iteration_s']:.3f}"

@@ -159,7 +159,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     if as_json:
         _print_json(result.summary)
     else:
-        render_summary(result.summary, wall_s=wall, out_dir=target)
+        render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
+                       accumulation_steps=loaded.deepspeed.gradient_accumulation_steps)
     if result.status == "oom":
         sys.exit(EXIT_OOM)
 
