@@ -385,3 +385,36 @@ def test_the_phase_table_adds_up_to_the_iteration(tmp_path, toy):
     assert rows["forward"] == ["3", f"{totals['forward']:.3f}",
                                f"{result.summary['phases_s']['forward']:.3f}"]
     assert rows["iteration"][1] == f"{result.summary['iteration_s']:.3f}"
+
+
+def test_progress_says_simulated_time_against_the_expected_end(toy):
+    import io
+
+    from zerosim.api import simulate
+    from zerosim.progress import RunProgress
+
+    scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}})
+    progress = RunProgress(io.StringIO(), enabled=False)
+    result = simulate(scenario, observer=progress.observe)
+    end = result.summary["iteration_s"]
+    assert progress.line() == (f"simulating toy: {end:.2f} s of about {end:.2f} s simulated "
+                               "(5 of 5 phases), 0 s")
+
+
+def test_progress_rewrites_one_line_on_stderr_and_erases_it():
+    import io
+    from types import SimpleNamespace
+
+    from zerosim.progress import RunProgress
+
+    scenario = SimpleNamespace(name="big", data_parallel=1,
+                               deepspeed=SimpleNamespace(gradient_accumulation_steps=1))
+    ctx = SimpleNamespace(scenario=scenario, phases=[object()], env=SimpleNamespace(now=2.0))
+    stream = io.StringIO()
+    with RunProgress(stream, enabled=True, delay_s=0.0, every_s=0.01) as progress:
+        progress.observe(ctx)
+        time.sleep(0.1)
+    text = stream.getvalue()
+    line = "simulating big: 2.00 s of about 6.00 s simulated (1 of 3 phases), 0 s"
+    assert text.startswith(f"\r{line}")
+    assert text.endswith("\r" + " " * len(line) + "\r")

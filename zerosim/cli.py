@@ -133,12 +133,15 @@ def default_out_dir(name: str) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--plots", is_flag=True,
               help="Also draw the timeline, memory, PCIe and phase figures (PNG and SVG).")
+@click.option("--no-progress", is_flag=True,
+              help="No progress line on stderr (shown on a terminal for runs over 2 s).")
 def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_files: bool,
-        as_json: bool, plots: bool) -> None:
+        as_json: bool, plots: bool, no_progress: bool) -> None:
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
     from zerosim.api import simulate
+    from zerosim.progress import RunProgress
     from zerosim.report import render_summary
     from zerosim.results.export import write_outputs
     from zerosim.results.folders import check_output_folder
@@ -151,7 +154,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         check_output_folder(target)
         _on_interrupt(f"{target} was left as it was")
     started = time.perf_counter()
-    result = simulate(loaded)
+    with RunProgress(enabled=False if no_progress else None) as progress:
+        result = simulate(loaded, observer=progress.observe)
     wall = time.perf_counter() - started
     if target is not None:
         write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -85,7 +86,9 @@ def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
     return pools
 
 
-def run_engine(scenario: Scenario, *, count_events: bool = False) -> RawRun:
+def run_engine(scenario: Scenario, *, count_events: bool = False,
+               observer: Callable[[RunContext], None] | None = None) -> RawRun:
+    """Simulate one iteration; `observer(ctx)` is called just before it starts (progress)."""
     env = CountingEnvironment() if count_events else simpy.Environment()
     modules = build_modules(scenario.model, workload_of(scenario))
     plan = make_plan(scenario, modules)
@@ -95,6 +98,8 @@ def run_engine(scenario: Scenario, *, count_events: bool = False) -> RawRun:
     pools = _pools(env, machine, log)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
     ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(scenario.data_parallel)]
+    if observer is not None:
+        observer(ctx)
     status, oom = "ok", None
     try:
         with _quiet_garbage_collector():
