@@ -245,7 +245,6 @@ def test_the_property_tried_every_kind_of_mutation():
     clean errors and results came out."""
     if not SEEN:
         pytest.skip("the property test did not run in this session")
-    print(sorted(SEEN.items()))
     assert SEEN["examples"] == MAX_EXAMPLES
     for kind in ("replace", "scale", "delete", "extra", "misspell", *(f"encoding {e}" for e in
                                                               set(ENCODINGS)),
