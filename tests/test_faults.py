@@ -407,9 +407,10 @@ def test_progress_rewrites_one_line_on_stderr_and_erases_it():
 
     from zerosim.progress import RunProgress
 
-    scenario = SimpleNamespace(name="big", data_parallel=1,
+    scenario = SimpleNamespace(name="big",
                                deepspeed=SimpleNamespace(gradient_accumulation_steps=1))
-    ctx = SimpleNamespace(scenario=scenario, phases=[object()], env=SimpleNamespace(now=2.0))
+    ctx = SimpleNamespace(scenario=scenario, phases=[object()], env=SimpleNamespace(now=2.0),
+                          machine=SimpleNamespace(placements=[0]))
     stream = io.StringIO()
     with RunProgress(stream, enabled=True, delay_s=0.0, every_s=0.01) as progress:
         progress.observe(ctx)

@@ -16,6 +16,7 @@ import yaml
 
 from zerosim import load_scenario
 from zerosim.errors import ScenarioError, shown
+from zerosim.hardware.profile import profile_names
 from zerosim.inputs import PLAUSIBLE
 from zerosim.inputs.plausible import Plausible, rule_for
 from zerosim.scenario import scenario_from_dict
@@ -30,7 +31,7 @@ ELEMENTS = "a number of elements in [1, 1e+15]"
 def minimal(**changes):
     tree = {
         "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
-        "deepspeed": {"fp16": {"enabled": True},
+        "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
                       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
     }
     tree.update(changes)
@@ -80,17 +81,23 @@ def write_scenario(folder: Path, tree) -> Path:
     ("hardware.host.memory_GiB=1e308",
      "hardware.overrides.host.memory_GiB: expected a memory size in GiB in [0.001, 1e+08], got "
      "1e+308"),
-    ("hardware.gpu.op_overhead_us=.inf",
-     "hardware.overrides.gpu.op_overhead_us: expected a time in microseconds in [0, 1e+07] "
+    ("hardware.gpu.kernel_gap_us=.inf",
+     "hardware.overrides.gpu.kernel_gap_us: expected a time in microseconds in [0, 1e+07] "
      "(a finite number), got inf"),
-    ("hardware.gpu.collective_launch_us=.inf",
-     "hardware.overrides.gpu.collective_launch_us: expected a time in microseconds in [0, 1e+07] "
-     "(a finite number), got inf"),
+    ("runtime.framework={stack: megatron-deepspeed, overrides: {host.collective_launch_us: "
+     ".inf}}", "runtime.framework.overrides.host.collective_launch_us: expected a finite number "
+     ">= 0, got inf"),
+    ("runtime.framework={stack: megatron-deepspeed, overrides: {host.kernel_launch_us: 1e30}}",
+     "runtime.framework.overrides.host.kernel_launch_us: expected a time in microseconds in "
+     "[0, 1e+07], got 1e+30"),
+    ("hardware.host.cpu_boost_GHz=1e308",
+     "hardware.overrides.host.cpu_boost_GHz: expected a clock in GHz in [0.001, 100], got "
+     "1e+308"),
     ("hardware.cpu.cast_threads=.inf",
      "hardware.overrides.cpu.cast_threads: expected an effective thread count in [0.001, "
      "1000000] (a finite number), got inf"),
-    ("hardware.gpu.matmul_efficiency=1e-300",
-     "hardware.overrides.gpu.matmul_efficiency: expected a fraction in [0.0001, 1], got 1e-300"),
+    ("hardware.gpu.gemm_efficiency=1e-300",
+     "hardware.overrides.gpu.gemm_efficiency: expected a fraction in [0.0001, 1], got 1e-300"),
     ("runtime.cpu_threads_per_rank=1e30",
      "runtime.cpu_threads_per_rank: expected a thread count in [1, 16384], got 1e+30"),
     ("runtime.cpu_threads_per_rank=" + "1" + "0" * 30,
@@ -118,6 +125,8 @@ def test_numbers_outside_their_plausible_range_are_refused(override, message):
      "true/false), got true"),
     ("hardware.gpu.per_node=true", "hardware.overrides.gpu.per_node: expected a positive "
      "integer, got true"),
+    ("trainer.gradient_accumulation_steps=true", "trainer.gradient_accumulation_steps: expected "
+     "a micro-batch count in [1, 65536] (a number, not true/false), got true"),
 ])
 def test_booleans_are_never_numbers(override, message):
     assert refusal(overrides=[override]) == f"s.yaml: {message}"
@@ -372,8 +381,8 @@ def test_profile_and_file_together_are_refused():
 
 def test_a_profile_name_that_is_a_path_is_refused():
     assert refusal(overrides=["hardware.profile=../profiles/h100-jlse"]) == (
-        "s.yaml: hardware.profile: expected a profile name (h100-jlse, p4d-24xlarge; a profile "
-        "file is given as {file: path/to/profile.yaml}), got '../profiles/h100-jlse'")
+        f"s.yaml: hardware.profile: expected a profile name ({', '.join(profile_names())}; a "
+        "profile file is given as {file: path/to/profile.yaml}), got '../profiles/h100-jlse'")
 
 
 def test_a_nested_override_patches_one_key_and_keeps_the_section():

@@ -246,14 +246,14 @@ def test_the_worker_returns_a_plain_flat_row(tmp_path):
 def test_errors_and_oom_are_rows_and_the_sweep_goes_on(tmp_path, monkeypatch):
     import zerosim.api
 
-    real_simulate = zerosim.api.simulate
+    real_simulate = zerosim.api.simulate_summary
 
     def flaky(base, overrides):
         if overrides.get("sequence_length") == 96:
             raise RuntimeError("boom\nsecond line")
         return real_simulate(base, overrides)
 
-    monkeypatch.setattr(zerosim.api, "simulate", flaky)   # workers=1 runs in this process
+    monkeypatch.setattr(zerosim.api, "simulate_summary", flaky)   # workers=1: in this process
     path = write_sweep(tmp_path, {"base": "tiny.yaml", "variants": [
         {"name": "raises", "set": {"sequence_length": 96}},
         {"name": "tiny hbm", "set": {"hardware.gpu.hbm_GiB": 0.001}},

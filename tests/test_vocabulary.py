@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from zerosim import plots
-from zerosim.engine.records import MemorySample, Span
+from zerosim.engine.records import MemorySample, Span, Table
 from zerosim.results import trace
 from zerosim.results.load import _kind_columns
 from zerosim.results.result import _frame
@@ -87,19 +87,20 @@ def test_every_category_has_a_colour_and_a_place_in_the_stack():
 
 
 def test_frames_carry_the_new_fields_last_as_plain_text():
-    spans = _frame([Span(0, Stream.CPU, Phase.UPDATE, 1, "cpu adam sub-group 0", 0.0, 1.0,
-                         8.0, OpKind.OPTIMIZER_STEP, BufferKind.NONE),
-                    Span(0, "compute", "forward", 0, "fwd", 0.0, 1.0, 0.0)], Span)
+    spans = _frame(Table.of(Span, [
+        Span(0, Stream.CPU, Phase.UPDATE, 1, "cpu adam sub-group 0", 0.0, 1.0, 8.0,
+             OpKind.OPTIMIZER_STEP, BufferKind.NONE),
+        Span(0, "compute", "forward", 0, "fwd", 0.0, 1.0, 0.0)]))
     assert list(spans.columns[-2:]) == ["op_kind", "buffer_kind"]
     assert spans.op_kind.tolist() == ["optimizer_step", ""]
     assert all(type(v) is str for v in spans.stream) and all(type(v) is str
                                                              for v in spans.op_kind)
-    memory = _frame([MemorySample(0.0, "host0", category_label(Category.FP32_GRADS,
-                                                               BufferKind.PINNED),
-                                  4, BufferKind.PINNED)], MemorySample)
+    memory = _frame(Table.of(MemorySample, [MemorySample(
+        0.0, "host0", category_label(Category.FP32_GRADS, BufferKind.PINNED), 4,
+        BufferKind.PINNED)]))
     assert list(memory.columns) == ["t_s", "device", "category", "bytes", "buffer_kind"]
     assert memory.iloc[0].tolist() == [0.0, "host0", "fp32 grads (pinned)", 4, "pinned"]
-    empty = _frame([], Span)
+    empty = _frame(Table(Span))
     assert list(empty.columns) == list(spans.columns) and empty.empty
 
 

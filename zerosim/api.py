@@ -4,22 +4,45 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerosim.engine.simulate import run_engine
-from zerosim.results import Result, build_result
+from zerosim.results.summary import summarize
 from zerosim.scenario import Scenario, load_scenario
+
+if TYPE_CHECKING:
+    from zerosim.results import Result
 
 
 def simulate(scenario: Scenario | str | Path,
              overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
+             fold_nodes: bool = True,
              observer: Callable[[Any], None] | None = None) -> Result:
     """Replay one training iteration of `scenario` (a Scenario, or a path to its YAML).
 
-    `observer(ctx)` is called with the engine's run context just before it starts
-    (`zerosim.progress.RunProgress.observe` draws a progress line from it)."""
+    When the ranks fill two or more identical nodes, only node 0 is simulated (every node
+    runs the same timeline) and the tables hold its ranks and devices; the summary covers
+    every rank. `fold_nodes=False` simulates every node. `observer(ctx)` is called with the
+    engine's run context just before it starts (`zerosim.progress.RunProgress.observe` draws a
+    progress line from it).
+    """
+    from zerosim.results import build_result
+
+    return build_result(run_engine(_resolved(scenario, overrides), fold=fold_nodes,
+                                   observer=observer))
+
+
+def simulate_summary(scenario: Scenario | str | Path,
+                     overrides: Iterable[str] | Mapping[str, Any] | None = None
+                     ) -> dict[str, Any]:
+    """`simulate(...).summary` without the tables: what a sweep point keeps."""
+    return summarize(run_engine(_resolved(scenario, overrides), full=False))
+
+
+def _resolved(scenario: Scenario | str | Path,
+              overrides: Iterable[str] | Mapping[str, Any] | None) -> Scenario:
     if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario, overrides)
-    elif overrides:
+        return load_scenario(scenario, overrides)
+    if overrides:
         raise ValueError("overrides apply to a scenario path; pass them to load_scenario")
-    return build_result(run_engine(scenario, observer=observer))
+    return scenario

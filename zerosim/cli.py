@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from zerosim.errors import ZerosimError, clip
+from zerosim.errors import ScenarioError, ZerosimError, clip
 from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
@@ -92,14 +92,38 @@ def scenario_argument(func):
 
 
 def _load(scenario: Path, overrides: tuple[str, ...]):
-    """Load a scenario, showing the unmodelled-keys warning once on stderr."""
+    """Load a scenario, showing each of its warnings once on stderr."""
+    from zerosim.scenario import load_scenario
+
+    return _with_warnings(lambda: load_scenario(scenario, overrides))
+
+
+SEQUENCE_HELP = ("Sequence length for the FLOPs per token of a Hugging Face config.json "
+                 "(a scenario has its own).")
+DEFAULT_SEQUENCE = 2048
+
+
+def _model_summary(spec, sequence_length: int):
+    from zerosim.models.summary import summarize
+
+    return summarize(spec, sequence_length)
+
+
+def _hf_spec(path: Path, key_path: str):
+    """A model from a config.json, showing its warnings on stderr."""
+    from zerosim.models import spec_from_hf_file
+
+    return _with_warnings(lambda: spec_from_hf_file(path, source=str(path), key_path=key_path))
+
+
+def _with_warnings(load):
     import warnings
 
-    from zerosim.scenario import UnmodelledKeysWarning, load_scenario
+    from zerosim.errors import ScenarioWarning
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnmodelledKeysWarning)
-        loaded = load_scenario(scenario, overrides)
+        warnings.simplefilter("always", ScenarioWarning)
+        loaded = load()
     for warning in caught:
         click.echo(f"warning: {warning.message}", err=True)
     return loaded
@@ -108,15 +132,29 @@ def _load(scenario: Path, overrides: tuple[str, ...]):
 @main.command()
 @scenario_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved scenario as JSON.")
-def check(scenario: Path, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Validate a scenario and print it with every default filled in."""
+@click.option("--sequence-length", type=click.IntRange(min=1), default=DEFAULT_SEQUENCE,
+              show_default=True, help=SEQUENCE_HELP)
+def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
+          sequence_length: int) -> None:
+    """Validate a scenario and print it with every default filled in, and its model's
+    parameters, per-module breakdown and FLOPs per token. A Hugging Face config.json prints
+    the model part alone."""
+    from zerosim.models.hf import looks_like_hf_config
     from zerosim.report import render_scenario
 
+    if looks_like_hf_config(scenario):
+        if overrides:
+            raise click.UsageError("--set applies to a scenario, not to a config.json")
+        summary = _model_summary(_hf_spec(scenario, "<root>"), sequence_length)
+        _print_json(summary.to_dict()) if as_json else click.echo(summary.to_text())
+        return
     loaded = _load(scenario, overrides)
+    summary = _model_summary(loaded.model, loaded.sequence_length)
     if as_json:
-        _print_json(loaded.to_dict())
+        _print_json({**loaded.to_dict(), "model_summary": summary.to_dict()})
     else:
         render_scenario(loaded)
+        click.echo(summary.to_text())
 
 
 def default_out_dir(name: str) -> Path:
@@ -220,22 +258,27 @@ def validate(out_dir: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("data", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.option("--param", "params", multiple=True, metavar="KEY[=LOW:HIGH]",
-              help="A profile value to fit, with bounds in its unit (default x/10..x*10).")
+@click.argument("data", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--param", "params", multiple=True, metavar="[PROFILE:]KEY[=LOW:HIGH]",
+              help="A value to fit, with bounds in its unit (default x/10..x*10): a profile key "
+                   "(every profile), PROFILE:key (one testbed) or stack.key (the shared "
+                   "software stack).")
 @click.option("--holdout", metavar="TEXT",
               help="Fit without the rows whose scenario or overrides contain TEXT; report "
                    "the prediction error on them.")
-@click.option("--name", help="Name of the fitted profile (default: <profile>-fitted).")
+@click.option("--suffix", default="-fitted", show_default=True,
+              help="Appended to each fitted profile's and stack's name.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("results") / "calibration", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for the simulations (default: CPU count).")
 @click.option("--max-iterations", type=click.IntRange(min=1), default=25, show_default=True)
-def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: str | None,
-              out_dir: Path, workers: int | None, max_iterations: int) -> None:
-    """Fit hardware-profile values to measured phase times (CSV: scenario, overrides, phase,
-    seconds) and write the fitted profile and the residuals."""
+def calibrate(data: tuple[Path, ...], params: tuple[str, ...], holdout: str | None,
+              suffix: str, out_dir: Path, workers: int | None, max_iterations: int) -> None:
+    """Fit profile and stack values to measured phase times (CSV files: scenario, overrides,
+    phase, seconds; several testbeds at once) and write the fitted profiles and stack, the
+    residuals and what the data identifies."""
     from concurrent.futures import ProcessPoolExecutor
 
     from zerosim.interrupts import ignore_interrupts_in_worker
@@ -249,14 +292,14 @@ def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: st
     pool = (ProcessPoolExecutor(workers, initializer=ignore_interrupts_in_worker)
             if workers > 1 else None)
     try:
-        result, tree, base = run_calibration(
-            data, params, holdout=holdout, max_iterations=max_iterations, pool=pool,
-            progress=lambda i, cost: click.echo(f"iteration {i}: sum of squared log errors "
+        result, bases = run_calibration(
+            list(data), params, holdout=holdout, max_iterations=max_iterations, pool=pool,
+            progress=lambda i, cost: click.echo(f"evaluation {i}: sum of squared log errors "
                                                 f"{cost:.4f}", err=True))
     finally:
         if pool is not None:
             pool.shutdown()
-    paths = write_outputs(result, tree, data, out_dir, name or f"{base}-fitted")
+    paths = write_outputs(result, bases, " + ".join(p.name for p in data), out_dir, suffix)
     render_calibration(result, paths)
 
 
@@ -265,41 +308,78 @@ def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: st
 @click.option("--largest-layer-params", type=float,
               help="Parameters of the largest layer (ZeRO-3 only).")
 @click.option("--model", "model_name", help="Catalog model name instead of the two counts.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--stage", type=click.Choice(["0", "1", "2", "3"]), default="3", show_default=True,
-              help="ZeRO stage; 0 is plain data parallelism.")
+@click.option("--hf-config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A Hugging Face config.json instead of the two counts.")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="A scenario: its model, and its stage, GPUs and DeepSpeed version unless "
+                   "given.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: 1]")
+@click.option("--nodes", type=click.IntRange(min=1), help="[default: 1]")
+@click.option("--stage", type=click.Choice(["0", "1", "2", "3"]),
+              help="ZeRO stage; 0 is plain data parallelism.  [default: 3]")
 @click.option("--buffer-factor", type=float, default=1.5, show_default=True,
               help="DeepSpeed's additional_buffer_factor for host memory.")
-@click.option("--deepspeed-version", default="0.13.3", show_default=True,
-              help="ZeRO-2 without offload changed formula in DeepSpeed 0.14.3.")
+@click.option("--deepspeed-version",
+              help="ZeRO-2 without offload changed formula in DeepSpeed 0.14.3.  "
+                   "[default: 0.13.3]")
+@click.option("--sequence-length", type=click.IntRange(min=1), help=SEQUENCE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
-def estimate(total_params, largest_layer_params, model_name, gpus_per_node, nodes, stage,
-             buffer_factor, deepspeed_version, as_json) -> None:
-    """Memory needed for model states, as DeepSpeed's estimate_zero*_model_states_mem_needs."""
-    from zerosim.estimate import estimate_for_model, estimate_model_states, zero2_rule_for
-    from zerosim.scenario.version import parse_version
+def estimate(total_params, largest_layer_params, model_name, hf_config, scenario_path,
+             gpus_per_node, nodes, stage, buffer_factor, deepspeed_version, sequence_length,
+             as_json) -> None:
+    """Memory needed for model states, as DeepSpeed's estimate_zero*_model_states_mem_needs;
+    with --model, --hf-config or --scenario also the model's parameters, per-module breakdown
+    and FLOPs per token."""
+    from zerosim.estimate import (
+        cluster_of,
+        estimate_for_spec,
+        estimate_model_states,
+        zero2_rule_for,
+    )
+    from zerosim.models import CATALOG
+    from zerosim.scenario.version import format_version, parse_version
 
+    sources = [given for given in (model_name, hf_config, scenario_path, total_params)
+               if given is not None]
+    if len(sources) != 1:
+        raise click.UsageError("give one of --model, --hf-config, --scenario or --total-params")
+    spec, defaults = None, (3, 1, 1, "0.13.3", DEFAULT_SEQUENCE)
+    if scenario_path is not None:
+        loaded = _load(scenario_path, ())
+        spec = loaded.model
+        defaults = (*cluster_of(loaded), format_version(loaded.runtime.deepspeed_version),
+                    loaded.sequence_length)
+    elif hf_config is not None:
+        spec = _hf_spec(hf_config, "--hf-config")
+    elif model_name is not None:
+        if model_name not in CATALOG:
+            raise ScenarioError(None, "--model", f"one of {', '.join(sorted(CATALOG))}",
+                                model_name)
+        spec = CATALOG[model_name]
+    stage, gpus_per_node, nodes, deepspeed_version, sequence_length = (
+        default if given is None else given for given, default in zip(
+            (stage, gpus_per_node, nodes, deepspeed_version, sequence_length), defaults,
+            strict=True))
     rule = zero2_rule_for(parse_version(deepspeed_version, source="--deepspeed-version",
                                         key_path="--deepspeed-version"))
-
-    if model_name is not None:
-        if total_params is not None or largest_layer_params is not None:
-            raise click.UsageError("give either --model or --total-params, not both")
-        result = estimate_for_model(model_name, stage=int(stage), num_gpus_per_node=gpus_per_node,
-                                    num_nodes=nodes, additional_buffer_factor=buffer_factor,
-                                    zero2_rule=rule)
+    if spec is not None:
+        if largest_layer_params is not None:
+            raise click.UsageError("--largest-layer-params goes with --total-params")
+        result = estimate_for_spec(spec, stage=int(stage), num_gpus_per_node=gpus_per_node,
+                                   num_nodes=nodes, additional_buffer_factor=buffer_factor,
+                                   zero2_rule=rule)
     else:
-        if total_params is None:
-            raise click.UsageError("give --total-params (and --largest-layer-params) or --model")
         result = estimate_model_states(
             stage=int(stage), total_params=total_params,
             largest_layer_params=largest_layer_params,
             num_gpus_per_node=gpus_per_node, num_nodes=nodes,
             additional_buffer_factor=buffer_factor, zero2_rule=rule)
+    summary = None if spec is None or model_name else _model_summary(spec, sequence_length)
     if as_json:
-        _print_json(result.to_dict())
+        _print_json({**result.to_dict(), **({"model": summary.to_dict()} if summary else {})})
     else:
+        if summary:
+            click.echo(summary.to_text() + "\n")
         click.echo(result.to_text())
 
 

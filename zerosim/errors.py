@@ -56,6 +56,11 @@ class UnsupportedConfigError(ScenarioError):
     so `check`, `sweep` and `run` agree."""
 
 
+class ScenarioWarning(UserWarning):
+    """Something about an input worth telling the user, naming the field; nothing is refused.
+    The CLI prints each once on stderr as `warning: ...`."""
+
+
 def clip(text: str, limit: int) -> str:
     """`text` cut to `limit` characters, the cut marked with '...'."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -416,6 +416,19 @@ def estimate_model_states(*, stage: int, total_params: int, largest_layer_params
                     zero2_rule)
 
 
+def estimate_for_spec(spec: models.ModelSpec, *, stage: int, num_gpus_per_node: int = 1,
+                      num_nodes: int = 1,
+                      additional_buffer_factor: float = DEFAULT_BUFFER_FACTOR,
+                      zero2_rule: Zero2Rule = "current") -> Estimate:
+    """`estimate_model_states` with the counts of a model (DeepSpeed's `_all_live`: every
+    parameter, experts included, and the most any one module owns)."""
+    return estimate_model_states(
+        stage=stage, total_params=models.total_params(spec),
+        largest_layer_params=models.largest_layer_params(spec), num_gpus_per_node=num_gpus_per_node,
+        num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
+        zero2_rule=zero2_rule)
+
+
 def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
                        additional_buffer_factor: float = DEFAULT_BUFFER_FACTOR,
                        zero2_rule: Zero2Rule = "current") -> Estimate:
@@ -423,11 +436,15 @@ def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num
     spec = models.CATALOG.get(name)
     if spec is None:
         raise ScenarioError(None, "--model", f"one of {', '.join(models.catalog_names())}", name)
-    return estimate_model_states(
-        stage=stage, total_params=models.total_params(spec),
-        largest_layer_params=models.largest_layer_params(spec), num_gpus_per_node=num_gpus_per_node,
-        num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
-        zero2_rule=zero2_rule)
+    return estimate_for_spec(spec, stage=stage, num_gpus_per_node=num_gpus_per_node,
+                             num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
+                             zero2_rule=zero2_rule)
+
+
+def cluster_of(scenario: Any) -> tuple[int, int, int]:
+    """(stage, GPUs per node, nodes) of a scenario's data-parallel ranks, for the estimator."""
+    per_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
+    return scenario.deepspeed.stage, per_node, -(-scenario.data_parallel // per_node)
 
 
 def zero2_rule_for(version: tuple[int, int, int]) -> Zero2Rule:

@@ -44,8 +44,8 @@ class RunProgress:
         """'simulating NAME: 4.21 s of about 7.47 s simulated (3 of 5 phases), 12 s'."""
         ctx = self.ctx
         scenario = ctx.scenario
-        expected = scenario.data_parallel * (2 * scenario.deepspeed.gradient_accumulation_steps
-                                             + 1)
+        ranks = len(ctx.machine.placements)  # node 0's alone when identical nodes are folded
+        expected = ranks * (2 * scenario.deepspeed.gradient_accumulation_steps + 1)
         done = min(len(ctx.phases), expected)
         now = float(ctx.env.now)
         end = f"about {now * expected / done:.2f} s" if done else "?"

@@ -53,6 +53,14 @@ def render_scenario(scenario: Scenario) -> None:
     for key, value in _flatten(ds.to_dict()):
         table.add_row(key, str(value))
     console.print(table)
+    if scenario.auto_filled:
+        auto = Table(title="'auto' values (filled as the Hugging Face Trainer fills them)",
+                     title_justify="left")
+        for column in ("key", "value", "from"):
+            auto.add_column(column, overflow="fold")
+        for fill in scenario.auto_filled:
+            auto.add_row(f"deepspeed.{fill.key}", str(fill.value), fill.origin)
+        console.print(auto)
     prov = Table(title=f"hardware profile {hw.name}", title_justify="left")
     for column in ("key", "value", "basis", "source"):
         prov.add_column(column, overflow="fold")
@@ -182,11 +190,14 @@ def render_validation(cells, out_dir) -> None:
 def render_calibration(fit, paths) -> None:
     console = _console()
     values = Table(title="fitted values", title_justify="left")
-    for column in ("key", "start", "fitted", "bounds"):
+    for column in ("key", "start", "fitted", "bounds", "std error", "identified"):
         values.add_column(column)
+    ident = fit.identifiability
     for p in fit.parameters:
         values.add_row(p.key, f"{p.start:.4g}", f"{fit.values[p.key]:.4g}",
-                       f"{p.low:.3g} .. {p.high:.3g}")
+                       f"{p.low:.3g} .. {p.high:.3g}",
+                       f"{ident.rel_std[p.key]:.0%}" if ident else "",
+                       ("yes" if ident.identified(p.key) else "NO") if ident else "")
     console.print(values)
     rows = Table(title="residuals", title_justify="left")
     for column in ("case", "split", "measured s", "simulated s", "error"):
@@ -199,5 +210,5 @@ def render_calibration(fit, paths) -> None:
     console.print(rows)
     console.print(f"rms relative error: train {fit.rms(fit.train):.1%}"
                   + (f", holdout {fit.rms(fit.holdout):.1%}" if fit.holdout else "")
-                  + f"; {fit.iterations} iterations")
+                  + f"; {fit.iterations} evaluations")
     console.print("wrote " + ", ".join(str(p) for p in paths))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +21,24 @@ class _Rendezvous:
     arrived: int = 0
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Who takes part in collectives over a set of ranks: how many ranks each node has (every
+    node, simulated or not: the collective's size) and the simulated ranks by node."""
+
+    per_node: tuple[int, ...]
+    simulated: tuple[tuple[int, tuple[int, ...]], ...]
+    arrivals: int
+
+
 class Collectives:
     """Every collective of a run, keyed by (kind, sequence number): each rank issues the
-    collectives of a kind in the same order, so equal keys are the same call."""
+    collectives of a kind in the same order, so equal keys are the same call.
+
+    Only the ranks that have a placement are simulated (all of them, or node 0's alone when
+    `simulate.simulated_ranks` folds identical nodes); a collective meets when they have all
+    arrived and is sized for every rank it spans, on every node.
+    """
 
     def __init__(self, env: simpy.Environment, flows: FlowNetwork, profile: HardwareProfile,
                  placements: Sequence[Any], nvlink: Sequence[SharedResource],
@@ -34,42 +50,66 @@ class Collectives:
         self.nvlink = nvlink
         self.nic = nic
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
+        self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
+        self._steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = {}
+
+    def _layout(self, ranks: Sequence[int]) -> _Layout:
+        """The layout of `ranks`, computed once per sequence object (ranks share one)."""
+        known = self._layouts.get(id(ranks))
+        if known is not None and known[0] is ranks:
+            return known[1]
+        per_node = self.profile.gpus_per_node
+        counts = Counter(r // per_node for r in ranks)
+        by_node: dict[int, list[int]] = {}
+        for r in ranks:
+            if r < len(self.placements):
+                by_node.setdefault(self.placements[r].node, []).append(r)
+        layout = _Layout(tuple(counts[n] for n in sorted(counts)),
+                         tuple((n, tuple(by_node[n])) for n in sorted(by_node)),
+                         sum(len(rs) for rs in by_node.values()))
+        self._layouts[id(ranks)] = (ranks, layout)
+        return layout
 
     def join(self, rank: int, key: tuple[Any, ...], kind: Collective, total_bytes: float,
              ranks: Sequence[int]) -> Generator[simpy.Event, Any, None]:
-        """Join collective `key`; it starts when the last of `ranks` arrives."""
+        """Join collective `key`; it starts when the last simulated rank of `ranks` arrives."""
         if len(ranks) <= 1:
             return
         meeting = self._pending.get(key)
         if meeting is None:
             meeting = self._pending[key] = _Rendezvous(self.env.event())
         meeting.arrived += 1
-        if meeting.arrived == len(ranks):
+        layout = self._layout(ranks)
+        if meeting.arrived == layout.arrivals:
             del self._pending[key]
-            self.env.process(self._run(meeting.done, kind, total_bytes, ranks, key))
+            self.env.process(self._run(meeting.done, kind, total_bytes, layout, key))
         yield meeting.done
 
-    def _run(self, done: simpy.Event, kind: Collective, total_bytes: float,
-                        ranks: Sequence[int], key: tuple[Any, ...]):
+    def _levels(self, kind: Collective, total_bytes: float, layout: _Layout
+                ) -> tuple[costs.CollectiveStep, ...]:
+        cache_key = (kind, total_bytes, layout.per_node)
+        steps = self._steps.get(cache_key)
+        if steps is None:
+            p = self.profile
+            steps = self._steps[cache_key] = costs.hierarchical_collective(
+                kind, total_bytes, layout.per_node, nvlink_latency_s=p.nvlink_latency_s,
+                network_latency_s=p.network_latency_s)
+        return steps
+
+    def _run(self, done: simpy.Event, kind: Collective, total_bytes: float, layout: _Layout,
+             key: tuple[Any, ...]):
         """Run the collective's levels (see `costs.hierarchical_collective`) one after the
-        other: each waits its latency, then one flow per GPU over its NVLink port or over its
-        node's NICs (shared with the node's other GPUs)."""
-        p = self.profile
-        by_node: dict[int, list[int]] = {}
-        for r in ranks:
-            by_node.setdefault(self.placements[r].node, []).append(r)
-        nodes = sorted(by_node)
-        steps = costs.hierarchical_collective(
-            kind, total_bytes, [len(by_node[n]) for n in nodes],
-            nvlink_latency_s=p.nvlink_latency_s, network_latency_s=p.network_latency_s)
+        other: each waits its latency, then one flow per simulated GPU over its NVLink port or
+        over its node's NICs (shared with the node's other GPUs)."""
         label = f"{kind} {key}"
-        for step in steps:
+        for step in self._levels(kind, total_bytes, layout):
             yield self.env.timeout(step.latency_s)
             flows = []
-            for node, nbytes in zip(nodes, step.bytes_per_gpu, strict=True):
+            for node, ranks in layout.simulated:
+                nbytes = step.bytes_per_gpu[node]
                 if nbytes <= 0:
                     continue
-                for r in by_node[node]:
+                for r in ranks:
                     link = (self.nvlink[self.placements[r].gpu] if step.link == "nvlink"
                             else self.nic[node])
                     flows.append(self.flows.start(nbytes, {link: 1.0}, label=label))

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import simpy
 
+from zerosim.engine.records import Table
+
 REL_TOL = 1e-12
 """Relative tolerance for "a resource is saturated", "a flow is finished" and "a rate changed".
 
@@ -333,6 +335,10 @@ class FlowNetwork:
         Changes of one resource at one instant are coalesced into a single row holding the
         final value (several flows often start at the same instant).
         """
+        return list(self._rates.changes())
+
+    def rate_table(self) -> Table[RateChange]:
+        """:attr:`rate_changes` as a `Table` (empty without ``record_rates``)."""
         return self._rates.changes()
 
     def assert_idle(self) -> None:
@@ -465,12 +471,12 @@ class _RateLog:
         self._recorded: list[float] = []
         self._pending: dict[int, float] = {}
         self._pending_t = env.now
-        self._changes: list[RateChange] = []
+        self._changes: Table[RateChange] = Table(RateChange)
 
     def add_resource(self) -> None:
         self._recorded.append(0.0)
 
-    def changes(self) -> list[RateChange]:
+    def changes(self) -> Table[RateChange]:
         self._flush()
         return self._changes
 
@@ -490,6 +496,6 @@ class _RateLog:
         for idx in sorted(pending):
             rate = pending[idx]
             if not _close(rate, recorded[idx]):
-                self._changes.append(RateChange(t_s, self._resources[idx].name, rate))
+                self._changes.add((t_s, self._resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()

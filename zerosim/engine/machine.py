@@ -86,11 +86,11 @@ class Machine:
     """The node(s) of a run as SimPy-facing resources."""
 
     def __init__(self, env: simpy.Environment, profile: HardwareProfile, ranks: int,
-                 threads_per_rank: int | None):
+                 threads_per_rank: int | None, *, record_rates: bool = True):
         self.env = env
         self.profile = profile
         self.placements = place_ranks(profile, ranks)
-        self.flows = FlowNetwork(env, keep_records=False)
+        self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False)
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements, self.nvlink,

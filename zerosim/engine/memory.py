@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from zerosim.engine.records import MemorySample
+from zerosim.engine.records import MemorySample, Table
 from zerosim.vocabulary import BufferKind, Category, category_label
 
 
@@ -37,11 +37,11 @@ class MemoryPool:
     """
 
     def __init__(self, device: str, capacity: int, clock: Callable[[], float],
-                 log: list[MemorySample]):
+                 log: Table[MemorySample] | None):
         self.device = device
         self.capacity = int(capacity)
         self._clock = clock
-        self._log = log
+        self._log = None if log is None else log.add
         self.levels: dict[str, int] = {}
         self.used = 0
         self.peak = 0
@@ -74,4 +74,5 @@ class MemoryPool:
         self.levels[label] = level
         self.used += delta
         self.peak = max(self.peak, self.used)
-        self._log.append(MemorySample(self._clock(), self.device, label, level, buffer))
+        if self._log is not None:
+            self._log((self._clock(), self.device, label, level, buffer))

@@ -19,9 +19,12 @@ from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
 class ParameterCoordinator(Protocol):
+    module_hooks: bool
+    """Whether DeepSpeed hooks every module's forward and backward (ZeRO-3's coordinator)."""
+
     def fetch(self, index: int) -> simpy.Event | None: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
-    def release(self, index: int, after: simpy.Event | None) -> None: ...
+    def release(self, index: int) -> None: ...
     def release_all(self) -> None: ...
     def keep_after_forward(self, index: int) -> bool: ...
 
@@ -29,13 +32,15 @@ class ParameterCoordinator(Protocol):
 class ReplicatedParams:
     """Stages 0-2: the 16-bit parameters are resident on every GPU."""
 
+    module_hooks = False
+
     def fetch(self, index: int) -> simpy.Event | None:
         return None
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         return None
 
-    def release(self, index: int, after: simpy.Event | None) -> None:
+    def release(self, index: int) -> None:
         return None
 
     def release_all(self) -> None:
@@ -79,6 +84,8 @@ class PartitionsInHost:
 class PartitionedParams:
     """ZeRO-3's partitioned parameter coordinator for one rank."""
 
+    module_hooks = True
+
     def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False):
         self.core = core
         self.source = source
@@ -116,10 +123,10 @@ class PartitionedParams:
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         partition = sum(p.partition_numel for p in gathered)
+        self.gathered_bytes[index] = core.gpu.allocate(
+            Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
 
         def body() -> Gen:
-            self.gathered_bytes[index] = core.gpu.allocate(
-                Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
             yield from self.source.bring(core, index, partition)
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
@@ -152,20 +159,24 @@ class PartitionedParams:
             self.fetch(later)
             issued += numel
 
-    def release(self, index: int, after: simpy.Event | None) -> None:
+    def release(self, index: int) -> None:
+        """Release a module's gathered params when the host's post-hook runs.
+
+        The memory counts as allocated from the host's all-gather call to this release, as
+        PyTorch's caching allocator counts it (`memory_allocated`): DeepSpeed's `free_param`
+        calls `record_stream`, so the block is only *reused* once the GPU has finished with
+        it, but it stops counting as allocated at once. What the GPU still holds
+        is reserved, not allocated, memory; when HBM runs short the allocator waits for the
+        streams and reuses those blocks rather than failing.
+        """
         if not self.is_gathered[index]:
             return
         self.is_gathered[index] = False
         self.live_numel -= self.core.plan.gathered_numel[index]
-        gathered = self.gathered[index]
         self.gathered[index] = None
-
-        def free() -> None:
-            self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
-            self.gathered_bytes[index] = 0
-
-        self.core.when_done(after if after is not None else gathered, free)
+        self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
+        self.gathered_bytes[index] = 0
 
     def release_all(self) -> None:
         for index in self.trace:
-            self.release(index, self.gathered[index])
+            self.release(index)

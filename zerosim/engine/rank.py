@@ -17,9 +17,10 @@ from zerosim.behaviours import Behaviours
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import MemoryPool
 from zerosim.engine.plan import Plan
-from zerosim.engine.records import MemorySample, PhaseSpan, Span
+from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
 from zerosim.hardware import costs
+from zerosim.models.kernels import Kernel, kernel_count
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import (
@@ -47,9 +48,13 @@ class RunContext:
     machine: Machine
     plan: Plan
     pools: dict[str, MemoryPool]
-    spans: list[Span] = field(default_factory=list)
-    phases: list[PhaseSpan] = field(default_factory=list)
-    memory_log: list[MemorySample] = field(default_factory=list)
+    spans: Table[Span] = field(default_factory=lambda: Table(Span))
+    phases: Table[PhaseSpan] = field(default_factory=lambda: Table(PhaseSpan))
+    memory_log: Table[MemorySample] = field(default_factory=lambda: Table(MemorySample))
+
+    def __post_init__(self) -> None:
+        self.world = tuple(range(self.scenario.data_parallel))
+        """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
 
 
 class RankCore:
@@ -69,7 +74,7 @@ class RankCore:
         self.gpu = ctx.pools[self.placement.device]
         self.host = ctx.pools[self.placement.host_device]
         self.nvme = ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node))
-        self.ranks = tuple(range(ctx.scenario.data_parallel))
+        self.ranks = ctx.world
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
         self._seq: dict[str, int] = {}
@@ -82,6 +87,10 @@ class RankCore:
         self.buffer = host_buffer(self.pinned)
         self.activations: dict[int, int] = {}
         self.launches = 0
+        stack, core_Hz = ctx.scenario.stack, self.profile.cpu_boost_Hz
+        self.kernel_launch_s = stack.on_core(stack.kernel_launch_s, core_Hz)
+        self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
+        self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
 
     def stream(self, name: Stream) -> InOrderStream:
         if name not in self.streams:
@@ -111,8 +120,7 @@ class RankCore:
     def end(self) -> Gen:
         """Wait until every stream of this rank is idle, then record the phase."""
         yield from self.synchronize()
-        self.ctx.phases.append(PhaseSpan(self.rank, self.phase, self.micro, self._phase_start,
-                                         self.env.now))
+        self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now))
 
     def synchronize(self) -> Gen:
         while True:
@@ -152,9 +160,8 @@ class RankCore:
         yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,
                                     label=f"rank{self.rank} {op}")
         host = host_buffer(pinned)
-        self.ctx.spans.append(Span(self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
-                                   f"{op} ({host.value})", start, self.env.now, nbytes, kind,
-                                   host))
+        self.ctx.spans.add((self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
+                            f"{op} ({host.value})", start, self.env.now, nbytes, kind, host))
 
     def nvme_io(self, direction: Literal["read", "write"], nbytes: float, *, op: str,
                 kind: OpKind) -> Gen:
@@ -165,8 +172,8 @@ class RankCore:
         io = self.machine.nvme_read if direction == "read" else self.machine.nvme_write
         yield from io(self.rank, nbytes, label=f"rank{self.rank} {op}")
         track = Stream.NVME_READ if direction == "read" else Stream.NVME_WRITE
-        self.ctx.spans.append(Span(self.rank, track, phase, micro, op, start, self.env.now,
-                                   nbytes, kind, BufferKind.NVME))
+        self.ctx.spans.add((self.rank, track, phase, micro, op, start, self.env.now, nbytes, kind,
+                            BufferKind.NVME))
 
     def cpu_work(self, op: str, kind: OpKind, work: Gen, nbytes: float = 0.0,
                  track: Stream = Stream.CPU) -> Gen:
@@ -174,24 +181,31 @@ class RankCore:
         (`cpu` for the rank's main thread)."""
         start = self.env.now
         yield from work
-        self.ctx.spans.append(Span(self.rank, track, self.phase, self.micro, op, start,
-                                   self.env.now, nbytes, kind))
+        self.ctx.spans.add((self.rank, track, self.phase, self.micro, op, start, self.env.now,
+                            nbytes, kind, ""))
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""
         yield from self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
                                            self.ranks)
 
-    def host_overhead(self) -> Gen:
-        """Host time of a module's ZeRO hooks and kernel launches."""
-        if self.profile.op_overhead_s > 0:
-            yield self.env.timeout(self.profile.op_overhead_s)
+    def host_time(self, seconds: float) -> Gen:
+        """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping)."""
+        if seconds > 0:
+            yield self.env.timeout(seconds)
+
+    def fetch_hooks(self) -> Gen:
+        """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
+        yield from self.host_time(self.fetch_hook_s)
+
+    def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
+        """Host time to launch a module's kernels; the GPU runs them once they are queued."""
+        yield from self.host_time(kernel_count(kernels) * self.kernel_launch_s)
 
     def pay_launches(self) -> Gen:
         """Host time of the collectives launched since the last call."""
         launches, self.launches = self.launches, 0
-        if launches and self.profile.collective_launch_s > 0:
-            yield self.env.timeout(launches * self.profile.collective_launch_s)
+        yield from self.host_time(launches * self.collective_launch_s)
 
     # ------------------------------------------------------------------ compute
 
@@ -219,6 +233,9 @@ class RankCore:
                 on_end()
         return body
 
-    def module_seconds(self, index: int, factor: float) -> float:
-        return costs.module_compute_s(self.plan.modules[index], self.profile, factor=factor)
+    def forward_seconds(self, index: int) -> float:
+        return costs.module_forward_s(self.plan.modules[index], self.profile)
+
+    def backward_seconds(self, index: int) -> float:
+        return costs.module_backward_s(self.plan.modules[index], self.profile)
 

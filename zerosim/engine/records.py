@@ -1,8 +1,17 @@
-"""Flat, frozen records of what happened in a run; turned into DataFrames by `zerosim.results`."""
+"""Flat records of what happened in a run; turned into DataFrames by `zerosim.results`.
+
+The engine appends each record as a plain tuple in field order to a `Table` (a frozen dataclass
+per record cost more than the simulation itself); the dataclasses below name the fields and
+give single records to tests and readers.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +53,42 @@ class PhaseSpan:
     micro_batch: int
     start_s: float
     end_s: float
+
+
+class Table(Generic[R]):
+    """Records of one type as rows of plain tuples, every field given, in field order.
+
+    `add(row)` appends a row; `columns()` gives one list per field, with vocabulary members
+    (`StrEnum`) in text fields turned into plain `str`.
+    """
+
+    __slots__ = ("add", "names", "record_type", "rows", "text")
+
+    def __init__(self, record_type: type[R]):
+        self.record_type = record_type
+        self.names = tuple(f.name for f in fields(record_type))
+        self.text = frozenset(f.name for f in fields(record_type) if f.type == "str")
+        self.rows: list[tuple[Any, ...]] = []
+        self.add = self.rows.append
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[R]:
+        make = self.record_type
+        return (make(*row) for row in self.rows)
+
+    def columns(self) -> dict[str, list[Any]]:
+        if not self.rows:
+            return {name: [] for name in self.names}
+        return {name: list(map(str, values)) if name in self.text else list(values)
+                for name, values in zip(self.names, zip(*self.rows, strict=True),
+                                        strict=True)}
+
+    @classmethod
+    def of(cls, record_type: type[R], records: list[R]) -> Table[R]:
+        """A table holding `records` (dataclass instances of `record_type`)."""
+        table = cls(record_type)
+        names = table.names
+        table.rows.extend(tuple(getattr(r, n) for n in names) for r in records)
+        return table

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import simpy
@@ -16,12 +14,12 @@ from zerosim.engine.machine import Machine
 from zerosim.engine.memory import MemoryPool, OutOfMemory
 from zerosim.engine.plan import Plan, make_plan, workload_of
 from zerosim.engine.rank import RunContext
-from zerosim.engine.records import MemorySample, PhaseSpan, Span
+from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.models.breakdown import build_modules
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
-GC_YOUNG_THRESHOLD = 50_000
+COPY_ENGINE_STREAMS = frozenset(s for s in Stream if s.is_copy_engine)
 
 
 @dataclass
@@ -31,16 +29,21 @@ class RawRun:
     scenario: Scenario
     plan: Plan
     status: str
-    spans: list[Span]
-    phases: list[PhaseSpan]
-    memory: list[MemorySample]
-    links: list[RateChange]
+    spans: Table[Span]
+    phases: Table[PhaseSpan]
+    memory: Table[MemorySample]
+    """Empty when the run was asked for its summary only."""
+    links: Table[RateChange]
+    """Empty when the run was asked for its summary only."""
     capacities: dict[str, int]
     peaks: dict[str, int]
     oom: dict | None = None
     events: int | None = None
     """SimPy events processed (counted only when asked: counting costs about 8%)."""
     checks: list[str] = field(default_factory=list)
+    copies: int = 1
+    """How many nodes each simulated node stands for (`simulated_ranks`): the tables hold
+    the simulated ranks and devices; totals over every rank multiply by it."""
 
 
 class CountingEnvironment(simpy.Environment):
@@ -55,22 +58,7 @@ class CountingEnvironment(simpy.Environment):
         super().step()
 
 
-@contextmanager
-def _quiet_garbage_collector():
-    """The run allocates many short-lived events and few cycles: freeze what exists and collect
-    the young generation less often (about 25% less engine time), then restore the settings."""
-    thresholds = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()
-
-
-def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
+def _pools(env: simpy.Environment, machine: Machine, log: Table[MemorySample] | None
            ) -> dict[str, MemoryPool]:
     profile = machine.profile
     pools = {}
@@ -86,31 +74,46 @@ def _pools(env: simpy.Environment, machine: Machine, log: list[MemorySample]
     return pools
 
 
-def run_engine(scenario: Scenario, *, count_events: bool = False,
-               observer: Callable[[RunContext], None] | None = None) -> RawRun:
-    """Simulate one iteration; `observer(ctx)` is called just before it starts (progress)."""
+def simulated_ranks(scenario: Scenario, *, fold: bool = True) -> int:
+    """Ranks the engine runs: node 0's alone when the ranks fill two or more identical nodes
+    (every node then runs the same timeline: nodes share nothing but collectives, which are
+    sized for every rank), else all of them."""
+    ranks, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
+    if fold and ranks > per_node and ranks % per_node == 0:
+        return per_node
+    return ranks
+
+
+def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = True,
+               fold: bool = True, observer: Callable[[RunContext], None] | None = None
+               ) -> RawRun:
+    """Simulate one iteration. `full=False` keeps only what the summary needs: no memory log
+    and no link rates (the timeline is the same). `fold=False` simulates every node even when
+    they are identical (see `simulated_ranks`). `observer(ctx)` is called just before the
+    simulation starts (a progress line)."""
     env = CountingEnvironment() if count_events else simpy.Environment()
-    modules = build_modules(scenario.model, workload_of(scenario))
+    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
     plan = make_plan(scenario, modules)
-    machine = Machine(env, scenario.hardware, scenario.data_parallel,
-                      scenario.runtime.cpu_threads_per_rank)
-    log: list[MemorySample] = []
-    pools = _pools(env, machine, log)
+    simulated = simulated_ranks(scenario, fold=fold)
+    machine = Machine(env, scenario.hardware, simulated,
+                      scenario.runtime.cpu_threads_per_rank, record_rates=full)
+    log = Table(MemorySample)
+    pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
-    ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(scenario.data_parallel)]
+    ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(simulated)]
     if observer is not None:
         observer(ctx)
     status, oom = "ok", None
     try:
-        with _quiet_garbage_collector():
-            env.run(simpy.AllOf(env, ranks))
+        env.run(simpy.AllOf(env, ranks))
     except OutOfMemory as err:
         status, oom = "oom", err.to_dict()
-    links = machine.flows.rate_changes
+    links = machine.flows.rate_table()
     raw = RawRun(scenario, plan, status, ctx.spans, ctx.phases, log, links,
                  {name: pool.capacity for name, pool in pools.items()},
                  {name: pool.peak for name, pool in pools.items()}, oom,
-                 env.processed if count_events else None)
+                 env.processed if count_events else None,
+                 copies=scenario.data_parallel // simulated)
     if status == "ok":
         machine.assert_idle()
         raw.checks = check_invariants(raw, pools)
@@ -124,15 +127,15 @@ def check_invariants(raw: RawRun, pools: dict[str, MemoryPool]) -> list[str]:
                  for cat, level in pool.levels.items() if level != 0}
     if leftovers:
         raise RuntimeError(f"memory not freed at the end of the iteration: {leftovers}")
-    by_stream: dict[tuple[int, str], list[Span]] = {}
-    for span in raw.spans:
-        if not Stream(span.stream).is_copy_engine:
-            by_stream.setdefault((span.rank, span.stream), []).append(span)
-    for (rank, stream), spans in by_stream.items():
-        spans.sort(key=lambda s: (s.start_s, s.end_s))
-        for before, after in itertools.pairwise(spans):
-            if after.start_s < before.end_s - 1e-12:
-                raise RuntimeError(f"rank {rank} stream {stream}: {before.op!r} and {after.op!r} "
+    by_stream: dict[tuple[int, str], list[tuple]] = {}
+    for row in raw.spans.rows:
+        if row[1] not in COPY_ENGINE_STREAMS:
+            by_stream.setdefault((row[0], row[1]), []).append(row)
+    for (rank, stream), rows in by_stream.items():
+        rows.sort(key=lambda r: (r[5], r[6]))
+        for before, after in itertools.pairwise(rows):
+            if after[5] < before[6] - 1e-12:
+                raise RuntimeError(f"rank {rank} stream {stream}: {before[4]!r} and {after[4]!r} "
                                    "overlap")
     return ["no flow or collective in flight", "every allocation freed",
             "no overlap on an in-order stream"]

@@ -7,7 +7,7 @@ from typing import Any
 
 import simpy
 
-from zerosim.engine.records import Span
+from zerosim.engine.records import Span, Table
 from zerosim.vocabulary import OpKind, Stream
 
 Body = Callable[[], Generator[simpy.Event, Any, Any]]
@@ -20,7 +20,7 @@ class InOrderStream:
     the returned event fires when the op has finished on the stream.
     """
 
-    def __init__(self, env: simpy.Environment, rank: int, name: Stream, spans: list[Span],
+    def __init__(self, env: simpy.Environment, rank: int, name: Stream, spans: Table[Span],
                  tag: Callable[[], tuple[str, int]]):
         self.env = env
         self.rank = rank
@@ -45,8 +45,8 @@ class InOrderStream:
             yield simpy.AllOf(self.env, waits)
         start = self.env.now
         yield from body()
-        self._spans.append(Span(self.rank, self.name, phase, micro, op, start, self.env.now,
-                                nbytes, kind))
+        self._spans.add((self.rank, self.name, phase, micro, op, start, self.env.now, nbytes,
+                         kind, ""))
 
     def idle_event(self) -> simpy.Event | None:
         """The event to wait for before this stream is idle (None when it already is)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from zerosim.errors import ScenarioError
 from zerosim.inputs import check_plausible
-from zerosim.units import GB, TFLOPS, US, GiB
+from zerosim.units import GB, GHZ, TFLOPS, US, GiB
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 BASES = ("spec", "measured", "fitted", "assumed", "override")
@@ -50,11 +50,13 @@ class HardwareProfile:
     hbm_bytes: float
     hbm_Bps: float
     peak_16bit_flops: float
-    matmul_efficiency: float
-    attention_efficiency: float
+    sm_count: int
+    gemm_efficiency: float
+    gemm_tile_m: int
+    gemm_tile_n: int
+    flash_attention_efficiency: float
     memory_efficiency: float
-    op_overhead_s: float
-    collective_launch_s: float
+    kernel_gap_s: float
     runtime_context_bytes: float
     h2d_pinned_Bps: float
     d2h_pinned_Bps: float
@@ -67,6 +69,7 @@ class HardwareProfile:
     nics_per_node: int
     network_latency_s: float
     cpu_name: str
+    cpu_boost_Hz: float
     sockets: int
     cores_per_socket: int
     threads_per_core: int
@@ -133,12 +136,11 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.hbm_GiB": ("hbm_bytes", GiB, _positive, "a positive number of GiB"),
     "gpu.hbm_GBps": ("hbm_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "gpu.peak_16bit_TFLOPS": ("peak_16bit_flops", TFLOPS, _positive, "a positive TFLOP/s"),
-    "gpu.matmul_efficiency": ("matmul_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
-    "gpu.attention_efficiency": ("attention_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
+    "gpu.gemm_efficiency": ("gemm_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
+    "gpu.flash_attention_efficiency": ("flash_attention_efficiency", 1.0, _fraction,
+                                       "a fraction in (0, 1]"),
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
-    "gpu.op_overhead_us": ("op_overhead_s", US, _non_negative, "a time >= 0 in microseconds"),
-    "gpu.collective_launch_us": ("collective_launch_s", US, _non_negative,
-                                 "a time >= 0 in microseconds"),
+    "gpu.kernel_gap_us": ("kernel_gap_s", US, _non_negative, "a time >= 0 in microseconds"),
     "gpu.runtime_context_GiB": ("runtime_context_bytes", GiB, _non_negative, "GiB >= 0"),
     "pcie.h2d_pinned_GBps": ("h2d_pinned_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "pcie.d2h_pinned_GBps": ("d2h_pinned_Bps", GB, _positive, "a positive bandwidth in GB/s"),
@@ -151,6 +153,7 @@ QUANTITIES: dict[str, Quantity] = {
                          "a positive bandwidth in GB/s per NIC per direction"),
     "network.latency_us": ("network_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
     "host.memory_GiB": ("host_memory_bytes", GiB, _positive, "a positive number of GiB"),
+    "host.cpu_boost_GHz": ("cpu_boost_Hz", GHZ, _positive, "a positive clock in GHz"),
     "host.memory_GBps_per_domain": ("memory_Bps_per_domain", GB, _positive,
                                     "a positive bandwidth in GB/s"),
     "host.dma_memory_weight": ("dma_memory_weight", 1.0, _positive, "a positive weight"),
@@ -175,6 +178,9 @@ QUANTITIES: dict[str, Quantity] = {
 COUNTS = {
     "nodes": "nodes",
     "gpu.per_node": "gpus_per_node",
+    "gpu.sm_count": "sm_count",
+    "gpu.gemm_tile_m": "gemm_tile_m",
+    "gpu.gemm_tile_n": "gemm_tile_n",
     "host.sockets": "sockets",
     "host.cores_per_socket": "cores_per_socket",
     "host.threads_per_core": "threads_per_core",
@@ -189,6 +195,10 @@ CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
 DEFAULTS: dict[str, tuple[Any, str]] = {
+    "gpu.gemm_tile_m": (256, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
+                        "is 256 x 128 (rows x columns)"),
+    "gpu.gemm_tile_n": (128, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
+                        "is 256 x 128 (rows x columns)"),
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
     "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "

@@ -230,11 +230,11 @@ def parse_json(text: str, source: str) -> Any:
     except RecursionError:
         raise ScenarioError(source, "<root>", f"at most {MAX_DEPTH} levels of nesting",
                             Described("deeper nesting")) from None
-    _check_tree_shape(data, source)
+    check_tree_shape(data, source)
     return data
 
 
-def _check_tree_shape(data: Any, source: str) -> None:
+def check_tree_shape(data: Any, source: str) -> None:
     """Depth and size of a parsed tree, walked without recursion."""
     stack = [(data, 1)]
     count = 0

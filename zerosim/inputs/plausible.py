@@ -78,6 +78,18 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "model.num_key_value_heads": _count(1, 2**16, "a head count"),
     "model.vocab_size": _count(1, 2**24, "a vocabulary size"),
     "model.max_position_embeddings": _count(1, 2**32, "a position count"),
+    "model.num_kv_heads": _count(1, 2**16, "a head count"),
+    "model.head_dim": _count(0, 2**16, "a head size (0: hidden_size / heads)"),
+    "model.word_embed_proj_dim": _count(0, 2**20, "a hidden size (0: hidden_size)"),
+    "model.num_experts": _count(1, 4096, "an expert count"),
+    "model.num_local_experts": _count(1, 4096, "an expert count"),
+    "model.n_routed_experts": _count(1, 4096, "an expert count"),
+    "model.n_shared_experts": _count(0, 4096, "an expert count"),
+    "model.num_experts_per_tok": _count(1, 4096, "an expert count"),
+    "model.moe_layer_freq": _count(1, 10_000, "a layer interval"),
+    "model.decoder_sparse_step": _count(1, 10_000, "a layer interval"),
+    "model.*_size": _count(0, 2**22, "a size"),
+    "model.*_dim": _count(0, 2**22, "a size"),
     # ---- ds_config keys
     "deepspeed.train_micro_batch_size_per_gpu": _count(1, 1e6, "a micro-batch size"),
     "deepspeed.gradient_accumulation_steps": _count(1, 65_536, "a micro-batch count"),
@@ -104,6 +116,15 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "deepspeed.aio.block_size": _count(1, 2**40, "a block size in bytes"),
     "deepspeed.aio.queue_depth": _count(1, 1e6, "a queue depth"),
     "deepspeed.aio.thread_count": _count(1, 16_384, "a thread count"),
+    # ---- Hugging Face Trainer arguments that fill "auto"
+    "trainer.per_device_train_batch_size": _count(1, 1e6, "a micro-batch size"),
+    "trainer.gradient_accumulation_steps": _count(1, 65_536, "a micro-batch count"),
+    "trainer.max_grad_norm": Plausible(0, 1e12, "a gradient norm"),
+    # ---- software-stack keys (zerosim/stacks)
+    "stack.host.reference_GHz": Plausible(1e-3, 100, "a clock in GHz"),
+    "stack.host.*_us": Plausible(*MICROSECONDS, "a time in microseconds"),
+    "stack.kernels.backward_bytes_factor": Plausible(0, 1e3, "a factor"),
+    "stack.kernels.*.kernels": _count(0, 10_000, "a kernel count"),
     # ---- hardware profile keys
     "hardware.description": PlausibleText(10_000),
     "hardware.nodes": _count(1, 1e6, "a node count"),
@@ -129,8 +150,12 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.*_us": Plausible(*MICROSECONDS, "a time in microseconds"),
     "hardware.*_GiB*": Plausible(0, 1e8, "a memory size in GiB"),
     "hardware.*TFLOPS*": Plausible(1e-3, 1e7, "a throughput in TFLOP/s"),
+    "hardware.gpu.sm_count": _count(1, 100_000, "a multiprocessor count"),
+    "hardware.gpu.gemm_tile_*": _count(1, 65_536, "a tile size"),
+    "hardware.*GHz*": Plausible(1e-3, 100, "a clock in GHz"),
     "hardware.*name": PlausibleText(256),
     "hardware.*": Plausible(-1e15, 1e15, "a number"),
+    "model.*": _count(0, 2**32, "a count"),
 }
 """key (or `*` pattern) -> its plausible range. Patterns come after every exact key."""
 

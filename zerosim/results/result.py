@@ -2,45 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from enum import Enum
-from operator import attrgetter
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from zerosim.engine.flows import RateChange
-from zerosim.engine.records import MemorySample, PhaseSpan, Span
+from zerosim.engine.records import Table
 from zerosim.engine.simulate import RawRun
-from zerosim.hardware import costs
-from zerosim.scenario.version import format_version
-from zerosim.units import GB, GiB
+from zerosim.results.summary import summarize
 from zerosim.vocabulary import (
-    PCIE_STREAMS,
     PHASE_TIMES,
-    DeviceKind,
     LinkKind,
-    Phase,
-    PhaseTime,
-    devices_of,
     split_resource,
 )
 
 PHASE_KEYS = PHASE_TIMES
 
 
-def _frame(records: list, record_type: type) -> pd.DataFrame:
-    """One row per record, one column per field in declaration order (defaulted fields
-    included); vocabulary members are written as their plain text."""
-    columns = [f.name for f in fields(record_type)]
-    row = attrgetter(*columns)
-    frame = pd.DataFrame([row(r) for r in records], columns=columns)
-    for name in columns:
-        column = frame[name]
-        if (not pd.api.types.is_numeric_dtype(column)
-                and any(isinstance(v, Enum) for v in column)):
-            frame[name] = [v.value if isinstance(v, Enum) else v for v in column]
-    return frame
+def _frame(table: Table) -> pd.DataFrame:
+    """One row per record, one column per field in declaration order; vocabulary members are
+    written as their plain text."""
+    if not len(table):
+        return pd.DataFrame([], columns=list(table.names))
+    return pd.DataFrame(table.columns(), columns=list(table.names))
 
 
 @dataclass(frozen=True)
@@ -72,74 +56,17 @@ class Result:
         return self.summary["status"]
 
 
-def _phase_seconds(phases: pd.DataFrame, accumulation_steps: int) -> dict[str, float | None]:
-    """Mean per micro-batch on each rank, then the slowest rank."""
-    if phases.empty:
-        return dict.fromkeys(PHASE_KEYS)
-    frame = phases.assign(duration=phases.end_s - phases.start_s)
-    last = accumulation_steps - 1
-    backward = frame.phase == Phase.BACKWARD
-    selections = {
-        PhaseTime.FORWARD: frame.phase == Phase.FORWARD,
-        PhaseTime.BACKWARD_NON_BOUNDARY: backward & (frame.micro_batch < last),
-        PhaseTime.BACKWARD_BOUNDARY: backward & (frame.micro_batch == last),
-        PhaseTime.UPDATE: frame.phase == Phase.UPDATE,
-    }
-    out: dict[str, float | None] = {}
-    for key, mask in selections.items():
-        chosen = frame[mask]
-        out[key.value] = (None if chosen.empty
-                          else float(chosen.groupby("rank").duration.mean().max()))
-    return out
-
-
-def summarize(raw: RawRun, spans: pd.DataFrame, phases: pd.DataFrame) -> dict[str, Any]:
-    scenario = raw.scenario
-    ds = scenario.deepspeed
-    ranks = scenario.data_parallel
-    iteration = float(phases.end_s.max()) if raw.status == "ok" and not phases.empty else None
-    pcie_bytes = {d: float(spans.loc[spans.stream == stream, "bytes"].sum())
-                  for d, stream in PCIE_STREAMS.items()}
-    model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
-    tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
-              if iteration else None)
-    hbm_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.GPU)]
-    host_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.HOST)]
-    nvme_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.NVME)]
-    return {
-        "scenario": scenario.name,
-        "status": raw.status,
-        "hardware": scenario.hardware.name,
-        "data_parallel": ranks,
-        "deepspeed_version": format_version(scenario.runtime.deepspeed_version),
-        "iteration_s": iteration,
-        "phases_s": _phase_seconds(phases, ds.gradient_accumulation_steps),
-        "tflops_per_gpu": tflops,
-        "peak_hbm_GiB": max(hbm_peaks) / GiB,
-        "hbm_capacity_GiB": scenario.hardware.hbm_bytes / GiB,
-        "peak_host_GiB": max(host_peaks) / GiB,
-        "peak_nvme_GiB": max(nvme_peaks) / GiB if nvme_peaks else None,
-        "host_capacity_GiB": scenario.hardware.host_memory_bytes / GiB,
-        "pcie_GB": {d: b / GB for d, b in pcie_bytes.items()},
-        "pcie_mean_GBps": {d: (b / ranks / iteration / GB if iteration else None)
-                           for d, b in pcie_bytes.items()},
-        "partition_numel": raw.plan.partition_numel,
-        "oom": raw.oom,
-        "checks": raw.checks,
-    }
-
-
 def link_unit(resource: str) -> str:
     """CPU resources carry busy hardware threads; every other resource bytes per second."""
     return "threads" if split_resource(resource)[1] is LinkKind.CPU else "B/s"
 
 
 def build_result(raw: RawRun) -> Result:
-    spans = _frame(raw.spans, Span).sort_values(["start_s", "rank", "stream"], kind="stable",
-                                                ignore_index=True)
-    phases = _frame(raw.phases, PhaseSpan)
-    memory = _frame(raw.memory, MemorySample)
-    links = _frame(raw.links, RateChange)
+    spans = _frame(raw.spans).sort_values(["start_s", "rank", "stream"], kind="stable",
+                                          ignore_index=True)
+    phases = _frame(raw.phases)
+    memory = _frame(raw.memory)
+    links = _frame(raw.links)
     links["unit"] = links.resource.map(link_unit)
-    return Result(raw.scenario.name, spans, memory, phases, links,
-                  summarize(raw, spans, phases), dict(raw.capacities))
+    return Result(raw.scenario.name, spans, memory, phases, links, summarize(raw),
+                  dict(raw.capacities))

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.inputs import read_input_text
-from zerosim.scenario import UnmodelledKeysWarning, load_scenario, scenario_from_dict
+from zerosim.scenario import load_scenario, scenario_from_dict
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 SPEC_KEYS = ("base", "description", "set", "grid", "zip", "variants")
@@ -377,11 +377,11 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
 
     Returns the warnings worth showing once (ds_config keys the base sets but zerosim ignores).
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnmodelledKeysWarning)
-        base = load_scenario(spec.base)
-    notes = ([f"{spec.base}: zerosim does not model these keys and ignores them: "
-              f"{', '.join(base.unmodelled_keys)}"] if base.unmodelled_keys else [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScenarioWarning)
+        load_scenario(spec.base)
+    notes = [str(warning.message) for warning in caught
+             if issubclass(warning.category, ScenarioWarning)]
     tree = read_yaml_file(spec.base)
     problems: list[ScenarioError] = []
     seen: set[str] = set()
@@ -394,7 +394,7 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
 
     for point in points:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnmodelledKeysWarning)
+            warnings.simplefilter("ignore", ScenarioWarning)
             try:
                 scenario = scenario_from_dict(tree, source=str(spec.base),
                                               base_dir=spec.base.parent,

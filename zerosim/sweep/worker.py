@@ -56,20 +56,20 @@ def run_point(base: str, overrides: dict[str, Any], point_id: str) -> dict[str, 
     Any exception inside the simulation is a row with status `error` and the exception's text;
     an out-of-memory configuration is a row with status `oom`.
     """
-    from zerosim.api import simulate
-    from zerosim.scenario import UnmodelledKeysWarning
+    from zerosim.api import simulate_summary
+    from zerosim.errors import ScenarioWarning
 
     started = time.perf_counter()
     row: dict[str, Any] = {"point_id": point_id}
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnmodelledKeysWarning)
-            result = simulate(base, overrides)
+            warnings.simplefilter("ignore", ScenarioWarning)
+            summary = simulate_summary(base, overrides)
     except Exception as err:
         row["status"] = "error"
         row["error"] = error_text(err)
     else:
-        row.update(flatten_summary(result.summary))
+        row.update(flatten_summary(summary))
         row["error"] = ""
     row["wall_s"] = time.perf_counter() - started
     return row

@@ -1,0 +1,151 @@
+"""Every speed target of the tracker's issue 14, measured on this machine.
+
+Run: `python benchmarks/bench_targets.py [--repeat N] [--sweep-points K] [--only NAME ...]`.
+
+| figure    | what is timed                                                                   |
+|-----------|---------------------------------------------------------------------------------|
+| engine    | `run_engine` of `llama13b_dp4` (scenario loaded once), best of N, fresh process |
+| run       | the whole `zerosim run scenarios/llama13b_dp4.yaml --no-files` process, best of N |
+| sweep     | K variants of `llama13b_dp4` on 2 worker processes; 1,000 points extrapolated    |
+|           | from K at the measured points/s (K = 1000 measures it whole)                    |
+| gpt3-1k   | GPT-3 175B, ZeRO-3, optimizer and parameters offloaded to pinned host memory,    |
+| gpt3-10k  | 1,024 / 10,240 GPUs (p4d-24xlarge nodes): engine time and peak RSS of the process |
+| tune      | `zerosim tune` of a 13 B model on h100-jlse (4 GPUs): wall time of the process   |
+
+Timings on a shared 2-core machine are noisy: each figure is the best of `--repeat` runs
+(sweep, GPT-3 and tune: one run each, they are long). No figure is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DP4 = ROOT / "scenarios" / "llama13b_dp4.yaml"
+SEED003 = ROOT / "scenarios" / "seed003" / "roberta10b_p4d64.yaml"
+Z = "deepspeed.zero_optimization."
+GPT3_OFFLOAD = {"model": "gpt3-175b", "sequence_length": 2048, "activation_checkpointing": True,
+                "deepspeed.train_micro_batch_size_per_gpu": 1,
+                "deepspeed.gradient_accumulation_steps": 1,
+                "runtime.deepspeed_version": "0.13.3",
+                Z + "offload_optimizer.device": "cpu", Z + "offload_optimizer.pin_memory": True,
+                Z + "offload_param.device": "cpu", Z + "offload_param.pin_memory": True}
+TIMEOUT_S = 600
+
+ENGINE_CHILD = r"""
+import json, resource, sys, time, warnings
+warnings.simplefilter("ignore")
+from zerosim.engine.simulate import run_engine
+from zerosim.scenario import load_scenario
+scenario = load_scenario(sys.argv[1], json.loads(sys.argv[2]))
+times = []
+for _ in range(int(sys.argv[3])):
+    start = time.perf_counter()
+    raw = run_engine(scenario)
+    times.append(time.perf_counter() - start)
+print(json.dumps({"best_s": min(times), "status": raw.status,
+                  "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def engine(scenario: Path, overrides: dict, repeat: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", ENGINE_CHILD, str(scenario),
+                          json.dumps(overrides), str(repeat)], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    return json.loads(out.stdout)
+
+
+def gpt3(gpus: int) -> dict:
+    overrides = GPT3_OFFLOAD | {"data_parallel": gpus, "hardware.nodes": gpus // 8}
+    return engine(SEED003, overrides, 1)
+
+
+def whole_run(repeat: int) -> float:
+    command = [shutil.which("zerosim") or "zerosim", "run", str(DP4), "--no-files"]
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=TIMEOUT_S)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def sweep_spec(points: int) -> dict:
+    """Variants of llama13b_dp4: bucket sizes x sub-group sizes x pinned/pageable x two
+    DeepSpeed versions, the grid cut to `points`."""
+    buckets = max(1, points // 20)
+    return {"base": str(DP4), "grid": {
+        Z + "reduce_bucket_size": {"start": 5e7, "stop": 2e9, "num": buckets, "scale": "log"},
+        Z + "sub_group_size": [1e8, 2e8, 5e8, 1e9, 4e9],
+        Z + "offload_optimizer.pin_memory": [True, False],
+        "runtime.deepspeed_version": ["0.13.3", "0.19.5"]}}
+
+
+def sweep(points: int, workers: int = 2) -> tuple[int, float]:
+    import yaml
+
+    from zerosim.sweep import run_sweep
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = Path(tmp) / "bench.yaml"
+        spec_path.write_text(yaml.safe_dump(sweep_spec(points), sort_keys=False))
+        started = time.perf_counter()
+        outcome = run_sweep(spec_path, out_dir=Path(tmp) / "out", workers=workers)
+        return outcome.ran, time.perf_counter() - started
+
+
+def tune() -> float:
+    command = [shutil.which("zerosim") or "zerosim", "tune", str(DP4), "--workers", "2",
+               "--out", "OUT"]
+    with tempfile.TemporaryDirectory() as tmp:
+        command[-1] = str(Path(tmp) / "tune")
+        started = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=TIMEOUT_S)
+        return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sweep-points", type=int, default=100)
+    parser.add_argument("--only", nargs="+",
+                        choices=["engine", "run", "sweep", "gpt3-1k", "gpt3-10k", "tune"])
+    args = parser.parse_args()
+    chosen = set(args.only or ["engine", "run", "sweep", "gpt3-1k", "gpt3-10k", "tune"])
+    print(f"{'figure':44} {'measured':>12} {'target':>12}", flush=True)
+    if "engine" in chosen:
+        m = engine(DP4, {}, args.repeat)
+        label = f"llama13b_dp4 engine (best of {args.repeat})"
+        print(f"{label:44} "
+              f"{m['best_s']:10.3f} s {'<= 0.15 s':>12}", flush=True)
+    if "run" in chosen:
+        label = f"zerosim run --no-files process (best of {args.repeat})"
+        print(f"{label:44} "
+              f"{whole_run(args.repeat):10.2f} s {'<= 1.5 s':>12}", flush=True)
+    if "sweep" in chosen:
+        ran, wall = sweep(args.sweep_points)
+        label = f"1,000-point sweep, 2 workers (from {ran})"
+        print(f"{label:44} {wall / ran * 1000:10.1f} s {'<= 60 s':>12}", flush=True)
+    for name, gpus in (("gpt3-1k", 1024), ("gpt3-10k", 10240)):
+        if name in chosen:
+            m = gpt3(gpus)
+            label = f"GPT-3 175B, {gpus} GPUs, offload ({m['status']})"
+            print(f"{label:44} "
+                  f"{m['best_s']:10.2f} s {'<= 5 s':>12}", flush=True)
+            print(f"{'  peak RSS':44} {m['peak_rss_MiB']:8.0f} MiB {'<= 500 MiB':>12}",
+                  flush=True)
+    if "tune" in chosen:
+        print(f"{'zerosim tune llama13b_dp4 (2 workers)':44} {tune():10.1f} s "
+              f"{'<= 120 s':>12}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

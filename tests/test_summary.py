@@ -1,0 +1,46 @@
+"""The summary from records alone (`zerosim.results.summary`) equals the DataFrame reductions
+it replaces, to the bit, and equals the full result's summary."""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import zerosim
+from zerosim.api import simulate_summary
+from zerosim.engine.records import Span, Table
+from zerosim.results.summary import grouped_means, total_bytes
+
+durations = st.lists(st.floats(min_value=1e-9, max_value=1e3, allow_nan=False), min_size=1,
+                     max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(durations, st.lists(st.integers(0, 3), min_size=40, max_size=40), st.booleans())
+def test_phase_means_are_pandas_grouped_means(values, ranks, by_rank):
+    """pandas takes `reduceat` when the rows come rank by rank, a compensated sum when the
+    ranks interleave: both, to the bit."""
+    ranks = sorted(ranks[:len(values)]) if by_rank else ranks[:len(values)]
+    frame = pd.DataFrame({"rank": ranks, "duration": values})
+    assert sorted(grouped_means(ranks, values)) == sorted(
+        frame.groupby("rank").duration.mean().tolist())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 10, allow_nan=False),
+                          st.floats(0, 1e9, allow_nan=False), st.booleans()),
+                min_size=1, max_size=60))
+def test_pcie_totals_are_the_sorted_tables_sums(rows):
+    table = Table(Span)
+    for rank, start, nbytes, integral in rows:
+        table.add((rank, "pcie.h2d", "forward", 0, "op", start, start + 1,
+                   float(round(nbytes)) if integral else nbytes, "", ""))
+    frame = pd.DataFrame(table.columns()).sort_values(["start_s", "rank", "stream"],
+                                                      kind="stable")
+    assert total_bytes(table, "pcie.h2d") == float(frame.bytes.sum())
+
+
+def test_a_summary_alone_equals_the_full_results(toy):
+    scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}}, gpus=2)
+    assert simulate_summary(scenario) == zerosim.simulate(scenario).summary

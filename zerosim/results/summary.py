@@ -1,0 +1,129 @@
+"""The summary of a run, from its records alone (no pandas: a sweep point or `zerosim run
+--no-files` builds no table).
+
+Every figure is computed as the DataFrame reductions it replaces computed it, to the bit: a
+phase time is pandas' grouped mean per rank (`groupby("rank").mean()`: numpy's `reduceat`
+when the rows come rank by rank, else a Kahan-compensated sum; then one division), then the
+slowest rank; a PCIe total is exact (integral byte counts) or, failing that, numpy's pairwise
+sum in the spans table's order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from zerosim.engine.records import PhaseSpan, Span, Table
+from zerosim.engine.simulate import RawRun
+from zerosim.hardware import costs
+from zerosim.scenario.version import format_version
+from zerosim.units import GB, GiB
+from zerosim.vocabulary import PCIE_STREAMS, PHASE_TIMES, DeviceKind, Phase, PhaseTime, devices_of
+
+EXACT_FLOAT_INTEGERS = 2**53
+
+
+def kahan_mean(values: list[float]) -> float:
+    """pandas' grouped mean of one group when the groups interleave (Cython `group_mean`):
+    compensated sum, then a division."""
+    total = compensation = 0.0
+    for value in values:
+        y = value - compensation
+        t = total + y
+        compensation = t - total - y
+        if compensation != compensation:
+            compensation = 0.0
+        total = t
+    return total / len(values)
+
+
+def grouped_means(ranks: list[int], values: list[float]) -> list[float]:
+    """`groupby(ranks).mean()` of `values` (in row order), as pandas computes it."""
+    if all(a <= b for a, b in itertools.pairwise(ranks)):
+        import numpy as np
+
+        starts = [i for i, rank in enumerate(ranks) if i == 0 or rank != ranks[i - 1]]
+        sizes = [b - a for a, b in zip(starts, [*starts[1:], len(ranks)], strict=True)]
+        sums = np.add.reduceat(np.array(values, dtype=float), starts)
+        return [float(total) for total in sums / np.array(sizes, dtype=float)]
+    by_rank: dict[int, list[float]] = {}
+    for rank, value in zip(ranks, values, strict=True):
+        by_rank.setdefault(rank, []).append(value)
+    return [kahan_mean(group) for group in by_rank.values()]
+
+
+def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
+                  ) -> dict[str, float | None]:
+    """Mean per micro-batch on each rank, then the slowest rank."""
+    if not len(phases):
+        return dict.fromkeys(PHASE_TIMES)
+    last = accumulation_steps - 1
+    chosen: dict[PhaseTime, tuple[list[int], list[float]]] = {k: ([], []) for k in PhaseTime}
+    for rank, phase, micro, start_s, end_s in phases.rows:
+        if phase == Phase.FORWARD:
+            key = PhaseTime.FORWARD
+        elif phase == Phase.UPDATE:
+            key = PhaseTime.UPDATE
+        elif phase == Phase.BACKWARD and micro < last:
+            key = PhaseTime.BACKWARD_NON_BOUNDARY
+        elif phase == Phase.BACKWARD and micro == last:
+            key = PhaseTime.BACKWARD_BOUNDARY
+        else:
+            continue
+        chosen[key][0].append(rank)
+        chosen[key][1].append(end_s - start_s)
+    return {key.value: max(grouped_means(ranks, durations)) if ranks else None
+            for key, (ranks, durations) in chosen.items()}
+
+
+def total_bytes(spans: Table[Span], stream: str) -> float:
+    """The bytes of every span on `stream`, summed as `spans.bytes.sum()` over the sorted
+    spans table sums them."""
+    rows = [row for row in spans.rows if row[1] == stream]
+    values = [row[7] for row in rows]
+    if all(float(v).is_integer() and v >= 0 for v in values):
+        total = math.fsum(values)
+        if total < EXACT_FLOAT_INTEGERS:
+            return total  # every partial sum is exact, in any order
+    import numpy as np
+
+    rows.sort(key=lambda row: (row[5], row[0]))  # the table's order: start_s, rank
+    return float(np.array([row[7] for row in rows], dtype=float).sum())
+
+
+def summarize(raw: RawRun) -> dict[str, Any]:
+    scenario = raw.scenario
+    ds = scenario.deepspeed
+    ranks = scenario.data_parallel
+    iteration = (max(row[4] for row in raw.phases.rows)
+                 if raw.status == "ok" and len(raw.phases) else None)
+    pcie_bytes = {d: total_bytes(raw.spans, stream) * raw.copies
+                  for d, stream in PCIE_STREAMS.items()}
+    model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
+    tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
+              if iteration else None)
+    hbm_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.GPU)]
+    host_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.HOST)]
+    nvme_peaks = [raw.peaks[d] for d in devices_of(raw.peaks, DeviceKind.NVME)]
+    return {
+        "scenario": scenario.name,
+        "status": raw.status,
+        "hardware": scenario.hardware.name,
+        "data_parallel": ranks,
+        "deepspeed_version": format_version(scenario.runtime.deepspeed_version),
+        "iteration_s": iteration,
+        "phases_s": phase_seconds(raw.phases, ds.gradient_accumulation_steps),
+        "tflops_per_gpu": tflops,
+        "peak_hbm_GiB": max(hbm_peaks) / GiB,
+        "hbm_capacity_GiB": scenario.hardware.hbm_bytes / GiB,
+        "peak_host_GiB": max(host_peaks) / GiB,
+        "peak_nvme_GiB": max(nvme_peaks) / GiB if nvme_peaks else None,
+        "host_capacity_GiB": scenario.hardware.host_memory_bytes / GiB,
+        "pcie_GB": {d: b / GB for d, b in pcie_bytes.items()},
+        "pcie_mean_GBps": {d: (b / ranks / iteration / GB if iteration else None)
+                           for d, b in pcie_bytes.items()},
+        "partition_numel": raw.plan.partition_numel,
+        "oom": raw.oom,
+        "checks": raw.checks,
+    }
