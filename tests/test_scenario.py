@@ -138,7 +138,7 @@ def test_negative_bandwidth_names_the_override_key():
     ("data_parallel=8", "data_parallel", "at most the 4 GPUs"),
     ("deepspeed.train_batch_size=7", "deepspeed.train_batch_size", "= 1 x 1 x 4 = 4"),
     ("hardware.pcie.bogus=1", "hardware.overrides.pcie.bogus", "an existing profile key"),
-    ("hardware.profile=h200", "hardware.profile", "a profile name (dgx-a100"),
+    ("hardware.profile=h200", "hardware.profile", "a profile file is given as {file: path"),
     ("deepspeed.optimizer.type=SGD", "deepspeed.optimizer.type", "Adam, AdamW or CPUAdam"),
     ("deepspeed.fp16.enabled=false", "deepspeed.fp16.enabled", "fp16 or bf16 enabled"),
 ])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,16 +16,20 @@ if TYPE_CHECKING:
 
 def simulate(scenario: Scenario | str | Path,
              overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
-             fold_nodes: bool = True) -> Result:
+             fold_nodes: bool = True,
+             observer: Callable[[Any], None] | None = None) -> Result:
     """Replay one training iteration of `scenario` (a Scenario, or a path to its YAML).
 
     When the ranks fill two or more identical nodes, only node 0 is simulated (every node
     runs the same timeline) and the tables hold its ranks and devices; the summary covers
-    every rank. `fold_nodes=False` simulates every node.
+    every rank. `fold_nodes=False` simulates every node. `observer(ctx)` is called with the
+    engine's run context just before it starts (`zerosim.progress.RunProgress.observe` draws a
+    progress line from it).
     """
     from zerosim.results import build_result
 
-    return build_result(run_engine(_resolved(scenario, overrides), fold=fold_nodes))
+    return build_result(run_engine(_resolved(scenario, overrides), fold=fold_nodes,
+                                   observer=observer))
 
 
 def simulate_summary(scenario: Scenario | str | Path,

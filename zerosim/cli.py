@@ -2,36 +2,86 @@
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
-from zerosim.errors import ScenarioError, ZerosimError
+from zerosim.errors import ScenarioError, ZerosimError, clip
+from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
 
+EXIT_OK = 0
+EXIT_POINTS_NOT_RUN = 1   # sweep: some points could not be run (a worker failed)
+EXIT_BAD_INPUT = 2        # a scenario, profile, ds_config, option or output folder is refused
+EXIT_OOM = 3              # run: the configuration does not fit (summary status "oom")
+EXIT_INTERNAL_ERROR = 70  # a bug in zerosim (EX_SOFTWARE)
+TRACEBACK_ENV = "ZEROSIM_TRACEBACK"
+ON_INTERRUPT = "zerosim.on_interrupt"
+
 
 class _ZerosimGroup(click.Group):
-    """Turns zerosim's own errors into one clear line and exit status 2, without a traceback."""
+    """Every command ends with one line, never a traceback: zerosim's own errors exit 2, Ctrl-C
+    130 and SIGTERM 143 (whatever was running when the signal came), a bug 70."""
 
     def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except ZerosimError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(2)
+        with handled_interrupts():
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.ClickException, click.Abort):
+                raise
+            except KeyboardInterrupt as err:
+                _stop_interrupted(ctx, getattr(err, "signum", 2))
+            except ZerosimError as err:
+                if received_signal() is not None:
+                    _stop_interrupted(ctx, received_signal())
+                click.echo(f"error: {err}", err=True)
+                sys.exit(EXIT_BAD_INPUT)
+            except Exception as err:
+                if received_signal() is not None:
+                    _stop_interrupted(ctx, received_signal())
+                if os.environ.get(TRACEBACK_ENV):
+                    raise
+                click.echo(f"error: internal error, a bug in zerosim (please report it; "
+                           f"{TRACEBACK_ENV}=1 shows the traceback): {type(err).__name__}: "
+                           f"{clip(str(err), 300)}", err=True)
+                sys.exit(EXIT_INTERNAL_ERROR)
 
 
-@click.group(cls=_ZerosimGroup)
+def _stop_interrupted(ctx: click.Context, signum: int) -> None:
+    stop = Interrupted(signum)
+    note = ctx.meta.get(ON_INTERRUPT)
+    click.echo(f"interrupted by {stop.signal_name}" + (f": {note}" if note else ""), err=True)
+    sys.exit(stop.exit_status)
+
+
+def _on_interrupt(note: str) -> None:
+    """What an interruption from here on leaves behind, said in the one line it prints."""
+    click.get_current_context().meta[ON_INTERRUPT] = note
+
+
+@click.group(cls=_ZerosimGroup, epilog="""\b
+Exit status: 0 done; 1 sweep: some points could not be run; 2 bad input (scenario, profile,
+ds_config, option or output folder; one line names the file, the key, what was expected and
+what was given); 3 run: the configuration does not fit (status oom); 70 a bug in zerosim;
+130 interrupted by Ctrl-C; 143 by SIGTERM.
+\b
+Inputs are UTF-8 YAML or JSON files of at most 1 MiB: no key twice in a mapping, at most 32
+levels of nesting, no alias expanding past 100,000 values, and every number within its key's
+plausible range (zerosim/inputs/plausible.py); true/false is never a number. Outputs are
+written beside --out and moved into place whole: an interrupted run leaves the previous
+output or none.""")
 @click.version_option(package_name="zerosim")
 def main() -> None:
     """zerosim: replay a DeepSpeed ZeRO offloaded training iteration on a hardware model."""
 
 
 def _print_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+    from zerosim.results.export import strict_json
+
+    click.echo(strict_json(data, indent=2, sort_keys=False, default=str))
 
 
 def scenario_argument(func):
@@ -111,41 +161,56 @@ def default_out_dir(name: str) -> Path:
     return Path("results") / name
 
 
-@main.command()
+@main.command(epilog="Exit status: 0 ok, 2 bad input, 3 the configuration does not fit (oom), "
+                     "130/143 interrupted (the output folder is left as it was).")
 @scenario_argument
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for the output files (default: results/<scenario name>).")
+              help="Folder for the output files (default: results/<scenario name>); checked "
+                   "before simulating, replaced whole when the run ends.")
 @click.option("--no-files", is_flag=True, help="Only print the summary; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--plots", is_flag=True,
               help="Also draw the timeline, memory, PCIe and phase figures (PNG and SVG).")
+@click.option("--no-progress", is_flag=True,
+              help="No progress line on stderr (shown on a terminal for runs over 2 s).")
 def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_files: bool,
-        as_json: bool, plots: bool) -> None:
+        as_json: bool, plots: bool, no_progress: bool) -> None:
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
     from zerosim.api import simulate
+    from zerosim.progress import RunProgress
     from zerosim.report import render_summary
     from zerosim.results.export import write_outputs
+    from zerosim.results.folders import check_output_folder
 
     if plots and no_files:
         raise click.UsageError("--plots writes files; drop --no-files")
     loaded = _load(scenario, overrides)
+    target = None if no_files else out_dir or default_out_dir(loaded.name)
+    if target is not None:
+        check_output_folder(target)
+        _on_interrupt(f"{target} was left as it was")
     started = time.perf_counter()
-    result = simulate(loaded)
+    with RunProgress(enabled=False if no_progress else None) as progress:
+        result = simulate(loaded, observer=progress.observe)
     wall = time.perf_counter() - started
-    target = None
-    if not no_files:
-        target = out_dir or default_out_dir(loaded.name)
-        write_outputs(result, target, extra={"scenario.json": loaded.to_dict()})
-        if plots:
-            from zerosim.plots import save_all
-
-            save_all(result, target)
+    if target is not None:
+        write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},
+                      figures=_draw_figures if plots else None)
     if as_json:
         _print_json(result.summary)
     else:
-        render_summary(result.summary, wall_s=wall, out_dir=target)
+        render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
+                       accumulation_steps=loaded.deepspeed.gradient_accumulation_steps)
+    if result.status == "oom":
+        sys.exit(EXIT_OOM)
+
+
+def _draw_figures(result, folder: Path) -> None:
+    from zerosim.plots import save_all
+
+    save_all(result, folder)
 
 
 @main.command()
@@ -158,7 +223,9 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
     """Redraw the figures of a finished run from its files (summary.json, *.csv)."""
     from zerosim.plots import save_all
     from zerosim.results import load_result
+    from zerosim.results.folders import check_output_folder
 
+    check_output_folder(out_dir or result_dir, replaceable=False)
     written = save_all(load_result(result_dir), out_dir or result_dir,
                        formats=formats or ("png", "svg"))
     for path in written:
@@ -172,12 +239,14 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
 def validate(out_dir: Path, as_json: bool) -> None:
     """Compare simulated against every published measurement zerosim ships."""
     from zerosim.report import render_validation
+    from zerosim.results.folders import check_output_folder
     from zerosim.scenario import scenario_from_dict
     from zerosim.validation.reference import load_study
     from zerosim.validation.report import write_report
     from zerosim.validation.validate import cells_frame
     from zerosim.validation.validate import validate as run_validation
 
+    check_output_folder(out_dir, replaceable=False)
     study = load_study()
     cells, _ = run_validation(study, seed003=True)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
@@ -210,15 +279,18 @@ def calibrate(data: tuple[Path, ...], params: tuple[str, ...], holdout: str | No
     """Fit profile and stack values to measured phase times (CSV files: scenario, overrides,
     phase, seconds; several testbeds at once) and write the fitted profiles and stack, the
     residuals and what the data identifies."""
-    import os
     from concurrent.futures import ProcessPoolExecutor
 
+    from zerosim.interrupts import ignore_interrupts_in_worker
     from zerosim.report import render_calibration
+    from zerosim.results.folders import check_output_folder
     from zerosim.validation.calibrate import calibrate as run_calibration
     from zerosim.validation.calibrate import write_outputs
 
+    check_output_folder(out_dir, replaceable=False)
     workers = workers or os.cpu_count() or 1
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    pool = (ProcessPoolExecutor(workers, initializer=ignore_interrupts_in_worker)
+            if workers > 1 else None)
     try:
         result, bases = run_calibration(
             list(data), params, holdout=holdout, max_iterations=max_iterations, pool=pool,
@@ -298,9 +370,8 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
                                    zero2_rule=rule)
     else:
         result = estimate_model_states(
-            stage=int(stage), total_params=int(total_params),
-            largest_layer_params=None if largest_layer_params is None
-            else int(largest_layer_params),
+            stage=int(stage), total_params=total_params,
+            largest_layer_params=largest_layer_params,
             num_gpus_per_node=gpus_per_node, num_nodes=nodes,
             additional_buffer_factor=buffer_factor, zero2_rule=rule)
     summary = None if spec is None or model_name else _model_summary(spec, sequence_length)
@@ -329,18 +400,17 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
 def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str | None,
           overrides: tuple[str, ...], plots: bool, no_progress: bool) -> None:
     """Simulate every point of a what-if sweep; run it again to resume after a kill."""
+    from zerosim.results.folders import check_output_folder
     from zerosim.sweep import default_out_dir as sweep_out_dir
     from zerosim.sweep import run_sweep, write_plots
     from zerosim.sweep.report import render_outcome
 
-    try:
-        outcome = run_sweep(sweep_file, out_dir=out_dir, workers=workers, dask=dask,
-                            overrides=overrides, progress=not no_progress)
-    except KeyboardInterrupt:
-        target = out_dir or sweep_out_dir(sweep_file)
-        click.echo(f"interrupted: finished points are in {target / 'results.csv'}; "
-                   "run the same command again to resume", err=True)
-        sys.exit(130)
+    target = out_dir or sweep_out_dir(sweep_file)
+    check_output_folder(target, replaceable=False)
+    _on_interrupt(f"finished points are in {target / 'results.csv'}; run the same command "
+                  "again to resume")
+    outcome = run_sweep(sweep_file, out_dir=out_dir, workers=workers, dask=dask,
+                        overrides=overrides, progress=not no_progress)
     render_outcome(outcome)
     if plots:
         written, problem = write_plots(outcome)
@@ -349,7 +419,7 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
         if problem:
             click.echo(problem, err=True)
     if outcome.not_run:
-        sys.exit(1)
+        sys.exit(EXIT_POINTS_NOT_RUN)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ plain data parallelism needs 2N + 2N + KN = 16N bytes per GPU, ZeRO-1 needs 2N +
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, Literal
@@ -211,7 +212,7 @@ class Estimate:
 def _count(value: Any, key: str, what: str) -> int:
     """A positive whole number (2851e6 is accepted as 2851000000)."""
     ok = (isinstance(value, Real) and not isinstance(value, bool)
-          and float(value).is_integer() and value > 0)
+          and math.isfinite(value) and float(value).is_integer() and value > 0)
     if not ok:
         raise ScenarioError(None, key, f"{what} as a positive whole number", value)
     return int(value)
@@ -241,9 +242,10 @@ def _validate(stage: int, total_params: Any, largest_layer_params: Any, num_gpus
             raise ScenarioError(None, key, "a whole number >= 1", value)
     factor_ok = (isinstance(additional_buffer_factor, Real)
                  and not isinstance(additional_buffer_factor, bool)
-                 and additional_buffer_factor > 0)
+                 and math.isfinite(additional_buffer_factor) and additional_buffer_factor > 0)
     if not factor_ok:
-        raise ScenarioError(None, "--buffer-factor", "a number > 0", additional_buffer_factor)
+        raise ScenarioError(None, "--buffer-factor", "a finite number > 0",
+                            additional_buffer_factor)
     if zero2_rule not in ZERO2_NO_OFFLOAD_GPU_BYTES_PER_PARAM:
         raise ScenarioError(None, "zero2_rule",
                             f"one of {', '.join(ZERO2_NO_OFFLOAD_GPU_BYTES_PER_PARAM)}",

@@ -8,7 +8,7 @@ from rich.table import Table
 from zerosim.scenario import Scenario
 from zerosim.scenario.version import format_version
 from zerosim.validation.report import format_value
-from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
+from zerosim.vocabulary import PCIE_STREAMS, Phase, PhaseTime
 
 
 def _console() -> Console:
@@ -84,24 +84,65 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None) -> None:
+PHASE_ROWS = {PhaseTime.FORWARD: "forward",
+              PhaseTime.BACKWARD_NON_BOUNDARY: "backward (non-boundary)",
+              PhaseTime.BACKWARD_BOUNDARY: "backward (boundary)",
+              PhaseTime.UPDATE: "optimizer update"}
+BETWEEN_PHASES = "between phases"
+
+
+def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[str, float],
+                                                                dict[str, int]]:
+    """Seconds each phase takes over the whole iteration on the rank that finishes last, and
+    how many times it runs; with the time between phases the rows add up to its end."""
+    if phases is None or phases.empty:
+        return None, {}, {}
+    rank = int(phases.groupby("rank").end_s.max().idxmax())
+    mine = phases[phases["rank"] == rank]
+    duration = mine.end_s - mine.start_s
+    last = accumulation_steps - 1
+    backward = mine.phase == Phase.BACKWARD
+    masks = {PhaseTime.FORWARD: mine.phase == Phase.FORWARD,
+             PhaseTime.BACKWARD_NON_BOUNDARY: backward & (mine.micro_batch < last),
+             PhaseTime.BACKWARD_BOUNDARY: backward & (mine.micro_batch == last),
+             PhaseTime.UPDATE: mine.phase == Phase.UPDATE}
+    totals = {key.value: float(duration[mask].sum()) for key, mask in masks.items()}
+    counts = {key.value: int(mask.sum()) for key, mask in masks.items()}
+    totals[BETWEEN_PHASES] = float(mine.end_s.max()) - sum(totals.values())
+    return rank, totals, counts
+
+
+def _phase_table(summary: dict, totals: dict[str, float], counts: dict[str, int]) -> Table:
+    table = Table(title="phase times in seconds", title_justify="left")
+    table.add_column("phase")
+    table.add_column("count", justify="right")
+    table.add_column("per iteration", justify="right")
+    table.add_column("mean per micro-batch", justify="right")
+    for key, label in PHASE_ROWS.items():
+        table.add_row(label, str(counts.get(key, "-")), _seconds(totals.get(key)),
+                      _seconds(summary["phases_s"].get(key)))
+    if abs(totals.get(BETWEEN_PHASES, 0.0)) > 5e-4:
+        table.add_row(BETWEEN_PHASES, "", _seconds(totals[BETWEEN_PHASES]), "")
+    table.add_row("[bold]iteration[/bold]", "",
+                  f"[bold]{_seconds(summary['iteration_s'])}[/bold]", "")
+    return table
+
+
+def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
+                   phases=None, accumulation_steps: int = 1) -> None:
+    """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
+    totals beside the per-micro-batch means."""
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
     console.print(f"[bold]{summary['scenario']}[/bold]: status [{colour}]{status}[/{colour}], "
                   f"DP={summary['data_parallel']}, DeepSpeed {summary['deepspeed_version']}")
-    table = Table(title="phase times", caption="mean per micro-batch, slowest rank",
-                  title_justify="left", caption_justify="left")
-    table.add_column("phase")
-    table.add_column("seconds", justify="right")
-    labels = {PhaseTime.FORWARD: "forward",
-              PhaseTime.BACKWARD_NON_BOUNDARY: "backward (non-boundary)",
-              PhaseTime.BACKWARD_BOUNDARY: "backward (boundary)",
-              PhaseTime.UPDATE: "optimizer update"}
-    for key, label in labels.items():
-        table.add_row(label, _seconds(summary["phases_s"].get(key)))
-    table.add_row("[bold]iteration[/bold]", f"[bold]{_seconds(summary['iteration_s'])}[/bold]")
-    console.print(table)
+    rank, totals, counts = iteration_totals(phases, accumulation_steps)
+    if rank is not None:
+        console.print(f"per iteration: the phases of rank {rank}, the last to finish; they add "
+                      "up to the iteration\nmean per micro-batch: the slowest rank's",
+                      highlight=False)
+    console.print(_phase_table(summary, totals, counts))
     facts = Table(show_header=False, box=None, pad_edge=False)
     tflops = summary["tflops_per_gpu"]
     facts.add_row("TFLOPS per GPU", "-" if tflops is None else f"{tflops:.1f}")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
+from zerosim.inputs import check_plausible
 from zerosim.units import GB, GHZ, TFLOPS, US, GiB
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
@@ -255,6 +256,8 @@ def _provenance(raw: Any, source: str, key: str) -> Provenance:
     if not isinstance(raw.get("source"), str) or not raw["source"].strip():
         raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
                             "comes from", raw.get("source"))
+    check_plausible(f"hardware.{key}.source", raw["source"], source=source,
+                    key_path=f"{key}.source")
     return Provenance(raw.get("value"), raw["basis"], raw["source"])
 
 
@@ -263,6 +266,7 @@ def _number(prov: Provenance, source: str, key: str, check: Callable[[float], bo
     value = prov.value
     if isinstance(value, bool) or not isinstance(value, int | float) or not check(value):
         raise ScenarioError(source, f"{key}.value", expected, value)
+    check_plausible(f"hardware.{key}", value, source=source, key_path=f"{key}.value")
     return float(value)
 
 
@@ -271,6 +275,7 @@ def _count(flat: Mapping[str, Any], key: str, source: str, *, least: int = 1) ->
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         expected = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise ScenarioError(source, key, expected, value if key in flat else "nothing")
+    check_plausible(f"hardware.{key}", value, source=source, key_path=key)
     return value
 
 
@@ -322,6 +327,8 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         text = flat.get(key, "")
         if not isinstance(text, str) or (key == "name" and not text):
             raise ScenarioError(source, key, "a text", text)
+        if text:
+            check_plausible(f"hardware.{key}", text, source=source, key_path=key)
         values[name] = text
     values["gpu_numa_domain"] = _numa_map(flat, source, values["gpus_per_node"],
                                           values["numa_domains"])
@@ -338,25 +345,49 @@ def profile_names() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
-def builtin_profile_tree(name: str, *, source: str = "<inline>",
+def builtin_profile_tree(name: Any, *, source: str = "<inline>",
                          key_path: str = "hardware") -> dict[str, Any]:
-    folder = resources.files("zerosim.hardware") / "profiles"
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        raise ScenarioError(source, key_path,
-                            f"a profile name ({', '.join(profile_names())}) or a mapping", name)
-    return parse_yaml_text(path.read_text(), f"zerosim/hardware/profiles/{name}.yaml")
+    """A catalog profile's tree. Only catalog names are looked up: a path to a profile file is
+    given as `{file: path}`."""
+    names = profile_names()
+    if name not in names:
+        raise ScenarioError(source, key_path, f"a profile name ({', '.join(names)}; a profile "
+                            "file is given as {file: path/to/profile.yaml})", name)
+    path = resources.files("zerosim.hardware") / "profiles" / f"{name}.yaml"
+    return parse_yaml_text(path.read_text(encoding="utf-8"),
+                           f"zerosim/hardware/profiles/{name}.yaml")
 
 
 def profile_tree_from_file(path: Path, *, source: str, key_path: str) -> dict[str, Any]:
     return read_yaml_file(path, referenced_from=source, key_path=key_path)
 
 
+def _is_provenance(value: Any) -> bool:
+    return isinstance(value, Mapping) and "value" in value
+
+
+def flatten_overrides(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{pcie: {h2d_pageable_GBps: 12}}` -> `{"pcie.h2d_pageable_GBps": 12}`: a nested override
+    patches the keys it names, not the whole section. A `{value, basis, source}` mapping is one
+    value."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and not _is_provenance(value) and (
+                dotted != "observed"):
+            flat.update(flatten_overrides(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
 def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
                     source: str, key_path: str = "hardware.overrides") -> dict[str, Any]:
-    """Patch profile values by dotted key; a plain number keeps the key's unit."""
+    """Patch profile values by dotted key (nested mappings patch key by key); a plain number
+    keeps the key's unit and gets basis `override`, a `{value, basis, source}` mapping replaces
+    the value with its provenance."""
     patched = copy.deepcopy(dict(tree))
-    for dotted, value in overrides.items():
+    for dotted, value in flatten_overrides(overrides).items():
         node = patched
         parts = dotted.split(".")
         defaulted = dotted in DEFAULTS
@@ -372,7 +403,7 @@ def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
             raise ScenarioError(source, f"{key_path}.{dotted}", "an existing profile key", dotted)
         provenance_leaf = ((isinstance(node.get(leaf), Mapping) and "value" in node[leaf])
                            or (leaf not in node and dotted in QUANTITIES))
-        if provenance_leaf:
+        if provenance_leaf and not _is_provenance(value):
             node[leaf] = {"value": value, "basis": "override", "source": f"override in {source}"}
         else:
             node[leaf] = value

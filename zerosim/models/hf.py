@@ -15,14 +15,14 @@ and may set the layout fields by their `ModelSpec` names.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, get_args
 
-from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.errors import ScenarioError, ScenarioWarning, clip
+from zerosim.inputs import check_plausible, parse_json, read_input_text
 from zerosim.models.spec import GPT_LAYOUT, ModelSpec, MoESpec, Norm, Positions
 
 
@@ -31,6 +31,8 @@ class ModelFieldWarning(ScenarioWarning):
 
 
 # Older GPT-style configs name the same fields differently.
+MAX_NAME_CHARS = 256
+"""A config's `_name_or_path` is a label: longer ones are cut."""
 ALIASES = {
     "n_embd": "hidden_size",
     "n_embed": "hidden_size",
@@ -89,6 +91,8 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise self.error(key, expected, value)
+        check_plausible(f"model.{key}", value, source=self.source,
+                        key_path=f"{self.key_path}.{key}")
         return value
 
     def flag(self, key: str, default: bool) -> bool:
@@ -314,11 +318,11 @@ _COUNT_FIELDS = ("norms_per_block", "position_offset", "word_embed_proj_dim")
 def _family(f: Fields) -> tuple[str, Callable[[Fields], Layout], bool]:
     if "family" in f.data:
         family = f.data["family"]
-        if family not in FAMILY_READERS:
+        if not isinstance(family, str) or family not in FAMILY_READERS:
             raise f.error("family", "'llama' or 'gpt'", family)
         return (family, *FAMILY_READERS[family])
     model_type = f.raw("model_type")
-    if model_type in MODEL_TYPES:
+    if isinstance(model_type, str) and model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
     raise f.error("family", "'family: llama|gpt', or a model_type zerosim knows "
                   f"({', '.join(sorted(MODEL_TYPES))})", model_type)
@@ -421,8 +425,8 @@ def looks_like_hf_config(path: Path) -> bool:
     if path.suffix.lower() != ".json":
         return False
     try:
-        tree = json.loads(path.read_text())
-    except (OSError, ValueError):
+        tree = parse_json(read_input_text(path), str(path))
+    except ScenarioError:
         return False
     return isinstance(tree, dict) and "model" not in tree and bool(
         {"model_type", "architectures"} & set(tree))
@@ -432,15 +436,13 @@ def spec_from_hf_file(path: Path, *, source: str, key_path: str,
                       patch: Mapping[str, Any] | None = None) -> ModelSpec:
     """A model from its config.json; `patch` (fields beside `hf_config:` in a scenario, or
     `--set model.X` overrides) replaces the file's fields of the same name."""
-    try:
-        fields = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(source, key_path, "an existing config.json file", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise ScenarioError(str(path), "<root>", "valid JSON", f"parse error: {err}") from None
+    text = read_input_text(path, referenced_from=source, key_path=key_path,
+                           what="config.json file")
+    fields = parse_json(text, str(path))
     if not isinstance(fields, dict):
         raise ScenarioError(str(path), "<root>", "a JSON object", type(fields).__name__)
     name = fields.get("_name_or_path") or path.parent.name or path.stem
     origin = f"{path} (patched by {source})" if patch else str(path)
-    return spec_from_hf_fields({**fields, **(patch or {})}, name=str(name), source=origin,
+    return spec_from_hf_fields({**fields, **(patch or {})}, name=clip(str(name), MAX_NAME_CHARS),
+                               source=origin,
                                key_path="<root>")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from zerosim.behaviours import Behaviours
 from zerosim.errors import ScenarioError
+from zerosim.inputs import check_section
 from zerosim.scenario.batch import batch_sizes
 from zerosim.scenario.hf_trainer import AutoFill, TrainerContext, fill_auto
 from zerosim.scenario.legacy import translate_legacy
@@ -35,6 +36,12 @@ NO_EFFECT_KEYS = {
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
 }
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
+CLOSED_SECTIONS = {
+    "optimizer": ("type", "params", "legacy_fusion"),
+    "scheduler": ("type", "params"),
+}
+"""ds_config sections whose every key DeepSpeed knows (runtime/config.py reads these and no
+others): any other key is a mistake, refused with the nearest known key."""
 
 
 class _Open(BaseModel):
@@ -286,6 +293,23 @@ def _extras(model: BaseModel, source: str, prefix: str = "") -> list[str]:
     return found
 
 
+def check_closed_sections(data: Any, source: str) -> None:
+    """A key DeepSpeed does not know in a closed section (`optimizer.tpye`) is an error."""
+    if not isinstance(data, dict):
+        return
+    for section, known in CLOSED_SECTIONS.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            continue
+        for key in block:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ScenarioError(source, f"deepspeed.{section}.{key}",
+                                    f"one of the keys DeepSpeed reads in {section} "
+                                    f"({', '.join(known)}){hint}", key)
+
+
 def unmodelled_keys(raw: _DeepSpeedRaw, source: str) -> list[str]:
     """Keys present in the ds_config that zerosim neither models nor knows to be harmless."""
     keys = []
@@ -400,8 +424,10 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                       trainer: TrainerContext) -> DeepSpeedResolution:
     """Validate the section and fill DeepSpeed's code defaults for a release's behaviours."""
     data, legacy, auto = _prepare(data or {}, behaviours, trainer, source)
+    check_closed_sections(data, source)
     raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data, source=source,
                                           prefix="deepspeed")
+    check_section(data, prefix="deepspeed.", source=source, key_prefix="deepspeed.")
     zero = raw.zero_optimization
     dtype = _dtype(raw, source)
     batch = batch_sizes(raw.train_batch_size, raw.train_micro_batch_size_per_gpu,

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.behaviours import Behaviours
-from zerosim.errors import ScenarioError
+from zerosim.errors import Described, ScenarioError
+from zerosim.inputs import read_input_text
+from zerosim.inputs.documents import MAX_DEPTH, check_tree_shape
 from zerosim.yamlio import read_yaml_file
 
 JSON_SUFFIXES = {".json", ".hjson"}
@@ -59,14 +61,14 @@ def read_ds_config(path: Path, *, behaviours: Behaviours, referenced_from: str,
                    key_path: str) -> Any:
     if path.suffix.lower() not in JSON_SUFFIXES:
         return read_yaml_file(path, referenced_from=referenced_from, key_path=key_path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(referenced_from, key_path, "an existing file", str(path)) from None
+    text = read_input_text(path, referenced_from=referenced_from, key_path=key_path)
     reader = "hjson (DeepSpeed 0.8.1 and later)" if behaviours.hjson_config_files else \
         "strict JSON (DeepSpeed before 0.8.1)"
     try:
-        return _parse(text, behaviours.hjson_config_files)
+        tree = _parse(text, behaviours.hjson_config_files)
+    except RecursionError:
+        raise ScenarioError(str(path), "<root>", f"at most {MAX_DEPTH} levels of nesting",
+                            Described("deeper nesting")) from None
     except _DuplicateKeys as err:
         raise ScenarioError(str(path), ", ".join(err.keys),
                             "each key once (DeepSpeed: 'Duplicate keys in DeepSpeed config')",
@@ -74,3 +76,5 @@ def read_ds_config(path: Path, *, behaviours: Behaviours, referenced_from: str,
     except ValueError as err:
         raise ScenarioError(str(path), "<root>", f"a ds_config that {reader} can read",
                             str(err).splitlines()[0]) from None
+    check_tree_shape(tree, str(path))
+    return tree

@@ -17,9 +17,11 @@ from zerosim.hardware.profile import (
     HardwareProfile,
     apply_overrides,
     builtin_profile_tree,
+    flatten_overrides,
     parse_profile,
     profile_tree_from_file,
 )
+from zerosim.inputs import check_plausible, check_section, referenced_path
 from zerosim.models import CATALOG, ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
@@ -33,6 +35,8 @@ from zerosim.yamlio import parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
 HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides"}
+DOCUMENT_SECTIONS = ("model", "hardware", "deepspeed")
+"""Scenario keys holding another document, whose values are checked where it is resolved."""
 
 
 class UnmodelledKeysWarning(ScenarioWarning):
@@ -250,18 +254,21 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
         raise ScenarioError(source, "model", "a catalog name or a mapping", value)
     if "hf_config" in value:
         patch = {key: item for key, item in value.items() if key != "hf_config"}
-        return spec_from_hf_file(base_dir / str(value["hf_config"]), source=source,
-                                 key_path="model.hf_config", patch=patch)
+        path = referenced_path(base_dir, value["hf_config"], source=source,
+                               key_path="model.hf_config", what="a Hugging Face config.json")
+        return spec_from_hf_file(path, source=source, key_path="model.hf_config", patch=patch)
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
-        if base not in CATALOG:
+        if not isinstance(base, str) or base not in CATALOG:
             raise ScenarioError(source, "model.base",
                                 f"a catalog model ({', '.join(catalog_names())})", base)
         merged = fields_of(CATALOG[base])
         merged.update(fields)
         fields = merged
-    name = str(fields.pop("name", base or "custom"))
+    name = fields.pop("name", base or "custom")
+    check_plausible("model.name", name, source=source, key_path="model.name")
+    name = str(name)
     return spec_from_hf_fields(fields, name=name, source=source, key_path="model")
 
 
@@ -274,17 +281,23 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     if not isinstance(overrides, Mapping):
         raise ScenarioError(source, "hardware.overrides", "a mapping of profile keys to values",
                             overrides)
+    overrides = flatten_overrides(overrides)
     if "profile" in value or "file" in value:
         extra = set(value) - HARDWARE_REFERENCE_KEYS
         if extra:
             raise ScenarioError(source, f"hardware.{sorted(extra)[0]}",
                                 "profile or file, plus optional overrides", sorted(extra)[0])
+        if "profile" in value and "file" in value:
+            raise ScenarioError(source, "hardware.file",
+                                "either a catalog profile or a profile file, not both "
+                                f"(hardware.profile is {value['profile']!r})", value["file"])
         if "profile" in value:
-            tree = builtin_profile_tree(str(value["profile"]), source=source,
+            tree = builtin_profile_tree(value["profile"], source=source,
                                         key_path="hardware.profile")
             profile_source = f"profile {value['profile']}"
         else:
-            path = base_dir / str(value["file"])
+            path = referenced_path(base_dir, value["file"], source=source,
+                                   key_path="hardware.file", what="a hardware profile")
             tree = profile_tree_from_file(path, source=source, key_path="hardware.file")
             profile_source = str(path)
     else:
@@ -295,11 +308,21 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     try:
         return parse_profile(tree, profile_source)
     except ScenarioError as err:
-        key = err.key_path.removesuffix(".value")
-        if key in overrides:
+        key = _overridden_key(err.key_path, overrides)
+        if key is not None:
             raise ScenarioError(source, f"hardware.overrides.{key}", err.expected,
                                 err.got) from None
         raise
+
+
+def _overridden_key(key_path: str, overrides: Mapping[str, Any]) -> str | None:
+    """The override an error in the patched profile is about, as the scenario names it:
+    `gpu.hbm_GiB.value` -> `gpu.hbm_GiB`; `gpu.hbm_GiB.source` of a provenance override stays."""
+    if key_path.removesuffix(".value") in overrides:
+        return key_path.removesuffix(".value")
+    if any(key_path.startswith(f"{key}.") for key in overrides):
+        return key_path
+    return None
 
 
 def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -320,7 +343,8 @@ def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path, behaviours:
     key, before it is validated."""
     if not (isinstance(value, Mapping) and "file" in value):
         return value, source
-    path = base_dir / str(value["file"])
+    path = referenced_path(base_dir, value["file"], source=source, key_path="deepspeed.file",
+                           what="a ds_config")
     content = read_ds_config(path, behaviours=behaviours, referenced_from=source,
                              key_path="deepspeed.file")
     if not isinstance(content, Mapping):
@@ -351,6 +375,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         raise ScenarioError(source, "<root>", "a mapping with model, hardware, deepspeed, ...",
                             type(tree).__name__)
     raw: _ScenarioRaw = validate_section(_ScenarioRaw, dict(tree), source=source, prefix="")
+    check_section({k: v for k, v in tree.items() if k not in DOCUMENT_SECTIONS}, prefix="",
+                  source=source)
     version = parse_version(raw.runtime.deepspeed_version, source=source)
     model = _resolve_model(raw.model, source, base_dir)
     hardware = _resolve_hardware(raw.hardware, source, base_dir)

@@ -12,8 +12,9 @@ __all__ = ["NEWEST_RELEASE", "Version", "VersionWarning", "format_version", "is_
            "parse_version"]
 
 # "0.13.3", or a build of it with a local label as `deepspeed.__version__` prints one from a
-# source build ("0.13.3+5ab4b4bd").
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)(\+[0-9A-Za-z.]+)?$")
+# source build ("0.13.3+5ab4b4bd"). At most 9 digits a part: a 5000-digit one is refused, not
+# converted.
+_VERSION = re.compile(r"^(\d{1,9})\.(\d{1,9})\.(\d{1,9})(\+[0-9A-Za-z.]+)?$")
 
 # The last patch of each (major, minor) DeepSpeed has released: the git tags v0.1.0 to v0.19.5
 # of deepspeedai/DeepSpeed (every minor's patches run from 0 without a gap).

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
+from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import Elementwise, Recipe
 from zerosim.units import US
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
@@ -93,6 +94,7 @@ def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = F
     if not ok:
         expected = "a finite number > 0" if positive else "a finite number >= 0"
         raise ScenarioError(source, f"{key}.value", expected, value)
+    check_plausible(f"stack.{key}", value, source=source, key_path=f"{key}.value")
     return float(value)
 
 
@@ -105,6 +107,7 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     count, nbytes = raw["kernels"], raw["bytes_per_element"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)
+    check_plausible("stack.kernels.*.kernels", count, source=source, key_path=f"{key}.kernels")
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | float) or not 0 <= nbytes < 1e3:
         raise ScenarioError(source, f"{key}.bytes_per_element", "a number in [0, 1000)", nbytes)
     return Elementwise(count, float(nbytes))
@@ -210,7 +213,8 @@ def resolve_stack(value: Any, *, source: str, base_dir: Path,
         tree = builtin_stack_tree(str(value["stack"]), source=source, key_path=key_path)
         origin = f"stack {value['stack']}"
     else:
-        path = base_dir / str(value["file"])
+        path = referenced_path(base_dir, value["file"], source=source,
+                               key_path=f"{key_path}.file", what="a software-stack file")
         tree = read_yaml_file(path, referenced_from=source, key_path=f"{key_path}.file")
         origin = str(path)
     overrides = value.get("overrides") or {}
@@ -220,7 +224,14 @@ def resolve_stack(value: Any, *, source: str, base_dir: Path,
     if overrides:
         tree = apply_stack_overrides(tree, overrides, source=source,
                                      key_path=f"{key_path}.overrides")
-    return parse_stack(tree, origin)
+    try:
+        return parse_stack(tree, origin)
+    except ScenarioError as err:
+        overridden = err.key_path.removesuffix(".value")
+        if overridden in overrides:
+            raise ScenarioError(source, f"{key_path}.overrides.{overridden}", err.expected,
+                                err.got) from None
+        raise
 
 
 def load_stack(name: str) -> SoftwareStack:
