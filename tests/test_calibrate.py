@@ -57,11 +57,15 @@ def test_fit_recovers_the_values_that_produced_the_measurements(measured):
 
 def test_a_value_the_data_cannot_move_is_reported_as_not_identified(measured):
     """The toy node is one node: the network bandwidth has a zero Jacobian column."""
-    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1",
+    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1", "cpu.page_zeroing_GBps=0.05:10",
                                   "network.nic_GBps=1:100"])
-    assert fit.identifiability is not None
-    assert not fit.identifiability.identified("network.nic_GBps")
-    assert fit.identifiability.identified("gpu.gemm_efficiency")
+    ident = fit.identifiability
+    assert ident is not None
+    assert not ident.identified("network.nic_GBps")
+    assert ident.rel_std["network.nic_GBps"] == pytest.approx(99)  # capped at 100x
+    assert ident.singular_values[-1] == 0.0
+    assert ident.identified("gpu.gemm_efficiency")
+    assert ident.identified("cpu.page_zeroing_GBps")
 
 
 def test_holdout_rows_are_predicted_not_fitted(measured):

@@ -49,6 +49,9 @@ LOSS_SCALE = 0.1
 START_MARGIN = 0.02
 """A start on a bound is moved this fraction of the (log) range inside: the trust-region
 reflective method's scaling makes a variable that sits on its bound creep away from it."""
+SINGULAR_FLOOR = 1e-9
+"""Directions of the Jacobian weaker than this fraction of the strongest are treated as this
+weak (not dropped): the values along them get a huge, not a zero, standard error."""
 MAX_LOG_STD = math.log(100.0)
 """Standard errors are capped at 100x (9900%): beyond, the data says nothing about the value."""
 IDENTIFIED_REL_STD = 0.25
@@ -359,14 +362,15 @@ def identifiability(jacobian: np.ndarray, residuals: np.ndarray, parameters: lis
     keys = [p.key for p in parameters]
     rows, cols = jacobian.shape
     variance = float(residuals @ residuals) / max(rows - cols, 1)
-    covariance = np.linalg.pinv(jacobian.T @ jacobian) * variance
-    std = np.sqrt(np.clip(np.diag(covariance), 0, None))
-    scale = np.where(std > 0, std, 1.0)
-    correlation = covariance / np.outer(scale, scale)
+    _, singular, vt = np.linalg.svd(jacobian, full_matrices=False)
+    floor = max(float(singular.max()), 1.0) * SINGULAR_FLOOR
+    covariance = (vt.T / np.maximum(singular, floor) ** 2) @ vt * variance
+    std = np.sqrt(np.diag(covariance))
+    correlation = np.clip(covariance / np.outer(std, std), -1.0, 1.0)
     at_bound = {p.key: bool(t <= math.log(p.low) + 1e-3 or t >= math.log(p.high) - 1e-3)
                 for p, t in zip(parameters, theta, strict=True)}
     return Identifiability(
-        singular_values=tuple(float(x) for x in np.linalg.svd(jacobian, compute_uv=False)),
+        singular_values=tuple(float(x) for x in singular),
         rel_std={k: float(math.expm1(min(s, MAX_LOG_STD))) for k, s in zip(keys, std, strict=True)},
         correlation={(a, b): float(correlation[i, j]) for i, a in enumerate(keys)
                      for j, b in enumerate(keys) if i < j},
@@ -408,7 +412,7 @@ def fit(measurements: list[Measurement], parameters: list[Parameter], *,
     margin = START_MARGIN * (high - low)
     start = np.clip(np.log([p.start for p in parameters]), low + margin, high - margin)
     solution = least_squares(residuals, start, jac=jacobian, bounds=(low, high),
-                             loss="soft_l1", f_scale=LOSS_SCALE, method="trf", x_scale="jac",
+                             loss="soft_l1", f_scale=LOSS_SCALE, method="trf",
                              max_nfev=max_iterations, xtol=1e-4, ftol=TOLERANCE)
     theta = solution.x
     values = evaluator.values(theta)
