@@ -14,6 +14,7 @@ Deterministic: fixed start (the profiles' values), fixed steps.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -27,6 +28,7 @@ import yaml
 from zerosim.api import simulate
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import QUANTITIES, builtin_profile_tree, profile_tree_from_file
+from zerosim.inputs.files import read_input_text
 from zerosim.scenario import load_scenario, parse_overrides
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import read_yaml_file
@@ -103,28 +105,28 @@ class Fit:
 def read_measurements(path: Path) -> list[Measurement]:
     """CSV with columns scenario, overrides (k=v separated by ';'), phase, seconds."""
     rows = []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = {"scenario", "phase", "seconds"} - set(reader.fieldnames or [])
-        if missing:
-            raise ScenarioError(path, "<header>", "columns scenario, overrides, phase, seconds",
-                                reader.fieldnames)
-        for number, row in enumerate(reader, start=2):
-            phase = row["phase"].strip()
-            if phase not in PHASE_KEYS + PROBE_KEYS:
-                raise ScenarioError(path, f"line {number}.phase",
-                                    f"one of {PHASE_KEYS + PROBE_KEYS}", phase)
-            try:
-                seconds = float(row["seconds"])
-            except ValueError:
-                raise ScenarioError(path, f"line {number}.seconds", "a number",
-                                    row["seconds"]) from None
-            if seconds <= 0:
-                raise ScenarioError(path, f"line {number}.seconds", "a time > 0", seconds)
-            scenario = (path.parent / row["scenario"].strip()).resolve()
-            overrides = tuple(o.strip() for o in (row.get("overrides") or "").split(";")
-                              if o.strip())
-            rows.append(Measurement(scenario, overrides, phase, seconds, number))
+    text = read_input_text(path, key_path="<root>", what="calibration CSV")
+    reader = csv.DictReader(io.StringIO(text))
+    missing = {"scenario", "phase", "seconds"} - set(reader.fieldnames or [])
+    if missing:
+        raise ScenarioError(path, "<header>", "columns scenario, overrides, phase, seconds",
+                            reader.fieldnames)
+    for number, row in enumerate(reader, start=2):
+        phase = row["phase"].strip()
+        if phase not in PHASE_KEYS + PROBE_KEYS:
+            raise ScenarioError(path, f"line {number}.phase",
+                                f"one of {PHASE_KEYS + PROBE_KEYS}", phase)
+        try:
+            seconds = float(row["seconds"])
+        except ValueError:
+            raise ScenarioError(path, f"line {number}.seconds", "a number",
+                                row["seconds"]) from None
+        if seconds <= 0:
+            raise ScenarioError(path, f"line {number}.seconds", "a time > 0", seconds)
+        scenario = (path.parent / row["scenario"].strip()).resolve()
+        overrides = tuple(o.strip() for o in (row.get("overrides") or "").split(";")
+                          if o.strip())
+        rows.append(Measurement(scenario, overrides, phase, seconds, number))
     if not rows:
         raise ScenarioError(path, "<rows>", "at least one measurement", "none")
     return rows
@@ -160,7 +162,7 @@ class Bases:
 
 
 def _raw_profile(scenario: Path) -> tuple[dict[str, Any], str]:
-    raw = yaml.safe_load(scenario.read_text()).get("hardware")
+    raw = read_yaml_file(scenario).get("hardware")
     if isinstance(raw, str):
         return builtin_profile_tree(raw), raw
     if isinstance(raw, dict) and "profile" in raw:
@@ -175,7 +177,7 @@ def _raw_profile(scenario: Path) -> tuple[dict[str, Any], str]:
 def _raw_stack(scenario: Path) -> dict[str, Any]:
     from zerosim.stacks import DEFAULT_STACK, builtin_stack_tree
 
-    raw = (yaml.safe_load(scenario.read_text()).get("runtime") or {}).get("framework")
+    raw = (read_yaml_file(scenario).get("runtime") or {}).get("framework")
     raw = {"stack": raw or DEFAULT_STACK} if raw is None or isinstance(raw, str) else raw
     if "name" in raw:
         return raw
