@@ -100,7 +100,7 @@ def toy_stack() -> dict[str, Any]:
                     "residual": ops(0, 0), "loss": ops(1, 10),
                     "backward_bytes_factor": q(2.0)},
         "host": {"reference_GHz": q(3.0), "kernel_launch_us": q(0), "fetch_hook_us": q(0),
-                 "collective_launch_us": q(0)},
+                 "collective_launch_us": q(0), "micro_batch_ms": q(0), "step_ms": q(0)},
     }
 
 

@@ -33,7 +33,9 @@ class RankProgram:
     def run(self) -> Gen:
         self.hold_model_states()
         steps = self.core.ds.gradient_accumulation_steps
+        yield from self.core.host_time(self.core.step_s)
         for micro in range(steps):
+            yield from self.core.host_time(self.core.micro_batch_s)
             yield from self.forward(micro)
             yield from self.backward(micro, boundary=micro == steps - 1)
         yield from self.optimizer.run()

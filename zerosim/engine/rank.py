@@ -91,6 +91,8 @@ class RankCore:
         self.kernel_launch_s = stack.on_core(stack.kernel_launch_s, core_Hz)
         self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
+        self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
+        self.step_s = stack.on_core(stack.step_s, core_Hz)
 
     def stream(self, name: Stream) -> InOrderStream:
         if name not in self.streams:

@@ -123,6 +123,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     # ---- software-stack keys (zerosim/stacks)
     "stack.host.reference_GHz": Plausible(1e-3, 100, "a clock in GHz"),
     "stack.host.*_us": Plausible(*MICROSECONDS, "a time in microseconds"),
+    "stack.host.*_ms": Plausible(0, 1e5, "a time in milliseconds"),
     "stack.kernels.backward_bytes_factor": Plausible(0, 1e3, "a factor"),
     "stack.kernels.*.kernels": _count(0, 10_000, "a kernel count"),
     # ---- hardware profile keys

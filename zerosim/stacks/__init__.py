@@ -21,7 +21,7 @@ from typing import Any
 from zerosim.errors import ScenarioError
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import Elementwise, Recipe
-from zerosim.units import US
+from zerosim.units import MS, US
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 DEFAULT_STACK = "megatron-deepspeed"
@@ -30,9 +30,12 @@ runs come from the same group's Megatron-DeepSpeed set-up (see the stack file)."
 LAYOUTS = {"modules.qkv": ("fused", "separate"), "modules.gate_up": ("fused", "separate")}
 KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
               "loss")
-HOST_TIMES = {"host.kernel_launch_us": "kernel_launch_s",
-              "host.fetch_hook_us": "fetch_hook_s",
-              "host.collective_launch_us": "collective_launch_s"}
+HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
+              "host.fetch_hook_us": ("fetch_hook_s", US),
+              "host.collective_launch_us": ("collective_launch_s", US),
+              "host.micro_batch_ms": ("micro_batch_s", MS),
+              "host.step_ms": ("step_s", MS)}
+"""Host-time keys -> (field, scale to seconds)."""
 BASES = ("spec", "measured", "fitted", "assumed", "override")
 
 
@@ -58,6 +61,11 @@ class SoftwareStack:
     parameter coordinator's fetch, prefetch and release bookkeeping), per pass."""
     collective_launch_s: float
     """Host time per collective a rank launches (DeepSpeed's bookkeeping and the NCCL call)."""
+    micro_batch_s: float
+    """Host time per micro-batch outside forward and backward: the framework fetching and
+    broadcasting the batch and averaging the loss over the data-parallel group."""
+    step_s: float
+    """Host time per optimizer step outside the phases (zeroing, timers, logging)."""
     provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
@@ -144,10 +152,10 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     reference = _provenance(_leaf(tree, "host.reference_GHz"), source, "host.reference_GHz")
     provenance["host.reference_GHz"] = reference
     times: dict[str, float] = {}
-    for key, attr in HOST_TIMES.items():
+    for key, (attr, scale) in HOST_TIMES.items():
         prov = _provenance(_leaf(tree, key), source, key)
         provenance[key] = prov
-        times[attr] = _non_negative(prov, source, key) * US
+        times[attr] = _non_negative(prov, source, key) * scale
     extra = set(_leaf(tree, "host") or {}) - {"reference_GHz", *(k[5:] for k in HOST_TIMES)}
     if extra:
         raise ScenarioError(source, f"host.{sorted(extra)[0]}", "a known host key",
