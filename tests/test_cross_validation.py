@@ -20,8 +20,9 @@ pytestmark = pytest.mark.calibration
 DATA = Path(__file__).resolve().parents[1] / "scenarios" / "calibration"
 STUDY = DATA / "study_table2.csv"
 POLARIS = DATA / "polaris_runs.csv"
-STACK = ["stack.host.fetch_hook_us=100:5000", "stack.host.collective_launch_us=5:3000",
-         "stack.host.kernel_launch_us=2:40"]
+STACK = ["stack.host.fetch_hook_us=100:5000", "stack.host.collective_launch_us=5:3000"]
+"""The stack values the shipped fit sets (kernel launches are held: the data cannot separate
+them from the hooks)."""
 POLARIS_HARDWARE = [
     "polaris-a100:gpu.gemm_efficiency=0.5:0.95",
     "polaris-a100:cpu.page_zeroing_GBps=0.3:20",
