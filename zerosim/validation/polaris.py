@@ -53,6 +53,8 @@ class PolarisRun:
     reduce_bucket_size: int
     prefetch_bucket_size: int
     iterations_averaged: int
+    build: str
+    """The DeepSpeed build the run used (`0.13.3+<commit>`): the runs come from four builds."""
     seconds: dict[str, float]
     """Measured seconds per optimizer step, by `MEASURED_PHASES`."""
     peak_gpu_bytes: float
@@ -127,7 +129,7 @@ def _run(row: int, r: dict[str, str]) -> PolarisRun:
         grad_accum_steps=integer("grad_accum_steps"), sub_group_size=integer("sub_group_size"),
         reduce_bucket_size=integer("reduce_bucket_size"),
         prefetch_bucket_size=integer("prefetch_bucket_size"),
-        iterations_averaged=integer("n_iters_averaged"),
+        iterations_averaged=integer("n_iters_averaged"), build=r["deepspeed_version"],
         seconds={phase: float(r[column]) / 1000 for phase, column in _COLUMNS.items()},
         peak_gpu_bytes=float(r["smu_train_rank0_peak_Max_MA_GB"]) * 1e9)
 
