@@ -86,18 +86,23 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
-    from zerosim.api import simulate
+    from zerosim.api import simulate, simulate_summary
     from zerosim.report import render_summary
-    from zerosim.results.export import write_outputs
 
     if plots and no_files:
         raise click.UsageError("--plots writes files; drop --no-files")
     loaded = _load(scenario, overrides)
     started = time.perf_counter()
-    result = simulate(loaded)
-    wall = time.perf_counter() - started
     target = None
-    if not no_files:
+    if no_files:  # the summary alone: no tables to build
+        summary = simulate_summary(loaded)
+        wall = time.perf_counter() - started
+    else:
+        from zerosim.results.export import write_outputs
+
+        result = simulate(loaded)
+        wall = time.perf_counter() - started
+        summary = result.summary
         target = out_dir or default_out_dir(loaded.name)
         write_outputs(result, target, extra={"scenario.json": loaded.to_dict()})
         if plots:
@@ -105,9 +110,9 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
 
             save_all(result, target)
     if as_json:
-        _print_json(result.summary)
+        _print_json(summary)
     else:
-        render_summary(result.summary, wall_s=wall, out_dir=target)
+        render_summary(summary, wall_s=wall, out_dir=target)
 
 
 @main.command()

@@ -7,7 +7,6 @@ from rich.table import Table
 
 from zerosim.scenario import Scenario
 from zerosim.scenario.version import format_version
-from zerosim.validation.report import format_value
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
@@ -121,6 +120,8 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None) 
 
 
 def render_validation(cells, out_dir) -> None:
+    from zerosim.validation.report import format_value  # loads matplotlib: only here
+
     console = _console()
     table = Table(title="zerosim validate: simulated vs published", title_justify="left")
     for column in ("case", "quantity", "measured", "simulated", "error", "status"):

@@ -1,8 +1,14 @@
-"""YAML reading with YAML 1.2 number rules, so `5e8` is a float as users expect."""
+"""YAML reading with YAML 1.2 number rules, so `5e8` is a float as users expect.
+
+libyaml's parser is used where PyYAML has it, and a text already parsed in this process (a
+profile, a sweep's base scenario) is not parsed again: each caller gets its own copy.
+"""
 
 from __future__ import annotations
 
+import copy
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +16,10 @@ import yaml
 
 from zerosim.errors import ScenarioError
 
+PARSED_TEXTS_KEPT = 64
 
-class _Loader(yaml.SafeLoader):
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """SafeLoader that also reads `5e8`, `1e-3` and `.5` as floats (PyYAML needs `5.0e+8`)."""
 
 
@@ -27,6 +35,13 @@ _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123
 
 
 def parse_yaml_text(text: str, source: str) -> Any:
+    parsed = _parse(text, source)
+    return parsed if isinstance(parsed, str | int | float | bool | None) else copy.deepcopy(
+        parsed)
+
+
+@lru_cache(maxsize=PARSED_TEXTS_KEPT)
+def _parse(text: str, source: str) -> Any:
     try:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
