@@ -115,6 +115,10 @@ def tune() -> float:
         return time.perf_counter() - started
 
 
+def row(label: str, measured: str, target: str) -> None:
+    print(f"{label:48} {measured:>12} {target:>12}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -126,32 +130,30 @@ def main() -> None:
                         choices=["engine", "run", "sweep", "gpt3-1k", "gpt3-10k", "tune"])
     args = parser.parse_args()
     chosen = set(args.only or ["engine", "run", "sweep", "gpt3-1k", "gpt3-10k", "tune"])
-    print(f"{'figure':44} {'measured':>12} {'target':>12}", flush=True)
+    row("figure", "measured", "target")
     if "engine" in chosen:
         m = engine(DP4, {}, args.repeat)
-        print(f"{'llama13b_dp4 engine (best of %d)' % args.repeat:44} "
-              f"{m['best_s']:10.3f} s {'<= 0.15 s':>12}", flush=True)
+        row(f"llama13b_dp4 engine (best of {args.repeat})", f"{m['best_s']:.3f} s",
+            "<= 0.15 s")
     if "run" in chosen:
-        print(f"{'zerosim run --no-files process (best of %d)' % args.repeat:44} "
-              f"{whole_run(args.repeat):10.2f} s {'<= 1.5 s':>12}", flush=True)
+        row(f"zerosim run --no-files process (best of {args.repeat})",
+            f"{whole_run(args.repeat):.2f} s", "<= 1.5 s")
     if "sweep" in chosen:
         ran, wall = sweep(args.sweep_points)
-        label = f"1,000-point sweep, 2 workers (from {ran})"
-        print(f"{label:44} {wall / ran * 1000:10.1f} s {'<= 60 s':>12}", flush=True)
+        row(f"1,000-point sweep, 2 workers (from {ran})", f"{wall / ran * 1000:.0f} s",
+            "<= 60 s")
     for name, gpus in (("gpt3-1k", 1024), ("gpt3-10k", 10240)):
-        if name in chosen:
-            m = gpt3(gpus, args.timeout)
-            if m is None:
-                print(f"{'GPT-3 175B, %d GPUs, offload' % gpus:44} "
-                      f"{'> %.0f s' % args.timeout:>12} {'<= 5 s':>12}", flush=True)
-                continue
-            print(f"{'GPT-3 175B, %d GPUs, offload (%s)' % (gpus, m['status']):44} "
-                  f"{m['best_s']:10.2f} s {'<= 5 s':>12}", flush=True)
-            print(f"{'  peak RSS':44} {m['peak_rss_MiB']:8.0f} MiB {'<= 500 MiB':>12}",
-                  flush=True)
+        if name not in chosen:
+            continue
+        m = gpt3(gpus, args.timeout)
+        if m is None:
+            row(f"GPT-3 175B, {gpus} GPUs, offload", f"> {args.timeout:.0f} s", "<= 5 s")
+            continue
+        row(f"GPT-3 175B, {gpus} GPUs, offload ({m['status']})", f"{m['best_s']:.2f} s",
+            "<= 5 s")
+        row("  peak RSS of that process", f"{m['peak_rss_MiB']:.0f} MiB", "<= 500 MiB")
     if "tune" in chosen:
-        print(f"{'zerosim tune llama13b_dp4 (2 workers)':44} {tune():10.1f} s "
-              f"{'<= 120 s':>12}", flush=True)
+        row("zerosim tune llama13b_dp4 (2 workers)", f"{tune():.0f} s", "<= 120 s")
 
 
 if __name__ == "__main__":
