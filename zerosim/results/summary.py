@@ -10,6 +10,7 @@ sum in the spans table's order.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -39,7 +40,7 @@ def kahan_mean(values: list[float]) -> float:
 
 def grouped_means(ranks: list[int], values: list[float]) -> list[float]:
     """`groupby(ranks).mean()` of `values` (in row order), as pandas computes it."""
-    if all(a <= b for a, b in zip(ranks, ranks[1:], strict=False)):
+    if all(a <= b for a, b in itertools.pairwise(ranks)):
         import numpy as np
 
         starts = [i for i, rank in enumerate(ranks) if i == 0 or rank != ranks[i - 1]]
