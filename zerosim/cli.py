@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from zerosim.errors import ZerosimError
+from zerosim.tune import KNOBS
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
 
@@ -276,6 +277,34 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
     if outcome.not_run:
         sys.exit(1)
 
+
+@main.command()
+@scenario_argument
+@click.option("--free", multiple=True, type=click.Choice(KNOBS),
+              help="Also search this knob (repeatable; what_if is fixed by default).")
+@click.option("--fix", multiple=True, type=click.Choice(KNOBS),
+              help="Keep the scenario's value of this knob (repeatable).")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="Parallel workers (default: one per CPU); 1 runs in this process.")
+@click.option("--dask", metavar="local|ADDRESS", help="Run the points on Dask, as sweep does.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for tune.csv (default: results/tune/<scenario name>).")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Rows of the ranked table to print.")
+def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
+         fix: tuple[str, ...], workers: int | None, dask: str | None, out_dir: Path | None,
+         top: int) -> None:
+    """The fastest configuration of SCENARIO that fits: search ZeRO stage, offload,
+    micro-batch size for the same global batch, bucket and sub-group sizes, Twin-Flow."""
+    from zerosim.report import render_tune
+    from zerosim.scenario.loader import parse_overrides
+    from zerosim.tune import tune as run_tune
+
+    loaded = _load(scenario, overrides)
+    outcome = run_tune(scenario, overrides=parse_overrides(overrides), free=free, fix=fix,
+                       workers=workers, dask=dask,
+                       out_dir=out_dir or Path("results") / "tune" / loaded.name)
+    render_tune(outcome, top=top)
 
 if __name__ == "__main__":
     main()

@@ -161,3 +161,33 @@ def render_calibration(fit, paths) -> None:
                   + (f", holdout {fit.rms(fit.holdout):.1%}" if fit.holdout else "")
                   + f"; {fit.iterations} iterations")
     console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def render_tune(outcome, *, top: int = 10) -> None:
+    """The ranked configurations of `zerosim tune` (the best `top` that fit, then a count of
+    the rest) and why the best one wins."""
+    from zerosim.tune import why_best
+
+    console = _console()
+    table = Table(title=f"zerosim tune {outcome.scenario.name}: fastest that fits",
+                  title_justify="left")
+    for column in ("#", "configuration", "iteration s", "tokens/s", "peak HBM GiB",
+                   "peak host GiB"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    fitting = [r for r in outcome.rows if r["status"] == "ok"]
+    for row in fitting[:top]:
+        table.add_row(str(row["rank"]), row["config"].describe(), f"{row['iteration_s']:.3f}",
+                      f"{row['tokens_per_s']:,.0f}", f"{row['peak_hbm_GiB']:.1f}",
+                      f"{row['peak_host_GiB']:.1f}")
+    console.print(table)
+    counts: dict[str, int] = {}
+    for row in outcome.rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    console.print(f"{len(outcome.rows)} configurations: "
+                  + ", ".join(f"{n} {status}" for status, n in counts.items())
+                  + f" ({outcome.simulated} simulated {outcome.executor} in "
+                  f"{outcome.wall_s:.1f} s; pruned: the memory floor exceeds a device)",
+                  markup=False, highlight=False)
+    console.print(why_best(outcome.rows), markup=False, highlight=False)
+    for path in outcome.files:
+        console.print(f"table: {path}", markup=False, highlight=False)
