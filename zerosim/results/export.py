@@ -15,7 +15,7 @@ from pathlib import Path
 
 from zerosim.results.load import CAPACITIES_FILE
 from zerosim.results.result import Result
-from zerosim.results.trace import build_trace
+from zerosim.results.trace import build_trace, trace_json
 
 TABLES = ("spans", "memory", "phases", "links")
 
@@ -42,7 +42,7 @@ def write_outputs(result: Result, out_dir: Path, *, extra: dict[str, object] | N
                 frame.to_parquet(staging / f"{name}.parquet", index=False)
         trace = build_trace(result.spans, result.phases, result.memory, result.links,
                             result.scenario_name, summary=result.summary)
-        (staging / "trace.json").write_text(json.dumps(trace))
+        (staging / "trace.json").write_bytes(trace_json(trace))
         for name, payload in (extra or {}).items():
             (staging / name).write_text(json.dumps(payload, indent=2, default=str) + "\n")
         written = []
