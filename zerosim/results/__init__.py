@@ -6,8 +6,9 @@ pandas.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from zerosim import lazy_getattr
 
 if TYPE_CHECKING:
     from zerosim.results.load import load_result
@@ -21,10 +22,4 @@ _ENTRY_POINTS = {
 
 __all__ = ["Result", "build_result", "load_result"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _ENTRY_POINTS:
-        raise AttributeError(f"module 'zerosim.results' has no attribute {name!r}")
-    value = getattr(import_module(_ENTRY_POINTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr("zerosim.results", _ENTRY_POINTS, globals())
