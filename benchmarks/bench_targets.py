@@ -13,13 +13,17 @@ Run: `python benchmarks/bench_targets.py [--repeat N] [--sweep-points K] [--only
 | tune      | `zerosim tune` of a 13 B model on h100-jlse (4 GPUs): wall time of the process   |
 
 Timings on a shared 2-core machine are noisy: each figure is the best of `--repeat` runs
-(sweep, GPT-3 and tune: one run each, they are long). No figure is asserted.
+(sweep, GPT-3 and tune: one run each, they are long), and each is given twice: wall time, and
+CPU time (user + system of the processes concerned; for the sweep, the workers' CPU time over
+2, the wall time of two workers on two otherwise idle cores). When other work shares the
+cores, the CPU figure is the one to compare. No figure is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -46,12 +50,13 @@ warnings.simplefilter("ignore")
 from zerosim.engine.simulate import run_engine
 from zerosim.scenario import load_scenario
 scenario = load_scenario(sys.argv[1], json.loads(sys.argv[2]))
-times = []
+times, cpu = [], []
 for _ in range(int(sys.argv[3])):
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     raw = run_engine(scenario)
     times.append(time.perf_counter() - start)
-print(json.dumps({"best_s": min(times), "status": raw.status,
+    cpu.append(time.process_time() - start_cpu)
+print(json.dumps({"best_s": min(times), "best_cpu_s": min(cpu), "status": raw.status,
                   "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
@@ -72,14 +77,21 @@ def gpt3(gpus: int, timeout_s: float) -> dict | None:
         return None
 
 
-def whole_run(repeat: int) -> float:
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def whole_run(repeat: int) -> tuple[float, float]:
+    """Best wall and best CPU seconds of the whole process."""
     command = [*ZEROSIM, "run", str(DP4), "--no-files"]
-    best = float("inf")
+    best, best_cpu = float("inf"), float("inf")
     for _ in range(repeat):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), children_cpu_s()
         subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=TIMEOUT_S)
         best = min(best, time.perf_counter() - started)
-    return best
+        best_cpu = min(best_cpu, children_cpu_s() - cpu)
+    return best, best_cpu
 
 
 def sweep_spec(points: int) -> dict:
@@ -93,7 +105,8 @@ def sweep_spec(points: int) -> dict:
         "runtime.deepspeed_version": ["0.13.3", "0.19.5"]}}
 
 
-def sweep(points: int, workers: int = 2) -> tuple[int, float]:
+def sweep(points: int, workers: int = 2) -> tuple[int, float, float]:
+    """(points run, wall seconds, the workers' CPU seconds)."""
     import yaml
 
     from zerosim.sweep import run_sweep
@@ -101,22 +114,23 @@ def sweep(points: int, workers: int = 2) -> tuple[int, float]:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp) / "bench.yaml"
         spec_path.write_text(yaml.safe_dump(sweep_spec(points), sort_keys=False))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), children_cpu_s()
         outcome = run_sweep(spec_path, out_dir=Path(tmp) / "out", workers=workers)
-        return outcome.ran, time.perf_counter() - started
+        return outcome.ran, time.perf_counter() - started, children_cpu_s() - cpu
 
 
-def tune() -> float:
+def tune() -> tuple[float, float]:
+    """Wall and CPU seconds of the whole command (its workers included)."""
     command = [*ZEROSIM, "tune", str(DP4), "--workers", "2", "--out", "OUT"]
     with tempfile.TemporaryDirectory() as tmp:
         command[-1] = str(Path(tmp) / "tune")
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), children_cpu_s()
         subprocess.run(command, cwd=ROOT, check=True, capture_output=True, timeout=TIMEOUT_S)
-        return time.perf_counter() - started
+        return time.perf_counter() - started, children_cpu_s() - cpu
 
 
-def row(label: str, measured: str, target: str) -> None:
-    print(f"{label:48} {measured:>12} {target:>12}", flush=True)
+def row(label: str, measured: str, target: str, cpu: str = "") -> None:
+    print(f"{label:48} {measured:>12} {cpu:>12} {target:>12}", flush=True)
 
 
 def main() -> None:
@@ -130,18 +144,19 @@ def main() -> None:
                         choices=["engine", "run", "sweep", "gpt3-1k", "gpt3-10k", "tune"])
     args = parser.parse_args()
     chosen = set(args.only or ["engine", "run", "sweep", "gpt3-1k", "gpt3-10k", "tune"])
-    row("figure", "measured", "target")
+    row("figure", "wall", "target", "CPU")
     if "engine" in chosen:
         m = engine(DP4, {}, args.repeat)
         row(f"llama13b_dp4 engine (best of {args.repeat})", f"{m['best_s']:.3f} s",
-            "<= 0.15 s")
+            "<= 0.15 s", f"{m['best_cpu_s']:.3f} s")
     if "run" in chosen:
-        row(f"zerosim run --no-files process (best of {args.repeat})",
-            f"{whole_run(args.repeat):.2f} s", "<= 1.5 s")
+        wall, cpu = whole_run(args.repeat)
+        row(f"zerosim run --no-files process (best of {args.repeat})", f"{wall:.2f} s",
+            "<= 1.5 s", f"{cpu:.2f} s")
     if "sweep" in chosen:
-        ran, wall = sweep(args.sweep_points)
+        ran, wall, cpu = sweep(args.sweep_points)
         row(f"1,000-point sweep, 2 workers (from {ran})", f"{wall / ran * 1000:.0f} s",
-            "<= 60 s")
+            "<= 60 s", f"{cpu / 2 / ran * 1000:.0f} s")
     for name, gpus in (("gpt3-1k", 1024), ("gpt3-10k", 10240)):
         if name not in chosen:
             continue
@@ -150,10 +165,12 @@ def main() -> None:
             row(f"GPT-3 175B, {gpus} GPUs, offload", f"> {args.timeout:.0f} s", "<= 5 s")
             continue
         row(f"GPT-3 175B, {gpus} GPUs, offload ({m['status']})", f"{m['best_s']:.2f} s",
-            "<= 5 s")
+            "<= 5 s", f"{m['best_cpu_s']:.2f} s")
         row("  peak RSS of that process", f"{m['peak_rss_MiB']:.0f} MiB", "<= 500 MiB")
     if "tune" in chosen:
-        row("zerosim tune llama13b_dp4 (2 workers)", f"{tune():.0f} s", "<= 120 s")
+        wall, cpu = tune()
+        row("zerosim tune llama13b_dp4 (2 workers)", f"{wall:.0f} s", "<= 120 s",
+            f"{cpu / 2:.0f} s")
 
 
 if __name__ == "__main__":
