@@ -211,16 +211,23 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A checked flow shape: sorted (resource index, coefficient) pairs, the max_rate and the
+    weight. `FlowNetwork.usage` makes one; many flows alike can start from it."""
+
+    pairs: tuple[tuple[int, float], ...]
+    max_rate: float | None
+    weight: float
+
+
 def _usage_pairs(
     index: Mapping[SharedResource, int],
-    amount: float,
     usage: Mapping[SharedResource, float],
     max_rate: float | None,
     weight: float,
 ) -> tuple[tuple[int, float], ...]:
     """A flow's usage as sorted (resource index, coefficient) pairs, after checking it."""
-    if not 0 <= amount < math.inf:
-        raise ValueError(f"amount must be a finite number >= 0, got {amount!r}")
     _require_positive("weight", weight)
     if max_rate is not None:
         _require_positive("max_rate", max_rate)
@@ -299,14 +306,27 @@ class FlowNetwork:
         While the flow runs at rate ``r`` it consumes ``usage[res] * r`` of each resource.
         ``max_rate`` bounds ``r``; ``weight`` sets the flow's share under contention.
         """
-        flow_usage = _usage_pairs(self._index, amount, usage, max_rate, weight)
+        return self.start_usage(amount, self.usage(usage, max_rate=max_rate, weight=weight),
+                                label=label)
+
+    def usage(self, usage: Mapping[SharedResource, float], *, max_rate: float | None = None,
+              weight: float = 1.0) -> Usage:
+        """`usage`, `max_rate` and `weight` checked once, for `start_usage`."""
+        return Usage(_usage_pairs(self._index, usage, max_rate, weight), max_rate, weight)
+
+    def start_usage(self, amount: float, usage: Usage, *, label: str = "") -> simpy.Event:
+        """:meth:`start` with a flow shape checked before (:meth:`usage`)."""
+        if not 0 <= amount < math.inf:
+            raise ValueError(f"amount must be a finite number >= 0, got {amount!r}")
+        flow_usage = usage.pairs
         now = self._env.now
         event = simpy.Event(self._env)
         if amount == 0:
             self._finish_record(amount, flow_usage, label, now, event)
             return event
         self._advance()
-        flow = _Flow(self._serial, amount, flow_usage, max_rate, weight, label, now, event)
+        flow = _Flow(self._serial, amount, flow_usage, usage.max_rate, usage.weight, label, now,
+                     event)
         self._serial += 1
         self._active[flow.serial] = flow
         self._by_event[event] = flow

@@ -95,6 +95,8 @@ class PartitionedParams:
         self.backward_order = self.trace[::-1]
         self.backward_position = {m: pos for pos, m in enumerate(self.backward_order)}
         self.allgather = core.stream(Stream.ALLGATHER)
+        self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
+        """Per module, the tensors an all-gather brings (the non-persistent ones)."""
 
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
@@ -111,7 +113,7 @@ class PartitionedParams:
             self.gathered[index] = None
             return None
         module = plan.modules[index]
-        gathered = [p for p in plan.params[index] if not p.persistent]
+        gathered = self.to_gather[index]
         sizes = [p.numel for p in gathered] if self.per_tensor else [numel]
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
