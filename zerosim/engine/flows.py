@@ -125,7 +125,16 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
     """
     if len(flows) == 1:
         return _allocate_alone(flows[0], capacities)
-    load, unfrozen, used = _initial_loads(flows)
+    # Per resource: the weighted load of the unfrozen flows, their count, the frozen usage.
+    load: dict[int, float] = {}
+    unfrozen: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for flow in flows:
+        weight = flow.weight
+        for idx, coef in flow.usage:
+            load[idx] = load.get(idx, 0.0) + coef * weight
+            unfrozen[idx] = unfrozen.get(idx, 0) + 1
+            used[idx] = 0.0
     level = 0.0
     while flows:
         # Usage at level t is used + load * t; clamping to the current level keeps the level
@@ -142,43 +151,20 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
         still = []
         for flow in flows:
             if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
-                _freeze(flow, _capped_rate(flow, level), used, load, unfrozen)
+                # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
+                weight = flow.weight
+                rate = weight * level
+                if flow.max_rate is not None and flow.max_rate < rate:
+                    rate = flow.max_rate
+                flow.rate = rate
+                for idx, coef in flow.usage:
+                    used[idx] += coef * rate
+                    load[idx] -= coef * weight
+                    unfrozen[idx] -= 1
             else:
                 still.append(flow)
         flows = still
     return used
-
-
-def _freeze(
-    flow: _Flow,
-    rate: float,
-    used: dict[int, float],
-    load: dict[int, float],
-    unfrozen: dict[int, int],
-) -> None:
-    """Fix ``flow`` at ``rate``: its usage becomes fixed, its load leaves the filling."""
-    flow.rate = rate
-    weight = flow.weight
-    for idx, coef in flow.usage:
-        used[idx] += coef * rate
-        load[idx] -= coef * weight
-        unfrozen[idx] -= 1
-
-
-def _initial_loads(
-    flows: list[_Flow],
-) -> tuple[dict[int, float], dict[int, int], dict[int, float]]:
-    """Per resource: weight-weighted load of the flows, their count, and a zero usage."""
-    load: dict[int, float] = {}
-    unfrozen: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for flow in flows:
-        weight = flow.weight
-        for idx, coef in flow.usage:
-            load[idx] = load.get(idx, 0.0) + coef * weight
-            unfrozen[idx] = unfrozen.get(idx, 0) + 1
-            used[idx] = 0.0
-    return load, unfrozen, used
 
 
 def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
@@ -192,14 +178,11 @@ def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
         limit = capacities[idx] / (coef * weight)
         if limit < level:
             level = limit
-    rate = _capped_rate(flow, level)
+    rate = weight * level
+    if flow.max_rate is not None and flow.max_rate < rate:
+        rate = flow.max_rate
     flow.rate = rate
     return {idx: coef * rate for idx, coef in flow.usage}
-
-
-def _capped_rate(flow: _Flow, level: float) -> float:
-    rate = flow.weight * level
-    return rate if flow.max_rate is None else min(rate, flow.max_rate)
 
 
 def _require_positive(what: str, value: float) -> None:
