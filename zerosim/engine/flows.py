@@ -23,6 +23,8 @@ import simpy
 
 from zerosim.engine.records import Table
 
+MEMO_SIZE = 100_000
+"""Allocations remembered per network (`FlowNetwork._allocated`) before the memo restarts."""
 REL_TOL = 1e-12
 """Relative tolerance for "a resource is saturated", "a flow is finished" and "a rate changed".
 
@@ -83,6 +85,7 @@ class _Flow:
         "remaining",
         "resources",
         "serial",
+        "shape",
         "start_s",
         "usage",
         "weight",
@@ -92,9 +95,7 @@ class _Flow:
         self,
         serial: int,
         amount: float,
-        usage: tuple[tuple[int, float], ...],
-        max_rate: float | None,
-        weight: float,
+        shape: Usage,
         label: str,
         start_s: float,
         event: simpy.Event,
@@ -102,12 +103,12 @@ class _Flow:
         self.serial = serial
         self.amount = amount
         self.remaining = amount
-        self.usage = usage
-        self.resources = tuple([idx for idx, _ in usage])
-        self.max_rate = max_rate
-        self.weight = weight
-        # Filling level at which the flow reaches its own max_rate.
-        self.level_limit = math.inf if max_rate is None else max_rate / weight
+        self.shape = shape
+        self.usage = shape.pairs
+        self.resources = shape.resources
+        self.max_rate = shape.max_rate
+        self.weight = shape.weight
+        self.level_limit = shape.level_limit
         self.label = label
         self.start_s = start_s
         self.event = event
@@ -194,14 +195,24 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Usage:
     """A checked flow shape: sorted (resource index, coefficient) pairs, the max_rate and the
-    weight. `FlowNetwork.usage` makes one; many flows alike can start from it."""
+    weight. `FlowNetwork.usage` makes one; many flows alike can start from it. Compared by
+    identity: it keys the network's memo of allocations."""
 
     pairs: tuple[tuple[int, float], ...]
     max_rate: float | None
     weight: float
+
+    @property
+    def resources(self) -> tuple[int, ...]:
+        return tuple([idx for idx, _ in self.pairs])
+
+    @property
+    def level_limit(self) -> float:
+        """Filling level at which the flow reaches its own max_rate."""
+        return math.inf if self.max_rate is None else self.max_rate / self.weight
 
 
 def _usage_pairs(
@@ -260,6 +271,7 @@ class FlowNetwork:
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env, self._resources)
+        self._memo: dict[tuple[Usage, ...], tuple[tuple[float, ...], dict[int, float]]] = {}
         self.records: list[FlowRecord] = []
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
@@ -308,8 +320,7 @@ class FlowNetwork:
             self._finish_record(amount, flow_usage, label, now, event)
             return event
         self._advance()
-        flow = _Flow(self._serial, amount, flow_usage, usage.max_rate, usage.weight, label, now,
-                     event)
+        flow = _Flow(self._serial, amount, usage, label, now, event)
         self._serial += 1
         self._active[flow.serial] = flow
         self._by_event[event] = flow
@@ -372,9 +383,25 @@ class FlowNetwork:
         whose usage must be recorded even when no flow crosses them any more.
         """
         component, touched = self._component(flows, resources)
-        used = _allocate(component, self._capacities) if component else {}
+        used = self._allocated(component) if component else {}
         if self._record_rates:
             self._rates.note(touched, used)
+
+    def _allocated(self, component: list[_Flow]) -> dict[int, float]:
+        """`_allocate`, remembered: its result depends only on the flows' shapes in start
+        order (capacities never change), and the same few components recur all run long."""
+        key = tuple([flow.shape for flow in component])
+        known = self._memo.get(key)
+        if known is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            used = _allocate(component, self._capacities)
+            self._memo[key] = (tuple([flow.rate for flow in component]), used)
+            return used
+        rates, used = known
+        for flow, rate in zip(component, rates, strict=True):
+            flow.rate = rate
+        return used
 
     def _component(
         self, flows: list[_Flow], resources: Iterable[int]
