@@ -143,7 +143,8 @@ class PartitionedParams:
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters - self.live_numel)
         issued = 0
-        for later in order[positions[index] + 1:]:
+        for pos in range(positions[index] + 1, len(order)):
+            later = order[pos]
             if issued >= budget:
                 return
             if self.is_gathered[later]:
