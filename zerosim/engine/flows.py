@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -272,6 +273,8 @@ class FlowNetwork:
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env, self._resources)
         self._memo: dict[tuple[Usage, ...], tuple[tuple[float, ...], dict[int, float]]] = {}
+        self._shapes: dict[tuple[Any, ...], Usage] = {}
+        """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
@@ -301,8 +304,11 @@ class FlowNetwork:
         While the flow runs at rate ``r`` it consumes ``usage[res] * r`` of each resource.
         ``max_rate`` bounds ``r``; ``weight`` sets the flow's share under contention.
         """
-        return self.start_usage(amount, self.usage(usage, max_rate=max_rate, weight=weight),
-                                label=label)
+        key = (tuple(usage.items()), max_rate, weight)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self.usage(usage, max_rate=max_rate, weight=weight)
+        return self.start_usage(amount, shape, label=label)
 
     def usage(self, usage: Mapping[SharedResource, float], *, max_rate: float | None = None,
               weight: float = 1.0) -> Usage:
