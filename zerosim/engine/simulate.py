@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
-from heapq import heappop
+from heapq import heappop, heappush
 
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from zerosim.engine.compose import build_rank
 from zerosim.engine.flows import RateChange
@@ -46,15 +48,47 @@ class RawRun:
     the simulated ranks and devices; totals over every rank multiply by it."""
 
 
-def run_until(env: simpy.Environment, until: simpy.Event) -> int:
-    """`env.run(until)`, the same events in the same order, as one loop: SimPy's `run` costs a
-    method call and an exception frame per event. Returns the events processed."""
-    queue, pop, processed = env._queue, heappop, 0
+class Environment(simpy.Environment):
+    """SimPy's environment with the events due now kept out of its heap, in two queues.
+
+    SimPy processes events by (time, priority, insertion). Urgent events (a process start) are
+    always due now and come before anything else; events due now at normal priority and
+    scheduled now (a succeeded event, a zero timeout) come after every event already in the
+    heap for now, which was inserted earlier, and among themselves in insertion order. So the
+    two queues give exactly SimPy's order, without a heap push and pop for most events.
+    `run_until` drives it (SimPy's `step` and `run` would not see the queues).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urgent: deque[simpy.Event] = deque()
+        self.soon: deque[simpy.Event] = deque()
+
+    def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
+        at = self._now + delay
+        if at != self._now:
+            heappush(self._queue, (at, priority, next(self._eid), event))
+        elif priority == URGENT:
+            self.urgent.append(event)
+        else:
+            self.soon.append(event)
+
+
+def run_until(env: Environment, until: simpy.Event) -> int:
+    """`env.run(until)` for `Environment`: the same events in the same order, as one loop.
+    Returns the events processed."""
+    queue, urgent, soon, processed = env._queue, env.urgent, env.soon, 0
     while until.callbacks is not None:
-        try:
-            env._now, _, _, event = pop(queue)
-        except IndexError:
-            raise RuntimeError(f"no scheduled event left before {until!r}") from None
+        if urgent:
+            event = urgent.popleft()
+        elif queue and queue[0][0] == env._now:
+            event = heappop(queue)[3]
+        elif soon:
+            event = soon.popleft()
+        elif queue:
+            env._now, _, _, event = heappop(queue)
+        else:
+            raise RuntimeError(f"no scheduled event left before {until!r}")
         processed += 1
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
@@ -97,7 +131,7 @@ def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = T
     """Simulate one iteration. `full=False` keeps only what the summary needs: no memory log
     and no link rates (the timeline is the same). `fold=False` simulates every node even when
     they are identical (see `simulated_ranks`)."""
-    env = simpy.Environment()
+    env = Environment()
     modules = build_modules(scenario.model, workload_of(scenario))
     plan = make_plan(scenario, modules)
     simulated = simulated_ranks(scenario, fold=fold)
