@@ -17,13 +17,13 @@ sequence 8, micro-batch 1 (8 tokens), untied embeddings.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 import zerosim
+from zerosim.scenario.loader import deep_merge
 
 TOY_SOURCE = "tests/conftest.py toy profile"
 
@@ -46,11 +46,11 @@ def toy_profile(gpus: int = 1) -> dict[str, Any]:
             "hbm_GiB": q(16),
             "hbm_GBps": q(1000),
             "peak_16bit_TFLOPS": q(1.0),
-            "matmul_efficiency": q(1.0),
-            "attention_efficiency": q(1.0),
+            "sm_count": 1,
+            "gemm_efficiency": q(1.0),
+            "flash_attention_efficiency": q(1.0),
             "memory_efficiency": q(1.0),
-            "op_overhead_us": q(0),
-            "collective_launch_us": q(0),
+            "kernel_gap_us": q(0),
             "runtime_context_GiB": q(0),
         },
         "pcie": {
@@ -64,6 +64,7 @@ def toy_profile(gpus: int = 1) -> dict[str, Any]:
         "network": {"nic_GBps": q(10), "latency_us": q(0)},
         "host": {
             "cpu_name": "toy-cpu",
+            "cpu_boost_GHz": q(3.0),
             "sockets": 1,
             "cores_per_socket": 4,
             "threads_per_core": 1,
@@ -83,6 +84,24 @@ def toy_profile(gpus: int = 1) -> dict[str, Any]:
     profile["host"]["dma_memory_weight"] = q(1.0)  # DMA vs CPU kernel: equal bytes/s
     profile["host"]["socket_link_GBps"] = q(1e6)  # one domain: never crossed
     return profile
+
+
+def toy_stack() -> dict[str, Any]:
+    """A stack with no host time and the bare kernel arithmetic (one-pass norms, activation
+    and loss; no rotary, softmax or copy kernels), so a module's GPU time is its roofline."""
+    def ops(kernels: int, nbytes: float) -> dict[str, Any]:
+        return {"kernels": kernels, "bytes_per_element": nbytes, "source": TOY_SOURCE}
+
+    return {
+        "name": "toy-stack",
+        "modules": {"qkv": "separate", "gate_up": "separate"},
+        "kernels": {"norm": ops(1, 4), "rotary": ops(0, 0), "kv_repeat": ops(0, 0),
+                    "scores": ops(0, 0), "context": ops(0, 0), "activation": ops(1, 6),
+                    "residual": ops(0, 0), "loss": ops(1, 10),
+                    "backward_bytes_factor": q(2.0)},
+        "host": {"reference_GHz": q(3.0), "kernel_launch_us": q(0), "fetch_hook_us": q(0),
+                 "collective_launch_us": q(0), "micro_batch_ms": q(0), "step_ms": q(0)},
+    }
 
 
 TOY_MODEL = {
@@ -121,19 +140,8 @@ def toy_tree(gpus: int = 1) -> dict[str, Any]:
                 "offload_optimizer": {"device": "cpu", "pin_memory": True},
             },
         },
-        "runtime": {"deepspeed_version": "0.13.3"},
+        "runtime": {"deepspeed_version": "0.13.3", "framework": toy_stack()},
     }
-
-
-def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `patch` merged in, recursively (mappings merge, everything else replaces)."""
-    merged = copy.deepcopy(dict(base))
-    for key, value in patch.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 class Toy:

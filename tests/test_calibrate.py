@@ -13,7 +13,7 @@ from zerosim.errors import ScenarioError
 from zerosim.hardware import load_profile
 from zerosim.validation.calibrate import calibrate, read_measurements
 
-TRUE_VALUES = {"gpu.matmul_efficiency": 0.4, "cpu.page_zeroing_GBps": 0.25}
+TRUE_VALUES = {"gpu.gemm_efficiency": 0.4, "cpu.page_zeroing_GBps": 0.25}
 PHASES = ("forward", "backward_non_boundary", "backward_boundary", "update")
 
 
@@ -44,17 +44,33 @@ def measured(tmp_path_factory) -> Path:
 
 
 def test_fit_recovers_the_values_that_produced_the_measurements(measured):
-    fit, _, name = calibrate(measured, ["gpu.matmul_efficiency=0.1:1",
-                                        "cpu.page_zeroing_GBps=0.05:10"])
-    assert name == "node"
-    assert fit.values["gpu.matmul_efficiency"] == pytest.approx(0.4, rel=0.02)
+    fit, bases = calibrate(measured, ["gpu.gemm_efficiency=0.1:1",
+                                      "cpu.page_zeroing_GBps=0.05:10"])
+    assert list(bases.profiles) == ["toy"]
+    assert fit.values["gpu.gemm_efficiency"] == pytest.approx(0.4, rel=0.02)
     assert fit.values["cpu.page_zeroing_GBps"] == pytest.approx(0.25, rel=0.02)
     assert fit.rms(fit.train) < 0.01
+    assert fit.identifiability is not None
+    assert fit.identifiability.identified("gpu.gemm_efficiency")
+    assert len(fit.identifiability.singular_values) == 2
+
+
+def test_a_value_the_data_cannot_move_is_reported_as_not_identified(measured):
+    """The toy node is one node: the network bandwidth has a zero Jacobian column."""
+    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1", "cpu.page_zeroing_GBps=0.05:10",
+                                  "network.nic_GBps=1:100"])
+    ident = fit.identifiability
+    assert ident is not None
+    assert not ident.identified("network.nic_GBps")
+    assert ident.rel_std["network.nic_GBps"] == pytest.approx(99)  # capped at 100x
+    assert ident.singular_values[-1] == 0.0
+    assert ident.identified("gpu.gemm_efficiency")
+    assert ident.identified("cpu.page_zeroing_GBps")
 
 
 def test_holdout_rows_are_predicted_not_fitted(measured):
-    fit, _, _ = calibrate(measured, ["gpu.matmul_efficiency=0.1:1",
-                                     "cpu.page_zeroing_GBps=0.05:10"], holdout="dp2")
+    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1",
+                                  "cpu.page_zeroing_GBps=0.05:10"], holdout="dp2")
     assert {m.scenario.name for m in fit.holdout} == {"toy_dp2.yaml"}
     assert {m.scenario.name for m in fit.train} == {"toy_dp1.yaml"}
     assert fit.rms(fit.holdout) < 0.02
@@ -63,15 +79,16 @@ def test_holdout_rows_are_predicted_not_fitted(measured):
 def test_cli_writes_a_loadable_fitted_profile_and_residuals(measured, tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(main, [
-        "calibrate", str(measured), "--param", "gpu.matmul_efficiency=0.1:1",
+        "calibrate", str(measured), "--param", "gpu.gemm_efficiency=0.1:1",
         "--param", "cpu.page_zeroing_GBps=0.05:10", "--out", str(out), "--workers", "1",
-        "--name", "my-node"])
+        "--suffix", "-mine"])
     assert result.exit_code == 0, result.output
-    profile = load_profile(out / "my-node.yaml")
-    assert profile.matmul_efficiency == pytest.approx(0.4, rel=0.02)
-    assert profile.provenance["gpu.matmul_efficiency"].basis == "fitted"
+    profile = load_profile(out / "toy-mine.yaml")
+    assert profile.gemm_efficiency == pytest.approx(0.4, rel=0.02)
+    assert profile.provenance["gpu.gemm_efficiency"].basis == "fitted"
     assert "fitted by zerosim calibrate on measured.csv" in (
-        profile.provenance["gpu.matmul_efficiency"].source)
+        profile.provenance["gpu.gemm_efficiency"].source)
+    assert "identifiability.md" in {p.name for p in out.iterdir()}
     assert profile.provenance["pcie.h2d_pinned_GBps"].basis == "assumed"
     residuals = (out / "residuals.csv").read_text().splitlines()
     assert residuals[0] == "line,split,case,measured_s,simulated_s,rel_error"
@@ -85,5 +102,34 @@ def test_bad_calibration_input_is_a_clear_error(tmp_path, measured):
         read_measurements(bad)
     with pytest.raises(ScenarioError, match=r"gpu\.nonsense"):
         calibrate(measured, ["gpu.nonsense"])
-    with pytest.raises(ScenarioError, match="at least one profile key"):
+    with pytest.raises(ScenarioError, match="at least one value to fit"):
         calibrate(measured, [])
+    with pytest.raises(ScenarioError, match="a profile of the data"):
+        calibrate(measured, ["other-node:gpu.gemm_efficiency"])
+
+
+def test_values_per_testbed_and_shared_stack_values_are_recovered_together(tmp_path):
+    """Two testbeds (the toy and a copy with half the HBM bandwidth): a per-testbed value
+    patches only its own scenarios, a stack value patches both."""
+    profiles = {"fast": toy_tree(2)["hardware"], "slow": toy_tree(2)["hardware"]}
+    profiles["slow"]["gpu"]["hbm_GBps"]["value"] = 500
+    truth = {"fast": 0.4, "slow": 0.7}
+    lines = ["scenario,overrides,phase,seconds"]
+    for name, profile in profiles.items():
+        profile["name"] = name
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(profile))
+        for gpus in (1, 2):
+            path = _write_case(tmp_path, gpus, {"file": f"{name}.yaml"})
+            path = path.rename(tmp_path / f"{name}_dp{gpus}.yaml")
+            summary = zerosim.simulate(path, [f"hardware.gpu.gemm_efficiency={truth[name]}",
+                                              "stack.host.fetch_hook_us=50"]).summary
+            lines += [f"{path.name},,{phase},{summary['phases_s'][phase]!r}"
+                      for phase in PHASES]
+    (tmp_path / "two.csv").write_text("\n".join(lines) + "\n")
+    fit, bases = calibrate(tmp_path / "two.csv", ["fast:gpu.gemm_efficiency=0.1:1",
+                                                  "slow:gpu.gemm_efficiency=0.1:1",
+                                                  "stack.host.fetch_hook_us=5:500"])
+    assert sorted(bases.profiles) == ["fast", "slow"]
+    assert fit.values["fast:gpu.gemm_efficiency"] == pytest.approx(0.4, rel=0.02)
+    assert fit.values["slow:gpu.gemm_efficiency"] == pytest.approx(0.7, rel=0.02)
+    assert fit.values["stack.host.fetch_hook_us"] == pytest.approx(50, rel=0.05)

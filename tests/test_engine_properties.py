@@ -192,8 +192,7 @@ def _any_patch(c: dict) -> dict:
     return {
         "attention": c["attention"],
         "activation_checkpointing": c["checkpointing"],
-        "hardware": {"host": {"memory_GBps_per_domain": {"value": c["memory_GBps"]}},
-                     "gpu": {"op_overhead_us": {"value": c["overhead_us"]}}},
+        "hardware": {"host": {"memory_GBps_per_domain": {"value": c["memory_GBps"]}}},
         "deepspeed": {
             "gradient_accumulation_steps": c["ga"],
             "train_micro_batch_size_per_gpu": c["micro"],
@@ -208,7 +207,9 @@ def _any_patch(c: dict) -> dict:
                 "stage3_prefetch_bucket_size": c["prefetch"],
                 "stage3_max_live_parameters": c["live"],
                 "offload_optimizer": {"pin_memory": c["pinned"]}}},
-        "runtime": {"deepspeed_version": c["version"], "cpu_threads_per_rank": c["threads"]},
+        "runtime": {"deepspeed_version": c["version"], "cpu_threads_per_rank": c["threads"],
+                    "framework": {"host": {"fetch_hook_us": {"value": c["overhead_us"]},
+                                           "kernel_launch_us": {"value": c["overhead_us"]}}}},
     }
 
 

@@ -1,10 +1,13 @@
 """The model catalog and the per-module breakdown."""
 
+import warnings
+
 import pytest
 
 from zerosim.errors import ScenarioError
 from zerosim.models import (
     CATALOG,
+    ModelFieldWarning,
     Workload,
     build_modules,
     largest_layer_params,
@@ -104,3 +107,174 @@ def test_bad_hf_fields_name_the_key(fields, key, expected):
         spec_from_hf_fields(fields, name="x", source="s.yaml")
     assert err.value.key_path == key
     assert expected in str(err.value)
+
+
+# ------------------------------------------------------------------ Hugging Face fields
+
+
+def hf(fields: dict, **more):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = spec_from_hf_fields({**fields, **more}, name="m", source="c.json")
+    return spec, [str(w.message) for w in caught if issubclass(w.category, ModelFieldWarning)]
+
+
+LLAMA_SMALL = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+               "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100}
+
+
+def test_gemma_head_dim_widens_q_and_o():
+    """Regression: head_dim was ignored (Gemma-7B's q_proj is 3072 x 4096, not 3072 x 3072)."""
+    spec, _ = hf({"model_type": "gemma", "hidden_size": 3072, "num_hidden_layers": 28,
+                  "intermediate_size": 24576, "num_attention_heads": 16,
+                  "num_key_value_heads": 16, "head_dim": 256, "vocab_size": 256000})
+    params = dict(parameter_modules(spec))
+    assert params["layers.0.self_attn.q_proj"] == params["layers.0.self_attn.o_proj"] == (
+        3072 * 4096)
+    assert "lm_head" not in params  # Gemma ties its embeddings by default
+    core = {m.name: m for m in build_modules(spec, Workload(sequence_length=8))}
+    assert core["layers.0.attn.core"].model_flops == 4.0 * 8 * 8 * 4096
+
+
+def test_falcon_7b_old_architecture():
+    """Multi-query attention (one K/V head), one norm feeding attention and MLP in parallel,
+    bias-free linears: 6,921,720,704 parameters, Falcon-7B's published count."""
+    spec, unmodelled = hf({"model_type": "falcon", "hidden_size": 4544,
+                           "num_hidden_layers": 32, "num_attention_heads": 71,
+                           "vocab_size": 65024, "multi_query": True, "parallel_attn": True,
+                           "bias": False, "new_decoder_architecture": False})
+    assert total_params(spec) == 6_921_720_704 and unmodelled == []
+    names = [m.name for m in build_modules(spec, Workload(8)) if m.layer == 0]
+    assert names.count("layers.0.ln_1") == 1 and "layers.0.ln_2" not in names
+    mlp_in = {m.name: m for m in build_modules(spec, Workload(8))}["layers.0.mlp.fc_in"]
+    assert mlp_in.saved_bytes == 0  # it reads the norm output the QKV projection saved
+
+
+def test_qwen2_biases_on_q_k_v_only():
+    spec, _ = hf({**LLAMA_SMALL, "model_type": "qwen2", "num_key_value_heads": 2})
+    params = dict(parameter_modules(spec))
+    assert params["layers.0.self_attn.q_proj"] == 64 * 64 + 64
+    assert params["layers.0.self_attn.k_proj"] == 64 * 32 + 32
+    assert params["layers.0.self_attn.o_proj"] == 64 * 64
+
+
+def test_attention_bias_and_mlp_bias():
+    spec, _ = hf(LLAMA_SMALL, attention_bias=True, mlp_bias=True)
+    params = dict(parameter_modules(spec))
+    assert params["layers.0.self_attn.o_proj"] == 64 * 64 + 64
+    assert params["layers.0.mlp.down_proj"] == 128 * 64 + 64
+
+
+def test_gpt_neox_rotary_untied_no_position_table():
+    spec, _ = hf({"model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2,
+                  "intermediate_size": 256, "num_attention_heads": 4, "vocab_size": 100,
+                  "max_position_embeddings": 2048})
+    params = dict(parameter_modules(spec))
+    assert "embed_positions" not in params and params["lm_head"] == 64 * 100
+    assert spec.position_embedding == "rotary" and not spec.tie_word_embeddings
+
+
+def test_gpt2_n_inner_null_is_4h():
+    spec, _ = hf({"model_type": "gpt2", "n_embd": 64, "n_layer": 1, "n_head": 4,
+                  "vocab_size": 100, "n_inner": None})
+    assert spec.intermediate_size == 256
+
+
+def test_opt_350m_projections_position_offset_and_no_final_norm():
+    """OPT-350m: 512-wide embeddings with project_in/out, 2,048 + 2 learned positions, no final
+    norm (post-norm blocks): 331,196,416 parameters."""
+    spec, unmodelled = hf({"model_type": "opt", "hidden_size": 1024, "num_hidden_layers": 24,
+                           "ffn_dim": 4096, "num_attention_heads": 16, "vocab_size": 50272,
+                           "max_position_embeddings": 2048, "word_embed_proj_dim": 512,
+                           "do_layer_norm_before": False, "dropout": 0.1})
+    params = dict(parameter_modules(spec))
+    assert params["embed_positions"] == 2050 * 1024 and "norm" not in params
+    assert params["project_in"] == params["project_out"] == 512 * 1024
+    assert total_params(spec) == 331_196_416 and unmodelled == []
+
+
+def test_bloom_560m_embedding_norm_and_alibi():
+    spec, _ = hf({"model_type": "bloom", "hidden_size": 1024, "n_layer": 24, "n_head": 16,
+                  "vocab_size": 250880})
+    assert total_params(spec) == 559_214_592 and spec.position_embedding == "alibi"
+
+
+def test_a_field_zerosim_does_not_model_is_warned_about_by_name():
+    _, unmodelled = hf(LLAMA_SMALL, num_experts_per_layer=4, rope_theta=1e6)
+    assert unmodelled == ["c.json: model: zerosim does not model these fields, which could "
+                          "change the model's size, FLOPs or activations: "
+                          "num_experts_per_layer=4"]
+
+
+def test_multi_head_latent_attention_is_refused():
+    with pytest.raises(ScenarioError) as err:
+        hf({**LLAMA_SMALL, "model_type": "deepseek_v3", "kv_lora_rank": 512})
+    assert "multi-head latent attention" in err.value.expected
+
+
+# ------------------------------------------------------------------ mixture of experts
+
+MIXTRAL = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32,
+           "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+           "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2}
+
+
+def test_mixtral_holds_every_expert():
+    """Regression: Mixtral ran as a dense 7.2 B model. Every expert's parameters count."""
+    spec, _ = hf(MIXTRAL)
+    params = dict(parameter_modules(spec))
+    assert total_params(spec) == 46_702_792_704
+    assert params["layers.0.mlp.gate"] == 4096 * 8
+    assert params["layers.31.mlp.experts.7.down_proj"] == 14336 * 4096
+
+
+def test_moe_computes_top_k_experts_per_token():
+    """Routed FLOPs: each expert computes k/E of the tokens, so the experts' FLOPs are k times
+    one dense MLP's; the router is a linear to E logits."""
+    spec, _ = hf(MIXTRAL)
+    t = 2048
+    modules = build_modules(spec, Workload(sequence_length=t))
+    experts = sum(m.model_flops for m in modules
+                  if m.layer == 0 and ".experts." in m.name and m.kind == "linear")
+    assert experts == 2 * (2.0 * 3 * 4096 * 14336 * t)
+    router = {m.name: m for m in modules}["layers.0.mlp.gate"]
+    assert router.model_flops == 2.0 * 4096 * 8 * t
+
+
+def test_moe_activations_follow_the_routed_tokens():
+    """Per layer: the router's input and fp32 probabilities, then each expert its gathered
+    input, two gated inputs, the down projection's input and its scaled output, for k/E of
+    the tokens."""
+    spec, _ = hf(MIXTRAL)
+    t, h, i, e, k = 1024, 4096, 14336, 8, 2
+    modules = build_modules(spec, Workload(sequence_length=t))
+    mlp = sum(m.saved_bytes for m in modules if m.layer == 0 and ".mlp." in m.name)
+    routed = t * k / e
+    assert mlp == 2 * t * h + 4 * t * e + e * routed * 2 * (h + 2 * i + i + h)
+
+
+def test_qwen2_moe_a2_7b_with_shared_expert():
+    """Qwen1.5-MoE-A2.7B: 60 experts of 1,408, top 4, a shared expert of 5,632 with a gate,
+    Q/K/V biases: 14,315,784,192 parameters ("14.3B")."""
+    spec, _ = hf({"model_type": "qwen2_moe", "hidden_size": 2048, "num_hidden_layers": 24,
+                  "num_attention_heads": 16, "num_key_value_heads": 16,
+                  "intermediate_size": 5632, "moe_intermediate_size": 1408,
+                  "shared_expert_intermediate_size": 5632, "num_experts": 60,
+                  "num_experts_per_tok": 4, "vocab_size": 151936, "decoder_sparse_step": 1})
+    assert total_params(spec) == 14_315_784_192
+    assert dict(parameter_modules(spec))["layers.0.mlp.shared_expert_gate"] == 2048
+
+
+def test_deepseek_moe_dense_first_layer_and_shared_experts():
+    """DeepSeek-MoE 16B: layer 0 dense (10,944), then 64 routed experts of 1,408 and 2 shared
+    experts fused into one MLP of 2,816, per the config's arithmetic."""
+    spec, _ = hf({"model_type": "deepseek", "hidden_size": 2048, "num_hidden_layers": 28,
+                  "num_attention_heads": 16, "intermediate_size": 10944,
+                  "moe_intermediate_size": 1408, "n_routed_experts": 64,
+                  "n_shared_experts": 2, "num_experts_per_tok": 6,
+                  "first_k_dense_replace": 1, "moe_layer_freq": 1, "vocab_size": 102400})
+    attention, norms = 4 * 2048 * 2048, 2 * 2048
+    dense = attention + norms + 3 * 2048 * 10944
+    moe = attention + norms + 64 * 3 * 2048 * 1408 + 3 * 2048 * 2816 + 2048 * 64
+    assert total_params(spec) == dense + 27 * moe + 2 * 102400 * 2048 + 2048
+    assert not spec.is_moe_layer(0) and spec.is_moe_layer(1)

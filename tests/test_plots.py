@@ -177,9 +177,36 @@ def test_phase_breakdown_bars_are_the_summary_and_the_measurements(dp1):
     assert "llama2-13b-dp1" in single._suptitle.get_text()
 
 
-def test_phase_breakdown_of_an_oom_run_draws_empty_bars(oom):
+def test_phase_breakdown_of_an_oom_run_says_out_of_memory(oom, dp1):
     fig = plots.phase_breakdown(oom.summary)
-    assert "n/a" in texts(fig)
+    assert texts(fig) == ["OOM"] * 4
+    assert fig._suptitle.get_text() == "llama2-13b-dp1: out of memory: no phase finished"
+    failure = oom.summary["oom"]
+    assert [t.get_text() for t in fig.texts if t is not fig._suptitle] == [
+        f"out of memory on {failure['device']} at {failure['t_s']:.4g} s:\n"
+        f"{failure['allocation']} needs {failure['requested_GiB']:.2f} GiB "
+        f"({failure['category']})\nwith {failure['in_use_GiB']:.2f} GiB in use of "
+        f"{failure['capacity_GiB']:.2f} GiB"]
+    beside = plots.phase_breakdown({"fits": dp1.summary, "oom": oom.summary})
+    assert texts(beside)[1::2] == ["OOM"] * 4
+    assert "out of memory" not in beside._suptitle.get_text()
+
+
+def test_timeline_folds_identical_ranks_past_eight(toy):
+    result = toy.run({"data_parallel": 12, "hardware": {"gpu": {"numa_domain": [0] * 12}}},
+                     gpus=12)
+    assert [len(g) for g in plots.identical_rank_groups(result.spans, list(range(12)))] == [12]
+    fig = plots.timeline(result)
+    labels = [t.get_text() for t in fig.axes[-1].get_yticklabels()]
+    assert labels and all(label.startswith("ranks 0-11 (x12)  ") for label in labels)
+    assert "(12 ranks, identical ones folded)" in texts_of_titles(fig)
+    unfolded = plots.timeline(result, ranks=range(12))
+    assert len(unfolded.axes[-1].get_yticklabels()) == 12 * len(labels)
+
+
+def texts_of_titles(fig) -> str:
+    return " ".join([fig._suptitle.get_text() if fig._suptitle else ""]
+                    + [ax.get_title() for ax in fig.axes])
 
 
 def test_activity_explains_the_boundary_backward(dp1):

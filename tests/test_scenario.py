@@ -17,7 +17,7 @@ STUDY = Path(__file__).resolve().parent.parent / "scenarios" / "llama13b_dp4.yam
 def minimal(**changes):
     tree = {
         "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
-        "deepspeed": {"fp16": {"enabled": True},
+        "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
                       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
     }
     tree.update(changes)
@@ -128,18 +128,17 @@ def test_negative_bandwidth_names_the_override_key():
 @pytest.mark.parametrize(("override", "key", "expected"), [
     ("deepspeed.zero_optimization.reduce_bucket_size=-5",
      "deepspeed.zero_optimization.reduce_bucket_size", "a number > 0"),
-    ("deepspeed.zero_optimization.reduce_bucket_size=auto",
-     "deepspeed.zero_optimization.reduce_bucket_size", "'auto'"),
+    ("deepspeed.aio.block_size=auto", "deepspeed.aio.block_size", "an integer"),
     ("deepspeed.zero_optimization.stage=5", "deepspeed.zero_optimization.stage", "one of 0, 1, 2"),
     ("deepspeed.zero_optimization.offload_optimizer.devic=cpu",
      "deepspeed.zero_optimization.offload_optimizer.devic", "did you mean 'device'?"),
-    ("attention=fast", "attention", "'eager' or 'flash'"),
+    ("attention=fast", "attention", "'eager', 'flash', 'sdpa' or 'flash_attention_2'"),
     ("runtime.deepspeed_version=latest", "runtime.deepspeed_version", "a DeepSpeed version"),
     ("model=llama3", "model", "a catalog model"),
     ("data_parallel=8", "data_parallel", "at most the 4 GPUs"),
     ("deepspeed.train_batch_size=7", "deepspeed.train_batch_size", "= 1 x 1 x 4 = 4"),
     ("hardware.pcie.bogus=1", "hardware.overrides.pcie.bogus", "an existing profile key"),
-    ("hardware.profile=h200", "hardware.profile", "a profile name (h100-jlse"),
+    ("hardware.profile=h200", "hardware.profile", "a profile file is given as {file: path"),
     ("deepspeed.optimizer.type=SGD", "deepspeed.optimizer.type", "Adam, AdamW or CPUAdam"),
     ("deepspeed.fp16.enabled=false", "deepspeed.fp16.enabled", "fp16 or bf16 enabled"),
 ])

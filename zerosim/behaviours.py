@@ -51,6 +51,29 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "partition_parameters.py all_gather_coalesced",
               "ZeRO-3 all-gathers a module's parameters and reduce-scatters a bucket's "
               "gradients as one collective each (before: one collective per tensor)"),
+    Behaviour("bounded_fetch_events", (0, 6, 2),
+              "PR #1901 'Fix multiple zero 3 tracing errors' (ef17c895, first in v0.6.2): "
+              "partitioned_param_coordinator.py fetch_sub_module, __max_ongoing_fetch_events",
+              "the host blocks in a module's pre-forward/backward hook while more than two "
+              "fetch events (one per gathered parameter it waited on) are unfinished "
+              "(before: no bound on how far the host runs ahead of the all-gathers)"),
+    Behaviour("zero_config_model", (0, 7, 0),
+              "runtime/zero/config.py and runtime/config_utils.py read at v0.6.7 and v0.7.0",
+              "zero_optimization is a pydantic model: the parameter-offload flag is "
+              "cpu_offload_param (before: cpu_offload_params), a deprecated key beside its "
+              "replacement is an error (before: the deprecated flag won), and stage3_* keys "
+              "may be given by their field names (prefetch_bucket_size, ...)"),
+    Behaviour("hjson_config_files", (0, 8, 1),
+              "PR #2783 'add support for hjson config files' (4079077c, first in v0.8.1): "
+              "runtime/config.py DeepSpeedConfig.__init__",
+              "a ds_config file is read with hjson (comments, trailing commas, missing commas "
+              "at line ends are accepted; before: strict JSON); duplicate keys are refused "
+              "in both"),
+    Behaviour("autotp_training", (0, 16, 4),
+              "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
+              "runtime/tensor_parallel/config.py TPTrainingConfig",
+              "tensor_parallel.autotp_size > 1 trains with automatic tensor parallelism "
+              "(before: the tensor_parallel key is ignored)"),
 )
 
 
@@ -64,6 +87,10 @@ class Behaviours:
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
     coalesced_collectives: bool
+    bounded_fetch_events: bool
+    zero_config_model: bool
+    hjson_config_files: bool
+    autotp_training: bool
 
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -2,37 +2,87 @@
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from pathlib import Path
 
 import click
 
-from zerosim.errors import ZerosimError
+from zerosim.errors import ScenarioError, ZerosimError, clip
+from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
 from zerosim.tune import KNOBS
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
 
+EXIT_OK = 0
+EXIT_POINTS_NOT_RUN = 1   # sweep: some points could not be run (a worker failed)
+EXIT_BAD_INPUT = 2        # a scenario, profile, ds_config, option or output folder is refused
+EXIT_OOM = 3              # run: the configuration does not fit (summary status "oom")
+EXIT_INTERNAL_ERROR = 70  # a bug in zerosim (EX_SOFTWARE)
+TRACEBACK_ENV = "ZEROSIM_TRACEBACK"
+ON_INTERRUPT = "zerosim.on_interrupt"
+
 
 class _ZerosimGroup(click.Group):
-    """Turns zerosim's own errors into one clear line and exit status 2, without a traceback."""
+    """Every command ends with one line, never a traceback: zerosim's own errors exit 2, Ctrl-C
+    130 and SIGTERM 143 (whatever was running when the signal came), a bug 70."""
 
     def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except ZerosimError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(2)
+        with handled_interrupts():
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.Exit, click.ClickException, click.Abort):
+                raise
+            except KeyboardInterrupt as err:
+                _stop_interrupted(ctx, getattr(err, "signum", 2))
+            except ZerosimError as err:
+                if received_signal() is not None:
+                    _stop_interrupted(ctx, received_signal())
+                click.echo(f"error: {err}", err=True)
+                sys.exit(EXIT_BAD_INPUT)
+            except Exception as err:
+                if received_signal() is not None:
+                    _stop_interrupted(ctx, received_signal())
+                if os.environ.get(TRACEBACK_ENV):
+                    raise
+                click.echo(f"error: internal error, a bug in zerosim (please report it; "
+                           f"{TRACEBACK_ENV}=1 shows the traceback): {type(err).__name__}: "
+                           f"{clip(str(err), 300)}", err=True)
+                sys.exit(EXIT_INTERNAL_ERROR)
 
 
-@click.group(cls=_ZerosimGroup)
+def _stop_interrupted(ctx: click.Context, signum: int) -> None:
+    stop = Interrupted(signum)
+    note = ctx.meta.get(ON_INTERRUPT)
+    click.echo(f"interrupted by {stop.signal_name}" + (f": {note}" if note else ""), err=True)
+    sys.exit(stop.exit_status)
+
+
+def _on_interrupt(note: str) -> None:
+    """What an interruption from here on leaves behind, said in the one line it prints."""
+    click.get_current_context().meta[ON_INTERRUPT] = note
+
+
+@click.group(cls=_ZerosimGroup, epilog="""\b
+Exit status: 0 done; 1 sweep: some points could not be run; 2 bad input (scenario, profile,
+ds_config, option or output folder; one line names the file, the key, what was expected and
+what was given); 3 run: the configuration does not fit (status oom); 70 a bug in zerosim;
+130 interrupted by Ctrl-C; 143 by SIGTERM.
+\b
+Inputs are UTF-8 YAML or JSON files of at most 1 MiB: no key twice in a mapping, at most 32
+levels of nesting, no alias expanding past 100,000 values, and every number within its key's
+plausible range (zerosim/inputs/plausible.py); true/false is never a number. Outputs are
+written beside --out and moved into place whole: an interrupted run leaves the previous
+output or none.""")
 @click.version_option(package_name="zerosim")
 def main() -> None:
     """zerosim: replay a DeepSpeed ZeRO offloaded training iteration on a hardware model."""
 
 
 def _print_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+    from zerosim.results.export import strict_json
+
+    click.echo(strict_json(data, indent=2, sort_keys=False, default=str))
 
 
 def scenario_argument(func):
@@ -43,14 +93,38 @@ def scenario_argument(func):
 
 
 def _load(scenario: Path, overrides: tuple[str, ...]):
-    """Load a scenario, showing the unmodelled-keys warning once on stderr."""
+    """Load a scenario, showing each of its warnings once on stderr."""
+    from zerosim.scenario import load_scenario
+
+    return _with_warnings(lambda: load_scenario(scenario, overrides))
+
+
+SEQUENCE_HELP = ("Sequence length for the FLOPs per token of a Hugging Face config.json "
+                 "(a scenario has its own).")
+DEFAULT_SEQUENCE = 2048
+
+
+def _model_summary(spec, sequence_length: int):
+    from zerosim.models.summary import summarize
+
+    return summarize(spec, sequence_length)
+
+
+def _hf_spec(path: Path, key_path: str):
+    """A model from a config.json, showing its warnings on stderr."""
+    from zerosim.models import spec_from_hf_file
+
+    return _with_warnings(lambda: spec_from_hf_file(path, source=str(path), key_path=key_path))
+
+
+def _with_warnings(load):
     import warnings
 
-    from zerosim.scenario import UnmodelledKeysWarning, load_scenario
+    from zerosim.errors import ScenarioWarning
 
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnmodelledKeysWarning)
-        loaded = load_scenario(scenario, overrides)
+        warnings.simplefilter("always", ScenarioWarning)
+        loaded = load()
     for warning in caught:
         click.echo(f"warning: {warning.message}", err=True)
     return loaded
@@ -59,61 +133,89 @@ def _load(scenario: Path, overrides: tuple[str, ...]):
 @main.command()
 @scenario_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved scenario as JSON.")
-def check(scenario: Path, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Validate a scenario and print it with every default filled in."""
+@click.option("--sequence-length", type=click.IntRange(min=1), default=DEFAULT_SEQUENCE,
+              show_default=True, help=SEQUENCE_HELP)
+def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
+          sequence_length: int) -> None:
+    """Validate a scenario and print it with every default filled in, and its model's
+    parameters, per-module breakdown and FLOPs per token. A Hugging Face config.json prints
+    the model part alone."""
+    from zerosim.models.hf import looks_like_hf_config
     from zerosim.report import render_scenario
 
+    if looks_like_hf_config(scenario):
+        if overrides:
+            raise click.UsageError("--set applies to a scenario, not to a config.json")
+        summary = _model_summary(_hf_spec(scenario, "<root>"), sequence_length)
+        _print_json(summary.to_dict()) if as_json else click.echo(summary.to_text())
+        return
     loaded = _load(scenario, overrides)
+    summary = _model_summary(loaded.model, loaded.sequence_length)
     if as_json:
-        _print_json(loaded.to_dict())
+        _print_json({**loaded.to_dict(), "model_summary": summary.to_dict()})
     else:
         render_scenario(loaded)
+        click.echo(summary.to_text())
 
 
 def default_out_dir(name: str) -> Path:
     return Path("results") / name
 
 
-@main.command()
+@main.command(epilog="Exit status: 0 ok, 2 bad input, 3 the configuration does not fit (oom), "
+                     "130/143 interrupted (the output folder is left as it was).")
 @scenario_argument
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for the output files (default: results/<scenario name>).")
+              help="Folder for the output files (default: results/<scenario name>); checked "
+                   "before simulating, replaced whole when the run ends.")
 @click.option("--no-files", is_flag=True, help="Only print the summary; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--plots", is_flag=True,
               help="Also draw the timeline, memory, PCIe and phase figures (PNG and SVG).")
+@click.option("--no-progress", is_flag=True,
+              help="No progress line on stderr (shown on a terminal for runs over 2 s).")
 def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_files: bool,
-        as_json: bool, plots: bool) -> None:
+        as_json: bool, plots: bool, no_progress: bool) -> None:
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
-    from zerosim.api import simulate, simulate_summary
+    from zerosim.api import simulate, simulate_brief
+    from zerosim.progress import RunProgress
     from zerosim.report import render_summary
+    from zerosim.results.folders import check_output_folder
 
     if plots and no_files:
         raise click.UsageError("--plots writes files; drop --no-files")
     loaded = _load(scenario, overrides)
+    target = None if no_files else out_dir or default_out_dir(loaded.name)
+    if target is not None:
+        check_output_folder(target)
+        _on_interrupt(f"{target} was left as it was")
     started = time.perf_counter()
-    target = None
-    if no_files:  # the summary alone: no tables to build
-        summary = simulate_summary(loaded)
-        wall = time.perf_counter() - started
-    else:
+    with RunProgress(enabled=False if no_progress else None) as progress:
+        if no_files:  # the summary and the phases alone: no tables to build
+            result = simulate_brief(loaded, observer=progress.observe)
+        else:
+            result = simulate(loaded, observer=progress.observe)
+    wall = time.perf_counter() - started
+    if target is not None:
         from zerosim.results.export import write_outputs
 
-        result = simulate(loaded)
-        wall = time.perf_counter() - started
-        summary = result.summary
-        target = out_dir or default_out_dir(loaded.name)
-        write_outputs(result, target, extra={"scenario.json": loaded.to_dict()})
-        if plots:
-            from zerosim.plots import save_all
-
-            save_all(result, target)
+        write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},
+                      figures=_draw_figures if plots else None)
     if as_json:
-        _print_json(summary)
+        _print_json(result.summary)
     else:
-        render_summary(summary, wall_s=wall, out_dir=target)
+        render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
+                       accumulation_steps=loaded.deepspeed.gradient_accumulation_steps)
+    if result.summary["status"] == "oom":
+        sys.exit(EXIT_OOM)
+
+
+def _draw_figures(result, folder: Path) -> None:
+    from zerosim.plots import save_all
+
+    save_all(result, folder)
 
 
 @main.command()
@@ -126,7 +228,9 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
     """Redraw the figures of a finished run from its files (summary.json, *.csv)."""
     from zerosim.plots import save_all
     from zerosim.results import load_result
+    from zerosim.results.folders import check_output_folder
 
+    check_output_folder(out_dir or result_dir, replaceable=False)
     written = save_all(load_result(result_dir), out_dir or result_dir,
                        formats=formats or ("png", "svg"))
     for path in written:
@@ -140,12 +244,14 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
 def validate(out_dir: Path, as_json: bool) -> None:
     """Compare simulated against every published measurement zerosim ships."""
     from zerosim.report import render_validation
+    from zerosim.results.folders import check_output_folder
     from zerosim.scenario import scenario_from_dict
     from zerosim.validation.reference import load_study
     from zerosim.validation.report import write_report
     from zerosim.validation.validate import cells_frame
     from zerosim.validation.validate import validate as run_validation
 
+    check_output_folder(out_dir, replaceable=False)
     study = load_study()
     cells, _ = run_validation(study, seed003=True)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
@@ -157,40 +263,48 @@ def validate(out_dir: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("data", type=click.Path(dir_okay=False, exists=True, path_type=Path))
-@click.option("--param", "params", multiple=True, metavar="KEY[=LOW:HIGH]",
-              help="A profile value to fit, with bounds in its unit (default x/10..x*10).")
+@click.argument("data", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@click.option("--param", "params", multiple=True, metavar="[PROFILE:]KEY[=LOW:HIGH]",
+              help="A value to fit, with bounds in its unit (default x/10..x*10): a profile key "
+                   "(every profile), PROFILE:key (one testbed) or stack.key (the shared "
+                   "software stack).")
 @click.option("--holdout", metavar="TEXT",
               help="Fit without the rows whose scenario or overrides contain TEXT; report "
                    "the prediction error on them.")
-@click.option("--name", help="Name of the fitted profile (default: <profile>-fitted).")
+@click.option("--suffix", default="-fitted", show_default=True,
+              help="Appended to each fitted profile's and stack's name.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("results") / "calibration", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for the simulations (default: CPU count).")
 @click.option("--max-iterations", type=click.IntRange(min=1), default=25, show_default=True)
-def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: str | None,
-              out_dir: Path, workers: int | None, max_iterations: int) -> None:
-    """Fit hardware-profile values to measured phase times (CSV: scenario, overrides, phase,
-    seconds) and write the fitted profile and the residuals."""
-    import os
+def calibrate(data: tuple[Path, ...], params: tuple[str, ...], holdout: str | None,
+              suffix: str, out_dir: Path, workers: int | None, max_iterations: int) -> None:
+    """Fit profile and stack values to measured phase times (CSV files: scenario, overrides,
+    phase, seconds; several testbeds at once) and write the fitted profiles and stack, the
+    residuals and what the data identifies."""
     from concurrent.futures import ProcessPoolExecutor
 
+    from zerosim.interrupts import ignore_interrupts_in_worker
     from zerosim.report import render_calibration
+    from zerosim.results.folders import check_output_folder
     from zerosim.validation.calibrate import calibrate as run_calibration
     from zerosim.validation.calibrate import write_outputs
 
+    check_output_folder(out_dir, replaceable=False)
     workers = workers or os.cpu_count() or 1
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    pool = (ProcessPoolExecutor(workers, initializer=ignore_interrupts_in_worker)
+            if workers > 1 else None)
     try:
-        result, tree, base = run_calibration(
-            data, params, holdout=holdout, max_iterations=max_iterations, pool=pool,
-            progress=lambda i, cost: click.echo(f"iteration {i}: sum of squared log errors "
+        result, bases = run_calibration(
+            list(data), params, holdout=holdout, max_iterations=max_iterations, pool=pool,
+            progress=lambda i, cost: click.echo(f"evaluation {i}: sum of squared log errors "
                                                 f"{cost:.4f}", err=True))
     finally:
         if pool is not None:
             pool.shutdown()
-    paths = write_outputs(result, tree, data, out_dir, name or f"{base}-fitted")
+    paths = write_outputs(result, bases, " + ".join(p.name for p in data), out_dir, suffix)
     render_calibration(result, paths)
 
 
@@ -199,42 +313,78 @@ def calibrate(data: Path, params: tuple[str, ...], holdout: str | None, name: st
 @click.option("--largest-layer-params", type=float,
               help="Parameters of the largest layer (ZeRO-3 only).")
 @click.option("--model", "model_name", help="Catalog model name instead of the two counts.")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--stage", type=click.Choice(["0", "1", "2", "3"]), default="3", show_default=True,
-              help="ZeRO stage; 0 is plain data parallelism.")
+@click.option("--hf-config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A Hugging Face config.json instead of the two counts.")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="A scenario: its model, and its stage, GPUs and DeepSpeed version unless "
+                   "given.")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), help="[default: 1]")
+@click.option("--nodes", type=click.IntRange(min=1), help="[default: 1]")
+@click.option("--stage", type=click.Choice(["0", "1", "2", "3"]),
+              help="ZeRO stage; 0 is plain data parallelism.  [default: 3]")
 @click.option("--buffer-factor", type=float, default=1.5, show_default=True,
               help="DeepSpeed's additional_buffer_factor for host memory.")
-@click.option("--deepspeed-version", default="0.13.3", show_default=True,
-              help="ZeRO-2 without offload changed formula in DeepSpeed 0.14.3.")
+@click.option("--deepspeed-version",
+              help="ZeRO-2 without offload changed formula in DeepSpeed 0.14.3.  "
+                   "[default: 0.13.3]")
+@click.option("--sequence-length", type=click.IntRange(min=1), help=SEQUENCE_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
-def estimate(total_params, largest_layer_params, model_name, gpus_per_node, nodes, stage,
-             buffer_factor, deepspeed_version, as_json) -> None:
-    """Memory needed for model states, as DeepSpeed's estimate_zero*_model_states_mem_needs."""
-    from zerosim.estimate import estimate_for_model, estimate_model_states, zero2_rule_for
-    from zerosim.scenario.version import parse_version
+def estimate(total_params, largest_layer_params, model_name, hf_config, scenario_path,
+             gpus_per_node, nodes, stage, buffer_factor, deepspeed_version, sequence_length,
+             as_json) -> None:
+    """Memory needed for model states, as DeepSpeed's estimate_zero*_model_states_mem_needs;
+    with --model, --hf-config or --scenario also the model's parameters, per-module breakdown
+    and FLOPs per token."""
+    from zerosim.estimate import (
+        cluster_of,
+        estimate_for_spec,
+        estimate_model_states,
+        zero2_rule_for,
+    )
+    from zerosim.models import CATALOG
+    from zerosim.scenario.version import format_version, parse_version
 
+    sources = [given for given in (model_name, hf_config, scenario_path, total_params)
+               if given is not None]
+    if len(sources) != 1:
+        raise click.UsageError("give one of --model, --hf-config, --scenario or --total-params")
+    spec, defaults = None, (3, 1, 1, "0.13.3", DEFAULT_SEQUENCE)
+    if scenario_path is not None:
+        loaded = _load(scenario_path, ())
+        spec = loaded.model
+        defaults = (*cluster_of(loaded), format_version(loaded.runtime.deepspeed_version),
+                    loaded.sequence_length)
+    elif hf_config is not None:
+        spec = _hf_spec(hf_config, "--hf-config")
+    elif model_name is not None:
+        if model_name not in CATALOG:
+            raise ScenarioError(None, "--model", f"one of {', '.join(sorted(CATALOG))}",
+                                model_name)
+        spec = CATALOG[model_name]
+    stage, gpus_per_node, nodes, deepspeed_version, sequence_length = (
+        default if given is None else given for given, default in zip(
+            (stage, gpus_per_node, nodes, deepspeed_version, sequence_length), defaults,
+            strict=True))
     rule = zero2_rule_for(parse_version(deepspeed_version, source="--deepspeed-version",
                                         key_path="--deepspeed-version"))
-
-    if model_name is not None:
-        if total_params is not None or largest_layer_params is not None:
-            raise click.UsageError("give either --model or --total-params, not both")
-        result = estimate_for_model(model_name, stage=int(stage), num_gpus_per_node=gpus_per_node,
-                                    num_nodes=nodes, additional_buffer_factor=buffer_factor,
-                                    zero2_rule=rule)
+    if spec is not None:
+        if largest_layer_params is not None:
+            raise click.UsageError("--largest-layer-params goes with --total-params")
+        result = estimate_for_spec(spec, stage=int(stage), num_gpus_per_node=gpus_per_node,
+                                   num_nodes=nodes, additional_buffer_factor=buffer_factor,
+                                   zero2_rule=rule)
     else:
-        if total_params is None:
-            raise click.UsageError("give --total-params (and --largest-layer-params) or --model")
         result = estimate_model_states(
-            stage=int(stage), total_params=int(total_params),
-            largest_layer_params=None if largest_layer_params is None
-            else int(largest_layer_params),
+            stage=int(stage), total_params=total_params,
+            largest_layer_params=largest_layer_params,
             num_gpus_per_node=gpus_per_node, num_nodes=nodes,
             additional_buffer_factor=buffer_factor, zero2_rule=rule)
+    summary = None if spec is None or model_name else _model_summary(spec, sequence_length)
     if as_json:
-        _print_json(result.to_dict())
+        _print_json({**result.to_dict(), **({"model": summary.to_dict()} if summary else {})})
     else:
+        if summary:
+            click.echo(summary.to_text() + "\n")
         click.echo(result.to_text())
 
 
@@ -255,18 +405,17 @@ def estimate(total_params, largest_layer_params, model_name, gpus_per_node, node
 def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str | None,
           overrides: tuple[str, ...], plots: bool, no_progress: bool) -> None:
     """Simulate every point of a what-if sweep; run it again to resume after a kill."""
+    from zerosim.results.folders import check_output_folder
     from zerosim.sweep import default_out_dir as sweep_out_dir
     from zerosim.sweep import run_sweep, write_plots
     from zerosim.sweep.report import render_outcome
 
-    try:
-        outcome = run_sweep(sweep_file, out_dir=out_dir, workers=workers, dask=dask,
-                            overrides=overrides, progress=not no_progress)
-    except KeyboardInterrupt:
-        target = out_dir or sweep_out_dir(sweep_file)
-        click.echo(f"interrupted: finished points are in {target / 'results.csv'}; "
-                   "run the same command again to resume", err=True)
-        sys.exit(130)
+    target = out_dir or sweep_out_dir(sweep_file)
+    check_output_folder(target, replaceable=False)
+    _on_interrupt(f"finished points are in {target / 'results.csv'}; run the same command "
+                  "again to resume")
+    outcome = run_sweep(sweep_file, out_dir=out_dir, workers=workers, dask=dask,
+                        overrides=overrides, progress=not no_progress)
     render_outcome(outcome)
     if plots:
         written, problem = write_plots(outcome)
@@ -275,7 +424,7 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
         if problem:
             click.echo(problem, err=True)
     if outcome.not_run:
-        sys.exit(1)
+        sys.exit(EXIT_POINTS_NOT_RUN)
 
 
 @main.command()

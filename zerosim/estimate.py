@@ -36,6 +36,7 @@ plain data parallelism needs 2N + 2N + KN = 16N bytes per GPU, ZeRO-1 needs 2N +
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, Literal
@@ -211,7 +212,7 @@ class Estimate:
 def _count(value: Any, key: str, what: str) -> int:
     """A positive whole number (2851e6 is accepted as 2851000000)."""
     ok = (isinstance(value, Real) and not isinstance(value, bool)
-          and float(value).is_integer() and value > 0)
+          and math.isfinite(value) and float(value).is_integer() and value > 0)
     if not ok:
         raise ScenarioError(None, key, f"{what} as a positive whole number", value)
     return int(value)
@@ -241,9 +242,10 @@ def _validate(stage: int, total_params: Any, largest_layer_params: Any, num_gpus
             raise ScenarioError(None, key, "a whole number >= 1", value)
     factor_ok = (isinstance(additional_buffer_factor, Real)
                  and not isinstance(additional_buffer_factor, bool)
-                 and additional_buffer_factor > 0)
+                 and math.isfinite(additional_buffer_factor) and additional_buffer_factor > 0)
     if not factor_ok:
-        raise ScenarioError(None, "--buffer-factor", "a number > 0", additional_buffer_factor)
+        raise ScenarioError(None, "--buffer-factor", "a finite number > 0",
+                            additional_buffer_factor)
     if zero2_rule not in ZERO2_NO_OFFLOAD_GPU_BYTES_PER_PARAM:
         raise ScenarioError(None, "zero2_rule",
                             f"one of {', '.join(ZERO2_NO_OFFLOAD_GPU_BYTES_PER_PARAM)}",
@@ -414,6 +416,19 @@ def estimate_model_states(*, stage: int, total_params: int, largest_layer_params
                     zero2_rule)
 
 
+def estimate_for_spec(spec: models.ModelSpec, *, stage: int, num_gpus_per_node: int = 1,
+                      num_nodes: int = 1,
+                      additional_buffer_factor: float = DEFAULT_BUFFER_FACTOR,
+                      zero2_rule: Zero2Rule = "current") -> Estimate:
+    """`estimate_model_states` with the counts of a model (DeepSpeed's `_all_live`: every
+    parameter, experts included, and the most any one module owns)."""
+    return estimate_model_states(
+        stage=stage, total_params=models.total_params(spec),
+        largest_layer_params=models.largest_layer_params(spec), num_gpus_per_node=num_gpus_per_node,
+        num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
+        zero2_rule=zero2_rule)
+
+
 def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
                        additional_buffer_factor: float = DEFAULT_BUFFER_FACTOR,
                        zero2_rule: Zero2Rule = "current") -> Estimate:
@@ -421,11 +436,15 @@ def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num
     spec = models.CATALOG.get(name)
     if spec is None:
         raise ScenarioError(None, "--model", f"one of {', '.join(models.catalog_names())}", name)
-    return estimate_model_states(
-        stage=stage, total_params=models.total_params(spec),
-        largest_layer_params=models.largest_layer_params(spec), num_gpus_per_node=num_gpus_per_node,
-        num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
-        zero2_rule=zero2_rule)
+    return estimate_for_spec(spec, stage=stage, num_gpus_per_node=num_gpus_per_node,
+                             num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
+                             zero2_rule=zero2_rule)
+
+
+def cluster_of(scenario: Any) -> tuple[int, int, int]:
+    """(stage, GPUs per node, nodes) of a scenario's data-parallel ranks, for the estimator."""
+    per_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
+    return scenario.deepspeed.stage, per_node, -(-scenario.data_parallel // per_node)
 
 
 def zero2_rule_for(version: tuple[int, int, int]) -> Zero2Rule:

@@ -268,12 +268,38 @@ def _title(strip, ax, text: str) -> None:
     (strip if strip is not None else ax).set_title(text, fontsize=TITLE_SIZE)
 
 
+MAX_TIMELINE_RANKS = 8
+"""Past this many ranks, `timeline` folds ranks with identical spans into one row group."""
+
+
+def identical_rank_groups(spans: pd.DataFrame, ranks: Sequence[int]) -> list[list[int]]:
+    """`ranks` grouped by identical spans (stream, op kind, start and end to the nanosecond),
+    in order of their first rank."""
+    groups: dict[tuple, list[int]] = {}
+    for rank in ranks:
+        mine = spans[spans["rank"] == rank]
+        key = tuple(zip(mine["stream"], mine.get("op_kind", mine["op"]),
+                        mine.start_s.round(9), mine.end_s.round(9), strict=True))
+        groups.setdefault(key, []).append(rank)
+    return list(groups.values())
+
+
+def _ranks_label(group: Sequence[int]) -> str:
+    if len(group) == 1:
+        return f"rank {group[0]}"
+    if list(group) == list(range(group[0], group[-1] + 1)):
+        return f"ranks {group[0]}-{group[-1]} (x{len(group)})"
+    return f"ranks {group[0]}, {group[1]}{', ...' if len(group) > 2 else ''} (x{len(group)})"
+
+
 def timeline(result, ranks: Iterable[int] | None = None,
              t_range: tuple[float, float] | None = None) -> Figure:
     """One row per rank x stream (compute, all-gather, reduce, PCIe H2D, PCIe D2H, CPU), every
     span a bar, with the phases (forward / backward per micro-batch, update) shaded behind and
     named above. Consecutive spans of a row alternate between two shades of the stream's
-    colour, so back-to-back spans stay distinguishable."""
+    colour, so back-to-back spans stay distinguishable. Without `ranks`, a run of more than
+    `MAX_TIMELINE_RANKS` ranks shows ranks with identical spans as one row group with their
+    count, and at most `MAX_TIMELINE_RANKS` groups."""
     spans = result.spans
     all_ranks = sorted({int(r) for r in spans["rank"]} | {int(r) for r in result.phases["rank"]})
     chosen = sorted({int(r) for r in ranks}) if ranks is not None else all_ranks
@@ -282,6 +308,12 @@ def timeline(result, ranks: Iterable[int] | None = None,
         raise ValueError(f"no rank {', '.join(map(str, missing))} in this run; ranks: "
                          f"{', '.join(map(str, all_ranks))}")
     chosen = chosen or [0]
+    folded = [[rank] for rank in chosen]
+    folding = ranks is None and len(chosen) > MAX_TIMELINE_RANKS
+    if folding:
+        folded = identical_rank_groups(spans, chosen)
+        chosen = [group[0] for group in folded[:MAX_TIMELINE_RANKS]]
+    labels = {group[0]: _ranks_label(group) for group in folded}
     lo, hi = t_range if t_range is not None else (0.0, _end_time(result))
     spans = spans[spans["rank"].isin(chosen)]
     if t_range is not None:
@@ -300,7 +332,7 @@ def timeline(result, ranks: Iterable[int] | None = None,
         y = len(rows) - 1 - index
         y_ticks.append(y)
         name = stream_name(stream)
-        y_labels.append(f"rank {rank}  {name}" if len(chosen) > 1 else name)
+        y_labels.append(f"{labels[rank]}  {name}" if len(chosen) > 1 or folding else name)
         if (rank, stream) not in keys:
             continue
         group = groups.get_group((rank, stream)).sort_values("start_s", kind="stable")
@@ -325,7 +357,11 @@ def timeline(result, ranks: Iterable[int] | None = None,
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="x", color="#BBBBBB", lw=0.5, zorder=1)
     title = f"{_scenario_name(result)}: timeline per rank and stream"
-    if len(chosen) < len(all_ranks):
+    if folding:
+        title += (f" ({len(all_ranks)} ranks, identical ones folded"
+                  + (f"; the first {len(chosen)} of {len(folded)} groups" if len(folded) >
+                     len(chosen) else "") + ")")
+    elif len(chosen) < len(all_ranks):
         title += f" (ranks {', '.join(map(str, chosen))} of {len(all_ranks)})"
     if result.summary.get("status") == "oom":
         title += " - out of memory"
@@ -420,11 +456,7 @@ def _mark_oom(ax, result, *, device: str | None, y_data: bool) -> None:
     t = float(oom["t_s"])
     requested = float(oom.get("requested_GiB") or 0.0)
     in_use = float(oom.get("in_use_GiB") or 0.0)
-    capacity = oom.get("capacity_GiB")
-    text = (f"out of memory on {oom.get('device')} at {t:.4g} s:\n"
-            f"{oom.get('allocation', '?')} needs {requested:.2f} GiB ({oom.get('category', '?')})"
-            f"\nwith {in_use:.2f} GiB in use"
-            + (f" of {float(capacity):.2f} GiB" if capacity is not None else ""))
+    text = _oom_text(oom)
     ax.axvline(t, color=OOM_COLOR, lw=1.2, ls=":", zorder=5)
     style = {"marker": "X", "ms": 11, "color": OOM_COLOR, "ls": "none", "zorder": 6,
              "label": "OOM", "gid": "oom-marker", "clip_on": False}
@@ -440,6 +472,17 @@ def _mark_oom(ax, result, *, device: str | None, y_data: bool) -> None:
         ax.annotate(text, xy=(t, 0.5), xycoords=ax.get_xaxis_transform(), xytext=(-12, 0),
                     textcoords="offset points", ha="right", va="center", fontsize=8,
                     color=OOM_COLOR, zorder=7, bbox=box)
+
+
+def _oom_text(oom: Mapping[str, Any]) -> str:
+    """What ran out of memory, where and when, in three lines."""
+    requested = float(oom.get("requested_GiB") or 0.0)
+    in_use = float(oom.get("in_use_GiB") or 0.0)
+    capacity = oom.get("capacity_GiB")
+    return (f"out of memory on {oom.get('device')} at {float(oom['t_s']):.4g} s:\n"
+            f"{oom.get('allocation', '?')} needs {requested:.2f} GiB ({oom.get('category', '?')})"
+            f"\nwith {in_use:.2f} GiB in use"
+            + (f" of {float(capacity):.2f} GiB" if capacity is not None else ""))
 
 
 # ------------------------------------------------------------------------------ PCIe
@@ -536,7 +579,9 @@ def phase_breakdown(summaries, measured: Mapping[str, Mapping[str, float]] | Non
         sim_values = [_phase_value(sims.get(label, {}).get("phases_s", {}), phase)
                       for label in labels]
         offset = -width / 2 if measured else 0.0
-        _bars(ax, x + offset, sim_values, width, SIMULATED_COLOR, "simulated")
+        missing = ["OOM" if sims.get(label, {}).get("status") == "oom" else "n/a"
+                   for label in labels]
+        _bars(ax, x + offset, sim_values, width, SIMULATED_COLOR, "simulated", missing=missing)
         if measured:
             meas_values = [_phase_value(measured.get(label, {}), phase) for label in labels]
             _bars(ax, x + width / 2, meas_values, width, MEASURED_COLOR, "measured",
@@ -556,10 +601,27 @@ def phase_breakdown(summaries, measured: Mapping[str, Mapping[str, float]] | Non
                    fontsize=9)
     names = sorted({str(s.get("scenario")) for s in sims.values() if s.get("scenario")})
     title = "phase times" + (" (mean per micro-batch, slowest rank)" if sims else "")
+    nothing_finished = bool(sims) and not measured and all(
+        s.get("status") == "oom" for s in sims.values())
+    if nothing_finished:
+        title = "out of memory: no phase finished"
+        _oom_box(fig, next(iter(sims.values())).get("oom"))
+        for ax in axes:
+            ax.set_yticks([])
+        axes[0].set_ylabel("")
     if names:
         title = f"{', '.join(names)}: {title}"
-    fig.suptitle(title, fontsize=TITLE_SIZE)
+    fig.suptitle(title, fontsize=TITLE_SIZE, color=OOM_COLOR if nothing_finished else None)
     return fig
+
+
+def _oom_box(fig: Figure, oom: Mapping[str, Any] | None) -> None:
+    """What ran out of memory, across the middle of the figure."""
+    if oom:
+        fig.text(0.5, 0.5, _oom_text(oom), ha="center", va="center", fontsize=11,
+                 color=OOM_COLOR, zorder=10,
+                 bbox={"boxstyle": "round,pad=0.5", "facecolor": "white",
+                       "edgecolor": OOM_COLOR})
 
 
 def _phase_value(values: Mapping[str, Any], phase: str) -> float:
@@ -567,15 +629,17 @@ def _phase_value(values: Mapping[str, Any], phase: str) -> float:
     return float("nan") if value is None else float(value)
 
 
-def _bars(ax, x, values, width, color, label, hatch=None) -> None:
+def _bars(ax, x, values, width, color, label, hatch=None, missing=None) -> None:
+    """Bars with their seconds on top; a missing value says why (`missing`: 'n/a', 'OOM')."""
     heights = np.nan_to_num(np.asarray(values, dtype=float), nan=0.0)
     bars = ax.bar(x, heights, width, color=color, label=label, hatch=hatch,
                   edgecolor="white" if hatch else color, lw=0.6, zorder=2)
-    for bar, value in zip(bars, values, strict=True):
-        text = "n/a" if math.isnan(value) else _seconds(value)
+    reasons = missing or ["n/a"] * len(values)
+    for bar, value, reason in zip(bars, values, reasons, strict=True):
+        text = reason if math.isnan(value) else _seconds(value)
         ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                    fontsize=7)
+                    fontsize=7, color=OOM_COLOR if text == "OOM" else None)
 
 
 def _seconds(value: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from zerosim.results.summary import phase_time
 from zerosim.scenario import Scenario
 from zerosim.scenario.version import format_version
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
@@ -52,6 +53,14 @@ def render_scenario(scenario: Scenario) -> None:
     for key, value in _flatten(ds.to_dict()):
         table.add_row(key, str(value))
     console.print(table)
+    if scenario.auto_filled:
+        auto = Table(title="'auto' values (filled as the Hugging Face Trainer fills them)",
+                     title_justify="left")
+        for column in ("key", "value", "from"):
+            auto.add_column(column, overflow="fold")
+        for fill in scenario.auto_filled:
+            auto.add_row(f"deepspeed.{fill.key}", str(fill.value), fill.origin)
+        console.print(auto)
     prov = Table(title=f"hardware profile {hw.name}", title_justify="left")
     for column in ("key", "value", "basis", "source"):
         prov.add_column(column, overflow="fold")
@@ -75,24 +84,79 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None) -> None:
+PHASE_ROWS = {PhaseTime.FORWARD: "forward",
+              PhaseTime.BACKWARD_NON_BOUNDARY: "backward (non-boundary)",
+              PhaseTime.BACKWARD_BOUNDARY: "backward (boundary)",
+              PhaseTime.UPDATE: "optimizer update"}
+BETWEEN_PHASES = "between phases"
+
+
+def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[str, float],
+                                                                dict[str, int]]:
+    """Seconds each phase takes over the whole iteration on the rank that finishes last, and
+    how many times it runs; with the time between phases the rows add up to its end.
+    `phases`: `Result.phases`, or the phase records of a summary-only run (`Brief.phases`)."""
+    rows = _phase_rows(phases)
+    if not rows:
+        return None, {}, {}
+    ends: dict[int, float] = {}
+    for rank, _, _, _, end_s in rows:
+        ends[rank] = max(ends.get(rank, end_s), end_s)
+    rank = min(ends, key=lambda r: (-ends[r], r))
+    last = accumulation_steps - 1
+    totals = {key.value: 0.0 for key in PhaseTime}
+    counts = {key.value: 0 for key in PhaseTime}
+    for row_rank, phase, micro, start_s, end_s in rows:
+        key = phase_time(phase, micro, last)
+        if row_rank == rank and key is not None:
+            totals[key.value] += end_s - start_s
+            counts[key.value] += 1
+    totals[BETWEEN_PHASES] = ends[rank] - sum(totals.values())
+    return rank, totals, counts
+
+
+def _phase_rows(phases) -> list[tuple]:
+    """(rank, phase, micro_batch, start_s, end_s) rows of a phases DataFrame or Table."""
+    if phases is None:
+        return []
+    if hasattr(phases, "itertuples"):
+        columns = ["rank", "phase", "micro_batch", "start_s", "end_s"]
+        return list(phases[columns].itertuples(index=False, name=None))
+    return list(phases.rows)
+
+
+
+def _phase_table(summary: dict, totals: dict[str, float], counts: dict[str, int]) -> Table:
+    table = Table(title="phase times in seconds", title_justify="left")
+    table.add_column("phase")
+    table.add_column("count", justify="right")
+    table.add_column("per iteration", justify="right")
+    table.add_column("mean per micro-batch", justify="right")
+    for key, label in PHASE_ROWS.items():
+        table.add_row(label, str(counts.get(key, "-")), _seconds(totals.get(key)),
+                      _seconds(summary["phases_s"].get(key)))
+    if abs(totals.get(BETWEEN_PHASES, 0.0)) > 5e-4:
+        table.add_row(BETWEEN_PHASES, "", _seconds(totals[BETWEEN_PHASES]), "")
+    table.add_row("[bold]iteration[/bold]", "",
+                  f"[bold]{_seconds(summary['iteration_s'])}[/bold]", "")
+    return table
+
+
+def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
+                   phases=None, accumulation_steps: int = 1) -> None:
+    """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
+    totals beside the per-micro-batch means."""
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
     console.print(f"[bold]{summary['scenario']}[/bold]: status [{colour}]{status}[/{colour}], "
                   f"DP={summary['data_parallel']}, DeepSpeed {summary['deepspeed_version']}")
-    table = Table(title="phase times", caption="mean per micro-batch, slowest rank",
-                  title_justify="left", caption_justify="left")
-    table.add_column("phase")
-    table.add_column("seconds", justify="right")
-    labels = {PhaseTime.FORWARD: "forward",
-              PhaseTime.BACKWARD_NON_BOUNDARY: "backward (non-boundary)",
-              PhaseTime.BACKWARD_BOUNDARY: "backward (boundary)",
-              PhaseTime.UPDATE: "optimizer update"}
-    for key, label in labels.items():
-        table.add_row(label, _seconds(summary["phases_s"].get(key)))
-    table.add_row("[bold]iteration[/bold]", f"[bold]{_seconds(summary['iteration_s'])}[/bold]")
-    console.print(table)
+    rank, totals, counts = iteration_totals(phases, accumulation_steps)
+    if rank is not None:
+        console.print(f"per iteration: the phases of rank {rank}, the last to finish; they add "
+                      "up to the iteration\nmean per micro-batch: the slowest rank's",
+                      highlight=False)
+    console.print(_phase_table(summary, totals, counts))
     facts = Table(show_header=False, box=None, pad_edge=False)
     tflops = summary["tflops_per_gpu"]
     facts.add_row("TFLOPS per GPU", "-" if tflops is None else f"{tflops:.1f}")
@@ -142,11 +206,14 @@ def render_validation(cells, out_dir) -> None:
 def render_calibration(fit, paths) -> None:
     console = _console()
     values = Table(title="fitted values", title_justify="left")
-    for column in ("key", "start", "fitted", "bounds"):
+    for column in ("key", "start", "fitted", "bounds", "std error", "identified"):
         values.add_column(column)
+    ident = fit.identifiability
     for p in fit.parameters:
         values.add_row(p.key, f"{p.start:.4g}", f"{fit.values[p.key]:.4g}",
-                       f"{p.low:.3g} .. {p.high:.3g}")
+                       f"{p.low:.3g} .. {p.high:.3g}",
+                       f"{ident.rel_std[p.key]:.0%}" if ident else "",
+                       ("yes" if ident.identified(p.key) else "NO") if ident else "")
     console.print(values)
     rows = Table(title="residuals", title_justify="left")
     for column in ("case", "split", "measured s", "simulated s", "error"):
@@ -159,7 +226,7 @@ def render_calibration(fit, paths) -> None:
     console.print(rows)
     console.print(f"rms relative error: train {fit.rms(fit.train):.1%}"
                   + (f", holdout {fit.rms(fit.holdout):.1%}" if fit.holdout else "")
-                  + f"; {fit.iterations} iterations")
+                  + f"; {fit.iterations} evaluations")
     console.print("wrote " + ", ".join(str(p) for p in paths))
 
 

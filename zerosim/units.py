@@ -4,6 +4,8 @@ GB = 1e9
 GiB = 2**30
 TFLOPS = 1e12
 US = 1e-6
+MS = 1e-3
+GHZ = 1e9
 
 BYTES_PER_DTYPE = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = BYTES_PER_DTYPE["fp32"]

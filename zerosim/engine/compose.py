@@ -63,7 +63,8 @@ def _params(core: RankCore) -> ParameterCoordinator:
         return ReplicatedParams()
     sources = {"none": PartitionsInHbm, "cpu": PartitionsInHost, "nvme": PartitionsOnNvme}
     source = sources[core.ds.offload_param.device]()
-    return PartitionedParams(core, source, per_tensor=_per_tensor_collectives(core))
+    return PartitionedParams(core, source, per_tensor=_per_tensor_collectives(core),
+                             bounded_fetches=core.behaviours.bounded_fetch_events)
 
 
 def _per_tensor_collectives(core: RankCore) -> bool:

@@ -11,6 +11,7 @@ gradients at the accumulation boundary (engine.py `allreduce_gradients`).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
@@ -114,6 +115,22 @@ class IpgBuckets:
         self.bucket.append(BucketEntry(param, in_bucket))
         self.bucket_numel += param.numel
 
+    def output_numel(self, bucket: list[BucketEntry]) -> int:
+        """What the reduction of a bucket allocates until its partitions are consumed.
+
+        A coalesced reduce-scatter (DeepSpeed's `reduce_scatter_coalesced`) concatenates every
+        gradient's rank chunks, each padded to ceil(numel / ranks), into one flat buffer and
+        reduce-scatters it in place, the output being a view of it: the whole padded bucket
+        stays allocated. A single tensor that divides evenly is used as it is (nothing new).
+        Per-tensor reductions and all-reduces allocate the bucket's partitions only.
+        """
+        ranks = len(self.core.ranks)
+        if self.per_tensor or self.collective != Collective.REDUCE_SCATTER:
+            return sum(e.param.partition_numel for e in bucket)
+        if len(bucket) == 1 and bucket[0].param.numel % ranks == 0:
+            return 0
+        return sum(math.ceil(e.param.numel / ranks) * ranks for e in bucket)
+
     def reduce(self, micro: int, boundary: bool) -> Gen:
         """Reduce the bucket, then hand its partitions to the sink; at most
         `MAX_PARAM_REDUCE_EVENTS` reductions stay outstanding."""
@@ -128,12 +145,12 @@ class IpgBuckets:
         keys = [core.next_key(self.collective) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         yield from core.pay_launches()
-        out_bytes = core.comm_bytes * sum(e.param.partition_numel for e in bucket)
+        out_bytes = core.comm_bytes * self.output_numel(bucket)
         held: dict[str, int] = {}
 
         def reduce_body() -> Gen:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
-                                            "reduce-scatter out")
+                                            "reduce-scatter buffer")
             if core.distributed:
                 for key, size in zip(keys, sizes, strict=True):
                     yield from core.machine.collective(core.rank, key, self.collective,

@@ -6,10 +6,16 @@ partitions before use, prefetch ahead in trace order within `stage3_prefetch_buc
 `stage3_max_live_parameters`, release after use unless the module comes back within
 `stage3_max_reuse_distance`. Where the partition lives before the all-gather is a `ParamSource`:
 in HBM, in host memory (`offload_param: cpu`), or on NVMe.
+
+The host thread does not wait for an all-gather, with one bound: `fetch_sub_module` records an
+event on the all-gather stream for every parameter it waits on and, with more than
+`MAX_ONGOING_FETCH_EVENTS` of them unfinished, blocks until the oldest finishes (DeepSpeed
+0.13.3's `__max_ongoing_fetch_events`, from 0.6.2), before it issues the prefetches.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 import simpy
@@ -19,9 +25,13 @@ from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
 class ParameterCoordinator(Protocol):
+    module_hooks: bool
+    """Whether DeepSpeed hooks every module's forward and backward (ZeRO-3's coordinator)."""
+
     def fetch(self, index: int) -> simpy.Event | None: ...
+    def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
-    def release(self, index: int, after: simpy.Event | None) -> None: ...
+    def release(self, index: int) -> None: ...
     def release_all(self) -> None: ...
     def keep_after_forward(self, index: int) -> bool: ...
 
@@ -29,13 +39,19 @@ class ParameterCoordinator(Protocol):
 class ReplicatedParams:
     """Stages 0-2: the 16-bit parameters are resident on every GPU."""
 
+    module_hooks = False
+
     def fetch(self, index: int) -> simpy.Event | None:
         return None
+
+    def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
+        return
+        yield
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         return None
 
-    def release(self, index: int, after: simpy.Event | None) -> None:
+    def release(self, index: int) -> None:
         return None
 
     def release_all(self) -> None:
@@ -76,14 +92,23 @@ class PartitionsInHost:
                             kind=OpKind.PARAM_FETCH)
 
 
+MAX_ONGOING_FETCH_EVENTS = 2
+"""partitioned_param_coordinator.py (0.13.3) `__max_ongoing_fetch_events`."""
+
+
 class PartitionedParams:
     """ZeRO-3's partitioned parameter coordinator for one rank."""
 
-    def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False):
+    module_hooks = True
+
+    def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False,
+                 bounded_fetches: bool = True):
         self.core = core
         self.source = source
         self.per_tensor = per_tensor
         """DeepSpeed before `coalesced_collectives`: one all-gather per parameter tensor."""
+        self.bounded_fetches = bounded_fetches
+        """DeepSpeed from 0.6.2 (`bounded_fetch_events`): the host waits on old fetches."""
         plan = core.plan
         n = len(plan.modules)
         self.gathered: list[simpy.Event | None] = [None] * n
@@ -95,6 +120,10 @@ class PartitionedParams:
         self.backward_order = self.trace[::-1]
         self.backward_position = {m: pos for pos, m in enumerate(self.backward_order)}
         self.allgather = core.stream(Stream.ALLGATHER)
+        self.ongoing: deque[simpy.Event] = deque()
+        self.waited = [True] * n
+        """Whether the host has waited on the module's fetch since it was issued (DeepSpeed's
+        inflight registry, which the wait empties)."""
         self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
         """Per module, the tensors an all-gather brings (the non-persistent ones)."""
 
@@ -109,6 +138,7 @@ class PartitionedParams:
         numel = plan.gathered_numel[index]
         self.is_gathered[index] = True
         self.live_numel += numel
+        self.waited[index] = False
         if not core.distributed and not self.source.always_gathers:
             self.gathered[index] = None
             return None
@@ -118,10 +148,10 @@ class PartitionedParams:
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         partition = sum(p.partition_numel for p in gathered)
+        self.gathered_bytes[index] = core.gpu.allocate(
+            Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
 
         def body() -> Gen:
-            self.gathered_bytes[index] = core.gpu.allocate(
-                Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
             yield from self.source.bring(core, index, partition)
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
@@ -132,9 +162,28 @@ class PartitionedParams:
         self.gathered[index] = event
         return event
 
+    def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
+        """The host's wait on a module's in-flight parameters: one event per parameter tensor
+        it gathers, and a block on the oldest unfinished one while more than
+        `MAX_ONGOING_FETCH_EVENTS` are."""
+        if self.waited[index]:
+            return
+        self.waited[index] = True
+        if ready is None or not self.bounded_fetches:
+            return
+        for param in self.core.plan.params[index]:
+            if param.persistent:
+                continue
+            while self.ongoing and self.ongoing[0].triggered:
+                self.ongoing.popleft()
+            if len(self.ongoing) > MAX_ONGOING_FETCH_EVENTS:
+                yield self.ongoing.popleft()
+            self.ongoing.append(ready)
+
     def prefetch_after(self, index: int, backward: bool) -> None:
-        """Fetch ahead of `index` in trace order up to `stage3_prefetch_bucket_size` numel,
-        within `stage3_max_live_parameters`."""
+        """Fetch ahead of `index` in trace order while fewer than
+        min(`stage3_prefetch_bucket_size`, `stage3_max_live_parameters` - live) numel are
+        issued; as in DeepSpeed, the module that crosses the bound is still fetched."""
         positions = self.backward_position if backward else self.forward_position
         if index not in positions:
             return
@@ -149,26 +198,27 @@ class PartitionedParams:
                 return
             if self.is_gathered[later]:
                 continue
-            numel = self.core.plan.gathered_numel[later]
-            if self.live_numel + numel > ds.stage3_max_live_parameters:
-                return
             self.fetch(later)
-            issued += numel
+            issued += self.core.plan.gathered_numel[later]
 
-    def release(self, index: int, after: simpy.Event | None) -> None:
+    def release(self, index: int) -> None:
+        """Release a module's gathered params when the host's post-hook runs.
+
+        The memory counts as allocated from the host's all-gather call to this release, as
+        PyTorch's caching allocator counts it (`memory_allocated`): DeepSpeed's `free_param`
+        calls `record_stream`, so the block is only *reused* once the GPU has finished with
+        it, but it stops counting as allocated at once. What the GPU still holds
+        is reserved, not allocated, memory; when HBM runs short the allocator waits for the
+        streams and reuses those blocks rather than failing.
+        """
         if not self.is_gathered[index]:
             return
         self.is_gathered[index] = False
         self.live_numel -= self.core.plan.gathered_numel[index]
-        gathered = self.gathered[index]
         self.gathered[index] = None
-
-        def free() -> None:
-            self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
-            self.gathered_bytes[index] = 0
-
-        self.core.when_done(after if after is not None else gathered, free)
+        self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
+        self.gathered_bytes[index] = 0
 
     def release_all(self) -> None:
         for index in self.trace:
-            self.release(index, self.gathered[index])
+            self.release(index)

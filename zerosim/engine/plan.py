@@ -186,4 +186,5 @@ def workload_of(scenario: Scenario) -> Workload:
 
 def plan_of(scenario: Scenario) -> Plan:
     """The plan of a resolved scenario (pure: what `run_engine` starts from)."""
-    return make_plan(scenario, build_modules(scenario.model, workload_of(scenario)))
+    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
+    return make_plan(scenario, modules)

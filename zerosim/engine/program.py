@@ -13,7 +13,6 @@ from zerosim.engine.gradients import GradientPath
 from zerosim.engine.params import ParameterCoordinator
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.states import Holding
-from zerosim.hardware import costs
 from zerosim.vocabulary import DeviceKind, OpKind, Phase
 
 
@@ -34,7 +33,9 @@ class RankProgram:
     def run(self) -> Gen:
         self.hold_model_states()
         steps = self.core.ds.gradient_accumulation_steps
+        yield from self.core.host_time(self.core.step_s)
         for micro in range(steps):
+            yield from self.core.host_time(self.core.micro_batch_s)
             yield from self.forward(micro)
             yield from self.backward(micro, boundary=micro == steps - 1)
         yield from self.optimizer.run()
@@ -61,8 +62,10 @@ class RankProgram:
         """A module's hooks: host time, its fetch, prefetch ahead (not when recomputing),
         and the launches of the collectives just issued. Returns the fetch's event."""
         core = self.core
-        yield from core.host_overhead()
+        if self.params.module_hooks:
+            yield from core.fetch_hooks()
         ready = self.params.fetch(index)
+        yield from self.params.wait_ongoing(index, ready)
         if backward is not None:
             self.params.prefetch_after(index, backward)
             yield from core.pay_launches()
@@ -75,12 +78,13 @@ class RankProgram:
             ready = None
             if module.params:
                 ready = yield from self._fetch_for(index, backward=False)
-            done = core.compute.launch(
+            yield from core.issue_kernels(module.kernels)
+            core.compute.launch(
                 f"forward {module.name}",
-                core.forward_body(index, core.module_seconds(index, 1.0), module.saved_bytes),
+                core.forward_body(index, core.forward_seconds(index), module.saved_bytes),
                 kind=OpKind.FORWARD, after=(ready,))
             if not self.params.keep_after_forward(index):
-                self.params.release(index, done)
+                self.params.release(index)
         yield from core.end()
 
     def backward(self, micro: int, *, boundary: bool) -> Gen:
@@ -94,15 +98,15 @@ class RankProgram:
             ready = None
             if module.params:
                 ready = yield from self._fetch_for(index, backward=True)
+            yield from core.issue_kernels(module.backward_kernels)
             done = core.compute.launch(
                 f"backward {module.name}",
-                core.backward_body(index,
-                                   core.module_seconds(index, costs.BACKWARD_FLOPS_FACTOR),
+                core.backward_body(index, core.backward_seconds(index),
                                    on_end=lambda i=index: self.gradients.store.produce(i)),
                 kind=OpKind.BACKWARD, after=(ready,))
             for param in core.plan.params[index]:
                 yield from self.gradients.add(param, done, micro, boundary)
-            self.params.release(index, done)
+            self.params.release(index)
         yield from self.gradients.epilogue(micro, boundary)
         self.params.release_all()
         yield from core.end()
@@ -122,8 +126,9 @@ class RankProgram:
             ready = None
             if module.params:
                 ready = yield from self._fetch_for(index, backward=None)
+            yield from core.issue_kernels(module.kernels)
             core.compute.launch(
                 f"recompute {module.name}",
-                core.forward_body(index, core.module_seconds(index, 1.0),
+                core.forward_body(index, core.forward_seconds(index),
                                   module.recompute_bytes),
                 kind=OpKind.RECOMPUTE, after=(ready,))

@@ -20,6 +20,7 @@ from zerosim.engine.plan import Plan
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
 from zerosim.hardware import costs
+from zerosim.models.kernels import Kernel, kernel_count
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import (
@@ -86,6 +87,12 @@ class RankCore:
         self.buffer = host_buffer(self.pinned)
         self.activations: dict[int, int] = {}
         self.launches = 0
+        stack, core_Hz = ctx.scenario.stack, self.profile.cpu_boost_Hz
+        self.kernel_launch_s = stack.on_core(stack.kernel_launch_s, core_Hz)
+        self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
+        self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
+        self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
+        self.step_s = stack.on_core(stack.step_s, core_Hz)
 
     def stream(self, name: Stream) -> InOrderStream:
         if name not in self.streams:
@@ -184,16 +191,23 @@ class RankCore:
         yield from self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
                                            self.ranks)
 
-    def host_overhead(self) -> Gen:
-        """Host time of a module's ZeRO hooks and kernel launches."""
-        if self.profile.op_overhead_s > 0:
-            yield self.env.timeout(self.profile.op_overhead_s)
+    def host_time(self, seconds: float) -> Gen:
+        """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping)."""
+        if seconds > 0:
+            yield self.env.timeout(seconds)
+
+    def fetch_hooks(self) -> Gen:
+        """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
+        yield from self.host_time(self.fetch_hook_s)
+
+    def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
+        """Host time to launch a module's kernels; the GPU runs them once they are queued."""
+        yield from self.host_time(kernel_count(kernels) * self.kernel_launch_s)
 
     def pay_launches(self) -> Gen:
         """Host time of the collectives launched since the last call."""
         launches, self.launches = self.launches, 0
-        if launches and self.profile.collective_launch_s > 0:
-            yield self.env.timeout(launches * self.profile.collective_launch_s)
+        yield from self.host_time(launches * self.collective_launch_s)
 
     # ------------------------------------------------------------------ compute
 
@@ -221,6 +235,9 @@ class RankCore:
                 on_end()
         return body
 
-    def module_seconds(self, index: int, factor: float) -> float:
-        return costs.module_compute_s(self.plan.modules[index], self.profile, factor=factor)
+    def forward_seconds(self, index: int) -> float:
+        return costs.module_forward_s(self.plan.modules[index], self.profile)
+
+    def backward_seconds(self, index: int) -> float:
+        return costs.module_backward_s(self.plan.modules[index], self.profile)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -127,12 +128,14 @@ def simulated_ranks(scenario: Scenario, *, fold: bool = True) -> int:
 
 
 def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = True,
-               fold: bool = True) -> RawRun:
+               fold: bool = True, observer: Callable[[RunContext], None] | None = None
+               ) -> RawRun:
     """Simulate one iteration. `full=False` keeps only what the summary needs: no memory log
     and no link rates (the timeline is the same). `fold=False` simulates every node even when
-    they are identical (see `simulated_ranks`)."""
+    they are identical (see `simulated_ranks`). `observer(ctx)` is called just before the
+    simulation starts (a progress line)."""
     env = Environment()
-    modules = build_modules(scenario.model, workload_of(scenario))
+    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
     plan = make_plan(scenario, modules)
     simulated = simulated_ranks(scenario, fold=fold)
     machine = Machine(env, scenario.hardware, simulated,
@@ -141,6 +144,8 @@ def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = T
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
     ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(simulated)]
+    if observer is not None:
+        observer(ctx)
     status, oom, events = "ok", None, None
     try:
         events = run_until(env, simpy.AllOf(env, ranks))

@@ -6,14 +6,17 @@ timeouts (exclusive GPU streams) or flows (shared links and host memory).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.models.breakdown import Module
+from zerosim.models.kernels import FusedAttention, Gemm, Kernel
 
 BACKWARD_FLOPS_FACTOR = 2.0
-"""Backward computes grads w.r.t. inputs and weights: twice the forward matmul work."""
+"""Backward computes grads w.r.t. inputs and weights: twice the forward matmul work (used for
+the conventional model-FLOPs count; the engine prices each module's backward kernels)."""
 
 @dataclass(frozen=True)
 class HostBytes:
@@ -90,23 +93,54 @@ GPU_STATE_WRITEBACK_BYTES_PER_ELEMENT = 12
 """What goes back after it: fp32 param, exp_avg, exp_avg_sq."""
 
 
-def _efficiency(module: Module, profile: HardwareProfile) -> float:
-    if module.op == "attention":
-        return profile.attention_efficiency
-    return profile.matmul_efficiency
+def hbm_s(nbytes: float, profile: HardwareProfile) -> float:
+    """Bytes streamed through HBM by a memory-bound kernel."""
+    return nbytes / (profile.hbm_Bps * profile.memory_efficiency)
 
 
-def module_compute_s(module: Module, profile: HardwareProfile, *, factor: float = 1.0) -> float:
-    """Roofline time of a module's kernels: `factor` x forward work (2 for backward)."""
-    flop_time = factor * module.fwd_flops / (profile.peak_16bit_flops * _efficiency(module,
-                                                                                    profile))
-    memory_time = factor * module.fwd_hbm_bytes / (profile.hbm_Bps * profile.memory_efficiency)
-    return max(flop_time, memory_time)
+def wave_quantisation(gemm: Gemm, profile: HardwareProfile) -> float:
+    """Fraction of the SMs' tile slots a GEMM fills: its output tiles run in waves of one tile
+    per SM, and a last partial wave leaves SMs idle (1.0 when the tiles fill every wave)."""
+    tiles = (math.ceil(gemm.m / profile.gemm_tile_m) * math.ceil(gemm.n / profile.gemm_tile_n)
+             * gemm.batch)
+    waves = math.ceil(tiles / profile.sm_count)
+    return tiles / (waves * profile.sm_count)
+
+
+def gemm_s(gemm: Gemm, profile: HardwareProfile) -> float:
+    """Roofline time of a GEMM: its FLOPs at the achievable fraction of dense peak, reduced by
+    wave quantisation, or its minimum HBM traffic, whichever takes longer."""
+    rate = profile.peak_16bit_flops * profile.gemm_efficiency * wave_quantisation(gemm, profile)
+    return max(gemm.flops / rate, hbm_s(gemm.nbytes, profile))
+
+
+def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:
+    """GPU time of one kernel (or of a `MemoryPass`'s kernels), with the per-kernel gap."""
+    if isinstance(kernel, Gemm):
+        return gemm_s(kernel, profile) + profile.kernel_gap_s
+    if isinstance(kernel, FusedAttention):
+        rate = profile.peak_16bit_flops * profile.flash_attention_efficiency
+        return max(kernel.flops / rate, hbm_s(kernel.nbytes, profile)) + profile.kernel_gap_s
+    arithmetic = kernel.flops / (profile.peak_16bit_flops * profile.gemm_efficiency)
+    return max(arithmetic, hbm_s(kernel.nbytes, profile)) + kernel.count * profile.kernel_gap_s
+
+
+def kernels_s(kernels: Sequence[Kernel], profile: HardwareProfile) -> float:
+    """GPU time of kernels that run one after another on a stream."""
+    return sum(kernel_s(k, profile) for k in kernels)
+
+
+def module_forward_s(module: Module, profile: HardwareProfile) -> float:
+    return kernels_s(module.kernels, profile)
+
+
+def module_backward_s(module: Module, profile: HardwareProfile) -> float:
+    return kernels_s(module.backward_kernels, profile)
 
 
 def hbm_copy_s(nbytes: float, profile: HardwareProfile, *, passes: float = 2.0) -> float:
     """A device-local copy or elementwise kernel: `passes` x bytes through HBM (read + write)."""
-    return passes * nbytes / (profile.hbm_Bps * profile.memory_efficiency)
+    return hbm_s(passes * nbytes, profile)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
-from zerosim.units import GB, TFLOPS, US, GiB
+from zerosim.inputs import check_plausible
+from zerosim.units import GB, GHZ, TFLOPS, US, GiB
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 BASES = ("spec", "measured", "fitted", "assumed", "override")
@@ -49,11 +50,13 @@ class HardwareProfile:
     hbm_bytes: float
     hbm_Bps: float
     peak_16bit_flops: float
-    matmul_efficiency: float
-    attention_efficiency: float
+    sm_count: int
+    gemm_efficiency: float
+    gemm_tile_m: int
+    gemm_tile_n: int
+    flash_attention_efficiency: float
     memory_efficiency: float
-    op_overhead_s: float
-    collective_launch_s: float
+    kernel_gap_s: float
     runtime_context_bytes: float
     h2d_pinned_Bps: float
     d2h_pinned_Bps: float
@@ -66,6 +69,7 @@ class HardwareProfile:
     nics_per_node: int
     network_latency_s: float
     cpu_name: str
+    cpu_boost_Hz: float
     sockets: int
     cores_per_socket: int
     threads_per_core: int
@@ -132,12 +136,11 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.hbm_GiB": ("hbm_bytes", GiB, _positive, "a positive number of GiB"),
     "gpu.hbm_GBps": ("hbm_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "gpu.peak_16bit_TFLOPS": ("peak_16bit_flops", TFLOPS, _positive, "a positive TFLOP/s"),
-    "gpu.matmul_efficiency": ("matmul_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
-    "gpu.attention_efficiency": ("attention_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
+    "gpu.gemm_efficiency": ("gemm_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
+    "gpu.flash_attention_efficiency": ("flash_attention_efficiency", 1.0, _fraction,
+                                       "a fraction in (0, 1]"),
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
-    "gpu.op_overhead_us": ("op_overhead_s", US, _non_negative, "a time >= 0 in microseconds"),
-    "gpu.collective_launch_us": ("collective_launch_s", US, _non_negative,
-                                 "a time >= 0 in microseconds"),
+    "gpu.kernel_gap_us": ("kernel_gap_s", US, _non_negative, "a time >= 0 in microseconds"),
     "gpu.runtime_context_GiB": ("runtime_context_bytes", GiB, _non_negative, "GiB >= 0"),
     "pcie.h2d_pinned_GBps": ("h2d_pinned_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "pcie.d2h_pinned_GBps": ("d2h_pinned_Bps", GB, _positive, "a positive bandwidth in GB/s"),
@@ -150,6 +153,7 @@ QUANTITIES: dict[str, Quantity] = {
                          "a positive bandwidth in GB/s per NIC per direction"),
     "network.latency_us": ("network_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
     "host.memory_GiB": ("host_memory_bytes", GiB, _positive, "a positive number of GiB"),
+    "host.cpu_boost_GHz": ("cpu_boost_Hz", GHZ, _positive, "a positive clock in GHz"),
     "host.memory_GBps_per_domain": ("memory_Bps_per_domain", GB, _positive,
                                     "a positive bandwidth in GB/s"),
     "host.dma_memory_weight": ("dma_memory_weight", 1.0, _positive, "a positive weight"),
@@ -174,6 +178,9 @@ QUANTITIES: dict[str, Quantity] = {
 COUNTS = {
     "nodes": "nodes",
     "gpu.per_node": "gpus_per_node",
+    "gpu.sm_count": "sm_count",
+    "gpu.gemm_tile_m": "gemm_tile_m",
+    "gpu.gemm_tile_n": "gemm_tile_n",
     "host.sockets": "sockets",
     "host.cores_per_socket": "cores_per_socket",
     "host.threads_per_core": "threads_per_core",
@@ -188,6 +195,10 @@ CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
 DEFAULTS: dict[str, tuple[Any, str]] = {
+    "gpu.gemm_tile_m": (256, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
+                        "is 256 x 128 (rows x columns)"),
+    "gpu.gemm_tile_n": (128, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
+                        "is 256 x 128 (rows x columns)"),
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
     "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "
@@ -245,6 +256,8 @@ def _provenance(raw: Any, source: str, key: str) -> Provenance:
     if not isinstance(raw.get("source"), str) or not raw["source"].strip():
         raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
                             "comes from", raw.get("source"))
+    check_plausible(f"hardware.{key}.source", raw["source"], source=source,
+                    key_path=f"{key}.source")
     return Provenance(raw.get("value"), raw["basis"], raw["source"])
 
 
@@ -253,6 +266,7 @@ def _number(prov: Provenance, source: str, key: str, check: Callable[[float], bo
     value = prov.value
     if isinstance(value, bool) or not isinstance(value, int | float) or not check(value):
         raise ScenarioError(source, f"{key}.value", expected, value)
+    check_plausible(f"hardware.{key}", value, source=source, key_path=f"{key}.value")
     return float(value)
 
 
@@ -261,6 +275,7 @@ def _count(flat: Mapping[str, Any], key: str, source: str, *, least: int = 1) ->
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         expected = "a positive integer" if least == 1 else f"an integer >= {least}"
         raise ScenarioError(source, key, expected, value if key in flat else "nothing")
+    check_plausible(f"hardware.{key}", value, source=source, key_path=key)
     return value
 
 
@@ -312,6 +327,8 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         text = flat.get(key, "")
         if not isinstance(text, str) or (key == "name" and not text):
             raise ScenarioError(source, key, "a text", text)
+        if text:
+            check_plausible(f"hardware.{key}", text, source=source, key_path=key)
         values[name] = text
     values["gpu_numa_domain"] = _numa_map(flat, source, values["gpus_per_node"],
                                           values["numa_domains"])
@@ -328,25 +345,49 @@ def profile_names() -> list[str]:
                   if p.name.endswith(".yaml"))
 
 
-def builtin_profile_tree(name: str, *, source: str = "<inline>",
+def builtin_profile_tree(name: Any, *, source: str = "<inline>",
                          key_path: str = "hardware") -> dict[str, Any]:
-    folder = resources.files("zerosim.hardware") / "profiles"
-    path = folder / f"{name}.yaml"
-    if not path.is_file():
-        raise ScenarioError(source, key_path,
-                            f"a profile name ({', '.join(profile_names())}) or a mapping", name)
-    return parse_yaml_text(path.read_text(), f"zerosim/hardware/profiles/{name}.yaml")
+    """A catalog profile's tree. Only catalog names are looked up: a path to a profile file is
+    given as `{file: path}`."""
+    names = profile_names()
+    if name not in names:
+        raise ScenarioError(source, key_path, f"a profile name ({', '.join(names)}; a profile "
+                            "file is given as {file: path/to/profile.yaml})", name)
+    path = resources.files("zerosim.hardware") / "profiles" / f"{name}.yaml"
+    return parse_yaml_text(path.read_text(encoding="utf-8"),
+                           f"zerosim/hardware/profiles/{name}.yaml")
 
 
 def profile_tree_from_file(path: Path, *, source: str, key_path: str) -> dict[str, Any]:
     return read_yaml_file(path, referenced_from=source, key_path=key_path)
 
 
+def _is_provenance(value: Any) -> bool:
+    return isinstance(value, Mapping) and "value" in value
+
+
+def flatten_overrides(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{pcie: {h2d_pageable_GBps: 12}}` -> `{"pcie.h2d_pageable_GBps": 12}`: a nested override
+    patches the keys it names, not the whole section. A `{value, basis, source}` mapping is one
+    value."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and not _is_provenance(value) and (
+                dotted != "observed"):
+            flat.update(flatten_overrides(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
 def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
                     source: str, key_path: str = "hardware.overrides") -> dict[str, Any]:
-    """Patch profile values by dotted key; a plain number keeps the key's unit."""
+    """Patch profile values by dotted key (nested mappings patch key by key); a plain number
+    keeps the key's unit and gets basis `override`, a `{value, basis, source}` mapping replaces
+    the value with its provenance."""
     patched = copy.deepcopy(dict(tree))
-    for dotted, value in overrides.items():
+    for dotted, value in flatten_overrides(overrides).items():
         node = patched
         parts = dotted.split(".")
         defaulted = dotted in DEFAULTS
@@ -362,7 +403,7 @@ def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
             raise ScenarioError(source, f"{key_path}.{dotted}", "an existing profile key", dotted)
         provenance_leaf = ((isinstance(node.get(leaf), Mapping) and "value" in node[leaf])
                            or (leaf not in node and dotted in QUANTITIES))
-        if provenance_leaf:
+        if provenance_leaf and not _is_provenance(value):
             node[leaf] = {"value": value, "basis": "override", "source": f"override in {source}"}
         else:
             node[leaf] = value

@@ -18,6 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from zerosim.models.kernels import (
+    FLASH_BACKWARD_FLOPS_FACTOR,
+    FusedAttention,
+    Gemm,
+    Kernel,
+    MemoryPass,
+    linear_backward,
+)
 from zerosim.models.spec import ModelSpec
 
 OpClass = Literal["matmul", "attention", "elementwise", "embedding"]
@@ -44,6 +52,52 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Elementwise:
+    """Memory-bound kernels a stack launches for one op: how many, and the forward HBM bytes
+    per element of the tensor they act on (for 16-bit activations)."""
+
+    kernels: int = 0
+    bytes_per_element: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a software stack cuts a transformer block into modules and which memory-bound
+    kernels each launches besides its GEMMs (`zerosim/stacks` builds one from a stack file).
+
+    `fused_qkv`: one projection for Q, K and V (Megatron's `query_key_value`) instead of three;
+    `fused_gate_up`: one projection for the SwiGLU gate and up halves (`dense_h_to_4h`).
+    Elementwise ops, each per element of: `norm` its input; `rotary` Q and K; `kv_repeat` the
+    repeated K and V (grouped-query attention, eager only); `scores` the attention scores
+    (eager only, besides the two batched GEMMs); `context` the attention output (the layout copy
+    before the output projection); `activation` the MLP's intermediate; `residual` the hidden
+    state (twice per block); `loss` the logits. A memory-bound kernel's backward moves
+    `backward_bytes_factor` times its forward bytes in as many kernels.
+
+    The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
+    """
+
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    norm: Elementwise = Elementwise(1, 4)
+    rotary: Elementwise = Elementwise()
+    kv_repeat: Elementwise = Elementwise()
+    scores: Elementwise = Elementwise()
+    context: Elementwise = Elementwise()
+    activation: Elementwise = Elementwise(1, 6)
+    residual: Elementwise = Elementwise()
+    loss: Elementwise = Elementwise(1, 10)
+    backward_bytes_factor: float = 2.0
+
+
+def _pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
+          ) -> tuple[MemoryPass, ...]:
+    if op.kernels == 0:
+        return ()
+    return (MemoryPass(op.bytes_per_element * w.dtype_bytes / 2 * elements, op.kernels, flops),)
+
+
+@dataclass(frozen=True)
 class Module:
     """One fetch unit or parameter-less op, with its per-micro-batch costs.
 
@@ -53,6 +107,7 @@ class Module:
     `fwd_flops` is what the kernels execute (flash attention skips the masked half).
     `param_numels` lists the module's own parameter tensors (weight, then bias);
     `recompute_bytes` are the activations a checkpointed block re-creates for this module.
+    `kernels` and `backward_kernels` are what its forward and backward launch on the GPU.
     """
 
     name: str
@@ -67,129 +122,266 @@ class Module:
     transient_bytes: float = 0.0
     param_numels: tuple[int, ...] = ()
     recompute_bytes: float = 0.0
+    kernels: tuple[Kernel, ...] = ()
+    backward_kernels: tuple[Kernel, ...] = ()
+
+
+def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
+    """Attach forward kernels and derive the backward's: two GEMMs per linear GEMM, four
+    batched GEMMs for eager attention's two, 2.5x a fused attention kernel's FLOPs, and
+    `backward_bytes_factor` x each memory-bound pass."""
+    backward: list[Kernel] = []
+    for kernel in kernels:
+        if isinstance(kernel, Gemm):
+            backward.extend(linear_backward(kernel))
+        elif isinstance(kernel, FusedAttention):
+            backward.append(FusedAttention(FLASH_BACKWARD_FLOPS_FACTOR * kernel.flops,
+                                           2 * kernel.nbytes))
+        else:
+            backward.append(kernel.scaled(r.backward_bytes_factor))
+    traffic = sum(k.nbytes for k in kernels)
+    return replace(module, kernels=kernels, backward_kernels=tuple(backward),
+                   fwd_hbm_bytes=traffic)
 
 
 def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: Workload,
-            saves_input: bool) -> Module:
+            saves_input: bool, r: Recipe, after: tuple[MemoryPass, ...] = (), *,
+            tokens: float | None = None) -> Module:
+    """A linear layer over `tokens` rows (the micro-batch's tokens unless an expert sees
+    fewer)."""
+    t = w.tokens if tokens is None else tokens
     numels = (d_in * d_out, d_out) if bias else (d_in * d_out,)
     params = sum(numels)
-    flops = 2.0 * d_in * d_out * w.tokens
-    traffic = w.dtype_bytes * (params + w.tokens * (d_in + d_out))
-    saved = w.dtype_bytes * d_in * w.tokens if saves_input else 0.0
-    return Module(name, "linear", "matmul", layer, params, flops, flops, traffic, saved,
-                  param_numels=numels)
+    flops = 2.0 * d_in * d_out * t
+    saved = w.dtype_bytes * d_in * t if saves_input else 0.0
+    module = Module(name, "linear", "matmul", layer, params, flops, flops, 0.0, saved,
+                    param_numels=numels)
+    gemm = Gemm(t, d_out, d_in, dtype_bytes=w.dtype_bytes)
+    return _with_backward(module, (gemm, *after), r)
 
 
-def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload) -> Module:
+def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Recipe) -> Module:
     numels = (h, h) if bias else (h,)
     elements = h * w.tokens
     saved = w.dtype_bytes * elements + FP32_BYTES * w.tokens
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
-    return Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0,
-                  2 * w.dtype_bytes * elements, saved, param_numels=numels)
+    module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
+                    param_numels=numels)
+    return _with_backward(module, _pass(r.norm, elements, w, flops), r)
 
 
-def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool) -> Module:
-    h, hkv, a, s = spec.hidden_size, spec.kv_hidden_size, spec.num_attention_heads, \
+def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
+    q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
+        w.sequence_length
+    t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
+    rotary = _pass(r.rotary, t * (q + hkv), w) if spec.position_embedding == "rotary" else ()
+    context = _pass(r.context, t * q, w)
+    if w.attention == "flash":
+        io = w.dtype_bytes * t * (2 * q + 2 * hkv)
+        return (*rotary, FusedAttention(2.0 * t * s * q, io), *context)
+    repeat = _pass(r.kv_repeat, 2 * t * q, w) if hkv < q else ()
+    scores = Gemm(s, s, d, heads, w.dtype_bytes)
+    mix = Gemm(s, d, s, heads, w.dtype_bytes)
+    return (*rotary, *repeat, scores, *_pass(r.scores, a * s * t, w), mix, *context)
+
+
+def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
+                    r: Recipe) -> Module:
+    q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t = w.tokens
-    dense_flops = 4.0 * t * s * h
-    qkv_saved = w.dtype_bytes * t * (h + 2 * hkv)
+    dense_flops = 4.0 * t * s * q
+    qkv_saved = w.dtype_bytes * t * (q + 2 * hkv)
     if w.attention == "eager":
         scores = a * s * t
         saved = qkv_saved + w.dtype_bytes * scores
         if dropout:
             saved += MASK_BYTES * scores + w.dtype_bytes * scores
         transient = FP32_BYTES * scores
-        score_passes = 2 * w.dtype_bytes + 2 * FP32_BYTES
-        traffic = w.dtype_bytes * t * (2 * h + 2 * hkv) + score_passes * scores
         flops = dense_flops
     else:
         saved = qkv_saved + FP32_BYTES * a * t
         transient = 0.0
-        traffic = w.dtype_bytes * t * (2 * h + 2 * hkv)
         flops = dense_flops / 2
-    return Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
-                  dense_flops, traffic, saved, transient)
+    module = Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
+                    dense_flops, 0.0, saved, transient)
+    return _with_backward(module, _attention_kernels(spec, w, r), r)
 
 
-def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload) -> Module:
+def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload,
+                    r: Recipe, tokens: float | None = None) -> Module:
     inputs = 2 if gated else 1
-    elements = i * w.tokens
+    elements = i * (w.tokens if tokens is None else tokens)
     saved = inputs * w.dtype_bytes * elements
-    traffic = (inputs + 1) * w.dtype_bytes * elements
-    return Module(name, "activation", "elementwise", layer, 0,
-                  ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 0.0, traffic, saved)
+    module = Module(name, "activation", "elementwise", layer, 0,
+                    ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 0.0, 0.0, saved)
+    # The recipe prices a gated activation (two inputs, one output): an ungated one moves
+    # two elements where a gated one moves three.
+    moved = elements * (inputs + 1) / 3
+    return _with_backward(module, _pass(r.activation, moved, w, module.fwd_flops), r)
 
 
-def _dropout_mask(name: str, layer: int, h: int, w: Workload) -> Module:
+def _dropout_mask(name: str, layer: int | None, h: int, w: Workload, r: Recipe) -> Module:
     elements = h * w.tokens
-    return Module(name, "dropout", "elementwise", layer, 0, elements, 0.0,
-                  2 * w.dtype_bytes * elements, MASK_BYTES * elements)
+    module = Module(name, "dropout", "elementwise", layer, 0, elements, 0.0, 0.0,
+                    MASK_BYTES * elements)
+    return _with_backward(module, (MemoryPass(2 * w.dtype_bytes * elements, 1, elements),), r)
 
 
-def _llama_block(spec: ModelSpec, layer: int, w: Workload) -> Iterator[Module]:
-    h, hkv, i = spec.hidden_size, spec.kv_hidden_size, spec.intermediate_size
+@dataclass(frozen=True)
+class _Names:
+    """Module names in a block: Hugging Face's Llama names, or the gpt family's."""
+
+    first_norm: str
+    second_norm: str
+    attention: str
+    out: str
+
+
+NAMES = {"llama": _Names("input_layernorm", "post_attention_layernorm", "self_attn", "o_proj"),
+         "gpt": _Names("ln_1", "ln_2", "attn", "out_proj")}
+
+
+def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload,
+                           r: Recipe) -> Iterator[Module]:
+    """Q, K and V as three projections, or one where the stack or the model's own code fuses
+    them (Megatron's `query_key_value`, GPT-2's `c_attn`)."""
+    h, q, hkv, bias = spec.hidden_size, spec.q_size, spec.kv_hidden_size, spec.qkv_bias
+    attention = f"{p}.{NAMES[spec.family].attention}"
+    if r.fused_qkv or spec.fused_qkv:
+        yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r)
+        return
+    yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r)
+    yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r)
+    yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r)
+
+
+def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: Recipe, *,
+               saves_input: bool, after: tuple[MemoryPass, ...] = (),
+               tokens: float | None = None) -> Iterator[Module]:
+    """A gated MLP (gate, up, act_fn, down; gate/up fused where the stack fuses them) or a
+    plain one (fc_in, act, fc_out) of `width` over `tokens` rows."""
+    h, bias = spec.hidden_size, spec.mlp_bias
+    if not spec.gated_mlp:
+        yield _linear(f"{p}.fc_in", layer, h, width, bias, w, saves_input, r, tokens=tokens)
+        yield _mlp_activation(f"{p}.act", layer, width, False, w, r, tokens)
+        yield _linear(f"{p}.fc_out", layer, width, h, bias, w, True, r, after, tokens=tokens)
+        return
+    if r.fused_gate_up:
+        yield _linear(f"{p}.gate_up_proj", layer, h, 2 * width, bias, w, saves_input, r,
+                      tokens=tokens)
+    else:
+        yield _linear(f"{p}.gate_proj", layer, h, width, bias, w, saves_input, r, tokens=tokens)
+        yield _linear(f"{p}.up_proj", layer, h, width, bias, w, False, r, tokens=tokens)
+    yield _mlp_activation(f"{p}.act_fn", layer, width, True, w, r, tokens)
+    yield _linear(f"{p}.down_proj", layer, width, h, bias, w, True, r, after, tokens=tokens)
+
+
+ROUTER_BYTES_PER_LOGIT = 10
+"""The router's softmax in fp32 and top-k: read the 16-bit logits (2 B), write and read the
+fp32 probabilities (4 + 4 B)."""
+ROUTING_PASSES = 3
+"""Per routed token and hidden element: the gather of the expert's input rows, the scaling of
+its output by the routing weight, and the index_add into the block output (read and write
+each)."""
+
+
+def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+             residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
+    """Router, then every expert in order (each one's hooks fire and ZeRO-3 fetches its
+    parameters: transformers runs every expert of an `nn.ModuleList`), then the shared expert
+    and its gate. Each expert computes its share of the routed tokens and saves its gathered
+    input and scaled output besides what an MLP saves."""
+    moe, h, t = spec.moe, spec.hidden_size, w.tokens
+    logits = moe.num_experts * t
+    softmax = MemoryPass(ROUTER_BYTES_PER_LOGIT * logits, 3, ELEMENTWISE_FLOPS_PER_ELEMENT * logits)
+    router = _linear(f"{p}.gate", layer, h, moe.num_experts, False, w, True, r, (softmax,))
+    yield replace(router, saved_bytes=router.saved_bytes + FP32_BYTES * logits)
+    routed = moe.tokens_per_expert(t)
+    combine = MemoryPass(ROUTING_PASSES * 2 * w.dtype_bytes * routed * h, ROUTING_PASSES)
+    shared = moe.shared_expert_intermediate_size
+    for expert in range(moe.num_experts):
+        last = expert == moe.num_experts - 1 and not shared
+        modules = list(_dense_mlp(spec, f"{p}.experts.{expert}", layer,
+                                  moe.expert_intermediate_size, w, r, saves_input=True,
+                                  after=(combine, *(residual if last else ())), tokens=routed))
+        down = modules[-1]
+        modules[-1] = replace(down, saved_bytes=down.saved_bytes + w.dtype_bytes * routed * h)
+        yield from modules
+    if not shared:
+        return
+    yield from _dense_mlp(spec, f"{p}.shared_expert", layer, shared, w, r, saves_input=False,
+                          after=() if moe.shared_expert_gate else residual)
+    if moe.shared_expert_gate:
+        yield _linear(f"{p}.shared_expert_gate", layer, h, 1, False, w, False, r, residual)
+
+
+def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Iterator[Module]:
+    """A pre-norm block: norm, attention, (second norm,) MLP or MoE; with one norm, attention
+    and MLP read the same normalised input (GPT-J, Falcon-7B)."""
+    h, names = spec.hidden_size, NAMES[spec.family]
     p = f"layers.{layer}"
-    yield _norm(f"{p}.input_layernorm", layer, h, False, w)
-    yield _linear(f"{p}.self_attn.q_proj", layer, h, h, False, w, saves_input=True)
-    yield _linear(f"{p}.self_attn.k_proj", layer, h, hkv, False, w, saves_input=False)
-    yield _linear(f"{p}.self_attn.v_proj", layer, h, hkv, False, w, saves_input=False)
-    yield _attention_core(spec, layer, w, dropout=spec.attention_dropout > 0)
-    yield _linear(f"{p}.self_attn.o_proj", layer, h, h, False, w, saves_input=True)
-    yield _norm(f"{p}.post_attention_layernorm", layer, h, False, w)
-    yield _linear(f"{p}.mlp.gate_proj", layer, h, i, False, w, saves_input=True)
-    yield _linear(f"{p}.mlp.up_proj", layer, h, i, False, w, saves_input=False)
-    yield _mlp_activation(f"{p}.mlp.act_fn", layer, i, gated=True, w=w)
-    yield _linear(f"{p}.mlp.down_proj", layer, i, h, False, w, saves_input=True)
+    norm_bias = spec.norm == "layer"
+    residual = _pass(r.residual, h * w.tokens, w)
+    yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
+    yield from _attention_projections(spec, p, layer, w, r)
+    yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
+    yield _linear(f"{p}.{names.attention}.{names.out}", layer, spec.q_size, h,
+                  spec.attention_out_bias, w, True, r, after=residual)
+    if spec.hidden_dropout > 0:
+        yield _dropout_mask(f"{p}.attn.resid_dropout", layer, h, w, r)
+    if spec.norms_per_block == 2:
+        yield _norm(f"{p}.{names.second_norm}", layer, h, norm_bias, w, r)
+    if spec.is_moe_layer(layer):
+        yield from _moe_mlp(spec, f"{p}.mlp", layer, w, r, residual)
+    else:
+        yield from _dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
+                              saves_input=spec.norms_per_block == 2, after=residual)
+    if spec.hidden_dropout > 0:
+        yield _dropout_mask(f"{p}.mlp.dropout", layer, h, w, r)
 
 
-def _gpt_block(spec: ModelSpec, layer: int, w: Workload) -> Iterator[Module]:
-    h, i = spec.hidden_size, spec.intermediate_size
-    p = f"layers.{layer}"
-    dropout = spec.hidden_dropout > 0
-    yield _norm(f"{p}.ln_1", layer, h, True, w)
-    yield _linear(f"{p}.attn.qkv_proj", layer, h, h + 2 * spec.kv_hidden_size, True, w,
-                  saves_input=True)
-    yield _attention_core(spec, layer, w, dropout=spec.attention_dropout > 0)
-    yield _linear(f"{p}.attn.out_proj", layer, h, h, True, w, saves_input=True)
-    if dropout:
-        yield _dropout_mask(f"{p}.attn.resid_dropout", layer, h, w)
-    yield _norm(f"{p}.ln_2", layer, h, True, w)
-    yield _linear(f"{p}.mlp.fc_in", layer, h, i, True, w, saves_input=True)
-    yield _mlp_activation(f"{p}.mlp.act", layer, i, gated=False, w=w)
-    yield _linear(f"{p}.mlp.fc_out", layer, i, h, True, w, saves_input=True)
-    if dropout:
-        yield _dropout_mask(f"{p}.mlp.dropout", layer, h, w)
+def _lookup(name: str, rows: int, w: Workload, r: Recipe, h: int) -> Module:
+    """An embedding table: its forward writes one row per token."""
+    table = rows * h
+    module = Module(name, "embedding", "embedding", None, table, 0.0, 0.0, 0.0, 0.0,
+                    param_numels=(table,))
+    return _with_backward(module, (MemoryPass(w.dtype_bytes * h * w.tokens),), r)
 
 
-def _embedding(spec: ModelSpec, w: Workload) -> Iterator[Module]:
-    h = spec.hidden_size
-    vocab = spec.vocab_size * h
-    yield Module("embed_tokens", "embedding", "embedding", None, vocab, 0.0, 0.0,
-                 w.dtype_bytes * h * w.tokens, 0.0, param_numels=(vocab,))
-    if spec.family == "gpt":
-        positions = spec.max_position_embeddings * h
-        yield Module("embed_positions", "embedding", "embedding", None, positions, 0.0, 0.0,
-                     w.dtype_bytes * h * w.tokens, 0.0, param_numels=(positions,))
+def _embedding(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
+    h, width = spec.hidden_size, spec.embedding_width
+    yield _lookup("embed_tokens", spec.vocab_size, w, r, width)
+    if spec.word_embed_proj_dim:
+        yield _linear("project_in", None, width, h, False, w, False, r)
+    if spec.position_embedding == "learned":
+        rows = spec.max_position_embeddings + spec.position_offset
+        yield _lookup("embed_positions", rows, w, r, h)
+    if spec.embedding_norm:
+        yield _norm("embed_layernorm", None, h, True, w, r)
+    if spec.embedding_dropout > 0:
+        yield _dropout_mask("embed_dropout", None, h, w, r)
 
 
-def _head(spec: ModelSpec, w: Workload) -> Iterator[Module]:
+def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
     h, v, t = spec.hidden_size, spec.vocab_size, w.tokens
-    yield _norm("norm", None, h, spec.family == "gpt", w)
-    head = _linear("lm_head", None, h, v, False, w, saves_input=True)
+    if spec.final_norm:
+        yield _norm("norm", None, h, spec.norm == "layer", w, r)
+    if spec.word_embed_proj_dim:
+        yield _linear("project_out", None, h, spec.embedding_width, False, w, True, r)
+    head = _linear("lm_head", None, spec.embedding_width, v, spec.lm_head_bias, w, True, r)
     if spec.tie_word_embeddings:
-        head = replace(head, params=0, param_numels=())
+        bias = head.param_numels[1:]
+        head = replace(head, params=sum(bias), param_numels=bias)
     yield head
     logits = v * t
-    yield Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
-                 0.0, (w.dtype_bytes + 2 * FP32_BYTES) * logits,
-                 (w.dtype_bytes + FP32_BYTES) * logits)
+    loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
+                  0.0, 0.0, (w.dtype_bytes + FP32_BYTES) * logits)
+    yield _with_backward(loss, _pass(r.loss, logits, w, loss.fwd_flops), r)
 
 
-def _block(spec: ModelSpec, layer: int, w: Workload) -> list[Module]:
-    builder = _llama_block if spec.family == "llama" else _gpt_block
-    modules = list(builder(spec, layer, w))
+def _block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> list[Module]:
+    modules = list(_block_modules(spec, layer, w, r))
     if not w.activation_checkpointing:
         return modules
     block_input = w.dtype_bytes * spec.hidden_size * w.tokens
@@ -198,12 +390,14 @@ def _block(spec: ModelSpec, layer: int, w: Workload) -> list[Module]:
         replace(m, saved_bytes=0.0, recompute_bytes=m.saved_bytes) for m in rest]
 
 
-def build_modules(spec: ModelSpec, workload: Workload) -> list[Module]:
-    """Modules in forward execution order (backward runs them in reverse)."""
-    modules = list(_embedding(spec, workload))
+def build_modules(spec: ModelSpec, workload: Workload, recipe: Recipe = Recipe()
+                  ) -> list[Module]:
+    """Modules in forward execution order (backward runs them in reverse), cut and given
+    kernels as `recipe` says."""
+    modules = list(_embedding(spec, workload, recipe))
     for layer in range(spec.num_hidden_layers):
-        modules.extend(_block(spec, layer, workload))
-    modules.extend(_head(spec, workload))
+        modules.extend(_block(spec, layer, workload, recipe))
+    modules.extend(_head(spec, workload, recipe))
     return modules
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zerosim.models.spec import ModelSpec
+from zerosim.models.spec import GPT_LAYOUT, ModelSpec
 
 CATALOG: dict[str, ModelSpec] = {
     # meta-llama/Llama-2-7b-hf config.json
@@ -57,6 +57,7 @@ CATALOG: dict[str, ModelSpec] = {
         max_position_embeddings=2048,
         attention_dropout=0.1,
         hidden_dropout=0.1,
+        **GPT_LAYOUT,
     ),
 }
 

@@ -1,98 +1,448 @@
-"""Models given as Hugging Face `config.json` fields, inline or from a file."""
+"""Models given as Hugging Face `config.json` fields, inline or from a file.
+
+Each `model_type` in `MODEL_TYPES` is read as its transformers configuration class and modeling
+code build the model (defaults included: a field the file leaves out takes the class's
+default), so the parameter count is the checkpoint's to the parameter. What departs from the
+`llama` / `gpt` layouts is read into `ModelSpec`'s layout fields (`zerosim.models.spec`): Gemma's
+`head_dim`, Qwen2's Q/K/V biases, `attention_bias` / `mlp_bias`, Falcon's `num_kv_heads`,
+`bias`, `alibi` and norm layout, GPT-NeoX's rotary positions and untied output, GPT-2's
+`n_inner: null` (4 h), OPT's `ffn_dim`, position offset and projections, BLOOM's embedding
+norm, and mixture-of-experts MLPs (Mixtral, Qwen2-MoE, DeepSeek-MoE). A field that no reader
+uses and that is not known to leave size, FLOPs and activations alone is warned about by name
+(`ModelFieldWarning`). A config without `model_type` names its layout with `family: llama|gpt`
+and may set the layout fields by their `ModelSpec` names.
+"""
 
 from __future__ import annotations
 
-import json
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
-from zerosim.errors import ScenarioError
-from zerosim.models.spec import ModelSpec
+from zerosim.errors import ScenarioError, ScenarioWarning, clip
+from zerosim.inputs import check_plausible, parse_json, read_input_text
+from zerosim.models.spec import GPT_LAYOUT, ModelSpec, MoESpec, Norm, Positions
 
-LLAMA_TYPES = {"llama", "mistral", "qwen2", "gemma", "internlm2", "yi"}
-GPT_TYPES = {"gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt", "bloom", "falcon", "gpt3"}
+
+class ModelFieldWarning(ScenarioWarning):
+    """A model field zerosim does not model that could change size, FLOPs or activations."""
+
 
 # Older GPT-style configs name the same fields differently.
+MAX_NAME_CHARS = 256
+"""A config's `_name_or_path` is a label: longer ones are cut."""
 ALIASES = {
     "n_embd": "hidden_size",
+    "n_embed": "hidden_size",
     "n_layer": "num_hidden_layers",
     "n_head": "num_attention_heads",
-    "n_inner": "intermediate_size",
     "n_positions": "max_position_embeddings",
+    "n_inner": "intermediate_size",
     "attn_pdrop": "attention_dropout",
     "resid_pdrop": "hidden_dropout",
+    "embd_pdrop": "embedding_dropout",
 }
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-INT_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "vocab_size", "max_position_embeddings")
+
+# Fields that change neither parameters, FLOPs nor saved activations (token ids, numerics,
+# initialisation, bookkeeping, rotary frequencies, the choice of an elementwise activation).
+HARMLESS = {
+    "_name_or_path", "architectures", "auto_map", "model_type", "transformers_version",
+    "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+    "sep_token_id", "decoder_start_token_id", "initializer_range", "init_std",
+    "initializer_factor", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta",
+    "rope_scaling", "rotary_emb_base", "rotary_pct", "partial_rotary_factor", "hidden_act",
+    "hidden_activation", "activation_function", "pretraining_tp", "max_window_layers",
+    "use_sliding_window", "output_router_logits", "router_aux_loss_coef", "norm_topk_prob",
+    "router_jitter_noise", "apply_residual_connection_post_layernorm", "use_parallel_residual",
+    "task_specific_params", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "prefix", "n_ctx", "output_projection",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+    "id2label", "label2id", "is_decoder", "tokenizer_class", "classifier_dropout",
+    "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "slow_but_exact",
+    "rope_interleaved", "attn_implementation", "_attn_implementation",
+    "family", "name", "base",
+}
 
 
-def _family(fields: dict[str, Any], source: str, key_path: str) -> str:
-    if "family" in fields:
-        family = fields["family"]
-        if family not in ("llama", "gpt"):
-            raise ScenarioError(source, f"{key_path}.family", "'llama' or 'gpt'", family)
-        return family
-    model_type = fields.get("model_type")
-    if model_type in LLAMA_TYPES:
-        return "llama"
-    if model_type in GPT_TYPES:
-        return "gpt"
-    raise ScenarioError(
-        source, f"{key_path}.family",
-        "'family: llama|gpt', or a model_type zerosim knows "
-        f"({', '.join(sorted(LLAMA_TYPES | GPT_TYPES))})",
-        model_type,
-    )
+class Fields:
+    """A config's fields, checked as they are read; remembers which ones were read."""
 
+    def __init__(self, data: Mapping[str, Any], source: str, key_path: str) -> None:
+        self.data = {ALIASES.get(k, k): v for k, v in data.items()}
+        self.source, self.key_path = source, key_path
+        self.read: set[str] = set()
 
-def _positive_int(fields: dict[str, Any], key: str, source: str, key_path: str) -> int:
-    value = fields[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ScenarioError(source, f"{key_path}.{key}", "a positive integer", value)
-    return value
+    def error(self, key: str, expected: str, got: Any) -> ScenarioError:
+        return ScenarioError(self.source, f"{self.key_path}.{key}", expected, got)
 
+    def raw(self, key: str, default: Any = None) -> Any:
+        """The value, or `default` when absent or null (transformers' `None` means default)."""
+        self.read.add(key)
+        value = self.data.get(key)
+        return default if value is None else value
 
-def spec_from_hf_fields(fields: dict[str, Any], *, name: str, source: str = "<inline>",
-                        key_path: str = "model") -> ModelSpec:
-    """Build a ModelSpec from `config.json`-style fields; unknown HF fields are ignored."""
-    fields = {ALIASES.get(k, k): v for k, v in fields.items()}
-    for key in REQUIRED:
-        if key not in fields:
-            raise ScenarioError(source, f"{key_path}.{key}", "a positive integer", "nothing")
-    family = _family(fields, source, key_path)
-    h = _positive_int(fields, "hidden_size", source, key_path)
-    fields.setdefault("intermediate_size", 4 * h)
-    fields.setdefault("num_key_value_heads", fields["num_attention_heads"])
-    fields.setdefault("max_position_embeddings", 4096)
-    values = {key: _positive_int(fields, key, source, key_path) for key in INT_FIELDS}
-    if h % values["num_attention_heads"]:
-        raise ScenarioError(source, f"{key_path}.num_attention_heads",
-                            f"a divisor of hidden_size={h}", values["num_attention_heads"])
-    if values["num_attention_heads"] % values["num_key_value_heads"]:
-        raise ScenarioError(source, f"{key_path}.num_key_value_heads",
-                            f"a divisor of num_attention_heads={values['num_attention_heads']}",
-                            values["num_key_value_heads"])
-    tie = fields.get("tie_word_embeddings", family == "gpt")
-    if not isinstance(tie, bool):
-        raise ScenarioError(source, f"{key_path}.tie_word_embeddings", "true or false", tie)
-    dropouts = {}
-    for key in ("attention_dropout", "hidden_dropout"):
-        value = fields.get(key, 0.0)
+    def count(self, key: str, default: int | None = None, *, minimum: int = 1) -> int:
+        value = self.raw(key, default)
+        if value is None:
+            raise self.error(key, "a positive integer", "nothing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            expected = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise self.error(key, expected, value)
+        check_plausible(f"model.{key}", value, source=self.source,
+                        key_path=f"{self.key_path}.{key}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, "true or false", value)
+        return value
+
+    def fraction(self, key: str) -> float:
+        value = self.raw(key, 0.0)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-            raise ScenarioError(source, f"{key_path}.{key}", "a number in [0, 1)", value)
-        dropouts[key] = float(value)
-    return ModelSpec(name=name, family=family, tie_word_embeddings=tie, **values, **dropouts)
+            raise self.error(key, "a number in [0, 1)", value)
+        return float(value)
+
+    def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.raw(key, default)
+        if value not in choices:
+            raise self.error(key, f"one of {', '.join(choices)}", value)
+        return value
+
+    def unread(self) -> list[str]:
+        return [k for k, v in self.data.items()
+                if k not in self.read and k not in HARMLESS and v is not None]
 
 
-def spec_from_hf_file(path: Path, *, source: str, key_path: str) -> ModelSpec:
+Layout = dict[str, Any]
+
+
+# ------------------------------------------------------------------ llama-like readers
+
+
+def _llama(f: Fields) -> Layout:
+    """LlamaConfig: `attention_bias` on q/k/v/o, `mlp_bias` on gate/up/down (both default
+    false); also Mistral, Yi, and InternLM2 (its `bias` on wqkv and wo)."""
+    bias = f.flag("attention_bias", f.flag("bias", False))
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": f.flag("mlp_bias", False)}
+
+
+def _mistral(f: Fields) -> Layout:
+    _sliding_window(f)
+    return _llama(f)
+
+
+def _qwen2(f: Fields) -> Layout:
+    """Qwen2Attention: q_proj, k_proj and v_proj with bias, o_proj without."""
+    _sliding_window(f)
+    return {"qkv_bias": True, "attention_out_bias": False, "mlp_bias": False}
+
+
+def _sliding_window(f: Fields) -> None:
+    """Full causal attention is replayed; a window shorter than the sequence would skip work
+    only in kernels that honour it."""
+    window = f.raw("sliding_window")
+    if window is not None and f.raw("use_sliding_window", True):
+        warnings.warn(f"{f.source}: {f.key_path}.sliding_window: {window}; zerosim replays full "
+                      f"causal attention (the same for sequences up to {window})",
+                      ModelFieldWarning, stacklevel=6)
+
+
+def _mixtral(f: Fields) -> Layout:
+    """MixtralSparseMoeBlock in every layer: `num_local_experts` experts of
+    `intermediate_size`, top `num_experts_per_tok`."""
+    _sliding_window(f)
+    layers = f.count("num_hidden_layers")
+    moe = MoESpec(f.count("num_local_experts", 8), f.count("num_experts_per_tok", 2),
+                  f.count("intermediate_size", 14336), tuple(range(layers)))
+    return {**_llama(f), "moe": moe}
+
+
+def _qwen2_moe(f: Fields) -> Layout:
+    """Qwen2MoeDecoderLayer: a sparse block where `num_experts > 0` and `(layer + 1) %
+    decoder_sparse_step == 0` and the layer is not in `mlp_only_layers`; experts of
+    `moe_intermediate_size`, one shared expert of `shared_expert_intermediate_size` with a
+    one-output sigmoid gate."""
+    layers = f.count("num_hidden_layers")
+    step = f.count("decoder_sparse_step", 1)
+    dense = set(f.raw("mlp_only_layers", []))
+    experts = f.count("num_experts", 60, minimum=0)
+    sparse = tuple(i for i in range(layers)
+                   if experts > 0 and (i + 1) % step == 0 and i not in dense)
+    layout = _qwen2(f)
+    if sparse:
+        layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 4),
+                                f.count("moe_intermediate_size", 1408), sparse,
+                                f.count("shared_expert_intermediate_size", 5632, minimum=0),
+                                shared_expert_gate=True)
+    return layout
+
+
+def _deepseek(f: Fields) -> Layout:
+    """DeepSeek-MoE (`deepseek`, trust_remote_code): MoE blocks from `first_k_dense_replace`
+    every `moe_layer_freq`, `n_routed_experts` of `moe_intermediate_size`, and
+    `n_shared_experts` fused into one shared MLP of n x `moe_intermediate_size`, no gate.
+    DeepSeek-V2/V3 replace attention by multi-head latent attention, which zerosim does not
+    model."""
+    if f.raw("kv_lora_rank") is not None or f.raw("q_lora_rank") is not None:
+        raise f.error("kv_lora_rank", "no multi-head latent attention (DeepSeek-V2/V3's "
+                      "low-rank Q/KV projections are not modelled)", f.raw("kv_lora_rank"))
+    layers = f.count("num_hidden_layers")
+    first, freq = f.count("first_k_dense_replace", 0, minimum=0), f.count("moe_layer_freq", 1)
+    experts = f.raw("n_routed_experts")
+    layout = _llama(f)
+    if experts is not None:
+        width = f.count("moe_intermediate_size", 1407)
+        sparse = tuple(i for i in range(layers) if i >= first and i % freq == 0)
+        layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
+                                width, sparse,
+                                width * f.count("n_shared_experts", 0, minimum=0))
+    return layout
+
+
+# ------------------------------------------------------------------ gpt-like readers
+
+
+def _gpt2(f: Fields) -> Layout:
+    """GPT2Model: LayerNorm, fused c_attn with bias, learned positions (`n_positions`),
+    `n_inner` (null: 4 h), `embd_pdrop`; GPTBigCode adds `multi_query` (one K/V head)."""
+    layout = {**GPT_LAYOUT, "embedding_dropout": f.fraction("embedding_dropout")}
+    if f.flag("multi_query", False):
+        layout["num_key_value_heads"] = 1
+    return layout
+
+
+def _gpt_bigcode(f: Fields) -> Layout:
+    f.data.setdefault("multi_query", True)
+    return _gpt2(f)
+
+
+def _gptj(f: Fields) -> Layout:
+    """GPTJBlock: one ln_1 feeding attention and MLP in parallel, bias-free q/k/v/out_proj,
+    fc_in/fc_out with bias, rotary positions, an LM head with bias, untied."""
+    return {**GPT_LAYOUT, "norms_per_block": 1, "qkv_bias": False, "attention_out_bias": False,
+            "fused_qkv": False, "position_embedding": "rotary", "lm_head_bias": True,
+            "embedding_dropout": f.fraction("embedding_dropout")}
+
+
+def _gpt_neox(f: Fields) -> Layout:
+    """GPTNeoXLayer: input and post-attention LayerNorms, query_key_value and dense with
+    `attention_bias` (default true), MLP with bias, rotary positions, untied embed_out."""
+    bias = f.flag("attention_bias", True)
+    return {**GPT_LAYOUT, "qkv_bias": bias, "attention_out_bias": bias,
+            "position_embedding": "rotary"}
+
+
+def _falcon(f: Fields) -> Layout:
+    """FalconDecoderLayer: every linear biased iff `bias` (default false). The new decoder
+    architecture (40B, 180B) has `num_kv_heads` K/V heads and two norms (ln_attn, ln_mlp)
+    unless `num_ln_in_parallel_attn` is 1; the old one (7B) one K/V head with `multi_query`
+    and, with `parallel_attn`, one input norm. MLP `ffn_hidden_size` (default 4 h). `alibi`
+    replaces rotary positions."""
+    bias = f.flag("bias", False)
+    heads = f.count("num_attention_heads")
+    if f.flag("new_decoder_architecture", False):
+        kv = f.count("num_kv_heads", heads)
+        norms = 1 if f.raw("num_ln_in_parallel_attn") == 1 else 2
+    else:
+        kv = 1 if f.flag("multi_query", True) else heads
+        norms = 1 if f.flag("parallel_attn", True) else 2
+    f.read.update({"num_kv_heads", "num_ln_in_parallel_attn", "parallel_attn"})
+    h = f.count("hidden_size")
+    return {**GPT_LAYOUT, "qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": bias,
+            "num_key_value_heads": kv, "norms_per_block": norms,
+            "intermediate_size": f.count("ffn_hidden_size", 4 * h),
+            "position_embedding": "alibi" if f.flag("alibi", False) else "rotary"}
+
+
+def _opt(f: Fields) -> Layout:
+    """OPTDecoder: q/k/v/out_proj and fc1/fc2 biased iff `enable_bias` (default true), MLP
+    `ffn_dim`, `max_position_embeddings + 2` learned positions, `dropout` after attention and
+    MLP, project_in/out when `word_embed_proj_dim` differs from hidden_size, a final norm
+    only with `do_layer_norm_before` and not `_remove_final_layer_norm`."""
+    bias = f.flag("enable_bias", True)
+    h = f.count("hidden_size")
+    for key in ("layerdrop", "activation_dropout"):
+        if f.fraction(key) > 0:
+            warnings.warn(f"{f.source}: {f.key_path}.{key}: {f.raw(key)}; zerosim does not model "
+                          "it (it changes the work or the saved activations)",
+                          ModelFieldWarning, stacklevel=5)
+    return {**GPT_LAYOUT, "qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": bias,
+            "fused_qkv": False, "position_offset": 2, "hidden_dropout": f.fraction("dropout"),
+            "intermediate_size": f.count("ffn_dim", 4 * h),
+            "word_embed_proj_dim": f.count("word_embed_proj_dim", h),
+            "final_norm": f.flag("do_layer_norm_before", True)
+            and not f.flag("_remove_final_layer_norm", False)}
+
+
+def _bloom(f: Fields) -> Layout:
+    """BloomModel: word_embeddings_layernorm after the embedding, ALiBi, fused
+    query_key_value and MLP (4 h) with bias, tied."""
+    return {**GPT_LAYOUT, "position_embedding": "alibi", "embedding_norm": True}
+
+
+# model_type -> (family, reader, tie_word_embeddings default of its configuration class)
+MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
+    "llama": ("llama", _llama, False),
+    "mistral": ("llama", _mistral, False),
+    "yi": ("llama", _llama, False),
+    "internlm2": ("llama", _llama, False),
+    "qwen2": ("llama", _qwen2, False),
+    "gemma": ("llama", _llama, True),
+    "mixtral": ("llama", _mixtral, False),
+    "qwen2_moe": ("llama", _qwen2_moe, False),
+    "deepseek": ("llama", _deepseek, False),
+    "deepseek_v2": ("llama", _deepseek, False),
+    "deepseek_v3": ("llama", _deepseek, False),
+    "gpt2": ("gpt", _gpt2, True),
+    "gpt3": ("gpt", _gpt2, True),
+    "gpt_bigcode": ("gpt", _gpt_bigcode, True),
+    "gptj": ("gpt", _gptj, False),
+    "gpt_neox": ("gpt", _gpt_neox, False),
+    "falcon": ("gpt", _falcon, True),
+    "opt": ("gpt", _opt, True),
+    "bloom": ("gpt", _bloom, True),
+}
+FAMILY_READERS = {"llama": (_llama, False), "gpt": (_gpt2, True)}
+
+# ModelSpec layout fields a config may also set by name (inline models with `family:`).
+_BOOL_FIELDS = ("qkv_bias", "attention_out_bias", "mlp_bias", "gated_mlp", "fused_qkv",
+                "lm_head_bias", "embedding_norm", "final_norm")
+_COUNT_FIELDS = ("norms_per_block", "position_offset", "word_embed_proj_dim")
+
+
+def _family(f: Fields) -> tuple[str, Callable[[Fields], Layout], bool]:
+    if "family" in f.data:
+        family = f.data["family"]
+        if not isinstance(family, str) or family not in FAMILY_READERS:
+            raise f.error("family", "'llama' or 'gpt'", family)
+        return (family, *FAMILY_READERS[family])
+    model_type = f.raw("model_type")
+    if isinstance(model_type, str) and model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    raise f.error("family", "'family: llama|gpt', or a model_type zerosim knows "
+                  f"({', '.join(sorted(MODEL_TYPES))})", model_type)
+
+
+def _native(f: Fields) -> Layout:
+    """Layout fields given by their ModelSpec names."""
+    layout: Layout = {}
+    for key in _BOOL_FIELDS:
+        if f.data.get(key) is not None:
+            layout[key] = f.flag(key, False)
+    for key in _COUNT_FIELDS:
+        if f.data.get(key) is not None:
+            layout[key] = f.count(key, minimum=0)
+    if f.data.get("embedding_dropout") is not None:
+        layout["embedding_dropout"] = f.fraction("embedding_dropout")
+    if f.data.get("norm") is not None:
+        layout["norm"] = f.choice("norm", "rms", get_args(Norm))
+    if f.data.get("position_embedding") is not None:
+        layout["position_embedding"] = f.choice("position_embedding", "rotary",
+                                                get_args(Positions))
+    if f.data.get("moe") is not None:
+        layout["moe"] = _moe_mapping(f)
+    return layout
+
+
+def _moe_mapping(f: Fields) -> MoESpec:
+    value = f.raw("moe")
+    if isinstance(value, MoESpec):
+        return value
     try:
-        fields = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ScenarioError(source, key_path, "an existing config.json file", str(path)) from None
-    except json.JSONDecodeError as err:
-        raise ScenarioError(str(path), "<root>", "valid JSON", f"parse error: {err}") from None
+        return MoESpec(**{**value, "layers": tuple(value["layers"])})
+    except (TypeError, KeyError) as err:
+        raise f.error("moe", "{num_experts, num_experts_per_tok, expert_intermediate_size, "
+                      "layers, [shared_expert_intermediate_size, shared_expert_gate]}",
+                      value) from err
+
+
+def _shape(f: Fields, layout: Layout, tie_default: bool) -> dict[str, Any]:
+    for key in REQUIRED:
+        f.count(key)
+    h, heads = f.count("hidden_size"), f.count("num_attention_heads")
+    values = {
+        "hidden_size": h, "num_hidden_layers": f.count("num_hidden_layers"),
+        "num_attention_heads": heads, "vocab_size": f.count("vocab_size"),
+        "intermediate_size": layout.pop("intermediate_size", None)
+        or f.count("intermediate_size", 4 * h),
+        "num_key_value_heads": layout.pop("num_key_value_heads", None)
+        or f.count("num_key_value_heads", heads),
+        "max_position_embeddings": f.count("max_position_embeddings", 4096),
+        "head_dim": f.count("head_dim", 0, minimum=0),
+        "tie_word_embeddings": f.flag("tie_word_embeddings", tie_default),
+        "attention_dropout": f.fraction("attention_dropout"),
+        "hidden_dropout": f.fraction("hidden_dropout"),
+    }
+    if not values["head_dim"] and h % heads:
+        raise f.error("num_attention_heads", f"a divisor of hidden_size={h}", heads)
+    if heads % values["num_key_value_heads"]:
+        raise f.error("num_key_value_heads", f"a divisor of num_attention_heads={heads}",
+                      values["num_key_value_heads"])
+    return values
+
+
+def _warn_unread(f: Fields) -> None:
+    unread = f.unread()
+    if unread:
+        listed = ", ".join(f"{key}={f.data[key]!r}" for key in unread)
+        warnings.warn(f"{f.source}: {f.key_path}: zerosim does not model these fields, which "
+                      f"could change the model's size, FLOPs or activations: {listed}",
+                      ModelFieldWarning, stacklevel=4)
+
+
+def fields_of(spec: ModelSpec) -> dict[str, Any]:
+    """A spec as fields `spec_from_hf_fields` reads back (a catalog model as the base of an
+    inline one): `head_dim` only where it is not hidden_size / heads, so a changed hidden
+    size keeps the derived width."""
+    fields = asdict(spec)
+    fields.pop("name")
+    if spec.head_dim * spec.num_attention_heads == spec.hidden_size:
+        fields.pop("head_dim")
+    return fields
+
+
+def spec_from_hf_fields(fields: Mapping[str, Any], *, name: str, source: str = "<inline>",
+                        key_path: str = "model") -> ModelSpec:
+    """Build a ModelSpec from `config.json`-style fields, read as its model_type reads them."""
+    f = Fields(fields, source, key_path)
+    family, reader, tie_default = _family(f)
+    layout = {**reader(f), **_native(f)}
+    values = _shape(f, layout, tie_default)
+    values.update({k: layout.pop(k) for k in ("attention_dropout", "hidden_dropout")
+                   if k in layout})
+    _warn_unread(f)
+    return ModelSpec(name=name, family=family, **values, **layout)
+
+
+def looks_like_hf_config(path: Path) -> bool:
+    """A `config.json` of a Hugging Face model (a JSON object with `model_type` or
+    `architectures`), not a scenario."""
+    if path.suffix.lower() != ".json":
+        return False
+    try:
+        tree = parse_json(read_input_text(path), str(path))
+    except ScenarioError:
+        return False
+    return isinstance(tree, dict) and "model" not in tree and bool(
+        {"model_type", "architectures"} & set(tree))
+
+
+def spec_from_hf_file(path: Path, *, source: str, key_path: str,
+                      patch: Mapping[str, Any] | None = None) -> ModelSpec:
+    """A model from its config.json; `patch` (fields beside `hf_config:` in a scenario, or
+    `--set model.X` overrides) replaces the file's fields of the same name."""
+    text = read_input_text(path, referenced_from=source, key_path=key_path,
+                           what="config.json file")
+    fields = parse_json(text, str(path))
     if not isinstance(fields, dict):
         raise ScenarioError(str(path), "<root>", "a JSON object", type(fields).__name__)
     name = fields.get("_name_or_path") or path.parent.name or path.stem
-    return spec_from_hf_fields(fields, name=str(name), source=str(path), key_path="<root>")
+    origin = f"{path} (patched by {source})" if patch else str(path)
+    return spec_from_hf_fields({**fields, **(patch or {})}, name=clip(str(name), MAX_NAME_CHARS),
+                               source=origin,
+                               key_path="<root>")

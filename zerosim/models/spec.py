@@ -2,19 +2,51 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 Family = Literal["llama", "gpt"]
+Norm = Literal["rms", "layer"]
+Positions = Literal["rotary", "learned", "alibi"]
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts MLPs: in each block of `layers`, a router (a bias-free linear from
+    the hidden state to one logit per expert) sends every token to `num_experts_per_tok` of
+    `num_experts` gated MLPs of width `expert_intermediate_size`; a shared expert of width
+    `shared_expert_intermediate_size` (0: none) sees every token, scaled by a one-output
+    sigmoid gate when `shared_expert_gate`. Blocks not in `layers` have a dense MLP of the
+    model's `intermediate_size`. Every expert's parameters exist (and ZeRO partitions them);
+    each token's FLOPs and activations are those of the experts it is routed to."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    expert_intermediate_size: int
+    layers: tuple[int, ...]
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+
+    def tokens_per_expert(self, tokens: float) -> float:
+        """Tokens each expert computes when routing is even (its expectation under any router
+        that balances load, which the auxiliary loss trains it towards)."""
+        return tokens * self.num_experts_per_tok / self.num_experts
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture fields zerosim needs, named as in a Hugging Face `config.json`.
 
-    `family` selects the block layout: `llama` is pre-norm RMSNorm, bias-free projections,
-    rotary positions and a SwiGLU MLP (gate, up, down); `gpt` is pre-norm LayerNorm with
-    biases everywhere, learned positions and a GELU MLP (fc_in, fc_out).
+    `family` names the layout the fields started from: `llama` (RMSNorm, bias-free
+    projections, rotary positions, a gated MLP: gate, up, down) or `gpt` (LayerNorm, biases
+    everywhere, learned positions, a GELU MLP: fc_in, fc_out, one fused QKV projection). The
+    fields after `hidden_dropout` say where a model departs from that (`zerosim.models.hf`
+    reads them from each `model_type`'s config): `head_dim` when it is not
+    hidden_size / heads (Gemma), the biases, how many norms a block has (one when attention and
+    MLP read the same normalised input: GPT-J, Falcon-7B), whether the model's own code fuses
+    Q, K and V into one projection, the position scheme and OPT's two extra position rows, a
+    bias on the LM head (GPT-J), dropout after the embedding, a norm after the embedding
+    (BLOOM), no final norm, OPT's embedding width, and mixture-of-experts MLPs.
     """
 
     name: str
@@ -29,12 +61,52 @@ class ModelSpec:
     max_position_embeddings: int = 4096
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    head_dim: int = 0
+    """Width of one attention head; 0 means hidden_size // num_attention_heads."""
+    norm: Norm = "rms"
+    norms_per_block: int = 2
+    qkv_bias: bool = False
+    attention_out_bias: bool = False
+    mlp_bias: bool = False
+    gated_mlp: bool = True
+    fused_qkv: bool = False
+    position_embedding: Positions = "rotary"
+    position_offset: int = 0
+    lm_head_bias: bool = False
+    embedding_dropout: float = 0.0
+    embedding_norm: bool = False
+    final_norm: bool = True
+    word_embed_proj_dim: int = 0
+    """OPT's embedding width when it differs from hidden_size (0: the same, no projections)."""
+    moe: MoESpec | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.word_embed_proj_dim == self.hidden_size:
+            object.__setattr__(self, "word_embed_proj_dim", 0)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def q_size(self) -> int:
+        """Width of the Q projection and of the attention output (hidden_size unless head_dim
+        says otherwise)."""
+        return self.head_dim * self.num_attention_heads
 
     @property
     def kv_hidden_size(self) -> int:
         """Width of the K and V projections (smaller than hidden_size under GQA/MQA)."""
         return self.head_dim * self.num_key_value_heads
+
+    @property
+    def embedding_width(self) -> int:
+        return self.word_embed_proj_dim or self.hidden_size
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.layers
+
+
+GPT_LAYOUT: dict[str, Any] = {
+    "norm": "layer", "qkv_bias": True, "attention_out_bias": True, "mlp_bias": True,
+    "gated_mlp": False, "fused_qkv": True, "position_embedding": "learned",
+}
+"""The `gpt` family's departures from the ModelSpec defaults (GPT-2's layout)."""

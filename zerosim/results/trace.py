@@ -20,7 +20,6 @@ stream has no overlapping spans; anything that would overlap goes to an extra la
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -314,12 +313,3 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
             "displayTimeUnit": "ms",
             "otherData": {"scenario": scenario_name, "generator": "zerosim"}}
 
-
-def trace_json(trace: Mapping[str, Any]) -> bytes:
-    """The trace as JSON: by orjson where it is installed (several times faster than the
-    standard library on a trace of a million events), else by `json`."""
-    try:
-        import orjson
-    except ImportError:
-        return json.dumps(trace).encode()
-    return orjson.dumps(trace)

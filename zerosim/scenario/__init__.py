@@ -2,6 +2,8 @@
 
 from zerosim.scenario.deepspeed import DeepSpeedConfig, OffloadSettings
 from zerosim.scenario.loader import (
+    AutoDefaultWarning,
+    LegacyKeyWarning,
     Runtime,
     Scenario,
     UnmodelledKeysWarning,
@@ -11,7 +13,9 @@ from zerosim.scenario.loader import (
 )
 
 __all__ = [
+    "AutoDefaultWarning",
     "DeepSpeedConfig",
+    "LegacyKeyWarning",
     "OffloadSettings",
     "Runtime",
     "Scenario",

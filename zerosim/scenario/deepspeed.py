@@ -8,6 +8,7 @@ change time or memory (logging, schedules, loss-scale knobs) are accepted silent
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from zerosim.behaviours import Behaviours
 from zerosim.errors import ScenarioError
+from zerosim.inputs import check_section
+from zerosim.scenario.batch import batch_sizes
+from zerosim.scenario.hf_trainer import AutoFill, TrainerContext, fill_auto
+from zerosim.scenario.legacy import translate_legacy
 from zerosim.scenario.validation import validate_section
 
 # ds_config keys accepted without a warning because they cannot change time or memory.
@@ -31,6 +36,12 @@ NO_EFFECT_KEYS = {
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
 }
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
+CLOSED_SECTIONS = {
+    "optimizer": ("type", "params", "legacy_fusion"),
+    "scheduler": ("type", "params"),
+}
+"""ds_config sections whose every key DeepSpeed knows (runtime/config.py reads these and no
+others): any other key is a mistake, refused with the nearest known key."""
 
 
 class _Open(BaseModel):
@@ -43,16 +54,8 @@ class _Precision(_Open):
     enabled: bool = False
 
 
-def _number_not_auto(value: Any) -> Any:
-    if value == "auto":
-        raise ValueError("a number ('auto' is filled in by the Hugging Face Trainer; "
-                         "zerosim needs the concrete value)")
-    return value
-
-
 def _whole(value: Any) -> Any:
     """DeepSpeed's int fields take 1e8 from JSON as 100000000; 1.5 is refused."""
-    value = _number_not_auto(value)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
@@ -121,11 +124,6 @@ class _Zero(_Open):
     offload_optimizer: _OffloadOptimizer = _OffloadOptimizer()
     offload_param: _OffloadParam = _OffloadParam()
 
-    _no_auto = field_validator(
-        "reduce_bucket_size", "allgather_bucket_size", "sub_group_size",
-        "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-        "stage3_param_persistence_threshold", mode="before")(_number_not_auto)
-
 
 class _Optimizer(_Open):
     type: str = "Adam"
@@ -136,8 +134,8 @@ class _DataTypes(_Open):
 
 
 class _DeepSpeedRaw(_Open):
-    train_micro_batch_size_per_gpu: int = Field(1, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    train_micro_batch_size_per_gpu: int | None = Field(None, ge=1)
+    gradient_accumulation_steps: int | None = Field(None, ge=1)
     train_batch_size: int | None = Field(None, ge=1)
     fp16: _Precision = _Precision()
     bf16: _Precision = _Precision()
@@ -147,10 +145,6 @@ class _DeepSpeedRaw(_Open):
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
     zero_optimization: _Zero = _Zero()
     aio: _Aio | None = None
-
-    _no_auto = field_validator("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                               "train_batch_size", "gradient_clipping",
-                               mode="before")(_number_not_auto)
 
 
 @dataclass(frozen=True)
@@ -230,6 +224,10 @@ class DeepSpeedConfig:
     offload_optimizer: OffloadSettings
     offload_param: OffloadSettings
     aio: AioSettings = AioSettings()
+    train_batch_size: int | None = None
+    """train_micro_batch_size_per_gpu x gradient_accumulation_steps x data_parallel."""
+    autotp_size: int = 0
+    """`tensor_parallel.autotp_size` where the release trains with it (0: not read)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in ds_config.json shape."""
@@ -249,6 +247,7 @@ class DeepSpeedConfig:
             "offload_param": _offload_param_dict(self.offload_param),
         }
         return {
+            "train_batch_size": self.train_batch_size,
             "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "fp16": {"enabled": self.dtype == "fp16"},
@@ -294,6 +293,23 @@ def _extras(model: BaseModel, source: str, prefix: str = "") -> list[str]:
     return found
 
 
+def check_closed_sections(data: Any, source: str) -> None:
+    """A key DeepSpeed does not know in a closed section (`optimizer.tpye`) is an error."""
+    if not isinstance(data, dict):
+        return
+    for section, known in CLOSED_SECTIONS.items():
+        block = data.get(section)
+        if not isinstance(block, dict):
+            continue
+        for key in block:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise ScenarioError(source, f"deepspeed.{section}.{key}",
+                                    f"one of the keys DeepSpeed reads in {section} "
+                                    f"({', '.join(known)}){hint}", key)
+
+
 def unmodelled_keys(raw: _DeepSpeedRaw, source: str) -> list[str]:
     """Keys present in the ds_config that zerosim neither models nor knows to be harmless."""
     keys = []
@@ -305,15 +321,16 @@ def unmodelled_keys(raw: _DeepSpeedRaw, source: str) -> list[str]:
 
 
 def _dtype(raw: _DeepSpeedRaw, source: str) -> str:
+    """The training dtype; "fp32" when neither is enabled (DeepSpeed's default)."""
     if raw.fp16.enabled and raw.bf16.enabled:
         raise ScenarioError(source, "deepspeed.bf16.enabled",
-                            "fp16 and bf16 not both enabled", True)
+                            "fp16 and bf16 not both enabled (DeepSpeed: 'bfloat16 and fp16 modes "
+                            "cannot be simultaneously enabled')", True)
     if raw.bf16.enabled:
         return "bf16"
     if raw.fp16.enabled:
         return "fp16"
-    raise ScenarioError(source, "deepspeed.fp16.enabled",
-                        "fp16 or bf16 enabled (zerosim models 16-bit mixed precision)", False)
+    return "fp32"
 
 
 ZERO_KEY = "deepspeed.zero_optimization"
@@ -369,20 +386,53 @@ def _offload_param(raw: _OffloadParam) -> OffloadSettings:
         buffer_size=raw.buffer_size, max_in_cpu=raw.max_in_cpu)
 
 
-def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_parallel: int
-                      ) -> tuple[DeepSpeedConfig, list[str]]:
+def _autotp_size(raw: _DeepSpeedRaw, behaviours: Behaviours, source: str) -> int:
+    """DeepSpeed reads `tensor_parallel` from 0.16.4 (`autotp_training`); before, it is one
+    of the keys it ignores."""
+    section = (raw.model_extra or {}).get("tensor_parallel")
+    if not behaviours.autotp_training or not isinstance(section, Mapping):
+        return 0
+    size = section.get("autotp_size", 0)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ScenarioError(source, "deepspeed.tensor_parallel.autotp_size",
+                            "a whole number >= 0", size)
+    return size
+
+
+@dataclass(frozen=True)
+class DeepSpeedResolution:
+    """A resolved ds_config and what resolving it said: ignored keys, legacy keys mapped (one
+    warning line each) and the "auto" values filled."""
+
+    config: DeepSpeedConfig
+    unmodelled: tuple[str, ...]
+    legacy: tuple[str, ...]
+    auto: tuple[AutoFill, ...]
+
+
+def _prepare(data: Any, behaviours: Behaviours, trainer: TrainerContext, source: str
+             ) -> tuple[Any, tuple[str, ...], tuple[AutoFill, ...]]:
+    """Legacy keys mapped, then "auto" filled, before validation."""
+    if not isinstance(data, Mapping):
+        return data, (), ()
+    tree, legacy = translate_legacy(data, behaviours, source)
+    tree, auto = fill_auto(tree, trainer, source)
+    return tree, tuple(legacy), auto
+
+
+def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
+                      trainer: TrainerContext) -> DeepSpeedResolution:
     """Validate the section and fill DeepSpeed's code defaults for a release's behaviours."""
-    raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data or {}, source=source,
+    data, legacy, auto = _prepare(data or {}, behaviours, trainer, source)
+    check_closed_sections(data, source)
+    raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data, source=source,
                                           prefix="deepspeed")
+    check_section(data, prefix="deepspeed.", source=source, key_prefix="deepspeed.")
     zero = raw.zero_optimization
     dtype = _dtype(raw, source)
-    micro, accum = raw.train_micro_batch_size_per_gpu, raw.gradient_accumulation_steps
-    if raw.train_batch_size is not None and raw.train_batch_size != micro * accum * data_parallel:
-        raise ScenarioError(
-            source, "deepspeed.train_batch_size",
-            f"train_micro_batch_size_per_gpu x gradient_accumulation_steps x data_parallel = "
-            f"{micro} x {accum} x {data_parallel} = {micro * accum * data_parallel}",
-            raw.train_batch_size)
+    batch = batch_sizes(raw.train_batch_size, raw.train_micro_batch_size_per_gpu,
+                        raw.gradient_accumulation_steps, world_size=trainer.world_size,
+                        source=source)
     if raw.optimizer.type.lower() not in MODELLED_OPTIMIZERS:
         raise ScenarioError(source, "deepspeed.optimizer.type",
                             "Adam, AdamW or CPUAdam (the optimizers zerosim models)",
@@ -397,8 +447,8 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_pa
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0
     offload_opt = _offload_optimizer(zero.offload_optimizer, pin_default)
     resolved = DeepSpeedConfig(
-        train_micro_batch_size_per_gpu=micro,
-        gradient_accumulation_steps=accum,
+        train_micro_batch_size_per_gpu=batch.train_micro_batch_size_per_gpu,
+        gradient_accumulation_steps=batch.gradient_accumulation_steps,
         dtype=dtype,
         grad_accum_dtype=raw.data_types.grad_accum_dtype or dtype,
         communication_dtype=raw.communication_data_type or dtype,
@@ -419,5 +469,9 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str, data_pa
         offload_optimizer=offload_opt,
         offload_param=_offload_param(zero.offload_param),
         aio=aio,
+        train_batch_size=batch.train_batch_size,
+        autotp_size=_autotp_size(raw, behaviours, source),
     )
-    return resolved, unmodelled_keys(raw, source)
+    unmodelled = [key for key in unmodelled_keys(raw, source)
+                  if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]
+    return DeepSpeedResolution(resolved, tuple(unmodelled), legacy, auto)

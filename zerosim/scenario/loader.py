@@ -12,34 +12,57 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from zerosim.behaviours import Behaviours, resolve_behaviours
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.profile import (
     HardwareProfile,
     apply_overrides,
     builtin_profile_tree,
+    flatten_overrides,
     parse_profile,
     profile_tree_from_file,
 )
-from zerosim.models import CATALOG, ModelSpec, spec_from_hf_fields, spec_from_hf_file
+from zerosim.inputs import check_plausible, check_section, referenced_path
+from zerosim.models import CATALOG, ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
+from zerosim.scenario.dsfile import read_ds_config
+from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
 from zerosim.scenario.support import check_supported
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version
+from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
 from zerosim.yamlio import parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
 HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides"}
+DOCUMENT_SECTIONS = ("model", "hardware", "deepspeed")
+"""Scenario keys holding another document, whose values are checked where it is resolved."""
 
 
-class UnmodelledKeysWarning(UserWarning):
+class UnmodelledKeysWarning(ScenarioWarning):
     """ds_config keys that zerosim does not model: reported once per load, then ignored."""
+
+
+class LegacyKeyWarning(ScenarioWarning):
+    """A deprecated ds_config key, mapped as DeepSpeed maps it (`zerosim.scenario.legacy`)."""
+
+
+class AutoDefaultWarning(ScenarioWarning):
+    """An "auto" filled from a Hugging Face Trainer default the scenario did not state."""
+
+
+# Hugging Face `attn_implementation` names and the attention zerosim replays for each: PyTorch's
+# SDPA picks the flash or memory-efficient kernel for 16-bit causal attention, and neither
+# stores the softmax probabilities.
+ATTENTION_NAMES = {"eager": "eager", "flash": "flash", "sdpa": "flash",
+                   "flash_attention_2": "flash"}
 
 
 class _Runtime(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
     cpu_threads_per_rank: int | None = Field(None, ge=1)
+    framework: Any = None
 
 
 class WhatIf(BaseModel):
@@ -58,10 +81,12 @@ class _ScenarioRaw(BaseModel):
     model: Any
     sequence_length: int = Field(ge=1)
     activation_checkpointing: bool = False
-    attention: Literal["eager", "flash"] = "eager"
+    attention: Literal["eager", "flash", "sdpa", "flash_attention_2"] = "eager"
     hardware: Any
     data_parallel: int | None = Field(None, ge=1)
     deepspeed: Any = None
+    precision: Precision | None = None
+    trainer: TrainerArgs | None = None
     runtime: _Runtime = _Runtime()
     what_if: WhatIf = WhatIf()
 
@@ -89,8 +114,12 @@ class Scenario:
     what_if: WhatIf
     source: str
     unmodelled_keys: tuple[str, ...] = field(default=())
+    auto_filled: tuple[AutoFill, ...] = field(default=())
+    """Each Hugging Face "auto" in the ds_config and what it became."""
     behaviours: Behaviours = field(default_factory=lambda: resolve_behaviours((0, 13, 3)))
     """The DeepSpeed behaviours of `runtime.deepspeed_version` (`zerosim.behaviours`)."""
+    stack: SoftwareStack = field(default_factory=lambda: load_stack(DEFAULT_STACK))
+    """The software stack of `runtime.framework` (`zerosim.stacks`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario with every default filled in (what `zerosim check` prints)."""
@@ -112,9 +141,13 @@ class Scenario:
             "data_parallel": self.data_parallel,
             "deepspeed": self.deepspeed.to_dict(),
             "runtime": {"deepspeed_version": format_version(self.runtime.deepspeed_version),
-                        "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank},
+                        "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
+                        "framework": {"name": self.stack.name, "values": {
+                            key: {"value": p.value, "basis": p.basis, "source": p.source}
+                            for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
             "unmodelled_keys": list(self.unmodelled_keys),
+            "auto_filled": [fill.describe() for fill in self.auto_filled],
             "deepspeed_behaviours": self.behaviours.describe(),
         }
 
@@ -156,12 +189,33 @@ def _route_override(dotted: str) -> str:
     """Map convenience paths onto the scenario's structure.
 
     `hardware.pcie.h2d_pageable_GBps=12` patches the profile (-> hardware.overrides), and
-    `model.num_hidden_layers=20` on a catalog model starts from that catalog entry.
+    `model.num_hidden_layers=20` on a catalog model starts from that catalog entry, and
+    `stack.host.fetch_hook_us=500` patches the software stack (-> runtime.framework.overrides).
     """
     head, _, rest = dotted.partition(".")
     if head == "hardware" and rest and rest.split(".")[0] not in HARDWARE_REFERENCE_KEYS:
         return f"hardware.overrides.{rest}"
     return dotted
+
+
+def _override_stack(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
+    """`stack.host.fetch_hook_us=500` patches the scenario's software stack (-> the overrides
+    of `runtime.framework`, or the value of an inline stack)."""
+    runtime = tree.setdefault("runtime", {})
+    if not isinstance(runtime, dict):
+        raise ScenarioError(source, "runtime", "a mapping", runtime)
+    framework = runtime.get("framework")
+    if framework is None or isinstance(framework, str):
+        framework = runtime["framework"] = {"stack": framework or DEFAULT_STACK}
+    if not isinstance(framework, dict):
+        raise ScenarioError(source, "runtime.framework", "a stack name or a mapping", framework)
+    if "name" in framework:
+        _set_dotted(framework, f"{key}.value", value, source)
+        return
+    overrides = framework.setdefault("overrides", {})
+    if not isinstance(overrides, dict):
+        raise ScenarioError(source, "runtime.framework.overrides", "a mapping", overrides)
+    overrides[key] = value
 
 
 def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
@@ -176,6 +230,9 @@ def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
             if not isinstance(hardware, dict):
                 raise ScenarioError(source, dotted, "hardware to be a profile", hardware)
             hardware.setdefault("overrides", {})[routed.removeprefix("hardware.overrides.")] = value
+            continue
+        if routed.startswith("stack."):
+            _override_stack(patched, routed.removeprefix("stack."), value, source)
             continue
         if routed.startswith("model.") and isinstance(patched.get("model"), str):
             patched["model"] = {"base": patched["model"]}
@@ -196,25 +253,22 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     if not isinstance(value, Mapping):
         raise ScenarioError(source, "model", "a catalog name or a mapping", value)
     if "hf_config" in value:
-        extra = set(value) - {"hf_config"}
-        if extra:
-            raise ScenarioError(source, f"model.{sorted(extra)[0]}",
-                                "only hf_config next to hf_config", sorted(extra)[0])
-        return spec_from_hf_file(base_dir / str(value["hf_config"]), source=source,
-                                 key_path="model.hf_config")
+        patch = {key: item for key, item in value.items() if key != "hf_config"}
+        path = referenced_path(base_dir, value["hf_config"], source=source,
+                               key_path="model.hf_config", what="a Hugging Face config.json")
+        return spec_from_hf_file(path, source=source, key_path="model.hf_config", patch=patch)
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
-        if base not in CATALOG:
+        if not isinstance(base, str) or base not in CATALOG:
             raise ScenarioError(source, "model.base",
                                 f"a catalog model ({', '.join(catalog_names())})", base)
-        from dataclasses import asdict
-
-        merged = asdict(CATALOG[base])
-        merged.pop("name")
+        merged = fields_of(CATALOG[base])
         merged.update(fields)
         fields = merged
-    name = str(fields.pop("name", base or "custom"))
+    name = fields.pop("name", base or "custom")
+    check_plausible("model.name", name, source=source, key_path="model.name")
+    name = str(name)
     return spec_from_hf_fields(fields, name=name, source=source, key_path="model")
 
 
@@ -227,17 +281,23 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     if not isinstance(overrides, Mapping):
         raise ScenarioError(source, "hardware.overrides", "a mapping of profile keys to values",
                             overrides)
+    overrides = flatten_overrides(overrides)
     if "profile" in value or "file" in value:
         extra = set(value) - HARDWARE_REFERENCE_KEYS
         if extra:
             raise ScenarioError(source, f"hardware.{sorted(extra)[0]}",
                                 "profile or file, plus optional overrides", sorted(extra)[0])
+        if "profile" in value and "file" in value:
+            raise ScenarioError(source, "hardware.file",
+                                "either a catalog profile or a profile file, not both "
+                                f"(hardware.profile is {value['profile']!r})", value["file"])
         if "profile" in value:
-            tree = builtin_profile_tree(str(value["profile"]), source=source,
+            tree = builtin_profile_tree(value["profile"], source=source,
                                         key_path="hardware.profile")
             profile_source = f"profile {value['profile']}"
         else:
-            path = base_dir / str(value["file"])
+            path = referenced_path(base_dir, value["file"], source=source,
+                                   key_path="hardware.file", what="a hardware profile")
             tree = profile_tree_from_file(path, source=source, key_path="hardware.file")
             profile_source = str(path)
     else:
@@ -248,18 +308,66 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     try:
         return parse_profile(tree, profile_source)
     except ScenarioError as err:
-        key = err.key_path.removesuffix(".value")
-        if key in overrides:
+        key = _overridden_key(err.key_path, overrides)
+        if key is not None:
             raise ScenarioError(source, f"hardware.overrides.{key}", err.expected,
                                 err.got) from None
         raise
 
 
-def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path) -> tuple[Any, str]:
-    if isinstance(value, Mapping) and set(value) == {"file"}:
-        path = base_dir / str(value["file"])
-        return read_yaml_file(path, referenced_from=source, key_path="deepspeed.file"), str(path)
-    return value, source
+def _overridden_key(key_path: str, overrides: Mapping[str, Any]) -> str | None:
+    """The override an error in the patched profile is about, as the scenario names it:
+    `gpu.hbm_GiB.value` -> `gpu.hbm_GiB`; `gpu.hbm_GiB.source` of a provenance override stays."""
+    if key_path.removesuffix(".value") in overrides:
+        return key_path.removesuffix(".value")
+    if any(key_path.startswith(f"{key}.") for key in overrides):
+        return key_path
+    return None
+
+
+def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `patch` merged in: mappings merge key by key, anything else replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in patch.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path, behaviours: Behaviours
+                            ) -> tuple[Any, str]:
+    """`{file: ds.json}` is read as DeepSpeed reads it; keys beside `file:` (and
+    `--set deepspeed.X` overrides, which land there) patch the file's content, merged key by
+    key, before it is validated."""
+    if not (isinstance(value, Mapping) and "file" in value):
+        return value, source
+    path = referenced_path(base_dir, value["file"], source=source, key_path="deepspeed.file",
+                           what="a ds_config")
+    content = read_ds_config(path, behaviours=behaviours, referenced_from=source,
+                             key_path="deepspeed.file")
+    if not isinstance(content, Mapping):
+        raise ScenarioError(str(path), "<root>", "a ds_config mapping (JSON object)",
+                            type(content).__name__)
+    patch = {key: item for key, item in value.items() if key != "file"}
+    if not patch:
+        return content, str(path)
+    return deep_merge(content, patch), f"{path} (patched by {source})"
+
+
+def _warn_resolution(resolution: Any, ds_source: str) -> None:
+    if resolution.unmodelled:
+        warnings.warn(f"{ds_source}: zerosim does not model these keys and ignores them: "
+                      f"{', '.join(resolution.unmodelled)}", UnmodelledKeysWarning, stacklevel=4)
+    for line in resolution.legacy:
+        warnings.warn(f"{ds_source}: {line}", LegacyKeyWarning, stacklevel=4)
+    defaulted = [f"deepspeed.{fill.key} = {fill.value}" for fill in resolution.auto
+                 if fill.defaulted]
+    if defaulted:
+        warnings.warn(f"{ds_source}: 'auto' filled from the Hugging Face Trainer's defaults "
+                      f"(set trainer: and precision: in the scenario to choose): "
+                      f"{', '.join(defaulted)}", AutoDefaultWarning, stacklevel=4)
 
 
 def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
@@ -267,30 +375,35 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         raise ScenarioError(source, "<root>", "a mapping with model, hardware, deepspeed, ...",
                             type(tree).__name__)
     raw: _ScenarioRaw = validate_section(_ScenarioRaw, dict(tree), source=source, prefix="")
+    check_section({k: v for k, v in tree.items() if k not in DOCUMENT_SECTIONS}, prefix="",
+                  source=source)
     version = parse_version(raw.runtime.deepspeed_version, source=source)
     model = _resolve_model(raw.model, source, base_dir)
     hardware = _resolve_hardware(raw.hardware, source, base_dir)
+    stack = resolve_stack(raw.runtime.framework, source=source, base_dir=base_dir)
     data_parallel = raw.data_parallel or hardware.total_gpus
     if data_parallel > hardware.total_gpus:
         raise ScenarioError(source, "data_parallel",
                             f"at most the {hardware.total_gpus} GPUs of {hardware.name}",
                             data_parallel)
-    ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir)
     behaviours = resolve_behaviours(version)
-    deepspeed, unmodelled = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
-                                              data_parallel=data_parallel)
-    if unmodelled:
-        warnings.warn(f"{ds_source}: zerosim does not model these keys and ignores them: "
-                      f"{', '.join(unmodelled)}", UnmodelledKeysWarning, stacklevel=3)
+    ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
+    trainer = raw.trainer or TrainerArgs()
+    context = TrainerContext(trainer, frozenset(trainer.model_fields_set), raw.precision,
+                             data_parallel, model.hidden_size)
+    resolution = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
+                                   trainer=context)
+    _warn_resolution(resolution, ds_source)
     name = raw.name or Path(source).stem
     scenario = Scenario(
         name=name, description=raw.description, model=model,
         sequence_length=raw.sequence_length,
-        activation_checkpointing=raw.activation_checkpointing, attention=raw.attention,
-        hardware=hardware, data_parallel=data_parallel, deepspeed=deepspeed,
+        activation_checkpointing=raw.activation_checkpointing,
+        attention=ATTENTION_NAMES[raw.attention],
+        hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank), what_if=raw.what_if,
-        source=source,
-        unmodelled_keys=tuple(unmodelled), behaviours=behaviours)
+        source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
+        behaviours=behaviours, stack=stack)
     check_supported(scenario)
     return scenario
 

@@ -12,15 +12,32 @@ ZERO = "deepspeed.zero_optimization"
 
 def check_supported(scenario: Any) -> None:
     """Raise `UnsupportedConfigError` for a configuration the engine does not replay."""
-    for rule in (_offload_needs_zero, _param_offload_needs_stage3,
-                 _param_offload_needs_optimizer_offload, _twin_flow_needs_offload,
-                 _what_ifs_need_offloaded_stage3, _nvme_needs_drives, _what_ifs_not_with_nvme,
-                 _nvme_buffers_suffice):
+    for rule in (_needs_16bit_training, _no_tensor_parallel, _offload_needs_zero,
+                 _param_offload_needs_stage3, _param_offload_needs_optimizer_offload,
+                 _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
+                 _what_ifs_not_with_nvme, _nvme_buffers_suffice):
         rule(scenario)
 
 
 def _refuse(scenario: Any, key: str, expected: str, got: Any) -> None:
     raise UnsupportedConfigError(scenario.source, key, expected, got)
+
+
+def _needs_16bit_training(scenario: Any) -> None:
+    if scenario.deepspeed.dtype == "fp32":
+        _refuse(scenario, "deepspeed.fp16.enabled",
+                "fp16 or bf16 enabled (without either DeepSpeed trains in fp32, which zerosim "
+                "does not replay: it models 16-bit mixed precision; an 'auto' enabled takes "
+                "the scenario's precision, fp16 or bf16, in the block the ds_config has)",
+                "neither fp16.enabled nor bf16.enabled true (fp32 training)")
+
+
+def _no_tensor_parallel(scenario: Any) -> None:
+    size = scenario.deepspeed.autotp_size
+    if size > 1:
+        _refuse(scenario, "deepspeed.tensor_parallel.autotp_size",
+                "0 or 1 (DeepSpeed from 0.16.4 would split every layer over that many GPUs; "
+                "zerosim replays data parallelism only)", size)
 
 
 def _offload_needs_zero(scenario: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from zerosim.errors import ScenarioError
+from zerosim.inputs.plausible import Plausible, rule_for
 
 _EXPECTED = {
     "int_type": "an integer",
@@ -22,7 +23,11 @@ _EXPECTED = {
     "model_type": "a mapping",
     "list_type": "a list",
     "missing": "a value (this key is required)",
+    "finite_number": "a finite number",
+    "int_parsing_size": "an integer of plausible size",
 }
+OUT_OF_RANGE = ("finite_number", "int_parsing_size")
+"""pydantic's errors for an infinity or a huge number: the key's plausible range says more."""
 
 
 def _expected(error: dict[str, Any], known_keys: list[str]) -> str:
@@ -69,5 +74,9 @@ def validate_section(model: type[BaseModel], data: Any, *, source: str, prefix: 
         got = loc[-1] if first["type"] == "extra_forbidden" else first.get("input", "nothing")
         if first["type"] == "missing":
             got = "nothing"
-        raise ScenarioError(source, path, _expected(first, _known_keys(model, loc)),
-                            got) from None
+        expected = _expected(first, _known_keys(model, loc))
+        rule = rule_for(path)
+        if first["type"] in OUT_OF_RANGE and isinstance(rule, Plausible):
+            expected = rule.expected() + (" (a finite number)" if first["type"] ==
+                                          "finite_number" else "")
+        raise ScenarioError(source, path, expected, got) from None

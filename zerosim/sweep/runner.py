@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ZerosimError
+from zerosim.interrupts import ignore_interrupts_in_worker
 from zerosim.sweep.spec import Point, SweepSpec, load_sweep, validate
 from zerosim.sweep.store import ResultStore, Resumed, locked
 from zerosim.sweep.worker import run_point
@@ -120,7 +121,8 @@ def open_executor(workers: int | None, dask: str | None, todo: int
 
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(count, mp_context=context) as pool:
+    with ProcessPoolExecutor(count, mp_context=context,
+                             initializer=ignore_interrupts_in_worker) as pool:
         yield pool, WINDOW_PER_WORKER * count, f"on {count} processes"
 
 

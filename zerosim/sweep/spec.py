@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError
-from zerosim.scenario import UnmodelledKeysWarning, load_scenario, scenario_from_dict
-from zerosim.yamlio import read_yaml_file
+from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.inputs import read_input_text
+from zerosim.scenario import load_scenario, scenario_from_dict
+from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 SPEC_KEYS = ("base", "description", "set", "grid", "zip", "variants")
 RANGE_KEYS = ("start", "stop", "num", "scale")
@@ -184,8 +185,8 @@ def load_sweep(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] | 
 
     path = Path(path)
     source = str(path)
-    text = _read_text(path)
-    tree = read_yaml_file(path)
+    text = read_input_text(path, what="sweep file")
+    tree = parse_yaml_text(text, source)
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping with base and grid, zip or variants",
                             type(tree).__name__)
@@ -236,13 +237,6 @@ def load_sweep(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] | 
     return SweepSpec(source=source, path=path, base=base, description=description, fixed=fixed,
                      grid=grid, zip=zipped, variants=variants, text=text,
                      fixed_origins=fixed_origins)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        raise ScenarioError(str(path), "<root>", "an existing sweep file", str(path)) from None
 
 
 def _path_mapping(value: Any, source: str, key: str) -> dict[str, Any]:
@@ -383,11 +377,11 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
 
     Returns the warnings worth showing once (ds_config keys the base sets but zerosim ignores).
     """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UnmodelledKeysWarning)
-        base = load_scenario(spec.base)
-    notes = ([f"{spec.base}: zerosim does not model these keys and ignores them: "
-              f"{', '.join(base.unmodelled_keys)}"] if base.unmodelled_keys else [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScenarioWarning)
+        load_scenario(spec.base)
+    notes = [str(warning.message) for warning in caught
+             if issubclass(warning.category, ScenarioWarning)]
     tree = read_yaml_file(spec.base)
     problems: list[ScenarioError] = []
     seen: set[str] = set()
@@ -400,7 +394,7 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
 
     for point in points:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnmodelledKeysWarning)
+            warnings.simplefilter("ignore", ScenarioWarning)
             try:
                 scenario = scenario_from_dict(tree, source=str(spec.base),
                                               base_dir=spec.base.parent,

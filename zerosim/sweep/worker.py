@@ -57,13 +57,13 @@ def run_point(base: str, overrides: dict[str, Any], point_id: str) -> dict[str, 
     an out-of-memory configuration is a row with status `oom`.
     """
     from zerosim.api import simulate_summary
-    from zerosim.scenario import UnmodelledKeysWarning
+    from zerosim.errors import ScenarioWarning
 
     started = time.perf_counter()
     row: dict[str, Any] = {"point_id": point_id}
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnmodelledKeysWarning)
+            warnings.simplefilter("ignore", ScenarioWarning)
             summary = simulate_summary(base, overrides)
     except Exception as err:
         row["status"] = "error"

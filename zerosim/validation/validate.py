@@ -26,6 +26,9 @@ from zerosim.validation.reference import (
 from zerosim.vocabulary import DeviceKind, OpKind, Phase, Stream, device_name
 
 PHASE_TOLERANCE = 0.10
+POLARIS_PHASE_TOLERANCE = 0.15
+POLARIS_ITERATION_TOLERANCE = 0.10
+"""Issue 11's bar for the Polaris runs: each phase within 15%, the iteration within 10%."""
 MEMORY_TOLERANCE = 0.10
 RATIO_TOLERANCE = 0.10
 PRINTED_GB_TOLERANCE = 0.005
@@ -282,10 +285,61 @@ def seed003_cells() -> list[Cell]:
     return cells
 
 
-def validate(study: Study | None = None, *, seed003: bool = False
+def per_step_seconds(result: Result) -> dict[str, float]:
+    """Each phase's total over the optimizer step on the slowest rank (all micro-batches),
+    as the Polaris runs measure them, and the iteration."""
+    frame = result.phases.assign(seconds=result.phases.end_s - result.phases.start_s)
+    totals = frame.groupby(["rank", "phase"]).seconds.sum().groupby("phase").max()
+    return {str(phase): float(totals[phase]) for phase in totals.index} | {
+        "iteration": float(result.summary["iteration_s"])}
+
+
+def peak_allocated_bytes(result: Result, hardware: HardwareProfile,
+                         device: str = GPU0) -> float:
+    """What `torch.cuda.max_memory_allocated` reports: the peak on `device` less the CUDA
+    context and library workspaces, which the caching allocator does not count."""
+    return gpu_peak_between(result, 0.0, float(result.memory.t_s.max()), device) - (
+        hardware.runtime_context_bytes)
+
+
+POLARIS_GROUP = "Polaris (4x A100, Megatron-DeepSpeed, 0.13.3)"
+
+
+def polaris_cells() -> list[Cell]:
+    """The 41 Polaris runs (29 configurations, repeats averaged): per-step forward, backward
+    and update, the iteration, and rank 0's peak allocated GPU memory."""
+    from zerosim.validation.polaris import MEASURED_PHASES, configurations
+
+    cells = []
+    for configuration in configurations():
+        run = configuration.first
+        scenario = scenario_from_dict(run.scenario(), source=f"Polaris CSV row {run.row}")
+        result = simulate(scenario)
+        case = f"{run.name} (x{len(configuration.runs)})"
+        if result.status != "ok":
+            cells.append(replace(judge(POLARIS_GROUP, case, "iteration", "s",
+                                       configuration.measured("iteration"), 0.0,
+                                       POLARIS_ITERATION_TOLERANCE), simulated_text="oom",
+                                 status="fail"))
+            continue
+        simulated = per_step_seconds(result)
+        for phase in MEASURED_PHASES:
+            tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
+                         else POLARIS_PHASE_TOLERANCE)
+            cells.append(judge(POLARIS_GROUP, case, f"{phase} per step", "s",
+                               configuration.measured(phase), simulated[phase], tolerance))
+        cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GB",
+                           configuration.peak_gpu_bytes / 1e9,
+                           peak_allocated_bytes(result, scenario.hardware) / 1e9,
+                           MEMORY_TOLERANCE))
+    return cells
+
+
+def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool = True
              ) -> tuple[list[Cell], dict[int, Result]]:
-    """Run every case of the study (and, with `seed003`, the multi-node rows of seed 003, a
-    minute more); return the comparison cells and the study's results."""
+    """Run every case of the study and the Polaris runs (and, with `seed003`, the multi-node
+    rows of seed 003, a minute more); return the comparison cells and the study's
+    results."""
     study = study or load_study()
     results = {dp: run_study(study, dp) for dp in sorted(study.table2)}
     cells = table2_cells(study, results) + memory_cells(study, results[1])
@@ -296,6 +350,8 @@ def validate(study: Study | None = None, *, seed003: bool = False
     cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
                        probe, RATIO_TOLERANCE))
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
+    if polaris:
+        cells += polaris_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results

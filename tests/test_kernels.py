@@ -1,0 +1,165 @@
+"""Kernel-level GPU time, software stacks and the host path, with values worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import toy_stack
+
+from zerosim.errors import ScenarioError
+from zerosim.hardware import costs
+from zerosim.hardware.profile import load_profile
+from zerosim.models.breakdown import Recipe, Workload, build_modules, total_params
+from zerosim.models.catalog import CATALOG
+from zerosim.models.kernels import FusedAttention, Gemm, MemoryPass, kernel_count, linear_backward
+from zerosim.scenario import load_scenario
+from zerosim.stacks import DEFAULT_STACK, load_stack, parse_stack, stack_names
+
+A100 = load_profile("polaris-a100")
+LLAMA13 = CATALOG["llama2-13b"]
+
+
+def test_gemm_counts_flops_and_minimum_traffic():
+    g = Gemm(m=2048, n=5120, k=5120)
+    assert g.flops == 2 * 2048 * 5120 * 5120
+    assert g.nbytes == 2 * (2048 * 5120 + 5120 * 5120 + 2048 * 5120)
+
+
+def test_linear_backward_is_the_input_and_weight_gradient_gemms():
+    dgrad, wgrad = linear_backward(Gemm(m=8, n=16, k=4))
+    assert (dgrad.m, dgrad.n, dgrad.k) == (8, 4, 16)  # dY [8x16] x W^T [16x4]
+    assert (wgrad.m, wgrad.n, wgrad.k) == (4, 16, 8)  # X^T [4x8] x dY [8x16]
+    assert dgrad.flops == wgrad.flops == Gemm(8, 16, 4).flops
+
+
+def test_wave_quantisation_on_an_a100():
+    """256x128 tiles: 2048x5120 is 8 x 40 = 320 tiles, three waves of 108 SMs (324 slots)."""
+    assert (A100.sm_count, A100.gemm_tile_m, A100.gemm_tile_n) == (108, 256, 128)
+    assert costs.wave_quantisation(Gemm(2048, 5120, 5120), A100) == pytest.approx(320 / 324)
+    # 108 tiles fill one wave exactly; 109 need a second, nearly empty one.
+    assert costs.wave_quantisation(Gemm(256, 128 * 108, 64), A100) == 1.0
+    assert costs.wave_quantisation(Gemm(256, 128 * 109, 64), A100) == pytest.approx(109 / 216)
+
+
+def test_gemm_time_is_its_roofline_plus_the_kernel_gap():
+    g = Gemm(2048, 5120, 5120)
+    compute = g.flops / (312e12 * A100.gemm_efficiency * (320 / 324))
+    assert costs.kernel_s(g, A100) == pytest.approx(compute + A100.kernel_gap_s, rel=1e-12)
+    thin = Gemm(2048, 2048, 16, batch=64)  # attention scores with head_dim 16: memory-bound
+    memory = thin.nbytes / (1555e9 * A100.memory_efficiency)
+    assert thin.flops / (312e12 * A100.gemm_efficiency) < memory
+    assert costs.kernel_s(thin, A100) == pytest.approx(memory + A100.kernel_gap_s, rel=1e-12)
+
+
+def test_memory_passes_pay_their_bytes_and_one_gap_per_kernel():
+    p = MemoryPass(nbytes=1e9, count=7)
+    expected = 1e9 / (1555e9 * A100.memory_efficiency) + 7 * A100.kernel_gap_s
+    assert costs.kernel_s(p, A100) == pytest.approx(expected, rel=1e-12)
+    f = FusedAttention(flops=1e12, nbytes=1e6)
+    assert costs.kernel_s(f, A100) == pytest.approx(
+        1e12 / (312e12 * A100.flash_attention_efficiency) + A100.kernel_gap_s, rel=1e-12)
+
+
+def test_fused_layout_cuts_a_block_into_fewer_modules_with_the_same_parameters():
+    w = Workload(sequence_length=2048)
+    separate = build_modules(LLAMA13, w, Recipe())
+    fused = build_modules(LLAMA13, w, Recipe(fused_qkv=True, fused_gate_up=True))
+    block = [m.name.split(".", 2)[2] for m in fused if m.layer == 0 and m.params]
+    assert block == ["input_layernorm", "self_attn.qkv_proj", "self_attn.o_proj",
+                     "post_attention_layernorm", "mlp.gate_up_proj", "mlp.down_proj"]
+    assert sum(1 for m in separate if m.layer == 0 and m.params) == 9
+    assert sum(m.params for m in fused) == sum(m.params for m in separate) == total_params(
+        LLAMA13)
+    assert sum(m.fwd_flops for m in fused) == sum(m.fwd_flops for m in separate)
+
+
+def test_eager_attention_is_two_batched_gemms_and_the_stack_s_passes():
+    w = Workload(sequence_length=2048, micro_batch_size=2)
+    recipe = load_stack("hf-transformers").recipe
+    core = next(m for m in build_modules(LLAMA13, w, recipe) if m.kind == "attention")
+    gemms = [k for k in core.kernels if isinstance(k, Gemm)]
+    assert [(g.m, g.n, g.k, g.batch) for g in gemms] == [(2048, 2048, 128, 80),
+                                                         (2048, 128, 2048, 80)]
+    scores = 40 * 2048 * 4096  # heads x s x tokens
+    passes = [k for k in core.kernels if isinstance(k, MemoryPass)]
+    assert [p.count for p in passes] == [5, 4, 1]  # rotary, scores, context (no GQA repeat)
+    assert passes[1].nbytes == 21 * scores
+    assert len([k for k in core.backward_kernels if isinstance(k, Gemm)]) == 4
+    assert kernel_count(core.kernels) == 12
+
+
+def test_stacks_ship_and_the_default_is_the_study_s():
+    assert {"megatron-deepspeed", "hf-transformers"} <= set(stack_names())
+    assert DEFAULT_STACK == "megatron-deepspeed"
+    stack = load_stack(DEFAULT_STACK)
+    assert stack.recipe.fused_qkv and stack.recipe.fused_gate_up
+    assert stack.on_core(1e-3, 3.0e9) == pytest.approx(1e-3)
+    assert stack.on_core(1e-3, 1.5e9) == pytest.approx(2e-3)
+
+
+def test_bad_stacks_are_clear_errors():
+    tree = toy_stack()
+    tree["modules"]["qkv"] = "merged"
+    with pytest.raises(ScenarioError, match=r"modules\.qkv: expected one of fused, separate"):
+        parse_stack(tree, "s.yaml")
+    tree = toy_stack()
+    tree["kernels"]["softmax"] = tree["kernels"]["scores"]
+    with pytest.raises(ScenarioError, match=r"kernels\.softmax"):
+        parse_stack(tree, "s.yaml")
+    tree = toy_stack()
+    tree["host"]["fetch_hook_us"]["value"] = float("inf")
+    with pytest.raises(ScenarioError, match=r"host\.fetch_hook_us\.value: expected a finite"):
+        parse_stack(tree, "s.yaml")
+
+
+def test_stack_values_are_overridden_like_profile_values():
+    scenario = load_scenario("scenarios/llama13b_dp1.yaml", ["stack.host.fetch_hook_us=250"])
+    assert scenario.stack.fetch_hook_s == pytest.approx(250e-6)
+    assert scenario.stack.provenance["host.fetch_hook_us"].basis == "override"
+    hf = load_scenario("scenarios/llama13b_dp1.yaml", ["runtime.framework=hf-transformers"])
+    assert not hf.stack.recipe.fused_qkv
+    with pytest.raises(ScenarioError, match=r"runtime\.framework"):
+        load_scenario("scenarios/llama13b_dp1.yaml", ["runtime.framework=pytorch-lightning"])
+
+
+# The toy (conftest.py) at DP=1: 21 modules own parameters (embed, 9 per layer x 2, the final
+# norm, lm_head) and the forward launches 28 kernels (12 per layer: norms, four projections,
+# two attention GEMMs, gate/up/down, the activation; plus embed, norm, lm_head and loss).
+TOY_PARAM_MODULES = 21
+TOY_FORWARD_KERNELS = 28
+TOY_LOSS_PS = 20480
+
+
+def _forward_end(toy, host: dict) -> float:
+    stack = toy_stack()
+    for key, value in host.items():
+        stack["host"][key]["value"] = value
+    result = toy.run({"runtime": {"framework": stack}})
+    phases = result.phases
+    return float(phases[phases.phase == "forward"].end_s.max())
+
+
+def test_a_host_bound_forward_takes_the_host_path(toy):
+    """With 1 ms of ZeRO-3 hooks per module (the GPU needs ~1.7 us in all), the forward ends
+    when the host has run every hook, then the GPU runs what was queued after the last one:
+    lm_head (262144 ps) and the loss (20480 ps)."""
+    end = _forward_end(toy, {"fetch_hook_us": 1000})
+    assert end == pytest.approx(TOY_PARAM_MODULES * 1e-3 + (262144 + TOY_LOSS_PS) * 1e-12,
+                                rel=1e-9)
+
+
+def test_kernel_launches_are_paid_by_the_host_before_the_gpu_runs_them(toy):
+    """1 us per launch: the host issues the loss's kernel at 28 us, the GPU runs it at once."""
+    end = _forward_end(toy, {"kernel_launch_us": 1})
+    assert end == pytest.approx(TOY_FORWARD_KERNELS * 1e-6 + TOY_LOSS_PS * 1e-12, rel=1e-9)
+
+
+def test_host_times_scale_with_the_cpu_clock(toy):
+    """The toy stack quotes host times at 3 GHz; a 1.5 GHz core takes twice as long."""
+    stack = toy_stack()
+    stack["host"]["fetch_hook_us"]["value"] = 1000
+    profile = toy.profile()
+    profile["host"]["cpu_boost_GHz"]["value"] = 1.5
+    result = toy.run({"runtime": {"framework": stack}, "hardware": profile})
+    end = float(result.phases[result.phases.phase == "forward"].end_s.max())
+    assert end == pytest.approx(2 * TOY_PARAM_MODULES * 1e-3 + (262144 + TOY_LOSS_PS) * 1e-12,
+                                rel=1e-9)

@@ -1,0 +1,43 @@
+"""Mixture-of-experts models in the engine: ZeRO-3 fetches every expert, and the model states
+hold every expert's parameters."""
+
+from __future__ import annotations
+
+from zerosim.models import build_modules, total_params
+from zerosim.vocabulary import OpKind, Phase
+
+TINY_MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+                "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_zero3_gathers_every_expert_in_forward_order(toy):
+    """transformers runs every expert of the `nn.ModuleList` in turn, so each expert's hooks
+    fire and ZeRO-3 all-gathers its projections, module by module, whatever tokens it gets."""
+    scenario = toy.scenario({"model": TINY_MIXTRAL}, gpus=2)
+    result = toy.run({"model": TINY_MIXTRAL}, gpus=2)
+    spans = result.spans
+    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
+                    & (spans.phase == Phase.FORWARD) & (spans.micro_batch == 0)]
+    gathered = [op.removeprefix("all-gather ") for op in gathers.sort_values("start_s").op]
+    experts = [m.name for m in build_modules(scenario.model, _workload(scenario))
+               if ".experts." in m.name and m.params]
+    assert len(experts) == 2 * 4 * 3
+    assert [name for name in gathered if ".experts." in name] == experts
+
+
+def test_model_states_hold_every_expert(toy):
+    """ZeRO partitions every expert's parameters: the plan's parameters are the model's."""
+    from zerosim.engine.plan import plan_of
+
+    scenario = toy.scenario({"model": TINY_MIXTRAL}, gpus=2)
+    experts = 2 * 4 * 3 * 64 * 128
+    assert sum(p.numel for p in plan_of(scenario).all_params) == total_params(scenario.model)
+    assert total_params(scenario.model) == (256 * 64 * 2 + 64 + experts + 2 * (
+        2 * 64 * 64 + 2 * 64 * 32 + 2 * 64 + 64 * 4))
+
+
+def _workload(scenario):
+    from zerosim.engine.plan import workload_of
+
+    return workload_of(scenario)

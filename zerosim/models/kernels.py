@@ -1,0 +1,72 @@
+"""The GPU kernels a module launches, as shapes and byte counts (pure; no hardware, no time).
+
+A module's forward is a short list of kernels: GEMMs (described by their M, N, K and batch, so a
+cost function can apply a roofline with wave quantisation over the SMs), memory-bound passes
+(norms, activations, residual adds, softmax, casts: bytes through HBM) and, under flash
+attention, one fused attention kernel. `hardware/costs.py` prices them on a profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLASH_BACKWARD_FLOPS_FACTOR = 2.5
+"""FlashAttention-2's backward runs five GEMM-sized products (recomputing the scores, then dV,
+dP, dQ, dK) against the forward's two: 2.5x the forward FLOPs (Dao, FlashAttention-2, sec. 3)."""
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """`batch` products of an (m x k) by (k x n) matrix, 16-bit operands and output."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype_bytes: int = 2
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def nbytes(self) -> float:
+        """Operands read once and the output written once: the GEMM's minimum HBM traffic."""
+        return float(self.dtype_bytes * self.batch
+                     * (self.m * self.k + self.k * self.n + self.m * self.n))
+
+
+@dataclass(frozen=True)
+class MemoryPass:
+    """`count` elementwise kernels moving `nbytes` through HBM together and doing `flops` of
+    arithmetic (a few per element: on a real GPU the bytes always take longer)."""
+
+    nbytes: float
+    count: int = 1
+    flops: float = 0.0
+
+    def scaled(self, factor: float) -> MemoryPass:
+        return MemoryPass(self.nbytes * factor, self.count, self.flops * factor)
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """One fused (flash) attention kernel: the FLOPs it executes and its HBM input/output."""
+
+    flops: float
+    nbytes: float
+
+
+Kernel = Gemm | MemoryPass | FusedAttention
+
+
+def linear_backward(forward: Gemm) -> tuple[Gemm, Gemm]:
+    """A linear layer's backward: the input gradient (dY W^T) and the weight gradient (X^T dY)."""
+    f = forward
+    return (Gemm(f.m, f.k, f.n, f.batch, f.dtype_bytes),
+            Gemm(f.k, f.n, f.m, f.batch, f.dtype_bytes))
+
+
+def kernel_count(kernels: tuple[Kernel, ...]) -> int:
+    """How many kernels the host launches for these."""
+    return sum(k.count if isinstance(k, MemoryPass) else 1 for k in kernels)

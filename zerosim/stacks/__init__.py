@@ -1,0 +1,247 @@
+"""Software-stack profiles: what the training framework and DeepSpeed add on top of the hardware.
+
+A hardware profile says what the machine can do; a stack file (`zerosim/stacks/<name>.yaml`)
+says what the software asks of it: how a transformer block is cut into the modules ZeRO-3
+fetches (fused QKV and gate/up projections or separate ones), which memory-bound kernels each
+module launches besides its GEMMs, and what the rank's host thread spends per kernel launch,
+per ZeRO-3 module hook and per collective. Host times are quoted for a core at the stack's
+`host.reference_GHz`; a rank's host thread runs them scaled by the profile's
+`host.cpu_boost_GHz`. Pure: no SimPy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from zerosim.errors import ScenarioError
+from zerosim.inputs import check_plausible, referenced_path
+from zerosim.models.breakdown import Elementwise, Recipe
+from zerosim.units import MS, US
+from zerosim.yamlio import parse_yaml_text, read_yaml_file
+
+DEFAULT_STACK = "megatron-deepspeed"
+"""The study's stack (`runtime.framework` when a scenario names none): the study and the Polaris
+runs come from the same group's Megatron-DeepSpeed set-up (see the stack file)."""
+LAYOUTS = {"modules.qkv": ("fused", "separate"), "modules.gate_up": ("fused", "separate")}
+KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
+              "loss")
+HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
+              "host.fetch_hook_us": ("fetch_hook_s", US),
+              "host.collective_launch_us": ("collective_launch_s", US),
+              "host.micro_batch_ms": ("micro_batch_s", MS),
+              "host.step_ms": ("step_s", MS)}
+"""Host-time keys -> (field, scale to seconds)."""
+BASES = ("spec", "measured", "fitted", "assumed", "override")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    value: Any
+    basis: str
+    source: str
+
+
+@dataclass(frozen=True)
+class SoftwareStack:
+    """A stack in SI units. Host times are on a core at `reference_Hz`."""
+
+    name: str
+    description: str
+    recipe: Recipe
+    reference_Hz: float
+    kernel_launch_s: float
+    """Host time to issue one kernel (PyTorch's eager dispatch and the CUDA launch)."""
+    fetch_hook_s: float
+    """Host time of ZeRO-3's pre- and post-hooks around one module that owns parameters (the
+    parameter coordinator's fetch, prefetch and release bookkeeping), per pass."""
+    collective_launch_s: float
+    """Host time per collective a rank launches (DeepSpeed's bookkeeping and the NCCL call)."""
+    micro_batch_s: float
+    """Host time per micro-batch outside forward and backward: the framework fetching and
+    broadcasting the batch and averaging the loss over the data-parallel group."""
+    step_s: float
+    """Host time per optimizer step outside the phases (zeroing, timers, logging)."""
+    provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
+
+    def on_core(self, seconds: float, core_Hz: float) -> float:
+        """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
+        return seconds * self.reference_Hz / core_Hz
+
+
+def _leaf(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _provenance(raw: Any, source: str, key: str) -> Provenance:
+    if not isinstance(raw, Mapping) or set(raw) - {"value", "basis", "source"}:
+        raise ScenarioError(source, key, "{value: ..., basis: spec|measured|fitted|assumed, "
+                            "source: '...'}", raw)
+    if raw.get("basis") not in BASES:
+        raise ScenarioError(source, f"{key}.basis", f"one of {', '.join(BASES)}",
+                            raw.get("basis"))
+    if not isinstance(raw.get("source"), str) or not raw["source"].strip():
+        raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
+                            "comes from", raw.get("source"))
+    return Provenance(raw.get("value"), raw["basis"], raw["source"])
+
+
+def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = False) -> float:
+    value = prov.value
+    ok = (not isinstance(value, bool) and isinstance(value, int | float)
+          and value == value and value != float("inf") and (value > 0 if positive else value >= 0))
+    if not ok:
+        expected = "a finite number > 0" if positive else "a finite number >= 0"
+        raise ScenarioError(source, f"{key}.value", expected, value)
+    check_plausible(f"stack.{key}", value, source=source, key_path=f"{key}.value")
+    return float(value)
+
+
+def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
+    key = f"kernels.{op}"
+    raw = _leaf(tree, key)
+    if not isinstance(raw, Mapping) or set(raw) != {"kernels", "bytes_per_element", "source"}:
+        raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, source: '...'}",
+                            raw)
+    count, nbytes = raw["kernels"], raw["bytes_per_element"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)
+    check_plausible("stack.kernels.*.kernels", count, source=source, key_path=f"{key}.kernels")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | float) or not 0 <= nbytes < 1e3:
+        raise ScenarioError(source, f"{key}.bytes_per_element", "a number in [0, 1000)", nbytes)
+    return Elementwise(count, float(nbytes))
+
+
+def parse_stack(tree: Any, source: str) -> SoftwareStack:
+    """Validate a stack mapping and convert it to SI units."""
+    if not isinstance(tree, Mapping):
+        raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
+    known = {"name", "description", "modules", "kernels", "host"}
+    for key in tree:
+        if key not in known:
+            raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
+    name = tree.get("name")
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(source, "name", "a text", name)
+    layout = {}
+    for key, choices in LAYOUTS.items():
+        value = _leaf(tree, key)
+        if value not in choices:
+            raise ScenarioError(source, key, f"one of {', '.join(choices)}", value)
+        layout[key] = value == "fused"
+    provenance: dict[str, Provenance] = {}
+    factor_key = "kernels.backward_bytes_factor"
+    factor = _provenance(_leaf(tree, factor_key), source, factor_key)
+    provenance[factor_key] = factor
+    recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
+                    **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
+                    backward_bytes_factor=_non_negative(factor, source, factor_key))
+    extra = set(_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
+    if extra:
+        raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",
+                            f"one of {', '.join(KERNEL_OPS)}", sorted(extra)[0])
+    reference = _provenance(_leaf(tree, "host.reference_GHz"), source, "host.reference_GHz")
+    provenance["host.reference_GHz"] = reference
+    times: dict[str, float] = {}
+    for key, (attr, scale) in HOST_TIMES.items():
+        prov = _provenance(_leaf(tree, key), source, key)
+        provenance[key] = prov
+        times[attr] = _non_negative(prov, source, key) * scale
+    extra = set(_leaf(tree, "host") or {}) - {"reference_GHz", *(k[5:] for k in HOST_TIMES)}
+    if extra:
+        raise ScenarioError(source, f"host.{sorted(extra)[0]}", "a known host key",
+                            sorted(extra)[0])
+    reference_Hz = _non_negative(reference, source, "host.reference_GHz", positive=True) * 1e9
+    return SoftwareStack(name=name, description=str(tree.get("description", "")),
+                         recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
+                         **times)
+
+
+def stack_names() -> list[str]:
+    folder = resources.files("zerosim.stacks")
+    return sorted(p.name.removesuffix(".yaml") for p in folder.iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def builtin_stack_tree(name: str, *, source: str = "<inline>",
+                       key_path: str = "runtime.framework") -> dict[str, Any]:
+    if name not in stack_names():
+        raise ScenarioError(source, key_path, f"a stack name ({', '.join(stack_names())}), "
+                            "or a mapping {stack: name or file: path, overrides: {...}}", name)
+    path = resources.files("zerosim.stacks") / f"{name}.yaml"
+    return parse_yaml_text(path.read_text("utf-8"), f"zerosim/stacks/{name}.yaml")
+
+
+def apply_stack_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
+                          source: str, key_path: str) -> dict[str, Any]:
+    """Patch stack values by dotted key (`host.fetch_hook_us: 500`); a number keeps the key's
+    unit and is recorded with basis `override`."""
+    patched = copy.deepcopy(dict(tree))
+    for dotted, value in overrides.items():
+        parts = str(dotted).split(".")
+        node: Any = patched
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        leaf = parts[-1]
+        if not isinstance(node, dict) or leaf not in node:
+            raise ScenarioError(source, f"{key_path}.{dotted}", "an existing stack key", dotted)
+        if isinstance(node[leaf], Mapping) and "value" in node[leaf]:
+            node[leaf] = {"value": value, "basis": "override", "source": f"override in {source}"}
+        else:
+            node[leaf] = value
+    return patched
+
+
+def resolve_stack(value: Any, *, source: str, base_dir: Path,
+                  key_path: str = "runtime.framework") -> SoftwareStack:
+    """`runtime.framework`: a stack name, {stack: name | file: path, overrides: {...}}, or a
+    whole stack written inline (a mapping with `name`)."""
+    if value is None:
+        value = DEFAULT_STACK
+    if isinstance(value, str):
+        value = {"stack": value}
+    if not isinstance(value, Mapping):
+        raise ScenarioError(source, key_path, "a stack name or a mapping", value)
+    if "name" in value:
+        return parse_stack(value, f"{source}: {key_path}")
+    unknown = set(value) - {"stack", "file", "overrides"}
+    if unknown or ("stack" in value) == ("file" in value):
+        raise ScenarioError(source, key_path, "exactly one of stack: or file:, and optionally "
+                            "overrides:", dict(value))
+    if "stack" in value:
+        tree = builtin_stack_tree(str(value["stack"]), source=source, key_path=key_path)
+        origin = f"stack {value['stack']}"
+    else:
+        path = referenced_path(base_dir, value["file"], source=source,
+                               key_path=f"{key_path}.file", what="a software-stack file")
+        tree = read_yaml_file(path, referenced_from=source, key_path=f"{key_path}.file")
+        origin = str(path)
+    overrides = value.get("overrides") or {}
+    if not isinstance(overrides, Mapping):
+        raise ScenarioError(source, f"{key_path}.overrides", "a mapping of stack keys to values",
+                            overrides)
+    if overrides:
+        tree = apply_stack_overrides(tree, overrides, source=source,
+                                     key_path=f"{key_path}.overrides")
+    try:
+        return parse_stack(tree, origin)
+    except ScenarioError as err:
+        overridden = err.key_path.removesuffix(".value")
+        if overridden in overrides:
+            raise ScenarioError(source, f"{key_path}.overrides.{overridden}", err.expected,
+                                err.got) from None
+        raise
+
+
+def load_stack(name: str) -> SoftwareStack:
+    """A built-in stack by name."""
+    return resolve_stack(name, source=f"stack {name}", base_dir=Path("."))
