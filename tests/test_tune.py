@@ -68,7 +68,7 @@ def test_fixed_knobs_keep_the_scenarios_values_and_freed_ones_open():
 
 def test_a_pruned_configuration_runs_out_of_memory(toy):
     """The floor is a lower bound of the engine's peak: what it prunes, the engine refuses."""
-    patch = {"hardware": {"gpu": {"hbm_GiB": {"value": 0.0003, "basis": "assumed",
+    patch = {"hardware": {"gpu": {"hbm_GiB": {"value": 0.5, "basis": "assumed",
                                               "source": "test"}}}}
     scenario = toy.scenario(patch, gpus=2)
     gpu, _ = memory_floor(scenario)
