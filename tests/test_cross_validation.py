@@ -60,3 +60,13 @@ def test_fitted_without_the_11b_model_polaris_predicts_its_iterations_within_20_
                        max_iterations=10)
     assert {m.scenario.name.split("-dp")[0] for m in fit.holdout} == {"polaris-11.20b"}
     assert _worst(fit.holdout, fit, "iteration") <= TESTBED_TOLERANCE
+
+
+def test_oversubscription_fitted_on_the_5_9b_dp4_runs_predicts_the_11b_dp4_phases():
+    """The study's DP=1,2 -> DP=4 question restated where the data identifies it: on Polaris
+    (64 hardware threads) one and two ranks of 32 threads do not oversubscribe, four do, so
+    the 5.9B model's DP=4 runs pin the cost that the 11.2B model's DP=4 runs then test."""
+    fit, _ = calibrate([POLARIS], STACK + POLARIS_HARDWARE, holdout="polaris-11.20b-dp4",
+                       max_iterations=10)
+    assert {m.scenario.name for m in fit.holdout} == {"polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml"}
+    assert max(abs(fit.rel_error(m)) for m in fit.holdout) <= 0.15
