@@ -158,8 +158,9 @@ class Toy:
                  ) -> zerosim.Scenario:
         return zerosim.scenario_from_dict(self.tree(patch, gpus=gpus), source="<toy>")
 
-    def run(self, patch: Mapping[str, Any] | None = None, *, gpus: int = 1) -> zerosim.Result:
-        return zerosim.simulate(self.scenario(patch, gpus=gpus))
+    def run(self, patch: Mapping[str, Any] | None = None, *, gpus: int = 1,
+            fold_nodes: bool = True) -> zerosim.Result:
+        return zerosim.simulate(self.scenario(patch, gpus=gpus), fold_nodes=fold_nodes)
 
 
 @pytest.fixture(scope="session")

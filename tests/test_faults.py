@@ -42,6 +42,7 @@ def no_simulation(monkeypatch):
         raise AssertionError("simulated although the output folder was refused")
 
     monkeypatch.setattr("zerosim.api.simulate", refuse)
+    monkeypatch.setattr("zerosim.api.simulate_brief", refuse)   # what --no-files runs
 
 
 def invoke(*args: str):
@@ -244,7 +245,7 @@ def test_an_error_raised_while_a_signal_unwinds_still_prints_one_line(toy_file, 
     def divide_by_zero():
         return 1 / 0
 
-    monkeypatch.setattr("zerosim.api.simulate",
+    monkeypatch.setattr("zerosim.api.simulate_brief",   # what --no-files runs
                         _simulation_interrupted_by(signal.SIGINT, then=divide_by_zero))
     result = invoke("run", toy_file, "--no-files")
     assert result.exit_code == 130
@@ -304,7 +305,7 @@ def test_a_bug_is_one_line_and_status_70(toy_file, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("zerosim.api.simulate", broken)
+    monkeypatch.setattr("zerosim.api.simulate_brief", broken)   # what --no-files runs
     result = invoke("run", toy_file, "--no-files")
     assert result.exit_code == 70
     assert result.output == ("error: internal error, a bug in zerosim (please report it; "

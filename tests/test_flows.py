@@ -10,6 +10,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerosim.engine import flows as flows_module
 from zerosim.engine.flows import FlowNetwork, FlowRecord, RateChange
 
 
@@ -558,3 +559,29 @@ def test_component_local_recompute_matches_a_full_recompute(capacities, flows):
         env.process(run(flow))
     env.run()
     net.assert_idle()
+
+
+def _busy_network(remember: bool) -> FlowNetwork:
+    """Flows of a few recurring shapes over shared resources, started at staggered times;
+    with `remember=False` every allocation is computed afresh."""
+    env, net = _net()
+    if not remember:
+        net._allocated = lambda component: flows_module._allocate(component, net._capacities)
+    links = [net.add_resource(f"link{i}", 10.0 + i) for i in range(3)]
+    memory = net.add_resource("memory", 17.0)
+    shapes = [({links[0]: 1.0, memory: 2.0}, {}), ({links[1]: 1.0, memory: 3.0}, {"weight": 0.5}),
+              ({links[2]: 1.0}, {"max_rate": 4.0}), ({memory: 1.0, links[0]: 0.5}, {})]
+    for i in range(60):
+        usage, kwargs = shapes[(i * 7) % len(shapes)]
+        env.process(_start_at(env, net, 0.25 * (i % 13), 5.0 + i % 5, usage, label=str(i),
+                              **kwargs))
+    env.run()
+    return net
+
+
+def test_remembered_allocations_are_the_computed_ones():
+    """The allocation memo (by flow shapes in start order) changes no bit of any result."""
+    remembered, computed = _busy_network(True), _busy_network(False)
+    assert remembered.records == computed.records
+    assert remembered.rate_changes == computed.rate_changes
+    assert remembered._memo and not computed._memo

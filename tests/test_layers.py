@@ -33,4 +33,11 @@ def test_scenarios_load_without_simpy_or_pandas(module):
 
 
 def test_the_check_sees_a_heavy_import():
-    assert "pandas" in modules_loaded_by("zerosim.results")
+    assert "pandas" in modules_loaded_by("zerosim.results.result")
+
+
+@pytest.mark.parametrize("module", ["zerosim.api", "zerosim.results.summary", "zerosim.report",
+                                    "zerosim.sweep.worker"])
+def test_a_summary_needs_no_tables_or_figures(module):
+    """`zerosim run --no-files` and a sweep point start without pandas or matplotlib."""
+    assert modules_loaded_by(module) & {"pandas", "matplotlib"} == set()

@@ -4,6 +4,8 @@ The toy node is described in `conftest.py`; here it is doubled (`nodes: 2`) with
 node, NVLink 100 GB/s per GPU with 0.5 us per ring step, and NICs of 10 GB/s per direction with
 2 us per ring step. Units: picoseconds (PS). Expected values never come from zerosim's cost
 functions.
+The two-node timelines simulate both nodes (`fold_nodes=False`) to read node 1's ranks too;
+`test_symmetry.py` checks that simulating node 0 alone gives node 0's rows exactly.
 
 Two-level collectives (S = gathered bytes, N ranks, n = 2 nodes, g GPUs per node):
 
@@ -72,7 +74,7 @@ def _span(result: zerosim.Result, stream: str, op: str, rank: int = 0):
     (2, 2, 3483040),
 ])
 def test_two_node_all_gather(toy, per_node, nics, end_ps):
-    result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node)
+    result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node, fold_nodes=False)
     for rank in range(2 * per_node):
         gather = _span(result, "allgather", "all-gather embed_tokens", rank)
         assert gather.bytes == EMBED_BYTES
@@ -96,7 +98,7 @@ def test_two_node_all_gather(toy, per_node, nics, end_ps):
 def test_two_node_reduce_scatter(toy, per_node, nics, duration_ps):
     """The one gradient bucket's reduce-scatter at the end of the backward (nothing else is on
     the NICs then): its span lasts exactly the two levels."""
-    result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node)
+    result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node, fold_nodes=False)
     starts = set()
     for rank in range(2 * per_node):
         scatter = _span(result, "reduce", "reduce-scatter", rank)

@@ -6,6 +6,7 @@ layers) never loads the engine (SimPy) or the results (pandas).
 
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +26,16 @@ _ENTRY_POINTS = {
 __all__ = ["Result", "Scenario", "load_scenario", "scenario_from_dict", "simulate"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _ENTRY_POINTS:
-        raise AttributeError(f"module 'zerosim' has no attribute {name!r}")
-    value = getattr(import_module(_ENTRY_POINTS[name]), name)
-    globals()[name] = value
-    return value
+def lazy_getattr(package: str, entry_points: dict[str, str],
+                 namespace: MutableMapping[str, Any]) -> Callable[[str], Any]:
+    """A package's `__getattr__` that imports each entry point's module on first use."""
+    def getattr_(name: str) -> Any:
+        if name not in entry_points:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(entry_points[name]), name)
+        namespace[name] = value
+        return value
+    return getattr_
+
+
+__getattr__ = lazy_getattr("zerosim", _ENTRY_POINTS, globals())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zerosim.engine.records import PhaseSpan, Table
 from zerosim.engine.simulate import run_engine
 from zerosim.results.summary import summarize
 from zerosim.scenario import Scenario, load_scenario
@@ -36,7 +38,24 @@ def simulate_summary(scenario: Scenario | str | Path,
                      overrides: Iterable[str] | Mapping[str, Any] | None = None
                      ) -> dict[str, Any]:
     """`simulate(...).summary` without the tables: what a sweep point keeps."""
-    return summarize(run_engine(_resolved(scenario, overrides), full=False))
+    return simulate_brief(scenario, overrides).summary
+
+
+@dataclass(frozen=True)
+class Brief:
+    """A run's summary and its phase records (`records.PhaseSpan` rows), without tables."""
+
+    summary: dict[str, Any]
+    phases: Table[PhaseSpan]
+
+
+def simulate_brief(scenario: Scenario | str | Path,
+                   overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
+                   observer: Callable[[Any], None] | None = None) -> Brief:
+    """What `zerosim run --no-files` prints: the summary (equal to `simulate(...).summary`)
+    and the phases, with no memory or link log and no DataFrame (pandas is not loaded)."""
+    raw = run_engine(_resolved(scenario, overrides), full=False, observer=observer)
+    return Brief(summarize(raw), raw.phases)
 
 
 def _resolved(scenario: Scenario | str | Path,

@@ -10,6 +10,7 @@ import click
 
 from zerosim.errors import ScenarioError, ZerosimError, clip
 from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
+from zerosim.tune import KNOBS
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
 
@@ -178,10 +179,9 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
-    from zerosim.api import simulate
+    from zerosim.api import simulate, simulate_brief
     from zerosim.progress import RunProgress
     from zerosim.report import render_summary
-    from zerosim.results.export import write_outputs
     from zerosim.results.folders import check_output_folder
 
     if plots and no_files:
@@ -193,9 +193,14 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         _on_interrupt(f"{target} was left as it was")
     started = time.perf_counter()
     with RunProgress(enabled=False if no_progress else None) as progress:
-        result = simulate(loaded, observer=progress.observe)
+        if no_files:  # the summary and the phases alone: no tables to build
+            result = simulate_brief(loaded, observer=progress.observe)
+        else:
+            result = simulate(loaded, observer=progress.observe)
     wall = time.perf_counter() - started
     if target is not None:
+        from zerosim.results.export import write_outputs
+
         write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},
                       figures=_draw_figures if plots else None)
     if as_json:
@@ -203,7 +208,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     else:
         render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
                        accumulation_steps=loaded.deepspeed.gradient_accumulation_steps)
-    if result.status == "oom":
+    if result.summary["status"] == "oom":
         sys.exit(EXIT_OOM)
 
 
@@ -421,6 +426,34 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
     if outcome.not_run:
         sys.exit(EXIT_POINTS_NOT_RUN)
 
+
+@main.command()
+@scenario_argument
+@click.option("--free", multiple=True, type=click.Choice(KNOBS),
+              help="Also search this knob (repeatable; what_if is fixed by default).")
+@click.option("--fix", multiple=True, type=click.Choice(KNOBS),
+              help="Keep the scenario's value of this knob (repeatable).")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="Parallel workers (default: one per CPU); 1 runs in this process.")
+@click.option("--dask", metavar="local|ADDRESS", help="Run the points on Dask, as sweep does.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for tune.csv (default: results/tune/<scenario name>).")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Rows of the ranked table to print.")
+def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
+         fix: tuple[str, ...], workers: int | None, dask: str | None, out_dir: Path | None,
+         top: int) -> None:
+    """The fastest configuration of SCENARIO that fits: search ZeRO stage, offload,
+    micro-batch size for the same global batch, bucket and sub-group sizes, Twin-Flow."""
+    from zerosim.report import render_tune
+    from zerosim.scenario.loader import parse_overrides
+    from zerosim.tune import tune as run_tune
+
+    loaded = _load(scenario, overrides)
+    outcome = run_tune(scenario, overrides=parse_overrides(overrides), free=free, fix=fix,
+                       workers=workers, dask=dask,
+                       out_dir=out_dir or Path("results") / "tune" / loaded.name)
+    render_tune(outcome, top=top)
 
 if __name__ == "__main__":
     main()

@@ -5,10 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from zerosim.results.summary import phase_time
 from zerosim.scenario import Scenario
 from zerosim.scenario.version import format_version
-from zerosim.validation.report import format_value
-from zerosim.vocabulary import PCIE_STREAMS, Phase, PhaseTime
+from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
 def _console() -> Console:
@@ -94,22 +94,36 @@ BETWEEN_PHASES = "between phases"
 def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[str, float],
                                                                 dict[str, int]]:
     """Seconds each phase takes over the whole iteration on the rank that finishes last, and
-    how many times it runs; with the time between phases the rows add up to its end."""
-    if phases is None or phases.empty:
+    how many times it runs; with the time between phases the rows add up to its end.
+    `phases`: `Result.phases`, or the phase records of a summary-only run (`Brief.phases`)."""
+    rows = _phase_rows(phases)
+    if not rows:
         return None, {}, {}
-    rank = int(phases.groupby("rank").end_s.max().idxmax())
-    mine = phases[phases["rank"] == rank]
-    duration = mine.end_s - mine.start_s
+    ends: dict[int, float] = {}
+    for rank, _, _, _, end_s in rows:
+        ends[rank] = max(ends.get(rank, end_s), end_s)
+    rank = min(ends, key=lambda r: (-ends[r], r))
     last = accumulation_steps - 1
-    backward = mine.phase == Phase.BACKWARD
-    masks = {PhaseTime.FORWARD: mine.phase == Phase.FORWARD,
-             PhaseTime.BACKWARD_NON_BOUNDARY: backward & (mine.micro_batch < last),
-             PhaseTime.BACKWARD_BOUNDARY: backward & (mine.micro_batch == last),
-             PhaseTime.UPDATE: mine.phase == Phase.UPDATE}
-    totals = {key.value: float(duration[mask].sum()) for key, mask in masks.items()}
-    counts = {key.value: int(mask.sum()) for key, mask in masks.items()}
-    totals[BETWEEN_PHASES] = float(mine.end_s.max()) - sum(totals.values())
+    totals = {key.value: 0.0 for key in PhaseTime}
+    counts = {key.value: 0 for key in PhaseTime}
+    for row_rank, phase, micro, start_s, end_s in rows:
+        key = phase_time(phase, micro, last)
+        if row_rank == rank and key is not None:
+            totals[key.value] += end_s - start_s
+            counts[key.value] += 1
+    totals[BETWEEN_PHASES] = ends[rank] - sum(totals.values())
     return rank, totals, counts
+
+
+def _phase_rows(phases) -> list[tuple]:
+    """(rank, phase, micro_batch, start_s, end_s) rows of a phases DataFrame or Table."""
+    if phases is None:
+        return []
+    if hasattr(phases, "itertuples"):
+        columns = ["rank", "phase", "micro_batch", "start_s", "end_s"]
+        return list(phases[columns].itertuples(index=False, name=None))
+    return list(phases.rows)
+
 
 
 def _phase_table(summary: dict, totals: dict[str, float], counts: dict[str, int]) -> Table:
@@ -170,6 +184,8 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
 
 
 def render_validation(cells, out_dir) -> None:
+    from zerosim.validation.report import format_value  # loads matplotlib: only here
+
     console = _console()
     table = Table(title="zerosim validate: simulated vs published", title_justify="left")
     for column in ("case", "quantity", "measured", "simulated", "error", "status"):
@@ -212,3 +228,33 @@ def render_calibration(fit, paths) -> None:
                   + (f", holdout {fit.rms(fit.holdout):.1%}" if fit.holdout else "")
                   + f"; {fit.iterations} evaluations")
     console.print("wrote " + ", ".join(str(p) for p in paths))
+
+
+def render_tune(outcome, *, top: int = 10) -> None:
+    """The ranked configurations of `zerosim tune` (the best `top` that fit, then a count of
+    the rest) and why the best one wins."""
+    from zerosim.tune import why_best
+
+    console = _console()
+    table = Table(title=f"zerosim tune {outcome.scenario.name}: fastest that fits",
+                  title_justify="left")
+    for column in ("#", "configuration", "iteration s", "tokens/s", "peak HBM GiB",
+                   "peak host GiB"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    fitting = [r for r in outcome.rows if r["status"] == "ok"]
+    for row in fitting[:top]:
+        table.add_row(str(row["rank"]), row["config"].describe(), f"{row['iteration_s']:.3f}",
+                      f"{row['tokens_per_s']:,.0f}", f"{row['peak_hbm_GiB']:.1f}",
+                      f"{row['peak_host_GiB']:.1f}")
+    console.print(table)
+    counts: dict[str, int] = {}
+    for row in outcome.rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    console.print(f"{len(outcome.rows)} configurations: "
+                  + ", ".join(f"{n} {status}" for status, n in counts.items())
+                  + f" ({outcome.simulated} simulated {outcome.executor} in "
+                  f"{outcome.wall_s:.1f} s; pruned: the memory floor exceeds a device)",
+                  markup=False, highlight=False)
+    console.print(why_best(outcome.rows), markup=False, highlight=False)
+    for path in outcome.files:
+        console.print(f"table: {path}", markup=False, highlight=False)

@@ -1,22 +1,37 @@
 """YAML reading for scenarios, profiles, ds_configs and sweep specs: through the input boundary
-(`zerosim.inputs`), with YAML 1.2 number rules so `5e8` is a float as users expect."""
+(`zerosim.inputs`), with YAML 1.2 number rules so `5e8` is a float as users expect.
+
+A text already parsed in this process (a profile, a sweep's base scenario: every point of a
+sweep worker reads them again) is not parsed again; each caller gets its own copy.
+"""
 
 from __future__ import annotations
 
+import copy
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from zerosim.inputs import parse_yaml, read_input_text
 
+PARSED_TEXTS_KEPT = 64
+
+
+@lru_cache(maxsize=PARSED_TEXTS_KEPT)
+def _parsed(text: str, source: str) -> Any:
+    return parse_yaml(text, source)
+
 
 def parse_yaml_text(text: str, source: str) -> Any:
-    return parse_yaml(text, source)
+    parsed = _parsed(text, source)
+    return parsed if isinstance(parsed, str | int | float | bool | None) else copy.deepcopy(
+        parsed)
 
 
 def read_yaml_file(path: Path, *, referenced_from: str | None = None,
                    key_path: str = "<root>") -> Any:
     text = read_input_text(path, referenced_from=referenced_from, key_path=key_path)
-    return parse_yaml(text, str(path))
+    return parse_yaml_text(text, str(path))
 
 
 def parse_scalar(text: str) -> Any:

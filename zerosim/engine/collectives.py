@@ -9,7 +9,7 @@ from typing import Any
 
 import simpy
 
-from zerosim.engine.flows import FlowNetwork, SharedResource
+from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.vocabulary import Collective
@@ -52,6 +52,8 @@ class Collectives:
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
         self._steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = {}
+        self._over: dict[SharedResource, Usage] = {}
+        """Per link, a flow crossing it alone (checked once)."""
 
     def _layout(self, ranks: Sequence[int]) -> _Layout:
         """The layout of `ranks`, computed once per sequence object (ranks share one)."""
@@ -112,7 +114,10 @@ class Collectives:
                 for r in ranks:
                     link = (self.nvlink[self.placements[r].gpu] if step.link == "nvlink"
                             else self.nic[node])
-                    flows.append(self.flows.start(nbytes, {link: 1.0}, label=label))
+                    usage = self._over.get(link)
+                    if usage is None:
+                        usage = self._over[link] = self.flows.usage({link: 1.0})
+                    flows.append(self.flows.start_usage(nbytes, usage, label=label))
             if flows:
                 yield simpy.AllOf(self.env, flows)
         done.succeed()

@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
 from zerosim.engine.records import Table
 
+MEMO_SIZE = 100_000
+"""Allocations remembered per network (`FlowNetwork._allocated`) before the memo restarts."""
 REL_TOL = 1e-12
 """Relative tolerance for "a resource is saturated", "a flow is finished" and "a rate changed".
 
@@ -83,6 +86,7 @@ class _Flow:
         "remaining",
         "resources",
         "serial",
+        "shape",
         "start_s",
         "usage",
         "weight",
@@ -92,9 +96,7 @@ class _Flow:
         self,
         serial: int,
         amount: float,
-        usage: tuple[tuple[int, float], ...],
-        max_rate: float | None,
-        weight: float,
+        shape: Usage,
         label: str,
         start_s: float,
         event: simpy.Event,
@@ -102,12 +104,12 @@ class _Flow:
         self.serial = serial
         self.amount = amount
         self.remaining = amount
-        self.usage = usage
-        self.resources = tuple([idx for idx, _ in usage])
-        self.max_rate = max_rate
-        self.weight = weight
-        # Filling level at which the flow reaches its own max_rate.
-        self.level_limit = math.inf if max_rate is None else max_rate / weight
+        self.shape = shape
+        self.usage = shape.pairs
+        self.resources = shape.resources
+        self.max_rate = shape.max_rate
+        self.weight = shape.weight
+        self.level_limit = shape.level_limit
         self.label = label
         self.start_s = start_s
         self.event = event
@@ -125,7 +127,16 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
     """
     if len(flows) == 1:
         return _allocate_alone(flows[0], capacities)
-    load, unfrozen, used = _initial_loads(flows)
+    # Per resource: the weighted load of the unfrozen flows, their count, the frozen usage.
+    load: dict[int, float] = {}
+    unfrozen: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for flow in flows:
+        weight = flow.weight
+        for idx, coef in flow.usage:
+            load[idx] = load.get(idx, 0.0) + coef * weight
+            unfrozen[idx] = unfrozen.get(idx, 0) + 1
+            used[idx] = 0.0
     level = 0.0
     while flows:
         # Usage at level t is used + load * t; clamping to the current level keeps the level
@@ -142,43 +153,20 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
         still = []
         for flow in flows:
             if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
-                _freeze(flow, _capped_rate(flow, level), used, load, unfrozen)
+                # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
+                weight = flow.weight
+                rate = weight * level
+                if flow.max_rate is not None and flow.max_rate < rate:
+                    rate = flow.max_rate
+                flow.rate = rate
+                for idx, coef in flow.usage:
+                    used[idx] += coef * rate
+                    load[idx] -= coef * weight
+                    unfrozen[idx] -= 1
             else:
                 still.append(flow)
         flows = still
     return used
-
-
-def _freeze(
-    flow: _Flow,
-    rate: float,
-    used: dict[int, float],
-    load: dict[int, float],
-    unfrozen: dict[int, int],
-) -> None:
-    """Fix ``flow`` at ``rate``: its usage becomes fixed, its load leaves the filling."""
-    flow.rate = rate
-    weight = flow.weight
-    for idx, coef in flow.usage:
-        used[idx] += coef * rate
-        load[idx] -= coef * weight
-        unfrozen[idx] -= 1
-
-
-def _initial_loads(
-    flows: list[_Flow],
-) -> tuple[dict[int, float], dict[int, int], dict[int, float]]:
-    """Per resource: weight-weighted load of the flows, their count, and a zero usage."""
-    load: dict[int, float] = {}
-    unfrozen: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for flow in flows:
-        weight = flow.weight
-        for idx, coef in flow.usage:
-            load[idx] = load.get(idx, 0.0) + coef * weight
-            unfrozen[idx] = unfrozen.get(idx, 0) + 1
-            used[idx] = 0.0
-    return load, unfrozen, used
 
 
 def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
@@ -192,14 +180,11 @@ def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
         limit = capacities[idx] / (coef * weight)
         if limit < level:
             level = limit
-    rate = _capped_rate(flow, level)
+    rate = weight * level
+    if flow.max_rate is not None and flow.max_rate < rate:
+        rate = flow.max_rate
     flow.rate = rate
     return {idx: coef * rate for idx, coef in flow.usage}
-
-
-def _capped_rate(flow: _Flow, level: float) -> float:
-    rate = flow.weight * level
-    return rate if flow.max_rate is None else min(rate, flow.max_rate)
 
 
 def _require_positive(what: str, value: float) -> None:
@@ -211,16 +196,33 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Usage:
+    """A checked flow shape: sorted (resource index, coefficient) pairs, the max_rate and the
+    weight. `FlowNetwork.usage` makes one; many flows alike can start from it. Compared by
+    identity: it keys the network's memo of allocations."""
+
+    pairs: tuple[tuple[int, float], ...]
+    max_rate: float | None
+    weight: float
+
+    @property
+    def resources(self) -> tuple[int, ...]:
+        return tuple([idx for idx, _ in self.pairs])
+
+    @property
+    def level_limit(self) -> float:
+        """Filling level at which the flow reaches its own max_rate."""
+        return math.inf if self.max_rate is None else self.max_rate / self.weight
+
+
 def _usage_pairs(
     index: Mapping[SharedResource, int],
-    amount: float,
     usage: Mapping[SharedResource, float],
     max_rate: float | None,
     weight: float,
 ) -> tuple[tuple[int, float], ...]:
     """A flow's usage as sorted (resource index, coefficient) pairs, after checking it."""
-    if not 0 <= amount < math.inf:
-        raise ValueError(f"amount must be a finite number >= 0, got {amount!r}")
     _require_positive("weight", weight)
     if max_rate is not None:
         _require_positive("max_rate", max_rate)
@@ -270,6 +272,9 @@ class FlowNetwork:
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env, self._resources)
+        self._memo: dict[tuple[Usage, ...], tuple[tuple[float, ...], dict[int, float]]] = {}
+        self._shapes: dict[tuple[Any, ...], Usage] = {}
+        """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
@@ -299,14 +304,29 @@ class FlowNetwork:
         While the flow runs at rate ``r`` it consumes ``usage[res] * r`` of each resource.
         ``max_rate`` bounds ``r``; ``weight`` sets the flow's share under contention.
         """
-        flow_usage = _usage_pairs(self._index, amount, usage, max_rate, weight)
+        key = (tuple(usage.items()), max_rate, weight)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self.usage(usage, max_rate=max_rate, weight=weight)
+        return self.start_usage(amount, shape, label=label)
+
+    def usage(self, usage: Mapping[SharedResource, float], *, max_rate: float | None = None,
+              weight: float = 1.0) -> Usage:
+        """`usage`, `max_rate` and `weight` checked once, for `start_usage`."""
+        return Usage(_usage_pairs(self._index, usage, max_rate, weight), max_rate, weight)
+
+    def start_usage(self, amount: float, usage: Usage, *, label: str = "") -> simpy.Event:
+        """:meth:`start` with a flow shape checked before (:meth:`usage`)."""
+        if not 0 <= amount < math.inf:
+            raise ValueError(f"amount must be a finite number >= 0, got {amount!r}")
+        flow_usage = usage.pairs
         now = self._env.now
         event = simpy.Event(self._env)
         if amount == 0:
             self._finish_record(amount, flow_usage, label, now, event)
             return event
         self._advance()
-        flow = _Flow(self._serial, amount, flow_usage, max_rate, weight, label, now, event)
+        flow = _Flow(self._serial, amount, usage, label, now, event)
         self._serial += 1
         self._active[flow.serial] = flow
         self._by_event[event] = flow
@@ -369,9 +389,25 @@ class FlowNetwork:
         whose usage must be recorded even when no flow crosses them any more.
         """
         component, touched = self._component(flows, resources)
-        used = _allocate(component, self._capacities) if component else {}
+        used = self._allocated(component) if component else {}
         if self._record_rates:
             self._rates.note(touched, used)
+
+    def _allocated(self, component: list[_Flow]) -> dict[int, float]:
+        """`_allocate`, remembered: its result depends only on the flows' shapes in start
+        order (capacities never change), and the same few components recur all run long."""
+        key = tuple([flow.shape for flow in component])
+        known = self._memo.get(key)
+        if known is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            used = _allocate(component, self._capacities)
+            self._memo[key] = (tuple([flow.rate for flow in component]), used)
+            return used
+        rates, used = known
+        for flow, rate in zip(component, rates, strict=True):
+            flow.rate = rate
+        return used
 
     def _component(
         self, flows: list[_Flow], resources: Iterable[int]

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import simpy
 
 from zerosim.engine.collectives import Collectives
-from zerosim.engine.flows import FlowNetwork, SharedResource
+from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.vocabulary import Collective
@@ -92,6 +92,7 @@ class Machine:
         self.placements = place_ranks(profile, ranks)
         self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False)
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
+        self._usages: dict[tuple[Any, ...], Usage] = {}
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements, self.nvlink,
                                        self.nic)
@@ -144,17 +145,28 @@ class Machine:
         pageable buffer's pages live."""
         if nbytes <= 0:
             return
+        if self.profile.pcie_latency_s > 0:
+            yield self.env.timeout(self.profile.pcie_latency_s)
+        key = ("dma", rank, direction, pinned, buffer)
+        usage = self._usages.get(key) or self._remember(key, self._dma_usage(rank, direction,
+                                                                             pinned, buffer))
+        yield self.flows.start_usage(nbytes, usage, label=label)
+
+    def _remember(self, key: tuple[Any, ...], usage: Usage) -> Usage:
+        """Flow shapes repeat (a rank copies the same way many times): check each once."""
+        self._usages[key] = usage
+        return usage
+
+    def _dma_usage(self, rank: int, direction: Direction, pinned: bool,
+                   buffer: costs.HostBytes) -> Usage:
         pl = self.placements[rank]
         p = self.profile
-        if p.pcie_latency_s > 0:
-            yield self.env.timeout(p.pcie_latency_s)
         link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
         host = costs.PINNED_DMA_HOST_BYTES if pinned else costs.pageable_dma_host_bytes(buffer)
         usage = {link: 1.0} | self._host_memory(pl, host) | self._remote_socket(pl, direction)
         peak = None if pinned else (p.h2d_pageable_Bps if direction == "h2d"
                                     else p.d2h_pageable_Bps)
-        yield self.flows.start(nbytes, usage, max_rate=peak,
-                               weight=p.dma_memory_weight / host.total, label=label)
+        return self.flows.usage(usage, max_rate=peak, weight=p.dma_memory_weight / host.total)
 
     def nvme_read(self, rank: int, nbytes: float, *, label: str = ""
                   ) -> Generator[simpy.Event, Any, None]:
@@ -223,13 +235,16 @@ class Machine:
         """
         if elements <= 0:
             return
-        pl = self.placements[rank]
-        threads = min(threads or self.threads_per_rank, self.threads_per_rank)
-        usage = {self.cpu[pl.node]: 1.0 / elements_per_s_per_thread} | self._host_memory(
-            pl, host)
-        yield self.flows.start(elements, usage,
-                               max_rate=threads * elements_per_s_per_thread,
-                               weight=1.0 / host.total, label=label)
+        key = ("cpu", rank, host, elements_per_s_per_thread, threads)
+        usage = self._usages.get(key)
+        if usage is None:
+            pl = self.placements[rank]
+            threads = min(threads or self.threads_per_rank, self.threads_per_rank)
+            usage = self._remember(key, self.flows.usage(
+                {self.cpu[pl.node]: 1.0 / elements_per_s_per_thread}
+                | self._host_memory(pl, host),
+                max_rate=threads * elements_per_s_per_thread, weight=1.0 / host.total))
+        yield self.flows.start_usage(elements, usage, label=label)
 
     def elementwise(self, rank: int, elements: float, host: costs.HostBytes, *,
                     threads: float | None = None, label: str = ""

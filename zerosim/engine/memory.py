@@ -7,6 +7,9 @@ from collections.abc import Callable
 from zerosim.engine.records import MemorySample, Table
 from zerosim.vocabulary import BufferKind, Category, category_label
 
+_LABELS = {(c, b): category_label(c, b) for c in Category for b in BufferKind}
+"""Every label `category_label` makes, computed once (an allocation is labelled each time)."""
+
 
 class OutOfMemory(Exception):
     """An allocation that did not fit: carried to `simulate`, which reports status `oom`."""
@@ -51,7 +54,7 @@ class MemoryPool:
         amount = round(nbytes)
         if amount <= 0:
             return 0
-        label = category_label(category, buffer)
+        label = _LABELS[category, buffer]
         if self.used + amount > self.capacity:
             raise OutOfMemory(self._clock(), self.device, label, amount, self.used,
                               self.capacity, what)
@@ -62,7 +65,7 @@ class MemoryPool:
              ) -> None:
         if amount <= 0:
             return
-        label = category_label(category, buffer)
+        label = _LABELS[category, buffer]
         level = self.levels.get(label, 0)
         if amount > level:
             raise RuntimeError(f"{self.device}: freeing {amount} B of {label} with only "

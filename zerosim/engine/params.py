@@ -124,6 +124,8 @@ class PartitionedParams:
         self.waited = [True] * n
         """Whether the host has waited on the module's fetch since it was issued (DeepSpeed's
         inflight registry, which the wait empties)."""
+        self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
+        """Per module, the tensors an all-gather brings (the non-persistent ones)."""
 
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
@@ -141,7 +143,7 @@ class PartitionedParams:
             self.gathered[index] = None
             return None
         module = plan.modules[index]
-        gathered = [p for p in plan.params[index] if not p.persistent]
+        gathered = self.to_gather[index]
         sizes = [p.numel for p in gathered] if self.per_tensor else [numel]
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
@@ -190,7 +192,8 @@ class PartitionedParams:
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters - self.live_numel)
         issued = 0
-        for later in order[positions[index] + 1:]:
+        for pos in range(positions[index] + 1, len(order)):
+            later = order[pos]
             if issued >= budget:
                 return
             if self.is_gathered[later]:

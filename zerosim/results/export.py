@@ -36,6 +36,16 @@ def strict_json(data: Any, **options: Any) -> str:
         return json.dumps(_finite_or_none(data), allow_nan=False, **options)
 
 
+def trace_json(trace: dict[str, Any]) -> bytes:
+    """The trace as JSON: by orjson where it is installed (several times faster on a trace of
+    a million events; it writes NaN and Infinity as null too), else by `strict_json`."""
+    try:
+        import orjson
+    except ImportError:
+        return strict_json(trace).encode("utf-8")
+    return orjson.dumps(trace)
+
+
 def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -70,7 +80,7 @@ def _write_files(result: Result, folder: Path, extra: dict[str, object]) -> None
             frame.to_parquet(folder / f"{name}.parquet", index=False)
     trace = build_trace(result.spans, result.phases, result.memory, result.links,
                         result.scenario_name, summary=result.summary)
-    _write_text(folder / "trace.json", strict_json(trace))
+    (folder / "trace.json").write_bytes(trace_json(trace))
     for name, payload in extra.items():
         _write_text(folder / name, strict_json(payload, indent=2, default=str) + "\n")
 

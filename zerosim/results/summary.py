@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerosim.engine.records import PhaseSpan, Span, Table
-from zerosim.engine.simulate import RawRun
 from zerosim.hardware import costs
 from zerosim.scenario.version import format_version
 from zerosim.units import GB, GiB
 from zerosim.vocabulary import PCIE_STREAMS, PHASE_TIMES, DeviceKind, Phase, PhaseTime, devices_of
+
+if TYPE_CHECKING:
+    from zerosim.engine.simulate import RawRun
 
 EXACT_FLOAT_INTEGERS = 2**53
 
@@ -53,6 +55,20 @@ def grouped_means(ranks: list[int], values: list[float]) -> list[float]:
     return [kahan_mean(group) for group in by_rank.values()]
 
 
+def phase_time(phase: str, micro: int, last: int) -> PhaseTime | None:
+    """Which summary phase time a phase of micro-batch `micro` counts in (`last`: the
+    accumulation boundary's micro-batch)."""
+    if phase == Phase.FORWARD:
+        return PhaseTime.FORWARD
+    if phase == Phase.UPDATE:
+        return PhaseTime.UPDATE
+    if phase == Phase.BACKWARD and micro < last:
+        return PhaseTime.BACKWARD_NON_BOUNDARY
+    if phase == Phase.BACKWARD and micro == last:
+        return PhaseTime.BACKWARD_BOUNDARY
+    return None
+
+
 def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
                   ) -> dict[str, float | None]:
     """Mean per micro-batch on each rank, then the slowest rank."""
@@ -61,15 +77,8 @@ def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
     last = accumulation_steps - 1
     chosen: dict[PhaseTime, tuple[list[int], list[float]]] = {k: ([], []) for k in PhaseTime}
     for rank, phase, micro, start_s, end_s in phases.rows:
-        if phase == Phase.FORWARD:
-            key = PhaseTime.FORWARD
-        elif phase == Phase.UPDATE:
-            key = PhaseTime.UPDATE
-        elif phase == Phase.BACKWARD and micro < last:
-            key = PhaseTime.BACKWARD_NON_BOUNDARY
-        elif phase == Phase.BACKWARD and micro == last:
-            key = PhaseTime.BACKWARD_BOUNDARY
-        else:
+        key = phase_time(phase, micro, last)
+        if key is None:
             continue
         chosen[key][0].append(rank)
         chosen[key][1].append(end_s - start_s)

@@ -312,3 +312,4 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
     return {"traceEvents": meta + slices + counters + _oom_event(summary, pid_of),
             "displayTimeUnit": "ms",
             "otherData": {"scenario": scenario_name, "generator": "zerosim"}}
+

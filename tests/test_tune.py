@@ -1,0 +1,109 @@
+"""`zerosim tune`: the search space, the memory floor that prunes before simulating, free and
+fixed knobs, and the ranked table."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import yaml
+
+import zerosim
+from zerosim.tune import (
+    Config,
+    TuneError,
+    as_given,
+    candidates,
+    free_knobs,
+    memory_floor,
+    prune_reason,
+    replayed,
+    tune,
+    why_best,
+)
+
+
+@pytest.fixture()
+def toy_file(toy, tmp_path):
+    """The toy on 2 GPUs, global batch 4 (micro-batch 1 x 2 accumulation steps x 2 ranks)."""
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(toy.tree({"deepspeed": {"gradient_accumulation_steps": 2}},
+                                            gpus=2)))
+    return path
+
+
+def test_the_scenario_as_given_is_a_config(toy):
+    scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}}, gpus=2)
+    assert as_given(scenario) == Config(3, "cpu", 1, 2, 5e8, 50000.0, 1.0, "none")
+
+
+def test_only_what_the_engine_replays_is_searched():
+    base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
+    found = candidates(base, free_knobs())
+    assert found[0] == base and len(set(found)) == len(found)
+    assert all(replayed(c) for c in found)
+    assert {c.micro_batch * c.gradient_accumulation for c in found} == {4}
+    assert {c.micro_batch for c in found} == {1, 2, 4}
+    assert {(c.stage, c.offload) for c in found} == {
+        (0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu"), (2, "cpu"), (3, "cpu"),
+        (3, "cpu+params")}
+    assert {c.ratio for c in found if c.ratio < 1} == {0.5}
+    assert all(c.stage == 3 and c.offload == "cpu" for c in found if c.ratio < 1)
+    assert {c.sub_group_size for c in found if c.stage < 3} == {1e9}
+    assert {c.what_if for c in found} == {"none"}
+
+
+def test_fixed_knobs_keep_the_scenarios_values_and_freed_ones_open():
+    base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
+    found = candidates(base, free_knobs(free=["what_if"], fix=["stage", "offload",
+                                                                "micro_batch"]))
+    assert {(c.stage, c.offload, c.micro_batch) for c in found} == {(3, "cpu", 1)}
+    assert {c.what_if for c in found} == {"none", "overlap_copy_back", "buffer_boundary_grads",
+                                          "gpu_update_every"}
+    with pytest.raises(TuneError, match="unknown knob 'bucket'"):
+        free_knobs(free=["bucket"])
+    with pytest.raises(TuneError, match="both fixed and freed: stage"):
+        free_knobs(free=["stage"], fix=["stage"])
+
+
+def test_a_pruned_configuration_runs_out_of_memory(toy):
+    """The floor is a lower bound of the engine's peak: what it prunes, the engine refuses."""
+    patch = {"hardware": {"gpu": {"hbm_GiB": {"value": 0.5, "basis": "assumed",
+                                              "source": "test"}}}}
+    scenario = toy.scenario(patch, gpus=2)
+    gpu, _ = memory_floor(scenario)
+    assert gpu > scenario.hardware.hbm_bytes
+    assert prune_reason(scenario).startswith("HBM floor")
+    assert zerosim.simulate(scenario).status == "oom"
+    fits = toy.scenario(gpus=2)
+    assert prune_reason(fits) == ""
+    assert memory_floor(fits)[0] <= zerosim.simulate(fits).summary["peak_hbm_GiB"] * 2**30
+
+
+def test_tune_ranks_what_fits_and_writes_the_table(toy_file, tmp_path):
+    outcome = tune(toy_file, fix=["reduce_bucket_size", "sub_group_size", "ratio"], workers=1,
+                   out_dir=tmp_path / "out")
+    ok = [r for r in outcome.rows if r["status"] == "ok"]
+    assert len(ok) == outcome.simulated == len(outcome.rows)  # the toy fits everywhere
+    times = [r["iteration_s"] for r in ok]
+    assert times == sorted(times) and [r["rank"] for r in ok] == list(range(1, len(ok) + 1))
+    best = outcome.best
+    assert best["tokens_per_s"] == pytest.approx(4 * 8 / best["iteration_s"], rel=1e-12)
+    rows = list(csv.DictReader((tmp_path / "out" / "tune.csv").open()))
+    assert [r["rank"] for r in rows] == [str(r["rank"]) for r in outcome.rows]
+    assert float(rows[0]["iteration_s"]) == best["iteration_s"]
+    assert why_best(outcome.rows).startswith(f"fastest: {best['config'].describe()}")
+
+
+def test_the_command_prints_the_ranking_and_why(toy_file, tmp_path):
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    out = tmp_path / "tuned"
+    result = CliRunner().invoke(main, ["tune", str(toy_file), "--workers", "1", "--out",
+                                       str(out), "--fix", "reduce_bucket_size", "--fix",
+                                       "sub_group_size", "--top", "3"])
+    assert result.exit_code == 0, result.output
+    assert "fastest: ZeRO-" in result.output and "tune.csv" in result.output
+    assert (out / "tune.csv").exists()

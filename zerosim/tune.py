@@ -1,0 +1,361 @@
+"""`zerosim tune`: the fastest configuration of a scenario that fits.
+
+The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
+gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
+the Twin-Flow ratio and, when freed, the study's what-ifs), keeps only the combinations the
+engine replays, drops those whose memory floor already exceeds a device (model states plus
+one micro-batch's saved activations on the GPU, model states of every rank of a node in host
+memory: the engine would run out of memory at or before the end of the first forward), and
+simulates the rest on the sweep executors. Each knob is free (searched) or fixed (the
+scenario's own value).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zerosim.errors import ZerosimError
+
+if TYPE_CHECKING:
+    from zerosim.scenario import Scenario
+
+Z = "deepspeed.zero_optimization."
+KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
+         "what_if")
+FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
+                   "ratio")
+STAGES = (0, 1, 2, 3)
+OFFLOADS = ("none", "cpu", "cpu+params")
+"""What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory;
+`nvme` and `nvme+params` are kept when the scenario has them, not searched)."""
+REDUCE_BUCKET_SIZES = (2e8, 5e8, 1e9)
+SUB_GROUP_SIZES = (1e8, 1e9)
+RATIOS = (1.0, 0.5)
+WHAT_IFS = ("none", "overlap_copy_back", "buffer_boundary_grads", "gpu_update_every")
+GPU_UPDATE_EVERY = 4
+TIE_FRACTION = 0.005
+"""Iteration times closer than this fraction are reported as a tie."""
+MEMORY_SLACK_BYTES = 2**20
+"""A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
+COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
+           "reduce_bucket_size", "sub_group_size", "ratio", "what_if", "iteration_s",
+           "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
+
+
+class TuneError(ZerosimError):
+    """A knob name that does not exist, or one both fixed and freed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One combination of knob values."""
+
+    stage: int
+    offload: str
+    micro_batch: int
+    gradient_accumulation: int
+    reduce_bucket_size: float
+    sub_group_size: float
+    ratio: float
+    what_if: str
+
+    def overrides(self) -> dict[str, Any]:
+        optimizer, _, params = self.offload.partition("+")
+        params = optimizer if params else "none"
+        out: dict[str, Any] = {
+            Z + "stage": self.stage,
+            Z + "offload_optimizer.device": optimizer,
+            Z + "offload_param.device": params,
+            "deepspeed.train_micro_batch_size_per_gpu": self.micro_batch,
+            "deepspeed.gradient_accumulation_steps": self.gradient_accumulation,
+            Z + "reduce_bucket_size": self.reduce_bucket_size,
+            Z + "sub_group_size": self.sub_group_size,
+            Z + "offload_optimizer.ratio": self.ratio,
+            "what_if.overlap_copy_back": self.what_if == "overlap_copy_back",
+            "what_if.buffer_boundary_grads": self.what_if == "buffer_boundary_grads",
+            "what_if.gpu_update_every": GPU_UPDATE_EVERY if self.what_if == "gpu_update_every"
+            else 0,
+        }
+        if params != "none":
+            out[Z + "offload_param.pin_memory"] = True
+        return out
+
+    def describe(self) -> str:
+        optimizer, _, params = self.offload.partition("+")
+        mode = "no offload" if optimizer == "none" else (
+            f"{optimizer.upper()} optimizer" + (" + params" if params else ""))
+        parts = [f"ZeRO-{self.stage}, {mode}",
+                 f"micro-batch {self.micro_batch}x{self.gradient_accumulation}",
+                 f"buckets {_short(self.reduce_bucket_size)}"]
+        if self.stage == 3 and self.offload != "none":
+            parts.append(f"sub-groups {_short(self.sub_group_size)}")
+        if self.ratio < 1:
+            parts.append(f"Twin-Flow {self.ratio:g}")
+        if self.what_if != "none":
+            parts.append(self.what_if)
+        return ", ".join(parts)
+
+
+def _short(value: float) -> str:
+    """5e8, 1.5e9: a size as a DeepSpeed config writes it."""
+    mantissa, exponent = f"{value:.1e}".split("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def replayed(config: Config) -> bool:
+    """Whether the engine replays the combination (and DeepSpeed accepts it)."""
+    if config.stage == 0 and config.offload != "none":
+        return False
+    if config.offload != "none" and config.offload != "cpu" and config.stage != 3:
+        return False  # parameter or NVMe offload: ZeRO-3 only
+    offloaded3 = config.stage == 3 and config.offload != "none"
+    if config.ratio < 1 and not (offloaded3 and config.offload == "cpu"):
+        return False
+    return config.what_if == "none" or offloaded3
+
+
+def as_given(scenario: Scenario) -> Config:
+    """The scenario's own knob values."""
+    ds, what_if = scenario.deepspeed, scenario.what_if
+    offload = ds.offload_optimizer.device
+    if ds.offload_param.device != "none":
+        offload += "+params"
+    chosen = "none"
+    for name in WHAT_IFS[1:]:
+        if getattr(what_if, name):
+            chosen = name
+    return Config(ds.stage, offload, ds.train_micro_batch_size_per_gpu,
+                  ds.gradient_accumulation_steps, float(ds.reduce_bucket_size),
+                  float(ds.sub_group_size), ds.offload_optimizer.ratio, chosen)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[str]:
+    free, fix = set(free), set(fix)
+    for name in free | fix:
+        if name not in KNOBS:
+            raise TuneError(f"unknown knob {name!r}: expected one of {', '.join(KNOBS)}")
+    if free & fix:
+        raise TuneError(f"knob(s) both fixed and freed: {', '.join(sorted(free & fix))}")
+    return frozenset((set(FREE_BY_DEFAULT) | free) - fix)
+
+
+def candidates(base: Config, free: frozenset[str]) -> list[Config]:
+    """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
+    scenario as given first."""
+    per_gpu = base.micro_batch * base.gradient_accumulation
+    values: dict[str, list[Any]] = {
+        "stage": list(STAGES) if "stage" in free else [base.stage],
+        "offload": list(OFFLOADS) if "offload" in free else [base.offload],
+        "micro_batch": _divisors(per_gpu) if "micro_batch" in free else [base.micro_batch],
+        "reduce_bucket_size": (sorted({*REDUCE_BUCKET_SIZES, base.reduce_bucket_size})
+                               if "reduce_bucket_size" in free else [base.reduce_bucket_size]),
+        "sub_group_size": (sorted({*SUB_GROUP_SIZES, base.sub_group_size})
+                           if "sub_group_size" in free else [base.sub_group_size]),
+        "ratio": sorted({*RATIOS, base.ratio}, reverse=True) if "ratio" in free else [base.ratio],
+        "what_if": list(WHAT_IFS) if "what_if" in free else [base.what_if],
+    }
+    found = [base]
+    for stage in values["stage"]:
+        for offload in values["offload"]:
+            for micro in values["micro_batch"]:
+                for bucket in values["reduce_bucket_size"]:
+                    for sub_group in values["sub_group_size"]:
+                        for ratio in values["ratio"]:
+                            for what_if in values["what_if"]:
+                                config = Config(stage, offload, micro, per_gpu // micro, bucket,
+                                                sub_group, ratio, what_if)
+                                if replayed(config) and _matters(config, base):
+                                    found.append(config)
+    return list(dict.fromkeys(found))
+
+
+def _matters(config: Config, base: Config) -> bool:
+    """Sub-group size only changes an offloaded ZeRO-3 step: elsewhere keep the base value,
+    so that equal runs are not simulated twice."""
+    if not (config.stage == 3 and config.offload != "none"):
+        return config.sub_group_size == base.sub_group_size
+    return True
+
+
+def memory_floor(scenario: Scenario) -> tuple[float, float]:
+    """Bytes the engine must hold at the end of the first forward: on one GPU (model states
+    and the micro-batch's saved activations) and in one node's host memory (every rank's
+    model states)."""
+    from zerosim.engine.plan import plan_of
+    from zerosim.engine.states import model_states
+    from zerosim.vocabulary import DeviceKind
+
+    plan = plan_of(scenario)
+    states = model_states(scenario.deepspeed, plan, scenario.hardware)
+    gpu = sum(h.nbytes for h in states if h.device == DeviceKind.GPU)
+    host = sum(h.nbytes for h in states if h.device == DeviceKind.HOST)
+    activations = sum(m.saved_bytes for m in plan.modules)
+    ranks_per_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
+    return gpu + activations, host * ranks_per_node
+
+
+def prune_reason(scenario: Scenario) -> str:
+    """Why the configuration cannot fit (empty when it may)."""
+    gpu, host = memory_floor(scenario)
+    profile = scenario.hardware
+    if gpu > profile.hbm_bytes + MEMORY_SLACK_BYTES:
+        return f"HBM floor {gpu / 2**30:.1f} GiB > {profile.hbm_bytes / 2**30:.1f} GiB"
+    if host > profile.host_memory_bytes + MEMORY_SLACK_BYTES:
+        return f"host floor {host / 2**30:.1f} GiB > {profile.host_memory_bytes / 2**30:.1f} GiB"
+    return ""
+
+
+@dataclass
+class TuneOutcome:
+    scenario: Scenario
+    rows: list[dict[str, Any]]
+    """Ranked: fitting configurations by iteration time, then the others."""
+    simulated: int = 0
+    pruned: int = 0
+    wall_s: float = 0.0
+    executor: str = ""
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows and self.rows[0]["status"] == "ok" else None
+
+
+def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
+    return {"status": status, "stage": config.stage, "offload": config.offload,
+            "micro_batch": config.micro_batch,
+            "gradient_accumulation": config.gradient_accumulation,
+            "reduce_bucket_size": config.reduce_bucket_size,
+            "sub_group_size": config.sub_group_size, "ratio": config.ratio,
+            "what_if": config.what_if, "iteration_s": None, "tokens_per_s": None,
+            "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
+            "phases_s": {}}
+
+
+def _simulated(row: dict[str, Any], result: Mapping[str, Any], tokens: int) -> None:
+    row["status"] = result.get("status", "error")
+    row["note"] = result.get("error") or ""
+    if row["status"] == "oom" and result.get("oom"):
+        oom = json.loads(result["oom"])
+        row["note"] = f"out of memory on {oom['device']}: {oom['allocation']}"
+    iteration = result.get("iteration_s")
+    if row["status"] == "ok" and iteration:
+        row["iteration_s"] = iteration
+        row["tokens_per_s"] = tokens / iteration
+    row["peak_hbm_GiB"] = result.get("peak_hbm_GiB")
+    row["peak_host_GiB"] = result.get("peak_host_GiB")
+    row["phases_s"] = {k.removeprefix("phases_s."): v for k, v in result.items()
+                       if k.startswith("phases_s.")}
+
+
+def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = None,
+         free: Iterable[str] = (), fix: Iterable[str] = (), workers: int | None = None,
+         dask: str | None = None, out_dir: str | Path | None = None,
+         on_progress: Callable[[int, int], None] | None = None) -> TuneOutcome:
+    """Search the free knobs of the scenario at `scenario_path`; write `tune.csv` to
+    `out_dir` when given."""
+    from zerosim.errors import ScenarioError
+    from zerosim.scenario import load_scenario
+    from zerosim.sweep.runner import drive, open_executor
+    from zerosim.sweep.spec import Point, point_id
+
+    started = time.perf_counter()
+    fixed = dict(overrides or {})
+    scenario = load_scenario(scenario_path, fixed)
+    base = as_given(scenario)
+    tokens = (base.micro_batch * base.gradient_accumulation * scenario.data_parallel
+              * scenario.sequence_length)
+    rows: list[dict[str, Any]] = []
+    todo: list[Point] = []
+    for config in candidates(base, free_knobs(free, fix)):
+        point_overrides = fixed | config.overrides()
+        row = _row(config, "pending")
+        rows.append(row)
+        try:
+            reason = prune_reason(load_scenario(scenario_path, point_overrides))
+        except ScenarioError as err:
+            row["status"], row["note"] = "refused", str(err)
+            continue
+        if reason:
+            row["status"], row["note"] = "pruned", reason
+            continue
+        todo.append(Point(len(rows) - 1, point_id(point_overrides), point_overrides,
+                          {"config": config.describe()}, {}))
+    outcome = TuneOutcome(scenario, rows, simulated=len(todo),
+                          pruned=sum(r["status"] == "pruned" for r in rows))
+
+    def on_row(point: Point, result: Mapping[str, Any]) -> None:
+        _simulated(rows[point.index], result, tokens)
+        if on_progress is not None:
+            on_progress(sum(r["status"] != "pending" for r in rows), len(rows))
+
+    def on_failure(point: Point, error: BaseException) -> None:
+        rows[point.index]["status"], rows[point.index]["note"] = "error", str(error)
+
+    with open_executor(workers, dask, len(todo)) as (executor, window, outcome.executor):
+        drive(executor, window, str(scenario_path), todo, on_row, on_failure)
+    outcome.rows = rank_rows(rows)
+    outcome.wall_s = time.perf_counter() - started
+    if out_dir is not None:
+        outcome.files = [write_csv(outcome.rows, Path(out_dir) / "tune.csv")]
+    return outcome
+
+
+STATUS_ORDER = {"ok": 0, "oom": 1, "pruned": 2, "refused": 3, "error": 4}
+
+
+def rank_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    ranked = sorted(rows, key=lambda r: (STATUS_ORDER.get(r["status"], 5),
+                                         r["iteration_s"] or 0.0))
+    for position, row in enumerate(ranked, start=1):
+        row["rank"] = position if row["status"] == "ok" else None
+    return ranked
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in COLUMNS})
+    return path
+
+
+def iteration_parts(row: Mapping[str, Any]) -> dict[str, float]:
+    """Seconds of one iteration spent in each phase (phase means times their count)."""
+    phases, steps = row["phases_s"], row["gradient_accumulation"]
+    counts = {"forward": steps, "backward_non_boundary": steps - 1, "backward_boundary": 1,
+              "update": 1}
+    return {phase: (phases.get(phase) or 0.0) * count for phase, count in counts.items()}
+
+
+def why_best(rows: list[dict[str, Any]]) -> str:
+    """One sentence: what the best configuration is and where it beats the next one."""
+    fitting = [r for r in rows if r["status"] == "ok"]
+    if not fitting:
+        return "no configuration fits"
+    best = fitting[0]
+    text = (f"fastest: {best['config'].describe()}, {best['iteration_s']:.2f} s per "
+            f"iteration ({best['tokens_per_s']:,.0f} tokens/s)")
+    if len(fitting) == 1:
+        return text + "; it is the only one that fits"
+    runner = fitting[1]
+    gap = runner["iteration_s"] - best["iteration_s"]
+    if gap < TIE_FRACTION * best["iteration_s"]:
+        return text + (f"; {runner['config'].describe()} is as fast (within "
+                       f"{gap * 1e3:.0f} ms)")
+    mine, theirs = iteration_parts(best), iteration_parts(runner)
+    phase = max(mine, key=lambda p: theirs[p] - mine[p])
+    return (text + f"; the next, {runner['config'].describe()}, takes {gap:.2f} s more, most "
+            f"of it in {phase.replace('_', ' ')} ({theirs[phase] - mine[phase]:+.2f} s)")
