@@ -92,11 +92,17 @@ def _assert_clean(result: zerosim.Result) -> None:
         start, end = phases.loc[(rank, phase, micro), ["start_s", "end_s"]]
         assert group.start_s.min() >= start - 1e-15
         assert group.end_s.max() <= end + 1e-15
-    # phases follow one another without gaps, per rank
+    # phases follow one another, per rank, with only the framework's host time per
+    # micro-batch (the stack's micro_batch_ms) before each forward
     for _, mine in result.phases.groupby("rank"):
         mine = mine.sort_values("start_s", kind="stable")
-        assert mine.start_s.iloc[0] == 0.0
-        assert list(mine.start_s.iloc[1:]) == list(mine.end_s.iloc[:-1])
+        assert mine.start_s.iloc[0] >= 0.0
+        waits = mine.start_s.values[1:] - mine.end_s.values[:-1]
+        gaps = list(zip(mine.phase.values[1:], waits, strict=True))
+        assert all(gap == 0.0 for phase, gap in gaps if phase != "forward"), gaps
+        before_forward = [gap for phase, gap in gaps if phase == "forward"]
+        assert all(gap == pytest.approx(before_forward[0], rel=1e-9, abs=1e-15)
+                   for gap in before_forward)
     assert result.summary["iteration_s"] == result.phases.end_s.max()
 
 
@@ -312,7 +318,9 @@ def test_memory_at_forward_start_is_model_states(study, llama13b_numels):
     in fp16) and the runtime context (0.8 GiB)."""
     result = study[1]
     start = result.phases.set_index(["phase", "micro_batch"]).loc[("forward", 0), "start_s"]
-    assert start == 0.0
+    # the stack's framework time per step and per micro-batch (219 + 295 ms at 3 GHz) on the
+    # 3.8 GHz Xeon comes first
+    assert start == pytest.approx((0.219 + 0.295) * 3.0 / 3.8, rel=1e-12)
     levels = _level_at(result.memory, "gpu0", start)
     persistent = sum(n for n in llama13b_numels if n <= 100_000)
     assert persistent == 81 * 5120
