@@ -53,6 +53,12 @@ def test_stack_fitted_on_the_study_predicts_the_polaris_iterations_within_20_per
     assert _worst(fit.holdout, fit, "iteration") <= TESTBED_TOLERANCE
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "measured 2026-11-23: fitted on Polaris alone the ZeRO-3 hook time is 1161 us (study "
+    "alone: 1575 us), so the study's host-bound forwards come out 26-40% short; every other "
+    "study phase is within 17%. The two testbeds' per-module host costs differ by ~35% beyond "
+    "their clock ratio (Polaris's host-bound forwards: 1.03 ms per module; the study's: "
+    "1.26 ms), which one shared stack value cannot carry"))
 def test_stack_fitted_on_polaris_predicts_every_study_phase_within_20_percent():
     fit, _ = calibrate([STUDY, POLARIS], STACK, holdout="llama13b", max_iterations=8)
     assert all(m.scenario.name.startswith("polaris") for m in fit.train)
