@@ -7,6 +7,9 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.stacks import DEFAULT_STACK
+from zerosim.validation.polaris import PROFILE as POLARIS_PROFILE
+from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
 from zerosim.validation.reference import Study, load_estimator_tables
 from zerosim.validation.validate import Cell, cells_frame
 
@@ -52,7 +55,13 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "bytes, as DeepSpeed prints them; Table 1 is held to "
         f"±{study.table1_tolerance:.0%} because {study.table1_tolerance_reason}.",
         "",
-        f"Hardware profile: `{profile.name}` (one profile for every cell; no per-cell factors).",
+        f"Also: the Polaris runs ({POLARIS_SOURCE}): per optimizer step, forward, backward and "
+        "update within 15%, the iteration within 10%, rank 0's peak allocated GPU memory within "
+        "10%; repeated runs averaged.",
+        "",
+        f"Hardware profiles: `{profile.name}` for the study's cells, `{POLARIS_PROFILE}` for the "
+        "Polaris runs; one software stack for both (`runtime.framework`, default "
+        f"`{DEFAULT_STACK}`); no per-cell factors.",
         f"Judged cells: {passed} of {len(judged)} within tolerance.",
         "",
         "| group | case | quantity | measured | simulated | error | tolerance | status | note |",

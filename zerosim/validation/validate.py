@@ -327,11 +327,12 @@ def polaris_cells() -> list[Cell]:
             tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
                          else POLARIS_PHASE_TOLERANCE)
             cells.append(judge(POLARIS_GROUP, case, f"{phase} per step", "s",
-                               configuration.measured(phase), simulated[phase], tolerance))
+                               configuration.measured(phase), simulated[phase], tolerance,
+                               note=f"DeepSpeed {run.build}"))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GB",
                            configuration.peak_gpu_bytes / 1e9,
                            peak_allocated_bytes(result, scenario.hardware) / 1e9,
-                           MEMORY_TOLERANCE))
+                           MEMORY_TOLERANCE, note=f"DeepSpeed {run.build}"))
     return cells
 
 
