@@ -9,6 +9,7 @@ values and goes through `zerosim calibrate`, the same code path a user runs.
 
 from __future__ import annotations
 
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,20 +27,23 @@ STACK = ["stack.host.fetch_hook_us=100:5000", "stack.host.collective_launch_us=5
 them from the hooks)."""
 POLARIS_HARDWARE = [
     "polaris-a100:gpu.gemm_efficiency=0.5:0.95",
-    "polaris-a100:cpu.page_zeroing_GBps=0.3:20",
     "polaris-a100:cpu.elementwise_GBps_per_thread=0.3:20",
-    "polaris-a100:cpu.adam_params_per_s_per_thread=5e6:5e8",
     "polaris-a100:cpu.cast_threads=1:64",
     "polaris-a100:cpu.oversubscription_penalty=0.001:3",
     "polaris-a100:host.memory_GBps_per_domain=50:204.8",
-    "polaris-a100:pcie.d2h_pageable_GBps=2:25",
-    "polaris-a100:pcie.h2d_pageable_GBps=2:25",
 ]
-"""Every Polaris value the joint fit sets, so the held-out size leaks in through none."""
+"""The Polaris values the joint fit identifies (scenarios/calibration/README.md); the rest
+stay at their shipped, assumed values."""
 TESTBED_TOLERANCE = 0.20
 FASTER_BUILD = {f"{r.name}.yaml" for r in load_runs() if r.build == "0.13.3+c7da512a"}
 """The four runs of build c7da512a, faster than the other builds at equal size and DP in the
 data itself (tests/test_validation.py, KNOWN_MISSES): predicted, reported, not judged."""
+
+
+def _calibrate(paths, specs, holdout):
+    with ProcessPoolExecutor(2) as pool:
+        fit, _ = calibrate(paths, specs, holdout=holdout, max_iterations=10, pool=pool)
+    return fit
 
 
 def _worst(rows: list[Measurement], fit, phase: str) -> float:
@@ -48,7 +52,7 @@ def _worst(rows: list[Measurement], fit, phase: str) -> float:
 
 
 def test_stack_fitted_on_the_study_predicts_the_polaris_iterations_within_20_percent():
-    fit, _ = calibrate([STUDY, POLARIS], STACK, holdout="polaris-", max_iterations=8)
+    fit = _calibrate([STUDY, POLARIS], STACK, "polaris-")
     assert all(m.scenario.name.startswith("llama13b") for m in fit.train)
     assert _worst(fit.holdout, fit, "iteration") <= TESTBED_TOLERANCE
 
@@ -60,15 +64,14 @@ def test_stack_fitted_on_the_study_predicts_the_polaris_iterations_within_20_per
     "their clock ratio (Polaris's host-bound forwards: 1.03 ms per module; the study's: "
     "1.26 ms), which one shared stack value cannot carry"))
 def test_stack_fitted_on_polaris_predicts_every_study_phase_within_20_percent():
-    fit, _ = calibrate([STUDY, POLARIS], STACK, holdout="llama13b", max_iterations=8)
+    fit = _calibrate([STUDY, POLARIS], STACK, "llama13b")
     assert all(m.scenario.name.startswith("polaris") for m in fit.train)
     held = [m for m in fit.holdout if not m.phase.startswith("probe")]
     assert max(abs(fit.rel_error(m)) for m in held) <= TESTBED_TOLERANCE
 
 
 def test_fitted_without_the_11b_model_polaris_predicts_its_iterations_within_20_percent():
-    fit, _ = calibrate([POLARIS], STACK + POLARIS_HARDWARE, holdout="polaris-11.20b",
-                       max_iterations=10)
+    fit = _calibrate([POLARIS], STACK + POLARIS_HARDWARE, "polaris-11.20b")
     assert {m.scenario.name.split("-dp")[0] for m in fit.holdout} == {"polaris-11.20b"}
     assert _worst(fit.holdout, fit, "iteration") <= TESTBED_TOLERANCE
 
@@ -77,7 +80,6 @@ def test_oversubscription_fitted_on_the_5_9b_dp4_runs_predicts_the_11b_dp4_phase
     """The study's DP=1,2 -> DP=4 question restated where the data identifies it: on Polaris
     (64 hardware threads) one and two ranks of 32 threads do not oversubscribe, four do, so
     the 5.9B model's DP=4 runs pin the cost that the 11.2B model's DP=4 runs then test."""
-    fit, _ = calibrate([POLARIS], STACK + POLARIS_HARDWARE, holdout="polaris-11.20b-dp4",
-                       max_iterations=10)
+    fit = _calibrate([POLARIS], STACK + POLARIS_HARDWARE, "polaris-11.20b-dp4")
     assert {m.scenario.name for m in fit.holdout} == {"polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml"}
     assert max(abs(fit.rel_error(m)) for m in fit.holdout) <= 0.15
