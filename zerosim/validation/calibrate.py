@@ -462,12 +462,6 @@ def fitted_trees(bases: Bases, result: Fit, data_name: str
     return profiles, stack
 
 
-def fitted_profile_tree(tree: dict[str, Any], result: Fit, data_name: str) -> dict[str, Any]:
-    """One base profile with the fitted values (all parameters apply to it)."""
-    bases = Bases({"profile": tree}, "", {}, {})
-    return fitted_trees(bases, result, data_name)[0]["profile"]
-
-
 def write_outputs(result: Fit, bases: Bases, data_name: str, out_dir: Path,
                   suffix: str = "-fitted") -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
