@@ -242,7 +242,10 @@ def _walk(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _provenance(raw: Any, source: str, key: str) -> Provenance:
+def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware"
+                     ) -> Provenance:
+    """A `{value, basis, source}` leaf, checked; `table` is its prefix in the plausible-range
+    table (`hardware` for profiles, `stack` for software stacks)."""
     if not isinstance(raw, Mapping):
         raise ScenarioError(source, key, "{value: ..., basis: spec|measured|fitted|assumed, "
                             "source: '...'}", raw)
@@ -256,7 +259,7 @@ def _provenance(raw: Any, source: str, key: str) -> Provenance:
     if not isinstance(raw.get("source"), str) or not raw["source"].strip():
         raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
                             "comes from", raw.get("source"))
-    check_plausible(f"hardware.{key}.source", raw["source"], source=source,
+    check_plausible(f"{table}.{key}.source", raw["source"], source=source,
                     key_path=f"{key}.source")
     return Provenance(raw.get("value"), raw["basis"], raw["source"])
 
@@ -307,12 +310,12 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     for key, (name, scale, check, expected) in QUANTITIES.items():
         if key not in flat:
             raise ScenarioError(source, key, expected, "nothing")
-        prov = _provenance(flat[key], source, key)
+        prov = parse_provenance(flat[key], source, key)
         number = _number(prov, source, key, check, expected)
         values[name] = number * scale
         provenance[key] = prov
     for key, (name, choices) in CHOICES.items():
-        prov = _provenance(flat.get(key), source, key)
+        prov = parse_provenance(flat.get(key), source, key)
         if prov.value not in choices:
             raise ScenarioError(source, f"{key}.value", f"one of {', '.join(choices)}", prov.value)
         values[name] = prov.value
@@ -335,7 +338,7 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     observed_raw = flat.get("observed") or {}
     if not isinstance(observed_raw, Mapping):
         raise ScenarioError(source, "observed", "a mapping of observations", observed_raw)
-    observed = {k: _provenance(v, source, f"observed.{k}") for k, v in observed_raw.items()}
+    observed = {k: parse_provenance(v, source, f"observed.{k}") for k, v in observed_raw.items()}
     return HardwareProfile(**values, provenance=provenance, observed=observed)
 
 

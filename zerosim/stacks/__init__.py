@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
+from zerosim.hardware.profile import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import Elementwise, Recipe
 from zerosim.units import MS, US
@@ -36,14 +37,6 @@ HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
               "host.micro_batch_ms": ("micro_batch_s", MS),
               "host.step_ms": ("step_s", MS)}
 """Host-time keys -> (field, scale to seconds)."""
-BASES = ("spec", "measured", "fitted", "assumed", "override")
-
-
-@dataclass(frozen=True)
-class Provenance:
-    value: Any
-    basis: str
-    source: str
 
 
 @dataclass(frozen=True)
@@ -80,19 +73,6 @@ def _leaf(tree: Mapping[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
-
-
-def _provenance(raw: Any, source: str, key: str) -> Provenance:
-    if not isinstance(raw, Mapping) or set(raw) - {"value", "basis", "source"}:
-        raise ScenarioError(source, key, "{value: ..., basis: spec|measured|fitted|assumed, "
-                            "source: '...'}", raw)
-    if raw.get("basis") not in BASES:
-        raise ScenarioError(source, f"{key}.basis", f"one of {', '.join(BASES)}",
-                            raw.get("basis"))
-    if not isinstance(raw.get("source"), str) or not raw["source"].strip():
-        raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
-                            "comes from", raw.get("source"))
-    return Provenance(raw.get("value"), raw["basis"], raw["source"])
 
 
 def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = False) -> float:
@@ -140,7 +120,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         layout[key] = value == "fused"
     provenance: dict[str, Provenance] = {}
     factor_key = "kernels.backward_bytes_factor"
-    factor = _provenance(_leaf(tree, factor_key), source, factor_key)
+    factor = parse_provenance(_leaf(tree, factor_key), source, factor_key, table="stack")
     provenance[factor_key] = factor
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
@@ -149,11 +129,12 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if extra:
         raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",
                             f"one of {', '.join(KERNEL_OPS)}", sorted(extra)[0])
-    reference = _provenance(_leaf(tree, "host.reference_GHz"), source, "host.reference_GHz")
+    reference = parse_provenance(_leaf(tree, "host.reference_GHz"), source,
+                                 "host.reference_GHz", table="stack")
     provenance["host.reference_GHz"] = reference
     times: dict[str, float] = {}
     for key, (attr, scale) in HOST_TIMES.items():
-        prov = _provenance(_leaf(tree, key), source, key)
+        prov = parse_provenance(_leaf(tree, key), source, key, table="stack")
         provenance[key] = prov
         times[attr] = _non_negative(prov, source, key) * scale
     extra = set(_leaf(tree, "host") or {}) - {"reference_GHz", *(k[5:] for k in HOST_TIMES)}
