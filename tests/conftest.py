@@ -115,6 +115,17 @@ TOY_MODEL = {
 }
 
 
+def minimal(**changes: Any) -> dict[str, Any]:
+    """The smallest valid scenario on a catalog model and profile, with `changes` on top."""
+    tree = {
+        "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
+        "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+                      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+    }
+    tree.update(changes)
+    return tree
+
+
 def toy_tree(gpus: int = 1) -> dict[str, Any]:
     """The toy scenario: DP = GPUs, GA 1, fp16, ZeRO-3, optimizer offloaded to pinned memory,
     one IPG bucket for the whole model, no persistent params, 2 optimizer sub-groups."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import minimal
 
 from zerosim import load_scenario
 from zerosim.errors import ScenarioError, shown
@@ -26,16 +27,6 @@ PROFILE = ROOT / "zerosim" / "hardware" / "profiles" / "h100-jlse.yaml"
 HF_CONFIG = {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
              "intermediate_size": 512, "num_attention_heads": 4, "vocab_size": 1000}
 ELEMENTS = "a number of elements in [1, 1e+15]"
-
-
-def minimal(**changes):
-    tree = {
-        "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
-        "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
-                      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
-    }
-    tree.update(changes)
-    return tree
 
 
 def refusal(tree=None, overrides=None) -> str:

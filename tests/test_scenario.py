@@ -6,22 +6,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import minimal
 
 from zerosim import load_scenario
 from zerosim.errors import ScenarioError
 from zerosim.scenario import UnmodelledKeysWarning, scenario_from_dict
 
 STUDY = Path(__file__).resolve().parent.parent / "scenarios" / "llama13b_dp4.yaml"
-
-
-def minimal(**changes):
-    tree = {
-        "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
-        "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
-                      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
-    }
-    tree.update(changes)
-    return tree
 
 
 def test_study_scenario_resolves():

@@ -75,14 +75,8 @@ class RankProgram:
         core = self.core
         core.begin(Phase.FORWARD, micro)
         for index, module in enumerate(core.plan.modules):
-            ready = None
-            if module.params:
-                ready = yield from self._fetch_for(index, backward=False)
-            yield from core.issue_kernels(module.kernels)
-            core.compute.launch(
-                f"forward {module.name}",
-                core.forward_body(index, core.forward_seconds(index), module.saved_bytes),
-                kind=OpKind.FORWARD, after=(ready,))
+            yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
+                                            backward=False)
             if not self.params.keep_after_forward(index):
                 self.params.release(index)
         yield from core.end()
@@ -121,14 +115,20 @@ class RankProgram:
         """Activation checkpointing: re-run the block's forward before its backward."""
         core = self.core
         for index, module in enumerate(core.plan.modules):
-            if module.layer != layer:
-                continue
-            ready = None
-            if module.params:
-                ready = yield from self._fetch_for(index, backward=None)
-            yield from core.issue_kernels(module.kernels)
-            core.compute.launch(
-                f"recompute {module.name}",
-                core.forward_body(index, core.forward_seconds(index),
-                                  module.recompute_bytes),
-                kind=OpKind.RECOMPUTE, after=(ready,))
+            if module.layer == layer:
+                yield from self._forward_module(index, OpKind.RECOMPUTE, module.recompute_bytes,
+                                                backward=None)
+
+    def _forward_module(self, index: int, kind: OpKind, saved_bytes: float, *,
+                        backward: bool | None) -> Gen:
+        """A module's forward (or its recompute): hooks and fetch, then its kernels queued."""
+        core = self.core
+        module = core.plan.modules[index]
+        ready = None
+        if module.params:
+            ready = yield from self._fetch_for(index, backward=backward)
+        yield from core.issue_kernels(module.kernels)
+        label = "forward" if kind == OpKind.FORWARD else "recompute"
+        core.compute.launch(f"{label} {module.name}",
+                            core.forward_body(index, core.forward_seconds(index), saved_bytes),
+                            kind=kind, after=(ready,))
