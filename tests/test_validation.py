@@ -24,9 +24,11 @@ C7DA512A = (
     "takes 5.80 s for 11.20B at the same DP=4, and its forward and backward are faster "
     "likewise; one set of values cannot fit both builds")
 STUDY_FORWARD_DP = (
-    "the study's forward grows with DP (0.31, 0.37, 0.39 s) by host time per all-gather; the "
-    "two testbeds do not pin the stack's collective_launch_us (63% standard error) and the fit "
-    "leaves DP>1's gathers too cheap on the host")
+    "the study's forward grows with DP (0.31, 0.37, 0.39 s: +60 ms, then +20 ms) while the "
+    "model's is host-bound at 0.29 s for DP=1 and 0.32 s for DP=2 and DP=4 (-13%, -17%); the "
+    "extra 20 ms per forward from DP=2 to DP=4 is 82 us per module, more than the per-rank "
+    "views and record_stream calls of DeepSpeed's coalesced handle cost, and the two "
+    "testbeds do not pin the stack's collective_launch_us (63% standard error)")
 KNOWN_MISSES = {
     ("Table 2", "DP=2", "forward"): STUDY_FORWARD_DP,
     ("Table 2", "DP=4", "forward"): STUDY_FORWARD_DP,
@@ -38,8 +40,8 @@ KNOWN_MISSES = {
        for size, quantities in {
            "polaris-11.32b": ("update per step", "iteration per step"),
            "polaris-15.58b": ("update per step", "iteration per step"),
-           "polaris-5.95b": ("forward per step", "backward per step", "update per step",
-                             "iteration per step", "rank 0 peak allocated GPU memory"),
+           "polaris-5.95b": ("backward per step", "update per step", "iteration per step",
+                             "rank 0 peak allocated GPU memory"),
            "polaris-9.14b": ("forward per step", "backward per step", "update per step",
                              "iteration per step"),
        }.items() for quantity in quantities},

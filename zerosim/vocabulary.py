@@ -74,6 +74,8 @@ class OpKind(StrEnum):
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
     ALL_REDUCE = "all_reduce"
+    GATHER_SPLIT = "gather_split"
+    """Each tensor of a coalesced all-gather copied out of its flat buffer (`torch.cat`)."""
     PARAM_FETCH = "param_fetch"
     """A parameter partition brought to the GPU before its all-gather (offload_param)."""
     GRAD_TO_BUCKET = "grad_to_bucket"

@@ -11,11 +11,16 @@ The host thread does not wait for an all-gather, with one bound: `fetch_sub_modu
 event on the all-gather stream for every parameter it waits on and, with more than
 `MAX_ONGOING_FETCH_EVENTS` of them unfinished, blocks until the oldest finishes (DeepSpeed
 0.13.3's `__max_ongoing_fetch_events`, from 0.6.2), before it issues the prefetches.
+
+A module's own fetch and each prefetch are one all-gather call over all their tensors
+(`__all_gather_params`); a call of several tensors is split out of its flat buffer at the
+first wait on it (`_Bundle`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import simpy
@@ -45,7 +50,7 @@ class ReplicatedParams:
         return None
 
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
-        return
+        return ready
         yield
 
     def prefetch_after(self, index: int, backward: bool) -> None:
@@ -92,6 +97,22 @@ class PartitionsInHost:
                             kind=OpKind.PARAM_FETCH)
 
 
+@dataclass
+class _Bundle:
+    """A coalesced all-gather of several tensors (`AllGatherCoalescedHandle`)."""
+
+    modules: tuple[int, ...]
+    tensors: int
+    nbytes: float
+    copies: simpy.Event | None = None
+    """The copies out of the flat buffer, once the first module's wait has issued them."""
+    extra: int = 0
+    waiting: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.waiting = len(self.modules)
+
+
 MAX_ONGOING_FETCH_EVENTS = 2
 """partitioned_param_coordinator.py (0.13.3) `__max_ongoing_fetch_events`."""
 
@@ -126,51 +147,69 @@ class PartitionedParams:
         inflight registry, which the wait empties)."""
         self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
         """Per module, the tensors an all-gather brings (the non-persistent ones)."""
+        self.bundles: dict[int, _Bundle] = {}
+        """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
 
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
 
     def fetch(self, index: int) -> simpy.Event | None:
         """All-gather a module's params unless they are gathered or on their way."""
+        self._gather((index,))
+        return self.gathered[index]
+
+    def _gather(self, indices: tuple[int, ...]) -> None:
+        """One all-gather call over the modules' parameters (`__all_gather_params`: a module's
+        own fetch, or every module of one prefetch)."""
         core, plan = self.core, self.core.plan
-        if self.is_gathered[index] or plan.gathered_numel[index] == 0:
-            return self.gathered[index]
-        numel = plan.gathered_numel[index]
-        self.is_gathered[index] = True
-        self.live_numel += numel
-        self.waited[index] = False
-        if not core.distributed and not self.source.always_gathers:
+        todo = [i for i in indices if not self.is_gathered[i] and plan.gathered_numel[i] > 0]
+        if not todo:
+            return
+        for index in todo:
+            self.is_gathered[index] = True
+            self.live_numel += plan.gathered_numel[index]
+            self.waited[index] = False
             self.gathered[index] = None
-            return None
-        module = plan.modules[index]
-        gathered = self.to_gather[index]
-        sizes = [p.numel for p in gathered] if self.per_tensor else [numel]
+        if not core.distributed and not self.source.always_gathers:
+            return
+        tensors = [p for index in todo for p in self.to_gather[index]]
+        numel = sum(plan.gathered_numel[index] for index in todo)
+        sizes = [p.numel for p in tensors] if self.per_tensor else [numel]
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
-        partition = sum(p.partition_numel for p in gathered)
-        self.gathered_bytes[index] = core.gpu.allocate(
-            Category.PARAMS_GATHERED, core.dtype_bytes * numel, module.name)
+        for index in todo:
+            self.gathered_bytes[index] = core.gpu.allocate(
+                Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
+                plan.modules[index].name)
+        names = " + ".join(plan.modules[index].name for index in todo)
 
         def body() -> Gen:
-            yield from self.source.bring(core, index, partition)
+            for index in todo:
+                partition = sum(p.partition_numel for p in self.to_gather[index])
+                yield from self.source.bring(core, index, partition)
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
                                                    core.dtype_bytes * size, core.ranks)
 
-        event = self.allgather.launch(f"all-gather {module.name}", body,
+        event = self.allgather.launch(f"all-gather {names}", body,
                                       kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel)
-        self.gathered[index] = event
-        return event
+        if core.distributed and not self.per_tensor and len(tensors) > 1:
+            bundle = _Bundle(tuple(todo), len(tensors), core.dtype_bytes * numel)
+            for index in todo:
+                self.bundles[index] = bundle
+        for index in todo:
+            self.gathered[index] = event
 
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
         """The host's wait on a module's in-flight parameters: one event per parameter tensor
         it gathers, and a block on the oldest unfinished one while more than
-        `MAX_ONGOING_FETCH_EVENTS` are."""
+        `MAX_ONGOING_FETCH_EVENTS` are. Returns the event the module's kernels wait for."""
         if self.waited[index]:
-            return
+            return ready
         self.waited[index] = True
+        ready = yield from self._split_bundle(index, ready)
         if ready is None or not self.bounded_fetches:
-            return
+            return ready
         for param in self.core.plan.params[index]:
             if param.persistent:
                 continue
@@ -179,11 +218,38 @@ class PartitionedParams:
             if len(self.ongoing) > MAX_ONGOING_FETCH_EVENTS:
                 yield self.ongoing.popleft()
             self.ongoing.append(ready)
+        return ready
+
+    def _split_bundle(self, index: int, ready: simpy.Event | None) -> Gen:
+        """`AllGatherCoalescedHandle.wait`: an all-gather of several tensors lands in one flat
+        buffer; the first wait on any of them copies every tensor out of it (one `torch.cat`
+        per tensor, on the all-gather stream), and the flat buffer is freed when the registry
+        drops the handle, at the wait on its last module. Until then the bundle is held twice.
+        """
+        bundle = self.bundles.pop(index, None)
+        if bundle is None:
+            return ready
+        core = self.core
+        if bundle.copies is None:
+            yield from core.host_time(bundle.tensors * core.kernel_launch_s)
+            bundle.extra = core.gpu.allocate(Category.PARAMS_GATHERED, bundle.nbytes,
+                                             "all-gather flat buffer")
+            bundle.copies = core.hbm_op(self.allgather, "split all-gather", OpKind.GATHER_SPLIT,
+                                        bundle.nbytes, after=(ready,))
+        self._leave(bundle)
+        return bundle.copies
+
+    def _leave(self, bundle: _Bundle) -> None:
+        """One module of the bundle is done with the handle; the last frees the flat buffer."""
+        bundle.waiting -= 1
+        if bundle.waiting == 0 and bundle.extra:
+            self.core.gpu.free(Category.PARAMS_GATHERED, bundle.extra)
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         """Fetch ahead of `index` in trace order while fewer than
         min(`stage3_prefetch_bucket_size`, `stage3_max_live_parameters` - live) numel are
-        issued; as in DeepSpeed, the module that crosses the bound is still fetched."""
+        issued, in one all-gather call; as in DeepSpeed, the module that crosses the bound is
+        still fetched."""
         positions = self.backward_position if backward else self.forward_position
         if index not in positions:
             return
@@ -192,14 +258,17 @@ class PartitionedParams:
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters - self.live_numel)
         issued = 0
+        ahead = []
         for pos in range(positions[index] + 1, len(order)):
             later = order[pos]
             if issued >= budget:
-                return
+                break
             if self.is_gathered[later]:
                 continue
-            self.fetch(later)
+            ahead.append(later)
             issued += self.core.plan.gathered_numel[later]
+        if ahead:
+            self._gather(tuple(ahead))
 
     def release(self, index: int) -> None:
         """Release a module's gathered params when the host's post-hook runs.
@@ -213,6 +282,9 @@ class PartitionedParams:
         """
         if not self.is_gathered[index]:
             return
+        unwaited = self.bundles.pop(index, None)
+        if unwaited is not None:
+            self._leave(unwaited)
         self.is_gathered[index] = False
         self.live_numel -= self.core.plan.gathered_numel[index]
         self.gathered[index] = None

@@ -65,7 +65,7 @@ class RankProgram:
         if self.params.module_hooks:
             yield from core.fetch_hooks()
         ready = self.params.fetch(index)
-        yield from self.params.wait_ongoing(index, ready)
+        ready = yield from self.params.wait_ongoing(index, ready)
         if backward is not None:
             self.params.prefetch_after(index, backward)
             yield from core.pay_launches()
