@@ -87,6 +87,35 @@ def test_eager_attention_is_two_batched_gemms_and_the_stack_s_passes():
     assert kernel_count(core.kernels) == 12
 
 
+@pytest.mark.parametrize(("stack", "saved", "forward", "backward", "buffer"), [
+    # Megatron: the fused softmax's 16-bit output saved; raw scores in the global buffer;
+    # the probabilities' gradient in backward, the softmax backward in place.
+    ("megatron-deepspeed", 2, 0, 2, 2),
+    # HF eager: fp32 softmax output + its 16-bit copy saved; masked scores + fp32 upcast while
+    # softmax runs; fp32 gradients in and out of softmax's backward.
+    ("hf-transformers", 6, 6, 6, 0),
+])
+def test_each_stack_holds_its_own_bytes_per_attention_score(stack, saved, forward, backward,
+                                                            buffer):
+    w = Workload(sequence_length=2048, micro_batch_size=2)
+    core = next(m for m in build_modules(LLAMA13, w, load_stack(stack).recipe)
+                if m.kind == "attention")
+    scores, tokens = 40 * 2048 * 4096, 4096
+    qkv = 2 * tokens * 3 * 5120  # Q, K and V saved in 16 bits
+    assert (core.saved_bytes, core.transient_bytes, core.backward_transient_bytes,
+            core.buffer_bytes) == (qkv + saved * scores, forward * scores, backward * scores,
+                                   buffer * scores)
+
+
+def test_the_run_holds_the_framework_buffer_once_for_the_whole_iteration(toy):
+    """Every layer reuses Megatron's scores buffer: the run holds one layer's worth (the toy:
+    4 heads x 8 x 8 scores in 16 bits) from start to end."""
+    result = toy.run({"runtime": {"framework": "megatron-deepspeed"}})
+    buffers = result.memory[result.memory.category == "framework buffers"]
+    assert list(buffers.bytes) == [2 * 4 * 8 * 8, 0]
+    assert list(buffers.t_s)[-1] == result.summary["iteration_s"]
+
+
 def test_stacks_ship_and_the_default_is_the_study_s():
     assert {"megatron-deepspeed", "hf-transformers"} <= set(stack_names())
     assert DEFAULT_STACK == "megatron-deepspeed"
@@ -104,6 +133,10 @@ def test_bad_stacks_are_clear_errors():
     tree = toy_stack()
     tree["kernels"]["softmax"] = tree["kernels"]["scores"]
     with pytest.raises(ScenarioError, match=r"kernels\.softmax"):
+        parse_stack(tree, "s.yaml")
+    tree = toy_stack()
+    tree["attention_memory"] = {"scratch": {"value": 2, "basis": "assumed", "source": "x"}}
+    with pytest.raises(ScenarioError, match=r"attention_memory\.scratch: expected one of saved"):
         parse_stack(tree, "s.yaml")
     tree = toy_stack()
     tree["host"]["fetch_hook_us"]["value"] = float("inf")

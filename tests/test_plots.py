@@ -112,7 +112,7 @@ def test_memory_stack_top_is_the_sum_of_category_levels(dp1):
 
 def test_memory_categories_are_stacked_bottom_up_with_fixed_colours(dp1):
     stack = plots.memory_stack(dp1.memory, "gpu0")
-    assert list(stack.columns[:2]) == ["runtime context", "params 16-bit"]
+    assert list(stack.columns[:3]) == ["runtime context", "framework buffers", "params 16-bit"]
     fig = plots.memory_over_time(dp1, "gpu0")
     legend = {t.get_text().split(" (peak")[0]: h for t, h in
               zip(fig.axes[-1].get_legend().get_texts(),

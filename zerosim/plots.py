@@ -87,6 +87,7 @@ STREAM_COLORS: dict[Stream, str] = {
 MEMORY_COLORS: dict[Category, str] = {
     # GPU HBM
     Category.RUNTIME_CONTEXT: GREY,
+    Category.FRAMEWORK_BUFFERS: "#BBBBBB",
     Category.PARAMS_16BIT: OKABE_ITO["blue"],
     Category.PARAMS_PERSISTENT: TOL_MUTED[0],
     Category.IPG_BUCKET: OKABE_ITO["yellow"],

@@ -120,6 +120,7 @@ class Category(StrEnum):
     """Memory categories (what occupies HBM, host memory or NVMe)."""
 
     RUNTIME_CONTEXT = "runtime context"
+    FRAMEWORK_BUFFERS = "framework buffers"
     PARAMS_16BIT = "params 16-bit"
     PARAMS_PERSISTENT = "params persistent"
     PARAMS_GATHERED = "params gathered"
@@ -147,7 +148,8 @@ class Category(StrEnum):
 
 
 STATIC_CATEGORIES = frozenset({
-    Category.RUNTIME_CONTEXT, Category.PARAMS_16BIT, Category.PARAMS_PERSISTENT,
+    Category.RUNTIME_CONTEXT, Category.FRAMEWORK_BUFFERS, Category.PARAMS_16BIT,
+    Category.PARAMS_PERSISTENT,
     Category.IPG_BUCKET, Category.FP32_MASTER, Category.OPTIMIZER_STATES, Category.FP32_GRADS,
     Category.GRAD_ACCUMULATION, Category.FP32_MASTER_GPU, Category.OPTIMIZER_STATES_GPU,
     Category.FP32_GRADS_GPU, Category.SWAP_BUFFERS,

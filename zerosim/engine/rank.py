@@ -227,9 +227,15 @@ class RankCore:
 
     def backward_body(self, index: int, seconds: float,
                       on_end: Callable[[], None] | None = None) -> Body:
-        """A module's backward: frees its activations and produces its gradients at the end."""
+        """A module's backward: holds its backward workspace while it runs, frees its
+        activations and produces its gradients at the end."""
+        module = self.plan.modules[index]
+
         def body() -> Gen:
+            workspace = self.gpu.allocate(Category.WORKSPACE, module.backward_transient_bytes,
+                                          module.name)
             yield self.env.timeout(seconds)
+            self.gpu.free(Category.WORKSPACE, workspace)
             self.gpu.free(Category.ACTIVATIONS, self.activations.pop(index, 0))
             if on_end is not None:
                 on_end()

@@ -36,12 +36,22 @@ class Holding:
 def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile) -> list[Holding]:
     """Every static allocation of one rank, in the order DeepSpeed makes them."""
     held = [Holding(DeviceKind.GPU, Category.RUNTIME_CONTEXT, profile.runtime_context_bytes,
-                    "CUDA context")]
+                    "CUDA context"), *_framework_buffers(plan)]
     if ds.offload_optimizer.enabled:
         states = _offloaded_stage3 if ds.stage == 3 else _offloaded_stage12
     else:
         states = _on_gpu
     return held + states(ds, plan)
+
+
+def _framework_buffers(plan: Plan) -> list[Holding]:
+    """Buffers the framework allocates on first use and reuses for the rest of the run
+    (Megatron's global memory buffer for the raw attention scores): the largest any module
+    asks for."""
+    largest = max((m.buffer_bytes for m in plan.modules), default=0.0)
+    if largest <= 0:
+        return []
+    return [Holding(DeviceKind.GPU, Category.FRAMEWORK_BUFFERS, largest, "attention scores")]
 
 
 def _sizes(ds: DeepSpeedConfig, plan: Plan) -> tuple[int, int, int, int]:

@@ -126,6 +126,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "stack.host.*_ms": Plausible(0, 1e5, "a time in milliseconds"),
     "stack.kernels.backward_bytes_factor": Plausible(0, 1e3, "a factor"),
     "stack.kernels.*.kernels": _count(0, 10_000, "a kernel count"),
+    "stack.attention_memory.*": Plausible(0, 64, "bytes per attention score"),
     # ---- hardware profile keys
     "hardware.description": PlausibleText(10_000),
     "hardware.nodes": _count(1, 1e6, "a node count"),

@@ -61,6 +61,22 @@ class Elementwise:
 
 
 @dataclass(frozen=True)
+class ScoreMemory:
+    """What eager attention holds per attention score, in bytes for 16-bit training (scaled by
+    the activation dtype's size / 2): `saved` from its forward to its backward,
+    `forward_workspace` while its forward (or recompute) runs, `backward_workspace` while its
+    backward runs besides what is saved, and `buffer` in a persistent buffer every layer reuses.
+
+    The default is the textbook count: 16-bit probabilities saved, an fp32 softmax output
+    while the forward runs."""
+
+    saved: float = 2.0
+    forward_workspace: float = 4.0
+    backward_workspace: float = 0.0
+    buffer: float = 0.0
+
+
+@dataclass(frozen=True)
 class Recipe:
     """How a software stack cuts a transformer block into modules and which memory-bound
     kernels each launches besides its GEMMs (`zerosim/stacks` builds one from a stack file).
@@ -72,7 +88,8 @@ class Recipe:
     (eager only, besides the two batched GEMMs); `context` the attention output (the layout copy
     before the output projection); `activation` the MLP's intermediate; `residual` the hidden
     state (twice per block); `loss` the logits. A memory-bound kernel's backward moves
-    `backward_bytes_factor` times its forward bytes in as many kernels.
+    `backward_bytes_factor` times its forward bytes in as many kernels. `score_memory` is what
+    eager attention keeps per score.
 
     The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
     """
@@ -88,6 +105,7 @@ class Recipe:
     residual: Elementwise = Elementwise()
     loss: Elementwise = Elementwise(1, 10)
     backward_bytes_factor: float = 2.0
+    score_memory: ScoreMemory = ScoreMemory()
 
 
 def _pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
@@ -102,7 +120,9 @@ class Module:
     """One fetch unit or parameter-less op, with its per-micro-batch costs.
 
     `saved_bytes` stay allocated from this module's forward until its backward;
-    `transient_bytes` live only while its forward (or recompute) runs. `model_flops` is the
+    `transient_bytes` live only while its forward (or recompute) runs, `backward_transient_bytes`
+    only while its backward runs; `buffer_bytes` is a persistent framework buffer it writes
+    into, which every module of its kind reuses (the run holds the largest). `model_flops` is the
     forward work counted the conventional way (dense attention, no recompute), used for TFLOPS;
     `fwd_flops` is what the kernels execute (flash attention skips the masked half).
     `param_numels` lists the module's own parameter tensors (weight, then bias);
@@ -120,6 +140,8 @@ class Module:
     fwd_hbm_bytes: float
     saved_bytes: float
     transient_bytes: float = 0.0
+    backward_transient_bytes: float = 0.0
+    buffer_bytes: float = 0.0
     param_numels: tuple[int, ...] = ()
     recompute_bytes: float = 0.0
     kernels: tuple[Kernel, ...] = ()
@@ -192,19 +214,22 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     t = w.tokens
     dense_flops = 4.0 * t * s * q
     qkv_saved = w.dtype_bytes * t * (q + 2 * hkv)
+    per_score = {"transient_bytes": 0.0}
     if w.attention == "eager":
         scores = a * s * t
-        saved = qkv_saved + w.dtype_bytes * scores
+        memory, scale = r.score_memory, w.dtype_bytes / 2 * scores
+        saved = qkv_saved + memory.saved * scale
         if dropout:
             saved += MASK_BYTES * scores + w.dtype_bytes * scores
-        transient = FP32_BYTES * scores
+        per_score = {"transient_bytes": memory.forward_workspace * scale,
+                     "backward_transient_bytes": memory.backward_workspace * scale,
+                     "buffer_bytes": memory.buffer * scale}
         flops = dense_flops
     else:
         saved = qkv_saved + FP32_BYTES * a * t
-        transient = 0.0
         flops = dense_flops / 2
     module = Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
-                    dense_flops, 0.0, saved, transient)
+                    dense_flops, 0.0, saved, **per_score)
     return _with_backward(module, _attention_kernels(spec, w, r), r)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
-from zerosim.models.breakdown import Elementwise, Recipe
+from zerosim.models.breakdown import Elementwise, Recipe, ScoreMemory
 from zerosim.units import MS, US
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
@@ -37,6 +37,8 @@ HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
               "host.micro_batch_ms": ("micro_batch_s", MS),
               "host.step_ms": ("step_s", MS)}
 """Host-time keys -> (field, scale to seconds)."""
+SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
+"""`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +103,33 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     return Elementwise(count, float(nbytes))
 
 
+def _score_memory(tree: Mapping[str, Any], source: str,
+                  provenance: dict[str, Provenance]) -> ScoreMemory:
+    """The optional `attention_memory` section (each key a `{value, basis, source}` leaf);
+    what it leaves out keeps `ScoreMemory`'s default."""
+    section = tree.get("attention_memory")
+    if section is None:
+        return ScoreMemory()
+    if not isinstance(section, Mapping):
+        raise ScenarioError(source, "attention_memory", "a mapping", type(section).__name__)
+    extra = set(section) - set(SCORE_MEMORY)
+    if extra:
+        raise ScenarioError(source, f"attention_memory.{sorted(extra)[0]}",
+                            f"one of {', '.join(SCORE_MEMORY)}", sorted(extra)[0])
+    values = {}
+    for name in SCORE_MEMORY:
+        if name in section:
+            key = f"attention_memory.{name}"
+            provenance[key] = parse_provenance(section[name], source, key, table="stack")
+            values[name] = _non_negative(provenance[key], source, key)
+    return ScoreMemory(**values)
+
+
 def parse_stack(tree: Any, source: str) -> SoftwareStack:
     """Validate a stack mapping and convert it to SI units."""
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
-    known = {"name", "description", "modules", "kernels", "host"}
+    known = {"name", "description", "modules", "kernels", "host", "attention_memory"}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -124,7 +148,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     provenance[factor_key] = factor
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
-                    backward_bytes_factor=_non_negative(factor, source, factor_key))
+                    backward_bytes_factor=_non_negative(factor, source, factor_key),
+                    score_memory=_score_memory(tree, source, provenance))
     extra = set(_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
     if extra:
         raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",
