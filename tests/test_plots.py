@@ -322,7 +322,7 @@ def test_plot_of_a_folder_without_results_fails_clearly(tmp_path):
 def test_plots_need_files():
     result = CliRunner().invoke(main, ["run", str(DP1), "--no-files", "--plots"])
     assert result.exit_code == 2
-    assert "--plots writes files" in result.output
+    assert "--plots and --compact-trace write files" in result.output
 
 
 def test_load_result_without_capacities_json_uses_the_summary(tmp_path, dp1):

@@ -13,7 +13,7 @@ import pytest
 
 import zerosim
 from zerosim.results.export import write_outputs
-from zerosim.results.trace import assign_lanes, build_trace
+from zerosim.results.trace import TraceDetail, assign_lanes, build_trace, sample_counters
 
 ROOT = Path(__file__).resolve().parent.parent
 DP1 = ROOT / "scenarios" / "llama13b_dp1.yaml"
@@ -144,3 +144,52 @@ def test_oom_run_has_an_instant_event():
     instants = [e for e in events if e["ph"] == "i"]
     assert len(instants) == 1 and instants[0]["pid"] == 0
     assert instants[0]["ts"] == pytest.approx(result.summary["oom"]["t_s"] * 1e6, abs=1e-3)
+
+
+def test_counters_are_sampled_to_their_interval_maximum_and_end_level():
+    """Ten changes of one track cut to four samples: two intervals ([0, 4.5) and [4.5, 9] us),
+    each giving its maximum at its first change and its level at its last. A value not
+    changed in an event keeps its level (Perfetto's step)."""
+    levels = [1, 5, 2, 2, 0, 3, 9, 1, 1, 4]
+    events = [{"name": "gpu0 HBM GiB", "ph": "C", "pid": 0, "ts": float(t),
+               "args": {"a": float(v), **({"total": 10.0} if t == 0 else {})}}
+              for t, v in enumerate(levels)]
+    sampled = sample_counters(events, 4)
+    assert [(e["ts"], e["args"]) for e in sampled] == [
+        (0.0, {"a": 5.0, "total": 10.0}),
+        (4.0, {"a": 0.0, "total": 10.0}),
+        (5.0, {"a": 9.0, "total": 10.0}),
+        (9.0, {"a": 4.0, "total": 10.0}),
+    ]
+    assert all(e["name"] == "gpu0 HBM GiB" and e["ph"] == "C" for e in sampled)
+    assert sample_counters(events, 10) == events
+
+
+def test_a_compact_trace_keeps_one_rank_per_identical_group_and_the_peaks():
+    """llama13b_dp4 on h100-jlse: ranks 0 and 3 (memory on their GPU's socket) and 1 and 2
+    (memory across the socket link) run identical timelines."""
+    result = zerosim.simulate(ROOT / "scenarios" / "llama13b_dp4.yaml")
+    detail = TraceDetail.compact(result.spans)
+    assert detail.rank_groups == {0: (0, 3), 1: (1, 2)}
+    full = build_trace(result.spans, result.phases, result.memory, result.links,
+                       result.scenario_name, summary=result.summary)
+    trace = build_trace(result.spans, result.phases, result.memory, result.links,
+                        result.scenario_name, summary=result.summary, detail=detail)
+    events = strict_json(json.dumps(trace))["traceEvents"]
+    check_trace_rules(events)
+    processes = {e["pid"]: e["args"]["name"] for e in events
+                 if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == {0: "rank 0 (gpu0) = ranks 0, 3 (x2)",
+                         1: "rank 1 (gpu1) = ranks 1, 2 (x2)", 1000: "host0 (CPU, memory)"}
+    per_track = defaultdict(int)
+    for e in events:
+        if e["ph"] == "C":
+            per_track[(e["name"], e["pid"])] += 1
+    assert max(per_track.values()) <= 2000
+    totals = {gpu: [e["args"]["total"] for e in events
+                    if e["ph"] == "C" and e["name"] == f"{gpu} HBM GiB"]
+              for gpu in ("gpu0", "gpu1")}
+    assert max(max(t) for t in totals.values()) == pytest.approx(result.summary["peak_hbm_GiB"])
+    assert [t[-1] for t in totals.values()] == pytest.approx([0.0, 0.0], abs=1e-9)
+    assert trace["otherData"]["ranks"] == {"0": [0, 3], "1": [1, 2]}
+    assert len(events) < len(full["traceEvents"]) / 2

@@ -174,8 +174,12 @@ def default_out_dir(name: str) -> Path:
               help="Also draw the timeline, memory, PCIe and phase figures (PNG and SVG).")
 @click.option("--no-progress", is_flag=True,
               help="No progress line on stderr (shown on a terminal for runs over 2 s).")
+@click.option("--compact-trace", is_flag=True,
+              help="A smaller trace.json for large runs: one rank per group of ranks with "
+                   "identical timelines, counters sampled to 2000 points per track (maximum "
+                   "and end level per interval). The tables stay whole.")
 def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_files: bool,
-        as_json: bool, plots: bool, no_progress: bool) -> None:
+        as_json: bool, plots: bool, no_progress: bool, compact_trace: bool) -> None:
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
@@ -184,8 +188,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     from zerosim.report import render_summary
     from zerosim.results.folders import check_output_folder
 
-    if plots and no_files:
-        raise click.UsageError("--plots writes files; drop --no-files")
+    if (plots or compact_trace) and no_files:
+        raise click.UsageError("--plots and --compact-trace write files; drop --no-files")
     loaded = _load(scenario, overrides)
     target = None if no_files else out_dir or default_out_dir(loaded.name)
     if target is not None:
@@ -202,7 +206,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         from zerosim.results.export import write_outputs
 
         write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},
-                      figures=_draw_figures if plots else None)
+                      figures=_draw_figures if plots else None, compact_trace=compact_trace)
     if as_json:
         _print_json(result.summary)
     else:

@@ -26,6 +26,7 @@ from matplotlib.patches import Patch
 from matplotlib.textpath import TextPath
 from matplotlib.ticker import EngFormatter, NullFormatter
 
+from zerosim.results.groups import identical_rank_groups
 from zerosim.results.trace import (
     STREAM_NAMES,
     link_name,
@@ -271,18 +272,6 @@ def _title(strip, ax, text: str) -> None:
 
 MAX_TIMELINE_RANKS = 8
 """Past this many ranks, `timeline` folds ranks with identical spans into one row group."""
-
-
-def identical_rank_groups(spans: pd.DataFrame, ranks: Sequence[int]) -> list[list[int]]:
-    """`ranks` grouped by identical spans (stream, op kind, start and end to the nanosecond),
-    in order of their first rank."""
-    groups: dict[tuple, list[int]] = {}
-    for rank in ranks:
-        mine = spans[spans["rank"] == rank]
-        key = tuple(zip(mine["stream"], mine.get("op_kind", mine["op"]),
-                        mine.start_s.round(9), mine.end_s.round(9), strict=True))
-        groups.setdefault(key, []).append(rank)
-    return list(groups.values())
 
 
 def _ranks_label(group: Sequence[int]) -> str:

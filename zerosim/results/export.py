@@ -19,7 +19,7 @@ from typing import Any
 from zerosim.results.folders import staged_folder
 from zerosim.results.load import CAPACITIES_FILE
 from zerosim.results.result import Result
-from zerosim.results.trace import build_trace
+from zerosim.results.trace import TraceDetail, build_trace
 
 TABLES = ("spans", "memory", "phases", "links")
 
@@ -57,11 +57,14 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def write_outputs(result: Result, out_dir: Path, *, extra: dict[str, object] | None = None,
-                  figures: Callable[[Result, Path], object] | None = None) -> list[Path]:
+                  figures: Callable[[Result, Path], object] | None = None,
+                  compact_trace: bool = False) -> list[Path]:
     """Write every output file and publish the folder; `extra` maps file names to objects
-    written as JSON, `figures(result, folder)` draws into the folder before it is published."""
+    written as JSON, `figures(result, folder)` draws into the folder before it is published.
+    `compact_trace`: one rank per group of identical ranks and sampled counters in
+    `trace.json` (`TraceDetail.compact`); the tables stay whole."""
     with staged_folder(out_dir) as staging:
-        _write_files(result, staging, extra or {})
+        _write_files(result, staging, extra or {}, compact_trace)
         if figures is not None:
             figures(result, staging)
         names = sorted(p.name for p in staging.iterdir())
@@ -69,7 +72,8 @@ def write_outputs(result: Result, out_dir: Path, *, extra: dict[str, object] | N
     return [target / name for name in names]
 
 
-def _write_files(result: Result, folder: Path, extra: dict[str, object]) -> None:
+def _write_files(result: Result, folder: Path, extra: dict[str, object],
+                 compact_trace: bool) -> None:
     _write_text(folder / "summary.json", strict_json(result.summary, indent=2) + "\n")
     capacities = {d: int(b) for d, b in sorted(result.capacities.items())}
     _write_text(folder / CAPACITIES_FILE, strict_json(capacities, indent=2) + "\n")
@@ -78,8 +82,9 @@ def _write_files(result: Result, folder: Path, extra: dict[str, object]) -> None
         frame.to_csv(folder / f"{name}.csv", index=False)
         if has_parquet():
             frame.to_parquet(folder / f"{name}.parquet", index=False)
+    detail = TraceDetail.compact(result.spans) if compact_trace else TraceDetail()
     trace = build_trace(result.spans, result.phases, result.memory, result.links,
-                        result.scenario_name, summary=result.summary)
+                        result.scenario_name, summary=result.summary, detail=detail)
     (folder / "trace.json").write_bytes(trace_json(trace))
     for name, payload in extra.items():
         _write_text(folder / name, strict_json(payload, indent=2, default=str) + "\n")

@@ -11,6 +11,12 @@ Layout, as Perfetto shows it (https://ui.perfetto.dev, Open trace file):
   total), memory bandwidth per NUMA domain in GB/s, CPU threads busy;
 - an instant event "out of memory" where an OOM run failed.
 
+A compact trace (`TraceDetail.compact`, `zerosim run --compact-trace`) is for large runs: one
+rank per group of ranks with identical timelines (its process named after the group) and
+every counter track cut to at most `COMPACT_COUNTER_POINTS` samples: per interval, each value's
+maximum at the interval's first change and its level at the last, so peaks and final levels
+survive.
+
 Times are written in microseconds with exactly three decimals, i.e. whole nanoseconds, the
 resolution Perfetto stores; a slice's end is quantised the same way, so two slices that touch
 in the simulation also touch in Perfetto and slices on one track never overlap (an in-order
@@ -21,12 +27,14 @@ stream has no overlapping spans; anything that would overlap goes to an extra la
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from zerosim.results.groups import identical_rank_groups
 from zerosim.units import GB, GiB
 from zerosim.vocabulary import (
     DeviceKind,
@@ -80,6 +88,37 @@ LINK_NAMES: dict[LinkKind, str] = {
 """Display name of each kind of shared resource."""
 KIND_COLUMNS = ("op_kind", "buffer_kind")
 """Span columns copied into a slice's args when set."""
+COMPACT_COUNTER_POINTS = 2000
+"""Samples per counter track in a compact trace (two per interval: its maximum, its end)."""
+
+
+@dataclass(frozen=True)
+class TraceDetail:
+    """What a trace keeps: every counter change or at most `counter_points` per track, every
+    rank or one per group of identical ranks (`rank_groups`: the ranks each kept rank stands
+    for, keyed by the kept rank)."""
+
+    counter_points: int | None = None
+    rank_groups: Mapping[int, Sequence[int]] | None = None
+
+    @classmethod
+    def compact(cls, spans: pd.DataFrame) -> TraceDetail:
+        ranks = sorted(int(r) for r in set(spans["rank"]))
+        groups = identical_rank_groups(spans, ranks)
+        return cls(COMPACT_COUNTER_POINTS, {group[0]: tuple(group) for group in groups})
+
+    def keeps(self, rank: int) -> bool:
+        return self.rank_groups is None or rank in self.rank_groups
+
+    def describe(self) -> dict[str, Any]:
+        """What the trace's `otherData` says about its detail."""
+        out: dict[str, Any] = {}
+        if self.counter_points is not None:
+            out["counters"] = (f"at most {self.counter_points} samples per track: per interval "
+                               "the maximum of each value and its level at the end")
+        if self.rank_groups is not None:
+            out["ranks"] = {str(k): list(v) for k, v in sorted(self.rank_groups.items())}
+        return out
 
 
 def stream_name(stream: str) -> str:
@@ -269,10 +308,72 @@ def _oom_event(summary: Mapping[str, Any] | None, pid_of: Mapping[str, int]) -> 
              "ts": _us(int(_ns(float(oom["t_s"])))), "args": dict(oom)}]
 
 
+def sample_counters(events: list[dict], points: int) -> list[dict]:
+    """At most `points` counter events for one track (events of one name and process, in time
+    order): the track's span cut into `points // 2` equal intervals, each giving one event at
+    its first change with every value's maximum over the interval and one at its last change
+    with the levels there (until then the previous interval's last level holds)."""
+    if len(events) <= points:
+        return events
+    frame = pd.DataFrame([e["args"] for e in events]).ffill()
+    times = np.array([e["ts"] for e in events], dtype=float)
+    span = times[-1] - times[0]
+    bins = max(points // 2, 1)
+    index = np.minimum(((times - times[0]) / span * bins).astype(int), bins - 1)
+    sampled: list[dict] = []
+    template = {k: v for k, v in events[0].items() if k not in ("ts", "args")}
+    for _, rows in frame.groupby(index, sort=True):
+        first, last = rows.index[0], rows.index[-1]
+        sampled.append({**template, "ts": float(times[first]), "args": _present(rows.max())})
+        if last != first:
+            sampled.append({**template, "ts": float(times[last]),
+                            "args": _present(frame.loc[last])})
+    return sampled
+
+
+def _present(values: pd.Series) -> dict[str, float]:
+    return {str(k): float(v) for k, v in values.items() if v == v}
+
+
+def _sampled(counters: list[dict], points: int | None) -> list[dict]:
+    if points is None:
+        return counters
+    tracks: dict[tuple[str, int], list[dict]] = {}
+    for event in counters:
+        tracks.setdefault((event["name"], event["pid"]), []).append(event)
+    return [e for track in tracks.values() for e in sample_counters(track, points)]
+
+
+def _kept_devices(memory: pd.DataFrame, links: pd.DataFrame, detail: TraceDetail
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Memory and link rows of the kept ranks' GPUs and of every other device."""
+    def kept(device: str) -> bool:
+        parts = device_parts(device)
+        return parts is None or parts[0] is not DeviceKind.GPU or detail.keeps(parts[1])
+
+    link_devices = links.resource.map(lambda r: split_resource(str(r))[0])
+    return (memory[memory.device.map(kept).astype(bool)],
+            links[link_devices.map(kept).astype(bool)])
+
+
+def _rank_process_name(rank: int, detail: TraceDetail) -> str:
+    gpu = device_name(DeviceKind.GPU, rank)
+    group = (detail.rank_groups or {}).get(rank, (rank,))
+    if len(group) == 1:
+        return f"rank {rank} ({gpu})"
+    listed = ", ".join(str(r) for r in group[:4]) + (", ..." if len(group) > 4 else "")
+    return f"rank {rank} ({gpu}) = ranks {listed} (x{len(group)})"
+
+
 def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
                 links: pd.DataFrame, scenario_name: str,
-                summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                summary: Mapping[str, Any] | None = None,
+                detail: TraceDetail = TraceDetail()) -> dict[str, Any]:
     """The trace as a JSON-ready dict: {"traceEvents": [...], ...}."""
+    if detail.rank_groups is not None:
+        spans = spans[spans["rank"].map(detail.keeps).astype(bool)]
+        phases = phases[phases["rank"].map(detail.keeps).astype(bool)]
+        memory, links = _kept_devices(memory, links, detail)
     slices, threads = _slices(spans, phases)
     ranks = {r for r, _, _ in threads}
     devices = sorted(set(memory.device) | {split_resource(str(r))[0] for r in links.resource},
@@ -293,7 +394,7 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
     pids = {pid for pid, _, _ in threads} | set(pid_of.values())
     for pid in sorted(pids):
         if pid < HOST_PID_OFFSET:
-            process(pid, f"rank {pid} ({device_name(DeviceKind.GPU, pid)})", pid)
+            process(pid, _rank_process_name(pid, detail), pid)
         elif pid < OTHER_PID_OFFSET:
             process(pid, f"{device_name(DeviceKind.HOST, pid - HOST_PID_OFFSET)} (CPU, memory)",
                     pid)
@@ -309,7 +410,9 @@ def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
     for device in sorted(set(memory.device), key=lambda d: (not is_gpu(d), d)):
         counters += _memory_counters(memory, device, pid_of[device])
     counters += _link_counters(links, pid_of)
+    counters = _sampled(counters, detail.counter_points)
     return {"traceEvents": meta + slices + counters + _oom_event(summary, pid_of),
             "displayTimeUnit": "ms",
-            "otherData": {"scenario": scenario_name, "generator": "zerosim"}}
+            "otherData": {"scenario": scenario_name, "generator": "zerosim",
+                          **detail.describe()}}
 
