@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import zerosim
+from conftest import q
 from zerosim.tune import (
     Config,
     TuneError,
@@ -34,7 +35,7 @@ def toy_file(toy, tmp_path):
 
 def test_the_scenario_as_given_is_a_config(toy):
     scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}}, gpus=2)
-    assert as_given(scenario) == Config(3, "cpu", 1, 2, 5e8, 50000.0, 1.0, "none")
+    assert as_given(scenario) == Config(3, "cpu", 1, 2, 5e8, 50000.0, 1.0, "none", False)
 
 
 def test_only_what_the_engine_replays_is_searched():
@@ -51,6 +52,19 @@ def test_only_what_the_engine_replays_is_searched():
     assert all(c.stage == 3 and c.offload == "cpu" for c in found if c.ratio < 1)
     assert {c.sub_group_size for c in found if c.stage < 3} == {1e9}
     assert {c.what_if for c in found} == {"none"}
+    assert {c.checkpointing for c in found} == {False, True}
+    assert not any("nvme" in c.offload for c in found)
+
+
+def test_nvme_is_searched_where_the_profile_has_drives_and_run_only_where_host_memory_is_short():
+    base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
+    found = candidates(base, free_knobs(fix=["checkpointing"]), nvme=True)
+    assert {c.offload for c in found if c.stage == 3} == {"none", "cpu", "cpu+params", "nvme",
+                                                          "nvme+params"}
+    assert {c.stage for c in found if "nvme" in c.offload} == {3}
+    assert all(c.ratio == 1.0 and c.what_if == "none" for c in found if "nvme" in c.offload)
+    assert Config(3, "nvme+params", 1, 4, 5e8, 1e9, 1.0, "none").cpu_twin() == Config(
+        3, "cpu+params", 1, 4, 5e8, 1e9, 1.0, "none")
 
 
 def test_fixed_knobs_keep_the_scenarios_values_and_freed_ones_open():
@@ -107,3 +121,29 @@ def test_the_command_prints_the_ranking_and_why(toy_file, tmp_path):
     assert result.exit_code == 0, result.output
     assert "fastest: ZeRO-" in result.output and "tune.csv" in result.output
     assert (out / "tune.csv").exists()
+
+
+def test_an_nvme_offload_runs_only_when_its_host_memory_twin_does_not_fit(toy, tmp_path):
+    """The toy node with two NVMe drives: the NVMe offloads wait for their host-memory twins.
+    With 64 GiB of host memory the CPU offloads fit, so their NVMe twins are pruned; with a
+    host too small for the fp32 states they do not, and the NVMe offloads are simulated."""
+    drives = {"drives_per_node": 2, "read_GBps_per_drive": q(1.0),
+              "write_GBps_per_drive": q(0.5), "latency_us": q(0), "capacity_GiB_per_drive": q(100)}
+
+    def tuned(host_GiB: float, name: str) -> dict[str, dict]:
+        tree = toy.tree({"deepspeed": {"gradient_accumulation_steps": 2}, "hardware": {
+            "host": {"memory_GiB": q(host_GiB)}, "nvme": drives}}, gpus=2)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(tree))
+        outcome = tune(path, free=["offload"], fix=["stage", "micro_batch", "reduce_bucket_size",
+                                                    "sub_group_size", "ratio", "checkpointing"],
+                       workers=1)
+        return {r["offload"]: r for r in outcome.rows}
+
+    roomy = tuned(64, "roomy")
+    assert roomy["nvme"]["status"] == "pruned"
+    assert roomy["nvme"]["note"].startswith("slower than cpu offload, which fits")
+    assert roomy["cpu"]["status"] == "ok"
+    short = tuned(1e-3, "short")
+    assert short["cpu"]["status"] in {"pruned", "oom"}
+    assert short["nvme"]["status"] in {"ok", "oom"}

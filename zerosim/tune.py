@@ -2,12 +2,13 @@
 
 The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
-the Twin-Flow ratio and, when freed, the study's what-ifs), keeps only the combinations the
-engine replays, drops those whose memory floor already exceeds a device (model states plus
-one micro-batch's saved activations on the GPU, model states of every rank of a node in host
-memory: the engine would run out of memory at or before the end of the first forward), and
-simulates the rest on the sweep executors. Each knob is free (searched) or fixed (the
-scenario's own value).
+the Twin-Flow ratio, activation checkpointing and, when freed, the study's what-ifs), keeps
+only the combinations the engine replays, drops those whose memory floor already exceeds a
+device (model states plus one micro-batch's saved activations on the GPU, model states of
+every rank of a node in host memory: the engine would run out of memory at or before the end
+of the first forward) and NVMe offloads whose CPU twin fits (the same states through a slower
+path), and simulates the rest on the sweep executors. Each knob is free (searched) or fixed
+(the scenario's own value).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import csv
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +29,17 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "what_if")
+         "checkpointing", "what_if")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
-                   "ratio")
+                   "ratio", "checkpointing")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "cpu+params")
-"""What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory;
-`nvme` and `nvme+params` are kept when the scenario has them, not searched)."""
+"""What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory)."""
+NVME_OFFLOADS = ("nvme", "nvme+params")
+"""Also searched when the hardware profile has NVMe drives (simulated only where host memory
+cannot hold the CPU twin)."""
+NVME_PATH = "/local_nvme"
+"""The `nvme_path` a searched NVMe offload names (zerosim touches no file system)."""
 REDUCE_BUCKET_SIZES = (2e8, 5e8, 1e9)
 SUB_GROUP_SIZES = (1e8, 1e9)
 RATIOS = (1.0, 0.5)
@@ -44,7 +50,8 @@ TIE_FRACTION = 0.005
 MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
-           "reduce_bucket_size", "sub_group_size", "ratio", "what_if", "iteration_s",
+           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "what_if",
+           "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -64,6 +71,7 @@ class Config:
     sub_group_size: float
     ratio: float
     what_if: str
+    checkpointing: bool = False
 
     def overrides(self) -> dict[str, Any]:
         optimizer, _, params = self.offload.partition("+")
@@ -81,10 +89,18 @@ class Config:
             "what_if.buffer_boundary_grads": self.what_if == "buffer_boundary_grads",
             "what_if.gpu_update_every": GPU_UPDATE_EVERY if self.what_if == "gpu_update_every"
             else 0,
+            "activation_checkpointing": self.checkpointing,
         }
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
+        for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
+            if device == "nvme":
+                out[Z + f"{section}.nvme_path"] = NVME_PATH
         return out
+
+    def cpu_twin(self) -> Config:
+        """The same configuration with host memory in place of NVMe."""
+        return replace(self, offload=self.offload.replace("nvme", "cpu"))
 
     def describe(self) -> str:
         optimizer, _, params = self.offload.partition("+")
@@ -97,6 +113,8 @@ class Config:
             parts.append(f"sub-groups {_short(self.sub_group_size)}")
         if self.ratio < 1:
             parts.append(f"Twin-Flow {self.ratio:g}")
+        if self.checkpointing:
+            parts.append("checkpointing")
         if self.what_if != "none":
             parts.append(self.what_if)
         return ", ".join(parts)
@@ -117,7 +135,7 @@ def replayed(config: Config) -> bool:
     offloaded3 = config.stage == 3 and config.offload != "none"
     if config.ratio < 1 and not (offloaded3 and config.offload == "cpu"):
         return False
-    return config.what_if == "none" or offloaded3
+    return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
 
 def as_given(scenario: Scenario) -> Config:
@@ -132,7 +150,8 @@ def as_given(scenario: Scenario) -> Config:
             chosen = name
     return Config(ds.stage, offload, ds.train_micro_batch_size_per_gpu,
                   ds.gradient_accumulation_steps, float(ds.reduce_bucket_size),
-                  float(ds.sub_group_size), ds.offload_optimizer.ratio, chosen)
+                  float(ds.sub_group_size), ds.offload_optimizer.ratio, chosen,
+                  scenario.activation_checkpointing)
 
 
 def _divisors(n: int) -> list[int]:
@@ -149,13 +168,14 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
     return frozenset((set(FREE_BY_DEFAULT) | free) - fix)
 
 
-def candidates(base: Config, free: frozenset[str]) -> list[Config]:
+def candidates(base: Config, free: frozenset[str], *, nvme: bool = False) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
-    scenario as given first."""
+    scenario as given first; NVMe offloads too when `nvme` (the profile has drives)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
+    offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
         "stage": list(STAGES) if "stage" in free else [base.stage],
-        "offload": list(OFFLOADS) if "offload" in free else [base.offload],
+        "offload": offloads if "offload" in free else [base.offload],
         "micro_batch": _divisors(per_gpu) if "micro_batch" in free else [base.micro_batch],
         "reduce_bucket_size": (sorted({*REDUCE_BUCKET_SIZES, base.reduce_bucket_size})
                                if "reduce_bucket_size" in free else [base.reduce_bucket_size]),
@@ -163,19 +183,16 @@ def candidates(base: Config, free: frozenset[str]) -> list[Config]:
                            if "sub_group_size" in free else [base.sub_group_size]),
         "ratio": sorted({*RATIOS, base.ratio}, reverse=True) if "ratio" in free else [base.ratio],
         "what_if": list(WHAT_IFS) if "what_if" in free else [base.what_if],
+        "checkpointing": ([False, True] if "checkpointing" in free
+                          else [base.checkpointing]),
     }
     found = [base]
-    for stage in values["stage"]:
-        for offload in values["offload"]:
-            for micro in values["micro_batch"]:
-                for bucket in values["reduce_bucket_size"]:
-                    for sub_group in values["sub_group_size"]:
-                        for ratio in values["ratio"]:
-                            for what_if in values["what_if"]:
-                                config = Config(stage, offload, micro, per_gpu // micro, bucket,
-                                                sub_group, ratio, what_if)
-                                if replayed(config) and _matters(config, base):
-                                    found.append(config)
+    for stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing in product(
+            *values.values()):
+        config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
+                        what_if, checkpointing)
+        if replayed(config) and _matters(config, base):
+            found.append(config)
     return list(dict.fromkeys(found))
 
 
@@ -237,7 +254,8 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "gradient_accumulation": config.gradient_accumulation,
             "reduce_bucket_size": config.reduce_bucket_size,
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
-            "what_if": config.what_if, "iteration_s": None, "tokens_per_s": None,
+            "checkpointing": config.checkpointing, "what_if": config.what_if,
+            "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}}
 
@@ -277,9 +295,14 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
               * scenario.sequence_length)
     rows: list[dict[str, Any]] = []
     todo: list[Point] = []
-    for config in candidates(base, free_knobs(free, fix)):
-        point_overrides = fixed | config.overrides()
-        row = _row(config, "pending")
+    deferred: list[Point] = []
+    extra = nvme_overrides(scenario)
+    searched = candidates(base, free_knobs(free, fix), nvme=scenario.hardware.has_nvme)
+    row_of: dict[Config, dict[str, Any]] = {}
+    for config in searched:
+        point_overrides = fixed | config.overrides() | (
+            extra if "nvme" in config.offload else {})
+        row = row_of[config] = _row(config, "pending")
         rows.append(row)
         try:
             reason = prune_reason(load_scenario(scenario_path, point_overrides))
@@ -289,10 +312,11 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
         if reason:
             row["status"], row["note"] = "pruned", reason
             continue
-        todo.append(Point(len(rows) - 1, point_id(point_overrides), point_overrides,
-                          {"config": config.describe()}, {}))
-    outcome = TuneOutcome(scenario, rows, simulated=len(todo),
-                          pruned=sum(r["status"] == "pruned" for r in rows))
+        point = Point(len(rows) - 1, point_id(point_overrides), point_overrides,
+                      {"config": config.describe()}, {})
+        twin = row_of.get(config.cpu_twin()) if "nvme" in config.offload else None
+        (deferred if twin is not None and twin["status"] == "pending" else todo).append(point)
+    outcome = TuneOutcome(scenario, rows, pruned=0)
 
     def on_row(point: Point, result: Mapping[str, Any]) -> None:
         _simulated(rows[point.index], result, tokens)
@@ -302,13 +326,45 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     def on_failure(point: Point, error: BaseException) -> None:
         rows[point.index]["status"], rows[point.index]["note"] = "error", str(error)
 
-    with open_executor(workers, dask, len(todo)) as (executor, window, outcome.executor):
+    with open_executor(workers, dask, len(todo) + len(deferred)) as (
+            executor, window, outcome.executor):
         drive(executor, window, str(scenario_path), todo, on_row, on_failure)
+        second = _not_dominated(deferred, rows, row_of)
+        drive(executor, window, str(scenario_path), second, on_row, on_failure)
+    outcome.simulated = len(todo) + len(second)
+    outcome.pruned = sum(r["status"] == "pruned" for r in rows)
     outcome.rows = rank_rows(rows)
     outcome.wall_s = time.perf_counter() - started
     if out_dir is not None:
         outcome.files = [write_csv(outcome.rows, Path(out_dir) / "tune.csv")]
     return outcome
+
+
+def nvme_overrides(scenario: Scenario) -> dict[str, Any]:
+    """What a searched NVMe offload sets besides its device and path: a parameter swap buffer
+    larger than the largest parameter partition (DeepSpeed asserts it)."""
+    from zerosim.engine.plan import plan_of
+
+    largest = max((p.partition_numel for p in plan_of(scenario).all_params), default=0)
+    size = max(scenario.deepspeed.offload_param.buffer_size, largest + 1)
+    return {Z + "offload_param.buffer_size": size}
+
+
+def _not_dominated(deferred: list[Any], rows: list[dict[str, Any]],
+                   row_of: Mapping[Config, dict[str, Any]]) -> list[Any]:
+    """The NVMe offloads worth simulating once their host-memory twins have run: those whose
+    twin did not fit. Where it did, NVMe only adds swaps to the same work: pruned."""
+    second = []
+    for point in deferred:
+        config = rows[point.index]["config"]
+        twin = row_of[config.cpu_twin()]
+        if twin["status"] == "ok":
+            rows[point.index]["status"] = "pruned"
+            rows[point.index]["note"] = (f"slower than {twin['offload']} offload, which fits: "
+                                         "NVMe only adds swaps")
+        else:
+            second.append(point)
+    return second
 
 
 STATUS_ORDER = {"ok": 0, "oom": 1, "pruned": 2, "refused": 3, "error": 4}
