@@ -7,9 +7,9 @@ import csv
 
 import pytest
 import yaml
+from conftest import q
 
 import zerosim
-from conftest import q
 from zerosim.tune import (
     Config,
     TuneError,
