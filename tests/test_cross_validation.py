@@ -57,15 +57,45 @@ def test_stack_fitted_on_the_study_predicts_the_polaris_iterations_within_20_per
     assert _worst(fit.holdout, fit, "iteration") <= TESTBED_TOLERANCE
 
 
+STUDY_PHASES_PER_ITERATION = {"forward": 2, "backward_non_boundary": 1, "backward_boundary": 1,
+                              "update": 1}
+"""Table 2's phases are per micro-batch means; an iteration of gradient accumulation 2 is two
+forwards, one backward of each kind and the update."""
+
+
+@pytest.fixture(scope="module")
+def fitted_on_polaris():
+    fit = _calibrate([STUDY, POLARIS], STACK, "llama13b")
+    assert all(m.scenario.name.startswith("polaris") for m in fit.train)
+    return fit
+
+
+def test_stack_fitted_on_polaris_predicts_the_study_iterations_within_20_percent(
+        fitted_on_polaris):
+    """What the issue asks of the held-out testbed: its iterations (Table 2 gives phases; an
+    iteration is their sum, two forwards for the two micro-batches)."""
+    fit = fitted_on_polaris
+    measured: dict[str, float] = {}
+    simulated: dict[str, float] = {}
+    for m in fit.holdout:
+        count = STUDY_PHASES_PER_ITERATION.get(m.phase, 0)
+        measured[m.scenario.name] = measured.get(m.scenario.name, 0.0) + count * m.seconds
+        simulated[m.scenario.name] = (simulated.get(m.scenario.name, 0.0)
+                                      + count * fit.simulated[m.row])
+    assert sorted(measured) == ["llama13b_dp1.yaml", "llama13b_dp2.yaml", "llama13b_dp4.yaml"]
+    errors = {name: simulated[name] / measured[name] - 1 for name in measured}
+    assert max(abs(e) for e in errors.values()) <= TESTBED_TOLERANCE, errors
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "measured 2026-11-23: fitted on Polaris alone the ZeRO-3 hook time is 1161 us (study "
     "alone: 1575 us), so the study's host-bound forwards come out 26-40% short; every other "
     "study phase is within 17%. The two testbeds' per-module host costs differ by ~35% beyond "
     "their clock ratio (Polaris's host-bound forwards: 1.03 ms per module; the study's: "
     "1.26 ms), which one shared stack value cannot carry"))
-def test_stack_fitted_on_polaris_predicts_every_study_phase_within_20_percent():
-    fit = _calibrate([STUDY, POLARIS], STACK, "llama13b")
-    assert all(m.scenario.name.startswith("polaris") for m in fit.train)
+def test_stack_fitted_on_polaris_predicts_every_study_phase_within_20_percent(
+        fitted_on_polaris):
+    fit = fitted_on_polaris
     held = [m for m in fit.holdout if not m.phase.startswith("probe")]
     assert max(abs(fit.rel_error(m)) for m in held) <= TESTBED_TOLERANCE
 
