@@ -8,6 +8,7 @@ sweep worker reads them again) is not parsed again; each caller gets its own cop
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,13 @@ def read_yaml_file(path: Path, *, referenced_from: str | None = None,
 def parse_scalar(text: str) -> Any:
     """Value of a `--set key=value` right-hand side, read as a YAML scalar or flow mapping."""
     return parse_yaml(text, "--set") if text.strip() else ""
+
+
+def dotted_leaf(tree: Mapping[str, Any], dotted: str) -> Any:
+    """`tree["a"]["b"]` for `"a.b"`, or None where the path does not exist."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node

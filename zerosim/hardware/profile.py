@@ -5,6 +5,11 @@ where B is `spec` (vendor datasheet), `measured` (a published or own measurement
 (written by `zerosim calibrate`), `assumed` (a stated estimate awaiting a fit) or `override`
 (patched by a scenario). Values are converted to bytes, seconds and FLOP/s once, here.
 
+A profile that names its CPU (`host.cpu_model`, a model of `zerosim/hardware/cpus.yaml`) may
+leave out what the model supplies (`zerosim.hardware.cpus`): CPU Adam's per-thread ceiling (basis
+`derived`, the formula in its source), the host path's clock, the CPU's name and, where the
+family has a testbed, its per-thread elementwise and page-zeroing rates. A value written wins.
+
 Network keys: `network.nic_GBps` is the bandwidth of ONE network interface, per direction (a
 100 Gb/s EFA or InfiniBand port is 12.5 GB/s each way); `network.nics_per_node` (a count,
 optional, default 1) says how many a node has, so the node's inter-node bandwidth is
@@ -22,19 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
+from zerosim.hardware import cpus
+from zerosim.hardware.provenance import BASES, DERIVED, Provenance, parse_provenance
 from zerosim.inputs import check_plausible
 from zerosim.units import GB, GHZ, TFLOPS, US, GiB
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
-BASES = ("spec", "measured", "fitted", "assumed", "override")
+__all__ = ["BASES", "DERIVED", "HardwareProfile", "Provenance", "load_profile",
+           "parse_profile", "parse_provenance"]
+
 PLACEMENTS = ("round_robin", "gpu_local", "interleaved")
-
-
-@dataclass(frozen=True)
-class Provenance:
-    value: Any
-    basis: str
-    source: str
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class HardwareProfile:
     nics_per_node: int
     network_latency_s: float
     cpu_name: str
+    cpu_model: str
+    """The `zerosim/hardware/cpus.yaml` model the CPU values not written come from ('' none)."""
     cpu_boost_Hz: float
     sockets: int
     cores_per_socket: int
@@ -190,7 +194,7 @@ COUNTS = {
 OPTIONAL_COUNTS = {"nvme.drives_per_node": "nvme_drives_per_node"}
 """Counts that may be 0 (a node without that hardware)."""
 TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
-         "host.cpu_name": "cpu_name"}
+         "host.cpu_name": "cpu_name", "host.cpu_model": "cpu_model"}
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
@@ -214,6 +218,10 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
 """Keys a profile may leave out: key -> (value in the key's unit, why that default). A resource
 added to zerosim gets a default here, so profiles written before it keep loading; what a
 default fills in is recorded with basis `assumed` and its reason."""
+
+
+OPTIONAL_KEYS = {*DEFAULTS, *cpus.SUPPLIED_KEYS, cpus.NAME_KEY, "host.cpu_model"}
+"""Keys a profile may leave out (a default, or its CPU model, fills them in)."""
 
 
 def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,28 +248,6 @@ def _walk(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[path] = value
     return flat
-
-
-def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware"
-                     ) -> Provenance:
-    """A `{value, basis, source}` leaf, checked; `table` is its prefix in the plausible-range
-    table (`hardware` for profiles, `stack` for software stacks)."""
-    if not isinstance(raw, Mapping):
-        raise ScenarioError(source, key, "{value: ..., basis: spec|measured|fitted|assumed, "
-                            "source: '...'}", raw)
-    unknown = set(raw) - {"value", "basis", "source"}
-    if unknown:
-        raise ScenarioError(source, f"{key}.{sorted(unknown)[0]}",
-                            "only value, basis and source", sorted(unknown)[0])
-    if raw.get("basis") not in BASES:
-        raise ScenarioError(source, f"{key}.basis", f"one of {', '.join(BASES)}",
-                            raw.get("basis"))
-    if not isinstance(raw.get("source"), str) or not raw["source"].strip():
-        raise ScenarioError(source, f"{key}.source", "a non-empty text saying where the value "
-                            "comes from", raw.get("source"))
-    check_plausible(f"{table}.{key}.source", raw["source"], source=source,
-                    key_path=f"{key}.source")
-    return Provenance(raw.get("value"), raw["basis"], raw["source"])
 
 
 def _number(prov: Provenance, source: str, key: str, check: Callable[[float], bool],
@@ -293,12 +279,29 @@ def _numa_map(flat: Mapping[str, Any], source: str, gpus: int, domains: int) -> 
     return tuple(value)
 
 
+def _from_cpu_model(given: Mapping[str, Any], source: str
+                    ) -> tuple[cpus.CpuModel | None, dict[str, Any]]:
+    """The CPU model a profile names (`host.cpu_model`) and what it supplies for the keys
+    the profile leaves out."""
+    if "host.cpu_model" not in given:
+        return None, {}
+    model = cpus.load_catalog().model(given["host.cpu_model"], source=source)
+    cpus.check_host(given, model, source)
+
+    def testbed(name: str) -> dict[str, Any]:
+        return builtin_profile_tree(name, source=cpus.CATALOG,
+                                    key_path=f"families.{model.family.key}.testbed")
+
+    return model, cpus.cpu_values(given, model, source, testbed)
+
+
 def parse_profile(tree: Any, source: str) -> HardwareProfile:
     """Validate a profile mapping and convert it to SI units."""
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     given = _walk(tree)
-    flat = _with_defaults(given)
+    model, supplied = _from_cpu_model(given, source)
+    flat = _with_defaults({**given, **supplied})
     known = (set(QUANTITIES) | set(COUNTS) | set(OPTIONAL_COUNTS) | set(TEXTS) | set(CHOICES)
              | OTHER_KEYS)
     for key in flat:
@@ -310,7 +313,8 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     for key, (name, scale, check, expected) in QUANTITIES.items():
         if key not in flat:
             raise ScenarioError(source, key, expected, "nothing")
-        prov = parse_provenance(flat[key], source, key)
+        prov = parse_provenance(flat[key], source, key,
+                                bases=(*BASES, DERIVED) if key in supplied else BASES)
         number = _number(prov, source, key, check, expected)
         values[name] = number * scale
         provenance[key] = prov
@@ -339,6 +343,9 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     if not isinstance(observed_raw, Mapping):
         raise ScenarioError(source, "observed", "a mapping of observations", observed_raw)
     observed = {k: parse_provenance(v, source, f"observed.{k}") for k, v in observed_raw.items()}
+    if model is not None:
+        cpus.check_memory(values["memory_Bps_per_domain"] / GB, values["sockets"],
+                          values["numa_domains"], model, source)
     return HardwareProfile(**values, provenance=provenance, observed=observed)
 
 
@@ -393,7 +400,7 @@ def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
     for dotted, value in flatten_overrides(overrides).items():
         node = patched
         parts = dotted.split(".")
-        defaulted = dotted in DEFAULTS
+        defaulted = dotted in OPTIONAL_KEYS
         for part in parts[:-1]:
             if defaulted and part not in node:
                 node[part] = {}

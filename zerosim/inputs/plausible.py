@@ -156,6 +156,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.gpu.gemm_tile_*": _count(1, 65_536, "a tile size"),
     "hardware.*GHz*": Plausible(1e-3, 100, "a clock in GHz"),
     "hardware.*name": PlausibleText(256),
+    "hardware.host.cpu_model": PlausibleText(256),
     "hardware.*": Plausible(-1e15, 1e15, "a number"),
     "model.*": _count(0, 2**32, "a count"),
 }

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError
-from zerosim.hardware.profile import Provenance, parse_provenance
+from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import Elementwise, Recipe, ScoreMemory
 from zerosim.units import MS, US
-from zerosim.yamlio import parse_yaml_text, read_yaml_file
+from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
 
 DEFAULT_STACK = "megatron-deepspeed"
 """The study's stack (`runtime.framework` when a scenario names none): the study and the Polaris
@@ -68,15 +68,6 @@ class SoftwareStack:
         return seconds * self.reference_Hz / core_Hz
 
 
-def _leaf(tree: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
 def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = False) -> float:
     value = prov.value
     ok = (not isinstance(value, bool) and isinstance(value, int | float)
@@ -90,7 +81,7 @@ def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = F
 
 def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     key = f"kernels.{op}"
-    raw = _leaf(tree, key)
+    raw = dotted_leaf(tree, key)
     if not isinstance(raw, Mapping) or set(raw) != {"kernels", "bytes_per_element", "source"}:
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, source: '...'}",
                             raw)
@@ -138,31 +129,31 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, "name", "a text", name)
     layout = {}
     for key, choices in LAYOUTS.items():
-        value = _leaf(tree, key)
+        value = dotted_leaf(tree, key)
         if value not in choices:
             raise ScenarioError(source, key, f"one of {', '.join(choices)}", value)
         layout[key] = value == "fused"
     provenance: dict[str, Provenance] = {}
     factor_key = "kernels.backward_bytes_factor"
-    factor = parse_provenance(_leaf(tree, factor_key), source, factor_key, table="stack")
+    factor = parse_provenance(dotted_leaf(tree, factor_key), source, factor_key, table="stack")
     provenance[factor_key] = factor
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance))
-    extra = set(_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
+    extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
     if extra:
         raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",
                             f"one of {', '.join(KERNEL_OPS)}", sorted(extra)[0])
-    reference = parse_provenance(_leaf(tree, "host.reference_GHz"), source,
+    reference = parse_provenance(dotted_leaf(tree, "host.reference_GHz"), source,
                                  "host.reference_GHz", table="stack")
     provenance["host.reference_GHz"] = reference
     times: dict[str, float] = {}
     for key, (attr, scale) in HOST_TIMES.items():
-        prov = parse_provenance(_leaf(tree, key), source, key, table="stack")
+        prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
         provenance[key] = prov
         times[attr] = _non_negative(prov, source, key) * scale
-    extra = set(_leaf(tree, "host") or {}) - {"reference_GHz", *(k[5:] for k in HOST_TIMES)}
+    extra = set(dotted_leaf(tree, "host") or {}) - {"reference_GHz", *(k[5:] for k in HOST_TIMES)}
     if extra:
         raise ScenarioError(source, f"host.{sorted(extra)[0]}", "a known host key",
                             sorted(extra)[0])

@@ -27,7 +27,12 @@ import yaml
 
 from zerosim.api import simulate
 from zerosim.errors import ScenarioError
-from zerosim.hardware.profile import QUANTITIES, builtin_profile_tree, profile_tree_from_file
+from zerosim.hardware.profile import (
+    QUANTITIES,
+    builtin_profile_tree,
+    parse_profile,
+    profile_tree_from_file,
+)
 from zerosim.inputs.files import read_input_text
 from zerosim.scenario import load_scenario, parse_overrides
 from zerosim.vocabulary import PHASE_TIMES
@@ -143,6 +148,12 @@ def _tree_values(tree: dict[str, Any], keys: Sequence[str]) -> dict[str, float]:
     return values
 
 
+def _profile_values(tree: dict[str, Any], name: str) -> dict[str, float]:
+    """A profile's numbers in their keys' units, those its CPU model derives included."""
+    profile = parse_profile(tree, name)
+    return {key: float(p.value) for key, p in profile.provenance.items() if key in QUANTITIES}
+
+
 def _stack_keys() -> list[str]:
     from zerosim.stacks import HOST_TIMES
 
@@ -222,7 +233,7 @@ def parse_parameter(spec: str, bases: Bases) -> Parameter:
         if any(n not in bases.profiles for n in names):
             raise ScenarioError("--param", name, f"a profile of the data "
                                 f"({', '.join(sorted(bases.profiles))})", profile)
-        starts = {_tree_values(bases.profiles[n], list(QUANTITIES)).get(key) for n in names}
+        starts = {_profile_values(bases.profiles[n], n).get(key) for n in names}
         start = starts.pop() if len(starts) == 1 else None
         expected = (f"a numeric profile key ({', '.join(QUANTITIES)}), the same start on every "
                     "profile it applies to (else name one: <profile>:key)")

@@ -1,0 +1,176 @@
+"""CPU models (zerosim/hardware/cpus.yaml): the rates a profile leaves out are derived from its
+CPU model, a value the profile writes wins, and a bad model is a clear error."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from zerosim.cli import main
+from zerosim.errors import ScenarioError
+from zerosim.hardware.cpus import adam_params_per_s_per_thread, load_catalog, parse_catalog
+from zerosim.hardware.profile import builtin_profile_tree, load_profile, parse_profile
+from zerosim.validation.calibrate import Bases, parse_parameter
+
+ROOT = Path(__file__).resolve().parent.parent
+ADAM = "cpu.adam_params_per_s_per_thread"
+
+
+def adam_rate(profile_name: str) -> float:
+    return load_profile(profile_name).adam_params_per_s_per_thread
+
+
+@pytest.mark.parametrize(("profile", "rate"), [
+    # all-core clock x fp32 lanes x 1 instruction per cycle / 17 instructions per vector
+    ("dgx-h100", 3.0e9 * 16 / 17),      # Xeon 8480C, AVX-512: 2.8235e9
+    ("p4d-24xlarge", 3.6e9 * 16 / 17),  # Xeon 8275CL, AVX-512: 3.3882e9
+    ("polaris-a100", 2.8e9 * 8 / 17),   # EPYC 7543P, AVX2: 1.3176e9
+    ("dgx-a100", 2.25e9 * 8 / 17),      # EPYC 7742, AVX2: 1.0588e9
+    ("gh200", 3.1e9 * 1 / 17),          # Grace: DeepSpeed 0.13.3's scalar loop, 1.8235e8
+])
+def test_adam_ceiling_is_clock_times_lanes_over_the_loops_instructions(profile, rate):
+    p = load_profile(profile)
+    assert p.adam_params_per_s_per_thread == pytest.approx(rate, rel=1e-12)
+    prov = p.provenance[ADAM]
+    assert prov.basis == "derived"
+    assert "params per lane-cycle" in prov.source and "Step_AVX" in prov.source
+
+
+def test_the_numbers_of_the_formula():
+    adam = load_catalog().adam
+    assert adam.lanes_for("avx512") == 16 and adam.lanes_for("avx2") == 8
+    assert adam.lanes_for("sve2") == 1
+    assert adam.params_per_lane_cycle == pytest.approx(1 / 17)
+    model = load_catalog().models["xeon-8468"]
+    assert adam_params_per_s_per_thread(model, adam) == pytest.approx(2.917647058823529e9)
+
+
+def _catalog_with(simd: dict[str, str]) -> dict:
+    """Two models alike in all but their family's SIMD extension."""
+    quoted = {"value": 3.0, "basis": "assumed", "source": "test"}
+    tree = {"cpu_adam": yaml.safe_load((ROOT / "zerosim/hardware/cpus.yaml").read_text())
+            ["cpu_adam"], "families": {}, "models": {}}
+    for key, ext in simd.items():
+        tree["families"][key] = {"description": key, "simd": ext}
+        tree["models"][key] = {"name": key, "family": key, "cores": 8, "threads_per_core": 2,
+                               "base_GHz": quoted, "all_core_GHz": quoted,
+                               "max_turbo_GHz": quoted,
+                               "memory_GBps_per_socket": {**quoted, "value": 100}}
+    return tree
+
+
+def test_avx2_gets_half_the_lanes_of_avx512_at_the_same_clock():
+    catalog = parse_catalog(_catalog_with({"wide": "avx512", "narrow": "avx2"}))
+    wide, narrow = (adam_params_per_s_per_thread(catalog.models[k], catalog.adam)
+                    for k in ("wide", "narrow"))
+    assert narrow == pytest.approx(wide / 2)
+
+
+def test_an_avx2_profile_gets_half_the_lanes_of_an_avx512_one():
+    avx512, avx2 = load_profile("dgx-h100"), load_profile("polaris-a100")
+    models = load_catalog().models
+    per_clock = {p.cpu_model: p.adam_params_per_s_per_thread
+                 / models[p.cpu_model].all_core_GHz.value for p in (avx512, avx2)}
+    assert per_clock["epyc-7543p"] == pytest.approx(per_clock["xeon-8480c"] / 2)
+
+
+def test_a_value_the_profile_writes_wins_with_its_provenance():
+    p = load_profile("h100-jlse")
+    assert p.cpu_model == "xeon-8468"
+    assert p.adam_params_per_s_per_thread == 2.0e8
+    assert p.provenance[ADAM].basis == "fitted"
+    assert p.provenance["cpu.page_zeroing_GBps"].basis == "fitted"
+
+
+def test_an_override_replaces_a_derived_value():
+    p = load_profile("dgx-h100", {ADAM: 1e8})
+    assert p.adam_params_per_s_per_thread == 1e8
+    assert p.provenance[ADAM].basis == "override"
+
+
+def test_a_family_inherits_its_testbeds_per_thread_rates():
+    jlse, dgx = load_profile("h100-jlse"), load_profile("dgx-h100")
+    for key in ("cpu.page_zeroing_GBps", "cpu.elementwise_GBps_per_thread"):
+        prov = dgx.provenance[key]
+        assert prov.value == jlse.provenance[key].value
+        assert prov.basis == "assumed"
+        assert "h100-jlse's value (Intel Xeon Platinum 8468" in prov.source
+    assert dgx.page_zeroing_Bps == jlse.page_zeroing_Bps
+
+
+def test_the_model_names_the_cpu_and_gives_its_boost_clock():
+    p = load_profile("dgx-a100")
+    assert p.cpu_name == "AMD EPYC 7742"
+    assert p.cpu_boost_Hz == 3.4e9 and p.provenance["host.cpu_boost_GHz"].basis == "spec"
+    assert load_profile("p4d-24xlarge").cpu_boost_Hz == 3.6e9  # the profile's own value wins
+
+
+def test_an_unknown_cpu_model_names_file_key_expected_and_got(tmp_path):
+    tree = builtin_profile_tree("dgx-h100")
+    tree["host"]["cpu_model"] = "xeon-9999"
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    with pytest.raises(ScenarioError) as err:
+        load_profile(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: host.cpu_model: expected a CPU model of "
+                              "zerosim/hardware/cpus.yaml (epyc-7543p, epyc-7742, grace, ")
+    assert message.endswith("got 'xeon-9999'")
+
+
+def test_a_family_without_a_testbed_needs_the_profiles_own_rates():
+    tree = builtin_profile_tree("dgx-a100")
+    del tree["cpu"]["elementwise_GBps_per_thread"]
+    with pytest.raises(ScenarioError, match=r"cpu\.elementwise_GBps_per_thread: expected a "
+                       "value: the zen2 family of AMD EPYC 7742 has no testbed in "
+                       r"zerosim/hardware/cpus\.yaml to inherit it from, got nothing"):
+        parse_profile(tree, "dgx-a100")
+
+
+def test_no_file_may_claim_a_derived_basis():
+    tree = builtin_profile_tree("dgx-a100")
+    tree["cpu"]["page_zeroing_GBps"]["basis"] = "derived"
+    with pytest.raises(ScenarioError, match=r"cpu\.page_zeroing_GBps\.basis: expected one of "
+                       "spec, measured, fitted, assumed, override, got 'derived'"):
+        parse_profile(tree, "dgx-a100")
+
+
+def test_memory_beyond_the_cpus_peak_is_refused():
+    with pytest.raises(ScenarioError, match=r"host\.memory_GBps_per_domain\.value: expected at "
+                       r"most 307\.2 GB/s, the peak of Intel Xeon Platinum 8468's memory"):
+        load_profile("h100-jlse", {"host.memory_GBps_per_domain": 400})
+
+
+def test_more_cores_than_the_cpu_has_are_refused():
+    with pytest.raises(ScenarioError, match=r"host\.cores_per_socket: expected at most 48, "
+                       "what a Intel Xeon Platinum 8468 has, got 64"):
+        load_profile("h100-jlse", {"host.cores_per_socket": 64})
+
+
+def test_a_bad_catalog_entry_names_the_catalog_and_key():
+    tree = _catalog_with({"x": "avx512"})
+    tree["models"]["x"]["family"] = "nope"
+    with pytest.raises(ScenarioError, match=r"zerosim/hardware/cpus\.yaml: models\.x\.family: "
+                       "expected a family of the catalog"):
+        parse_catalog(tree)
+
+
+def test_check_shows_the_derived_value_and_its_formula():
+    scenario = (ROOT / "scenarios" / "calibration" / "polaris"
+                / "polaris-11.20b-dp1-mb1-ga1-sg1e08.yaml")
+    result = CliRunner().invoke(main, ["check", str(scenario), "--json"],
+                                catch_exceptions=False)
+    values = json.loads(result.output)["hardware"]["values"]
+    assert values[ADAM]["basis"] == "derived"
+    assert values[ADAM]["value"] == pytest.approx(2.8e9 * 8 / 17)
+    assert "all-core clock 2.8 GHz x 8 fp32 lanes x 1/17" in values[ADAM]["source"]
+
+
+def test_calibration_starts_a_derived_value_from_the_formula():
+    bases = Bases({"polaris-a100": copy.deepcopy(builtin_profile_tree("polaris-a100"))},
+                  "megatron-deepspeed", {}, {})
+    parameter = parse_parameter(f"polaris-a100:{ADAM}=5e6:5e9", bases)
+    assert parameter.start == pytest.approx(2.8e9 * 8 / 17)

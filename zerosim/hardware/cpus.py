@@ -1,0 +1,262 @@
+"""CPU models and families (`zerosim/hardware/cpus.yaml`): what a profile's host CPU can do per
+thread, derived from its spec sheet instead of written by hand in every profile.
+
+A profile names its CPU with `host.cpu_model`; the values a profile leaves out are then
+derived (`cpu_values`): DeepSpeedCPUAdam's per-thread compute ceiling from the all-core clock
+and the SIMD lanes DeepSpeed 0.13.3 builds for the CPU, and the per-thread elementwise and
+page-zeroing rates from the family's testbed, a shipped profile of the same microarchitecture
+where they were fitted. Pure: no SimPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from zerosim.errors import Described, ScenarioError
+from zerosim.hardware.provenance import DERIVED, parse_provenance
+from zerosim.units import GHZ
+from zerosim.yamlio import dotted_leaf, parse_yaml_text
+
+CATALOG = "zerosim/hardware/cpus.yaml"
+ADAM_KEY = "cpu.adam_params_per_s_per_thread"
+FAMILY_KEYS = ("cpu.elementwise_GBps_per_thread", "cpu.page_zeroing_GBps")
+"""Per-thread rates a family inherits from its testbed: no spec sheet gives them."""
+BOOST_KEY = "host.cpu_boost_GHz"
+NAME_KEY = "host.cpu_name"
+SUPPLIED_KEYS = (ADAM_KEY, BOOST_KEY, *FAMILY_KEYS)
+"""Quantities a profile that names its CPU model may leave out."""
+
+
+@dataclass(frozen=True)
+class Quoted:
+    """A catalog number with its provenance, in the unit of its key."""
+
+    value: float
+    basis: str
+    source: str
+
+
+@dataclass(frozen=True)
+class CpuAdamLoop:
+    """DeepSpeed's CPU Adam loop: lanes per SIMD extension and its issue-rate model."""
+
+    lanes: Mapping[str, int]
+    lanes_source: str
+    vector_instructions: Quoted
+    instructions_per_cycle: Quoted
+
+    def lanes_for(self, simd: str) -> int:
+        """fp32 lanes of the loop DeepSpeed builds for a CPU with `simd` (1: the scalar loop)."""
+        return self.lanes.get(simd, 1)
+
+    @property
+    def params_per_lane_cycle(self) -> float:
+        return self.instructions_per_cycle.value / self.vector_instructions.value
+
+
+@dataclass(frozen=True)
+class CpuFamily:
+    key: str
+    description: str
+    simd: str
+    testbed: str | None
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    key: str
+    name: str
+    family: CpuFamily
+    cores: int
+    threads_per_core: int
+    base_GHz: Quoted
+    all_core_GHz: Quoted
+    max_turbo_GHz: Quoted
+    memory_GBps_per_socket: Quoted
+
+
+@dataclass(frozen=True)
+class CpuCatalog:
+    adam: CpuAdamLoop
+    models: Mapping[str, CpuModel]
+
+    def model(self, key: Any, *, source: str, key_path: str = "host.cpu_model") -> CpuModel:
+        if not isinstance(key, str) or key not in self.models:
+            raise ScenarioError(source, key_path, f"a CPU model of {CATALOG} "
+                                f"({', '.join(sorted(self.models))})", key)
+        return self.models[key]
+
+
+def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
+    """DeepSpeedCPUAdam's compute ceiling for one thread with a core to itself (the default
+    pool has one thread per physical core): clock x lanes x params per lane-cycle."""
+    lanes = adam.lanes_for(model.family.simd)
+    return model.all_core_GHz.value * GHZ * lanes * adam.params_per_lane_cycle
+
+
+def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
+    lanes = adam.lanes_for(model.family.simd)
+    clock = model.all_core_GHz
+    simd = model.family.simd
+    path = f"{lanes} fp32 lanes" if lanes > 1 else f"1 lane (the scalar loop on {simd})"
+    per_cycle = adam.instructions_per_cycle
+    return (f"all-core clock {clock.value:g} GHz x {path} x "
+            f"{per_cycle.value:g}/{adam.vector_instructions.value:g} params per "
+            f"lane-cycle = {rate:.4g} params/s per thread ({model.name}); "
+            f"clock ({clock.basis}): {clock.source}; lanes: {adam.lanes_source}; "
+            f"{adam.vector_instructions.value:g} vector instructions per vector "
+            f"({adam.vector_instructions.basis}): {adam.vector_instructions.source}; "
+            f"{per_cycle.value:g} per cycle ({per_cycle.basis}): {per_cycle.source}")
+
+
+def _testbed_cpu(tree: Mapping[str, Any], testbed: str) -> str:
+    model = load_catalog().models.get(dotted_leaf(tree, "host.cpu_model"))
+    return model.name if model else dotted_leaf(tree, NAME_KEY) or testbed
+
+
+def _inherited(model: CpuModel, key: str, testbed_tree: Mapping[str, Any], source: str
+               ) -> dict[str, Any]:
+    """The family testbed's value of `key`, assumed to carry over to `model`."""
+    testbed = model.family.testbed
+    raw = dotted_leaf(testbed_tree, key)
+    if not isinstance(raw, Mapping) or "value" not in raw:
+        raise ScenarioError(source, key, f"a value: {model.name}'s family testbed {testbed} "
+                            "does not give one to inherit", raw)
+    why = (f"{testbed}'s value ({_testbed_cpu(testbed_tree, testbed)}, the same "
+           f"{model.family.key} cores), assumed to carry over to {model.name}; there "
+           f"{raw.get('basis')}: {raw.get('source')}")
+    return {"value": raw["value"], "basis": "assumed", "source": why}
+
+
+def cpu_values(flat: Mapping[str, Any], model: CpuModel, source: str,
+               profile_tree: Callable[[str], Mapping[str, Any]]) -> dict[str, Any]:
+    """What `model` supplies for the keys a profile (`flat`) leaves out: the Adam ceiling
+    (basis `derived`), the clock of the single-threaded host path (the model's max turbo),
+    the family testbed's per-thread rates and the CPU's name; `profile_tree(name)` reads a
+    shipped profile's tree."""
+    values: dict[str, Any] = {}
+    if ADAM_KEY not in flat:
+        adam = load_catalog().adam
+        rate = adam_params_per_s_per_thread(model, adam)
+        values[ADAM_KEY] = {"value": rate, "basis": DERIVED,
+                            "source": _adam_source(model, adam, rate)}
+    if BOOST_KEY not in flat:
+        turbo = model.max_turbo_GHz
+        values[BOOST_KEY] = {"value": turbo.value, "basis": turbo.basis,
+                             "source": f"{model.name}'s max turbo ({CATALOG}): {turbo.source}"}
+    missing = [key for key in FAMILY_KEYS if key not in flat]
+    if missing and not model.family.testbed:
+        raise ScenarioError(source, missing[0], f"a value: the {model.family.key} family of "
+                            f"{model.name} has no testbed in {CATALOG} to inherit it from",
+                            Described("nothing"))
+    if missing:
+        testbed_tree = profile_tree(model.family.testbed)
+        values.update({key: _inherited(model, key, testbed_tree, source) for key in missing})
+    if NAME_KEY not in flat:
+        values[NAME_KEY] = model.name
+    return values
+
+
+def check_host(flat: Mapping[str, Any], model: CpuModel, source: str) -> None:
+    """Refuse a topology the named CPU cannot have."""
+    for key, most in (("host.cores_per_socket", model.cores),
+                      ("host.threads_per_core", model.threads_per_core)):
+        value = flat.get(key)
+        if isinstance(value, int) and value > most:
+            raise ScenarioError(source, key, f"at most {most}, what a {model.name} has", value)
+
+
+def check_memory(value_GBps: float, sockets: int, domains: int, model: CpuModel,
+                 source: str) -> None:
+    """A NUMA domain cannot sustain more than its share of the sockets' peak DRAM bandwidth."""
+    peak = model.memory_GBps_per_socket.value * sockets / domains
+    if value_GBps > peak * (1 + 1e-9):
+        raise ScenarioError(source, "host.memory_GBps_per_domain.value",
+                            f"at most {peak:g} GB/s, the peak of {model.name}'s memory "
+                            f"({model.memory_GBps_per_socket.source}) over {domains} NUMA "
+                            f"domain(s) of {sockets} socket(s)", value_GBps)
+
+
+# ---------------------------------------------------------------- the catalog file
+
+
+def _quoted(raw: Any, key_path: str) -> Quoted:
+    prov = parse_provenance(raw, CATALOG, key_path)
+    value = prov.value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ScenarioError(CATALOG, f"{key_path}.value", "a positive number", value)
+    return Quoted(float(value), prov.basis, prov.source)
+
+
+def _mapping(raw: Any, key_path: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise ScenarioError(CATALOG, key_path, "a mapping", raw)
+    return raw
+
+
+def _text(raw: Mapping[str, Any], key: str, key_path: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value:
+        raise ScenarioError(CATALOG, f"{key_path}.{key}", "a text", value)
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, key_path: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(CATALOG, f"{key_path}.{key}", "a positive integer", value)
+    return value
+
+
+def _adam(raw: Any) -> CpuAdamLoop:
+    raw = _mapping(raw, "cpu_adam")
+    lanes = _mapping(raw.get("lanes"), "cpu_adam.lanes")
+    for simd in lanes:
+        _int(lanes, simd, "cpu_adam.lanes")
+    return CpuAdamLoop(dict(lanes), _text(raw, "lanes_source", "cpu_adam"),
+                       _quoted(raw.get("vector_instructions"), "cpu_adam.vector_instructions"),
+                       _quoted(raw.get("instructions_per_cycle"),
+                               "cpu_adam.instructions_per_cycle"))
+
+
+def _family(key: str, raw: Any) -> CpuFamily:
+    path = f"families.{key}"
+    raw = _mapping(raw, path)
+    testbed = raw.get("testbed")
+    if testbed is not None and not isinstance(testbed, str):
+        raise ScenarioError(CATALOG, f"{path}.testbed", "a shipped profile's name", testbed)
+    return CpuFamily(key, _text(raw, "description", path), _text(raw, "simd", path), testbed)
+
+
+def _model(key: str, raw: Any, families: Mapping[str, CpuFamily]) -> CpuModel:
+    path = f"models.{key}"
+    raw = _mapping(raw, path)
+    family = raw.get("family")
+    if family not in families:
+        raise ScenarioError(CATALOG, f"{path}.family",
+                            f"a family of the catalog ({', '.join(sorted(families))})", family)
+    clocks = {name: _quoted(raw.get(name), f"{path}.{name}")
+              for name in ("base_GHz", "all_core_GHz", "max_turbo_GHz")}
+    return CpuModel(key, _text(raw, "name", path), families[family], _int(raw, "cores", path),
+                    _int(raw, "threads_per_core", path), **clocks,
+                    memory_GBps_per_socket=_quoted(raw.get("memory_GBps_per_socket"),
+                                                   f"{path}.memory_GBps_per_socket"))
+
+
+def parse_catalog(tree: Any) -> CpuCatalog:
+    tree = _mapping(tree, "<root>")
+    families = {key: _family(key, raw)
+                for key, raw in _mapping(tree.get("families"), "families").items()}
+    models = {key: _model(key, raw, families)
+              for key, raw in _mapping(tree.get("models"), "models").items()}
+    return CpuCatalog(_adam(tree.get("cpu_adam")), models)
+
+
+@cache
+def load_catalog() -> CpuCatalog:
+    text = (resources.files("zerosim.hardware") / "cpus.yaml").read_text(encoding="utf-8")
+    return parse_catalog(parse_yaml_text(text, CATALOG))
