@@ -121,52 +121,48 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
 
     Progressive filling in closed form: all unfrozen flows run at ``weight * t``; each round
     jumps ``t`` to the smallest level at which a resource saturates or a flow reaches its
-    max_rate, and freezes the flows concerned at their rate there. Resources are keyed by
-    their creation index; dicts are only iterated in insertion order (flows visited in
-    start order), never in hash order, so results are deterministic.
+    max_rate, and freezes the flows concerned at their rate there. A resource's load and usage
+    are exact sums (`math.fsum`) of its flows' terms, so the result does not depend on the
+    order the flows started in: two mirror-image flows always get the same rate, and a flow
+    that stands for several alike (`FlowNetwork.usage` with copies) gets what each would get
+    (`simulate.simulated_ranks`). Resources are keyed by their creation index.
     """
-    if len(flows) == 1:
+    if len(flows) == 1 and not flows[0].shape.repeats:
         return _allocate_alone(flows[0], capacities)
-    # Per resource: the weighted load of the unfrozen flows, their count, the frozen usage.
-    load: dict[int, float] = {}
-    unfrozen: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for flow in flows:
+    # Per resource: the flows crossing it with their weighted coefficients, the frozen usage.
+    crossing: dict[int, list[tuple[int, float]]] = {}
+    frozen_usage: dict[int, list[float]] = {}
+    for position, flow in enumerate(flows):
         weight = flow.weight
         for idx, coef in flow.usage:
-            load[idx] = load.get(idx, 0.0) + coef * weight
-            unfrozen[idx] = unfrozen.get(idx, 0) + 1
-            used[idx] = 0.0
+            crossing.setdefault(idx, []).append((position, coef * weight))
+            frozen_usage[idx] = []
+    unfrozen = set(range(len(flows)))
     level = 0.0
-    while flows:
+    while unfrozen:
         # Usage at level t is used + load * t; clamping to the current level keeps the level
         # monotone when rounding left a resource a hair over capacity.
-        limits = {
-            idx: max(level, (capacities[idx] - used[idx]) / load[idx])
-            for idx, count in unfrozen.items()
-            if count
-        }
-        flow_limit = min([flow.level_limit for flow in flows])
+        limits = {}
+        for idx, terms in crossing.items():
+            load = [term for position, term in terms if position in unfrozen]
+            if load:
+                limits[idx] = max(level, (capacities[idx] - math.fsum(frozen_usage[idx]))
+                                  / math.fsum(load))
+        flow_limit = min([flows[position].level_limit for position in unfrozen])
         level = max(level, min(min(limits.values(), default=math.inf), flow_limit))
         threshold = level * (1.0 + REL_TOL)
         saturated = {idx for idx, limit in limits.items() if limit <= threshold}
-        still = []
-        for flow in flows:
+        for position in sorted(unfrozen):
+            flow = flows[position]
             if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
-                # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
-                weight = flow.weight
-                rate = weight * level
+                rate = flow.weight * level
                 if flow.max_rate is not None and flow.max_rate < rate:
                     rate = flow.max_rate
                 flow.rate = rate
                 for idx, coef in flow.usage:
-                    used[idx] += coef * rate
-                    load[idx] -= coef * weight
-                    unfrozen[idx] -= 1
-            else:
-                still.append(flow)
-        flows = still
-    return used
+                    frozen_usage[idx].append(coef * rate)
+                unfrozen.discard(position)
+    return {idx: math.fsum(terms) for idx, terms in frozen_usage.items()}
 
 
 def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
@@ -200,20 +196,27 @@ def _close(a: float, b: float) -> bool:
 class Usage:
     """A checked flow shape: sorted (resource index, coefficient) pairs, the max_rate and the
     weight. `FlowNetwork.usage` makes one; many flows alike can start from it. Compared by
-    identity: it keys the network's memo of allocations."""
+    identity: it keys the network's memo of allocations.
+
+    A flow may stand for several alike flows that always run at the same rate (mirror images
+    of one another: `simulate.simulated_ranks`); its pairs are then theirs together, and a
+    resource two of them cross appears twice (`repeats`)."""
 
     pairs: tuple[tuple[int, float], ...]
     max_rate: float | None
     weight: float
+    resources: tuple[int, ...]
+    """The distinct resources crossed, in index order."""
+    repeats: bool
+    level_limit: float
+    """Filling level at which the flow reaches its own max_rate."""
 
-    @property
-    def resources(self) -> tuple[int, ...]:
-        return tuple([idx for idx, _ in self.pairs])
-
-    @property
-    def level_limit(self) -> float:
-        """Filling level at which the flow reaches its own max_rate."""
-        return math.inf if self.max_rate is None else self.max_rate / self.weight
+    @classmethod
+    def of(cls, pairs: tuple[tuple[int, float], ...], max_rate: float | None, weight: float
+           ) -> Usage:
+        resources = tuple(sorted({idx for idx, _ in pairs}))
+        return cls(pairs, max_rate, weight, resources, len(resources) < len(pairs),
+                   math.inf if max_rate is None else max_rate / weight)
 
 
 def _usage_pairs(
@@ -311,9 +314,15 @@ class FlowNetwork:
         return self.start_usage(amount, shape, label=label)
 
     def usage(self, usage: Mapping[SharedResource, float], *, max_rate: float | None = None,
-              weight: float = 1.0) -> Usage:
-        """`usage`, `max_rate` and `weight` checked once, for `start_usage`."""
-        return Usage(_usage_pairs(self._index, usage, max_rate, weight), max_rate, weight)
+              weight: float = 1.0, copies: Iterable[Mapping[SharedResource, float]] = ()
+              ) -> Usage:
+        """`usage`, `max_rate` and `weight` checked once, for `start_usage`. `copies`: the
+        usages of the flows alike that this one also stands for (same max_rate and weight,
+        always the same rate): the flow then loads each resource as they all would."""
+        pairs = _usage_pairs(self._index, usage, max_rate, weight)
+        for copy in copies:
+            pairs = tuple(sorted(pairs + _usage_pairs(self._index, copy, max_rate, weight)))
+        return Usage.of(pairs, max_rate, weight)
 
     def start_usage(self, amount: float, usage: Usage, *, label: str = "") -> simpy.Event:
         """:meth:`start` with a flow shape checked before (:meth:`usage`)."""

@@ -15,7 +15,7 @@ import simpy
 
 from zerosim.behaviours import Behaviours
 from zerosim.engine.machine import Direction, Machine
-from zerosim.engine.memory import MemoryPool
+from zerosim.engine.memory import MemoryPool, shared
 from zerosim.engine.plan import Plan
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
@@ -72,8 +72,10 @@ class RankCore:
         self.plan = ctx.plan
         self.placement = ctx.machine.placements[rank]
         self.gpu = ctx.pools[self.placement.device]
-        self.host = ctx.pools[self.placement.host_device]
-        self.nvme = ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node))
+        stands_for = len(ctx.machine.stands_for[rank])
+        self.host = shared(ctx.pools[self.placement.host_device], stands_for)
+        self.nvme = shared(ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node)),
+                           stands_for)
         self.ranks = ctx.world
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0

@@ -102,6 +102,9 @@ def total_bytes(spans: Table[Span], stream: str) -> float:
 
 
 def summarize(raw: RawRun) -> dict[str, Any]:
+    """The summary of every rank: a folded run's records are first given for every rank of
+    the simulated node (`RawRun.every_rank`), then totals multiply by the nodes folded."""
+    raw = raw.every_rank()
     scenario = raw.scenario
     ds = scenario.deepspeed
     ranks = scenario.data_parallel
