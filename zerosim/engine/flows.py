@@ -421,27 +421,30 @@ class FlowNetwork:
     def _component(
         self, flows: list[_Flow], resources: Iterable[int]
     ) -> tuple[list[_Flow], Iterable[int]]:
-        """Flows (in start order) and resources reachable from the seeds via shared resources."""
+        """Flows (in start order) and resources reachable from the seeds via shared resources.
+
+        Few flows are active at a time (a handful per rank), so the component grows by
+        sweeping the active flows, in start order, until no other one touches it."""
         seeds = [idx for flow in flows for idx in flow.resources]
         seeds.extend(resources)
         users, count = self._users, len(flows)
         if count <= 1 and all(len(users[idx]) == count for idx in seeds):
             return flows, seeds  # the seeds are crossed by no other flow
-        found = {flow.serial: flow for flow in flows}
-        stack = seeds.copy()
-        seen: set[int] = set()
-        while stack:
-            idx = stack.pop()
-            if idx in seen:
-                continue
-            seen.add(idx)
-            for flow in users[idx]:
-                if flow.serial not in found:
-                    found[flow.serial] = flow
-                    stack.extend(flow.resources)
-        if len(found) > 1:
-            return [found[serial] for serial in sorted(found)], seen
-        return list(found.values()), seen
+        touched = set(seeds)
+        members = {flow.serial for flow in flows}
+        others = [flow for flow in self._active.values() if flow.serial not in members]
+        grown = True
+        while grown and others:
+            grown, outside = False, []
+            for flow in others:
+                if touched.isdisjoint(flow.resources):
+                    outside.append(flow)
+                else:
+                    touched.update(flow.resources)
+                    members.add(flow.serial)
+                    grown = True
+            others = outside
+        return [flow for flow in self._active.values() if flow.serial in members], touched
 
     def _schedule(self) -> None:
         if not self._active:
@@ -452,7 +455,7 @@ class FlowNetwork:
         if wakeup_at == self._wakeup_at:
             return
         self._wakeup_at = wakeup_at
-        timeout = simpy.Timeout(self._env, delay)
+        timeout = self._env.timeout(delay)
         timeout.callbacks.append(self._on_timeout)
         self._wakeup = timeout
 

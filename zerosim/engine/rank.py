@@ -55,6 +55,18 @@ class RunContext:
     def __post_init__(self) -> None:
         self.world = tuple(range(self.scenario.data_parallel))
         """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
+        self.module_seconds: dict[tuple[bool, int], float] = {}
+        """GPU time of each module's forward (False) or backward (True), computed once: every
+        rank runs every module once per micro-batch."""
+
+    def gpu_seconds(self, index: int, backward: bool) -> float:
+        seconds = self.module_seconds.get((backward, index))
+        if seconds is None:
+            module, profile = self.plan.modules[index], self.scenario.hardware
+            seconds = self.module_seconds[(backward, index)] = (
+                costs.module_backward_s(module, profile) if backward
+                else costs.module_forward_s(module, profile))
+        return seconds
 
 
 class RankCore:
@@ -238,8 +250,8 @@ class RankCore:
         return body
 
     def forward_seconds(self, index: int) -> float:
-        return costs.module_forward_s(self.plan.modules[index], self.profile)
+        return self.ctx.gpu_seconds(index, backward=False)
 
     def backward_seconds(self, index: int) -> float:
-        return costs.module_backward_s(self.plan.modules[index], self.profile)
+        return self.ctx.gpu_seconds(index, backward=True)
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
+from typing import Any
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import NORMAL, URGENT, Initialize, Process, Timeout
 
 from zerosim.engine.compose import build_rank
 from zerosim.engine.flows import RateChange
@@ -24,6 +25,9 @@ from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
 COPY_ENGINE_STREAMS = frozenset(s for s in Stream if s.is_copy_engine)
+_new_timeout = Timeout.__new__
+_new_process = Process.__new__
+_new_initialize = Initialize.__new__
 
 
 @dataclass
@@ -91,6 +95,8 @@ class Environment(simpy.Environment):
         super().__init__()
         self.urgent: deque[simpy.Event] = deque()
         self.soon: deque[simpy.Event] = deque()
+        self.timeout = self._timeout  # SimPy binds its own per instance
+        self.process = self._process
 
     def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
         at = self._now + delay
@@ -100,6 +106,34 @@ class Environment(simpy.Environment):
             self.urgent.append(event)
         else:
             self.soon.append(event)
+
+    def _timeout(self, delay: float = 0, value: Any = None) -> Timeout:
+        """SimPy's `Timeout(env, delay, value)` and its scheduling, inlined: the engine makes
+        one per host step, GPU kernel and flow wake-up."""
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
+        event = _new_timeout(Timeout)
+        event.env, event.callbacks, event._value, event._delay, event._ok = (
+            self, [], value, delay, True)
+        at = self._now + delay
+        if at != self._now:
+            heappush(self._queue, (at, NORMAL, next(self._eid), event))
+        else:
+            self.soon.append(event)
+        return event
+
+    def _process(self, generator: Generator[simpy.Event, Any, Any]) -> Process:
+        """SimPy's `Process(env, generator)` and its `Initialize` event, inlined: the engine
+        starts one per stream op."""
+        if not hasattr(generator, "throw"):
+            raise ValueError(f"{generator} is not a generator.")
+        process = _new_process(Process)
+        process.env, process.callbacks, process._generator = self, [], generator
+        start = _new_initialize(Initialize)
+        start.env, start.callbacks, start._value, start._ok = self, [process._resume], None, True
+        self.urgent.append(start)
+        process._target = start
+        return process
 
 
 def run_until(env: Environment, until: simpy.Event) -> int:
