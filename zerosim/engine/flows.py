@@ -427,12 +427,12 @@ class FlowNetwork:
         sweeping the active flows, in start order, until no other one touches it."""
         seeds = [idx for flow in flows for idx in flow.resources]
         seeds.extend(resources)
-        users, count = self._users, len(flows)
-        if count <= 1 and all(len(users[idx]) == count for idx in seeds):
-            return flows, seeds  # the seeds are crossed by no other flow
+        active = self._active
+        if len(active) == len(flows):
+            return flows, seeds  # no other flow is active
         touched = set(seeds)
         members = {flow.serial for flow in flows}
-        others = [flow for flow in self._active.values() if flow.serial not in members]
+        others = [flow for flow in active.values() if flow.serial not in members]
         grown = True
         while grown and others:
             grown, outside = False, []
@@ -444,7 +444,9 @@ class FlowNetwork:
                     members.add(flow.serial)
                     grown = True
             others = outside
-        return [flow for flow in self._active.values() if flow.serial in members], touched
+        if len(members) == len(flows):
+            return flows, touched
+        return [flow for flow in active.values() if flow.serial in members], touched
 
     def _schedule(self) -> None:
         if not self._active:
@@ -542,8 +544,8 @@ class _RateLog:
         """Append a RateChange for each staged usage that differs from the last recorded one."""
         pending, recorded, t_s = self._pending, self._recorded, self._pending_t
         for idx in sorted(pending):
-            rate = pending[idx]
-            if not _close(rate, recorded[idx]):
+            rate, last = pending[idx], recorded[idx]
+            if rate != last and not _close(rate, last):
                 self._changes.add((t_s, self._resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()
