@@ -269,7 +269,6 @@ class FlowNetwork:
         self._names: set[str] = set()
         self._users: list[set[_Flow]] = []
         self._active: dict[int, _Flow] = {}
-        self._by_event: dict[simpy.Event, _Flow] = {}
         self._serial = 0
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
@@ -338,7 +337,6 @@ class FlowNetwork:
         flow = _Flow(self._serial, amount, usage, label, now, event)
         self._serial += 1
         self._active[flow.serial] = flow
-        self._by_event[event] = flow
         users = self._users
         for idx in flow.resources:
             users[idx].add(flow)
@@ -348,10 +346,10 @@ class FlowNetwork:
 
     def rate_of(self, event: simpy.Event) -> float:
         """Current rate of the active flow started with ``event``."""
-        flow = self._by_event.get(event)
-        if flow is None:
-            raise ValueError(f"{event!r} is not an active flow of this network")
-        return flow.rate
+        for flow in self._active.values():
+            if flow.event is event:
+                return flow.rate
+        raise ValueError(f"{event!r} is not an active flow of this network")
 
     @property
     def active_count(self) -> int:
@@ -470,7 +468,11 @@ class FlowNetwork:
     def _on_wakeup(self) -> None:
         self._wakeup_at = None
         self._advance()
-        done = [flow for flow in self._active.values() if self._is_done(flow)]
+        now = self._env.now
+        # Finished up to REL_TOL, or so close that its end is not a later float time.
+        done = [flow for flow in self._active.values()
+                if flow.remaining <= REL_TOL * flow.amount
+                or now + flow.remaining / flow.rate <= now]
         freed: set[int] = set()
         for flow in done:
             self._remove(flow)
@@ -482,17 +484,9 @@ class FlowNetwork:
 
     def _remove(self, flow: _Flow) -> None:
         del self._active[flow.serial]
-        del self._by_event[flow.event]
         users = self._users
         for idx in flow.resources:
             users[idx].discard(flow)
-
-    def _is_done(self, flow: _Flow) -> bool:
-        """Finished up to REL_TOL, or so close that its end is not a later float time."""
-        if flow.remaining <= REL_TOL * flow.amount:
-            return True
-        now = self._env.now
-        return now + flow.remaining / flow.rate <= now
 
     def _finish_record(
         self,
