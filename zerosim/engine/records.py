@@ -86,6 +86,13 @@ class Table(Generic[R]):
                                         strict=True)}
 
     @classmethod
+    def of_rows(cls, record_type: type[R], rows: list[tuple[Any, ...]]) -> Table[R]:
+        """A table holding `rows` (tuples in field order)."""
+        table = cls(record_type)
+        table.rows.extend(rows)
+        return table
+
+    @classmethod
     def of(cls, record_type: type[R], records: list[R]) -> Table[R]:
         """A table holding `records` (dataclass instances of `record_type`)."""
         table = cls(record_type)
