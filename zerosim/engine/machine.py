@@ -201,13 +201,13 @@ class Machine:
                   ) -> Generator[simpy.Event, Any, None]:
         """An aio read (swap in): `nbytes` from the node's NVMe drives into a pinned swap buffer
         of `rank`, crossing the drives' read capacity and the buffer's NUMA domain."""
-        yield from self._nvme(rank, "read", nbytes, label)
+        return self._nvme(rank, "read", nbytes, label)
 
     def nvme_write(self, rank: int, nbytes: float, *, label: str = ""
                    ) -> Generator[simpy.Event, Any, None]:
         """An aio write (swap out): `nbytes` from a pinned swap buffer of `rank` to the node's
         NVMe drives, crossing the drives' write capacity and the buffer's NUMA domain."""
-        yield from self._nvme(rank, "write", nbytes, label)
+        return self._nvme(rank, "write", nbytes, label)
 
     def _nvme(self, rank: int, direction: NvmeDirection, nbytes: float, label: str
               ) -> Generator[simpy.Event, Any, None]:
@@ -304,7 +304,7 @@ class Machine:
     def collective(self, rank: int, key: tuple[Any, ...], kind: Collective, total_bytes: float,
                    ranks: Sequence[int]) -> Generator[simpy.Event, Any, None]:
         """Join a collective; it starts when the last of `ranks` arrives."""
-        yield from self.collectives.join(rank, key, kind, total_bytes, ranks)
+        return self.collectives.join(rank, key, kind, total_bytes, ranks)
 
     def assert_idle(self) -> None:
         self.flows.assert_idle()

@@ -202,7 +202,7 @@ class RankCore:
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""
-        yield from self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
+        return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
                                            self.ranks)
 
     def host_time(self, seconds: float) -> Gen:
@@ -212,16 +212,16 @@ class RankCore:
 
     def fetch_hooks(self) -> Gen:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
-        yield from self.host_time(self.fetch_hook_s)
+        return self.host_time(self.fetch_hook_s)
 
     def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
         """Host time to launch a module's kernels; the GPU runs them once they are queued."""
-        yield from self.host_time(kernel_count(kernels) * self.kernel_launch_s)
+        return self.host_time(kernel_count(kernels) * self.kernel_launch_s)
 
     def pay_launches(self) -> Gen:
         """Host time of the collectives launched since the last call."""
         launches, self.launches = self.launches, 0
-        yield from self.host_time(launches * self.collective_launch_s)
+        return self.host_time(launches * self.collective_launch_s)
 
     # ------------------------------------------------------------------ compute
 
