@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 import zerosim
+from zerosim.api import simulate_brief
 from zerosim.engine.machine import place_ranks
 from zerosim.engine.memory import NodePool
 from zerosim.engine.simulate import folded_classes, run_engine, simulated_ranks
@@ -143,6 +144,13 @@ def test_mirror_ranks_fold_exactly(path, overrides, stands_for):
 
 def test_the_study_dp4_folds_exactly():
     assert_folding_exact(zerosim.load_scenario(DP4), 1, JLSE_CLASSES)
+
+
+def test_a_summary_only_run_gives_the_phases_of_every_rank():
+    scenario = zerosim.load_scenario(DP4, SMALL)
+    brief = simulate_brief(scenario)
+    assert {row[0] for row in brief.phases.rows} == {0, 1, 2, 3}
+    assert brief.summary == zerosim.simulate(scenario, fold=False).summary
 
 
 def test_the_classes_come_from_the_profile_symmetries():

@@ -125,7 +125,7 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
     are exact sums (`math.fsum`) of its flows' terms, so the result does not depend on the
     order the flows started in: two mirror-image flows always get the same rate, and a flow
     that stands for several alike (`FlowNetwork.usage` with copies) gets what each would get
-    (`simulate.simulated_ranks`). Resources are keyed by their creation index.
+    (mirror ranks: `symmetry.py`). Resources are keyed by their creation index.
     """
     if len(flows) == 1 and not flows[0].shape.repeats:
         return _allocate_alone(flows[0], capacities)
@@ -155,6 +155,7 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
         for position in sorted(unfrozen):
             flow = flows[position]
             if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
+                # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
                 rate = flow.weight * level
                 if flow.max_rate is not None and flow.max_rate < rate:
                     rate = flow.max_rate
@@ -199,7 +200,7 @@ class Usage:
     identity: it keys the network's memo of allocations.
 
     A flow may stand for several alike flows that always run at the same rate (mirror images
-    of one another: `simulate.simulated_ranks`); its pairs are then theirs together, and a
+    of one another: `symmetry.py`); its pairs are then theirs together, and a
     resource two of them cross appears twice (`repeats`)."""
 
     pairs: tuple[tuple[int, float], ...]

@@ -126,7 +126,8 @@ class SharedPool:
     """A simulated rank's view of a pool (its node's host memory or drives) that it shares
     with the ranks it stands for (`Machine.stands_for`): each allocation and free is made
     once per rank of the class, one after the other, as those ranks make it at the same
-    instant in the full simulation. Levels, peaks and OOM are then those of the full run."""
+    instant in the full simulation. The node's level at the end of every instant is then the
+    full run's, and so is its peak when `NodePool.order_free`."""
 
     def __init__(self, pool: MemoryPool, ranks: int):
         self.pool = pool

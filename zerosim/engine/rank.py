@@ -203,7 +203,7 @@ class RankCore:
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""
         return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
-                                           self.ranks)
+                                       self.ranks)
 
     def host_time(self, seconds: float) -> Gen:
         """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping)."""
