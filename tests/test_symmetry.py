@@ -165,6 +165,9 @@ def test_the_classes_come_from_the_profile_symmetries():
     assert classes("polaris-a100") == ((0, 1, 2, 3),)
     assert classes("gh200", 2) == ((0,), (1,))       # two nodes: nodes fold whole, if at all
     assert classes("h100-jlse", gpu_numa_domain=(0, 0, 0, 1)) == ((0, 2), (1,), (3,))
+    # Past 7 domains only ranks with the same placement fold (no relabelling is tried).
+    assert classes("h100-jlse", numa_domains=8, gpu_numa_domain=(0, 0, 4, 4),
+                   rank_memory_placement="gpu_local") == ((0, 1), (2, 3))
 
 
 def test_uneven_ranks_and_unfolded_runs_simulate_every_rank():

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from zerosim.hardware.profile import HardwareProfile
 
 if TYPE_CHECKING:
     from zerosim.engine.machine import Placement
+
+MOST_RELABELLED_DOMAINS = 7
+"""Beyond 7 NUMA domains (5,040 relabellings) only ranks with the same placement are folded."""
 
 Signature = tuple[int, frozenset[tuple[int, float]], frozenset[tuple[int, float]]]
 """What a rank's placement shows the node: its GPU's domain, its home and its spread pages."""
@@ -52,13 +55,20 @@ def rank_classes(profile: HardwareProfile, placements: Sequence[Placement]
         ranks_of.setdefault(signature, []).append(rank)
     counts = Counter(signatures.values())
     joined = {rank: {rank} for rank in signatures}
-    for domains in itertools.permutations(range(profile.numa_domains)):
+    for domains in _relabellings(profile.numa_domains):
         moved = {rank: _relabelled(sig, domains) for rank, sig in signatures.items()}
         if Counter(moved.values()) != counts:
             continue  # some rank would land on a placement no rank has
         for rank, signature in moved.items():
             _join(joined, [rank, *ranks_of[signature]])
     return tuple(sorted({tuple(sorted(members)) for members in joined.values()}))
+
+
+def _relabellings(domains: int) -> Iterator[tuple[int, ...]]:
+    """Every permutation of the domains (the identity alone past `MOST_RELABELLED_DOMAINS`)."""
+    if domains > MOST_RELABELLED_DOMAINS:
+        return iter([tuple(range(domains))])
+    return itertools.permutations(range(domains))
 
 
 def _join(joined: dict[int, set[int]], ranks: list[int]) -> None:
