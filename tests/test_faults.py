@@ -411,7 +411,7 @@ def test_progress_rewrites_one_line_on_stderr_and_erases_it():
     scenario = SimpleNamespace(name="big",
                                deepspeed=SimpleNamespace(gradient_accumulation_steps=1))
     ctx = SimpleNamespace(scenario=scenario, phases=[object()], env=SimpleNamespace(now=2.0),
-                          machine=SimpleNamespace(placements=[0]))
+                          machine=SimpleNamespace(stands_for={0: (0,)}))
     stream = io.StringIO()
     with RunProgress(stream, enabled=True, delay_s=0.0, every_s=0.01) as progress:
         progress.observe(ctx)

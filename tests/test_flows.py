@@ -585,3 +585,47 @@ def test_remembered_allocations_are_the_computed_ones():
     assert remembered.records == computed.records
     assert remembered.rate_changes == computed.rate_changes
     assert remembered._memo and not computed._memo
+
+
+def _rates_in_order(order: list[int]) -> list[float]:
+    """Start three flows with coefficients whose sums round differently in different orders,
+    in `order`; their rates, by flow."""
+    _, net = _net()
+    memory = net.add_resource("memory", 3.0)
+    coefs = [0.1, 0.2, 0.3]  # (0.1 + 0.2) + 0.3 != (0.3 + 0.2) + 0.1
+    events = {i: net.start_usage(1.0, net.usage({memory: coefs[i]})) for i in order}
+    return [net.rate_of(events[i]) for i in range(3)]
+
+
+def test_allocation_does_not_depend_on_the_start_order():
+    """Each resource's load is an exact sum: flows that started in another order get the
+    same rates, bit for bit (what lets one flow stand for its mirror images)."""
+    rates = [_rates_in_order(list(order)) for order in itertools.permutations(range(3))]
+    assert all(r == rates[0] for r in rates)
+
+
+def test_a_flow_with_copies_gets_the_rate_of_each_copy():
+    """A flow standing for two mirror flows (`usage(..., copies=...)`) loads every resource as
+    both do and runs at the rate each gets: here a shared memory and CPU, one link each."""
+    def network(folded: bool) -> list[float]:
+        env, net = _net()
+        links = [net.add_resource(f"gpu{g}.pcie", 5.0) for g in range(2)]
+        numa = [net.add_resource(f"numa{d}", 7.0) for d in range(2)]
+        cpu = net.add_resource("cpu", 3.0)
+        shapes = [{links[g]: 1.0, numa[g]: 0.75, numa[1 - g]: 0.25} for g in range(2)]
+        kernel = [{cpu: 0.3, numa[g]: 0.4, numa[1 - g]: 0.4} for g in range(2)]
+        if folded:
+            started = [net.start_usage(9.0, net.usage(shapes[0], copies=[shapes[1]])),
+                       net.start_usage(4.0, net.usage(kernel[0], weight=0.5,
+                                                      copies=[kernel[1]]))]
+        else:
+            started = [net.start_usage(9.0, net.usage(shape)) for shape in shapes]
+            started += [net.start_usage(4.0, net.usage(k, weight=0.5)) for k in kernel]
+        rates = [net.rate_of(e) for e in started]
+        env.run()
+        return rates + [r.rate for r in net.rate_changes if r.t_s == 0.0]
+
+    full, folded = network(False), network(True)
+    assert full[0] == full[1] and full[2] == full[3]
+    assert folded[:2] == [full[0], full[2]]
+    assert folded[2:] == full[4:]

@@ -1,22 +1,42 @@
-"""Node symmetry: with every node full, the engine simulates node 0 alone. Its tables must equal
-the full simulation's rows for node 0's ranks and devices, bit for bit, and the summary (which
-covers every rank: iteration, phases, peaks, PCIe totals) must equal the full one exactly."""
+"""Folding: with every node full, the engine simulates node 0 alone; within a node, one rank of
+each class of mirror ranks (ranks that a symmetry of the node maps onto one another). The
+folded tables, given for every rank (`RawRun.every_rank`), must equal the full simulation's
+rows for node 0's ranks and devices bit for bit, and the summary (which covers every rank:
+iteration, phases, peaks, PCIe totals) must equal the full one exactly.
+
+The one difference allowed: a node's host memory and drives are shared by mirror ranks, whose
+changes a folded run makes one after the other, so within an instant its rows come in another
+order (the level of every category at the end of every instant, the number of rows and the
+peak are the same)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import zerosim
-from zerosim.engine.simulate import run_engine, simulated_ranks
+from zerosim.api import simulate_brief
+from zerosim.engine.machine import place_ranks
+from zerosim.engine.memory import NodePool
+from zerosim.engine.simulate import folded_classes, run_engine, simulated_ranks
+from zerosim.engine.symmetry import rank_classes
+from zerosim.hardware.profile import load_profile
 from zerosim.results import build_result
+from zerosim.vocabulary import Category
 
-SEED003 = Path(__file__).resolve().parents[1] / "scenarios" / "seed003" / "roberta10b_p4d64.yaml"
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SEED003 = SCENARIOS / "seed003" / "roberta10b_p4d64.yaml"
+DP4 = SCENARIOS / "llama13b_dp4.yaml"
+POLARIS_DP4 = SCENARIOS / "calibration" / "polaris" / "polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml"
+POLARIS_DP2 = SCENARIOS / "calibration" / "polaris" / "polaris-5.90b-dp2-mb4-ga1-sg1e08.yaml"
 Z = "deepspeed.zero_optimization."
 SMALL = {"model.num_hidden_layers": 2}
 OFFLOAD = {Z + "offload_optimizer.device": "cpu", Z + "offload_optimizer.pin_memory": True}
+JLSE_CLASSES = {0: (0, 3), 1: (1, 2)}
+ONE_CLASS = {0: (0, 1, 2, 3)}
 
 
 def _node0(full: pd.DataFrame, table: str, ranks: set[int], devices: set[str]) -> pd.DataFrame:
@@ -29,23 +49,47 @@ def _node0(full: pd.DataFrame, table: str, ranks: set[int], devices: set[str]) -
     return full[kept].reset_index(drop=True)
 
 
-def assert_folding_exact(scenario: zerosim.Scenario, nodes: int) -> None:
+def _by_rank(phases: pd.DataFrame) -> pd.DataFrame:
+    """Phases rank by rank, each rank's in the order they ended (ranks ending at one instant
+    are recorded in another order when mirror ranks are folded)."""
+    return phases.sort_values("rank", kind="stable").reset_index(drop=True)
+
+
+def _levels(memory: pd.DataFrame, device: str) -> pd.DataFrame:
+    """A device's memory rows; for a node's host memory or drives, the level of each category
+    at the end of each instant."""
+    rows = memory[memory.device == device].reset_index(drop=True)
+    if device.startswith("gpu"):
+        return rows
+    return rows.groupby(["t_s", "category"], sort=True).last().reset_index()
+
+
+def assert_folding_exact(scenario: zerosim.Scenario, nodes: int = 1,
+                         stands_for: dict[int, tuple[int, ...]] | None = None) -> None:
     folded_raw = run_engine(scenario)
     full_raw = run_engine(scenario, fold=False)
     assert folded_raw.copies == nodes and full_raw.copies == 1
+    assert folded_raw.stands_for == (stands_for or {}) and full_raw.stands_for == {}
     folded, full = build_result(folded_raw), build_result(full_raw)
     assert folded.summary == full.summary
-    per_node = scenario.hardware.gpus_per_node
+    per_node = min(scenario.hardware.gpus_per_node, scenario.data_parallel)
     ranks = set(range(per_node))
     assert set(folded.phases["rank"]) == ranks
     assert set(full.phases["rank"]) == set(range(scenario.data_parallel))
     devices = set(folded.capacities)
-    assert devices == {f"gpu{g}" for g in range(per_node)} | {"host0"}
+    drives = {"nvme0"} if scenario.hardware.has_nvme else set()
+    assert devices == {f"gpu{g}" for g in range(per_node)} | {"host0"} | drives
     assert {d: full.capacities[d] for d in devices} == folded.capacities
-    assert {d: full_raw.peaks[d] for d in devices} == folded_raw.peaks
-    for table in ("spans", "phases", "memory", "links"):
+    assert {d: full_raw.peaks[d] for d in devices} == folded_raw.every_rank().peaks
+    for table in ("spans", "links"):
         pd.testing.assert_frame_equal(_node0(getattr(full, table), table, ranks, devices),
                                       getattr(folded, table), check_exact=True)
+    pd.testing.assert_frame_equal(_by_rank(_node0(full.phases, "phases", ranks, devices)),
+                                  _by_rank(folded.phases), check_exact=True)
+    for device in devices:
+        assert (full.memory.device == device).sum() == (folded.memory.device == device).sum()
+        pd.testing.assert_frame_equal(_levels(full.memory, device),
+                                      _levels(folded.memory, device), check_exact=True)
 
 
 @pytest.mark.parametrize(("overrides", "nodes"), [
@@ -60,7 +104,9 @@ def assert_folding_exact(scenario: zerosim.Scenario, nodes: int) -> None:
       "model.intermediate_size": 4096}, 2),                                 # ZeRO-1 on GPUs
 ])
 def test_identical_nodes_fold_exactly(overrides, nodes):
-    assert_folding_exact(zerosim.load_scenario(SEED003, overrides), nodes)
+    """p4d-24xlarge, round robin: each node's ranks in two classes, local and remote pages."""
+    assert_folding_exact(zerosim.load_scenario(SEED003, overrides), nodes,
+                         {0: (0, 2, 5, 7), 1: (1, 3, 4, 6)})
 
 
 @pytest.mark.parametrize("per_node", [1, 2])
@@ -68,18 +114,104 @@ def test_toy_nodes_fold_exactly(toy, per_node):
     tree = toy.tree({"hardware": {"nodes": 3, "gpu": {"per_node": per_node,
                                                       "numa_domain": [0] * per_node}},
                      "deepspeed": {"gradient_accumulation_steps": 2}}, gpus=3 * per_node)
-    assert_folding_exact(zerosim.scenario_from_dict(tree, source="<toy>"), 3)
+    stands_for = {0: (0, 1)} if per_node == 2 else None
+    assert_folding_exact(zerosim.scenario_from_dict(tree, source="<toy>"), 3, stands_for)
 
 
-def test_a_partly_filled_node_is_simulated_whole():
-    scenario = zerosim.load_scenario(SEED003, {**SMALL, "data_parallel": 12})
-    assert simulated_ranks(scenario) == 12
+@pytest.mark.parametrize(("path", "overrides", "stands_for"), [
+    (DP4, {}, JLSE_CLASSES),                      # the study's dp4: local and remote ranks
+    (DP4, {"hardware.host.rank_memory_placement": "gpu_local"}, ONE_CLASS),
+    (DP4, {"hardware.host.rank_memory_placement": "interleaved"}, ONE_CLASS),
+    (DP4, {"hardware.gpu.numa_domain": [0, 1, 1, 1]}, {0: (0,), 1: (1, 3), 2: (2,)}),
+    (POLARIS_DP4, {}, ONE_CLASS),                 # one NUMA domain
+    (POLARIS_DP2, {}, {0: (0, 1)}),               # two of the node's four GPUs
+    (DP4, {Z + "offload_param.device": "cpu", Z + "offload_param.pin_memory": True},
+     JLSE_CLASSES),
+    (DP4, {Z + "offload_optimizer.pin_memory": False, "deepspeed.gradient_accumulation_steps": 3},
+     JLSE_CLASSES),
+    (DP4, {Z + "offload_optimizer.device": "nvme", Z + "offload_optimizer.nvme_path": "/nvme",
+           Z + "offload_param.device": "nvme", Z + "offload_param.nvme_path": "/nvme"},
+     JLSE_CLASSES),
+    (DP4, {Z + "offload_optimizer.ratio": 0.5}, JLSE_CLASSES),              # Twin-Flow
+    (DP4, {Z + "stage": 2}, JLSE_CLASSES),
+    (DP4, {"what_if.gpu_update_every": 2}, JLSE_CLASSES),
+    (DP4, {"what_if.overlap_copy_back": True, "runtime.deepspeed_version": "0.19.5",
+           "activation_checkpointing": True}, JLSE_CLASSES),
+])
+def test_mirror_ranks_fold_exactly(path, overrides, stands_for):
+    assert_folding_exact(zerosim.load_scenario(path, {**SMALL, **overrides}), 1, stands_for)
+
+
+def test_the_study_dp4_folds_exactly():
+    assert_folding_exact(zerosim.load_scenario(DP4), 1, JLSE_CLASSES)
+
+
+def test_a_summary_only_run_gives_the_phases_of_every_rank():
+    scenario = zerosim.load_scenario(DP4, SMALL)
+    brief = simulate_brief(scenario)
+    assert {row[0] for row in brief.phases.rows} == {0, 1, 2, 3}
+    assert brief.summary == zerosim.simulate(scenario, fold=False).summary
+
+
+def test_the_classes_come_from_the_profile_symmetries():
+    def classes(name: str, ranks: int | None = None, **changes) -> tuple[tuple[int, ...], ...]:
+        profile = replace(load_profile(name), **changes)
+        return rank_classes(profile, place_ranks(profile, ranks or profile.gpus_per_node))
+
+    assert classes("h100-jlse") == ((0, 3), (1, 2))
+    assert classes("h100-jlse", 2) == ((0,), (1,))   # rank 0 local, rank 1 remote: no mirror
+    assert classes("h100-jlse", rank_memory_placement="gpu_local") == ((0, 1, 2, 3),)
+    assert classes("dgx-a100") == ((0, 2, 5, 7), (1, 3, 4, 6))
+    assert classes("polaris-a100") == ((0, 1, 2, 3),)
+    assert classes("gh200", 2) == ((0,), (1,))       # two nodes: nodes fold whole, if at all
+    assert classes("h100-jlse", gpu_numa_domain=(0, 0, 0, 1)) == ((0, 2), (1,), (3,))
+    # Past 7 domains only ranks with the same placement fold (no relabelling is tried).
+    assert classes("h100-jlse", numa_domains=8, gpu_numa_domain=(0, 0, 4, 4),
+                   rank_memory_placement="gpu_local") == ((0, 1), (2, 3))
+
+
+def test_uneven_ranks_and_unfolded_runs_simulate_every_rank():
+    partly_filled = zerosim.load_scenario(SEED003, {**SMALL, "data_parallel": 12})
+    assert folded_classes(partly_filled) == tuple((r,) for r in range(12))
+    dp4 = zerosim.load_scenario(DP4, SMALL)
+    assert folded_classes(dp4, fold=False) == ((0,), (1,), (2,), (3,))
+    assert run_engine(dp4, fold=False).stands_for == {}
+    result = zerosim.simulate(dp4, fold_nodes=False)
+    assert set(result.phases["rank"]) == {0, 1, 2, 3}
+
+
+def test_a_folded_run_that_runs_out_of_host_memory_is_simulated_again_whole():
+    """Which allocation fails first depends on the order of mirror ranks' allocations within
+    an instant, which a folded run does not keep: the full simulation reports it."""
+    scenario = zerosim.load_scenario(DP4, {**SMALL, "hardware.host.memory_GiB": 10})
     raw = run_engine(scenario)
-    assert raw.copies == 1
-    assert {row[0] for row in raw.phases.rows} == set(range(12))
+    assert raw.status == "oom" and raw.oom["device"] == "host0"
+    assert raw.stands_for == {}
+    assert build_result(raw).summary == build_result(run_engine(scenario, fold=False)).summary
 
 
-def test_one_node_and_unfolded_runs_simulate_every_rank():
+def test_a_node_pool_knows_when_its_peak_depends_on_the_order_within_an_instant():
+    now = [0.0]
+    pool = NodePool("host0", 100, lambda: now[0], None)
+    temp = Category.PAGEABLE_TEMPORARIES
+
+    def at(t_s: float, *changes: int) -> None:
+        now[0] = t_s
+        for change in changes:
+            if change > 0:
+                pool.allocate(temp, change, "a")
+            else:
+                pool.free(temp, -change)
+
+    at(0.0, 30)
+    at(1.0, -20)
+    at(2.0, 10, -10)     # from 10: at most 20 in any order, below the 30 of t=0
+    assert pool.order_free and pool.peak == 30
+    at(3.0, 25, -10)     # from 10: 35 if the allocation comes first, 25 if the free does
+    assert not pool.order_free
+
+
+def test_one_node_and_unfolded_runs_place_every_rank():
     scenario = zerosim.load_scenario(SEED003, {**SMALL, "data_parallel": 8})
     assert simulated_ranks(scenario) == 8
     assert simulated_ranks(zerosim.load_scenario(SEED003, {**SMALL, "data_parallel": 16}),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerosim.engine.records import PhaseSpan, Table
+from zerosim.engine.records import PhaseSpan, Table, with_copies
 from zerosim.engine.simulate import run_engine
 from zerosim.results.summary import summarize
 from zerosim.scenario import Scenario, load_scenario
@@ -18,19 +18,21 @@ if TYPE_CHECKING:
 
 def simulate(scenario: Scenario | str | Path,
              overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
-             fold_nodes: bool = True,
+             fold: bool = True, fold_nodes: bool = True,
              observer: Callable[[Any], None] | None = None) -> Result:
     """Replay one training iteration of `scenario` (a Scenario, or a path to its YAML).
 
     When the ranks fill two or more identical nodes, only node 0 is simulated (every node
     runs the same timeline) and the tables hold its ranks and devices; the summary covers
-    every rank. `fold_nodes=False` simulates every node. `observer(ctx)` is called with the
-    engine's run context just before it starts (`zerosim.progress.RunProgress.observe` draws a
-    progress line from it).
+    every rank. Within a node, one rank of each class of mirror ranks is simulated (ranks a
+    symmetry of the node maps onto one another run the same timeline) and the tables repeat
+    its rows for the others. `fold=False` simulates every rank (`fold_nodes=False`, its older
+    name, too). `observer(ctx)` is called with the engine's run context just before it starts
+    (`zerosim.progress.RunProgress.observe` draws a progress line from it).
     """
     from zerosim.results import build_result
 
-    return build_result(run_engine(_resolved(scenario, overrides), fold=fold_nodes,
+    return build_result(run_engine(_resolved(scenario, overrides), fold=fold and fold_nodes,
                                    observer=observer))
 
 
@@ -43,7 +45,8 @@ def simulate_summary(scenario: Scenario | str | Path,
 
 @dataclass(frozen=True)
 class Brief:
-    """A run's summary and its phase records (`records.PhaseSpan` rows), without tables."""
+    """A run's summary and its phase records (`records.PhaseSpan` rows, for every rank of
+    the simulated node(s), as `Result.phases`), without tables."""
 
     summary: dict[str, Any]
     phases: Table[PhaseSpan]
@@ -55,7 +58,7 @@ def simulate_brief(scenario: Scenario | str | Path,
     """What `zerosim run --no-files` prints: the summary (equal to `simulate(...).summary`)
     and the phases, with no memory or link log and no DataFrame (pandas is not loaded)."""
     raw = run_engine(_resolved(scenario, overrides), full=False, observer=observer)
-    return Brief(summarize(raw), raw.phases)
+    return Brief(summarize(raw), with_copies(raw.phases, 0, raw.stands_for))
 
 
 def _resolved(scenario: Scenario | str | Path,

@@ -35,7 +35,7 @@ class RunProgress:
         """Called by the engine with its run context, just before the simulation starts."""
         self.ctx = ctx
         self.started = time.perf_counter()
-        if self.enabled:
+        if self.enabled and self.thread is None:
             self.thread = threading.Thread(target=self._loop, name="zerosim-progress",
                                            daemon=True)
             self.thread.start()
@@ -44,7 +44,7 @@ class RunProgress:
         """'simulating NAME: 4.21 s of about 7.47 s simulated (3 of 5 phases), 12 s'."""
         ctx = self.ctx
         scenario = ctx.scenario
-        ranks = len(ctx.machine.placements)  # node 0's alone when identical nodes are folded
+        ranks = len(ctx.machine.stands_for)  # the simulated ranks (see `simulated_ranks`)
         expected = ranks * (2 * scenario.deepspeed.gradient_accumulation_steps + 1)
         done = min(len(ctx.phases), expected)
         now = float(ctx.env.now)

@@ -35,25 +35,27 @@ class Collectives:
     """Every collective of a run, keyed by (kind, sequence number): each rank issues the
     collectives of a kind in the same order, so equal keys are the same call.
 
-    Only the ranks that have a placement are simulated (all of them, or node 0's alone when
-    `simulate.simulated_ranks` folds identical nodes); a collective meets when they have all
-    arrived and is sized for every rank it spans, on every node.
+    Only the simulated ranks take part (every rank, or node 0's alone when
+    `simulate.simulated_ranks` folds identical nodes, or one rank per class of mirror ranks:
+    `stands_for`); a collective meets when they have all arrived and is sized for every rank
+    it spans, on every node. A simulated rank's flow stands for those of its class.
     """
 
     def __init__(self, env: simpy.Environment, flows: FlowNetwork, profile: HardwareProfile,
-                 placements: Sequence[Any], nvlink: Sequence[SharedResource],
-                 nic: dict[int, SharedResource]):
+                 placements: Sequence[Any], stands_for: dict[int, tuple[int, ...]],
+                 nvlink: Sequence[SharedResource], nic: dict[int, SharedResource]):
         self.env = env
         self.flows = flows
         self.profile = profile
         self.placements = placements
+        self.stands_for = stands_for
         self.nvlink = nvlink
         self.nic = nic
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
         self._steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = {}
-        self._over: dict[SharedResource, Usage] = {}
-        """Per link, a flow crossing it alone (checked once)."""
+        self._over: dict[tuple[int, str], Usage] = {}
+        """Per simulated rank and link kind, its flow's shape (checked once)."""
 
     def _layout(self, ranks: Sequence[int]) -> _Layout:
         """The layout of `ranks`, computed once per sequence object (ranks share one)."""
@@ -64,7 +66,7 @@ class Collectives:
         counts = Counter(r // per_node for r in ranks)
         by_node: dict[int, list[int]] = {}
         for r in ranks:
-            if r < len(self.placements):
+            if r in self.stands_for:
                 by_node.setdefault(self.placements[r].node, []).append(r)
         layout = _Layout(tuple(counts[n] for n in sorted(counts)),
                          tuple((n, tuple(by_node[n])) for n in sorted(by_node)),
@@ -112,15 +114,20 @@ class Collectives:
                 if nbytes <= 0:
                     continue
                 for r in ranks:
-                    link = (self.nvlink[self.placements[r].gpu] if step.link == "nvlink"
-                            else self.nic[node])
-                    usage = self._over.get(link)
-                    if usage is None:
-                        usage = self._over[link] = self.flows.usage({link: 1.0})
+                    usage = self._over.get((r, step.link)) or self._shape(r, step.link)
                     flows.append(self.flows.start_usage(nbytes, usage, label=label))
             if flows:
                 yield simpy.AllOf(self.env, flows)
         done.succeed()
+
+    def _shape(self, rank: int, link_kind: str) -> Usage:
+        """A flow of `rank` over its NVLink port or its node's NICs, standing for the same
+        flow of every rank of its class."""
+        links = [self.nvlink[self.placements[r].gpu] if link_kind == "nvlink"
+                 else self.nic[self.placements[r].node] for r in self.stands_for[rank]]
+        usage = self._over[(rank, link_kind)] = self.flows.usage(
+            {links[0]: 1.0}, copies=[{link: 1.0} for link in links[1:]])
+        return usage
 
     def assert_idle(self) -> None:
         if self._pending:

@@ -121,52 +121,49 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
 
     Progressive filling in closed form: all unfrozen flows run at ``weight * t``; each round
     jumps ``t`` to the smallest level at which a resource saturates or a flow reaches its
-    max_rate, and freezes the flows concerned at their rate there. Resources are keyed by
-    their creation index; dicts are only iterated in insertion order (flows visited in
-    start order), never in hash order, so results are deterministic.
+    max_rate, and freezes the flows concerned at their rate there. A resource's load and usage
+    are exact sums (`math.fsum`) of its flows' terms, so the result does not depend on the
+    order the flows started in: two mirror-image flows always get the same rate, and a flow
+    that stands for several alike (`FlowNetwork.usage` with copies) gets what each would get
+    (mirror ranks: `symmetry.py`). Resources are keyed by their creation index.
     """
-    if len(flows) == 1:
+    if len(flows) == 1 and not flows[0].shape.repeats:
         return _allocate_alone(flows[0], capacities)
-    # Per resource: the weighted load of the unfrozen flows, their count, the frozen usage.
-    load: dict[int, float] = {}
-    unfrozen: dict[int, int] = {}
-    used: dict[int, float] = {}
-    for flow in flows:
+    # Per resource: the flows crossing it with their weighted coefficients, the frozen usage.
+    crossing: dict[int, list[tuple[int, float]]] = {}
+    frozen_usage: dict[int, list[float]] = {}
+    for position, flow in enumerate(flows):
         weight = flow.weight
         for idx, coef in flow.usage:
-            load[idx] = load.get(idx, 0.0) + coef * weight
-            unfrozen[idx] = unfrozen.get(idx, 0) + 1
-            used[idx] = 0.0
+            crossing.setdefault(idx, []).append((position, coef * weight))
+            frozen_usage[idx] = []
+    unfrozen = set(range(len(flows)))
     level = 0.0
-    while flows:
+    while unfrozen:
         # Usage at level t is used + load * t; clamping to the current level keeps the level
         # monotone when rounding left a resource a hair over capacity.
-        limits = {
-            idx: max(level, (capacities[idx] - used[idx]) / load[idx])
-            for idx, count in unfrozen.items()
-            if count
-        }
-        flow_limit = min([flow.level_limit for flow in flows])
+        limits = {}
+        for idx, terms in crossing.items():
+            load = [term for position, term in terms if position in unfrozen]
+            if load:
+                limits[idx] = max(level, (capacities[idx] - math.fsum(frozen_usage[idx]))
+                                  / math.fsum(load))
+        flow_limit = min([flows[position].level_limit for position in unfrozen])
         level = max(level, min(min(limits.values(), default=math.inf), flow_limit))
         threshold = level * (1.0 + REL_TOL)
         saturated = {idx for idx, limit in limits.items() if limit <= threshold}
-        still = []
-        for flow in flows:
+        for position in sorted(unfrozen):
+            flow = flows[position]
             if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
                 # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
-                weight = flow.weight
-                rate = weight * level
+                rate = flow.weight * level
                 if flow.max_rate is not None and flow.max_rate < rate:
                     rate = flow.max_rate
                 flow.rate = rate
                 for idx, coef in flow.usage:
-                    used[idx] += coef * rate
-                    load[idx] -= coef * weight
-                    unfrozen[idx] -= 1
-            else:
-                still.append(flow)
-        flows = still
-    return used
+                    frozen_usage[idx].append(coef * rate)
+                unfrozen.discard(position)
+    return {idx: math.fsum(terms) for idx, terms in frozen_usage.items()}
 
 
 def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
@@ -200,20 +197,27 @@ def _close(a: float, b: float) -> bool:
 class Usage:
     """A checked flow shape: sorted (resource index, coefficient) pairs, the max_rate and the
     weight. `FlowNetwork.usage` makes one; many flows alike can start from it. Compared by
-    identity: it keys the network's memo of allocations."""
+    identity: it keys the network's memo of allocations.
+
+    A flow may stand for several alike flows that always run at the same rate (mirror images
+    of one another: `symmetry.py`); its pairs are then theirs together, and a
+    resource two of them cross appears twice (`repeats`)."""
 
     pairs: tuple[tuple[int, float], ...]
     max_rate: float | None
     weight: float
+    resources: tuple[int, ...]
+    """The distinct resources crossed, in index order."""
+    repeats: bool
+    level_limit: float
+    """Filling level at which the flow reaches its own max_rate."""
 
-    @property
-    def resources(self) -> tuple[int, ...]:
-        return tuple([idx for idx, _ in self.pairs])
-
-    @property
-    def level_limit(self) -> float:
-        """Filling level at which the flow reaches its own max_rate."""
-        return math.inf if self.max_rate is None else self.max_rate / self.weight
+    @classmethod
+    def of(cls, pairs: tuple[tuple[int, float], ...], max_rate: float | None, weight: float
+           ) -> Usage:
+        resources = tuple(sorted({idx for idx, _ in pairs}))
+        return cls(pairs, max_rate, weight, resources, len(resources) < len(pairs),
+                   math.inf if max_rate is None else max_rate / weight)
 
 
 def _usage_pairs(
@@ -266,7 +270,6 @@ class FlowNetwork:
         self._names: set[str] = set()
         self._users: list[set[_Flow]] = []
         self._active: dict[int, _Flow] = {}
-        self._by_event: dict[simpy.Event, _Flow] = {}
         self._serial = 0
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
@@ -311,9 +314,15 @@ class FlowNetwork:
         return self.start_usage(amount, shape, label=label)
 
     def usage(self, usage: Mapping[SharedResource, float], *, max_rate: float | None = None,
-              weight: float = 1.0) -> Usage:
-        """`usage`, `max_rate` and `weight` checked once, for `start_usage`."""
-        return Usage(_usage_pairs(self._index, usage, max_rate, weight), max_rate, weight)
+              weight: float = 1.0, copies: Iterable[Mapping[SharedResource, float]] = ()
+              ) -> Usage:
+        """`usage`, `max_rate` and `weight` checked once, for `start_usage`. `copies`: the
+        usages of the flows alike that this one also stands for (same max_rate and weight,
+        always the same rate): the flow then loads each resource as they all would."""
+        pairs = _usage_pairs(self._index, usage, max_rate, weight)
+        for copy in copies:
+            pairs = tuple(sorted(pairs + _usage_pairs(self._index, copy, max_rate, weight)))
+        return Usage.of(pairs, max_rate, weight)
 
     def start_usage(self, amount: float, usage: Usage, *, label: str = "") -> simpy.Event:
         """:meth:`start` with a flow shape checked before (:meth:`usage`)."""
@@ -329,7 +338,6 @@ class FlowNetwork:
         flow = _Flow(self._serial, amount, usage, label, now, event)
         self._serial += 1
         self._active[flow.serial] = flow
-        self._by_event[event] = flow
         users = self._users
         for idx in flow.resources:
             users[idx].add(flow)
@@ -339,10 +347,10 @@ class FlowNetwork:
 
     def rate_of(self, event: simpy.Event) -> float:
         """Current rate of the active flow started with ``event``."""
-        flow = self._by_event.get(event)
-        if flow is None:
-            raise ValueError(f"{event!r} is not an active flow of this network")
-        return flow.rate
+        for flow in self._active.values():
+            if flow.event is event:
+                return flow.rate
+        raise ValueError(f"{event!r} is not an active flow of this network")
 
     @property
     def active_count(self) -> int:
@@ -412,27 +420,32 @@ class FlowNetwork:
     def _component(
         self, flows: list[_Flow], resources: Iterable[int]
     ) -> tuple[list[_Flow], Iterable[int]]:
-        """Flows (in start order) and resources reachable from the seeds via shared resources."""
+        """Flows (in start order) and resources reachable from the seeds via shared resources.
+
+        Few flows are active at a time (a handful per rank), so the component grows by
+        sweeping the active flows, in start order, until no other one touches it."""
         seeds = [idx for flow in flows for idx in flow.resources]
         seeds.extend(resources)
-        users, count = self._users, len(flows)
-        if count <= 1 and all(len(users[idx]) == count for idx in seeds):
-            return flows, seeds  # the seeds are crossed by no other flow
-        found = {flow.serial: flow for flow in flows}
-        stack = seeds.copy()
-        seen: set[int] = set()
-        while stack:
-            idx = stack.pop()
-            if idx in seen:
-                continue
-            seen.add(idx)
-            for flow in users[idx]:
-                if flow.serial not in found:
-                    found[flow.serial] = flow
-                    stack.extend(flow.resources)
-        if len(found) > 1:
-            return [found[serial] for serial in sorted(found)], seen
-        return list(found.values()), seen
+        active = self._active
+        if len(active) == len(flows):
+            return flows, seeds  # no other flow is active
+        touched = set(seeds)
+        members = {flow.serial for flow in flows}
+        others = [flow for flow in active.values() if flow.serial not in members]
+        grown = True
+        while grown and others:
+            grown, outside = False, []
+            for flow in others:
+                if touched.isdisjoint(flow.resources):
+                    outside.append(flow)
+                else:
+                    touched.update(flow.resources)
+                    members.add(flow.serial)
+                    grown = True
+            others = outside
+        if len(members) == len(flows):
+            return flows, touched
+        return [flow for flow in active.values() if flow.serial in members], touched
 
     def _schedule(self) -> None:
         if not self._active:
@@ -443,7 +456,7 @@ class FlowNetwork:
         if wakeup_at == self._wakeup_at:
             return
         self._wakeup_at = wakeup_at
-        timeout = simpy.Timeout(self._env, delay)
+        timeout = self._env.timeout(delay)
         timeout.callbacks.append(self._on_timeout)
         self._wakeup = timeout
 
@@ -456,7 +469,11 @@ class FlowNetwork:
     def _on_wakeup(self) -> None:
         self._wakeup_at = None
         self._advance()
-        done = [flow for flow in self._active.values() if self._is_done(flow)]
+        now = self._env.now
+        # Finished up to REL_TOL, or so close that its end is not a later float time.
+        done = [flow for flow in self._active.values()
+                if flow.remaining <= REL_TOL * flow.amount
+                or now + flow.remaining / flow.rate <= now]
         freed: set[int] = set()
         for flow in done:
             self._remove(flow)
@@ -468,17 +485,9 @@ class FlowNetwork:
 
     def _remove(self, flow: _Flow) -> None:
         del self._active[flow.serial]
-        del self._by_event[flow.event]
         users = self._users
         for idx in flow.resources:
             users[idx].discard(flow)
-
-    def _is_done(self, flow: _Flow) -> bool:
-        """Finished up to REL_TOL, or so close that its end is not a later float time."""
-        if flow.remaining <= REL_TOL * flow.amount:
-            return True
-        now = self._env.now
-        return now + flow.remaining / flow.rate <= now
 
     def _finish_record(
         self,
@@ -530,8 +539,8 @@ class _RateLog:
         """Append a RateChange for each staged usage that differs from the last recorded one."""
         pending, recorded, t_s = self._pending, self._recorded, self._pending_t
         for idx in sorted(pending):
-            rate = pending[idx]
-            if not _close(rate, recorded[idx]):
+            rate, last = pending[idx], recorded[idx]
+            if rate != last and not _close(rate, last):
                 self._changes.add((t_s, self._resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()

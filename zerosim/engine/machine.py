@@ -7,7 +7,7 @@ max-min fair (see `flows.py`). Collectives wait until every participating rank h
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,19 +83,38 @@ def default_threads_per_rank(profile: HardwareProfile) -> int:
 
 
 class Machine:
-    """The node(s) of a run as SimPy-facing resources."""
+    """The node(s) of a run as SimPy-facing resources.
+
+    Every one of the `ranks` placed ranks has its resources, but only the first rank of each
+    of `classes` (by default every rank alone) is simulated: it stands for its whole class
+    (`symmetry.rank_classes`), and each of its flows loads the resources as the flows of every
+    rank of the class would (`FlowNetwork.usage` with copies).
+    """
 
     def __init__(self, env: simpy.Environment, profile: HardwareProfile, ranks: int,
-                 threads_per_rank: int | None, *, record_rates: bool = True):
+                 threads_per_rank: int | None, *, record_rates: bool = True,
+                 classes: Sequence[tuple[int, ...]] | None = None):
         self.env = env
         self.profile = profile
         self.placements = place_ranks(profile, ranks)
+        self.stands_for = {members[0]: members
+                           for members in (classes or [(r,) for r in range(ranks)])}
+        """Each simulated rank, with the ranks it stands for (itself first)."""
         self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False)
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
         self._usages: dict[tuple[Any, ...], Usage] = {}
         self._build_resources(ranks)
-        self.collectives = Collectives(env, self.flows, profile, self.placements, self.nvlink,
-                                       self.nic)
+        self.collectives = Collectives(env, self.flows, profile, self.placements,
+                                       self.stands_for, self.nvlink, self.nic)
+
+    @property
+    def simulated(self) -> list[Placement]:
+        return [self.placements[rank] for rank in self.stands_for]
+
+    @property
+    def folds_ranks(self) -> bool:
+        """Whether a simulated rank stands for other ranks of its node."""
+        return len(self.stands_for) < len(self.placements)
 
     def _build_resources(self, ranks: int) -> None:
         p = self.profile
@@ -148,37 +167,47 @@ class Machine:
         if self.profile.pcie_latency_s > 0:
             yield self.env.timeout(self.profile.pcie_latency_s)
         key = ("dma", rank, direction, pinned, buffer)
-        usage = self._usages.get(key) or self._remember(key, self._dma_usage(rank, direction,
-                                                                             pinned, buffer))
+        usage = self._usages.get(key) or self._dma_usage(key, rank, direction, pinned, buffer)
         yield self.flows.start_usage(nbytes, usage, label=label)
 
-    def _remember(self, key: tuple[Any, ...], usage: Usage) -> Usage:
-        """Flow shapes repeat (a rank copies the same way many times): check each once."""
-        self._usages[key] = usage
+    def _shape(self, key: tuple[Any, ...], rank: int,
+               resources: Callable[[Placement], dict[SharedResource, float]], *,
+               max_rate: float | None = None, weight: float = 1.0) -> Usage:
+        """The shape of a flow of `rank` that also stands for the same flow of every other
+        rank of its class (`resources(placement)`: what one rank's flow crosses), checked
+        once per `key`: flow shapes repeat (a rank copies the same way many times)."""
+        usage = self._usages.get(key)
+        if usage is None:
+            usages = [resources(self.placements[r]) for r in self.stands_for.get(rank, (rank,))]
+            usage = self._usages[key] = self.flows.usage(usages[0], max_rate=max_rate,
+                                                         weight=weight, copies=usages[1:])
         return usage
 
-    def _dma_usage(self, rank: int, direction: Direction, pinned: bool,
+    def _dma_usage(self, key: tuple[Any, ...], rank: int, direction: Direction, pinned: bool,
                    buffer: costs.HostBytes) -> Usage:
-        pl = self.placements[rank]
         p = self.profile
-        link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
         host = costs.PINNED_DMA_HOST_BYTES if pinned else costs.pageable_dma_host_bytes(buffer)
-        usage = {link: 1.0} | self._host_memory(pl, host) | self._remote_socket(pl, direction)
+
+        def crossed(pl: Placement) -> dict[SharedResource, float]:
+            link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
+            return {link: 1.0} | self._host_memory(pl, host) | self._remote_socket(pl, direction)
+
         peak = None if pinned else (p.h2d_pageable_Bps if direction == "h2d"
                                     else p.d2h_pageable_Bps)
-        return self.flows.usage(usage, max_rate=peak, weight=p.dma_memory_weight / host.total)
+        return self._shape(key, rank, crossed, max_rate=peak,
+                           weight=p.dma_memory_weight / host.total)
 
     def nvme_read(self, rank: int, nbytes: float, *, label: str = ""
                   ) -> Generator[simpy.Event, Any, None]:
         """An aio read (swap in): `nbytes` from the node's NVMe drives into a pinned swap buffer
         of `rank`, crossing the drives' read capacity and the buffer's NUMA domain."""
-        yield from self._nvme(rank, "read", nbytes, label)
+        return self._nvme(rank, "read", nbytes, label)
 
     def nvme_write(self, rank: int, nbytes: float, *, label: str = ""
                    ) -> Generator[simpy.Event, Any, None]:
         """An aio write (swap out): `nbytes` from a pinned swap buffer of `rank` to the node's
         NVMe drives, crossing the drives' write capacity and the buffer's NUMA domain."""
-        yield from self._nvme(rank, "write", nbytes, label)
+        return self._nvme(rank, "write", nbytes, label)
 
     def _nvme(self, rank: int, direction: NvmeDirection, nbytes: float, label: str
               ) -> Generator[simpy.Event, Any, None]:
@@ -188,17 +217,18 @@ class Machine:
         if nbytes <= 0:
             return
         pl = self.placements[rank]
-        drives = self.nvme.get((pl.node, direction))
-        if drives is None:
+        if (pl.node, direction) not in self.nvme:
             raise ValueError(f"nvme_{direction} on {pl.host_device}: profile "
                              f"{self.profile.name!r} has no NVMe drives (nvme.drives_per_node "
                              "is 0)")
         if self.profile.nvme_latency_s > 0:
             yield self.env.timeout(self.profile.nvme_latency_s)
         host = costs.NVME_AIO_HOST_BYTES
-        usage = {drives: 1.0} | self._host_memory(pl, host)
-        yield self.flows.start(nbytes, usage, weight=self.profile.dma_memory_weight / host.total,
-                               label=label)
+        usage = self._shape(
+            ("nvme", rank, direction), rank,
+            lambda pl: {self.nvme[(pl.node, direction)]: 1.0} | self._host_memory(pl, host),
+            weight=self.profile.dma_memory_weight / host.total)
+        yield self.flows.start_usage(nbytes, usage, label=label)
 
     def _host_memory(self, pl: Placement, host: costs.HostBytes) -> dict[SharedResource, float]:
         """The bytes each of the rank's NUMA domains carries per unit of work."""
@@ -238,12 +268,11 @@ class Machine:
         key = ("cpu", rank, host, elements_per_s_per_thread, threads)
         usage = self._usages.get(key)
         if usage is None:
-            pl = self.placements[rank]
             threads = min(threads or self.threads_per_rank, self.threads_per_rank)
-            usage = self._remember(key, self.flows.usage(
-                {self.cpu[pl.node]: 1.0 / elements_per_s_per_thread}
-                | self._host_memory(pl, host),
-                max_rate=threads * elements_per_s_per_thread, weight=1.0 / host.total))
+            usage = self._shape(
+                key, rank, lambda pl: ({self.cpu[pl.node]: 1.0 / elements_per_s_per_thread}
+                                       | self._host_memory(pl, host)),
+                max_rate=threads * elements_per_s_per_thread, weight=1.0 / host.total)
         yield self.flows.start_usage(elements, usage, label=label)
 
     def elementwise(self, rank: int, elements: float, host: costs.HostBytes, *,
@@ -265,17 +294,17 @@ class Machine:
         """
         if nbytes <= 0:
             return
-        pl = self.placements[rank]
-        threads = min(threads, self.threads_per_rank)
-        rate = threads * self.profile.page_zeroing_Bps
-        yield self.flows.start(nbytes, self._host_memory(pl, where), max_rate=rate, label=label)
+        usage = self._shape(
+            ("zero", rank, threads, where), rank, lambda pl: self._host_memory(pl, where),
+            max_rate=min(threads, self.threads_per_rank) * self.profile.page_zeroing_Bps)
+        yield self.flows.start_usage(nbytes, usage, label=label)
 
     # ------------------------------------------------------------------ collectives
 
     def collective(self, rank: int, key: tuple[Any, ...], kind: Collective, total_bytes: float,
                    ranks: Sequence[int]) -> Generator[simpy.Event, Any, None]:
         """Join a collective; it starts when the last of `ranks` arrives."""
-        yield from self.collectives.join(rank, key, kind, total_bytes, ranks)
+        return self.collectives.join(rank, key, kind, total_bytes, ranks)
 
     def assert_idle(self) -> None:
         self.flows.assert_idle()

@@ -79,3 +79,73 @@ class MemoryPool:
         self.peak = max(self.peak, self.used)
         if self._log is not None:
             self._log((self._clock(), self.device, label, level, buffer))
+
+
+class NodePool(MemoryPool):
+    """A node's host memory or drives in a run that folds mirror ranks, where a simulated
+    rank's change stands for one per rank of its class, made one after the other
+    (`SharedPool`).
+
+    Within an instant the changes then come in another order than in the full simulation,
+    but the level at the end of every instant is the same, and so is the peak unless the
+    level both rose and fell within some instant and, in some order, could have passed the
+    highest end-of-instant level. `order_free` says that it could not: then the peak is that
+    level in every order, and no order ran out of memory.
+    """
+
+    def __init__(self, device: str, capacity: int, clock: Callable[[], float],
+                 log: Table[MemorySample] | None):
+        super().__init__(device, capacity, clock, log)
+        self._instant: float | None = None
+        self._start = self._rise = self._highest_end = self._highest_mixed = 0
+        self._fell = False
+
+    def _change(self, label: str, delta: int, buffer: BufferKind) -> None:
+        now = self._clock()
+        if now != self._instant:
+            self._close_instant()
+            self._instant, self._start, self._rise, self._fell = now, self.used, 0, False
+        if delta > 0:
+            self._rise += delta
+        else:
+            self._fell = True
+        super()._change(label, delta, buffer)
+
+    def _close_instant(self) -> None:
+        self._highest_end = max(self._highest_end, self.used)
+        if self._fell and self._rise:
+            self._highest_mixed = max(self._highest_mixed, self._start + self._rise)
+
+    @property
+    def order_free(self) -> bool:
+        self._close_instant()
+        return self._highest_mixed <= self._highest_end
+
+
+class SharedPool:
+    """A simulated rank's view of a pool (its node's host memory or drives) that it shares
+    with the ranks it stands for (`Machine.stands_for`): each allocation and free is made
+    once per rank of the class, one after the other, as those ranks make it at the same
+    instant in the full simulation. The node's level at the end of every instant is then the
+    full run's, and so is its peak when `NodePool.order_free`."""
+
+    def __init__(self, pool: MemoryPool, ranks: int):
+        self.pool = pool
+        self.ranks = ranks
+
+    def allocate(self, category: Category, nbytes: float, what: str,
+                 buffer: BufferKind = BufferKind.NONE) -> int:
+        amount = 0
+        for _ in range(self.ranks):
+            amount = self.pool.allocate(category, nbytes, what, buffer)
+        return amount
+
+    def free(self, category: Category, amount: int, buffer: BufferKind = BufferKind.NONE
+             ) -> None:
+        for _ in range(self.ranks):
+            self.pool.free(category, amount, buffer)
+
+
+def shared(pool: MemoryPool | None, ranks: int) -> MemoryPool | SharedPool | None:
+    """`pool` as seen by a simulated rank standing for `ranks` ranks."""
+    return pool if pool is None or ranks == 1 else SharedPool(pool, ranks)

@@ -15,7 +15,7 @@ import simpy
 
 from zerosim.behaviours import Behaviours
 from zerosim.engine.machine import Direction, Machine
-from zerosim.engine.memory import MemoryPool
+from zerosim.engine.memory import MemoryPool, shared
 from zerosim.engine.plan import Plan
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
@@ -55,6 +55,18 @@ class RunContext:
     def __post_init__(self) -> None:
         self.world = tuple(range(self.scenario.data_parallel))
         """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
+        self.module_seconds: dict[tuple[bool, int], float] = {}
+        """GPU time of each module's forward (False) or backward (True), computed once: every
+        rank runs every module once per micro-batch."""
+
+    def gpu_seconds(self, index: int, backward: bool) -> float:
+        seconds = self.module_seconds.get((backward, index))
+        if seconds is None:
+            module, profile = self.plan.modules[index], self.scenario.hardware
+            seconds = self.module_seconds[(backward, index)] = (
+                costs.module_backward_s(module, profile) if backward
+                else costs.module_forward_s(module, profile))
+        return seconds
 
 
 class RankCore:
@@ -72,8 +84,10 @@ class RankCore:
         self.plan = ctx.plan
         self.placement = ctx.machine.placements[rank]
         self.gpu = ctx.pools[self.placement.device]
-        self.host = ctx.pools[self.placement.host_device]
-        self.nvme = ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node))
+        stands_for = len(ctx.machine.stands_for[rank])
+        self.host = shared(ctx.pools[self.placement.host_device], stands_for)
+        self.nvme = shared(ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node)),
+                           stands_for)
         self.ranks = ctx.world
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
@@ -188,8 +202,8 @@ class RankCore:
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""
-        yield from self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
-                                           self.ranks)
+        return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
+                                       self.ranks)
 
     def host_time(self, seconds: float) -> Gen:
         """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping)."""
@@ -198,16 +212,16 @@ class RankCore:
 
     def fetch_hooks(self) -> Gen:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
-        yield from self.host_time(self.fetch_hook_s)
+        return self.host_time(self.fetch_hook_s)
 
     def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
         """Host time to launch a module's kernels; the GPU runs them once they are queued."""
-        yield from self.host_time(kernel_count(kernels) * self.kernel_launch_s)
+        return self.host_time(kernel_count(kernels) * self.kernel_launch_s)
 
     def pay_launches(self) -> Gen:
         """Host time of the collectives launched since the last call."""
         launches, self.launches = self.launches, 0
-        yield from self.host_time(launches * self.collective_launch_s)
+        return self.host_time(launches * self.collective_launch_s)
 
     # ------------------------------------------------------------------ compute
 
@@ -242,8 +256,8 @@ class RankCore:
         return body
 
     def forward_seconds(self, index: int) -> float:
-        return costs.module_forward_s(self.plan.modules[index], self.profile)
+        return self.ctx.gpu_seconds(index, backward=False)
 
     def backward_seconds(self, index: int) -> float:
-        return costs.module_backward_s(self.plan.modules[index], self.profile)
+        return self.ctx.gpu_seconds(index, backward=True)
 

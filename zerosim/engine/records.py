@@ -86,9 +86,31 @@ class Table(Generic[R]):
                                         strict=True)}
 
     @classmethod
+    def of_rows(cls, record_type: type[R], rows: list[tuple[Any, ...]]) -> Table[R]:
+        """A table holding `rows` (tuples in field order)."""
+        table = cls(record_type)
+        table.rows.extend(rows)
+        return table
+
+    @classmethod
     def of(cls, record_type: type[R], records: list[R]) -> Table[R]:
         """A table holding `records` (dataclass instances of `record_type`)."""
         table = cls(record_type)
         names = table.names
         table.rows.extend(tuple(getattr(r, n) for n in names) for r in records)
         return table
+
+
+def with_copies(table: Table[R], field: int, copies: dict[Any, tuple[Any, ...]]) -> Table[R]:
+    """`table` with each row whose `field` (a rank, a device) stands for others followed by
+    one row per other, that field replaced: the rows of a folded run for every rank
+    (`simulate.RawRun.stands_for`). `table` itself when nothing stands for another."""
+    if not copies:
+        return table
+    expanded = Table(table.record_type)
+    add = expanded.rows.append
+    for row in table.rows:
+        add(row)
+        for other in copies.get(row[field], (row[field],))[1:]:
+            add((*row[:field], other, *row[field + 1:]))
+    return expanded

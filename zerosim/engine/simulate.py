@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
+from typing import Any
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import NORMAL, URGENT, Initialize, Process, Timeout
 
 from zerosim.engine.compose import build_rank
 from zerosim.engine.flows import RateChange
-from zerosim.engine.machine import Machine
-from zerosim.engine.memory import MemoryPool, OutOfMemory
+from zerosim.engine.machine import Machine, place_ranks
+from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
 from zerosim.engine.plan import Plan, make_plan, workload_of
 from zerosim.engine.rank import RunContext
-from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
+from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
+from zerosim.engine.symmetry import rank_classes
 from zerosim.models.breakdown import build_modules
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
 COPY_ENGINE_STREAMS = frozenset(s for s in Stream if s.is_copy_engine)
+_new_timeout = Timeout.__new__
+_new_process = Process.__new__
+_new_initialize = Initialize.__new__
 
 
 @dataclass
@@ -47,6 +52,32 @@ class RawRun:
     copies: int = 1
     """How many nodes each simulated node stands for (`simulated_ranks`): the tables hold
     the simulated ranks and devices; totals over every rank multiply by it."""
+    stands_for: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Each simulated rank, with the ranks of its node it stands for, itself first
+    (`folded_classes`; empty: every rank of the tables stands for itself alone). The tables
+    hold the simulated ranks and their GPUs; host and NVMe levels are the node's, every rank
+    of it counted."""
+    gpus_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Each simulated rank's GPU, with the GPUs of the ranks it stands for, itself first."""
+
+    def every_rank(self) -> RawRun:
+        """This run with its tables, capacities and peaks given for every rank of the
+        simulated node(s): each simulated rank's rows copied for the ranks it stands for,
+        whose timelines are equal to its own (`symmetry`)."""
+        if not self.stands_for:
+            return self
+        gpus = self.gpus_for
+        return replace(
+            self, spans=with_copies(self.spans, 0, self.stands_for),
+            phases=with_copies(self.phases, 0, self.stands_for),
+            memory=with_copies(self.memory, 1, gpus),
+            capacities=_for_every_gpu(self.capacities, gpus),
+            peaks=_for_every_gpu(self.peaks, gpus), stands_for={}, gpus_for={})
+
+
+def _for_every_gpu(values: dict[str, int], gpus: dict[str, tuple[str, ...]]) -> dict[str, int]:
+    return {other: value for device, value in values.items()
+            for other in gpus.get(device, (device,))}
 
 
 class Environment(simpy.Environment):
@@ -64,6 +95,8 @@ class Environment(simpy.Environment):
         super().__init__()
         self.urgent: deque[simpy.Event] = deque()
         self.soon: deque[simpy.Event] = deque()
+        self.timeout = self._timeout  # SimPy binds its own per instance
+        self.process = self._process
 
     def schedule(self, event: simpy.Event, priority: int = NORMAL, delay: float = 0) -> None:
         at = self._now + delay
@@ -73,6 +106,34 @@ class Environment(simpy.Environment):
             self.urgent.append(event)
         else:
             self.soon.append(event)
+
+    def _timeout(self, delay: float = 0, value: Any = None) -> Timeout:
+        """SimPy's `Timeout(env, delay, value)` and its scheduling, inlined: the engine makes
+        one per host step, GPU kernel and flow wake-up."""
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
+        event = _new_timeout(Timeout)
+        event.env, event.callbacks, event._value, event._delay, event._ok = (
+            self, [], value, delay, True)
+        at = self._now + delay
+        if at != self._now:
+            heappush(self._queue, (at, NORMAL, next(self._eid), event))
+        else:
+            self.soon.append(event)
+        return event
+
+    def _process(self, generator: Generator[simpy.Event, Any, Any]) -> Process:
+        """SimPy's `Process(env, generator)` and its `Initialize` event, inlined: the engine
+        starts one per stream op."""
+        if not hasattr(generator, "throw"):
+            raise ValueError(f"{generator} is not a generator.")
+        process = _new_process(Process)
+        process.env, process.callbacks, process._generator = self, [], generator
+        start = _new_initialize(Initialize)
+        start.env, start.callbacks, start._value, start._ok = self, [process._resume], None, True
+        self.urgent.append(start)
+        process._target = start
+        return process
 
 
 def run_until(env: Environment, until: simpy.Event) -> int:
@@ -103,17 +164,20 @@ def run_until(env: Environment, until: simpy.Event) -> int:
 
 def _pools(env: simpy.Environment, machine: Machine, log: Table[MemorySample] | None
            ) -> dict[str, MemoryPool]:
+    """A pool per simulated GPU, per node for its host memory and its drives (`NodePool`
+    when a simulated rank stands for mirror ranks)."""
     profile = machine.profile
+    node_pool = NodePool if machine.folds_ranks else MemoryPool
     pools = {}
-    for placement in machine.placements:
+    for placement in machine.simulated:
         pools[placement.device] = MemoryPool(placement.device, profile.hbm_bytes,
                                              lambda: env.now, log)
         if placement.host_device not in pools:
-            pools[placement.host_device] = MemoryPool(
+            pools[placement.host_device] = node_pool(
                 placement.host_device, profile.host_memory_bytes, lambda: env.now, log)
             if profile.has_nvme:
                 nvme = device_name(DeviceKind.NVME, placement.node)
-                pools[nvme] = MemoryPool(nvme, profile.nvme_bytes_per_node, lambda: env.now, log)
+                pools[nvme] = node_pool(nvme, profile.nvme_bytes_per_node, lambda: env.now, log)
     return pools
 
 
@@ -127,23 +191,60 @@ def simulated_ranks(scenario: Scenario, *, fold: bool = True) -> int:
     return ranks
 
 
+def folded_classes(scenario: Scenario, *, fold: bool = True) -> tuple[tuple[int, ...], ...]:
+    """The classes of the ranks `simulated_ranks` places: the engine simulates the first rank
+    of each, standing for the class. Mirror ranks of one node (`symmetry.rank_classes`) share
+    a class; every rank is its own class when `fold` is off or the placed ranks span several
+    nodes (a partly filled last node)."""
+    placed = place_ranks(scenario.hardware, simulated_ranks(scenario, fold=fold))
+    if not fold:
+        return tuple((pl.rank,) for pl in placed)
+    return rank_classes(scenario.hardware, placed)
+
+
 def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = True,
                fold: bool = True, observer: Callable[[RunContext], None] | None = None
                ) -> RawRun:
     """Simulate one iteration. `full=False` keeps only what the summary needs: no memory log
-    and no link rates (the timeline is the same). `fold=False` simulates every node even when
-    they are identical (see `simulated_ranks`). `observer(ctx)` is called just before the
-    simulation starts (a progress line)."""
+    and no link rates (the timeline is the same). `fold=False` simulates every rank, even on
+    identical nodes or mirror ranks of a node (see `simulated_ranks`, `folded_classes`); a
+    run that folds mirror ranks is simulated again without when it could differ from the full
+    simulation (`_exact`). `observer(ctx)` is called just before the simulation starts (a
+    progress line)."""
+    placed = simulated_ranks(scenario, fold=fold)
+    classes = folded_classes(scenario, fold=fold)
+    raw, pools = _simulate(scenario, placed, classes, count_events, full, observer)
+    if not _exact(raw, pools):
+        alone = tuple((rank,) for rank in range(placed))
+        raw, pools = _simulate(scenario, placed, alone, count_events, full, observer)
+    return raw
+
+
+def _exact(raw: RawRun, pools: dict[str, MemoryPool]) -> bool:
+    """Whether a run equals the full simulation: always, unless it folded mirror ranks and
+    either ran out of memory (which allocation fails first depends on the order of the
+    ranks' changes within an instant) or a node pool's peak could depend on that order
+    (`NodePool.order_free`)."""
+    if not raw.stands_for:
+        return True
+    return raw.status == "ok" and all(pool.order_free for pool in pools.values()
+                                      if isinstance(pool, NodePool))
+
+
+def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...], ...],
+              count_events: bool, full: bool,
+              observer: Callable[[RunContext], None] | None
+              ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
     modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
     plan = make_plan(scenario, modules)
-    simulated = simulated_ranks(scenario, fold=fold)
     machine = Machine(env, scenario.hardware, simulated,
-                      scenario.runtime.cpu_threads_per_rank, record_rates=full)
+                      scenario.runtime.cpu_threads_per_rank, record_rates=full,
+                      classes=classes)
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
-    ranks = [env.process(build_rank(ctx, rank).run()) for rank in range(simulated)]
+    ranks = [env.process(build_rank(ctx, rank).run()) for rank in machine.stands_for]
     if observer is not None:
         observer(ctx)
     status, oom, events = "ok", None, None
@@ -156,11 +257,21 @@ def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = T
                  {name: pool.capacity for name, pool in pools.items()},
                  {name: pool.peak for name, pool in pools.items()}, oom,
                  events if count_events else None,
-                 copies=scenario.data_parallel // simulated)
+                 copies=scenario.data_parallel // simulated, **_folding(machine))
     if status == "ok":
         machine.assert_idle()
         raw.checks = check_invariants(raw, pools)
-    return raw
+    return raw, pools
+
+
+def _folding(machine: Machine) -> dict[str, dict]:
+    """`RawRun.stands_for` and `RawRun.gpus_for` of a run that folded mirror ranks."""
+    if not machine.folds_ranks:
+        return {}
+    device = {pl.rank: pl.device for pl in machine.placements}
+    return {"stands_for": dict(machine.stands_for),
+            "gpus_for": {device[rank]: tuple(device[r] for r in members)
+                         for rank, members in machine.stands_for.items()}}
 
 
 def check_invariants(raw: RawRun, pools: dict[str, MemoryPool]) -> list[str]:

@@ -52,7 +52,7 @@ class HostPartitions:
         buffered = boundary and self.flush.can_buffer(bucket)
 
         def move(param: Param) -> Gen:
-            yield from self._move(param, micro, boundary, buffered)
+            return self._move(param, micro, boundary, buffered)
 
         return _per_param(bucket, move), self._host_blocks(boundary, buffered)
 
@@ -205,7 +205,7 @@ class HostAccumulation:
     def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
                   ) -> tuple[Body, bool]:
         def move(param: Param) -> Gen:
-            yield from self._move(param, micro, boundary)
+            return self._move(param, micro, boundary)
 
         return _per_param(bucket, move), not self.core.pinned
 

@@ -62,6 +62,9 @@ def link_unit(resource: str) -> str:
 
 
 def build_result(raw: RawRun) -> Result:
+    """The records as DataFrames, for every rank of the simulated node(s): the rows of a
+    simulated rank are repeated for each mirror rank it stood for (`RawRun.every_rank`)."""
+    raw = raw.every_rank()
     spans = _frame(raw.spans).sort_values(["start_s", "rank", "stream"], kind="stable",
                                           ignore_index=True)
     phases = _frame(raw.phases)

@@ -14,7 +14,7 @@ import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
-from zerosim.engine.records import PhaseSpan, Span, Table
+from zerosim.engine.records import PhaseSpan, Span, Table, with_copies
 from zerosim.hardware import costs
 from zerosim.scenario.version import format_version
 from zerosim.units import GB, GiB
@@ -86,10 +86,14 @@ def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
             for key, (ranks, durations) in chosen.items()}
 
 
-def total_bytes(spans: Table[Span], stream: str) -> float:
+def total_bytes(spans: Table[Span], stream: str,
+                stands_for: dict[int, tuple[int, ...]] | None = None) -> float:
     """The bytes of every span on `stream`, summed as `spans.bytes.sum()` over the sorted
-    spans table sums them."""
-    rows = [row for row in spans.rows if row[1] == stream]
+    spans table sums them; a folded run's rows count once per rank they stand for
+    (`RawRun.every_rank`)."""
+    rows = with_copies(Table.of_rows(spans.record_type,
+                                     [row for row in spans.rows if row[1] == stream]),
+                       0, stands_for or {}).rows
     values = [row[7] for row in rows]
     if all(float(v).is_integer() and v >= 0 for v in values):
         total = math.fsum(values)
@@ -102,12 +106,16 @@ def total_bytes(spans: Table[Span], stream: str) -> float:
 
 
 def summarize(raw: RawRun) -> dict[str, Any]:
+    """The summary of every rank: a folded run's phases and PCIe spans are given for every
+    rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
+    the ranks it simulated), then totals multiply by the nodes folded."""
     scenario = raw.scenario
     ds = scenario.deepspeed
     ranks = scenario.data_parallel
-    iteration = (max(row[4] for row in raw.phases.rows)
-                 if raw.status == "ok" and len(raw.phases) else None)
-    pcie_bytes = {d: total_bytes(raw.spans, stream) * raw.copies
+    phases = with_copies(raw.phases, 0, raw.stands_for)
+    iteration = (max(row[4] for row in phases.rows)
+                 if raw.status == "ok" and len(phases) else None)
+    pcie_bytes = {d: total_bytes(raw.spans, stream, raw.stands_for) * raw.copies
                   for d, stream in PCIE_STREAMS.items()}
     model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
     tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
@@ -122,7 +130,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "data_parallel": ranks,
         "deepspeed_version": format_version(scenario.runtime.deepspeed_version),
         "iteration_s": iteration,
-        "phases_s": phase_seconds(raw.phases, ds.gradient_accumulation_steps),
+        "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "tflops_per_gpu": tflops,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
         "hbm_capacity_GiB": scenario.hardware.hbm_bytes / GiB,
