@@ -19,6 +19,7 @@ first wait on it (`_Bundle`).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right, insort
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -138,8 +139,6 @@ class PartitionedParams:
         self.live_numel = 0
         self.trace = [i for i in range(n) if plan.gathered_numel[i] > 0]
         self.forward_position = {m: pos for pos, m in enumerate(self.trace)}
-        self.backward_order = self.trace[::-1]
-        self.backward_position = {m: pos for pos, m in enumerate(self.backward_order)}
         self.allgather = core.stream(Stream.ALLGATHER)
         self.ongoing: deque[simpy.Event] = deque()
         self.waited = [True] * n
@@ -149,6 +148,9 @@ class PartitionedParams:
         """Per module, the tensors an all-gather brings (the non-persistent ones)."""
         self.bundles: dict[int, _Bundle] = {}
         """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
+        self.not_gathered = list(range(len(self.trace)))
+        """Forward-trace positions of the modules not gathered, ascending (what a prefetch may
+        take, without walking past the gathered ones)."""
 
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
@@ -167,6 +169,7 @@ class PartitionedParams:
             return
         for index in todo:
             self.is_gathered[index] = True
+            del self.not_gathered[bisect_left(self.not_gathered, self.forward_position[index])]
             self.live_numel += plan.gathered_numel[index]
             self.waited[index] = False
             self.gathered[index] = None
@@ -250,23 +253,25 @@ class PartitionedParams:
         min(`stage3_prefetch_bucket_size`, `stage3_max_live_parameters` - live) numel are
         issued, in one all-gather call; as in DeepSpeed, the module that crosses the bound is
         still fetched."""
-        positions = self.backward_position if backward else self.forward_position
-        if index not in positions:
+        here = self.forward_position.get(index)
+        if here is None:
             return
-        order = self.backward_order if backward else self.trace
-        ds = self.core.ds
+        ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters - self.live_numel)
+        pending = self.not_gathered
+        if backward:
+            later = reversed(pending[:bisect_left(pending, here)])
+        else:
+            later = iter(pending[bisect_right(pending, here):])
         issued = 0
         ahead = []
-        for pos in range(positions[index] + 1, len(order)):
-            later = order[pos]
+        for pos in later:
             if issued >= budget:
                 break
-            if self.is_gathered[later]:
-                continue
-            ahead.append(later)
-            issued += self.core.plan.gathered_numel[later]
+            module = self.trace[pos]
+            ahead.append(module)
+            issued += numel[module]
         if ahead:
             self._gather(tuple(ahead))
 
@@ -286,6 +291,7 @@ class PartitionedParams:
         if unwaited is not None:
             self._leave(unwaited)
         self.is_gathered[index] = False
+        insort(self.not_gathered, self.forward_position[index])
         self.live_numel -= self.core.plan.gathered_numel[index]
         self.gathered[index] = None
         self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
