@@ -6,9 +6,9 @@ the Twin-Flow ratio, activation checkpointing and, when freed, the study's what-
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
-of the first forward) and NVMe offloads whose CPU twin fits (the same states through a slower
-path), and simulates the rest on the sweep executors. Each knob is free (searched) or fixed
-(the scenario's own value).
+of the first forward), and simulates the rest on the sweep executors; an NVMe offload waits
+for its host-memory twin and runs only if that did not fit (otherwise it moves the same states
+through a slower path). Each knob is free (searched) or fixed (the scenario's own value).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory)."""
 NVME_OFFLOADS = ("nvme", "nvme+params")
-"""Also searched when the hardware profile has NVMe drives (simulated only where host memory
-cannot hold the CPU twin)."""
+"""Also searched when the hardware profile has NVMe drives (simulated only where the CPU twin
+did not fit)."""
 NVME_PATH = "/local_nvme"
 """The `nvme_path` a searched NVMe offload names (zerosim touches no file system)."""
 REDUCE_BUCKET_SIZES = (2e8, 5e8, 1e9)
