@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import simpy
@@ -102,16 +102,13 @@ class PartitionsInHost:
 class _Bundle:
     """A coalesced all-gather of several tensors (`AllGatherCoalescedHandle`)."""
 
-    modules: tuple[int, ...]
     tensors: int
     nbytes: float
+    waiting: int
+    """Modules of the call whose hook has not yet waited on it."""
     copies: simpy.Event | None = None
     """The copies out of the flat buffer, once the first module's wait has issued them."""
     extra: int = 0
-    waiting: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.waiting = len(self.modules)
 
 
 MAX_ONGOING_FETCH_EVENTS = 2
@@ -197,7 +194,7 @@ class PartitionedParams:
         event = self.allgather.launch(f"all-gather {names}", body,
                                       kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel)
         if core.distributed and not self.per_tensor and len(tensors) > 1:
-            bundle = _Bundle(tuple(todo), len(tensors), core.dtype_bytes * numel)
+            bundle = _Bundle(len(tensors), core.dtype_bytes * numel, waiting=len(todo))
             for index in todo:
                 self.bundles[index] = bundle
         for index in todo:
