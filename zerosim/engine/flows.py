@@ -80,16 +80,12 @@ class _Flow:
         "amount",
         "event",
         "label",
-        "level_limit",
-        "max_rate",
         "rate",
         "remaining",
         "resources",
         "serial",
         "shape",
         "start_s",
-        "usage",
-        "weight",
     )
 
     def __init__(
@@ -105,11 +101,7 @@ class _Flow:
         self.amount = amount
         self.remaining = amount
         self.shape = shape
-        self.usage = shape.pairs
         self.resources = shape.resources
-        self.max_rate = shape.max_rate
-        self.weight = shape.weight
-        self.level_limit = shape.level_limit
         self.label = label
         self.start_s = start_s
         self.event = event
@@ -133,8 +125,8 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
     crossing: dict[int, list[tuple[int, float]]] = {}
     frozen_usage: dict[int, list[float]] = {}
     for position, flow in enumerate(flows):
-        weight = flow.weight
-        for idx, coef in flow.usage:
+        weight = flow.shape.weight
+        for idx, coef in flow.shape.pairs:
             crossing.setdefault(idx, []).append((position, coef * weight))
             frozen_usage[idx] = []
     unfrozen = set(range(len(flows)))
@@ -148,19 +140,19 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
             if load:
                 limits[idx] = max(level, (capacities[idx] - math.fsum(frozen_usage[idx]))
                                   / math.fsum(load))
-        flow_limit = min([flows[position].level_limit for position in unfrozen])
+        flow_limit = min([flows[position].shape.level_limit for position in unfrozen])
         level = max(level, min(min(limits.values(), default=math.inf), flow_limit))
         threshold = level * (1.0 + REL_TOL)
         saturated = {idx for idx, limit in limits.items() if limit <= threshold}
         for position in sorted(unfrozen):
             flow = flows[position]
-            if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
+            if flow.shape.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
                 # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
-                rate = flow.weight * level
-                if flow.max_rate is not None and flow.max_rate < rate:
-                    rate = flow.max_rate
+                rate = flow.shape.weight * level
+                if flow.shape.max_rate is not None and flow.shape.max_rate < rate:
+                    rate = flow.shape.max_rate
                 flow.rate = rate
-                for idx, coef in flow.usage:
+                for idx, coef in flow.shape.pairs:
                     frozen_usage[idx].append(coef * rate)
                 unfrozen.discard(position)
     return {idx: math.fsum(terms) for idx, terms in frozen_usage.items()}
@@ -172,25 +164,21 @@ def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
     Alone, the flow freezes at the lowest of its resources' saturation levels
     ``capacity / (coef * weight)`` and its own limit, exactly as in the general loop.
     """
-    level, weight = flow.level_limit, flow.weight
-    for idx, coef in flow.usage:
+    level, weight = flow.shape.level_limit, flow.shape.weight
+    for idx, coef in flow.shape.pairs:
         limit = capacities[idx] / (coef * weight)
         if limit < level:
             level = limit
     rate = weight * level
-    if flow.max_rate is not None and flow.max_rate < rate:
-        rate = flow.max_rate
+    if flow.shape.max_rate is not None and flow.shape.max_rate < rate:
+        rate = flow.shape.max_rate
     flow.rate = rate
-    return {idx: coef * rate for idx, coef in flow.usage}
+    return {idx: coef * rate for idx, coef in flow.shape.pairs}
 
 
 def _require_positive(what: str, value: float) -> None:
     if not 0 < value < math.inf:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -268,7 +256,6 @@ class FlowNetwork:
         self._capacities: list[float] = []
         self._index: dict[SharedResource, int] = {}
         self._names: set[str] = set()
-        self._users: list[set[_Flow]] = []
         self._active: dict[int, _Flow] = {}
         self._serial = 0
         self._last_update = env.now
@@ -279,6 +266,7 @@ class FlowNetwork:
         self._shapes: dict[tuple[Any, ...], Usage] = {}
         """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
+        self._wake = self._on_timeout
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
         if name in self._names:
@@ -288,7 +276,6 @@ class FlowNetwork:
         self._index[resource] = len(self._resources)
         self._resources.append(resource)
         self._capacities.append(capacity)
-        self._users.append(set())
         self._rates.add_resource()
         self._names.add(name)
         return resource
@@ -335,13 +322,11 @@ class FlowNetwork:
             self._finish_record(amount, flow_usage, label, now, event)
             return event
         self._advance()
-        flow = _Flow(self._serial, amount, usage, label, now, event)
-        self._serial += 1
-        self._active[flow.serial] = flow
-        users = self._users
-        for idx in flow.resources:
-            users[idx].add(flow)
-        self._reallocate([flow], ())
+        serial = self._serial
+        flow = _Flow(serial, amount, usage, label, now, event)
+        self._serial = serial + 1
+        self._active[serial] = flow
+        self._reallocate([flow], flow.resources)
         self._schedule()
         return event
 
@@ -386,17 +371,18 @@ class FlowNetwork:
         if elapsed > 0:
             for flow in self._active.values():
                 flow.remaining -= flow.rate * elapsed
-        self._last_update = now
+            self._last_update = now
 
-    def _reallocate(self, flows: list[_Flow], resources: Iterable[int]) -> None:
-        """Recompute the rates of the flows connected to ``flows`` or ``resources``.
+    def _reallocate(self, flows: list[_Flow], seeds: Iterable[int]) -> None:
+        """Recompute the rates of the flows connected to ``flows`` (started) or ``seeds``.
 
         Weighted max-min fairness decomposes over the connected components of the graph of
         flows and shared resources, so flows outside the component(s) of the change keep
-        their rates. ``resources`` seeds the search with the resources of finished flows,
-        whose usage must be recorded even when no flow crosses them any more.
+        their rates. ``seeds`` are the resources the change touched: those of the started
+        flows, or of the finished ones, whose usage must be recorded even when no flow
+        crosses them any more.
         """
-        component, touched = self._component(flows, resources)
+        component, touched = self._component(flows, seeds)
         used = self._allocated(component) if component else {}
         if self._record_rates:
             self._rates.note(touched, used)
@@ -418,14 +404,12 @@ class FlowNetwork:
         return used
 
     def _component(
-        self, flows: list[_Flow], resources: Iterable[int]
+        self, flows: list[_Flow], seeds: Iterable[int]
     ) -> tuple[list[_Flow], Iterable[int]]:
         """Flows (in start order) and resources reachable from the seeds via shared resources.
 
         Few flows are active at a time (a handful per rank), so the component grows by
         sweeping the active flows, in start order, until no other one touches it."""
-        seeds = [idx for flow in flows for idx in flow.resources]
-        seeds.extend(resources)
         active = self._active
         if len(active) == len(flows):
             return flows, seeds  # no other flow is active
@@ -448,16 +432,20 @@ class FlowNetwork:
         return [flow for flow in active.values() if flow.serial in members], touched
 
     def _schedule(self) -> None:
-        if not self._active:
+        active = self._active
+        if not active:
             self._wakeup_at = None
             return
-        delay = max(0.0, min([flow.remaining / flow.rate for flow in self._active.values()]))
-        wakeup_at = self._env.now + delay
+        delay = min([flow.remaining / flow.rate for flow in active.values()])
+        if delay < 0.0:
+            delay = 0.0
+        env = self._env
+        wakeup_at = env.now + delay
         if wakeup_at == self._wakeup_at:
             return
         self._wakeup_at = wakeup_at
-        timeout = self._env.timeout(delay)
-        timeout.callbacks.append(self._on_timeout)
+        timeout = env.timeout(delay)
+        timeout.callbacks.append(self._wake)
         self._wakeup = timeout
 
     def _on_timeout(self, event: simpy.Event) -> None:
@@ -471,23 +459,19 @@ class FlowNetwork:
         self._advance()
         now = self._env.now
         # Finished up to REL_TOL, or so close that its end is not a later float time.
-        done = [flow for flow in self._active.values()
+        active = self._active
+        done = [flow for flow in active.values()
                 if flow.remaining <= REL_TOL * flow.amount
                 or now + flow.remaining / flow.rate <= now]
-        freed: set[int] = set()
-        for flow in done:
-            self._remove(flow)
-            freed.update(flow.resources)
-            self._finish_record(flow.amount, flow.usage, flow.label, flow.start_s, flow.event)
         if done:
+            freed: set[int] = set()
+            for flow in done:
+                del active[flow.serial]
+                freed.update(flow.resources)
+                self._finish_record(flow.amount, flow.shape.pairs, flow.label, flow.start_s,
+                                    flow.event)
             self._reallocate([], freed)
         self._schedule()
-
-    def _remove(self, flow: _Flow) -> None:
-        del self._active[flow.serial]
-        users = self._users
-        for idx in flow.resources:
-            users[idx].discard(flow)
 
     def _finish_record(
         self,
@@ -538,9 +522,12 @@ class _RateLog:
     def _flush(self) -> None:
         """Append a RateChange for each staged usage that differs from the last recorded one."""
         pending, recorded, t_s = self._pending, self._recorded, self._pending_t
+        if not pending:
+            return
+        add, resources = self._changes.add, self._resources
         for idx in sorted(pending):
             rate, last = pending[idx], recorded[idx]
-            if rate != last and not _close(rate, last):
-                self._changes.add((t_s, self._resources[idx].name, rate))
+            if rate != last and not math.isclose(rate, last, rel_tol=REL_TOL):
+                add((t_s, resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()
