@@ -176,6 +176,11 @@ def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
     return {idx: coef * rate for idx, coef in flow.shape.pairs}
 
 
+_Reallocation = tuple[tuple[int, ...] | None, tuple[float, ...], dict[int, float],
+                      tuple[int, ...]]
+"""What `FlowNetwork._reallocated` works out."""
+
+
 def _require_positive(what: str, value: float) -> None:
     if not 0 < value < math.inf:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
@@ -262,7 +267,7 @@ class FlowNetwork:
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env, self._resources)
-        self._memo: dict[tuple[Usage, ...], tuple[tuple[float, ...], dict[int, float]]] = {}
+        self._memo: dict[tuple[Any, ...], _Reallocation] = {}
         self._shapes: dict[tuple[Any, ...], Usage] = {}
         """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
@@ -382,26 +387,43 @@ class FlowNetwork:
         flows, or of the finished ones, whose usage must be recorded even when no flow
         crosses them any more.
         """
-        component, touched = self._component(flows, seeds)
-        used = self._allocated(component) if component else {}
+        active = self._active
+        key = (tuple([flow.shape for flow in active.values()]),
+               seeds if flows else frozenset(seeds))
+        known = self._memo.get(key)
+        if known is None:
+            known = self._reallocated(flows, seeds)
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = known
+        positions, rates, used, touched = known
+        if positions is None:
+            for flow, rate in zip(active.values(), rates, strict=True):
+                flow.rate = rate
+        else:
+            now_active = list(active.values())
+            for position, rate in zip(positions, rates, strict=True):
+                now_active[position].rate = rate
         if self._record_rates:
             self._rates.note(touched, used)
 
+    def _reallocated(self, flows: list[_Flow], seeds: Iterable[int]) -> _Reallocation:
+        """`_reallocate` worked out: the component's flows (their positions among the active
+        ones, None for all of them), their rates, the usage of its resources and the resources
+        touched. It depends only on the active flows' shapes in start order and on the seeds
+        (capacities never change), and the same few situations recur all run long, so
+        `_reallocate` remembers it."""
+        component, touched = self._component(flows, seeds)
+        used = self._allocated(component) if component else {}
+        rates = tuple([flow.rate for flow in component])
+        if len(component) == len(self._active):
+            return None, rates, used, tuple(touched)
+        position = {flow.serial: i for i, flow in enumerate(self._active.values())}
+        return tuple([position[flow.serial] for flow in component]), rates, used, tuple(touched)
+
     def _allocated(self, component: list[_Flow]) -> dict[int, float]:
-        """`_allocate`, remembered: its result depends only on the flows' shapes in start
-        order (capacities never change), and the same few components recur all run long."""
-        key = tuple([flow.shape for flow in component])
-        known = self._memo.get(key)
-        if known is None:
-            if len(self._memo) >= MEMO_SIZE:
-                self._memo.clear()
-            used = _allocate(component, self._capacities)
-            self._memo[key] = (tuple([flow.rate for flow in component]), used)
-            return used
-        rates, used = known
-        for flow, rate in zip(component, rates, strict=True):
-            flow.rate = rate
-        return used
+        """`_allocate` over a component (tests replace it to check the memo)."""
+        return _allocate(component, self._capacities)
 
     def _component(
         self, flows: list[_Flow], seeds: Iterable[int]

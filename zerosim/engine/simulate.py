@@ -158,10 +158,14 @@ class Environment(simpy.Environment):
         if delay < 0:
             raise ValueError(f"Negative delay {delay}")
         event = _new_timeout(Timeout)
-        event.env, event.callbacks, event._value, event._delay, event._ok = (
-            self, [], value, delay, True)
-        at = self._now + delay
-        if at != self._now:
+        event.env = self
+        event.callbacks = []
+        event._value = value
+        event._delay = delay
+        event._ok = True
+        now = self.now
+        at = now + delay
+        if at != now:
             heappush(self._queue, (at, NORMAL, next(self._eid), event))
         else:
             self.soon.append(event)
@@ -173,9 +177,14 @@ class Environment(simpy.Environment):
         if not hasattr(generator, "throw"):
             raise ValueError(f"{generator} is not a generator.")
         process = _new_process(LeanProcess)
-        process.env, process.callbacks, process._generator = self, [], generator
+        process.env = self
+        process.callbacks = []
+        process._generator = generator
         start = _new_initialize(Initialize)
-        start.env, start.callbacks, start._value, start._ok = self, [process._resume], None, True
+        start.env = self
+        start.callbacks = [process._resume]
+        start._value = None
+        start._ok = True
         self.urgent.append(start)
         process._target = start
         return process
