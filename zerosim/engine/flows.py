@@ -176,8 +176,7 @@ def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
     return {idx: coef * rate for idx, coef in flow.shape.pairs}
 
 
-_Reallocation = tuple[tuple[int, ...] | None, tuple[float, ...], dict[int, float],
-                      tuple[int, ...]]
+_Reallocation = tuple[tuple[int, ...] | None, tuple[float, ...], tuple[tuple[int, float], ...]]
 """What `FlowNetwork._reallocated` works out."""
 
 
@@ -262,6 +261,8 @@ class FlowNetwork:
         self._index: dict[SharedResource, int] = {}
         self._names: set[str] = set()
         self._active: dict[int, _Flow] = {}
+        self._active_shapes: tuple[Usage, ...] = ()
+        """The active flows' shapes, in start order (what `_reallocate` remembers by)."""
         self._serial = 0
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
@@ -331,6 +332,7 @@ class FlowNetwork:
         flow = _Flow(serial, amount, usage, label, now, event)
         self._serial = serial + 1
         self._active[serial] = flow
+        self._active_shapes += (usage,)
         self._reallocate([flow], flow.resources)
         self._schedule()
         return event
@@ -388,38 +390,38 @@ class FlowNetwork:
         crosses them any more.
         """
         active = self._active
-        key = (tuple([flow.shape for flow in active.values()]),
-               seeds if flows else frozenset(seeds))
+        key = (self._active_shapes, seeds if flows else frozenset(seeds))
         known = self._memo.get(key)
         if known is None:
             known = self._reallocated(flows, seeds)
             if len(self._memo) >= MEMO_SIZE:
                 self._memo.clear()
             self._memo[key] = known
-        positions, rates, used, touched = known
+        positions, rates, usage = known
         if positions is None:
-            for flow, rate in zip(active.values(), rates, strict=True):
-                flow.rate = rate
+            for position, flow in enumerate(active.values()):
+                flow.rate = rates[position]
         else:
             now_active = list(active.values())
-            for position, rate in zip(positions, rates, strict=True):
+            for position, rate in zip(positions, rates, strict=False):
                 now_active[position].rate = rate
         if self._record_rates:
-            self._rates.note(touched, used)
+            self._rates.note(usage)
 
     def _reallocated(self, flows: list[_Flow], seeds: Iterable[int]) -> _Reallocation:
         """`_reallocate` worked out: the component's flows (their positions among the active
-        ones, None for all of them), their rates, the usage of its resources and the resources
-        touched. It depends only on the active flows' shapes in start order and on the seeds
-        (capacities never change), and the same few situations recur all run long, so
-        `_reallocate` remembers it."""
+        ones, None for all of them), their rates, and the new usage of every resource it
+        touched, as (resource, usage) pairs. It depends only on the active flows' shapes in
+        start order and on the seeds (capacities never change), and the same few situations
+        recur all run long, so `_reallocate` remembers it."""
         component, touched = self._component(flows, seeds)
         used = self._allocated(component) if component else {}
         rates = tuple([flow.rate for flow in component])
+        usage = tuple([(idx, used.get(idx, 0.0)) for idx in touched])
         if len(component) == len(self._active):
-            return None, rates, used, tuple(touched)
+            return None, rates, usage
         position = {flow.serial: i for i, flow in enumerate(self._active.values())}
-        return tuple([position[flow.serial] for flow in component]), rates, used, tuple(touched)
+        return tuple([position[flow.serial] for flow in component]), rates, usage
 
     def _allocated(self, component: list[_Flow]) -> dict[int, float]:
         """`_allocate` over a component (tests replace it to check the memo)."""
@@ -458,7 +460,11 @@ class FlowNetwork:
         if not active:
             self._wakeup_at = None
             return
-        delay = min([flow.remaining / flow.rate for flow in active.values()])
+        delay = math.inf
+        for flow in active.values():
+            left = flow.remaining / flow.rate
+            if left < delay:
+                delay = left
         if delay < 0.0:
             delay = 0.0
         env = self._env
@@ -492,6 +498,7 @@ class FlowNetwork:
                 freed.update(flow.resources)
                 self._finish_record(flow.amount, flow.shape.pairs, flow.label, flow.start_s,
                                     flow.event)
+            self._active_shapes = tuple([flow.shape for flow in active.values()])
             self._reallocate([], freed)
         self._schedule()
 
@@ -531,25 +538,27 @@ class _RateLog:
         self._flush()
         return self._changes
 
-    def note(self, touched: Iterable[int], used: dict[int, float]) -> None:
-        """Stage the new usage of every resource of the recomputed component(s)."""
+    def note(self, usage: tuple[tuple[int, float], ...]) -> None:
+        """Stage the new usage of every resource of the recomputed component(s), as
+        (resource, usage) pairs."""
         now = self._env.now
         if now != self._pending_t:
             self._flush()
             self._pending_t = now
-        pending = self._pending
-        for idx in touched:
-            pending[idx] = used.get(idx, 0.0)
+        self._pending.update(usage)
 
     def _flush(self) -> None:
-        """Append a RateChange for each staged usage that differs from the last recorded one."""
+        """Append a RateChange for each staged usage that differs from the last recorded one
+        by more than REL_TOL: ``not math.isclose(rate, last, rel_tol=REL_TOL)``, in its own
+        arithmetic, inlined (usages are finite, as capacities and max rates are)."""
         pending, recorded, t_s = self._pending, self._recorded, self._pending_t
         if not pending:
             return
         add, resources = self._changes.add, self._resources
         for idx in sorted(pending):
             rate, last = pending[idx], recorded[idx]
-            if rate != last and not math.isclose(rate, last, rel_tol=REL_TOL):
+            if rate != last and abs(rate - last) > abs(REL_TOL * rate) \
+                    and abs(rate - last) > abs(REL_TOL * last):
                 add((t_s, resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()

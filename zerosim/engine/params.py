@@ -157,7 +157,8 @@ class PartitionedParams:
 
     def fetch(self, index: int) -> simpy.Event | None:
         """All-gather a module's params unless they are gathered or on their way."""
-        self._gather((index,))
+        if not self.is_gathered[index]:
+            self._gather((index,))
         return self.gathered[index]
 
     def _gather(self, indices: tuple[int, ...]) -> None:
