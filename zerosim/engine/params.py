@@ -146,6 +146,9 @@ class PartitionedParams:
         inflight registry, which the wait empties)."""
         self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
         """Per module, the tensors an all-gather brings (the non-persistent ones)."""
+        self.partition_numel = [sum(p.partition_numel for p in tensors)
+                                for tensors in self.to_gather]
+        """Per module, this rank's partition of the tensors an all-gather brings."""
         self.bundles: dict[int, _Bundle] = {}
         """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
         self.not_gathered = list(range(len(self.trace)))
@@ -189,8 +192,7 @@ class PartitionedParams:
 
         def body() -> Gen:
             for index in todo:
-                partition = sum(p.partition_numel for p in self.to_gather[index])
-                yield from self.source.bring(core, index, partition)
+                yield from self.source.bring(core, index, self.partition_numel[index])
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
                                                    core.dtype_bytes * size, core.ranks)
@@ -262,15 +264,15 @@ class PartitionedParams:
                      ds.stage3_max_live_parameters - self.live_numel)
         pending = self.not_gathered
         if backward:
-            later = reversed(pending[:bisect_left(pending, here)])
+            later = range(bisect_left(pending, here) - 1, -1, -1)
         else:
-            later = iter(pending[bisect_right(pending, here):])
+            later = range(bisect_right(pending, here), len(pending))
         issued = 0
         ahead = []
-        for pos in later:
+        for k in later:
             if issued >= budget:
                 break
-            module = self.trace[pos]
+            module = self.trace[pending[k]]
             ahead.append(module)
             issued += numel[module]
         if ahead:
