@@ -180,7 +180,7 @@ class PartitionedParams:
         if not core.distributed and not self.source.always_gathers:
             return
         tensors = [p for index in todo for p in self.to_gather[index]]
-        numel = sum(plan.gathered_numel[index] for index in todo)
+        numel = sum([plan.gathered_numel[index] for index in todo])
         sizes = [p.numel for p in tensors] if self.per_tensor else [numel]
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
@@ -188,7 +188,7 @@ class PartitionedParams:
             self.gathered_bytes[index] = core.gpu.allocate(
                 Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
                 plan.modules[index].name)
-        names = " + ".join(plan.modules[index].name for index in todo)
+        names = " + ".join([plan.modules[index].name for index in todo])
 
         def body() -> Gen:
             for index in todo:
