@@ -10,7 +10,6 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerosim.engine import flows as flows_module
 from zerosim.engine.flows import FlowNetwork, FlowRecord, RateChange
 
 
@@ -561,12 +560,19 @@ def test_component_local_recompute_matches_a_full_recompute(capacities, flows):
     net.assert_idle()
 
 
+class _Forgetful(dict):
+    """A memo that remembers nothing: every reallocation is worked out afresh."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
 def _busy_network(remember: bool) -> FlowNetwork:
     """Flows of a few recurring shapes over shared resources, started at staggered times;
     with `remember=False` every allocation is computed afresh."""
     env, net = _net()
     if not remember:
-        net._allocated = lambda component: flows_module._allocate(component, net._capacities)
+        net._memo = _Forgetful()
     links = [net.add_resource(f"link{i}", 10.0 + i) for i in range(3)]
     memory = net.add_resource("memory", 17.0)
     shapes = [({links[0]: 1.0, memory: 2.0}, {}), ({links[1]: 1.0, memory: 3.0}, {"weight": 0.5}),

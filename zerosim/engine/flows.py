@@ -80,16 +80,12 @@ class _Flow:
         "amount",
         "event",
         "label",
-        "level_limit",
-        "max_rate",
         "rate",
         "remaining",
         "resources",
         "serial",
         "shape",
         "start_s",
-        "usage",
-        "weight",
     )
 
     def __init__(
@@ -105,11 +101,7 @@ class _Flow:
         self.amount = amount
         self.remaining = amount
         self.shape = shape
-        self.usage = shape.pairs
         self.resources = shape.resources
-        self.max_rate = shape.max_rate
-        self.weight = shape.weight
-        self.level_limit = shape.level_limit
         self.label = label
         self.start_s = start_s
         self.event = event
@@ -133,8 +125,8 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
     crossing: dict[int, list[tuple[int, float]]] = {}
     frozen_usage: dict[int, list[float]] = {}
     for position, flow in enumerate(flows):
-        weight = flow.weight
-        for idx, coef in flow.usage:
+        weight = flow.shape.weight
+        for idx, coef in flow.shape.pairs:
             crossing.setdefault(idx, []).append((position, coef * weight))
             frozen_usage[idx] = []
     unfrozen = set(range(len(flows)))
@@ -148,19 +140,19 @@ def _allocate(flows: list[_Flow], capacities: list[float]) -> dict[int, float]:
             if load:
                 limits[idx] = max(level, (capacities[idx] - math.fsum(frozen_usage[idx]))
                                   / math.fsum(load))
-        flow_limit = min([flows[position].level_limit for position in unfrozen])
+        flow_limit = min([flows[position].shape.level_limit for position in unfrozen])
         level = max(level, min(min(limits.values(), default=math.inf), flow_limit))
         threshold = level * (1.0 + REL_TOL)
         saturated = {idx for idx, limit in limits.items() if limit <= threshold}
         for position in sorted(unfrozen):
             flow = flows[position]
-            if flow.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
+            if flow.shape.level_limit <= threshold or not saturated.isdisjoint(flow.resources):
                 # Freeze the flow at its rate: its usage becomes fixed, its load leaves.
-                rate = flow.weight * level
-                if flow.max_rate is not None and flow.max_rate < rate:
-                    rate = flow.max_rate
+                rate = flow.shape.weight * level
+                if flow.shape.max_rate is not None and flow.shape.max_rate < rate:
+                    rate = flow.shape.max_rate
                 flow.rate = rate
-                for idx, coef in flow.usage:
+                for idx, coef in flow.shape.pairs:
                     frozen_usage[idx].append(coef * rate)
                 unfrozen.discard(position)
     return {idx: math.fsum(terms) for idx, terms in frozen_usage.items()}
@@ -172,25 +164,25 @@ def _allocate_alone(flow: _Flow, capacities: list[float]) -> dict[int, float]:
     Alone, the flow freezes at the lowest of its resources' saturation levels
     ``capacity / (coef * weight)`` and its own limit, exactly as in the general loop.
     """
-    level, weight = flow.level_limit, flow.weight
-    for idx, coef in flow.usage:
+    level, weight = flow.shape.level_limit, flow.shape.weight
+    for idx, coef in flow.shape.pairs:
         limit = capacities[idx] / (coef * weight)
         if limit < level:
             level = limit
     rate = weight * level
-    if flow.max_rate is not None and flow.max_rate < rate:
-        rate = flow.max_rate
+    if flow.shape.max_rate is not None and flow.shape.max_rate < rate:
+        rate = flow.shape.max_rate
     flow.rate = rate
-    return {idx: coef * rate for idx, coef in flow.usage}
+    return {idx: coef * rate for idx, coef in flow.shape.pairs}
+
+
+_Reallocation = tuple[tuple[int, ...] | None, tuple[float, ...], tuple[tuple[int, float], ...]]
+"""What `FlowNetwork._reallocated` works out."""
 
 
 def _require_positive(what: str, value: float) -> None:
     if not 0 < value < math.inf:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
-
-
-def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=0.0)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -268,17 +260,19 @@ class FlowNetwork:
         self._capacities: list[float] = []
         self._index: dict[SharedResource, int] = {}
         self._names: set[str] = set()
-        self._users: list[set[_Flow]] = []
         self._active: dict[int, _Flow] = {}
+        self._active_shapes: tuple[Usage, ...] = ()
+        """The active flows' shapes, in start order (what `_reallocate` remembers by)."""
         self._serial = 0
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env, self._resources)
-        self._memo: dict[tuple[Usage, ...], tuple[tuple[float, ...], dict[int, float]]] = {}
+        self._memo: dict[tuple[Any, ...], _Reallocation] = {}
         self._shapes: dict[tuple[Any, ...], Usage] = {}
         """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
+        self._wake = self._on_timeout
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
         if name in self._names:
@@ -288,7 +282,6 @@ class FlowNetwork:
         self._index[resource] = len(self._resources)
         self._resources.append(resource)
         self._capacities.append(capacity)
-        self._users.append(set())
         self._rates.add_resource()
         self._names.add(name)
         return resource
@@ -335,13 +328,12 @@ class FlowNetwork:
             self._finish_record(amount, flow_usage, label, now, event)
             return event
         self._advance()
-        flow = _Flow(self._serial, amount, usage, label, now, event)
-        self._serial += 1
-        self._active[flow.serial] = flow
-        users = self._users
-        for idx in flow.resources:
-            users[idx].add(flow)
-        self._reallocate([flow], ())
+        serial = self._serial
+        flow = _Flow(serial, amount, usage, label, now, event)
+        self._serial = serial + 1
+        self._active[serial] = flow
+        self._active_shapes += (usage,)
+        self._reallocate([flow], flow.resources)
         self._schedule()
         return event
 
@@ -386,46 +378,62 @@ class FlowNetwork:
         if elapsed > 0:
             for flow in self._active.values():
                 flow.remaining -= flow.rate * elapsed
-        self._last_update = now
+            self._last_update = now
 
-    def _reallocate(self, flows: list[_Flow], resources: Iterable[int]) -> None:
-        """Recompute the rates of the flows connected to ``flows`` or ``resources``.
+    def _reallocate(self, flows: list[_Flow], seeds: Iterable[int]) -> None:
+        """Recompute the rates of the flows connected to ``flows`` (started) or ``seeds``.
 
         Weighted max-min fairness decomposes over the connected components of the graph of
         flows and shared resources, so flows outside the component(s) of the change keep
-        their rates. ``resources`` seeds the search with the resources of finished flows,
-        whose usage must be recorded even when no flow crosses them any more.
+        their rates. ``seeds`` are the resources the change touched: those of the started
+        flows, or of the finished ones, whose usage must be recorded even when no flow
+        crosses them any more.
         """
-        component, touched = self._component(flows, resources)
-        used = self._allocated(component) if component else {}
-        if self._record_rates:
-            self._rates.note(touched, used)
-
-    def _allocated(self, component: list[_Flow]) -> dict[int, float]:
-        """`_allocate`, remembered: its result depends only on the flows' shapes in start
-        order (capacities never change), and the same few components recur all run long."""
-        key = tuple([flow.shape for flow in component])
+        active = self._active
+        key = (self._active_shapes, seeds if flows else frozenset(seeds))
         known = self._memo.get(key)
         if known is None:
+            known = self._reallocated(flows, seeds)
             if len(self._memo) >= MEMO_SIZE:
                 self._memo.clear()
-            used = _allocate(component, self._capacities)
-            self._memo[key] = (tuple([flow.rate for flow in component]), used)
-            return used
-        rates, used = known
-        for flow, rate in zip(component, rates, strict=True):
-            flow.rate = rate
-        return used
+            self._memo[key] = known
+        positions, rates, usage = known
+        if positions is None:
+            for position, flow in enumerate(active.values()):
+                flow.rate = rates[position]
+        else:
+            now_active = list(active.values())
+            for position, rate in zip(positions, rates, strict=False):
+                now_active[position].rate = rate
+        if self._record_rates:
+            self._rates.note(usage)
+
+    def _reallocated(self, flows: list[_Flow], seeds: Iterable[int]) -> _Reallocation:
+        """`_reallocate` worked out: the component's flows (their positions among the active
+        ones, None for all of them), their rates, and the new usage of every resource it
+        touched, as (resource, usage) pairs. It depends only on the active flows' shapes in
+        start order and on the seeds (capacities never change), and the same few situations
+        recur all run long, so `_reallocate` remembers it."""
+        component, touched = self._component(flows, seeds)
+        used = self._allocated(component) if component else {}
+        rates = tuple([flow.rate for flow in component])
+        usage = tuple([(idx, used.get(idx, 0.0)) for idx in touched])
+        if len(component) == len(self._active):
+            return None, rates, usage
+        position = {flow.serial: i for i, flow in enumerate(self._active.values())}
+        return tuple([position[flow.serial] for flow in component]), rates, usage
+
+    def _allocated(self, component: list[_Flow]) -> dict[int, float]:
+        """`_allocate` over a component (tests replace it to check the memo)."""
+        return _allocate(component, self._capacities)
 
     def _component(
-        self, flows: list[_Flow], resources: Iterable[int]
+        self, flows: list[_Flow], seeds: Iterable[int]
     ) -> tuple[list[_Flow], Iterable[int]]:
         """Flows (in start order) and resources reachable from the seeds via shared resources.
 
         Few flows are active at a time (a handful per rank), so the component grows by
         sweeping the active flows, in start order, until no other one touches it."""
-        seeds = [idx for flow in flows for idx in flow.resources]
-        seeds.extend(resources)
         active = self._active
         if len(active) == len(flows):
             return flows, seeds  # no other flow is active
@@ -448,16 +456,24 @@ class FlowNetwork:
         return [flow for flow in active.values() if flow.serial in members], touched
 
     def _schedule(self) -> None:
-        if not self._active:
+        active = self._active
+        if not active:
             self._wakeup_at = None
             return
-        delay = max(0.0, min([flow.remaining / flow.rate for flow in self._active.values()]))
-        wakeup_at = self._env.now + delay
+        delay = math.inf
+        for flow in active.values():
+            left = flow.remaining / flow.rate
+            if left < delay:
+                delay = left
+        if delay < 0.0:
+            delay = 0.0
+        env = self._env
+        wakeup_at = env.now + delay
         if wakeup_at == self._wakeup_at:
             return
         self._wakeup_at = wakeup_at
-        timeout = self._env.timeout(delay)
-        timeout.callbacks.append(self._on_timeout)
+        timeout = env.timeout(delay)
+        timeout.callbacks.append(self._wake)
         self._wakeup = timeout
 
     def _on_timeout(self, event: simpy.Event) -> None:
@@ -471,23 +487,20 @@ class FlowNetwork:
         self._advance()
         now = self._env.now
         # Finished up to REL_TOL, or so close that its end is not a later float time.
-        done = [flow for flow in self._active.values()
+        active = self._active
+        done = [flow for flow in active.values()
                 if flow.remaining <= REL_TOL * flow.amount
                 or now + flow.remaining / flow.rate <= now]
-        freed: set[int] = set()
-        for flow in done:
-            self._remove(flow)
-            freed.update(flow.resources)
-            self._finish_record(flow.amount, flow.usage, flow.label, flow.start_s, flow.event)
         if done:
+            freed: set[int] = set()
+            for flow in done:
+                del active[flow.serial]
+                freed.update(flow.resources)
+                self._finish_record(flow.amount, flow.shape.pairs, flow.label, flow.start_s,
+                                    flow.event)
+            self._active_shapes = tuple([flow.shape for flow in active.values()])
             self._reallocate([], freed)
         self._schedule()
-
-    def _remove(self, flow: _Flow) -> None:
-        del self._active[flow.serial]
-        users = self._users
-        for idx in flow.resources:
-            users[idx].discard(flow)
 
     def _finish_record(
         self,
@@ -525,22 +538,27 @@ class _RateLog:
         self._flush()
         return self._changes
 
-    def note(self, touched: Iterable[int], used: dict[int, float]) -> None:
-        """Stage the new usage of every resource of the recomputed component(s)."""
+    def note(self, usage: tuple[tuple[int, float], ...]) -> None:
+        """Stage the new usage of every resource of the recomputed component(s), as
+        (resource, usage) pairs."""
         now = self._env.now
         if now != self._pending_t:
             self._flush()
             self._pending_t = now
-        pending = self._pending
-        for idx in touched:
-            pending[idx] = used.get(idx, 0.0)
+        self._pending.update(usage)
 
     def _flush(self) -> None:
-        """Append a RateChange for each staged usage that differs from the last recorded one."""
+        """Append a RateChange for each staged usage that differs from the last recorded one
+        by more than REL_TOL: ``not math.isclose(rate, last, rel_tol=REL_TOL)``, in its own
+        arithmetic, inlined (usages are finite, as capacities and max rates are)."""
         pending, recorded, t_s = self._pending, self._recorded, self._pending_t
+        if not pending:
+            return
+        add, resources = self._changes.add, self._resources
         for idx in sorted(pending):
             rate, last = pending[idx], recorded[idx]
-            if rate != last and not _close(rate, last):
-                self._changes.add((t_s, self._resources[idx].name, rate))
+            if rate != last and abs(rate - last) > abs(REL_TOL * rate) \
+                    and abs(rate - last) > abs(REL_TOL * last):
+                add((t_s, resources[idx].name, rate))
                 recorded[idx] = rate
         pending.clear()

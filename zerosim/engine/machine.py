@@ -103,6 +103,7 @@ class Machine:
         self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False)
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
         self._usages: dict[tuple[Any, ...], Usage] = {}
+        self._dma_shapes: dict[tuple[Any, ...], tuple[costs.HostBytes, Usage]] = {}
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements,
                                        self.stands_for, self.nvlink, self.nic)
@@ -166,9 +167,20 @@ class Machine:
             return
         if self.profile.pcie_latency_s > 0:
             yield self.env.timeout(self.profile.pcie_latency_s)
+        yield self.flows.start_usage(nbytes, self._dma_shape(rank, direction, pinned, buffer),
+                                     label=label)
+
+    def _dma_shape(self, rank: int, direction: Direction, pinned: bool,
+                   buffer: costs.HostBytes) -> Usage:
+        """A copy's shape, found by the identity of `buffer` (hashing the dataclass by value
+        costs more than the rest of the look-up; the few buffers live all run)."""
+        known = self._dma_shapes.get((rank, direction, pinned, id(buffer)))
+        if known is not None and known[0] is buffer:
+            return known[1]
         key = ("dma", rank, direction, pinned, buffer)
         usage = self._usages.get(key) or self._dma_usage(key, rank, direction, pinned, buffer)
-        yield self.flows.start_usage(nbytes, usage, label=label)
+        self._dma_shapes[(rank, direction, pinned, id(buffer))] = (buffer, usage)
+        return usage
 
     def _shape(self, key: tuple[Any, ...], rank: int,
                resources: Callable[[Placement], dict[SharedResource, float]], *,

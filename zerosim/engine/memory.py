@@ -75,8 +75,9 @@ class MemoryPool:
     def _change(self, label: str, delta: int, buffer: BufferKind) -> None:
         level = self.levels.get(label, 0) + delta
         self.levels[label] = level
-        self.used += delta
-        self.peak = max(self.peak, self.used)
+        used = self.used = self.used + delta
+        if used > self.peak:
+            self.peak = used
         if self._log is not None:
             self._log((self._clock(), self.device, label, level, buffer))
 

@@ -143,6 +143,9 @@ class PartitionedParams:
         inflight registry, which the wait empties)."""
         self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
         """Per module, the tensors an all-gather brings (the non-persistent ones)."""
+        self.partition_numel = [sum(p.partition_numel for p in tensors)
+                                for tensors in self.to_gather]
+        """Per module, this rank's partition of the tensors an all-gather brings."""
         self.bundles: dict[int, _Bundle] = {}
         """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
         self.not_gathered = list(range(len(self.trace)))
@@ -154,7 +157,8 @@ class PartitionedParams:
 
     def fetch(self, index: int) -> simpy.Event | None:
         """All-gather a module's params unless they are gathered or on their way."""
-        self._gather((index,))
+        if not self.is_gathered[index]:
+            self._gather((index,))
         return self.gathered[index]
 
     def _gather(self, indices: tuple[int, ...]) -> None:
@@ -173,7 +177,7 @@ class PartitionedParams:
         if not core.distributed and not self.source.always_gathers:
             return
         tensors = [p for index in todo for p in self.to_gather[index]]
-        numel = sum(plan.gathered_numel[index] for index in todo)
+        numel = sum([plan.gathered_numel[index] for index in todo])
         sizes = [p.numel for p in tensors] if self.per_tensor else [numel]
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
@@ -181,12 +185,11 @@ class PartitionedParams:
             self.gathered_bytes[index] = core.gpu.allocate(
                 Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
                 plan.modules[index].name)
-        names = " + ".join(plan.modules[index].name for index in todo)
+        names = " + ".join([plan.modules[index].name for index in todo])
 
         def body() -> Gen:
             for index in todo:
-                partition = sum(p.partition_numel for p in self.to_gather[index])
-                yield from self.source.bring(core, index, partition)
+                yield from self.source.bring(core, index, self.partition_numel[index])
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
                                                    core.dtype_bytes * size, core.ranks)
@@ -258,15 +261,15 @@ class PartitionedParams:
                      ds.stage3_max_live_parameters - self.live_numel)
         pending = self.not_gathered
         if backward:
-            later = reversed(pending[:bisect_left(pending, here)])
+            later = range(bisect_left(pending, here) - 1, -1, -1)
         else:
-            later = iter(pending[bisect_right(pending, here):])
+            later = range(bisect_right(pending, here), len(pending))
         issued = 0
         ahead = []
-        for pos in later:
+        for k in later:
             if issued >= budget:
                 break
-            module = self.trace[pos]
+            module = self.trace[pending[k]]
             ahead.append(module)
             issued += numel[module]
         if ahead:

@@ -38,6 +38,10 @@ from zerosim.vocabulary import (
 
 Gen = Generator[simpy.Event, Any, Any]
 
+_HOST_BUFFER = {pinned: host_buffer(pinned) for pinned in (True, False)}
+_DMA_SUFFIX = {pinned: f" ({kind.value})" for pinned, kind in _HOST_BUFFER.items()}
+"""A copy's span names its host buffer: the text, made once per kind (`.value` is slow)."""
+
 
 @dataclass
 class RunContext:
@@ -58,6 +62,18 @@ class RunContext:
         self.module_seconds: dict[tuple[bool, int], float] = {}
         """GPU time of each module's forward (False) or backward (True), computed once: every
         rank runs every module once per micro-batch."""
+        self.kernel_launches: dict[int, tuple[tuple[Kernel, ...], int]] = {}
+        """`launches`, by the identity of the kernel tuple."""
+
+    def launches(self, kernels: tuple[Kernel, ...]) -> int:
+        """`kernel_count(kernels)`, counted once per tuple (a module's kernels, launched every
+        micro-batch); keyed by identity, the plan's tuples living as long as the run."""
+        known = self.kernel_launches.get(id(kernels))
+        if known is not None and known[0] is kernels:
+            return known[1]
+        count = kernel_count(kernels)
+        self.kernel_launches[id(kernels)] = (kernels, count)
+        return count
 
     def gpu_seconds(self, index: int, backward: bool) -> float:
         seconds = self.module_seconds.get((backward, index))
@@ -89,6 +105,8 @@ class RankCore:
         self.nvme = shared(ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node)),
                            stands_for)
         self.ranks = ctx.world
+        self.label_prefix = f"rank{rank} "
+        """What the rank's flows' labels start with (`FlowNetwork.assert_idle` names them)."""
         self.phase, self.micro = Phase.SETUP, -1
         self._phase_start = 0.0
         self._seq: dict[str, int] = {}
@@ -174,10 +192,10 @@ class RankCore:
         """A host<->device copy, also drawn on the rank's copy-engine track."""
         start = self.env.now
         yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,
-                                    label=f"rank{self.rank} {op}")
-        host = host_buffer(pinned)
+                                    label=self.label_prefix + op)
         self.ctx.spans.add((self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
-                            f"{op} ({host.value})", start, self.env.now, nbytes, kind, host))
+                            op + _DMA_SUFFIX[pinned], start, self.env.now, nbytes, kind,
+                            _HOST_BUFFER[pinned]))
 
     def nvme_io(self, direction: Literal["read", "write"], nbytes: float, *, op: str,
                 kind: OpKind) -> Gen:
@@ -186,7 +204,7 @@ class RankCore:
         end during the step that waits for them)."""
         start, phase, micro = self.env.now, self.phase, self.micro
         io = self.machine.nvme_read if direction == "read" else self.machine.nvme_write
-        yield from io(self.rank, nbytes, label=f"rank{self.rank} {op}")
+        yield from io(self.rank, nbytes, label=self.label_prefix + op)
         track = Stream.NVME_READ if direction == "read" else Stream.NVME_WRITE
         self.ctx.spans.add((self.rank, track, phase, micro, op, start, self.env.now, nbytes, kind,
                             BufferKind.NVME))
@@ -216,7 +234,7 @@ class RankCore:
 
     def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
         """Host time to launch a module's kernels; the GPU runs them once they are queued."""
-        return self.host_time(kernel_count(kernels) * self.kernel_launch_s)
+        return self.host_time(self.ctx.launches(kernels) * self.kernel_launch_s)
 
     def pay_launches(self) -> Gen:
         """Host time of the collectives launched since the last call."""

@@ -26,8 +26,47 @@ from zerosim.vocabulary import DeviceKind, Stream, device_name
 
 COPY_ENGINE_STREAMS = frozenset(s for s in Stream if s.is_copy_engine)
 _new_timeout = Timeout.__new__
-_new_process = Process.__new__
 _new_initialize = Initialize.__new__
+
+
+class LeanProcess(Process):
+    """SimPy's `Process` with the same `_resume` steps, minus what the engine never reads:
+    it does not track `env.active_process`, looks its generator up once per resume and
+    schedules its own end straight into the queue of events due now (`Environment.schedule`
+    at normal priority without delay). The engine resumes a process for most of its events."""
+
+    def _resume(self, event: simpy.Event) -> None:
+        send = self._generator.send
+        while True:
+            try:
+                event = send(event._value) if event._ok else self._throw(event)
+            except StopIteration as stop:
+                self._ok, self._value = True, (stop.args[0] if stop.args else None)
+                self.env.soon.append(self)
+                return
+            except BaseException as error:
+                error.__traceback__ = error.__traceback__.tb_next
+                self._ok, self._value = False, error
+                self.env.soon.append(self)
+                return
+            try:
+                callbacks = event.callbacks
+            except AttributeError:
+                raise RuntimeError(f'Invalid yield value "{event}"') from None
+            if callbacks is not None:
+                callbacks.append(self._resume)
+                self._target = event
+                return
+
+    def _throw(self, event: simpy.Event) -> simpy.Event:
+        """Hand a failed event to the generator, as SimPy does: its own copy of the error."""
+        event._defused = True
+        error = type(event._value)(*event._value.args)
+        error.__cause__ = event._value
+        return self._generator.throw(error)
+
+
+_new_process = LeanProcess.__new__
 
 
 @dataclass
@@ -89,10 +128,16 @@ class Environment(simpy.Environment):
     heap for now, which was inserted earlier, and among themselves in insertion order. So the
     two queues give exactly SimPy's order, without a heap push and pop for most events.
     `run_until` drives it (SimPy's `step` and `run` would not see the queues).
+
+    `now` is a plain attribute rather than SimPy's property (the engine reads the clock for
+    most events); `run_until` keeps it equal to `_now`.
     """
+
+    now: float = 0.0
 
     def __init__(self) -> None:
         super().__init__()
+        self.now = self._now
         self.urgent: deque[simpy.Event] = deque()
         self.soon: deque[simpy.Event] = deque()
         self.timeout = self._timeout  # SimPy binds its own per instance
@@ -113,10 +158,14 @@ class Environment(simpy.Environment):
         if delay < 0:
             raise ValueError(f"Negative delay {delay}")
         event = _new_timeout(Timeout)
-        event.env, event.callbacks, event._value, event._delay, event._ok = (
-            self, [], value, delay, True)
-        at = self._now + delay
-        if at != self._now:
+        event.env = self
+        event.callbacks = []
+        event._value = value
+        event._delay = delay
+        event._ok = True
+        now = self.now
+        at = now + delay
+        if at != now:
             heappush(self._queue, (at, NORMAL, next(self._eid), event))
         else:
             self.soon.append(event)
@@ -127,10 +176,15 @@ class Environment(simpy.Environment):
         starts one per stream op."""
         if not hasattr(generator, "throw"):
             raise ValueError(f"{generator} is not a generator.")
-        process = _new_process(Process)
-        process.env, process.callbacks, process._generator = self, [], generator
+        process = _new_process(LeanProcess)
+        process.env = self
+        process.callbacks = []
+        process._generator = generator
         start = _new_initialize(Initialize)
-        start.env, start.callbacks, start._value, start._ok = self, [process._resume], None, True
+        start.env = self
+        start.callbacks = [process._resume]
+        start._value = None
+        start._ok = True
         self.urgent.append(start)
         process._target = start
         return process
@@ -139,16 +193,19 @@ class Environment(simpy.Environment):
 def run_until(env: Environment, until: simpy.Event) -> int:
     """`env.run(until)` for `Environment`: the same events in the same order, as one loop.
     Returns the events processed."""
-    queue, urgent, soon, processed = env._queue, env.urgent, env.soon, 0
+    queue, processed, now = env._queue, 0, env._now
+    urgent, soon = env.urgent, env.soon
+    next_urgent, next_soon = urgent.popleft, soon.popleft
     while until.callbacks is not None:
         if urgent:
-            event = urgent.popleft()
-        elif queue and queue[0][0] == env._now:
+            event = next_urgent()
+        elif queue and queue[0][0] == now:
             event = heappop(queue)[3]
         elif soon:
-            event = soon.popleft()
+            event = next_soon()
         elif queue:
-            env._now, _, _, event = heappop(queue)
+            now, _, _, event = heappop(queue)
+            env._now = env.now = now
         else:
             raise RuntimeError(f"no scheduled event left before {until!r}")
         processed += 1

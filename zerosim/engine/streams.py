@@ -31,7 +31,11 @@ class InOrderStream:
 
     def launch(self, op: str, body: Body, *, kind: OpKind,
                after: Sequence[simpy.Event | None] = (), nbytes: float = 0.0) -> simpy.Event:
-        waits = [e for e in (self.tail, *after) if e is not None and not e.processed]
+        tail = self.tail
+        waits = [tail] if tail is not None and tail.callbacks is not None else []
+        for event in after:
+            if event is not None and event.callbacks is not None:
+                waits.append(event)
         phase, micro = self._tag()
         done = self.env.process(self._run(op, kind, body, waits, nbytes, phase, micro))
         self.tail = done
