@@ -79,7 +79,7 @@ class MemoryPool:
         if used > self.peak:
             self.peak = used
         if self._log is not None:
-            self._log((self._clock(), self.device, label, level, buffer))
+            self._log((self._clock(), self.device, label, level, buffer._value_))
 
 
 class NodePool(MemoryPool):

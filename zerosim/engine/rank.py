@@ -38,9 +38,10 @@ from zerosim.vocabulary import (
 
 Gen = Generator[simpy.Event, Any, Any]
 
-_HOST_BUFFER = {pinned: host_buffer(pinned) for pinned in (True, False)}
-_DMA_SUFFIX = {pinned: f" ({kind.value})" for pinned, kind in _HOST_BUFFER.items()}
-"""A copy's span names its host buffer: the text, made once per kind (`.value` is slow)."""
+_HOST_BUFFER = {pinned: host_buffer(pinned).value for pinned in (True, False)}
+"""A copy's host buffer as records hold it: plain text, made once (`.value` is slow)."""
+_DMA_SUFFIX = {pinned: f" ({text})" for pinned, text in _HOST_BUFFER.items()}
+_PCIE_TRACK = {direction: stream.value for direction, stream in PCIE_STREAMS.items()}
 
 
 @dataclass
@@ -107,7 +108,8 @@ class RankCore:
         self.ranks = ctx.world
         self.label_prefix = f"rank{rank} "
         """What the rank's flows' labels start with (`FlowNetwork.assert_idle` names them)."""
-        self.phase, self.micro = Phase.SETUP, -1
+        self.phase, self.micro = Phase.SETUP.value, -1
+        """The phase as records hold it: plain text (`records.Table`)."""
         self._phase_start = 0.0
         self._seq: dict[str, int] = {}
         self.streams: dict[Stream, InOrderStream] = {}
@@ -148,7 +150,7 @@ class RankCore:
     # ------------------------------------------------------------------ phases
 
     def begin(self, phase: Phase, micro: int) -> None:
-        self.phase, self.micro = phase, micro
+        self.phase, self.micro = phase._value_, micro
         self._phase_start = self.env.now
 
     def end(self) -> Gen:
@@ -193,8 +195,8 @@ class RankCore:
         start = self.env.now
         yield from self.machine.dma(self.rank, direction, nbytes, pinned=pinned, buffer=buffer,
                                     label=self.label_prefix + op)
-        self.ctx.spans.add((self.rank, PCIE_STREAMS[direction], self.phase, self.micro,
-                            op + _DMA_SUFFIX[pinned], start, self.env.now, nbytes, kind,
+        self.ctx.spans.add((self.rank, _PCIE_TRACK[direction], self.phase, self.micro,
+                            op + _DMA_SUFFIX[pinned], start, self.env.now, nbytes, kind._value_,
                             _HOST_BUFFER[pinned]))
 
     def nvme_io(self, direction: Literal["read", "write"], nbytes: float, *, op: str,
@@ -206,8 +208,8 @@ class RankCore:
         io = self.machine.nvme_read if direction == "read" else self.machine.nvme_write
         yield from io(self.rank, nbytes, label=self.label_prefix + op)
         track = Stream.NVME_READ if direction == "read" else Stream.NVME_WRITE
-        self.ctx.spans.add((self.rank, track, phase, micro, op, start, self.env.now, nbytes, kind,
-                            BufferKind.NVME))
+        self.ctx.spans.add((self.rank, track._value_, phase, micro, op, start, self.env.now,
+                            nbytes, kind._value_, BufferKind.NVME._value_))
 
     def cpu_work(self, op: str, kind: OpKind, work: Gen, nbytes: float = 0.0,
                  track: Stream = Stream.CPU) -> Gen:
@@ -215,8 +217,8 @@ class RankCore:
         (`cpu` for the rank's main thread)."""
         start = self.env.now
         yield from work
-        self.ctx.spans.add((self.rank, track, self.phase, self.micro, op, start, self.env.now,
-                            nbytes, kind, ""))
+        self.ctx.spans.add((self.rank, track._value_, self.phase, self.micro, op, start,
+                            self.env.now, nbytes, kind._value_, ""))
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""

@@ -59,7 +59,10 @@ class Table(Generic[R]):
     """Records of one type as rows of plain tuples, every field given, in field order.
 
     `add(row)` appends a row; `columns()` gives one list per field, with vocabulary members
-    (`StrEnum`) in text fields turned into plain `str`.
+    (`StrEnum`) in text fields turned into plain `str`. The engine adds rows of plain values
+    only (text as `str`, a member's `_value_`): the garbage collector stops tracking such a
+    tuple, while one holding a member stays tracked and is traversed by every collection
+    (measured: half the collector's time in a `llama13b_dp4` run).
     """
 
     __slots__ = ("add", "names", "record_type", "rows", "text")

@@ -25,6 +25,7 @@ class InOrderStream:
         self.env = env
         self.rank = rank
         self.name = name
+        self._text = name._value_
         self._spans = spans
         self._tag = tag
         self.tail: simpy.Event | None = None
@@ -49,8 +50,8 @@ class InOrderStream:
             yield simpy.AllOf(self.env, waits)
         start = self.env.now
         yield from body()
-        self._spans.add((self.rank, self.name, phase, micro, op, start, self.env.now, nbytes,
-                         kind, ""))
+        self._spans.add((self.rank, self._text, phase, micro, op, start, self.env.now, nbytes,
+                         kind._value_, ""))
 
     def idle_event(self) -> simpy.Event | None:
         """The event to wait for before this stream is idle (None when it already is)."""
