@@ -81,7 +81,7 @@ def test_a_value_the_profile_writes_wins_with_its_provenance():
     p = load_profile("h100-jlse")
     assert p.cpu_model == "xeon-8468"
     assert p.adam_params_per_s_per_thread == 2.0e8
-    assert p.provenance[ADAM].basis == "fitted"
+    assert p.provenance[ADAM].basis == "assumed"
     assert p.provenance["cpu.page_zeroing_GBps"].basis == "fitted"
 
 
