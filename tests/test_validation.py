@@ -31,16 +31,22 @@ KNOWN_MISSES = {
         "while the DP=2 pair keeps the measured 140 GB/s: no mechanism found (issue 11)"),
     **{(POLARIS_GROUP, f"{size}-dp4-mb1-ga1-sg1e08 (x1)", quantity): C7DA512A
        for size, quantities in {
-           "polaris-11.32b": ("update per step", "iteration per step"),
+           "polaris-11.32b": ("backward per step", "update per step", "iteration per step"),
            "polaris-15.58b": ("update per step", "iteration per step"),
            "polaris-5.95b": ("forward per step", "backward per step", "update per step",
                              "iteration per step"),
            "polaris-9.14b": ("forward per step", "backward per step", "update per step",
                              "iteration per step"),
        }.items() for quantity in quantities},
+    **{(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", quantity): (
+        "the GA=2 run's extra micro-batch costs 5.1 s of backward (16.89 s against the GA=1 "
+        "repeats' mean 11.78 s) where the same configuration's GA=4, 8 and 16 runs add 2.5, "
+        "3.7 and 3.1 s per micro-batch (3.3 s over GA=1 to 16): the model's 3.4 s sits with "
+        "those, so this run is 2.7 s slower than its own series")
+       for quantity in ("backward per step", "iteration per step")},
     (POLARIS_GROUP, "polaris-5.95b-dp1-mb1-ga1-sg1e07 (x1)", "forward per step"): (
-        "+27%, build 4570a955: a host-bound forward measured at 1.03 ms per parameter module, "
-        "against the 1.24 ms the shared ZeRO-3 hook time gives on the 3.7 GHz EPYC; the "
+        "+28%, build 4570a955: a host-bound forward measured at 1.03 ms per parameter module, "
+        "against the 1.25 ms the shared ZeRO-3 hook time gives on the 3.7 GHz EPYC; the "
         "11.20B run of build 8074cd62 (1.48 ms per module) passes with it"),
 }
 
