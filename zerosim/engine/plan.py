@@ -4,12 +4,21 @@ release-or-keep after forward, optimizer sub-groups."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
-from zerosim.hardware import nvme
-from zerosim.models.breakdown import Module, Workload, build_modules
+from zerosim.hardware import costs, nvme
+from zerosim.hardware.profile import HardwareProfile
+from zerosim.models.breakdown import Module, Recipe, Workload, build_modules
+from zerosim.models.kernels import kernel_count
+from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
+
+MODELS_REMEMBERED = 8
+"""Models (and their GPU times) a process keeps between runs (`modules_of`, `module_costs`):
+a sweep or tune worker runs the same few models many times."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ def _nvme_params(params: list[Param], groups: list[int], member: dict[tuple[int,
                      and nvme.swappable(p.partition_numel, dtype_bytes, ds.aio.block_size))
 
 
-def make_plan(scenario: Scenario, modules: list[Module]) -> Plan:
+def make_plan(scenario: Scenario, modules: Sequence[Module]) -> Plan:
     ds = scenario.deepspeed
     ranks = scenario.data_parallel
     sharded = ds.stage == 3
@@ -186,5 +195,45 @@ def workload_of(scenario: Scenario) -> Workload:
 
 def plan_of(scenario: Scenario) -> Plan:
     """The plan of a resolved scenario (pure: what `run_engine` starts from)."""
-    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
-    return make_plan(scenario, modules)
+    return make_plan(scenario, modules_of(scenario))
+
+
+def modules_of(scenario: Scenario) -> tuple[Module, ...]:
+    """`build_modules` of the scenario's model, workload and recipe, remembered by their value
+    for the last few of them (building a 13 B model's modules costs about 5% of a run)."""
+    return _modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
+
+
+@lru_cache(maxsize=MODELS_REMEMBERED)
+def _modules(spec: ModelSpec, workload: Workload, recipe: Recipe) -> tuple[Module, ...]:
+    return tuple(build_modules(spec, workload, recipe))
+
+
+@dataclass(frozen=True)
+class ModuleCosts:
+    """Per module (by index), the GPU seconds of its forward and backward kernels on one
+    hardware profile and how many kernels each launches."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    forward_launches: tuple[int, ...]
+    backward_launches: tuple[int, ...]
+
+
+def module_costs(scenario: Scenario) -> ModuleCosts:
+    """The `ModuleCosts` of the scenario's modules on its hardware, remembered by value as
+    `modules_of` is (a run needs every module's, and pricing their kernels costs about 2% of
+    a run)."""
+    return _module_costs(scenario.model, workload_of(scenario), scenario.stack.recipe,
+                         scenario.hardware)
+
+
+@lru_cache(maxsize=MODELS_REMEMBERED)
+def _module_costs(spec: ModelSpec, workload: Workload, recipe: Recipe,
+                  profile: HardwareProfile) -> ModuleCosts:
+    modules = _modules(spec, workload, recipe)
+    return ModuleCosts(
+        forward_s=tuple([costs.module_forward_s(m, profile) for m in modules]),
+        backward_s=tuple([costs.module_backward_s(m, profile) for m in modules]),
+        forward_launches=tuple([kernel_count(m.kernels) for m in modules]),
+        backward_launches=tuple([kernel_count(m.backward_kernels) for m in modules]))

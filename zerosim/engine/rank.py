@@ -16,11 +16,10 @@ import simpy
 from zerosim.behaviours import Behaviours
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import MemoryPool, shared
-from zerosim.engine.plan import Plan
+from zerosim.engine.plan import Plan, module_costs
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
 from zerosim.hardware import costs
-from zerosim.models.kernels import Kernel, kernel_count
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import (
@@ -60,30 +59,9 @@ class RunContext:
     def __post_init__(self) -> None:
         self.world = tuple(range(self.scenario.data_parallel))
         """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
-        self.module_seconds: dict[tuple[bool, int], float] = {}
-        """GPU time of each module's forward (False) or backward (True), computed once: every
-        rank runs every module once per micro-batch."""
-        self.kernel_launches: dict[int, tuple[tuple[Kernel, ...], int]] = {}
-        """`launches`, by the identity of the kernel tuple."""
-
-    def launches(self, kernels: tuple[Kernel, ...]) -> int:
-        """`kernel_count(kernels)`, counted once per tuple (a module's kernels, launched every
-        micro-batch); keyed by identity, the plan's tuples living as long as the run."""
-        known = self.kernel_launches.get(id(kernels))
-        if known is not None and known[0] is kernels:
-            return known[1]
-        count = kernel_count(kernels)
-        self.kernel_launches[id(kernels)] = (kernels, count)
-        return count
-
-    def gpu_seconds(self, index: int, backward: bool) -> float:
-        seconds = self.module_seconds.get((backward, index))
-        if seconds is None:
-            module, profile = self.plan.modules[index], self.scenario.hardware
-            seconds = self.module_seconds[(backward, index)] = (
-                costs.module_backward_s(module, profile) if backward
-                else costs.module_forward_s(module, profile))
-        return seconds
+        self.costs = module_costs(self.scenario)
+        """Each module's GPU time and kernel launches (every rank runs every module once per
+        micro-batch)."""
 
 
 class RankCore:
@@ -234,9 +212,10 @@ class RankCore:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
         return self.host_time(self.fetch_hook_s)
 
-    def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
-        """Host time to launch a module's kernels; the GPU runs them once they are queued."""
-        return self.host_time(self.ctx.launches(kernels) * self.kernel_launch_s)
+    def issue_kernels(self, launches: int) -> Gen:
+        """Host time to launch a module's kernels (`launches` of them); the GPU runs them once
+        they are queued."""
+        return self.host_time(launches * self.kernel_launch_s)
 
     def pay_launches(self) -> Gen:
         """Host time of the collectives launched since the last call."""
@@ -275,9 +254,4 @@ class RankCore:
                 on_end()
         return body
 
-    def forward_seconds(self, index: int) -> float:
-        return self.ctx.gpu_seconds(index, backward=False)
-
-    def backward_seconds(self, index: int) -> float:
-        return self.ctx.gpu_seconds(index, backward=True)
 

@@ -16,11 +16,10 @@ from zerosim.engine.compose import build_rank
 from zerosim.engine.flows import RateChange
 from zerosim.engine.machine import Machine, place_ranks
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
-from zerosim.engine.plan import Plan, make_plan, workload_of
+from zerosim.engine.plan import Plan, make_plan, modules_of
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.symmetry import rank_classes
-from zerosim.models.breakdown import build_modules
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
@@ -293,8 +292,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
               observer: Callable[[RunContext], None] | None
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
-    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
-    plan = make_plan(scenario, modules)
+    plan = make_plan(scenario, modules_of(scenario))
     machine = Machine(env, scenario.hardware, simulated,
                       scenario.runtime.cpu_threads_per_rank, record_rates=full,
                       classes=classes)
