@@ -336,15 +336,18 @@ def check_invariants(raw: RawRun, pools: dict[str, MemoryPool]) -> list[str]:
                  for cat, level in pool.levels.items() if level != 0}
     if leftovers:
         raise RuntimeError(f"memory not freed at the end of the iteration: {leftovers}")
-    by_stream: dict[tuple[int, str], list[tuple]] = {}
-    for row in raw.spans.rows:
-        if row[1] not in COPY_ENGINE_STREAMS:
-            by_stream.setdefault((row[0], row[1]), []).append(row)
+    spans = raw.spans
+    starts, ends = spans.column(5), spans.column(6)
+    by_stream: dict[tuple[int, str], list[int]] = {}
+    for k, key in enumerate(zip(spans.column(0), spans.column(1), strict=True)):
+        if key[1] not in COPY_ENGINE_STREAMS:
+            by_stream.setdefault(key, []).append(k)
     for (rank, stream), rows in by_stream.items():
-        rows.sort(key=lambda r: (r[5], r[6]))
+        rows.sort(key=lambda k: (starts[k], ends[k]))
         for before, after in itertools.pairwise(rows):
-            if after[5] < before[6] - 1e-12:
-                raise RuntimeError(f"rank {rank} stream {stream}: {before[4]!r} and {after[4]!r} "
-                                   "overlap")
+            if starts[after] < ends[before] - 1e-12:
+                ops = spans.column(4)
+                raise RuntimeError(f"rank {rank} stream {stream}: {ops[before]!r} and "
+                                   f"{ops[after]!r} overlap")
     return ["no flow or collective in flight", "every allocation freed",
             "no overlap on an in-order stream"]
