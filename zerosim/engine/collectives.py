@@ -9,6 +9,7 @@ from typing import Any
 
 import simpy
 
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
@@ -117,7 +118,7 @@ class Collectives:
                     usage = self._over.get((r, step.link)) or self._shape(r, step.link)
                     flows.append(self.flows.start_usage(nbytes, usage, label=label))
             if flows:
-                yield simpy.AllOf(self.env, flows)
+                yield AllDone(self.env, flows)
         done.succeed()
 
     def _shape(self, rank: int, link_kind: str) -> Usage:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import simpy
 
 from zerosim.behaviours import Behaviours
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import MemoryPool, shared
 from zerosim.engine.plan import Plan, module_costs
@@ -141,7 +142,7 @@ class RankCore:
             pending = [e for s in self.streams.values() if (e := s.idle_event()) is not None]
             if not pending:
                 return
-            yield simpy.AllOf(self.env, pending)
+            yield AllDone(self.env, pending)
 
     # ------------------------------------------------------------------ helpers
 

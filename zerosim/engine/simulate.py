@@ -13,6 +13,7 @@ import simpy
 from simpy.events import NORMAL, URGENT, Initialize, Process, Timeout
 
 from zerosim.engine.compose import build_rank
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import RateChange
 from zerosim.engine.machine import Machine, place_ranks
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
@@ -304,7 +305,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
         observer(ctx)
     status, oom, events = "ok", None, None
     try:
-        events = run_until(env, simpy.AllOf(env, ranks))
+        events = run_until(env, AllDone(env, ranks))
     except OutOfMemory as err:
         status, oom = "oom", err.to_dict()
     links = machine.flows.rate_table()

@@ -7,6 +7,7 @@ from typing import Any
 
 import simpy
 
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.records import Span, Table
 from zerosim.vocabulary import OpKind, Stream
 
@@ -47,7 +48,7 @@ class InOrderStream:
         if len(waits) == 1:
             yield waits[0]
         elif waits:
-            yield simpy.AllOf(self.env, waits)
+            yield AllDone(self.env, waits)
         start = self.env.now
         yield from body()
         self._spans.add((self.rank, self._text, phase, micro, op, start, self.env.now, nbytes,
