@@ -17,7 +17,7 @@ from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import RateChange
 from zerosim.engine.machine import Machine, place_ranks
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
-from zerosim.engine.plan import Plan, make_plan, modules_of
+from zerosim.engine.plan import Plan, plan_of
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.symmetry import rank_classes
@@ -293,7 +293,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
               observer: Callable[[RunContext], None] | None
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
-    plan = make_plan(scenario, modules_of(scenario))
+    plan = plan_of(scenario)
     machine = Machine(env, scenario.hardware, simulated,
                       scenario.runtime.cpu_threads_per_rank, record_rates=full,
                       classes=classes)

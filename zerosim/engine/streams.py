@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import simpy
 
@@ -11,7 +10,9 @@ from zerosim.engine.conditions import AllDone
 from zerosim.engine.records import Span, Table
 from zerosim.vocabulary import OpKind, Stream
 
-Body = Callable[[], Generator[simpy.Event, Any, Any]]
+Body = Callable[[], Iterable[simpy.Event]]
+"""What an op does on its stream: the events to `yield from` (a generator, or a tuple of
+timeouts)."""
 
 
 class InOrderStream:
