@@ -248,10 +248,13 @@ class FlowNetwork:
 
     ``record_rates=False`` skips the per-resource usage log (:attr:`rate_changes`);
     ``keep_records=False`` skips :attr:`records`, and flow events then succeed with ``None``.
+    ``memo``: the reallocations remembered by earlier networks of the same resources and
+    capacities, whose flows had the same shapes (`Usage` objects), to share and extend.
     """
 
     def __init__(
-        self, env: simpy.Environment, *, record_rates: bool = True, keep_records: bool = True
+        self, env: simpy.Environment, *, record_rates: bool = True, keep_records: bool = True,
+        memo: dict[tuple[Any, ...], _Reallocation] | None = None
     ):
         self._env = env
         self._record_rates = record_rates
@@ -268,7 +271,7 @@ class FlowNetwork:
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env)
-        self._memo: dict[tuple[Any, ...], _Reallocation] = {}
+        self._memo: dict[tuple[Any, ...], _Reallocation] = {} if memo is None else memo
         self._shapes: dict[tuple[Any, ...], Usage] = {}
         """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []

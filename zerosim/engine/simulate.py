@@ -15,7 +15,7 @@ from simpy.events import NORMAL, URGENT, Initialize, Process, Timeout
 from zerosim.engine.compose import build_rank
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import RateChange
-from zerosim.engine.machine import Machine, place_ranks
+from zerosim.engine.machine import Machine, network_shapes, place_ranks
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
 from zerosim.engine.plan import Plan, plan_of
 from zerosim.engine.rank import RunContext
@@ -294,9 +294,10 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
     plan = plan_of(scenario)
-    machine = Machine(env, scenario.hardware, simulated,
-                      scenario.runtime.cpu_threads_per_rank, record_rates=full,
-                      classes=classes)
+    threads = scenario.runtime.cpu_threads_per_rank
+    machine = Machine(env, scenario.hardware, simulated, threads, record_rates=full,
+                      classes=classes,
+                      shapes=network_shapes(scenario.hardware, simulated, threads, classes))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
