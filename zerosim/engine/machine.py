@@ -312,7 +312,8 @@ class Machine:
         """
         if elements <= 0:
             return
-        key = ("cpu", rank, host, elements_per_s_per_thread, threads)
+        # `host` by its fields: hashing the dataclass costs more than the rest of the look-up
+        key = ("cpu", rank, host.home, host.spread, elements_per_s_per_thread, threads)
         usage = self._usages.get(key)
         if usage is None:
             threads = min(threads or self.threads_per_rank, self.threads_per_rank)
@@ -342,7 +343,8 @@ class Machine:
         if nbytes <= 0:
             return
         usage = self._shape(
-            ("zero", rank, threads, where), rank, lambda pl: self._host_memory(pl, where),
+            ("zero", rank, threads, where.home, where.spread), rank,
+            lambda pl: self._host_memory(pl, where),
             max_rate=min(threads, self.threads_per_rank) * self.profile.page_zeroing_Bps)
         yield self.flows.start_usage(nbytes, usage, label=label)
 
