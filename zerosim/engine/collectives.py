@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.vocabulary import Collective
+
+if TYPE_CHECKING:
+    from zerosim.engine.machine import NetworkShapes
 
 
 @dataclass
@@ -43,7 +47,9 @@ class Collectives:
 
     def __init__(self, env: simpy.Environment, flows: FlowNetwork, profile: HardwareProfile,
                  placements: Sequence[Any], stands_for: dict[int, tuple[int, ...]],
-                 nvlink: Sequence[SharedResource], nic: dict[int, SharedResource]):
+                 nvlink: Sequence[SharedResource], nic: dict[int, SharedResource], *,
+                 shapes: NetworkShapes | None = None):
+        """`shapes`: the machine's `NetworkShapes` (collective shapes and steps kept there)."""
         self.env = env
         self.flows = flows
         self.profile = profile
@@ -53,8 +59,10 @@ class Collectives:
         self.nic = nic
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
-        self._steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = {}
-        self._over: dict[tuple[int, str], Usage] = {}
+        self._steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = (
+            {} if shapes is None else shapes.collective_steps)
+        self._over: dict[tuple[int, str], Usage] = (
+            {} if shapes is None else shapes.collective_usages)
         """Per simulated rank and link kind, its flow's shape (checked once)."""
 
     def _layout(self, ranks: Sequence[int]) -> _Layout:
@@ -117,7 +125,7 @@ class Collectives:
                     usage = self._over.get((r, step.link)) or self._shape(r, step.link)
                     flows.append(self.flows.start_usage(nbytes, usage, label=label))
             if flows:
-                yield simpy.AllOf(self.env, flows)
+                yield AllDone(self.env, flows)
         done.succeed()
 
     def _shape(self, rank: int, link_kind: str) -> Usage:

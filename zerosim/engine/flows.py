@@ -248,10 +248,13 @@ class FlowNetwork:
 
     ``record_rates=False`` skips the per-resource usage log (:attr:`rate_changes`);
     ``keep_records=False`` skips :attr:`records`, and flow events then succeed with ``None``.
+    ``memo``: the reallocations remembered by earlier networks of the same resources and
+    capacities, whose flows had the same shapes (`Usage` objects), to share and extend.
     """
 
     def __init__(
-        self, env: simpy.Environment, *, record_rates: bool = True, keep_records: bool = True
+        self, env: simpy.Environment, *, record_rates: bool = True, keep_records: bool = True,
+        memo: dict[tuple[Any, ...], _Reallocation] | None = None
     ):
         self._env = env
         self._record_rates = record_rates
@@ -267,8 +270,8 @@ class FlowNetwork:
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
-        self._rates = _RateLog(env, self._resources)
-        self._memo: dict[tuple[Any, ...], _Reallocation] = {}
+        self._rates = _RateLog(env)
+        self._memo: dict[tuple[Any, ...], _Reallocation] = {} if memo is None else memo
         self._shapes: dict[tuple[Any, ...], Usage] = {}
         """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
@@ -282,7 +285,7 @@ class FlowNetwork:
         self._index[resource] = len(self._resources)
         self._resources.append(resource)
         self._capacities.append(capacity)
-        self._rates.add_resource()
+        self._rates.add_resource(name)
         self._names.add(name)
         return resource
 
@@ -411,13 +414,13 @@ class FlowNetwork:
     def _reallocated(self, flows: list[_Flow], seeds: Iterable[int]) -> _Reallocation:
         """`_reallocate` worked out: the component's flows (their positions among the active
         ones, None for all of them), their rates, and the new usage of every resource it
-        touched, as (resource, usage) pairs. It depends only on the active flows' shapes in
-        start order and on the seeds (capacities never change), and the same few situations
-        recur all run long, so `_reallocate` remembers it."""
+        touched, as (resource, usage) pairs in resource order. It depends only on the active
+        flows' shapes in start order and on the seeds (capacities never change), and the same
+        few situations recur all run long, so `_reallocate` remembers it."""
         component, touched = self._component(flows, seeds)
         used = self._allocated(component) if component else {}
         rates = tuple([flow.rate for flow in component])
-        usage = tuple([(idx, used.get(idx, 0.0)) for idx in touched])
+        usage = tuple([(idx, used.get(idx, 0.0)) for idx in sorted(touched)])
         if len(component) == len(self._active):
             return None, rates, usage
         position = {flow.serial: i for i, flow in enumerate(self._active.values())}
@@ -521,17 +524,21 @@ class FlowNetwork:
 
 
 class _RateLog:
-    """The usage of every resource over time, one row per change (coalesced per instant)."""
+    """The usage of every resource over time, one row per change (coalesced per instant).
 
-    def __init__(self, env: simpy.Environment, resources: list[SharedResource]):
+    Most instants see one reallocation, so the usages staged for the current instant are
+    kept as the (resource, usage) pairs given, and merged only when there are several."""
+
+    def __init__(self, env: simpy.Environment):
         self._env = env
-        self._resources = resources
+        self._names: list[str] = []
         self._recorded: list[float] = []
-        self._pending: dict[int, float] = {}
+        self._pending: list[tuple[tuple[int, float], ...]] = []
         self._pending_t = env.now
         self._changes: Table[RateChange] = Table(RateChange)
 
-    def add_resource(self) -> None:
+    def add_resource(self, name: str) -> None:
+        self._names.append(name)
         self._recorded.append(0.0)
 
     def changes(self) -> Table[RateChange]:
@@ -540,25 +547,35 @@ class _RateLog:
 
     def note(self, usage: tuple[tuple[int, float], ...]) -> None:
         """Stage the new usage of every resource of the recomputed component(s), as
-        (resource, usage) pairs."""
+        (resource, usage) pairs in resource order."""
         now = self._env.now
         if now != self._pending_t:
             self._flush()
             self._pending_t = now
-        self._pending.update(usage)
+        self._pending.append(usage)
 
     def _flush(self) -> None:
-        """Append a RateChange for each staged usage that differs from the last recorded one
-        by more than REL_TOL: ``not math.isclose(rate, last, rel_tol=REL_TOL)``, in its own
-        arithmetic, inlined (usages are finite, as capacities and max rates are)."""
-        pending, recorded, t_s = self._pending, self._recorded, self._pending_t
+        """Append a RateChange, in resource order, for each staged usage (the last staged, for
+        a resource staged several times) that differs from the last recorded one by more than
+        REL_TOL: ``not math.isclose(rate, last, rel_tol=REL_TOL)``, in its own arithmetic,
+        inlined. Usages are finite (as capacities and max rates are) and never negative (sums
+        of rates times positive coefficients), so the larger of the two bounds the tolerance
+        and the difference is the larger minus the smaller, with no `abs`."""
+        pending = self._pending
         if not pending:
             return
-        add, resources = self._changes.add, self._resources
-        for idx in sorted(pending):
-            rate, last = pending[idx], recorded[idx]
-            if rate != last and abs(rate - last) > abs(REL_TOL * rate) \
-                    and abs(rate - last) > abs(REL_TOL * last):
-                add((t_s, resources[idx].name, rate))
+        if len(pending) == 1:
+            staged = pending[0]
+        else:
+            merged: dict[int, float] = {}
+            for usage in pending:
+                merged.update(usage)
+            staged = tuple(sorted(merged.items()))
+        add, names, recorded, t_s = self._changes.add, self._names, self._recorded, self._pending_t
+        for idx, rate in staged:
+            last = recorded[idx]
+            if (rate - last > REL_TOL * rate) if rate > last else (
+                    rate < last and last - rate > REL_TOL * last):
+                add((t_s, names[idx], rate))
                 recorded[idx] = rate
         pending.clear()

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import simpy
 
@@ -25,8 +24,7 @@ from zerosim.engine.streams import Body
 from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
-@dataclass(frozen=True)
-class BucketEntry:
+class BucketEntry(NamedTuple):
     param: Param
     in_bucket: bool
     """Copied into the contiguous IPG buffer (else reduced in place and freed after)."""
@@ -94,6 +92,9 @@ class IpgBuckets:
         self.outstanding: deque[simpy.Event] = deque()
         # Without overlap_comm DeepSpeed reduces on the default stream, in line with compute.
         self.stream = core.stream(Stream.REDUCE) if core.ds.overlap_comm else core.compute
+        self.label = collective.value.replace("_", "-")
+        """How the reduction's op is named (`Enum.value` is slow on the hot path)."""
+        self.op_kind = OpKind(collective.value)
 
     def add(self, param: Param, produced: simpy.Event, micro: int, boundary: bool) -> Gen:
         """`__add_grad_to_ipg_bucket`: reduce the bucket first if the gradient would overflow
@@ -161,9 +162,8 @@ class IpgBuckets:
                 if not entry.in_bucket:
                     self.store.free(entry.param)
 
-        label = self.collective.value.replace("_", "-")
-        self.stream.launch(f"{label} {numel / 1e6:.0f}M", reduce_body,
-                           kind=OpKind(self.collective.value), nbytes=core.comm_bytes * numel)
+        self.stream.launch(f"{self.label} {numel / 1e6:.0f}M", reduce_body,
+                           kind=self.op_kind, nbytes=core.comm_bytes * numel)
         body, host_waits = self.sink.partition(bucket, micro, boundary)
         moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
         done = self.stream.launch(f"partition grads {len(bucket)} params", body,

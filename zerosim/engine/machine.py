@@ -8,7 +8,8 @@ max-min fair (see `flows.py`). Collectives wait until every participating rank h
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 import simpy
@@ -25,6 +26,35 @@ NvmeDirection = Literal["read", "write"]
 
 Shares = tuple[tuple[int, float], ...]
 """How a set of pages spreads over a node's NUMA domains: (domain, share of the pages) pairs."""
+
+
+NETWORKS_REMEMBERED = 4
+"""Machines whose `NetworkShapes` a process keeps between runs (`network_shapes`)."""
+
+
+@dataclass(frozen=True, eq=False)
+class NetworkShapes:
+    """What a machine's flow network works out that depends only on its layout: flow shapes
+    by what they carry (`Machine._shape`), the network's remembered reallocations
+    (`FlowNetwork._reallocate`) and the collectives' shapes and steps. Runs on the same
+    machine layout may share them (`network_shapes`): every value is a pure function of its
+    key and of the layout, and reallocations are keyed by the shapes' identities, which
+    sharing keeps."""
+
+    usages: dict[tuple[Any, ...], Usage] = field(default_factory=dict)
+    reallocations: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    collective_usages: dict[tuple[int, str], Usage] = field(default_factory=dict)
+    collective_steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = field(
+        default_factory=dict)
+
+
+@lru_cache(maxsize=NETWORKS_REMEMBERED)
+def network_shapes(profile: HardwareProfile, ranks: int, threads_per_rank: int | None,
+                   classes: tuple[tuple[int, ...], ...] | None) -> NetworkShapes:
+    """The `NetworkShapes` of a `Machine(env, profile, ranks, threads_per_rank,
+    classes=classes)`, the same object for every run of that layout in this process (a sweep
+    runs one machine many times; working its shapes out again cost about 2% of a run)."""
+    return NetworkShapes()
 
 
 @dataclass(frozen=True)
@@ -93,20 +123,25 @@ class Machine:
 
     def __init__(self, env: simpy.Environment, profile: HardwareProfile, ranks: int,
                  threads_per_rank: int | None, *, record_rates: bool = True,
-                 classes: Sequence[tuple[int, ...]] | None = None):
+                 classes: Sequence[tuple[int, ...]] | None = None,
+                 shapes: NetworkShapes | None = None):
+        """`shapes`: what earlier runs of this layout worked out (`network_shapes`), by
+        default nothing."""
         self.env = env
         self.profile = profile
         self.placements = place_ranks(profile, ranks)
         self.stands_for = {members[0]: members
                            for members in (classes or [(r,) for r in range(ranks)])}
         """Each simulated rank, with the ranks it stands for (itself first)."""
-        self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False)
+        shapes = shapes or NetworkShapes()
+        self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False,
+                                 memo=shapes.reallocations)
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
-        self._usages: dict[tuple[Any, ...], Usage] = {}
+        self._usages = shapes.usages
         self._dma_shapes: dict[tuple[Any, ...], tuple[costs.HostBytes, Usage]] = {}
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements,
-                                       self.stands_for, self.nvlink, self.nic)
+                                       self.stands_for, self.nvlink, self.nic, shapes=shapes)
 
     @property
     def simulated(self) -> list[Placement]:
@@ -277,7 +312,8 @@ class Machine:
         """
         if elements <= 0:
             return
-        key = ("cpu", rank, host, elements_per_s_per_thread, threads)
+        # `host` by its fields: hashing the dataclass costs more than the rest of the look-up
+        key = ("cpu", rank, host.home, host.spread, elements_per_s_per_thread, threads)
         usage = self._usages.get(key)
         if usage is None:
             threads = min(threads or self.threads_per_rank, self.threads_per_rank)
@@ -307,7 +343,8 @@ class Machine:
         if nbytes <= 0:
             return
         usage = self._shape(
-            ("zero", rank, threads, where), rank, lambda pl: self._host_memory(pl, where),
+            ("zero", rank, threads, where.home, where.spread), rank,
+            lambda pl: self._host_memory(pl, where),
             max_rate=min(threads, self.threads_per_rank) * self.profile.page_zeroing_Bps)
         yield self.flows.start_usage(nbytes, usage, label=label)
 

@@ -141,11 +141,8 @@ class PartitionedParams:
         self.waited = [True] * n
         """Whether the host has waited on the module's fetch since it was issued (DeepSpeed's
         inflight registry, which the wait empties)."""
-        self.to_gather = [[p for p in plan.params[i] if not p.persistent] for i in range(n)]
-        """Per module, the tensors an all-gather brings (the non-persistent ones)."""
-        self.partition_numel = [sum(p.partition_numel for p in tensors)
-                                for tensors in self.to_gather]
-        """Per module, this rank's partition of the tensors an all-gather brings."""
+        self.to_gather = plan.gathered_tensors
+        self.partition_numel = plan.gathered_partition_numel
         self.bundles: dict[int, _Bundle] = {}
         """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
         self.not_gathered = list(range(len(self.trace)))

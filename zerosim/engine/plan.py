@@ -4,12 +4,21 @@ release-or-keep after forward, optimizer sub-groups."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
-from zerosim.hardware import nvme
-from zerosim.models.breakdown import Module, Workload, build_modules
+from zerosim.hardware import costs, nvme
+from zerosim.hardware.profile import HardwareProfile
+from zerosim.models.breakdown import Module, Recipe, Workload, build_modules
+from zerosim.models.kernels import kernel_count
+from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
+
+MODELS_REMEMBERED = 8
+"""Models, plans and GPU times a process keeps between runs (`plan_of`, `module_costs`): a
+sweep or tune worker runs the same few models many times."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,16 @@ class Plan:
     partition_numel: int
     persistent_numel: int
     ranks: int
+
+    @cached_property
+    def gathered_tensors(self) -> tuple[tuple[Param, ...], ...]:
+        """Per module, the tensors a ZeRO-3 all-gather brings (the non-persistent ones)."""
+        return tuple(tuple(p for p in params if not p.persistent) for params in self.params)
+
+    @cached_property
+    def gathered_partition_numel(self) -> tuple[int, ...]:
+        """Per module, one rank's partition of the tensors an all-gather brings."""
+        return tuple(sum(p.partition_numel for p in tensors) for tensors in self.gathered_tensors)
 
     @property
     def all_params(self) -> list[Param]:
@@ -141,9 +160,8 @@ def _nvme_params(params: list[Param], groups: list[int], member: dict[tuple[int,
                      and nvme.swappable(p.partition_numel, dtype_bytes, ds.aio.block_size))
 
 
-def make_plan(scenario: Scenario, modules: list[Module]) -> Plan:
-    ds = scenario.deepspeed
-    ranks = scenario.data_parallel
+def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Plan:
+    """What DeepSpeed decides for `modules` under `ds` on `ranks` data-parallel ranks."""
     sharded = ds.stage == 3
     params = []
     for m_index, module in enumerate(modules):
@@ -185,6 +203,51 @@ def workload_of(scenario: Scenario) -> Workload:
 
 
 def plan_of(scenario: Scenario) -> Plan:
-    """The plan of a resolved scenario (pure: what `run_engine` starts from)."""
-    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
-    return make_plan(scenario, modules)
+    """The plan of a resolved scenario (pure: what `run_engine` starts from), remembered by
+    what it depends on (the model, its workload and recipe, the DeepSpeed config, the ranks)
+    for the last few scenarios."""
+    return _plan(scenario.model, workload_of(scenario), scenario.stack.recipe,
+                 scenario.deepspeed, scenario.data_parallel)
+
+
+@lru_cache(maxsize=MODELS_REMEMBERED)
+def _plan(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedConfig,
+          data_parallel: int) -> Plan:
+    return make_plan(ds, data_parallel, _modules(spec, workload, recipe))
+
+
+@lru_cache(maxsize=MODELS_REMEMBERED)
+def _modules(spec: ModelSpec, workload: Workload, recipe: Recipe) -> tuple[Module, ...]:
+    """`build_modules`, remembered by value (building a 13 B model's modules costs about 5%
+    of a run)."""
+    return tuple(build_modules(spec, workload, recipe))
+
+
+@dataclass(frozen=True)
+class ModuleCosts:
+    """Per module (by index), the GPU seconds of its forward and backward kernels on one
+    hardware profile and how many kernels each launches."""
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    forward_launches: tuple[int, ...]
+    backward_launches: tuple[int, ...]
+
+
+def module_costs(scenario: Scenario) -> ModuleCosts:
+    """The `ModuleCosts` of the scenario's modules on its hardware, remembered by value as
+    the plan is (a run needs every module's, and pricing their kernels costs about 2% of
+    a run)."""
+    return _module_costs(scenario.model, workload_of(scenario), scenario.stack.recipe,
+                         scenario.hardware)
+
+
+@lru_cache(maxsize=MODELS_REMEMBERED)
+def _module_costs(spec: ModelSpec, workload: Workload, recipe: Recipe,
+                  profile: HardwareProfile) -> ModuleCosts:
+    modules = _modules(spec, workload, recipe)
+    return ModuleCosts(
+        forward_s=tuple([costs.module_forward_s(m, profile) for m in modules]),
+        backward_s=tuple([costs.module_backward_s(m, profile) for m in modules]),
+        forward_launches=tuple([kernel_count(m.kernels) for m in modules]),
+        backward_launches=tuple([kernel_count(m.backward_kernels) for m in modules]))

@@ -92,10 +92,10 @@ class RankProgram:
             ready = None
             if module.params:
                 ready = yield from self._fetch_for(index, backward=True)
-            yield from core.issue_kernels(module.backward_kernels)
+            yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
             done = core.compute.launch(
                 f"backward {module.name}",
-                core.backward_body(index, core.backward_seconds(index),
+                core.backward_body(index, core.ctx.costs.backward_s[index],
                                    on_end=lambda i=index: self.gradients.store.produce(i)),
                 kind=OpKind.BACKWARD, after=(ready,))
             for param in core.plan.params[index]:
@@ -127,8 +127,8 @@ class RankProgram:
         ready = None
         if module.params:
             ready = yield from self._fetch_for(index, backward=backward)
-        yield from core.issue_kernels(module.kernels)
+        yield from core.issue_kernels(core.ctx.costs.forward_launches[index])
         label = "forward" if kind == OpKind.FORWARD else "recompute"
         core.compute.launch(f"{label} {module.name}",
-                            core.forward_body(index, core.forward_seconds(index), saved_bytes),
+                            core.forward_body(index, core.ctx.costs.forward_s[index], saved_bytes),
                             kind=kind, after=(ready,))

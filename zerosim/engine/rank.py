@@ -14,13 +14,13 @@ from typing import Any, Literal
 import simpy
 
 from zerosim.behaviours import Behaviours
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import MemoryPool, shared
-from zerosim.engine.plan import Plan
+from zerosim.engine.plan import Plan, module_costs
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
 from zerosim.hardware import costs
-from zerosim.models.kernels import Kernel, kernel_count
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import (
@@ -37,6 +37,8 @@ from zerosim.vocabulary import (
 )
 
 Gen = Generator[simpy.Event, Any, Any]
+Waits = tuple[simpy.Event, ...]
+"""Events to `yield from` one after the other (each succeeding with None)."""
 
 _HOST_BUFFER = {pinned: host_buffer(pinned).value for pinned in (True, False)}
 """A copy's host buffer as records hold it: plain text, made once (`.value` is slow)."""
@@ -60,30 +62,9 @@ class RunContext:
     def __post_init__(self) -> None:
         self.world = tuple(range(self.scenario.data_parallel))
         """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
-        self.module_seconds: dict[tuple[bool, int], float] = {}
-        """GPU time of each module's forward (False) or backward (True), computed once: every
-        rank runs every module once per micro-batch."""
-        self.kernel_launches: dict[int, tuple[tuple[Kernel, ...], int]] = {}
-        """`launches`, by the identity of the kernel tuple."""
-
-    def launches(self, kernels: tuple[Kernel, ...]) -> int:
-        """`kernel_count(kernels)`, counted once per tuple (a module's kernels, launched every
-        micro-batch); keyed by identity, the plan's tuples living as long as the run."""
-        known = self.kernel_launches.get(id(kernels))
-        if known is not None and known[0] is kernels:
-            return known[1]
-        count = kernel_count(kernels)
-        self.kernel_launches[id(kernels)] = (kernels, count)
-        return count
-
-    def gpu_seconds(self, index: int, backward: bool) -> float:
-        seconds = self.module_seconds.get((backward, index))
-        if seconds is None:
-            module, profile = self.plan.modules[index], self.scenario.hardware
-            seconds = self.module_seconds[(backward, index)] = (
-                costs.module_backward_s(module, profile) if backward
-                else costs.module_forward_s(module, profile))
-        return seconds
+        self.costs = module_costs(self.scenario)
+        """Each module's GPU time and kernel launches (every rank runs every module once per
+        micro-batch)."""
 
 
 class RankCore:
@@ -163,7 +144,7 @@ class RankCore:
             pending = [e for s in self.streams.values() if (e := s.idle_event()) is not None]
             if not pending:
                 return
-            yield simpy.AllOf(self.env, pending)
+            yield AllDone(self.env, pending)
 
     # ------------------------------------------------------------------ helpers
 
@@ -175,9 +156,9 @@ class RankCore:
             event.callbacks.append(lambda _e: action())
 
     def gpu_time(self, seconds: float) -> Body:
-        def body() -> Gen:
-            yield self.env.timeout(seconds)
-        return body
+        """An op's body that keeps its stream busy for `seconds` (a tuple of its timeout, as
+        `host_time` gives one)."""
+        return lambda: (self.env.timeout(seconds),)
 
     def hbm_seconds(self, nbytes: float, passes: float = 2.0) -> float:
         return costs.hbm_copy_s(nbytes, self.profile, passes=passes)
@@ -225,20 +206,23 @@ class RankCore:
         return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
                                        self.ranks)
 
-    def host_time(self, seconds: float) -> Gen:
-        """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping)."""
-        if seconds > 0:
-            yield self.env.timeout(seconds)
+    def host_time(self, seconds: float) -> Waits:
+        """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping), to
+        `yield from`: its one timeout, or none, in a tuple rather than a generator. The same
+        event at the same point, without a generator per call (a third of a run's timeouts);
+        `yield from` a tuple works as the engine's timeouts carry no value."""
+        return (self.env.timeout(seconds),) if seconds > 0 else ()
 
-    def fetch_hooks(self) -> Gen:
+    def fetch_hooks(self) -> Waits:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
         return self.host_time(self.fetch_hook_s)
 
-    def issue_kernels(self, kernels: tuple[Kernel, ...]) -> Gen:
-        """Host time to launch a module's kernels; the GPU runs them once they are queued."""
-        return self.host_time(self.ctx.launches(kernels) * self.kernel_launch_s)
+    def issue_kernels(self, launches: int) -> Waits:
+        """Host time to launch a module's kernels (`launches` of them); the GPU runs them once
+        they are queued."""
+        return self.host_time(launches * self.kernel_launch_s)
 
-    def pay_launches(self) -> Gen:
+    def pay_launches(self) -> Waits:
         """Host time of the collectives launched since the last call."""
         launches, self.launches = self.launches, 0
         return self.host_time(launches * self.collective_launch_s)
@@ -275,9 +259,4 @@ class RankCore:
                 on_end()
         return body
 
-    def forward_seconds(self, index: int) -> float:
-        return self.ctx.gpu_seconds(index, backward=False)
-
-    def backward_seconds(self, index: int) -> float:
-        return self.ctx.gpu_seconds(index, backward=True)
 

@@ -7,7 +7,7 @@ give single records to tests and readers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
@@ -56,43 +56,62 @@ class PhaseSpan:
 
 
 class Table(Generic[R]):
-    """Records of one type as rows of plain tuples, every field given, in field order.
+    """Records of one type, every field given, in field order.
 
-    `add(row)` appends a row; `columns()` gives one list per field, with vocabulary members
-    (`StrEnum`) in text fields turned into plain `str`. The engine adds rows of plain values
-    only (text as `str`, a member's `_value_`): the garbage collector stops tracking such a
-    tuple, while one holding a member stays tracked and is traversed by every collection
-    (measured: half the collector's time in a `llama13b_dp4` run).
+    `add(row)` appends a row (a tuple); `rows` gives them back as tuples; `columns()` gives
+    one list per field, with vocabulary members (`StrEnum`) in text fields turned into plain
+    `str`. The table keeps its rows' values in one flat list, not the tuples themselves: a
+    run adds tens of thousands of rows, and every live tuple counts towards the garbage
+    collector's next collection (the tuples the engine adds, of plain values, only stop being
+    tracked once a collection has looked at them), which made a `llama13b_dp4` run with every
+    record trigger a full collection (30-40 ms) almost every run. The engine adds rows of
+    plain values only (text as `str`, a member's `_value_`).
     """
 
-    __slots__ = ("add", "names", "record_type", "rows", "text")
+    __slots__ = ("_flat", "add", "names", "record_type", "text", "width")
 
     def __init__(self, record_type: type[R]):
         self.record_type = record_type
         self.names = tuple(f.name for f in fields(record_type))
         self.text = frozenset(f.name for f in fields(record_type) if f.type == "str")
-        self.rows: list[tuple[Any, ...]] = []
-        self.add = self.rows.append
+        self.width = len(self.names)
+        self._flat: list[Any] = []
+        self.add = self._flat.extend
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._flat) // self.width
 
     def __iter__(self) -> Iterator[R]:
         make = self.record_type
         return (make(*row) for row in self.rows)
 
+    @property
+    def rows(self) -> list[tuple[Any, ...]]:
+        """The rows as tuples in field order (a new list at each call)."""
+        return list(zip(*[iter(self._checked())] * self.width, strict=True))
+
+    def column(self, field: int) -> list[Any]:
+        """Every row's `field` (its position), in order, as stored."""
+        return self._checked()[field::self.width]
+
     def columns(self) -> dict[str, list[Any]]:
-        if not self.rows:
-            return {name: [] for name in self.names}
-        return {name: list(map(str, values)) if name in self.text else list(values)
-                for name, values in zip(self.names, zip(*self.rows, strict=True),
-                                        strict=True)}
+        flat, width = self._checked(), self.width
+        return {name: list(map(str, flat[i::width])) if name in self.text else flat[i::width]
+                for i, name in enumerate(self.names)}
+
+    def _checked(self) -> list[Any]:
+        """The flat values, once checked to make whole rows."""
+        if len(self._flat) % self.width:
+            raise ValueError(f"a {self.record_type.__name__} row of other than {self.width} "
+                             "fields was added")
+        return self._flat
 
     @classmethod
-    def of_rows(cls, record_type: type[R], rows: list[tuple[Any, ...]]) -> Table[R]:
+    def of_rows(cls, record_type: type[R], rows: Iterable[tuple[Any, ...]]) -> Table[R]:
         """A table holding `rows` (tuples in field order)."""
         table = cls(record_type)
-        table.rows.extend(rows)
+        for row in rows:
+            table.add(row)
         return table
 
     @classmethod
@@ -100,7 +119,8 @@ class Table(Generic[R]):
         """A table holding `records` (dataclass instances of `record_type`)."""
         table = cls(record_type)
         names = table.names
-        table.rows.extend(tuple(getattr(r, n) for n in names) for r in records)
+        for r in records:
+            table.add(tuple(getattr(r, n) for n in names))
         return table
 
 
@@ -111,7 +131,7 @@ def with_copies(table: Table[R], field: int, copies: dict[Any, tuple[Any, ...]])
     if not copies:
         return table
     expanded = Table(table.record_type)
-    add = expanded.rows.append
+    add = expanded.add
     for row in table.rows:
         add(row)
         for other in copies.get(row[field], (row[field],))[1:]:

@@ -13,14 +13,14 @@ import simpy
 from simpy.events import NORMAL, URGENT, Initialize, Process, Timeout
 
 from zerosim.engine.compose import build_rank
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import RateChange
-from zerosim.engine.machine import Machine, place_ranks
+from zerosim.engine.machine import Machine, network_shapes, place_ranks
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
-from zerosim.engine.plan import Plan, make_plan, workload_of
+from zerosim.engine.plan import Plan, plan_of
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.symmetry import rank_classes
-from zerosim.models.breakdown import build_modules
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
@@ -293,11 +293,11 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
               observer: Callable[[RunContext], None] | None
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
-    modules = build_modules(scenario.model, workload_of(scenario), scenario.stack.recipe)
-    plan = make_plan(scenario, modules)
-    machine = Machine(env, scenario.hardware, simulated,
-                      scenario.runtime.cpu_threads_per_rank, record_rates=full,
-                      classes=classes)
+    plan = plan_of(scenario)
+    threads = scenario.runtime.cpu_threads_per_rank
+    machine = Machine(env, scenario.hardware, simulated, threads, record_rates=full,
+                      classes=classes,
+                      shapes=network_shapes(scenario.hardware, simulated, threads, classes))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
@@ -306,7 +306,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
         observer(ctx)
     status, oom, events = "ok", None, None
     try:
-        events = run_until(env, simpy.AllOf(env, ranks))
+        events = run_until(env, AllDone(env, ranks))
     except OutOfMemory as err:
         status, oom = "oom", err.to_dict()
     links = machine.flows.rate_table()
@@ -338,15 +338,18 @@ def check_invariants(raw: RawRun, pools: dict[str, MemoryPool]) -> list[str]:
                  for cat, level in pool.levels.items() if level != 0}
     if leftovers:
         raise RuntimeError(f"memory not freed at the end of the iteration: {leftovers}")
-    by_stream: dict[tuple[int, str], list[tuple]] = {}
-    for row in raw.spans.rows:
-        if row[1] not in COPY_ENGINE_STREAMS:
-            by_stream.setdefault((row[0], row[1]), []).append(row)
+    spans = raw.spans
+    starts, ends = spans.column(5), spans.column(6)
+    by_stream: dict[tuple[int, str], list[int]] = {}
+    for k, key in enumerate(zip(spans.column(0), spans.column(1), strict=True)):
+        if key[1] not in COPY_ENGINE_STREAMS:
+            by_stream.setdefault(key, []).append(k)
     for (rank, stream), rows in by_stream.items():
-        rows.sort(key=lambda r: (r[5], r[6]))
+        rows.sort(key=lambda k: (starts[k], ends[k]))
         for before, after in itertools.pairwise(rows):
-            if after[5] < before[6] - 1e-12:
-                raise RuntimeError(f"rank {rank} stream {stream}: {before[4]!r} and {after[4]!r} "
-                                   "overlap")
+            if starts[after] < ends[before] - 1e-12:
+                ops = spans.column(4)
+                raise RuntimeError(f"rank {rank} stream {stream}: {ops[before]!r} and "
+                                   f"{ops[after]!r} overlap")
     return ["no flow or collective in flight", "every allocation freed",
             "no overlap on an in-order stream"]

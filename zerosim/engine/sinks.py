@@ -100,6 +100,10 @@ class BoundaryFlush:
     def __init__(self, core: RankCore, swap: GradientSwap):
         self.core = core
         self.swap = swap
+        self.cast_accumulated = costs.HostBytes(home=core.accum_bytes + FP32_BYTES)
+        """What casting the accumulated gradient into the fp32 buffer touches per element."""
+        self.cast_16bit = costs.HostBytes(home=core.dtype_bytes + FP32_BYTES)
+        """What casting a 16-bit temporary into the fp32 buffer touches per element."""
 
     def can_buffer(self, bucket: list[BucketEntry]) -> bool:
         """What-if: buffer a boundary bucket on the GPU only if it fits in free HBM now."""
@@ -146,8 +150,7 @@ class BoundaryFlush:
             if core.accum_bytes != FP32_BYTES:
                 yield from core.cpu_work(
                     f"cast fp16→fp32 {name}", OpKind.CAST,
-                    core.machine.elementwise(core.rank, elements,
-                                             costs.HostBytes(home=core.accum_bytes + FP32_BYTES),
+                    core.machine.elementwise(core.rank, elements, self.cast_accumulated,
                                              threads=core.profile.cast_threads),
                     nbytes=nbytes, track=Stream.CPU_FLUSH)
 
@@ -169,8 +172,7 @@ class BoundaryFlush:
                             kind=OpKind.GRAD_FLUSH)
         yield from core.cpu_work(
             f"cast fp16→fp32 {name}", OpKind.CAST,
-            core.machine.elementwise(core.rank, elements,
-                                     costs.HostBytes(home=core.dtype_bytes + FP32_BYTES),
+            core.machine.elementwise(core.rank, elements, self.cast_16bit,
                                      threads=core.profile.cast_threads),
             nbytes=temp_bytes)
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import simpy
 
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.records import Span, Table
 from zerosim.vocabulary import OpKind, Stream
 
-Body = Callable[[], Generator[simpy.Event, Any, Any]]
+Body = Callable[[], Iterable[simpy.Event]]
+"""What an op does on its stream: the events to `yield from` (a generator, or a tuple of
+timeouts)."""
 
 
 class InOrderStream:
@@ -47,7 +49,7 @@ class InOrderStream:
         if len(waits) == 1:
             yield waits[0]
         elif waits:
-            yield simpy.AllOf(self.env, waits)
+            yield AllDone(self.env, waits)
         start = self.env.now
         yield from body()
         self._spans.add((self.rank, self._text, phase, micro, op, start, self.env.now, nbytes,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import simpy
 
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.sinks import gpu_cast_then_d2h
@@ -83,7 +84,7 @@ class OptimizerSwapper:
         pending = [e for e in self.gradient_writes if not e.processed]
         self.gradient_writes = []
         if pending:
-            yield simpy.AllOf(self.core.env, pending)
+            yield AllDone(self.core.env, pending)
 
     def swap_in(self, group: int) -> Gen:
         if group not in self.swapped:

@@ -91,18 +91,20 @@ def total_bytes(spans: Table[Span], stream: str,
     """The bytes of every span on `stream`, summed as `spans.bytes.sum()` over the sorted
     spans table sums them; a folded run's rows count once per rank they stand for
     (`RawRun.every_rank`)."""
-    rows = with_copies(Table.of_rows(spans.record_type,
-                                     [row for row in spans.rows if row[1] == stream]),
-                       0, stands_for or {}).rows
-    values = [row[7] for row in rows]
+    copies = stands_for or {}
+    rows = [(start_s, other, nbytes)  # as `with_copies` gives them: each rank it stands for
+            for rank, on, start_s, nbytes in zip(spans.column(0), spans.column(1),
+                                                 spans.column(5), spans.column(7), strict=True)
+            if on == stream for other in copies.get(rank, (rank,))]
+    values = [row[2] for row in rows]
     if all(float(v).is_integer() and v >= 0 for v in values):
         total = math.fsum(values)
         if total < EXACT_FLOAT_INTEGERS:
             return total  # every partial sum is exact, in any order
     import numpy as np
 
-    rows.sort(key=lambda row: (row[5], row[0]))  # the table's order: start_s, rank
-    return float(np.array([row[7] for row in rows], dtype=float).sum())
+    rows.sort(key=lambda row: (row[0], row[1]))  # the table's order: start_s, rank
+    return float(np.array([row[2] for row in rows], dtype=float).sum())
 
 
 def summarize(raw: RawRun) -> dict[str, Any]:
