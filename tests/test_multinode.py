@@ -7,14 +7,13 @@ functions.
 The two-node timelines simulate both nodes (`fold_nodes=False`) to read node 1's ranks too;
 `test_symmetry.py` checks that simulating node 0 alone gives node 0's rows exactly.
 
-Two-level collectives (S = gathered bytes, N ranks, n = 2 nodes, g GPUs per node):
-
-- all-gather: across nodes first, each GPU sends (N - g)/N x S / g through its node's NICs, which
-  its node's g GPUs share (n - 1 = 1 step of 2 us); then within the node each GPU sends
-  (g - 1)/g x S over its own NVLink port (g - 1 steps of 0.5 us).
-- reduce-scatter: the same two levels, NVLink first.
-- all-reduce: NVLink reduce-scatter, NIC all-reduce (twice the bytes and steps), NVLink
-  all-gather.
+NCCL's ring through every rank (S = gathered bytes, N ranks, n = 2 nodes, g GPUs per node):
+each GPU sends (N - 1)/N x S (all-reduce: twice that) at one rate. Of a ring's g hops out of a
+node, g - 1 are NVLink and one goes through the node's NICs, so each GPU's flow loads its NVLink
+port with (g - 1)/g of its rate and its node's NICs (shared by the node's g GPUs) with 1/g: the
+NICs carry as much as one GPU sends. Latency as NCCL's tuning model counts it: N - 1 steps
+(all-reduce 2(N - 1)), n - 1 (all-reduce 2(n - 1)) of them across nodes at 2 us, the others
+at 0.5 us.
 """
 
 from __future__ import annotations
@@ -62,16 +61,16 @@ def _span(result: zerosim.Result, stream: str, op: str, rank: int = 0):
 
 
 @pytest.mark.parametrize(("per_node", "nics", "end_ps"), [
-    # 1 GPU per node: one step across: 2 us + (2-1)/2 x 32768 B = 16384 B at 10 GB/s
-    # = 1638400 ps; nothing within a node. 2000000 + 1638400 = 3638400.
+    # 1 GPU per node: one step, across: 2 us + (2-1)/2 x 32768 B = 16384 B at 10 GB/s
+    # = 1638400 ps; no NVLink hop. 2000000 + 1638400 = 3638400.
     (1, 1, 3638400),
-    # 2 GPUs per node, 1 NIC: across, each GPU sends (4-2)/4 x 32768 / 2 = 8192 B, the node's
-    # two GPUs share 10 GB/s: 5 GB/s each, 1638400 ps after 2 us; then within, 16384 B over
-    # 100 GB/s NVLink = 163840 ps after 0.5 us: 2000000 + 1638400 + 500000 + 163840 = 4302240.
-    (2, 1, 4302240),
-    # 2 NICs: the node has 20 GB/s, 10 GB/s per GPU: 819200 ps across instead of 1638400.
-    # 2000000 + 819200 + 500000 + 163840 = 3483040.
-    (2, 2, 3483040),
+    # 2 GPUs per node, 1 NIC: 3 steps, one across: 500000 + 500000 + 2000000 = 3000000 ps; each
+    # GPU sends 3/4 x 32768 = 24576 B; the NIC takes 1/2 of each of the node's two flows, so
+    # they run at 10 GB/s (NVLink at half of that is far from its 100 GB/s): 2457600 ps.
+    # 3000000 + 2457600 = 5457600.
+    (2, 1, 5457600),
+    # 2 NICs: 20 GB/s per node, the flows run at 20 GB/s: 1228800 ps. 3000000 + 1228800.
+    (2, 2, 4228800),
 ])
 def test_two_node_all_gather(toy, per_node, nics, end_ps):
     result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node, fold_nodes=False)
@@ -88,16 +87,15 @@ def test_two_node_all_gather(toy, per_node, nics, end_ps):
 @pytest.mark.parametrize(("per_node", "nics", "duration_ps"), [
     # 1 GPU per node: 2 us + (2-1)/2 x 230016 B = 115008 B at 10 GB/s = 11500800 ps: 13500800.
     (1, 1, 13500800),
-    # 2 GPUs per node: within first, 230016 / 2 = 115008 B over NVLink at 100 GB/s = 1150080 ps
-    # after 0.5 us; then across, (4-2)/4 x 230016 / 2 = 57504 B per GPU, two GPUs on 10 GB/s:
-    # 5 GB/s each, 11500800 ps after 2 us. 500000 + 1150080 + 2000000 + 11500800 = 15150880.
-    (2, 1, 15150880),
-    # 2 NICs: across takes 5750400 ps. 500000 + 1150080 + 2000000 + 5750400 = 9400480.
-    (2, 2, 9400480),
+    # 2 GPUs per node: 3 steps (3000000 ps), then 3/4 x 230016 = 172512 B per GPU at the NIC's
+    # 10 GB/s: 17251200 ps. 3000000 + 17251200 = 20251200.
+    (2, 1, 20251200),
+    # 2 NICs: 20 GB/s, 8625600 ps. 3000000 + 8625600 = 11625600.
+    (2, 2, 11625600),
 ])
 def test_two_node_reduce_scatter(toy, per_node, nics, duration_ps):
     """The one gradient bucket's reduce-scatter at the end of the backward (nothing else is on
-    the NICs then): its span lasts exactly the two levels."""
+    the NICs then): its span lasts exactly the ring's latency and transfer."""
     result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node, fold_nodes=False)
     starts = set()
     for rank in range(2 * per_node):
@@ -128,23 +126,42 @@ def _collective_end_ps(profile, kind: str, nbytes: float, ranks: int) -> list[fl
 
 
 def test_two_node_all_reduce_machine(toy):
-    """All-reduce of 32768 B over 2 nodes x 2 GPUs: NVLink reduce-scatter (0.5 us + 16384 B at
-    100 GB/s = 163840 ps), NIC all-reduce (2 steps = 4 us; 2 x (4-2)/4 x 32768 / 2 = 16384 B per
-    GPU at 5 GB/s = 3276800 ps), NVLink all-gather (0.5 us + 163840 ps):
-    500000 + 163840 + 4000000 + 3276800 + 500000 + 163840 = 8604480 ps."""
+    """All-reduce of 32768 B over 2 nodes x 2 GPUs: 2 x 3 = 6 steps, 2 x 1 = 2 of them across
+    (4 x 500000 + 2 x 2000000 = 6000000 ps), then 2 x 3/4 x 32768 = 49152 B per GPU at the
+    NIC's 10 GB/s (4915200 ps): 10915200 ps."""
     profile = toy.scenario(two_nodes(2), gpus=4).hardware
     ends = _collective_end_ps(profile, "all_reduce", EMBED_BYTES, 4)
-    assert ends == pytest.approx([8604480] * 4, rel=1e-9)
+    assert ends == pytest.approx([10915200] * 4, rel=1e-9)
 
 
 def test_inter_node_part_halves_with_twice_the_nics(toy):
-    """Same all-gather, 1 vs 2 NICs: the NVLink level (0.5 us + 163840 ps) and the latency
-    (2 us) stay, the NIC transfer goes from 1638400 to 819200 ps."""
-    fixed = NET_LATENCY_PS + NVLINK_LATENCY_PS + 163840
+    """Same all-gather, 1 vs 2 NICs: the latency (one step across, two within) stays, the
+    transfer goes from 2457600 to 1228800 ps."""
+    fixed = NET_LATENCY_PS + 2 * NVLINK_LATENCY_PS
     one, two = (_collective_end_ps(toy.scenario(two_nodes(2, nics), gpus=4).hardware,
                                    "all_gather", EMBED_BYTES, 4)[0] for nics in (1, 2))
-    assert one - fixed == pytest.approx(1638400, rel=1e-9)
-    assert two - fixed == pytest.approx(819200, rel=1e-9)
+    assert one - fixed == pytest.approx(2457600, rel=1e-9)
+    assert two - fixed == pytest.approx(1228800, rel=1e-9)
+
+
+def test_ring_bound_by_nvlink_when_the_nics_are_wide(toy):
+    """NVLink at 10 GB/s per GPU, 4 NICs of 10 GB/s per node: each GPU's flow loads its NVLink
+    port with 1/2 of its rate (one of its node's two hops per ring stays inside), so NVLink
+    caps it at 20 GB/s while the NICs would allow 40 GB/s. All-gather of 32768 B over 2 x 2:
+    3000000 ps of latency, then 24576 B at 20 GB/s = 1228800 ps: 4228800 ps."""
+    scenario = two_nodes(2, nics=4)
+    scenario["hardware"]["nvlink"]["bus_GBps"] = q(10)
+    profile = toy.scenario(scenario, gpus=4).hardware
+    ends = _collective_end_ps(profile, "all_gather", EMBED_BYTES, 4)
+    assert ends == pytest.approx([4228800] * 4, rel=1e-9)
+
+
+def test_ring_latency_counts_only_node_crossings_at_the_network_latency(toy):
+    """A 1-byte all-gather over 2 nodes x 3 GPUs: 5 ring steps, 1 across (2 us) and 4 within
+    (0.5 us each): 4000000 ps, plus 5/6 B at 10 GB/s = 83.33 ps."""
+    profile = toy.scenario(two_nodes(3), gpus=6).hardware
+    ends = _collective_end_ps(profile, "all_gather", 1, 6)
+    assert ends == pytest.approx([4000000 + 5 / 6 / 10e9 / PS] * 6, rel=1e-12)
 
 
 # ------------------------------------------------------------------- one node is unchanged

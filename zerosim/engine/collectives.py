@@ -1,4 +1,4 @@
-"""Collectives: ranks meet, then rings run level by level over NVLink and the nodes' NICs."""
+"""Collectives: ranks meet, then NCCL's ring runs over NVLink and, across nodes, the NICs."""
 
 from __future__ import annotations
 
@@ -59,11 +59,11 @@ class Collectives:
         self.nic = nic
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
-        self._steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = (
-            {} if shapes is None else shapes.collective_steps)
-        self._over: dict[tuple[int, str], Usage] = (
+        self._rings: dict[tuple[Any, ...], costs.RingCollective] = (
+            {} if shapes is None else shapes.collective_rings)
+        self._over: dict[tuple[int, tuple[float, float]], Usage] = (
             {} if shapes is None else shapes.collective_usages)
-        """Per simulated rank and link kind, its flow's shape (checked once)."""
+        """Per simulated rank and (NVLink, network) shares, its flow's shape (checked once)."""
 
     def _layout(self, ranks: Sequence[int]) -> _Layout:
         """The layout of `ranks`, computed once per sequence object (ranks share one)."""
@@ -97,44 +97,51 @@ class Collectives:
             self.env.process(self._run(meeting.done, kind, total_bytes, layout, key))
         yield meeting.done
 
-    def _levels(self, kind: Collective, total_bytes: float, layout: _Layout
-                ) -> tuple[costs.CollectiveStep, ...]:
+    def _ring(self, kind: Collective, total_bytes: float, layout: _Layout
+              ) -> costs.RingCollective:
         cache_key = (kind, total_bytes, layout.per_node)
-        steps = self._steps.get(cache_key)
-        if steps is None:
+        ring = self._rings.get(cache_key)
+        if ring is None:
             p = self.profile
-            steps = self._steps[cache_key] = costs.hierarchical_collective(
+            ring = self._rings[cache_key] = costs.ring_collective(
                 kind, total_bytes, layout.per_node, nvlink_latency_s=p.nvlink_latency_s,
                 network_latency_s=p.network_latency_s)
-        return steps
+        return ring
 
     def _run(self, done: simpy.Event, kind: Collective, total_bytes: float, layout: _Layout,
              key: tuple[Any, ...]):
-        """Run the collective's levels (see `costs.hierarchical_collective`) one after the
-        other: each waits its latency, then one flow per simulated GPU over its NVLink port or
-        over its node's NICs (shared with the node's other GPUs)."""
+        """Run the collective's ring (see `costs.ring_collective`): its latency, then one flow
+        per simulated GPU over its NVLink port and, across nodes, its node's NICs."""
+        ring = self._ring(kind, total_bytes, layout)
+        yield self.env.timeout(ring.latency_s)
         label = f"{kind} {key}"
-        for step in self._levels(kind, total_bytes, layout):
-            yield self.env.timeout(step.latency_s)
-            flows = []
-            for node, ranks in layout.simulated:
-                nbytes = step.bytes_per_gpu[node]
-                if nbytes <= 0:
-                    continue
-                for r in ranks:
-                    usage = self._over.get((r, step.link)) or self._shape(r, step.link)
-                    flows.append(self.flows.start_usage(nbytes, usage, label=label))
-            if flows:
-                yield AllDone(self.env, flows)
+        flows = []
+        for node, ranks in layout.simulated:
+            shares = (ring.nvlink_share[node], ring.network_share[node])
+            for r in ranks:
+                usage = self._over.get((r, shares)) or self._shape(r, shares)
+                flows.append(self.flows.start_usage(ring.bytes_per_gpu, usage, label=label))
+        if flows:
+            yield AllDone(self.env, flows)
         done.succeed()
 
-    def _shape(self, rank: int, link_kind: str) -> Usage:
-        """A flow of `rank` over its NVLink port or its node's NICs, standing for the same
-        flow of every rank of its class."""
-        links = [self.nvlink[self.placements[r].gpu] if link_kind == "nvlink"
-                 else self.nic[self.placements[r].node] for r in self.stands_for[rank]]
-        usage = self._over[(rank, link_kind)] = self.flows.usage(
-            {links[0]: 1.0}, copies=[{link: 1.0} for link in links[1:]])
+    def _shape(self, rank: int, shares: tuple[float, float]) -> Usage:
+        """A flow of `rank` over its NVLink port and its node's NICs by `shares` (a share of 0
+        leaves that link out), standing for the same flow of every rank of its class."""
+        nvlink_share, network_share = shares
+
+        def links(r: int) -> dict[SharedResource, float]:
+            placement = self.placements[r]
+            over: dict[SharedResource, float] = {}
+            if nvlink_share > 0:
+                over[self.nvlink[placement.gpu]] = nvlink_share
+            if network_share > 0:
+                over[self.nic[placement.node]] = network_share
+            return over
+
+        first, *others = self.stands_for[rank]
+        usage = self._over[(rank, shares)] = self.flows.usage(
+            links(first), copies=[links(r) for r in others])
         return usage
 
     def assert_idle(self) -> None:

@@ -43,9 +43,8 @@ class NetworkShapes:
 
     usages: dict[tuple[Any, ...], Usage] = field(default_factory=dict)
     reallocations: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    collective_usages: dict[tuple[int, str], Usage] = field(default_factory=dict)
-    collective_steps: dict[tuple[Any, ...], tuple[costs.CollectiveStep, ...]] = field(
-        default_factory=dict)
+    collective_usages: dict[tuple[int, tuple[float, float]], Usage] = field(default_factory=dict)
+    collective_rings: dict[tuple[Any, ...], costs.RingCollective] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=NETWORKS_REMEMBERED)

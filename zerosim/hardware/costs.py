@@ -144,83 +144,50 @@ def hbm_copy_s(nbytes: float, profile: HardwareProfile, *, passes: float = 2.0) 
 
 
 @dataclass(frozen=True)
-class RingCost:
-    """What a ring collective puts on each link, and its fixed latency."""
+class RingCollective:
+    """NCCL's ring over every rank of a collective, as one pipelined transfer.
 
-    bytes_per_link: float
+    Every GPU moves `bytes_per_gpu` (per direction) at the ring's common rate. Of each ring's
+    g_i hops out of node i, g_i - 1 stay on NVLink and one leaves the node through its NICs,
+    so a GPU of node i loads its own NVLink port with `nvlink_share[i]` of its bytes and its
+    node's NICs (pooled, shared with the node's other GPUs) with `network_share[i]`: the node
+    as a whole sends all of one GPU's bytes out. `latency_s`: the ring's steps, the
+    inter-node ones at the network's latency."""
+
+    bytes_per_gpu: float
+    nvlink_share: tuple[float, ...]
+    network_share: tuple[float, ...]
     latency_s: float
 
 
-def ring_all_gather(total_bytes: float, ranks: int, *, latency_s: float) -> RingCost:
-    """Ring all-gather (or reduce-scatter) of a `total_bytes` tensor over `ranks` ranks."""
-    if ranks <= 1:
-        return RingCost(0.0, 0.0)
-    return RingCost((ranks - 1) / ranks * total_bytes, (ranks - 1) * latency_s)
+def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int], *,
+                    nvlink_latency_s: float, network_latency_s: float) -> RingCollective:
+    """A collective of a `total_bytes` tensor (the gathered size) over ranks that sit
+    `gpus_per_node[i]` to a node, as NCCL runs it: one ring through every rank.
 
-
-def ring_all_reduce(total_bytes: float, ranks: int, *, latency_s: float) -> RingCost:
-    """Ring all-reduce: a reduce-scatter then an all-gather."""
-    if ranks <= 1:
-        return RingCost(0.0, 0.0)
-    return RingCost(2 * (ranks - 1) / ranks * total_bytes, 2 * (ranks - 1) * latency_s)
-
-
-@dataclass(frozen=True)
-class CollectiveStep:
-    """One level of a (hierarchical) collective: every GPU of node i moves `bytes_per_gpu[i]`
-    bytes (per direction) over `link` (`"nvlink"`: its own NVLink port; `"network"`: its
-    node's NICs, shared with the node's other GPUs), after `latency_s` of ring-step latency."""
-
-    link: str
-    bytes_per_gpu: tuple[float, ...]
-    latency_s: float
-
-
-def hierarchical_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int], *,
-                            nvlink_latency_s: float, network_latency_s: float
-                            ) -> tuple[CollectiveStep, ...]:
-    """The steps of a collective of a `total_bytes` tensor (the gathered size) over ranks that
-    sit `gpus_per_node[i]` to a node, in the order they run.
-
-    One node: a single NVLink ring, `ring_all_gather` (all-gather, reduce-scatter) or
-    `ring_all_reduce`. Several nodes: the bandwidth-optimal two-level decomposition NCCL-style
-    hierarchical collectives use. With N = sum(g_i) ranks, n nodes and S = total_bytes:
-
-    - reduce-scatter: (1) within each node a ring reduce-scatter of S over NVLink: each GPU sends
-      (g_i - 1)/g_i x S, (g_max - 1) steps of nvlink latency; (2) across nodes each GPU
-      reduce-scatters its S/g_i share with its peers on the other nodes: the data a node must
-      send is what the ranks of the other nodes own, (N - g_i)/N x S, split over its g_i GPUs
-      ((n - 1)/n x S / g per GPU when every node has g), (n - 1) steps of network latency.
-    - all-gather: the same two levels in the reverse order (across nodes first, then within).
-    - all-reduce: intra-node reduce-scatter, inter-node all-reduce of each GPU's share
-      (2 x (N - g_i)/N x S / g_i per GPU, 2 (n - 1) network steps), intra-node all-gather.
-
-    The levels run one after the other (no chunk pipelining between them), so a multi-node
-    collective costs the sum of its levels. A level with nothing to move (one GPU per node, or
-    one node) is left out.
+    NCCL implements all-gather and reduce-scatter only as a ring (Singh et al., "The Big
+    Send-off", arXiv 2504.18658: "NCCL and RCCL implement only the ring algorithm for
+    all-gather and reduce-scatter"), and a ring for large all-reduces. With N ranks on n nodes
+    and S = total_bytes, each GPU sends (N - 1)/N x S (twice that for all-reduce, a
+    reduce-scatter then an all-gather). A ring leaves each node once, so a node's NICs carry
+    as much as one GPU sends: its bandwidth is min(NVLink port / nvlink share, node NICs), the
+    NCCL bus bandwidth of an inter-node ring. Steps as NCCL's tuning model counts them
+    (src/graph/tuning.cc): N - 1 (all-reduce 2(N - 1)), of which n - 1 (2(n - 1)) cross
+    nodes at the network's latency and the rest run at NVLink's.
     """
     if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
         raise ValueError(f"unknown collective {kind!r}")
-    if len(gpus_per_node) == 1:
-        ring = ring_all_reduce if kind == "all_reduce" else ring_all_gather
-        cost = ring(total_bytes, gpus_per_node[0], latency_s=nvlink_latency_s)
-        return (CollectiveStep("nvlink", (cost.bytes_per_link,), cost.latency_s),)
+    passes = 2 if kind == "all_reduce" else 1
     ranks = sum(gpus_per_node)
     nodes = len(gpus_per_node)
-    g_max = max(gpus_per_node)
-    intra = CollectiveStep("nvlink", tuple((g - 1) / g * total_bytes for g in gpus_per_node),
-                           (g_max - 1) * nvlink_latency_s)
-    passes = 2 if kind == "all_reduce" else 1
-    inter = CollectiveStep(
-        "network", tuple(passes * (ranks - g) / ranks * total_bytes / g for g in gpus_per_node),
-        passes * (nodes - 1) * network_latency_s)
-    if g_max == 1:
-        return (inter,)
-    if kind == "reduce_scatter":
-        return intra, inter
-    if kind == "all_gather":
-        return inter, intra
-    return intra, inter, intra
+    steps = passes * (ranks - 1)
+    inter_steps = passes * (nodes - 1)
+    latency_s = (steps - inter_steps) * nvlink_latency_s + inter_steps * network_latency_s
+    nbytes = passes * (ranks - 1) / ranks * total_bytes
+    if nodes == 1:
+        return RingCollective(nbytes, (1.0,), (0.0,), latency_s)
+    return RingCollective(nbytes, tuple((g - 1) / g for g in gpus_per_node),
+                          tuple(1 / g for g in gpus_per_node), latency_s)
 
 
 def cpu_oversubscription(ranks_on_node: int, threads_per_rank: int, hardware_threads: int) -> float:
