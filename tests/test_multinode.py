@@ -164,6 +164,37 @@ def test_ring_latency_counts_only_node_crossings_at_the_network_latency(toy):
     assert ends == pytest.approx([4000000 + 5 / 6 / 10e9 / PS] * 6, rel=1e-12)
 
 
+def test_ring_shares_the_gpu_pcie_link_with_host_copies(toy):
+    """GPUDirect RDMA: what a GPU sends through the NIC crosses its own PCIe link. 2 nodes x 1
+    GPU; rank 0 copies 65536 B to the host (pinned, PCIe 10 GB/s) from t = 0 while both ranks
+    all-gather 32768 B (16384 B each through the NIC, after 2 us of latency).
+    0-2 us: the copy alone at 10 GB/s (20000 B). From 2 us rank 0's ring flow and the copy
+    share rank 0's device-to-host link at 5 GB/s each: the ring's 16384 B take 3276800 ps
+    (rank 1's, alone, 1638400 ps); the collective ends at 5276800 ps for both ranks. The copy
+    has then 65536 - 20000 - 16384 = 29152 B left, alone at 10 GB/s: it ends at 8192000 ps
+    (the link busy throughout: 81920 B at 10 GB/s)."""
+    profile = toy.scenario(two_nodes(1), gpus=2).hardware
+    env = simpy.Environment()
+    machine = Machine(env, profile, 2, None)
+    ends: dict[str, float] = {}
+
+    def copy():
+        yield from machine.dma(0, "d2h", 65536, pinned=True)
+        ends["copy"] = env.now / PS
+
+    def rank_program(rank: int):
+        yield from machine.collective(rank, ("k",), "all_gather", EMBED_BYTES, [0, 1])
+        ends[f"rank{rank}"] = env.now / PS
+
+    env.process(copy())
+    for rank in range(2):
+        env.process(rank_program(rank))
+    env.run()
+    machine.assert_idle()
+    assert ends == pytest.approx({"copy": 8192000, "rank0": 5276800, "rank1": 5276800},
+                                 rel=1e-9)
+
+
 # ------------------------------------------------------------------- one node is unchanged
 
 

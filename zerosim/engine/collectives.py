@@ -47,9 +47,12 @@ class Collectives:
 
     def __init__(self, env: simpy.Environment, flows: FlowNetwork, profile: HardwareProfile,
                  placements: Sequence[Any], stands_for: dict[int, tuple[int, ...]],
-                 nvlink: Sequence[SharedResource], nic: dict[int, SharedResource], *,
+                 nvlink: Sequence[SharedResource], nic: dict[int, SharedResource],
+                 pcie: tuple[Sequence[SharedResource], Sequence[SharedResource]], *,
                  shapes: NetworkShapes | None = None):
-        """`shapes`: the machine's `NetworkShapes` (collective shapes and steps kept there)."""
+        """`pcie`: each GPU's PCIe link, (host-to-device, device-to-host): GPUDirect RDMA
+        between a GPU and a NIC crosses it. `shapes`: the machine's `NetworkShapes`
+        (collective shapes and rings kept there)."""
         self.env = env
         self.flows = flows
         self.profile = profile
@@ -57,6 +60,7 @@ class Collectives:
         self.stands_for = stands_for
         self.nvlink = nvlink
         self.nic = nic
+        self.pcie_in, self.pcie_out = pcie
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
         self._rings: dict[tuple[Any, ...], costs.RingCollective] = (
@@ -127,7 +131,10 @@ class Collectives:
 
     def _shape(self, rank: int, shares: tuple[float, float]) -> Usage:
         """A flow of `rank` over its NVLink port and its node's NICs by `shares` (a share of 0
-        leaves that link out), standing for the same flow of every rank of its class."""
+        leaves that link out), standing for the same flow of every rank of its class. What
+        goes through the NICs also crosses the GPU's own PCIe link both ways (GPUDirect RDMA:
+        the ring sends out of the node and receives into it at one rate), where it shares the
+        link with the rank's host copies."""
         nvlink_share, network_share = shares
 
         def links(r: int) -> dict[SharedResource, float]:
@@ -137,6 +144,8 @@ class Collectives:
                 over[self.nvlink[placement.gpu]] = nvlink_share
             if network_share > 0:
                 over[self.nic[placement.node]] = network_share
+                over[self.pcie_out[placement.gpu]] = network_share
+                over[self.pcie_in[placement.gpu]] = network_share
             return over
 
         first, *others = self.stands_for[rank]

@@ -140,7 +140,8 @@ class Machine:
         self._dma_shapes: dict[tuple[Any, ...], tuple[costs.HostBytes, Usage]] = {}
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements,
-                                       self.stands_for, self.nvlink, self.nic, shapes=shapes)
+                                       self.stands_for, self.nvlink, self.nic,
+                                       (self.h2d, self.d2h), shapes=shapes)
 
     @property
     def simulated(self) -> list[Placement]:
