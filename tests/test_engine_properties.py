@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import zerosim
+from zerosim.api import simulate_summary
 from zerosim.models import CATALOG, Workload, build_modules
 from zerosim.vocabulary import OpKind
 
@@ -304,6 +305,21 @@ def test_oom_on_the_toy_forward_is_a_result(toy):
     result = toy.run({"hardware": {"gpu": {"hbm_GiB": {"value": capacity}}}})
     assert result.status == "oom"
     assert result.summary["oom"]["category"] == "activations"
+
+
+def test_oom_inside_a_backward_op_is_a_result():
+    """Regression: a workspace that does not fit inside a backward op used to surface as a
+    KeyError ("internal error"), because the failed op's completion callbacks still ran and
+    released a gradient that was never produced. The Polaris 15.58B model at DP=2 and
+    micro-batch 4 fills the 39.59 GiB A100 in its first backward layer."""
+    path = ROOT / "scenarios" / "calibration" / "polaris" / "polaris-15.58b-dp4-mb1-ga1-sg1e08.yaml"
+    summary = simulate_summary(path, {"data_parallel": 2,
+                                      "deepspeed.train_micro_batch_size_per_gpu": 4})
+    assert summary["status"] == "oom"
+    oom = summary["oom"]
+    assert (oom["device"], oom["category"], oom["allocation"]) == (
+        "gpu0", "workspace", "layers.63.attn.core")
+    assert oom["in_use_GiB"] + oom["requested_GiB"] > oom["capacity_GiB"]
 
 
 def test_host_oom_at_setup_is_a_result():

@@ -149,11 +149,14 @@ class RankCore:
     # ------------------------------------------------------------------ helpers
 
     def when_done(self, event: simpy.Event | None, action: Callable[[], None]) -> None:
-        """Run `action` once `event` has completed (at once if it already has)."""
+        """Run `action` once `event` has completed (at once if it already has); not when it
+        failed (an op that ran out of memory): what the action releases was never made, and
+        the run is ending with the failure."""
         if event is None or event.processed:
-            action()
+            if event is None or event.ok:
+                action()
         else:
-            event.callbacks.append(lambda _e: action())
+            event.callbacks.append(lambda done: action() if done.ok else None)
 
     def gpu_time(self, seconds: float) -> Body:
         """An op's body that keeps its stream busy for `seconds` (a tuple of its timeout, as
