@@ -59,6 +59,8 @@ class PolarisRun:
     """Measured seconds per optimizer step, by `MEASURED_PHASES`."""
     peak_gpu_bytes: float
     """Rank 0's peak allocated GPU memory."""
+    peak_host_bytes: float
+    """Host memory in use on the node at its peak during training, every process counted."""
 
     @property
     def model_name(self) -> str:
@@ -131,7 +133,8 @@ def _run(row: int, r: dict[str, str]) -> PolarisRun:
         prefetch_bucket_size=integer("prefetch_bucket_size"),
         iterations_averaged=integer("n_iters_averaged"), build=r["deepspeed_version"],
         seconds={phase: float(r[column]) / 1000 for phase, column in _COLUMNS.items()},
-        peak_gpu_bytes=float(r["smu_train_rank0_peak_Max_MA_GB"]) * 1e9)
+        peak_gpu_bytes=float(r["smu_train_rank0_peak_Max_MA_GB"]) * 1e9,
+        peak_host_bytes=float(r["cpu_used_GB_peak_during_training"]) * 1e9)
 
 
 def load_runs() -> list[PolarisRun]:
@@ -156,6 +159,10 @@ class Configuration:
     @property
     def peak_gpu_bytes(self) -> float:
         return sum(r.peak_gpu_bytes for r in self.runs) / len(self.runs)
+
+    @property
+    def peak_host_bytes(self) -> float:
+        return sum(r.peak_host_bytes for r in self.runs) / len(self.runs)
 
     def spread(self, phase: str) -> float:
         """(max - min) / mean of the repeats: how much the measurement itself varies."""

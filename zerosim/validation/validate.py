@@ -303,6 +303,9 @@ def peak_allocated_bytes(result: Result, hardware: HardwareProfile,
 
 
 POLARIS_GROUP = "Polaris (4x A100, Megatron-DeepSpeed, 0.13.3)"
+HOST_MEMORY_NOTE = ("reported, not judged: the run's host memory in use counts every process "
+                    "and the OS; zerosim counts what DeepSpeed and the framework allocate "
+                    "for training (states, buffers, temporaries)")
 
 
 def polaris_cells() -> list[Cell]:
@@ -333,6 +336,10 @@ def polaris_cells() -> list[Cell]:
                            configuration.peak_gpu_bytes / 1e9,
                            peak_allocated_bytes(result, scenario.hardware) / 1e9,
                            MEMORY_TOLERANCE, note=f"DeepSpeed {run.build}"))
+        cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GB",
+                           configuration.peak_host_bytes / 1e9,
+                           result.summary["peak_host_GiB"] * GiB / 1e9, None,
+                           note=HOST_MEMORY_NOTE))
     return cells
 
 
