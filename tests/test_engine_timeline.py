@@ -139,8 +139,10 @@ def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     # embed_tokens is the last grad: ready at 4956672, but the chain of copies lags: the
     # lm_head copy alone is 65536 ps. Worked out: 5031680 ps.
     assert copies_end == 5031680
-    # DP=1 "reduce-scatter": a local copy of the bucket, 2 passes over 2 x 115008 B.
-    t = copies_end + 2 * 2 * TOTAL_PARAMS
+    # DP=1 reduce-scatter: `reduce_scatter_coalesced` concatenates the gradients into its flat
+    # buffer and pre-divides it, each 2 passes over 2 x 115008 B; the one-rank collective then
+    # moves nothing.
+    t = copies_end + 2 * 2 * 2 * TOTAL_PARAMS
     d2h, h2d, cpu = [], [], []
     for name in GRAD_ORDER:
         n = PARAMS[name]
@@ -165,7 +167,7 @@ def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     # Per parameter: 5802 ps x n on top of the copies and the local reduce-scatter.
     per_param = (2 * D2H_PINNED_PS + GRAD_NORM_PS + ZERO_PAGES_PS + D2H_PAGEABLE_PS
                  + CPU_CAST_PS)
-    assert t == copies_end + 460032 + per_param * TOTAL_PARAMS
+    assert t == copies_end + 920064 + per_param * TOTAL_PARAMS
 
 
 def test_update_phase_sub_group_by_sub_group(dp1_ga1):

@@ -53,31 +53,35 @@ def _assert_ops(ops: list[tuple[str, float, float]],
 
 
 def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
-    """Backward: the bucket is reduced (DP=1: a local copy, 2 passes over 2N B = 460032 ps)
-    and its partitions copied into their HBM buffer (2 passes over 2N B). Update: the overflow
-    check reads the fp32 gradients (4N ps), then each sub-group's fused Adam (42 ps/element)."""
+    """Backward: the bucket is reduced (DP=1: `reduce_scatter_coalesced` concatenates the
+    gradients into its flat buffer and pre-divides it, 2 passes over 2N B each = 920064 ps; the
+    one-rank collective then moves nothing) and its partitions copied into their HBM buffer
+    (2 passes over 2N B). Update: the overflow check reads the fp32 gradients (4N ps), then
+    each sub-group's fused Adam (42 ps/element)."""
     result = toy.run(_no_offload(3))
-    reduced = COPIES_END + 4 * N  # 5491712
-    partitioned = reduced + 4 * N  # 5951744
+    reduced = COPIES_END + 8 * N  # 5951744
+    partitioned = reduced + 4 * N  # 6411776
     _assert_ops(_ops(result, Stream.REDUCE, "backward")[-2:], [
         ("reduce-scatter 0M", COPIES_END, reduced),
         ("partition grads 21 params", reduced, partitioned)])
-    checked = partitioned + OVERFLOW_CHECK_PS * N  # 6411776
-    first = checked + GPU_ADAM_PS * GROUPS[0]  # 8825600
-    second = first + GPU_ADAM_PS * GROUPS[1]  # 11242112
+    checked = partitioned + OVERFLOW_CHECK_PS * N  # 6871808
+    first = checked + GPU_ADAM_PS * GROUPS[0]  # 9285632
+    second = first + GPU_ADAM_PS * GROUPS[1]  # 11702144
     _assert_ops(_ops(result, Stream.COMPUTE, "update"), [
         ("overflow check", partitioned, checked),
         ("gpu adam sub-group 0", checked, first),
         ("gpu adam sub-group 1", first, second)])
     assert _phase_ends(result) == pytest.approx({"forward 0": FORWARD_END,
                                                  "backward 0": partitioned,
-                                                 "update 0": 11242112})
+                                                 "update 0": 11702144})
     assert result.spans[result.spans.stream.isin([Stream.PCIE_H2D, Stream.PCIE_D2H])].empty
     assert result.summary["pcie_GB"] == {"h2d": 0.0, "d2h": 0.0}
 
 
 def test_zero2_without_offload_steps_its_whole_partition_at_once(toy):
-    """Same backward as ZeRO-3 at DP=1 (nothing to gather); one Adam over all N elements."""
+    """The backward of ZeRO-3 at DP=1 but for the reduction: one pre-divide of the bucket
+    (2 passes over 2N B = 460032 ps) instead of ZeRO-3's concatenation and pre-divide; one Adam
+    over all N elements."""
     result = toy.run(_no_offload(2))
     start = 5951744 + OVERFLOW_CHECK_PS * N  # 6411776
     _assert_ops(_ops(result, Stream.COMPUTE, "update")[1:], [

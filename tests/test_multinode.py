@@ -85,17 +85,22 @@ def test_two_node_all_gather(toy, per_node, nics, end_ps):
 
 
 @pytest.mark.parametrize(("per_node", "nics", "duration_ps"), [
-    # 1 GPU per node: 2 us + (2-1)/2 x 230016 B = 115008 B at 10 GB/s = 11500800 ps: 13500800.
-    (1, 1, 13500800),
+    # Before the collective, on the reduce stream: the concatenation of the rank chunks into
+    # one flat buffer (every toy gradient divides evenly, so 230016 B) and the pre-divide over
+    # it, each a read and a write at 1e12 B/s: 2 x 2 x 230016 = 920064 ps.
+    # 1 GPU per node: 2 us + (2-1)/2 x 230016 B = 115008 B at 10 GB/s = 11500800 ps:
+    # 920064 + 13500800 = 14420864.
+    (1, 1, 14420864),
     # 2 GPUs per node: 3 steps (3000000 ps), then 3/4 x 230016 = 172512 B per GPU at the NIC's
-    # 10 GB/s: 17251200 ps. 3000000 + 17251200 = 20251200.
-    (2, 1, 20251200),
-    # 2 NICs: 20 GB/s, 8625600 ps. 3000000 + 8625600 = 11625600.
-    (2, 2, 11625600),
+    # 10 GB/s: 17251200 ps. 920064 + 3000000 + 17251200 = 21171264.
+    (2, 1, 21171264),
+    # 2 NICs: 20 GB/s, 8625600 ps. 920064 + 3000000 + 8625600 = 12545664.
+    (2, 2, 12545664),
 ])
 def test_two_node_reduce_scatter(toy, per_node, nics, duration_ps):
     """The one gradient bucket's reduce-scatter at the end of the backward (nothing else is on
-    the NICs then): its span lasts exactly the ring's latency and transfer."""
+    the NICs then): its span lasts exactly the staging kernels, the ring's latency and its
+    transfer."""
     result = toy.run(two_nodes(per_node, nics), gpus=2 * per_node, fold_nodes=False)
     starts = set()
     for rank in range(2 * per_node):

@@ -26,10 +26,11 @@ C7DA512A = (
     "without it (scenarios/calibration/README.md) and its runs predicted")
 KNOWN_MISSES = {
     ("Table 2", "DP=4", "backward_non_boundary"): (
-        "-22%: the model's DP=4 non-boundary backward is bound by the reduce stream at 0.55 s "
-        "(reduce-scatters 0.28 s, then the gradient partitions' copies to and from host memory "
-        "0.24 s); the study's 0.70 s would take the four-GPU reduce-scatter at about 57 GB/s "
-        "while the DP=2 pair keeps the measured 140 GB/s: no mechanism found (issue 11)"),
+        "-15%: the model's DP=4 non-boundary backward is bound by the reduce stream at 0.60 s "
+        "(reduce-scatters with their concatenation and pre-divide 0.32 s, then the gradient "
+        "partitions' copies to and from host memory 0.24 s); the study's 0.70 s would take the "
+        "four-GPU reduce-scatter at about 80 GB/s while the DP=2 pair keeps the measured "
+        "140 GB/s: no mechanism found (issue 11)"),
     **{(POLARIS_GROUP, f"{size}-dp4-mb1-ga1-sg1e08 (x1)", quantity): C7DA512A
        for size, quantities in {
            "polaris-11.32b": ("backward per step", "update per step", "iteration per step"),

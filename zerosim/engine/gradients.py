@@ -132,6 +132,28 @@ class IpgBuckets:
             return 0
         return sum(math.ceil(e.param.numel / ranks) * ranks for e in bucket)
 
+    def scaling_seconds(self, out_numel: int, numel: int) -> tuple[float, float]:
+        """GPU time of what a bucket's reduction does on its stream besides the collective,
+        (before, after) it; each kernel a read and a write of its bytes through HBM.
+
+        ZeRO-3 (`reduce_scatter_coalesced`): `torch.cat` of the rank chunks into the flat
+        buffer (`out_numel` elements; none when one tensor is used in place), then the
+        pre-divide `div_(world_size)` over that buffer, before the collective. ZeRO-1/2
+        (`average_tensor`): the pre-divide `div_` of the bucket before its reduces, or, for
+        an all-reduce (`gradient_reduction_w_predivide` with `postscale_gradients`), the
+        `mul_` that scales it after. With one rank the collective has nothing to move.
+        Per-tensor reductions (before `coalesced_collectives`): nothing is timed here."""
+        if self.per_tensor:
+            return 0.0, 0.0
+        core = self.core
+        if core.ds.stage == 3:
+            if self.collective != Collective.REDUCE_SCATTER:
+                return 0.0, 0.0
+            flat = out_numel or numel
+            return core.hbm_seconds(core.comm_bytes * (out_numel + flat)), 0.0
+        scale = core.hbm_seconds(core.comm_bytes * numel)
+        return (scale, 0.0) if self.collective == Collective.REDUCE_SCATTER else (0.0, scale)
+
     def reduce(self, micro: int, boundary: bool) -> Gen:
         """Reduce the bucket, then hand its partitions to the sink; at most
         `MAX_PARAM_REDUCE_EVENTS` reductions stay outstanding."""
@@ -146,18 +168,24 @@ class IpgBuckets:
         keys = [core.next_key(self.collective) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         yield from core.pay_launches()
-        out_bytes = core.comm_bytes * self.output_numel(bucket)
+        out_numel = self.output_numel(bucket)
+        out_bytes = core.comm_bytes * out_numel
+        before_s, after_s = self.scaling_seconds(out_numel, numel)
         held: dict[str, int] = {}
 
         def reduce_body() -> Gen:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
                                             "reduce-scatter buffer")
+            if before_s:
+                yield core.env.timeout(before_s)
             if core.distributed:
                 for key, size in zip(keys, sizes, strict=True):
                     yield from core.machine.collective(core.rank, key, self.collective,
                                                        core.comm_bytes * size, core.ranks)
-            else:
+            elif not (before_s or after_s):
                 yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
+            if after_s:
+                yield core.env.timeout(after_s)
             for entry in bucket:
                 if not entry.in_bucket:
                     self.store.free(entry.param)
