@@ -472,3 +472,30 @@ def test_faster_cpu_threads_never_slow_the_iteration(toy, config, knob, factor):
 def test_more_cpu_cores_never_slow_the_iteration(toy, config, cores):
     base = _iteration_s(toy, config, config["scale"])
     assert _iteration_s(toy, config, config["scale"], cores=cores) <= base * (1 + 1e-9)
+
+
+# ------------------------------------------------------------- pinned host allocations
+
+
+def test_pinned_allocations_round_up_to_a_power_of_two():
+    """PyTorch's caching host allocator pins the next power of two of every request."""
+    from zerosim.engine.states import pinned_bytes
+    assert [pinned_bytes(n) for n in (0, 1, 3, 4, 5, 4e8, 2**29, 2**29 + 1)] == [
+        0, 1, 4, 4, 8, 2**29, 2**29, 2**30]
+
+
+def test_pinned_host_states_of_the_toy_are_rounded_per_allocation(toy):
+    """Toy DP=1, sub_group_size 50000: sub-groups of 57472 and 57536 elements. Their pinned
+    fp32 gradient buffers (229888 and 230144 B) take 262144 B each; the accumulation buffer
+    (2 B x 115008 = 230016 B) takes 262144 B; the fp32 master and Adam states are not pinned
+    (4 and 8 B per element)."""
+    from zerosim.engine.plan import plan_of
+    from zerosim.engine.states import model_states
+    from zerosim.vocabulary import Category
+    scenario = toy.scenario(gpus=1)
+    held = {h.category: h.nbytes for h in model_states(scenario.deepspeed, plan_of(scenario),
+                                                        scenario.hardware)}
+    assert held[Category.FP32_GRADS] == 2 * 262144
+    assert held[Category.GRAD_ACCUMULATION] == 262144
+    assert held[Category.FP32_MASTER] == 4 * 115008
+    assert held[Category.OPTIMIZER_STATES] == 8 * 115008

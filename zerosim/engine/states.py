@@ -11,6 +11,7 @@ are tracked as `grads` while they live.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from zerosim.engine.plan import Plan
@@ -31,6 +32,23 @@ class Holding:
     nbytes: float
     what: str
     buffer: BufferKind = BufferKind.NONE
+
+
+def pinned_bytes(nbytes: float) -> int:
+    """What one pinned host allocation of `nbytes` takes: PyTorch's caching host allocator
+    (behind `tensor.pin_memory()` and `pin_memory=True`; ATen's CachingHostAllocator) rounds
+    every request up to the next power of two and pins all of it (`cudaHostAlloc` of the
+    rounded size), so a 4e8-byte buffer holds 2^29 = 536,870,912 bytes."""
+    if nbytes <= 0:
+        return 0
+    return 1 << (math.ceil(nbytes) - 1).bit_length()
+
+
+def _host_allocations(sizes: list[float], buffer: BufferKind) -> float:
+    """Host bytes that allocations of `sizes` take: each rounded when pinned."""
+    if buffer is BufferKind.PINNED:
+        return float(sum(pinned_bytes(n) for n in sizes))
+    return float(sum(sizes))
 
 
 def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile) -> list[Holding]:
@@ -74,13 +92,19 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
                             "IPG bucket buffer"))
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     on_cpu, on_gpu = plan.numel_on("cpu"), plan.numel_on("gpu")
+    cpu_groups = [FP32_BYTES * size for g, size in enumerate(plan.subgroups)
+                  if g not in plan.gpu_subgroups and g not in plan.nvme_subgroups]
     return [
         *held,
         Holding(host, Category.FP32_MASTER, FP32_BYTES * on_cpu, "fp32 partition"),
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_cpu,
                 "exp_avg, exp_avg_sq"),
-        Holding(host, Category.FP32_GRADS, FP32_BYTES * on_cpu, "fp32 gradients", kind),
-        Holding(host, Category.GRAD_ACCUMULATION, accum * part,
+        # stage3.py initialize_optimizer_states: one fp32 gradient buffer per sub-group,
+        # pinned when pin_memory; _setup_for_real_optimizer: one accumulation buffer for the
+        # whole partition (grad_partitions_flat_buffer), pinned likewise.
+        Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
+                "fp32 gradients", kind),
+        Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accum * part], kind),
                 "host gradient accumulation buffer", kind),
         Holding(gpu, Category.FP32_MASTER_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 partition"),
         Holding(gpu, Category.OPTIMIZER_STATES_GPU, ADAM_STATES * FP32_BYTES * on_gpu,
