@@ -10,7 +10,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerosim.engine.flows import FlowNetwork, FlowRecord, RateChange
+from zerosim.engine.flows import FlowNetwork, FlowRecord, RateChange, Reallocations
 
 
 def _net(record_rates: bool = True) -> tuple[simpy.Environment, FlowNetwork]:
@@ -560,11 +560,11 @@ def test_component_local_recompute_matches_a_full_recompute(capacities, flows):
     net.assert_idle()
 
 
-class _Forgetful(dict):
+class _Forgetful(Reallocations):
     """A memo that remembers nothing: every reallocation is worked out afresh."""
 
-    def __setitem__(self, key, value) -> None:
-        pass
+    def remember(self, table, key, after, reallocation):
+        return self.state(after), reallocation
 
 
 def _busy_network(remember: bool) -> FlowNetwork:
@@ -590,7 +590,7 @@ def test_remembered_allocations_are_the_computed_ones():
     remembered, computed = _busy_network(True), _busy_network(False)
     assert remembered.records == computed.records
     assert remembered.rate_changes == computed.rate_changes
-    assert remembered._memo and not computed._memo
+    assert remembered._memo.size and not computed._memo.size
 
 
 def _rates_in_order(order: list[int]) -> list[float]:

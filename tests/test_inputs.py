@@ -7,8 +7,10 @@ is a refusal of both (tests/test_faults.py runs the command line).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from zerosim.hardware.profile import profile_names
 from zerosim.inputs import PLAUSIBLE
 from zerosim.inputs.plausible import Plausible, rule_for
 from zerosim.scenario import scenario_from_dict
+from zerosim.yamlio import copy_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "zerosim" / "hardware" / "profiles" / "h100-jlse.yaml"
@@ -254,6 +257,22 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path, where):
     assert time.perf_counter() - started < 5
     assert message == (f"{path}: line 1: expected at most 100000 values with aliases expanded, "
                        "got more (an alias bomb?)")
+
+
+def test_a_tree_is_copied_as_deepcopy_copies_it():
+    """`copy_tree` (every reader's own copy of a parsed text) gives what `copy.deepcopy`
+    gives: an aliased mapping or list stays one object, scalars are shared, anything else is
+    deep-copied, and the copy shares no mapping or list with the original."""
+    tree = yaml.safe_load("a: &x {b: [1, 2.5, true, null, {c: d}]}\nalias: *x\n"
+                          "list: &l [1, [2]]\nagain: *l\n")
+    tree["when"] = date(2024, 1, 2)
+    tree[(1, 2)] = {"set": {3, 4}}
+    copied = copy_tree(tree)
+    assert copied == copy.deepcopy(tree)
+    assert copied["a"] is copied["alias"] and copied["list"] is copied["again"]
+    assert copied["a"] is not tree["a"] and copied["a"]["b"][4] is not tree["a"]["b"][4]
+    assert copied["list"][1] is not tree["list"][1]
+    assert copied[(1, 2)]["set"] is not tree[(1, 2)]["set"]
 
 
 def test_a_recursive_alias_is_refused(tmp_path):

@@ -2,7 +2,8 @@
 (`zerosim.inputs`), with YAML 1.2 number rules so `5e8` is a float as users expect.
 
 A text already parsed in this process (a profile, a sweep's base scenario: every point of a
-sweep worker reads them again) is not parsed again; each caller gets its own copy.
+sweep worker reads them again) is not parsed again; each caller gets its own copy
+(`copy_tree`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 from zerosim.inputs import parse_yaml, read_input_text
 
 PARSED_TEXTS_KEPT = 64
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+"""Types `copy.deepcopy` gives back as they are (`copy._deepcopy_atomic`)."""
 
 
 @lru_cache(maxsize=PARSED_TEXTS_KEPT)
@@ -25,8 +28,38 @@ def _parsed(text: str, source: str) -> Any:
 
 def parse_yaml_text(text: str, source: str) -> Any:
     parsed = _parsed(text, source)
-    return parsed if isinstance(parsed, str | int | float | bool | None) else copy.deepcopy(
-        parsed)
+    return parsed if isinstance(parsed, str | int | float | bool | None) else copy_tree(parsed)
+
+
+def copy_tree(tree: Any) -> Any:
+    """`copy.deepcopy(tree)` for a tree of mappings, lists and scalars (parsed YAML or JSON, a
+    scenario's mapping), in a quarter of the time: a `dict` or a `list` is copied once, a
+    second reference to it (a YAML alias) getting the same copy, as deepcopy does; scalars
+    are shared, as deepcopy shares them; anything else goes to deepcopy itself, with the
+    same memo."""
+    return _copy(tree, {})
+
+
+def _copy(value: Any, memo: dict[int, Any]) -> Any:
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is not dict and kind is not list:
+        return copy.deepcopy(value, memo)
+    known = memo.get(id(value))
+    if known is not None:
+        return known
+    if kind is list:
+        items: list[Any] = []
+        memo[id(value)] = items
+        items.extend([item if type(item) in _SCALARS else _copy(item, memo) for item in value])
+        return items
+    mapping: dict[Any, Any] = {}
+    memo[id(value)] = mapping
+    for key, item in value.items():
+        mapping[key if type(key) in _SCALARS else _copy(key, memo)] = (
+            item if type(item) in _SCALARS else _copy(item, memo))
+    return mapping
 
 
 def read_yaml_file(path: Path, *, referenced_from: str | None = None,

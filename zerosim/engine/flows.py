@@ -25,7 +25,7 @@ import simpy
 from zerosim.engine.records import Table
 
 MEMO_SIZE = 100_000
-"""Allocations remembered per network (`FlowNetwork._allocated`) before the memo restarts."""
+"""Reallocations remembered (`Reallocations`) before the memo restarts."""
 REL_TOL = 1e-12
 """Relative tolerance for "a resource is saturated", "a flow is finished" and "a rate changed".
 
@@ -180,6 +180,57 @@ _Reallocation = tuple[tuple[int, ...] | None, tuple[float, ...], tuple[tuple[int
 """What `FlowNetwork._reallocated` works out."""
 
 
+class _State:
+    """The shapes of the active flows, in start order (what a reallocation depends on), with
+    where each change seen so far led: `started[shape]` and `finished[positions]` (the
+    positions of the flows that ended, ascending) give the next state and the reallocation
+    that change makes. Compared by identity: `Reallocations` makes one per distinct tuple of
+    shapes."""
+
+    __slots__ = ("finished", "shapes", "started")
+
+    def __init__(self, shapes: tuple[Usage, ...]):
+        self.shapes = shapes
+        self.started: dict[Usage, tuple[_State, _Reallocation]] = {}
+        self.finished: dict[tuple[int, ...], tuple[_State, _Reallocation]] = {}
+
+
+class Reallocations:
+    """The reallocations worked out by networks of the same resources and capacities, whose
+    flows had the same shapes (`Usage` objects), to share and extend: a graph of the states
+    met (`_State`), each change remembered once it has been worked out. A reallocation is a
+    pure function of the active flows' shapes in start order and of the change (the flow
+    started, or which ones ended), and the same few situations recur all run long, so a
+    change already seen costs one look-up by the identity of a shape or by a few positions
+    (rather than hashing every active shape). Restarts after `MEMO_SIZE` changes."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._states: dict[tuple[Usage, ...], _State] = {}
+        self.empty = self.state(())
+
+    def state(self, shapes: tuple[Usage, ...]) -> _State:
+        """The one state of these shapes."""
+        known = self._states.get(shapes)
+        if known is None:
+            known = self._states[shapes] = _State(shapes)
+        return known
+
+    def remember(self, table: dict[Any, tuple[_State, _Reallocation]], key: Any,
+                 after: tuple[Usage, ...], reallocation: _Reallocation
+                 ) -> tuple[_State, _Reallocation]:
+        """Record that the change `key` of a state (`table`: its `started` or `finished`)
+        leads to the state of shapes `after` with `reallocation`."""
+        if self.size >= MEMO_SIZE:
+            for state in self._states.values():
+                state.started.clear()
+                state.finished.clear()
+            self.size = 0
+        known = table[key] = (self.state(after), reallocation)
+        self.size += 1
+        return known
+
+
 def _require_positive(what: str, value: float) -> None:
     if not 0 < value < math.inf:
         raise ValueError(f"{what} must be a finite number > 0, got {value!r}")
@@ -254,7 +305,7 @@ class FlowNetwork:
 
     def __init__(
         self, env: simpy.Environment, *, record_rates: bool = True, keep_records: bool = True,
-        memo: dict[tuple[Any, ...], _Reallocation] | None = None
+        memo: Reallocations | None = None
     ):
         self._env = env
         self._record_rates = record_rates
@@ -263,19 +314,21 @@ class FlowNetwork:
         self._capacities: list[float] = []
         self._index: dict[SharedResource, int] = {}
         self._names: set[str] = set()
-        self._active: dict[int, _Flow] = {}
-        self._active_shapes: tuple[Usage, ...] = ()
-        """The active flows' shapes, in start order (what `_reallocate` remembers by)."""
+        self._active: list[_Flow] = []
+        """The active flows, in start order."""
         self._serial = 0
         self._last_update = env.now
         self._wakeup: simpy.Event | None = None
         self._wakeup_at: float | None = None
         self._rates = _RateLog(env)
-        self._memo: dict[tuple[Any, ...], _Reallocation] = {} if memo is None else memo
+        self._memo = Reallocations() if memo is None else memo
+        self._state = self._memo.empty
+        """The active flows' shapes, in start order (what a reallocation depends on)."""
         self._shapes: dict[tuple[Any, ...], Usage] = {}
         """The shapes `start` has checked, by value: equal flows share one (and its memo)."""
         self.records: list[FlowRecord] = []
         self._wake = self._on_timeout
+        self._record_usage = self._rates.note if record_rates else None
 
     def add_resource(self, name: str, capacity: float) -> SharedResource:
         if name in self._names:
@@ -334,15 +387,18 @@ class FlowNetwork:
         serial = self._serial
         flow = _Flow(serial, amount, usage, label, now, event)
         self._serial = serial + 1
-        self._active[serial] = flow
-        self._active_shapes += (usage,)
-        self._reallocate([flow], flow.resources)
-        self._schedule()
+        self._active.append(flow)
+        state = self._state
+        known = state.started.get(usage)
+        if known is None:
+            known = self._memo.remember(state.started, usage, (*state.shapes, usage),
+                                        self._reallocated([flow], flow.resources))
+        self._settle(known)
         return event
 
     def rate_of(self, event: simpy.Event) -> float:
         """Current rate of the active flow started with ``event``."""
-        for flow in self._active.values():
+        for flow in self._active:
             if flow.event is event:
                 return flow.rate
         raise ValueError(f"{event!r} is not an active flow of this network")
@@ -370,7 +426,7 @@ class FlowNetwork:
             return
         in_flight = ", ".join(
             f"{flow.label or '<unlabelled>'} ({flow.remaining:g} of {flow.amount:g} left)"
-            for flow in self._active.values()
+            for flow in self._active
         )
         raise RuntimeError(f"{len(self._active)} flow(s) still in flight: {in_flight}")
 
@@ -379,51 +435,64 @@ class FlowNetwork:
         now = self._env.now
         elapsed = now - self._last_update
         if elapsed > 0:
-            for flow in self._active.values():
+            for flow in self._active:
                 flow.remaining -= flow.rate * elapsed
             self._last_update = now
 
-    def _reallocate(self, flows: list[_Flow], seeds: Iterable[int]) -> None:
-        """Recompute the rates of the flows connected to ``flows`` (started) or ``seeds``.
+    def _settle(self, known: tuple[_State, _Reallocation] | None) -> None:
+        """After a change (None: a wake-up that finished no flow): move to the state it leads
+        to, give the flows of the changed component(s) their new rates (see `_reallocated`),
+        then (re)schedule the wake-up for the earliest completion."""
+        active = self._active
+        if known is not None:
+            self._state, (positions, rates, usage) = known
+            if positions is None:
+                for flow, rate in zip(active, rates, strict=True):
+                    flow.rate = rate
+            else:
+                for position, rate in zip(positions, rates, strict=True):
+                    active[position].rate = rate
+            if self._record_usage is not None:
+                self._record_usage(usage)
+        if not active:
+            self._wakeup_at = None
+            return
+        delay = math.inf
+        for flow in active:
+            left = flow.remaining / flow.rate
+            if left < delay:
+                delay = left
+        if delay < 0.0:
+            delay = 0.0
+        env = self._env
+        wakeup_at = env.now + delay
+        if wakeup_at == self._wakeup_at:
+            return
+        self._wakeup_at = wakeup_at
+        timeout = env.timeout(delay)
+        timeout.callbacks.append(self._wake)
+        self._wakeup = timeout
+
+    def _reallocated(self, flows: list[_Flow], seeds: Iterable[int]) -> _Reallocation:
+        """Recompute the rates of the flows connected to ``flows`` (started) or ``seeds``:
+        the component's flows (their positions among the active ones, None for all of them),
+        their rates, and the new usage of every resource it touched, as (resource, usage)
+        pairs in resource order.
 
         Weighted max-min fairness decomposes over the connected components of the graph of
         flows and shared resources, so flows outside the component(s) of the change keep
         their rates. ``seeds`` are the resources the change touched: those of the started
         flows, or of the finished ones, whose usage must be recorded even when no flow
-        crosses them any more.
-        """
-        active = self._active
-        key = (self._active_shapes, seeds if flows else frozenset(seeds))
-        known = self._memo.get(key)
-        if known is None:
-            known = self._reallocated(flows, seeds)
-            if len(self._memo) >= MEMO_SIZE:
-                self._memo.clear()
-            self._memo[key] = known
-        positions, rates, usage = known
-        if positions is None:
-            for position, flow in enumerate(active.values()):
-                flow.rate = rates[position]
-        else:
-            now_active = list(active.values())
-            for position, rate in zip(positions, rates, strict=False):
-                now_active[position].rate = rate
-        if self._record_rates:
-            self._rates.note(usage)
-
-    def _reallocated(self, flows: list[_Flow], seeds: Iterable[int]) -> _Reallocation:
-        """`_reallocate` worked out: the component's flows (their positions among the active
-        ones, None for all of them), their rates, and the new usage of every resource it
-        touched, as (resource, usage) pairs in resource order. It depends only on the active
-        flows' shapes in start order and on the seeds (capacities never change), and the same
-        few situations recur all run long, so `_reallocate` remembers it."""
+        crosses them any more. It depends only on the active flows' shapes in start order
+        and on the change (capacities never change), and the same few situations recur all
+        run long, so the network remembers it (`Reallocations`)."""
         component, touched = self._component(flows, seeds)
         used = self._allocated(component) if component else {}
         rates = tuple([flow.rate for flow in component])
         usage = tuple([(idx, used.get(idx, 0.0)) for idx in sorted(touched)])
         if len(component) == len(self._active):
             return None, rates, usage
-        position = {flow.serial: i for i, flow in enumerate(self._active.values())}
+        position = {flow.serial: i for i, flow in enumerate(self._active)}
         return tuple([position[flow.serial] for flow in component]), rates, usage
 
     def _allocated(self, component: list[_Flow]) -> dict[int, float]:
@@ -442,7 +511,7 @@ class FlowNetwork:
             return flows, seeds  # no other flow is active
         touched = set(seeds)
         members = {flow.serial for flow in flows}
-        others = [flow for flow in active.values() if flow.serial not in members]
+        others = [flow for flow in active if flow.serial not in members]
         grown = True
         while grown and others:
             grown, outside = False, []
@@ -456,54 +525,37 @@ class FlowNetwork:
             others = outside
         if len(members) == len(flows):
             return flows, touched
-        return [flow for flow in active.values() if flow.serial in members], touched
-
-    def _schedule(self) -> None:
-        active = self._active
-        if not active:
-            self._wakeup_at = None
-            return
-        delay = math.inf
-        for flow in active.values():
-            left = flow.remaining / flow.rate
-            if left < delay:
-                delay = left
-        if delay < 0.0:
-            delay = 0.0
-        env = self._env
-        wakeup_at = env.now + delay
-        if wakeup_at == self._wakeup_at:
-            return
-        self._wakeup_at = wakeup_at
-        timeout = env.timeout(delay)
-        timeout.callbacks.append(self._wake)
-        self._wakeup = timeout
+        return [flow for flow in active if flow.serial in members], touched
 
     def _on_timeout(self, event: simpy.Event) -> None:
         """Timeout callback: only the latest scheduled wake-up counts, older ones are stale."""
-        if event is self._wakeup:
-            self._wakeup = None
-            self._on_wakeup()
-
-    def _on_wakeup(self) -> None:
+        if event is not self._wakeup:
+            return
+        self._wakeup = None
         self._wakeup_at = None
         self._advance()
         now = self._env.now
         # Finished up to REL_TOL, or so close that its end is not a later float time.
         active = self._active
-        done = [flow for flow in active.values()
-                if flow.remaining <= REL_TOL * flow.amount
-                or now + flow.remaining / flow.rate <= now]
-        if done:
-            freed: set[int] = set()
+        ended = tuple([position for position, flow in enumerate(active)
+                       if flow.remaining <= REL_TOL * flow.amount
+                       or now + flow.remaining / flow.rate <= now])
+        if ended:
+            done = [active[position] for position in ended]
+            self._active = active = [flow for flow in active if flow not in done]
             for flow in done:
-                del active[flow.serial]
-                freed.update(flow.resources)
                 self._finish_record(flow.amount, flow.shape.pairs, flow.label, flow.start_s,
                                     flow.event)
-            self._active_shapes = tuple([flow.shape for flow in active.values()])
-            self._reallocate([], freed)
-        self._schedule()
+            state = self._state
+            known = state.finished.get(ended)
+            if known is None:
+                freed = {idx for flow in done for idx in flow.resources}
+                known = self._memo.remember(state.finished, ended,
+                                            tuple([flow.shape for flow in active]),
+                                            self._reallocated([], freed))
+        else:
+            known = None
+        self._settle(known)
 
     def _finish_record(
         self,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import simpy
 
 from zerosim.engine.collectives import Collectives
-from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
+from zerosim.engine.flows import FlowNetwork, Reallocations, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.vocabulary import Collective
@@ -42,7 +42,7 @@ class NetworkShapes:
     sharing keeps."""
 
     usages: dict[tuple[Any, ...], Usage] = field(default_factory=dict)
-    reallocations: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    reallocations: Reallocations = field(default_factory=Reallocations)
     collective_usages: dict[tuple[int, tuple[float, float]], Usage] = field(default_factory=dict)
     collective_rings: dict[tuple[Any, ...], costs.RingCollective] = field(default_factory=dict)
 

@@ -55,14 +55,21 @@ class MemoryPool:
         if amount <= 0:
             return 0
         label = _LABELS[category, buffer]
-        if self.used + amount > self.capacity:
+        used = self.used + amount
+        if used > self.capacity:
             raise OutOfMemory(self._clock(), self.device, label, amount, self.used,
                               self.capacity, what)
-        self._change(label, amount, buffer)
+        level = self.levels[label] = self.levels.get(label, 0) + amount
+        self.used = used
+        if used > self.peak:
+            self.peak = used
+        if self._log is not None:
+            self._log((self._clock(), self.device, label, level, buffer._value_))
         return amount
 
     def free(self, category: Category, amount: int, buffer: BufferKind = BufferKind.NONE
              ) -> None:
+        """Give back `amount` bytes (the level only falls: the peak stands)."""
         if amount <= 0:
             return
         label = _LABELS[category, buffer]
@@ -70,14 +77,8 @@ class MemoryPool:
         if amount > level:
             raise RuntimeError(f"{self.device}: freeing {amount} B of {label} with only "
                                f"{level} B allocated")
-        self._change(label, -amount, buffer)
-
-    def _change(self, label: str, delta: int, buffer: BufferKind) -> None:
-        level = self.levels.get(label, 0) + delta
-        self.levels[label] = level
-        used = self.used = self.used + delta
-        if used > self.peak:
-            self.peak = used
+        level = self.levels[label] = level - amount
+        self.used -= amount
         if self._log is not None:
             self._log((self._clock(), self.device, label, level, buffer._value_))
 
@@ -101,25 +102,40 @@ class NodePool(MemoryPool):
         self._start = self._rise = self._highest_end = self._highest_mixed = 0
         self._fell = False
 
-    def _change(self, label: str, delta: int, buffer: BufferKind) -> None:
+    def allocate(self, category: Category, nbytes: float, what: str,
+                 buffer: BufferKind = BufferKind.NONE) -> int:
+        amount = super().allocate(category, nbytes, what, buffer)
+        if amount:
+            self._changed(amount)
+        return amount
+
+    def free(self, category: Category, amount: int, buffer: BufferKind = BufferKind.NONE
+             ) -> None:
+        super().free(category, amount, buffer)
+        if amount > 0:
+            self._changed(-amount)
+
+    def _changed(self, delta: int) -> None:
+        """Follow the instant's changes, once the level has moved by `delta`."""
         now = self._clock()
         if now != self._instant:
-            self._close_instant()
-            self._instant, self._start, self._rise, self._fell = now, self.used, 0, False
+            before = self.used - delta
+            self._close_instant(before)
+            self._instant, self._start, self._rise, self._fell = now, before, 0, False
         if delta > 0:
             self._rise += delta
         else:
             self._fell = True
-        super()._change(label, delta, buffer)
 
-    def _close_instant(self) -> None:
-        self._highest_end = max(self._highest_end, self.used)
+    def _close_instant(self, level: int) -> None:
+        """End the current instant at `level`."""
+        self._highest_end = max(self._highest_end, level)
         if self._fell and self._rise:
             self._highest_mixed = max(self._highest_mixed, self._start + self._rise)
 
     @property
     def order_free(self) -> bool:
-        self._close_instant()
+        self._close_instant(self.used)
         return self._highest_mixed <= self._highest_end
 
 

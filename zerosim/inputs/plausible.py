@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from functools import lru_cache
 from typing import Any
 
 from zerosim.errors import Described, ScenarioError
@@ -163,8 +164,14 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
 """key (or `*` pattern) -> its plausible range. Patterns come after every exact key."""
 
 
+RULES_KEPT = 4096
+"""Keys whose row `rule_for` remembers (a scenario checks about a hundred, every load)."""
+
+
+@lru_cache(maxsize=RULES_KEPT)
 def rule_for(key: str) -> Plausible | PlausibleText | None:
-    """The row of `key`: its own, else the first pattern that matches, else none."""
+    """The row of `key`: its own, else the first pattern that matches, else none (a pure
+    function of the key: the table is a constant)."""
     rule = PLAUSIBLE.get(key)
     if rule is not None:
         return rule

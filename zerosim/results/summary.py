@@ -107,6 +107,34 @@ def total_bytes(spans: Table[Span], stream: str,
     return float(np.array([row[2] for row in rows], dtype=float).sum())
 
 
+def pcie_totals(spans: Table[Span], stands_for: dict[int, tuple[int, ...]] | None = None
+                ) -> dict[str, float]:
+    """`total_bytes` of each PCIe stream (`PCIE_STREAMS`), by direction: one pass over the
+    spans when every byte count is integral (the sum is then exact in any order), else
+    `total_bytes` itself."""
+    copies = stands_for or {}
+    picked: dict[str, list[Any]] = {stream.value: [] for stream in PCIE_STREAMS.values()}
+    for rank, on, nbytes in zip(spans.column(0), spans.column(1), spans.column(7),
+                                strict=True):
+        values = picked.get(on)
+        if values is not None:
+            others = copies.get(rank)
+            if others is None:
+                values.append(nbytes)
+            else:
+                values.extend([nbytes] * len(others))
+    totals = {}
+    for direction, stream in PCIE_STREAMS.items():
+        values = picked[stream.value]
+        if all(map(float.is_integer, map(float, values))) and (not values or min(values) >= 0):
+            total = math.fsum(values)
+            if total < EXACT_FLOAT_INTEGERS:
+                totals[direction] = total
+                continue
+        totals[direction] = total_bytes(spans, stream, stands_for)
+    return totals
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
@@ -117,8 +145,8 @@ def summarize(raw: RawRun) -> dict[str, Any]:
     phases = with_copies(raw.phases, 0, raw.stands_for)
     iteration = (max(row[4] for row in phases.rows)
                  if raw.status == "ok" and len(phases) else None)
-    pcie_bytes = {d: total_bytes(raw.spans, stream, raw.stands_for) * raw.copies
-                  for d, stream in PCIE_STREAMS.items()}
+    pcie_bytes = {d: total * raw.copies
+                  for d, total in pcie_totals(raw.spans, raw.stands_for).items()}
     model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
     tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
               if iteration else None)

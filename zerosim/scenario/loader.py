@@ -31,7 +31,7 @@ from zerosim.scenario.support import check_supported
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version
 from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
-from zerosim.yamlio import parse_scalar, read_yaml_file
+from zerosim.yamlio import copy_tree, parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
 HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides"}
@@ -220,7 +220,7 @@ def _override_stack(tree: dict[str, Any], key: str, value: Any, source: str) -> 
 
 def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
                              source: str) -> dict[str, Any]:
-    patched = copy.deepcopy(tree)
+    patched = copy_tree(tree)
     if isinstance(patched.get("hardware"), str):
         patched["hardware"] = {"profile": patched["hardware"]}
     for dotted, value in overrides.items():
