@@ -126,6 +126,14 @@ def test_booleans_are_never_numbers(override, message):
     assert refusal(overrides=[override]) == f"s.yaml: {message}"
 
 
+@pytest.mark.parametrize("key", ["what_if.overlap_copy_back", "what_if.buffer_boundary_grads",
+                                 "activation_checkpointing"])
+def test_the_scenarios_own_switches_are_never_numbers(key):
+    """A switch given as 1 is refused rather than read as true: the neighbouring
+    `what_if.gpu_update_every` is a count, and a count in a switch is a mistake to name."""
+    assert refusal(overrides=[f"{key}=1"]) == f"s.yaml: {key}: expected true or false, got 1"
+
+
 def test_every_range_is_wide_enough_for_the_shipped_scenarios_and_profiles():
     """The ranges refuse nothing real: every shipped scenario and profile loads."""
     for path in [*sorted((ROOT / "scenarios").glob("*.yaml")),
@@ -412,6 +420,14 @@ def test_an_error_in_a_nested_override_names_the_scenario_file_and_key():
         "profile": "h100-jlse", "overrides": {"pcie": {"h2d_pageable_GBps": -2}}})) == (
         "s.yaml: hardware.overrides.pcie.h2d_pageable_GBps: expected a positive bandwidth in "
         "GB/s, got -2")
+
+
+def test_an_override_that_breaks_another_profile_key_names_the_override():
+    """Four GPUs' NUMA map no longer fits eight GPUs per node: the error is about a key the
+    user never touched, so it names the profile, the scenario and the override that did it."""
+    assert refusal(overrides=["hardware.gpu.per_node=8"]) == (
+        "profile h100-jlse as patched by s.yaml (hardware.overrides: gpu.per_node): "
+        "gpu.numa_domain: expected a list of 8 NUMA domain indices in [0, 2), got [0, 0, 1, 1]")
 
 
 # ------------------------------------------------------------------ the optimizer section

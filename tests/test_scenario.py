@@ -11,6 +11,7 @@ from conftest import minimal
 from zerosim import load_scenario
 from zerosim.errors import ScenarioError
 from zerosim.scenario import UnmodelledKeysWarning, scenario_from_dict
+from zerosim.scenario.support import InertWhatIfWarning
 
 STUDY = Path(__file__).resolve().parent.parent / "scenarios" / "llama13b_dp4.yaml"
 
@@ -169,3 +170,43 @@ def test_resolved_scenario_round_trips_to_json():
     assert json.loads(json.dumps(data))["deepspeed"]["zero_optimization"]["sub_group_size"] == (
         1_000_000_000)
     assert data["hardware"]["values"]["pcie.h2d_pinned_GBps"]["basis"] == "measured"
+
+
+@pytest.mark.parametrize("order", [
+    ["hardware=h100-jlse", "hardware.pcie.h2d_pinned_GBps=110"],
+    ["hardware.pcie.h2d_pinned_GBps=110", "hardware=h100-jlse"],
+])
+def test_a_profile_choice_and_a_patch_beneath_it_apply_in_either_order(order):
+    s = scenario_from_dict(minimal(hardware="polaris-a100"), source="s.yaml", overrides=order)
+    assert s.hardware.name == "h100-jlse" and s.hardware.h2d_pinned_Bps == 110e9
+
+
+@pytest.mark.parametrize("order", [
+    ["model=llama2-7b", "model.num_hidden_layers=3"],
+    ["model.num_hidden_layers=3", "model=llama2-7b"],
+])
+def test_a_model_choice_and_a_field_patch_apply_in_either_order(order):
+    s = scenario_from_dict(minimal(), source="s.yaml", overrides=order)
+    assert (s.model.hidden_size, s.model.num_hidden_layers) == (4096, 3)
+
+
+def test_a_framework_choice_and_a_stack_patch_apply_in_either_order():
+    for order in (["runtime.framework=megatron-deepspeed", "stack.host.fetch_hook_us=500"],
+                  ["stack.host.fetch_hook_us=500", "runtime.framework=megatron-deepspeed"]):
+        s = scenario_from_dict(minimal(), source="s.yaml", overrides=order)
+        assert s.stack.name == "megatron-deepspeed" and s.stack.fetch_hook_s == 500e-6
+
+
+def test_a_gpu_update_interval_longer_than_the_sub_groups_warns():
+    """The study's DP=4 rank holds 3.25e9 elements: sub-groups of 1e9 make four, so every
+    4th moves one to the GPU and every 5th none (a warning, not a refusal: sweeps cross it)."""
+    def caught_with(every: int) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_scenario(STUDY, [f"what_if.gpu_update_every={every}"])
+        return [str(w.message) for w in caught if issubclass(w.category, InertWhatIfWarning)]
+
+    assert caught_with(4) == []
+    assert caught_with(5) == [
+        f"{STUDY}: what_if.gpu_update_every: 5 updates no sub-group on the GPU: each rank has 4 "
+        "optimizer sub-group(s) (sub_group_size 1e+09), so none is moved to the GPU"]

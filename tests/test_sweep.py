@@ -426,3 +426,15 @@ def test_dask_local_cluster_gives_the_same_bytes(big, tmp_path):
     outcome = run_sweep(spec, out_dir=tmp_path / "dask", workers=2, dask="local")
     assert outcome.executor == "on dask LocalCluster (2 workers)"
     assert outcome.results_csv.read_bytes() == (reference / "results.csv").read_bytes()
+
+
+def test_a_fixed_hardware_patch_applies_to_every_swept_profile(tmp_path):
+    from zerosim import load_scenario
+
+    path = write_sweep(tmp_path, {
+        "base": "tiny.yaml", "set": {"hardware.pcie.h2d_pinned_GBps": 20},
+        "grid": {"hardware": ["h100-jlse", "polaris-a100"]}})
+    scenarios = [load_scenario(tmp_path / "tiny.yaml", p.overrides)
+                 for p in load_sweep(path).points()]
+    assert [(s.hardware.name, s.hardware.h2d_pinned_Bps) for s in scenarios] == [
+        ("h100-jlse", 20e9), ("polaris-a100", 20e9)]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from zerosim.behaviours import Behaviours, resolve_behaviours
 from zerosim.errors import ScenarioError, ScenarioWarning
@@ -27,7 +27,7 @@ from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
 from zerosim.scenario.dsfile import read_ds_config
 from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
-from zerosim.scenario.support import check_supported
+from zerosim.scenario.support import check_supported, warn_inert
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version
 from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
@@ -69,8 +69,8 @@ class WhatIf(BaseModel):
     """The study's proposed optimisations (section 4), off by default: see the README."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    overlap_copy_back: bool = False
-    buffer_boundary_grads: bool = False
+    overlap_copy_back: StrictBool = False
+    buffer_boundary_grads: StrictBool = False
     gpu_update_every: int = Field(0, ge=0)
 
 
@@ -80,7 +80,7 @@ class _ScenarioRaw(BaseModel):
     description: str = ""
     model: Any
     sequence_length: int = Field(ge=1)
-    activation_checkpointing: bool = False
+    activation_checkpointing: StrictBool = False
     attention: Literal["eager", "flash", "sdpa", "flash_attention_2"] = "eager"
     hardware: Any
     data_parallel: int | None = Field(None, ge=1)
@@ -198,6 +198,15 @@ def _route_override(dotted: str) -> str:
     return dotted
 
 
+def _override_depth(dotted: str) -> int:
+    """How deep in the scenario an override lands (a stack patch lands under
+    runtime.framework), so that overrides apply shallowest first and stably."""
+    routed = _route_override(dotted)
+    if routed.startswith("stack."):
+        routed = "runtime.framework.overrides." + routed.removeprefix("stack.")
+    return routed.count(".")
+
+
 def _override_stack(tree: dict[str, Any], key: str, value: Any, source: str) -> None:
     """`stack.host.fetch_hook_us=500` patches the scenario's software stack (-> the overrides
     of `runtime.framework`, or the value of an inline stack)."""
@@ -220,11 +229,17 @@ def _override_stack(tree: dict[str, Any], key: str, value: Any, source: str) -> 
 
 def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
                              source: str) -> dict[str, Any]:
+    """Apply `--set`/sweep overrides to a scenario tree.
+
+    A choice applies before the patches beneath it, whatever order they came in:
+    `hardware=h100-jlse` then `hardware.pcie.h2d_pinned_GBps=110` and the reverse both patch
+    h100-jlse (the same for `model=` with `model.<field>=`, `runtime.framework=` with `stack.`).
+    """
     patched = copy_tree(tree)
-    if isinstance(patched.get("hardware"), str):
-        patched["hardware"] = {"profile": patched["hardware"]}
-    for dotted, value in overrides.items():
+    for dotted, value in sorted(overrides.items(), key=lambda item: _override_depth(item[0])):
         routed = _route_override(dotted)
+        if routed.startswith("hardware.") and isinstance(patched.get("hardware"), str):
+            patched["hardware"] = {"profile": patched["hardware"]}
         if routed.startswith("hardware.overrides."):
             hardware = patched.setdefault("hardware", {})
             if not isinstance(hardware, dict):
@@ -312,6 +327,10 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
         if key is not None:
             raise ScenarioError(source, f"hardware.overrides.{key}", err.expected,
                                 err.got) from None
+        if overrides:
+            patched_by = (f"{profile_source} as patched by {source} "
+                          f"(hardware.overrides: {', '.join(sorted(overrides))})")
+            raise ScenarioError(patched_by, err.key_path, err.expected, err.got) from None
         raise
 
 
@@ -405,6 +424,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
     check_supported(scenario)
+    warn_inert(scenario)
     return scenario
 
 

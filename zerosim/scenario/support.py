@@ -3,9 +3,10 @@ the sweep pre-check and `zerosim run` refuse exactly the same configurations."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from zerosim.errors import UnsupportedConfigError
+from zerosim.errors import ScenarioWarning, UnsupportedConfigError
 
 ZERO = "deepspeed.zero_optimization"
 
@@ -17,6 +18,29 @@ def check_supported(scenario: Any) -> None:
                  _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
                  _what_ifs_not_with_nvme, _nvme_buffers_suffice):
         rule(scenario)
+
+
+class InertWhatIfWarning(ScenarioWarning):
+    """A what-if switched on that changes nothing in this configuration."""
+
+
+def warn_inert(scenario: Any) -> None:
+    """Warn about settings that are valid but do nothing here (a sweep may pass through them
+    on purpose, so they are not refused)."""
+    every = scenario.what_if.gpu_update_every
+    if not every:
+        return
+    from zerosim.engine.plan import plan_of
+
+    plan = plan_of(scenario)
+    count = len(plan.subgroups)
+    if not any((group + 1) % every == 0 and group not in plan.gpu_subgroups
+               for group in range(count)):
+        warnings.warn(
+            f"{scenario.source}: what_if.gpu_update_every: {every} updates no sub-group on the "
+            f"GPU: each rank has {count} optimizer sub-group(s) (sub_group_size "
+            f"{scenario.deepspeed.sub_group_size:.3g}), so none is moved to the GPU",
+            InertWhatIfWarning, stacklevel=4)
 
 
 def _refuse(scenario: Any, key: str, expected: str, got: Any) -> None:
