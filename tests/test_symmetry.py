@@ -132,9 +132,10 @@ def test_toy_nodes_fold_exactly(toy, per_node):
     (DP4, {Z + "offload_optimizer.device": "nvme", Z + "offload_optimizer.nvme_path": "/nvme",
            Z + "offload_param.device": "nvme", Z + "offload_param.nvme_path": "/nvme"},
      JLSE_CLASSES),
-    (DP4, {Z + "offload_optimizer.ratio": 0.5}, JLSE_CLASSES),              # Twin-Flow
+    # Twin-Flow and the GPU update on four sub-groups (the 2-layer model's rank holds 240M)
+    (DP4, {Z + "offload_optimizer.ratio": 0.5, Z + "sub_group_size": 5e7}, JLSE_CLASSES),
     (DP4, {Z + "stage": 2}, JLSE_CLASSES),
-    (DP4, {"what_if.gpu_update_every": 2}, JLSE_CLASSES),
+    (DP4, {"what_if.gpu_update_every": 2, Z + "sub_group_size": 5e7}, JLSE_CLASSES),
     (DP4, {"what_if.overlap_copy_back": True, "runtime.deepspeed_version": "0.19.5",
            "activation_checkpointing": True}, JLSE_CLASSES),
 ])

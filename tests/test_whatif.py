@@ -69,18 +69,67 @@ def test_boundary_grads_are_not_buffered_when_hbm_has_no_room(toy):
     assert (asked.memory.category == "boundary grad buffer").sum() == 0
 
 
+IN0, IN1 = 16 * N0 / 10e9, 16 * N1 / 10e9
+"""Sub-group state (fp32 master, Adam moments, fp32 gradient: 16 B/element) into HBM over
+pinned PCIe at 10 GB/s."""
+STEP0, STEP1 = 42 * N0 / 1e12 + 12 * N0 / 10e9, 42 * N1 / 1e12 + 12 * N1 / 10e9
+"""The GPU step (42 B/element at 1e12 B/s), then the state back (12 B/element at 10 GB/s)."""
+
+
+def _gpu_spans(result):
+    spans = result.spans
+    steps = spans[spans.stream == "optimizer.gpu"].set_index("op")
+    arrivals = spans[spans.stream == "optimizer.gpu.in"].set_index("op")
+    return arrivals, steps
+
+
 def test_every_second_sub_group_steps_on_the_gpu(toy):
-    """Sub-group 1's state crosses PCIe pinned (16 B x N1 at 10 GB/s), the GPU steps it (42 B x
-    N1 at 1e12 B/s), and its fp32 param and Adam states come back (12 B x N1 at 10 GB/s)."""
+    """Sub-group 1's state comes in on a stream of its own, the GPU steps it and sends it back
+    on another; sub-group 0 steps on the CPU."""
     result = toy.run(_with(ROOMY, gpu_update_every=2))
     spans = result.spans
     assert spans[spans.op == "cpu adam sub-group 1"].empty
     assert len(spans[spans.op == "cpu adam sub-group 0"]) == 1
-    gpu_step = spans[(spans.stream == "optimizer.gpu")].iloc[0]
-    expected = (16 * N1 / 10e9) + (42 * N1 / 1e12) + (12 * N1 / 10e9)
-    assert gpu_step.end_s - gpu_step.start_s == pytest.approx(expected, rel=1e-9)
+    arrivals, steps = _gpu_spans(result)
+    arrival, step = arrivals.loc["state in sub-group 1"], steps.loc["gpu adam sub-group 1"]
+    assert arrival.end_s - arrival.start_s == pytest.approx(IN1, rel=1e-9)
+    assert step.start_s == arrival.end_s
+    assert step.end_s - step.start_s == pytest.approx(STEP1, rel=1e-9)
     state = spans[spans.op.str.startswith("state sub-group 1")]
     assert sorted(state.bytes) == [12 * N1, 16 * N1]
+
+
+def test_the_next_sub_groups_state_comes_in_while_the_last_goes_out(toy):
+    """Both sub-groups on the GPU, two states fit in HBM: sub-group 1's state crosses H2D
+    right after sub-group 0's (as sub-group 0 is stepped and sent back D2H), so the update's
+    GPU part is IN0 + IN1 + STEP1, not IN0 + STEP0 + IN1 + STEP1."""
+    arrivals, steps = _gpu_spans(toy.run(_with(ROOMY, gpu_update_every=1)))
+    t0 = arrivals.loc["state in sub-group 0"].start_s
+    assert arrivals.loc["state in sub-group 1"].start_s == pytest.approx(t0 + IN0, rel=1e-9)
+    assert steps.loc["gpu adam sub-group 0"].end_s == pytest.approx(t0 + IN0 + STEP0, rel=1e-9)
+    assert steps.loc["gpu adam sub-group 1"].start_s == pytest.approx(t0 + IN0 + IN1,
+                                                                      rel=1e-9)
+    assert steps.loc["gpu adam sub-group 1"].end_s == pytest.approx(t0 + IN0 + IN1 + STEP1,
+                                                                    rel=1e-9)
+
+
+def test_with_room_for_one_state_the_next_waits_for_the_last_to_go_out(toy):
+    """HBM set to what the update starts with plus one and a half sub-groups' state: one
+    buffer, so sub-group 1's state comes in only once sub-group 0's is back on the host."""
+    roomy = toy.run(_with(ROOMY, gpu_update_every=1))
+    arrivals, _ = _gpu_spans(roomy)
+    memory = roomy.memory
+    gpu = memory[(memory.device == "gpu0") & (memory.t_s < arrivals.start_s.min())]
+    before = gpu.groupby("category").bytes.last().sum()
+    hbm_GiB = (before + 1.5 * 16 * N1) / 2**30
+    tight = {**ROOMY, "hardware": {**ROOMY["hardware"], "gpu": {"hbm_GiB": {
+        "value": hbm_GiB, "basis": "assumed", "source": "test"}}}}
+    arrivals, steps = _gpu_spans(toy.run(_with(tight, gpu_update_every=1)))
+    t0 = arrivals.loc["state in sub-group 0"].start_s
+    assert arrivals.loc["state in sub-group 1"].start_s == pytest.approx(t0 + IN0 + STEP0,
+                                                                         rel=1e-9)
+    assert steps.loc["gpu adam sub-group 1"].end_s == pytest.approx(
+        t0 + IN0 + STEP0 + IN1 + STEP1, rel=1e-9)
 
 
 def test_twin_flow_keeps_the_last_sub_group_on_the_gpu(toy):

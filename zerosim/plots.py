@@ -75,6 +75,7 @@ STREAM_COLORS: dict[Stream, str] = {
     Stream.FLUSH: TOL_MUTED[6],
     Stream.CPU_FLUSH: TOL_MUTED[8],
     Stream.OPTIMIZER_GPU: TOL_MUTED[0],
+    Stream.STATE_TO_GPU: TOL_MUTED[2],
     Stream.COPY_BACK: TOL_MUTED[3],
     Stream.CPU_COPY_BACK: TOL_MUTED[7],
     Stream.NVME_READ: TOL_MUTED[4],

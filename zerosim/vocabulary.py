@@ -25,6 +25,7 @@ class Stream(StrEnum):
     FLUSH = "flush"
     CPU_FLUSH = "cpu.flush"
     OPTIMIZER_GPU = "optimizer.gpu"
+    STATE_TO_GPU = "optimizer.gpu.in"
     COPY_BACK = "copy-back"
     CPU_COPY_BACK = "cpu.copy-back"
     NVME_READ = "nvme.read"

@@ -52,6 +52,8 @@ class CpuStep:
         self.copy_back = copy_back
         self.post_step = post_step
         self.states = states
+        self._gpu_copied_out: list[simpy.Event] = []
+        self._gpu_state_buffers: int | None = None
 
     def run(self) -> Gen:
         core = self.core
@@ -80,24 +82,46 @@ class CpuStep:
 
     def _step_prefetched_on_gpu(self, group: int, elements: int) -> None:
         """What-if (study section 4): bring the sub-group's fp32 state and gradient to the GPU
-        on a stream of its own while the CPU steps the other sub-groups, update it there, send
-        the state back; the 16-bit params are written on the GPU."""
+        on a stream of its own while the CPU steps the other sub-groups, update it there and
+        send the state back on another, so that the next sub-group's state comes in (H2D)
+        while this one's goes out (D2H); the 16-bit params are written on the GPU. Two
+        sub-groups' state are in HBM at once when they fit beside what the step started
+        with, else one: a copy-in then waits for the previous copy-out."""
         core = self.core
         state = costs.GPU_STATE_BYTES_PER_ELEMENT * elements
         back = costs.GPU_STATE_WRITEBACK_BYTES_PER_ELEMENT * elements
+        held: list[int] = []
 
-        def body() -> Gen:
-            held = core.gpu.allocate(Category.PREFETCHED_STATE, state, f"sub-group {group}")
+        def copy_in() -> Gen:
+            held.append(core.gpu.allocate(Category.PREFETCHED_STATE, state, f"sub-group {group}"))
             yield from core.dma("h2d", state, pinned=core.pinned, op=f"state sub-group {group}",
                                 kind=OpKind.STATE_TO_GPU)
+
+        def update_and_copy_out() -> Gen:
             yield core.env.timeout(core.hbm_seconds(
                 costs.GPU_STEP_BYTES_PER_ELEMENT * elements, passes=1.0))
             yield from core.dma("d2h", back, pinned=core.pinned, op=f"state sub-group {group}",
                                 kind=OpKind.STATE_TO_HOST)
-            core.gpu.free(Category.PREFETCHED_STATE, held)
+            core.gpu.free(Category.PREFETCHED_STATE, held.pop())
 
-        core.stream(Stream.OPTIMIZER_GPU).launch(f"gpu adam sub-group {group}", body,
-                                                 kind=OpKind.OPTIMIZER_STEP, nbytes=state)
+        buffers = self._state_buffers(state)
+        freed = self._gpu_copied_out[-buffers] if len(self._gpu_copied_out) >= buffers else None
+        arrived = core.stream(Stream.STATE_TO_GPU).launch(
+            f"state in sub-group {group}", copy_in, kind=OpKind.STATE_TO_GPU, nbytes=state,
+            after=[freed])
+        self._gpu_copied_out.append(core.stream(Stream.OPTIMIZER_GPU).launch(
+            f"gpu adam sub-group {group}", update_and_copy_out, kind=OpKind.OPTIMIZER_STEP,
+            nbytes=back, after=[arrived]))
+
+    def _state_buffers(self, state: float) -> int:
+        """How many GPU-stepped sub-groups' state may be in HBM at once: two when twice the
+        first one's fits in what is free when it is launched (sub-groups are alike but the
+        last, smaller; nothing else grows in HBM during the step), else one."""
+        if self._gpu_state_buffers is None:
+            gpu = self.core.gpu
+            free = gpu.capacity - gpu.used
+            self._gpu_state_buffers = 2 if 2 * state <= free else 1
+        return self._gpu_state_buffers
 
     def _update_on_cpu(self, group: int, elements: int) -> Gen:
         core, m = self.core, self.core.machine

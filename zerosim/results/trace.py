@@ -63,6 +63,7 @@ STREAM_NAMES: dict[str, str] = {
     Stream.FLUSH: "flush",
     Stream.CPU_FLUSH: "CPU flush",
     Stream.OPTIMIZER_GPU: "optimizer (GPU)",
+    Stream.STATE_TO_GPU: "optimizer state in (GPU)",
     Stream.COPY_BACK: "copy-back",
     Stream.CPU_COPY_BACK: "CPU copy-back",
     Stream.NVME_READ: "NVMe read",
