@@ -149,8 +149,11 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
+    nodes = summary["nodes"]
+    over = f" over {nodes} nodes" if nodes > 1 else ""
     console.print(f"[bold]{summary['scenario']}[/bold]: status [{colour}]{status}[/{colour}], "
-                  f"DP={summary['data_parallel']}, DeepSpeed {summary['deepspeed_version']}")
+                  f"DP={summary['data_parallel']}{over}, DeepSpeed "
+                  f"{summary['deepspeed_version']}")
     rank, totals, counts = iteration_totals(phases, accumulation_steps)
     if rank is not None:
         console.print(f"per iteration: the phases of rank {rank}, the last to finish; they add "
@@ -161,14 +164,14 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     tflops = summary["tflops_per_gpu"]
     facts.add_row("TFLOPS per GPU", "-" if tflops is None else f"{tflops:.1f}")
     facts.add_row("peak HBM", f"{summary['peak_hbm_GiB']:.2f} of "
-                  f"{summary['hbm_capacity_GiB']:.2f} GiB")
+                  f"{summary['hbm_capacity_GiB']:.2f} GiB (the fullest GPU)")
     facts.add_row("peak host memory", f"{summary['peak_host_GiB']:.1f} of "
-                  f"{summary['host_capacity_GiB']:.0f} GiB")
+                  f"{summary['host_capacity_GiB']:.0f} GiB (the fullest node)")
     if summary.get("peak_nvme_GiB"):
         facts.add_row("NVMe in use", f"{summary['peak_nvme_GiB']:.1f} GiB (swap files)")
     for direction in PCIE_STREAMS:
         mean = summary["pcie_mean_GBps"][direction]
-        facts.add_row(f"PCIe {direction.upper()}", f"{summary['pcie_GB'][direction]:.1f} GB in all"
+        facts.add_row(f"PCIe {direction.upper()}", f"{summary['pcie_GB'][direction]:.1f} GB over all GPUs"
                       + ("" if mean is None else f", {mean:.2f} GB/s mean per GPU"))
     if wall_s is not None:
         facts.add_row("simulated in", f"{wall_s:.2f} s")

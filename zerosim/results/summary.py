@@ -158,6 +158,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "status": raw.status,
         "hardware": scenario.hardware.name,
         "data_parallel": ranks,
+        "nodes": -(-ranks // scenario.hardware.gpus_per_node),
         "deepspeed_version": format_version(scenario.runtime.deepspeed_version),
         "iteration_s": iteration,
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
