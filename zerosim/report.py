@@ -171,7 +171,8 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
         facts.add_row("NVMe in use", f"{summary['peak_nvme_GiB']:.1f} GiB (swap files)")
     for direction in PCIE_STREAMS:
         mean = summary["pcie_mean_GBps"][direction]
-        facts.add_row(f"PCIe {direction.upper()}", f"{summary['pcie_GB'][direction]:.1f} GB over all GPUs"
+        facts.add_row(f"PCIe {direction.upper()}",
+                      f"{summary['pcie_GB'][direction]:.1f} GB over all GPUs"
                       + ("" if mean is None else f", {mean:.2f} GB/s mean per GPU"))
     if wall_s is not None:
         facts.add_row("simulated in", f"{wall_s:.2f} s")
