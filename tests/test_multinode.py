@@ -258,11 +258,39 @@ def test_polaris_rings_reach_alcfs_measured_bus_bandwidth(row):
     assert busbw / 1e9 == pytest.approx(row["busbw_GBps"], rel=0.05)
 
 
+P4DE_EFA = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
+                           / "p4de_efa_nccl_tests.yaml").read_text())
+
+
+def test_p4d_nic_rate_is_the_measured_two_node_tree_rate():
+    """On two nodes NCCL's tree all-reduce moves the whole buffer once each way between them,
+    so nccl-tests' algbw is the node's network rate: the 1 GiB row (40.96 GB/s) over the four
+    EFA interfaces is p4d-24xlarge's NIC rate; its busbw exceeding the NICs' line rate is what
+    says the run was a tree, not a ring."""
+    profile = load_profile("p4d-24xlarge")
+    row = next(r for r in P4DE_EFA["rows"] if r["size_bytes"] == 1 << 30)
+    assert profile.nics_per_node == P4DE_EFA["nics_per_node"]
+    assert profile.nic_Bps / 1e9 == pytest.approx(row["algbw_GBps"] / P4DE_EFA["nics_per_node"],
+                                                  rel=0.01)
+    line_rate = P4DE_EFA["nics_per_node"] * 12.5
+    assert all(r["busbw_GBps"] > line_rate for r in P4DE_EFA["rows"])
+
+
+def test_p4d_ring_all_gather_runs_at_the_measured_node_rate():
+    """A 1 GiB all-gather over two p4d nodes (16 ranks) through the engine's ring: the
+    inter-node step binds, and the bus bandwidth comes out at the node's measured 40.8 GB/s."""
+    profile = load_profile("p4d-24xlarge", {"nodes": 2})
+    ranks, size = 16, 1 << 30
+    seconds = max(_collective_end_ps(profile, "all_gather", size, ranks)) * PS
+    busbw = (ranks - 1) / ranks * size / seconds
+    assert busbw / 1e9 == pytest.approx(40.8, rel=0.02)
+
+
 def test_p4d_profile():
     p = load_profile("p4d-24xlarge")
     assert (p.nodes, p.gpus_per_node, p.total_gpus) == (8, 8, 64)
     assert p.nics_per_node == 4
-    assert p.nic_Bps == 12.5e9 and p.node_network_Bps == 50e9  # 4 x 100 Gb/s EFA
+    assert p.nic_Bps == 10.2e9 and p.node_network_Bps == 40.8e9  # 4 x 100 Gb/s EFA, measured
     assert p.peak_16bit_flops == 312e12 and p.hbm_Bps == 1555e9
     assert p.hardware_threads == 96 and p.numa_domains == 2
     assert p.gpu_numa_domain == (0, 0, 0, 0, 1, 1, 1, 1)
