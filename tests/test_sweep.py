@@ -220,7 +220,8 @@ def test_every_bad_value_is_reported_together(tmp_path):
     text = result.output
     assert "15 invalid point(s), 5 problems; nothing was run" in text
     assert f"grid.{BUCKET}[0]: expected a number > 0.0, got -1" in text
-    assert "grid.data_parallel[1]: expected at most the 4 GPUs of h100-jlse, got 8" in text
+    assert ("grid.data_parallel[1]: expected at most the 4 GPUs of h100-jlse (1 node(s) x 4; "
+            "hardware.nodes adds nodes), got 8") in text
     assert ("variants[3].set.deepspeed.zero_optimization.reduce_bucket_sise: expected a known "
             "key (did you mean 'reduce_bucket_size'?)") in text
     assert "variants[1].set.hardware.gpu.hbm_GiB: expected a positive number of GiB, got -2" in (

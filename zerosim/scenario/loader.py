@@ -403,8 +403,9 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     data_parallel = raw.data_parallel or hardware.total_gpus
     if data_parallel > hardware.total_gpus:
         raise ScenarioError(source, "data_parallel",
-                            f"at most the {hardware.total_gpus} GPUs of {hardware.name}",
-                            data_parallel)
+                            f"at most the {hardware.total_gpus} GPUs of {hardware.name} "
+                            f"({hardware.nodes} node(s) x {hardware.gpus_per_node}; "
+                            f"hardware.nodes adds nodes)", data_parallel)
     behaviours = resolve_behaviours(version)
     ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
     trainer = raw.trainer or TrainerArgs()
