@@ -258,8 +258,9 @@ def test_polaris_rings_reach_alcfs_measured_bus_bandwidth(row):
     assert busbw / 1e9 == pytest.approx(row["busbw_GBps"], rel=0.05)
 
 
-P4DE_EFA = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                           / "p4de_efa_nccl_tests.yaml").read_text())
+P4D_NCCL = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
+                           / "p4d_nccl_tests.yaml").read_text())
+P4DE_EFA = P4D_NCCL["efa_two_nodes"]
 
 
 def test_p4d_nic_rate_is_the_measured_two_node_tree_rate():
@@ -284,6 +285,20 @@ def test_p4d_ring_all_gather_runs_at_the_measured_node_rate():
     seconds = max(_collective_end_ps(profile, "all_gather", size, ranks)) * PS
     busbw = (ranks - 1) / ranks * size / seconds
     assert busbw / 1e9 == pytest.approx(40.8, rel=0.02)
+
+
+def test_p4d_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
+    """One p4d node: the engine's 8-rank all-reduce of 1 GiB over NVSwitch against the 230.8
+    GB/s busbw posted in NVIDIA/nccl#527 (the value the profile's NVLink rate is read from;
+    this checks the ring's 2(N-1)/N accounting on one node; the 14 steps at the assumed 6 us
+    latency take 1.3% off)."""
+    data = P4D_NCCL["nvswitch_one_node"]
+    row = data["rows"][0]
+    profile = load_profile("p4d-24xlarge", {"nodes": 1})
+    ranks = data["gpus_per_node"]
+    seconds = max(_collective_end_ps(profile, row["collective"], row["size_bytes"], ranks)) * PS
+    busbw = 2 * (ranks - 1) / ranks * row["size_bytes"] / seconds
+    assert busbw / 1e9 == pytest.approx(row["busbw_GBps"], rel=0.02)
 
 
 def test_p4d_profile():
