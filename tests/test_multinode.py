@@ -301,6 +301,18 @@ def test_p4d_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
     assert busbw / 1e9 == pytest.approx(row["busbw_GBps"], rel=0.02)
 
 
+def test_dgx_a100_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
+    """One DGX A100: the engine's 8-rank all-reduce against Azure's ND A100 v4 (the same HGX
+    A100 baseboard) at 1, 2, 4 and 8 GiB, within 2%."""
+    data = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
+                           / "azure_nd_gpu_benchmarks.yaml").read_text())
+    profile = load_profile("dgx-a100", {"nodes": 1})
+    for size, busbw_GBps in data["a100_sxm4_80gb"]["nccl_all_reduce_busbw_GBps"].items():
+        seconds = max(_collective_end_ps(profile, "all_reduce", size, 8)) * PS
+        busbw = 2 * 7 / 8 * size / seconds
+        assert busbw / 1e9 == pytest.approx(busbw_GBps, rel=0.02), size
+
+
 def test_p4d_profile():
     p = load_profile("p4d-24xlarge")
     assert (p.nodes, p.gpus_per_node, p.total_gpus) == (8, 8, 64)

@@ -98,19 +98,39 @@ def hbm_s(nbytes: float, profile: HardwareProfile) -> float:
     return nbytes / (profile.hbm_Bps * profile.memory_efficiency)
 
 
+def gemm_tiles(profile: HardwareProfile) -> tuple[tuple[int, int], ...]:
+    """The output tiles cuBLAS picks from: the profile's large tile and its halves (rows, then
+    columns), the smaller ones taken when the large one would leave SMs idle."""
+    m, n = profile.gemm_tile_m, profile.gemm_tile_n
+    return ((m, n), (max(1, m // 2), n), (max(1, m // 2), max(1, n // 2)))
+
+
+def _wave_fill(gemm: Gemm, tile_m: int, tile_n: int, sm_count: int) -> float:
+    tiles = math.ceil(gemm.m / tile_m) * math.ceil(gemm.n / tile_n) * gemm.batch
+    waves = math.ceil(tiles / sm_count)
+    return tiles / (waves * sm_count)
+
+
 def wave_quantisation(gemm: Gemm, profile: HardwareProfile) -> float:
     """Fraction of the SMs' tile slots a GEMM fills: its output tiles run in waves of one tile
-    per SM, and a last partial wave leaves SMs idle (1.0 when the tiles fill every wave)."""
-    tiles = (math.ceil(gemm.m / profile.gemm_tile_m) * math.ceil(gemm.n / profile.gemm_tile_n)
-             * gemm.batch)
-    waves = math.ceil(tiles / profile.sm_count)
-    return tiles / (waves * profile.sm_count)
+    per SM, and a last partial wave leaves SMs idle (1.0 when the tiles fill every wave), with
+    the tile of `gemm_tiles` that fills them best."""
+    return max(_wave_fill(gemm, m, n, profile.sm_count) for m, n in gemm_tiles(profile))
+
+
+def k_loop_fraction(gemm: Gemm, profile: HardwareProfile) -> float:
+    """Share of a tile's time spent in its K loop: each output tile also pays a fixed cost
+    (prologue, epilogue, the write of its outputs) worth `gemm_k_overhead` steps of K, so a
+    short K (attention's head dimension, a thin projection) runs further below peak."""
+    return gemm.k / (gemm.k + profile.gemm_k_overhead)
 
 
 def gemm_s(gemm: Gemm, profile: HardwareProfile) -> float:
     """Roofline time of a GEMM: its FLOPs at the achievable fraction of dense peak, reduced by
-    wave quantisation, or its minimum HBM traffic, whichever takes longer."""
-    rate = profile.peak_16bit_flops * profile.gemm_efficiency * wave_quantisation(gemm, profile)
+    wave quantisation and by the fixed cost of each tile, or its minimum HBM traffic, whichever
+    takes longer."""
+    rate = (profile.peak_16bit_flops * profile.gemm_efficiency
+            * wave_quantisation(gemm, profile) * k_loop_fraction(gemm, profile))
     return max(gemm.flops / rate, hbm_s(gemm.nbytes, profile))
 
 

@@ -56,6 +56,7 @@ class HardwareProfile:
     gemm_efficiency: float
     gemm_tile_m: int
     gemm_tile_n: int
+    gemm_k_overhead: float
     flash_attention_efficiency: float
     memory_efficiency: float
     kernel_gap_s: float
@@ -141,6 +142,8 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.hbm_GBps": ("hbm_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "gpu.peak_16bit_TFLOPS": ("peak_16bit_flops", TFLOPS, _positive, "a positive TFLOP/s"),
     "gpu.gemm_efficiency": ("gemm_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
+    "gpu.gemm_k_overhead": ("gemm_k_overhead", 1.0, _non_negative,
+                            "a number of K elements >= 0"),
     "gpu.flash_attention_efficiency": ("flash_attention_efficiency", 1.0, _fraction,
                                        "a fraction in (0, 1]"),
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
@@ -203,6 +206,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
                         "is 256 x 128 (rows x columns)"),
     "gpu.gemm_tile_n": (128, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
                         "is 256 x 128 (rows x columns)"),
+    "gpu.gemm_k_overhead": (0, "no fixed cost per output tile: profiles written before the "
+                            "key existed priced a GEMM by its FLOPs and wave quantisation "
+                            "alone"),
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
     "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "

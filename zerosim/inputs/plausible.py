@@ -155,6 +155,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.*TFLOPS*": Plausible(1e-3, 1e7, "a throughput in TFLOP/s"),
     "hardware.gpu.sm_count": _count(1, 100_000, "a multiprocessor count"),
     "hardware.gpu.gemm_tile_*": _count(1, 65_536, "a tile size"),
+    "hardware.gpu.gemm_k_overhead": Plausible(0, 1e5, "a number of K elements"),
     "hardware.*GHz*": Plausible(1e-3, 100, "a clock in GHz"),
     "hardware.*name": PlausibleText(256),
     "hardware.host.cpu_model": PlausibleText(256),
