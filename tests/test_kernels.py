@@ -252,3 +252,29 @@ def test_a100_gpu_rates_are_the_published_microbenchmarks():
             h100["hbm_TBps"]["copy"] * 1e3 / h100["hbm_GBps"], abs=0.005)
         assert profile.flash_attention_efficiency == pytest.approx(
             h100["flash_attention_2_TFLOPS"]["value"] / h100["peak_16bit_TFLOPS"], abs=0.001)
+
+
+MAMF = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
+                       / "mamf_bf16.yaml").read_text())
+
+
+def _mamf_k_loop_rate(accelerator: str, profile) -> float:
+    """A MAMF row's efficiency with the wave fill and K-loop share of its best shape taken off."""
+    row = next(r for r in MAMF["rows"] if r["accelerator"] == accelerator)
+    gemm = Gemm(row["m"], row["n"], row["k"])
+    taken_off = costs.wave_quantisation(gemm, profile) * costs.k_loop_fraction(gemm, profile)
+    return row["TFLOPS"] / row["theory_TFLOPS"] / taken_off
+
+
+@pytest.mark.parametrize("name, accelerator", [("h100-jlse", "NVIDIA H100 SXM"),
+                                               ("dgx-h100", "NVIDIA H100 SXM"),
+                                               ("gh200", "NVIDIA GH200 SXM")])
+def test_h100_class_gemm_efficiency_is_the_a100s_scaled_by_their_mamf(name, accelerator):
+    """No cuBLAS table of several shapes was found for the H100 in BF16, so its K-loop rate is
+    the A100's (fitted on Azure's table) scaled by the two GPUs' maximum achievable matmul
+    FLOPS, each measured the same way (mamf-finder's best shape)."""
+    a100 = load_profile("dgx-a100")
+    profile = load_profile(name)
+    derived = a100.gemm_efficiency * (_mamf_k_loop_rate(accelerator, profile)
+                                      / _mamf_k_loop_rate("NVIDIA A100 SXM", a100))
+    assert profile.gemm_efficiency == pytest.approx(derived, abs=0.005)
