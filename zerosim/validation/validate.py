@@ -276,7 +276,7 @@ def seed003_cells() -> list[Cell]:
         cell = judge("seed 003 (AWS p4d, 64 A100)", f"{row.model} {row.variant}",
                      f"TFLOPS per GPU (DeepSpeed {row.version})", "TFLOPS", row.published_tflops,
                      row.simulated_tflops or 0.0, None,
-                     note="assumed shapes and A100 efficiencies, see seed003.yaml",
+                     note="assumed shapes and host overheads, see seed003.yaml",
                      excluded=None if row.simulated_tflops is not None
                      else "does not fit in zerosim (out of HBM)")
         if row.simulated_tflops is None:
