@@ -10,8 +10,9 @@ import simpy
 from zerosim.api import simulate
 from zerosim.engine.machine import Machine
 from zerosim.estimate import Estimate, estimate_for_model, estimate_model_states
-from zerosim.hardware.costs import UNSCALE_HOST_BYTES
-from zerosim.hardware.profile import HardwareProfile
+from zerosim.hardware.costs import UNSCALE_HOST_BYTES, gemm_s
+from zerosim.hardware.profile import HardwareProfile, load_profile
+from zerosim.models.kernels import Gemm
 from zerosim.results import Result
 from zerosim.scenario import scenario_from_dict
 from zerosim.units import GiB
@@ -20,6 +21,7 @@ from zerosim.validation.reference import (
     EstimatorTable,
     Study,
     Table1Row,
+    _data,
     load_estimator_tables,
     load_study,
 )
@@ -33,6 +35,11 @@ MEMORY_TOLERANCE = 0.10
 RATIO_TOLERANCE = 0.10
 PRINTED_GB_TOLERANCE = 0.005
 """DeepSpeed's estimator prints GB with two decimals: a reproduction is within half of 0.01."""
+GEMM_TOLERANCE = 0.15
+LARGE_GEMM_TOLERANCE = 0.05
+"""A GEMM with every side >= 4096 fills its waves whatever the tile: within 5%; smaller ones
+depend on which kernel cuBLAS's heuristics pick: within 15%."""
+BUS_BANDWIDTH_TOLERANCE = 0.05
 GPU0 = device_name(DeviceKind.GPU, 0)
 UNSCALE_PROBE_BYTES = 4 * GiB
 """Size of the pinned test transfer in the unscale-contention probe (study section 3.5)."""
@@ -184,6 +191,81 @@ def pcie_drop_during_unscale(profile: HardwareProfile) -> float:
         return env.now
 
     return 1.0 - transfer_time(False) / transfer_time(True)
+
+
+def collective_seconds(profile: HardwareProfile, kind: str, total_bytes: float,
+                       ranks: int) -> float:
+    """One collective alone on the engine's machine model, from the first rank's arrival to
+    the last rank's end (nccl-tests' time of one operation)."""
+    env = simpy.Environment()
+    machine = Machine(env, profile, ranks, None)
+    for rank in range(ranks):
+        env.process(machine.collective(rank, ("nccl-tests",), kind, total_bytes,
+                                       list(range(ranks))))
+    env.run()
+    return env.now
+
+
+def bus_bandwidth_GBps(profile: HardwareProfile, kind: str, total_bytes: float,
+                       ranks: int) -> float:
+    """nccl-tests' busbw: algbw x (N-1)/N, twice that for an all-reduce."""
+    factor = (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
+    return factor * total_bytes / collective_seconds(profile, kind, total_bytes, ranks) / 1e9
+
+
+def gemm_cells() -> list[Cell]:
+    """Azure's published cuBLASLt table of an A100-SXM4-80GB against the GEMM model with the
+    A100 profiles' values (fitted to these rows: a check of the model's shape, not a
+    prediction)."""
+    table = _data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
+    profile = load_profile("dgx-a100")
+    cells = []
+    for row in table:
+        gemm = Gemm(row["m"], row["n"], row["k"])
+        large = min(gemm.m, gemm.n, gemm.k) >= 4096
+        cells.append(judge("GPU kernels (A100)", f"GEMM {gemm.m}x{gemm.n}x{gemm.k}",
+                           "cuBLASLt FP16 throughput", "TFLOPS", row["TFLOPS"],
+                           gemm.flops / gemm_s(gemm, profile) / 1e12,
+                           LARGE_GEMM_TOLERANCE if large else GEMM_TOLERANCE,
+                           note="Azure ND A100 v4; gemm_efficiency and gemm_k_overhead "
+                                "are fitted to these eight rows"))
+    return cells
+
+
+def collective_cells() -> list[Cell]:
+    """Published nccl-tests bus bandwidths against the engine's ring: ALCF's Polaris runs
+    across 2 and 8 nodes (the NIC rate is read from the 2-node 1 GiB all-gather; the other
+    rows test it) and 8-GPU NVSwitch nodes (the NVLink rate is read from these rows: they
+    check the ring's accounting and latency)."""
+    cells = []
+    polaris = _data("polaris_nccl_tests.yaml")
+    for row in polaris["rows"]:
+        nodes = row["nodes"]
+        ranks = nodes * polaris["gpus_per_node"]
+        profile = load_profile("polaris-a100", {"nodes": nodes})
+        cells.append(judge("collectives", f"Polaris {nodes} nodes x 4 GPUs",
+                           f"{row['collective']} busbw, {row['size_bytes'] / GiB:g} GiB", "GB/s",
+                           row["busbw_GBps"],
+                           bus_bandwidth_GBps(profile, row["collective"], row["size_bytes"],
+                                              ranks),
+                           BUS_BANDWIDTH_TOLERANCE, note="ALCF alcf-nccl-tests, NCCL 2.18"))
+    azure = _data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["nccl_all_reduce_busbw_GBps"]
+    dgx = load_profile("dgx-a100", {"nodes": 1})
+    for size, busbw in azure.items():
+        cells.append(judge("collectives", "DGX A100 (Azure ND A100 v4), 8 GPUs",
+                           f"all_reduce busbw, {size / GiB:g} GiB", "GB/s", busbw,
+                           bus_bandwidth_GBps(dgx, "all_reduce", size, 8),
+                           BUS_BANDWIDTH_TOLERANCE, note="NCCL 2.18.5"))
+    p4d = _data("p4d_nccl_tests.yaml")["nvswitch_one_node"]
+    profile = load_profile("p4d-24xlarge", {"nodes": 1})
+    for row in p4d["rows"]:
+        cells.append(judge("collectives", "p4d.24xlarge, 8 GPUs",
+                           f"{row['collective']} busbw, {row['size_bytes'] / GiB:g} GiB", "GB/s",
+                           row["busbw_GBps"],
+                           bus_bandwidth_GBps(profile, row["collective"], row["size_bytes"],
+                                              p4d["gpus_per_node"]),
+                           BUS_BANDWIDTH_TOLERANCE, note="NVIDIA/nccl#527, NCCL 2.9.9"))
+    return cells
 
 
 def observation_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
@@ -358,6 +440,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
                        probe, RATIO_TOLERANCE))
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
+    cells += gemm_cells() + collective_cells()
     if polaris:
         cells += polaris_cells()
     if seed003:
