@@ -232,6 +232,13 @@ def gemm_cells() -> list[Cell]:
     return cells
 
 
+def _bus_bandwidth_cell(case: str, kind: str, size_bytes: int, measured_GBps: float,
+                        profile: HardwareProfile, ranks: int, note: str) -> Cell:
+    return judge("collectives", case, f"{kind} busbw, {size_bytes / GiB:g} GiB", "GB/s",
+                 measured_GBps, bus_bandwidth_GBps(profile, kind, size_bytes, ranks),
+                 BUS_BANDWIDTH_TOLERANCE, note=note)
+
+
 def collective_cells() -> list[Cell]:
     """Published nccl-tests bus bandwidths against the engine's ring: ALCF's Polaris runs
     across 2 and 8 nodes (the NIC rate is read from the 2-node 1 GiB all-gather; the other
@@ -239,32 +246,24 @@ def collective_cells() -> list[Cell]:
     check the ring's accounting and latency)."""
     cells = []
     polaris = _data("polaris_nccl_tests.yaml")
+    per_node = polaris["gpus_per_node"]
     for row in polaris["rows"]:
         nodes = row["nodes"]
-        ranks = nodes * polaris["gpus_per_node"]
-        profile = load_profile("polaris-a100", {"nodes": nodes})
-        cells.append(judge("collectives", f"Polaris {nodes} nodes x 4 GPUs",
-                           f"{row['collective']} busbw, {row['size_bytes'] / GiB:g} GiB", "GB/s",
-                           row["busbw_GBps"],
-                           bus_bandwidth_GBps(profile, row["collective"], row["size_bytes"],
-                                              ranks),
-                           BUS_BANDWIDTH_TOLERANCE, note="ALCF alcf-nccl-tests, NCCL 2.18"))
+        cells.append(_bus_bandwidth_cell(
+            f"Polaris {nodes} nodes x {per_node} GPUs", row["collective"], row["size_bytes"],
+            row["busbw_GBps"], load_profile("polaris-a100", {"nodes": nodes}),
+            nodes * per_node, "ALCF alcf-nccl-tests, NCCL 2.18"))
     azure = _data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["nccl_all_reduce_busbw_GBps"]
     dgx = load_profile("dgx-a100", {"nodes": 1})
-    for size, busbw in azure.items():
-        cells.append(judge("collectives", "DGX A100 (Azure ND A100 v4), 8 GPUs",
-                           f"all_reduce busbw, {size / GiB:g} GiB", "GB/s", busbw,
-                           bus_bandwidth_GBps(dgx, "all_reduce", size, 8),
-                           BUS_BANDWIDTH_TOLERANCE, note="NCCL 2.18.5"))
+    cells += [_bus_bandwidth_cell("DGX A100 (Azure ND A100 v4), 8 GPUs", "all_reduce", size,
+                                  busbw, dgx, dgx.gpus_per_node, "NCCL 2.18.5")
+              for size, busbw in azure.items()]
     p4d = _data("p4d_nccl_tests.yaml")["nvswitch_one_node"]
     profile = load_profile("p4d-24xlarge", {"nodes": 1})
-    for row in p4d["rows"]:
-        cells.append(judge("collectives", "p4d.24xlarge, 8 GPUs",
-                           f"{row['collective']} busbw, {row['size_bytes'] / GiB:g} GiB", "GB/s",
-                           row["busbw_GBps"],
-                           bus_bandwidth_GBps(profile, row["collective"], row["size_bytes"],
-                                              p4d["gpus_per_node"]),
-                           BUS_BANDWIDTH_TOLERANCE, note="NVIDIA/nccl#527, NCCL 2.9.9"))
+    cells += [_bus_bandwidth_cell("p4d.24xlarge, 8 GPUs", row["collective"], row["size_bytes"],
+                                  row["busbw_GBps"], profile, p4d["gpus_per_node"],
+                                  "NVIDIA/nccl#527, NCCL 2.9.9")
+              for row in p4d["rows"]]
     return cells
 
 
