@@ -92,6 +92,9 @@ def write_scenario(folder: Path, tree) -> Path:
      "1000000] (a finite number), got inf"),
     ("hardware.gpu.gemm_efficiency=1e-300",
      "hardware.overrides.gpu.gemm_efficiency: expected a fraction in [0.0001, 1], got 1e-300"),
+    ("hardware.gpu.gemm_k_overhead=1e9",
+     "hardware.overrides.gpu.gemm_k_overhead: expected a number of K elements in [0, 100000], "
+     "got 1000000000.0"),
     ("runtime.cpu_threads_per_rank=1e30",
      "runtime.cpu_threads_per_rank: expected a thread count in [1, 16384], got 1e+30"),
     ("runtime.cpu_threads_per_rank=" + "1" + "0" * 30,

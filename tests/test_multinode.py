@@ -231,6 +231,14 @@ def test_nics_per_node_defaults_to_one_and_says_so(toy):
     assert load_profile("h100-jlse").nics_per_node == 1
 
 
+def test_gemm_k_overhead_defaults_to_none_and_says_so(toy):
+    """A profile written before the key prices GEMMs as it did: no per-tile cost."""
+    profile = toy.scenario(gpus=1).hardware
+    assert profile.gemm_k_overhead == 0
+    prov = profile.provenance["gpu.gemm_k_overhead"]
+    assert prov.basis == "assumed" and prov.source.startswith("default:")
+
+
 def test_nics_per_node_must_be_a_positive_count(toy):
     tree = toy.profile(1)
     tree["network"]["nics_per_node"] = 0
