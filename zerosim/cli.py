@@ -266,6 +266,34 @@ def validate(out_dir: Path, as_json: bool) -> None:
         render_validation(cells, out_dir)
 
 
+
+
+@main.command("fit-gemm")
+@click.argument("table", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--profile", "profile_name", required=True, metavar="NAME|FILE",
+              help="The GPU's profile (a shipped name or a YAML file): its peak, SMs, tiles "
+                   "and HBM are kept, its two GEMM rates fitted.")
+def fit_gemm(table: Path, profile_name: str) -> None:
+    """Fit gpu.gemm_efficiency and gpu.gemm_k_overhead to TABLE, a CSV of measured GEMMs
+    (columns m, n, k, TFLOPS: a cuBLAS or cuBLASLt benchmark of several shapes, large squares
+    and a short K among them), and print the values to put in the profile."""
+    from zerosim.hardware.profile import load_profile
+    from zerosim.validation.gemm_rates import fit_gemm_rates, read_gemm_table
+
+    rows = read_gemm_table(table)
+    profile = load_profile(profile_name)
+    fit = fit_gemm_rates(rows, profile)
+    click.echo(f"{'m x n x k':>24}  measured  modelled  error")
+    for row, modelled in zip(rows, fit.modelled_tflops, strict=True):
+        shape = f"{row.m}x{row.n}x{row.k}"
+        click.echo(f"{shape:>24}  {row.tflops:8.1f}  {modelled:8.1f}  "
+                   f"{modelled / row.tflops - 1:+6.1%}")
+    click.echo(f"rms log error {fit.rms(rows):.1%} over {len(rows)} shapes; correlation of the "
+               f"two values {fit.correlation:+.2f}")
+    click.echo(f"  gemm_efficiency: {{value: {fit.efficiency:.3f}, basis: fitted, source: "
+               f'"zerosim fit-gemm {table.name}; standard error {fit.efficiency_rel_std:.0%}"}}')
+    click.echo(f"  gemm_k_overhead: {{value: {fit.k_overhead:.0f}, basis: fitted, source: "
+               f'"zerosim fit-gemm {table.name}; standard error {fit.k_overhead_rel_std:.0%}"}}')
 @main.command()
 @click.argument("data", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, exists=True, path_type=Path))
