@@ -245,6 +245,8 @@ def test_a100_gpu_rates_are_the_published_microbenchmarks():
             a100["hbm_TBps"]["copy"] * 1e3 / a100["hbm_GBps"], abs=0.005)
         assert profile.flash_attention_efficiency == pytest.approx(
             a100["flash_attention_2_TFLOPS"]["value"] / a100["peak_16bit_TFLOPS"], abs=0.001)
+    assert load_profile("dgx-a100").h2d_pinned_Bps / 1e9 == pytest.approx(
+        a100["nvbandwidth_GBps"]["host_to_device"], abs=0.05)
     h100 = AZURE["h100_sxm_80gb"]
     for name in ("h100-jlse", "dgx-h100"):
         profile = load_profile(name)
