@@ -248,6 +248,9 @@ def test_a100_gpu_rates_are_the_published_microbenchmarks():
     assert load_profile("dgx-a100").h2d_pinned_Bps / 1e9 == pytest.approx(
         a100["nvbandwidth_GBps"]["host_to_device"], abs=0.05)
     h100 = AZURE["h100_sxm_80gb"]
+    dgx_h100 = load_profile("dgx-h100")
+    assert (dgx_h100.h2d_pinned_Bps / 1e9, dgx_h100.d2h_pinned_Bps / 1e9) == (
+        h100["nvbandwidth_GBps"]["host_to_device"], h100["nvbandwidth_GBps"]["device_to_host"])
     for name in ("h100-jlse", "dgx-h100"):
         profile = load_profile(name)
         assert profile.memory_efficiency == pytest.approx(
