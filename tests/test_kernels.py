@@ -283,3 +283,14 @@ def test_h100_class_gemm_efficiency_is_the_a100s_scaled_by_their_mamf(name, acce
     derived = a100.gemm_efficiency * (_mamf_k_loop_rate(accelerator, profile)
                                       / _mamf_k_loop_rate("NVIDIA A100 SXM", a100))
     assert profile.gemm_efficiency == pytest.approx(derived, abs=0.005)
+
+
+def test_gh200_copy_and_memory_rates_are_the_published_microbenchmarks():
+    data = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
+                           / "gh200_microbenchmarks.yaml").read_text())
+    gh200 = load_profile("gh200")
+    copies = data["bandwidth_test_pinned_GBps"]
+    assert gh200.h2d_pinned_Bps / 1e9 == pytest.approx(copies["host_to_device"], abs=0.5)
+    assert gh200.d2h_pinned_Bps / 1e9 == pytest.approx(copies["device_to_host"], abs=0.5)
+    assert gh200.memory_Bps_per_domain / 1e6 == pytest.approx(data["stream_MBps"]["copy"],
+                                                              rel=0.002)
