@@ -5,17 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
-import zerosim
 from zerosim.cli import main
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import load_profile
 from zerosim.validation.gemm_rates import GemmRow, fit_gemm_rates, read_gemm_table
+from zerosim.validation.reference import reference_data
 
-AZURE_A100 = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                             / "azure_nd_gpu_benchmarks.yaml").read_text())["a100_sxm4_80gb"]
+AZURE_A100 = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]
 
 
 def _table(tmp_path: Path, text: str) -> Path:

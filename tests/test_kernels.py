@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 from conftest import toy_stack
 
-import zerosim
 from zerosim.errors import ScenarioError
 from zerosim.hardware import costs
 from zerosim.hardware.profile import load_profile
@@ -17,6 +13,7 @@ from zerosim.models.catalog import CATALOG
 from zerosim.models.kernels import FusedAttention, Gemm, MemoryPass, kernel_count, linear_backward
 from zerosim.scenario import load_scenario
 from zerosim.stacks import DEFAULT_STACK, load_stack, parse_stack, stack_names
+from zerosim.validation.reference import reference_data
 
 A100 = load_profile("polaris-a100")
 LLAMA13 = CATALOG["llama2-13b"]
@@ -218,8 +215,7 @@ def test_host_times_scale_with_the_cpu_clock(toy):
                                 rel=1e-9)
 
 
-AZURE = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                        / "azure_nd_gpu_benchmarks.yaml").read_text())
+AZURE = reference_data("azure_nd_gpu_benchmarks.yaml")
 
 
 @pytest.mark.parametrize("row", AZURE["a100_sxm4_80gb"]["gemm_fp16"],
@@ -259,8 +255,7 @@ def test_a100_gpu_rates_are_the_published_microbenchmarks():
             h100["flash_attention_2_TFLOPS"]["value"] / h100["peak_16bit_TFLOPS"], abs=0.001)
 
 
-MAMF = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                       / "mamf_bf16.yaml").read_text())
+MAMF = reference_data("mamf_bf16.yaml")
 
 
 def _mamf_k_loop_rate(accelerator: str, profile) -> float:
@@ -286,8 +281,7 @@ def test_h100_class_gemm_efficiency_is_the_a100s_scaled_by_their_mamf(name, acce
 
 
 def test_gh200_copy_and_memory_rates_are_the_published_microbenchmarks():
-    data = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                           / "gh200_microbenchmarks.yaml").read_text())
+    data = reference_data("gh200_microbenchmarks.yaml")
     gh200 = load_profile("gh200")
     copies = data["bandwidth_test_pinned_GBps"]
     assert gh200.h2d_pinned_Bps / 1e9 == pytest.approx(copies["host_to_device"], abs=0.5)

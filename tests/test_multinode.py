@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 import simpy
-import yaml
 
 import zerosim
 from zerosim.engine.machine import Machine
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import load_profile, parse_profile
+from zerosim.validation.reference import reference_data
 from zerosim.validation.validate import bus_bandwidth_GBps, collective_cells
 
 PS = 1e-12
@@ -246,8 +246,7 @@ def test_nics_per_node_must_be_a_positive_count(toy):
         parse_profile(tree, "<test>")
 
 
-NCCL_TESTS = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                              / "polaris_nccl_tests.yaml").read_text())
+NCCL_TESTS = reference_data("polaris_nccl_tests.yaml")
 
 
 @pytest.mark.parametrize("row", NCCL_TESTS["rows"],
@@ -263,8 +262,7 @@ def test_polaris_rings_reach_alcfs_measured_bus_bandwidth(row):
     assert busbw == pytest.approx(row["busbw_GBps"], rel=0.05)
 
 
-P4D_NCCL = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                           / "p4d_nccl_tests.yaml").read_text())
+P4D_NCCL = reference_data("p4d_nccl_tests.yaml")
 P4DE_EFA = P4D_NCCL["efa_two_nodes"]
 
 
@@ -306,8 +304,7 @@ def test_p4d_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
 def test_dgx_a100_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
     """One DGX A100: the engine's 8-rank all-reduce against Azure's ND A100 v4 (the same HGX
     A100 baseboard) at 1, 2, 4 and 8 GiB, within 2%."""
-    data = yaml.safe_load((Path(zerosim.__file__).parent / "validation" / "data"
-                           / "azure_nd_gpu_benchmarks.yaml").read_text())
+    data = reference_data("azure_nd_gpu_benchmarks.yaml")
     profile = load_profile("dgx-a100", {"nodes": 1})
     for size, busbw_GBps in data["a100_sxm4_80gb"]["nccl_all_reduce_busbw_GBps"].items():
         assert bus_bandwidth_GBps(profile, "all_reduce", size, 8) == pytest.approx(

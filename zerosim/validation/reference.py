@@ -65,19 +65,20 @@ class EstimatorTable:
     source: str
 
 
-def _data(name: str) -> dict[str, Any]:
+def reference_data(name: str) -> dict[str, Any]:
+    """A file of `zerosim/validation/data/` (published measurements with their source), parsed."""
     text = (resources.files("zerosim.validation") / "data" / name).read_text()
     return parse_yaml_text(text, f"zerosim/validation/data/{name}")
 
 
 def load_estimator_tables() -> tuple[EstimatorTable, ...]:
-    data = _data("deepspeed_estimator.yaml")
+    data = reference_data("deepspeed_estimator.yaml")
     return tuple(EstimatorTable(t["name"], t["call"], dict(t["arguments"]), t["printed"],
                                 data["source"]) for t in data["tables"])
 
 
 def load_study() -> Study:
-    data = _data("study.yaml")
+    data = reference_data("study.yaml")
     observations = {
         key: Observation(key, float(entry["value"]), entry["source"], entry.get("inconsistent"))
         for key, entry in data["observations"].items()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import _data
+from zerosim.validation.reference import reference_data
 
 VERDICT = "reported, not judged"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ class Seed003Row:
 
 
 def load_seed003() -> Seed003:
-    data = _data("seed003.yaml")
+    data = reference_data("seed003.yaml")
     source = f"{data['source']['title']} ({data['source']['publisher']})"
     cases = tuple(Seed003Case(c["model"], c["scenario"], c["gpus"], dict(c["tflops_per_gpu"]))
                   for c in data["cases"])

@@ -21,9 +21,9 @@ from zerosim.validation.reference import (
     EstimatorTable,
     Study,
     Table1Row,
-    _data,
     load_estimator_tables,
     load_study,
+    reference_data,
 )
 from zerosim.vocabulary import DeviceKind, OpKind, Phase, Stream, device_name
 
@@ -217,7 +217,7 @@ def gemm_cells() -> list[Cell]:
     """Azure's published cuBLASLt table of an A100-SXM4-80GB against the GEMM model with the
     A100 profiles' values (fitted to these rows: a check of the model's shape, not a
     prediction)."""
-    table = _data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
+    table = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
     profile = load_profile("dgx-a100")
     cells = []
     for row in table:
@@ -245,7 +245,7 @@ def collective_cells() -> list[Cell]:
     rows test it) and 8-GPU NVSwitch nodes (the NVLink rate is read from these rows: they
     check the ring's accounting and latency)."""
     cells = []
-    polaris = _data("polaris_nccl_tests.yaml")
+    polaris = reference_data("polaris_nccl_tests.yaml")
     per_node = polaris["gpus_per_node"]
     for row in polaris["rows"]:
         nodes = row["nodes"]
@@ -253,12 +253,13 @@ def collective_cells() -> list[Cell]:
             f"Polaris {nodes} nodes x {per_node} GPUs", row["collective"], row["size_bytes"],
             row["busbw_GBps"], load_profile("polaris-a100", {"nodes": nodes}),
             nodes * per_node, "ALCF alcf-nccl-tests, NCCL 2.18"))
-    azure = _data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["nccl_all_reduce_busbw_GBps"]
+    a100 = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]
+    azure = a100["nccl_all_reduce_busbw_GBps"]
     dgx = load_profile("dgx-a100", {"nodes": 1})
     cells += [_bus_bandwidth_cell("DGX A100 (Azure ND A100 v4), 8 GPUs", "all_reduce", size,
                                   busbw, dgx, dgx.gpus_per_node, "NCCL 2.18.5")
               for size, busbw in azure.items()]
-    p4d = _data("p4d_nccl_tests.yaml")["nvswitch_one_node"]
+    p4d = reference_data("p4d_nccl_tests.yaml")["nvswitch_one_node"]
     profile = load_profile("p4d-24xlarge", {"nodes": 1})
     cells += [_bus_bandwidth_cell("p4d.24xlarge, 8 GPUs", row["collective"], row["size_bytes"],
                                   row["busbw_GBps"], profile, p4d["gpus_per_node"],
