@@ -258,26 +258,20 @@ def test_a100_gpu_rates_are_the_published_microbenchmarks():
 MAMF = reference_data("mamf_bf16.yaml")
 
 
-def _mamf_k_loop_rate(accelerator: str, profile) -> float:
-    """A MAMF row's efficiency with the wave fill and K-loop share of its best shape taken off."""
+@pytest.mark.parametrize("name, accelerator, error", [
+    ("dgx-a100", "NVIDIA A100 SXM", -0.115),
+    ("h100-jlse", "NVIDIA H100 SXM", 0.058),
+    ("dgx-h100", "NVIDIA H100 SXM", 0.058),
+    ("gh200", "NVIDIA GH200 SXM", -0.014)])
+def test_the_gemm_model_against_pytorchs_best_matmul_on_each_gpu(name, accelerator, error):
+    """The GEMM values come from cuBLASLt (A100) and XLA (H100) tables; PyTorch's best matmul
+    of a shape search (mamf-finder) checks them through another software path: within 12%,
+    the A100 below it (its best shape is not in Azure's table, and a search's best is biased
+    upward), the H100 above, the GH200 (the H100's die at 900 W) below."""
     row = next(r for r in MAMF["rows"] if r["accelerator"] == accelerator)
     gemm = Gemm(row["m"], row["n"], row["k"])
-    taken_off = costs.wave_quantisation(gemm, profile) * costs.k_loop_fraction(gemm, profile)
-    return row["TFLOPS"] / row["theory_TFLOPS"] / taken_off
-
-
-@pytest.mark.parametrize("name, accelerator", [("h100-jlse", "NVIDIA H100 SXM"),
-                                               ("dgx-h100", "NVIDIA H100 SXM"),
-                                               ("gh200", "NVIDIA GH200 SXM")])
-def test_h100_class_gemm_efficiency_is_the_a100s_scaled_by_their_mamf(name, accelerator):
-    """No cuBLAS table of several shapes was found for the H100 in BF16, so its K-loop rate is
-    the A100's (fitted on Azure's table) scaled by the two GPUs' maximum achievable matmul
-    FLOPS, each measured the same way (mamf-finder's best shape)."""
-    a100 = load_profile("dgx-a100")
-    profile = load_profile(name)
-    derived = a100.gemm_efficiency * (_mamf_k_loop_rate(accelerator, profile)
-                                      / _mamf_k_loop_rate("NVIDIA A100 SXM", a100))
-    assert profile.gemm_efficiency == pytest.approx(derived, abs=0.005)
+    modelled = gemm.flops / costs.gemm_s(gemm, load_profile(name)) / 1e12
+    assert modelled / row["TFLOPS"] - 1 == pytest.approx(error, abs=0.001)
 
 
 def test_gh200_copy_and_memory_rates_are_the_published_microbenchmarks():

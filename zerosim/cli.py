@@ -272,28 +272,41 @@ def validate(out_dir: Path, as_json: bool) -> None:
 @click.argument("table", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--profile", "profile_name", required=True, metavar="NAME|FILE",
               help="The GPU's profile (a shipped name or a YAML file): its peak, SMs, tiles "
-                   "and HBM are kept, its two GEMM rates fitted.")
-def fit_gemm(table: Path, profile_name: str) -> None:
-    """Fit gpu.gemm_efficiency and gpu.gemm_k_overhead to TABLE, a CSV of measured GEMMs
-    (columns m, n, k, TFLOPS: a cuBLAS or cuBLASLt benchmark of several shapes, large squares
-    and a short K among them), and print the values to put in the profile."""
+                   "and HBM are kept, its GEMM values fitted.")
+@click.option("--hold", "held", multiple=True,
+              type=click.Choice(["gemm_efficiency", "gemm_k_overhead", "gemm_latency_us"]),
+              help="Keep this value at the profile's (repeatable): for a table that cannot pin "
+                   "it, say one without small shapes for the latency.")
+def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
+    """Fit gpu.gemm_efficiency, gpu.gemm_k_overhead and gpu.gemm_latency_us to TABLE, a CSV of
+    measured GEMMs (columns m, n, k, TFLOPS and optionally batch: a cuBLAS or cuBLASLt
+    benchmark of several shapes, large squares, a short K and small shapes among them), and
+    print the values to put in the profile."""
     from zerosim.hardware.profile import load_profile
-    from zerosim.validation.gemm_rates import fit_gemm_rates, read_gemm_table
+    from zerosim.validation.gemm_rates import RATES, fit_gemm_rates, read_gemm_table
 
     rows = read_gemm_table(table)
     profile = load_profile(profile_name)
-    fit = fit_gemm_rates(rows, profile)
-    click.echo(f"{'m x n x k':>24}  measured  modelled  error")
+    fit = fit_gemm_rates(rows, profile, held, source=str(table))
+    click.echo(f"{'shape':>24}  measured  modelled  error")
     for row, modelled in zip(rows, fit.modelled_tflops, strict=True):
-        shape = f"{row.m}x{row.n}x{row.k}"
-        click.echo(f"{shape:>24}  {row.tflops:8.1f}  {modelled:8.1f}  "
+        click.echo(f"{row.shape:>24}  {row.tflops:8.1f}  {modelled:8.1f}  "
                    f"{modelled / row.tflops - 1:+6.1%}")
-    click.echo(f"rms log error {fit.rms(rows):.1%} over {len(rows)} shapes; correlation of the "
-               f"two values {fit.correlation:+.2f}")
-    click.echo(f"  gemm_efficiency: {{value: {fit.efficiency:.3f}, basis: fitted, source: "
-               f'"zerosim fit-gemm {table.name}; standard error {fit.efficiency_rel_std:.0%}"}}')
-    click.echo(f"  gemm_k_overhead: {{value: {fit.k_overhead:.0f}, basis: fitted, source: "
-               f'"zerosim fit-gemm {table.name}; standard error {fit.k_overhead_rel_std:.0%}"}}')
+    free = [rate.key for rate in fit.rates if not rate.held]
+    pairs = [f"{a} / {b} {fit.correlations[i][j]:+.2f}" for i, a in enumerate(free)
+             for j, b in enumerate(free) if i < j]
+    click.echo(f"rms log error {fit.rms(rows):.1%} over {len(rows)} shapes"
+               + (f"; correlations: {', '.join(pairs)}" if pairs else ""))
+    for rate, spec in zip(fit.rates, RATES, strict=True):
+        digits = spec.digits
+        note = ("held at the profile's value" if rate.held else
+                f"standard error {rate.std:.{digits}f} ({rate.rel_std:.0%})"
+                if round(rate.value, digits) else f"standard error {rate.std:.{digits}f}")
+        click.echo(f"  {rate.key}: {{value: {rate.value:.{digits}f}, basis: "
+                   f"{'assumed' if rate.held else 'fitted'}, source: "
+                   f'"zerosim fit-gemm {table.name}; {note}"}}')
+
+
 @main.command()
 @click.argument("data", nargs=-1, required=True,
                 type=click.Path(dir_okay=False, exists=True, path_type=Path))

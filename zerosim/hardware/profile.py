@@ -57,6 +57,7 @@ class HardwareProfile:
     gemm_tile_m: int
     gemm_tile_n: int
     gemm_k_overhead: float
+    gemm_latency_s: float
     flash_attention_efficiency: float
     memory_efficiency: float
     kernel_gap_s: float
@@ -144,6 +145,8 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.gemm_efficiency": ("gemm_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
     "gpu.gemm_k_overhead": ("gemm_k_overhead", 1.0, _non_negative,
                             "a number of K elements >= 0"),
+    "gpu.gemm_latency_us": ("gemm_latency_s", US, _non_negative,
+                            "a time >= 0 in microseconds"),
     "gpu.flash_attention_efficiency": ("flash_attention_efficiency", 1.0, _fraction,
                                        "a fraction in (0, 1]"),
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
@@ -209,6 +212,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_k_overhead": (0, "no fixed cost per output tile: profiles written before the "
                             "key existed priced a GEMM by its FLOPs and wave quantisation "
                             "alone"),
+    "gpu.gemm_latency_us": (0, "no fixed time per GEMM kernel beyond its waves of tiles: "
+                            "profiles written before the key existed priced a GEMM by its "
+                            "tiles alone"),
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
     "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "

@@ -1,11 +1,13 @@
 """`zerosim fit-gemm`: a GPU's GEMM rates fitted to a measured table of GEMM throughputs.
 
-The GEMM model (`hardware.costs.gemm_s`) has two values a datasheet does not give:
-`gpu.gemm_efficiency`, the fraction of dense peak a long K loop reaches on full waves, and
-`gpu.gemm_k_overhead`, each output tile's fixed cost in steps of K. A cuBLAS(Lt) benchmark of a
-few shapes pins both: large squares against each other (4096^3 runs below 8192^3 by the tile
-cost), and a short-K shape. This fits them by least squares on log(modelled / measured) with
-the rest of the profile (peak, SMs, tiles, HBM) as it is. Pure: no SimPy.
+The GEMM model (`hardware.costs.gemm_s`) has three values a datasheet does not give:
+`gpu.gemm_efficiency`, the fraction of dense peak a long K loop reaches on full waves,
+`gpu.gemm_k_overhead`, each output tile's fixed cost in steps of K, and `gpu.gemm_latency_us`,
+each kernel's fixed time outside its waves of tiles. A cuBLAS(Lt) benchmark of several shapes
+pins them: large squares against each other (4096^3 runs below 8192^3 by the tile cost), a
+short K, and small shapes (a few microseconds each, where the latency shows). This fits them by
+least squares on log(modelled / measured) with the rest of the profile (peak, SMs, tiles, HBM)
+as it is; a value the table cannot pin is held at the profile's. Pure: no SimPy.
 """
 
 from __future__ import annotations
@@ -25,32 +27,97 @@ from zerosim.inputs.files import read_input_text
 from zerosim.models.kernels import Gemm
 
 COLUMNS = ("m", "n", "k", "TFLOPS")
-MAX_K_OVERHEAD = 1e5
-"""The plausible range's ceiling of `gpu.gemm_k_overhead`, the fit's upper bound."""
+BATCH = "batch"
+"""An optional column: products per kernel (a batched GEMM), 1 where it is absent."""
+
+
+@dataclass(frozen=True)
+class GemmRate:
+    """One value `zerosim fit-gemm` fits: its profile key, the profile field and its scale (the
+    field in SI, the key in its unit), and its bounds in the key's unit."""
+
+    key: str
+    field: str
+    scale: float
+    low: float
+    high: float
+    step: float
+    """The fit's typical step in the key's unit (least_squares' `x_scale`)."""
+    digits: int
+
+
+RATES = (
+    GemmRate("gemm_efficiency", "gemm_efficiency", 1.0, 1e-4, 1.0, 0.1, 3),
+    GemmRate("gemm_k_overhead", "gemm_k_overhead", 1.0, 0.0, 1e5, 100.0, 0),
+    GemmRate("gemm_latency_us", "gemm_latency_s", 1e-6, 0.0, 100.0, 1.0, 2),
+)
+"""The GEMM model's values a datasheet does not give (bounds: their plausible ranges)."""
+RATE_KEYS = tuple(rate.key for rate in RATES)
 
 
 @dataclass(frozen=True)
 class GemmRow:
-    """One measured GEMM: an (m x k) by (k x n) product at `tflops` TFLOP/s."""
+    """One measured GEMM: `batch` products of an (m x k) by (k x n) matrix at `tflops`."""
 
     m: int
     n: int
     k: int
     tflops: float
+    batch: int = 1
+
+    @property
+    def gemm(self) -> Gemm:
+        return Gemm(self.m, self.n, self.k, batch=self.batch)
+
+    @property
+    def shape(self) -> str:
+        text = f"{self.m}x{self.n}x{self.k}"
+        return text if self.batch == 1 else f"{self.batch}x{text}"
+
+
+@dataclass(frozen=True)
+class FittedRate:
+    key: str
+    value: float
+    """In the key's unit."""
+    std: float
+    """Standard error from the Jacobian at the optimum, in the key's unit (0 when held)."""
+    held: bool
+
+    @property
+    def rel_std(self) -> float:
+        return self.std / self.value if self.value else math.inf
 
 
 @dataclass(frozen=True)
 class GemmFit:
-    efficiency: float
-    k_overhead: float
-    efficiency_rel_std: float
-    k_overhead_rel_std: float
-    correlation: float
+    rates: tuple[FittedRate, ...]
+    correlations: tuple[tuple[float, ...], ...]
+    """Between the free values, in `rates` order (held ones left out)."""
     modelled_tflops: tuple[float, ...]
     """Per row of the table, with the fitted values."""
 
+    def rate(self, key: str) -> FittedRate:
+        return next(r for r in self.rates if r.key == key)
+
+    @property
+    def efficiency(self) -> float:
+        return self.rate("gemm_efficiency").value
+
+    @property
+    def k_overhead(self) -> float:
+        return self.rate("gemm_k_overhead").value
+
+    @property
+    def latency_us(self) -> float:
+        return self.rate("gemm_latency_us").value
+
+    def errors(self, rows: list[GemmRow]) -> list[float]:
+        """modelled / measured - 1, per row."""
+        return [t / r.tflops - 1 for t, r in zip(self.modelled_tflops, rows, strict=True)]
+
     def rms(self, rows: list[GemmRow]) -> float:
-        errors = [math.log(t / r.tflops) for t, r in zip(self.modelled_tflops, rows, strict=True)]
+        errors = [math.log(1 + e) for e in self.errors(rows)]
         return math.sqrt(sum(e * e for e in errors) / len(errors))
 
 
@@ -66,58 +133,71 @@ def _positive_number(text: str, source: str, key: str, integer: bool) -> float:
 
 
 def read_gemm_table(path: str | Path) -> list[GemmRow]:
-    """A CSV with the columns m, n, k, TFLOPS (one measured GEMM per row; other columns
-    ignored)."""
+    """A CSV with the columns m, n, k, TFLOPS and optionally batch (one measured GEMM per row;
+    other columns ignored)."""
     source = str(path)
     reader = csv.DictReader(io.StringIO(read_input_text(path, what="GEMM table")))
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise ScenarioError(source, "header", f"the columns {', '.join(COLUMNS)}",
                             ", ".join(reader.fieldnames or []) or "no header")
+    batched = BATCH in (reader.fieldnames or [])
     rows = []
     for i, record in enumerate(reader, start=1):
         m, n, k = (int(_positive_number(record[c] or "", source, f"row {i}.{c}", integer=True))
                    for c in ("m", "n", "k"))
+        batch = (int(_positive_number(record[BATCH] or "", source, f"row {i}.{BATCH}",
+                                      integer=True)) if batched else 1)
         tflops = _positive_number(record["TFLOPS"] or "", source, f"row {i}.TFLOPS",
                                   integer=False)
-        rows.append(GemmRow(m, n, k, tflops))
-    if len(rows) < 3:
-        raise ScenarioError(source, "rows", "at least 3 measured GEMMs (2 values are fitted)",
-                            len(rows))
+        rows.append(GemmRow(m, n, k, tflops, batch))
     return rows
 
 
 def modelled_tflops(row: GemmRow, profile: HardwareProfile) -> float:
-    gemm = Gemm(row.m, row.n, row.k)
+    gemm = row.gemm
     return gemm.flops / gemm_s(gemm, profile) / 1e12
 
 
-def _with(profile: HardwareProfile, efficiency: float, k_overhead: float) -> HardwareProfile:
-    return replace(profile, gemm_efficiency=efficiency, gemm_k_overhead=k_overhead)
+def _with(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
+    """The profile with GEMM values given in their keys' units."""
+    rates = {rate.key: rate for rate in RATES}
+    return replace(profile, **{rates[key].field: value * rates[key].scale
+                               for key, value in values.items()})
 
 
-def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile) -> GemmFit:
-    """Least squares on log(modelled / measured) over gemm_efficiency in (0, 1] and
-    gemm_k_overhead in [0, 1e5], from the profile's values; standard errors from the
-    Jacobian at the optimum."""
+def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
+                   held: tuple[str, ...] = (), source: str = "GEMM table") -> GemmFit:
+    """Least squares on log(modelled / measured) over the GEMM values not `held` (those keep
+    the profile's), within their plausible ranges, from the profile's values; standard errors
+    from the Jacobian at the optimum."""
     from scipy.optimize import least_squares
 
+    free = [rate for rate in RATES if rate.key not in held]
+    if len(rows) <= len(free):
+        raise ScenarioError(source, "rows", f"more than {len(free)} measured GEMMs "
+                            f"({len(free)} values are fitted)", len(rows))
+
     def residuals(x: np.ndarray) -> list[float]:
-        fitted = _with(profile, float(x[0]), float(x[1]))
+        fitted = _with(profile, {rate.key: float(v) for rate, v in zip(free, x, strict=True)})
         return [math.log(modelled_tflops(r, fitted) / r.tflops) for r in rows]
 
-    start = [min(max(profile.gemm_efficiency, 1e-3), 1.0),
-             min(max(profile.gemm_k_overhead, 1.0), MAX_K_OVERHEAD)]
-    result = least_squares(residuals, start, bounds=([1e-4, 0.0], [1.0, MAX_K_OVERHEAD]),
-                           x_scale=[0.1, 100.0])
-    efficiency, k_overhead = (float(v) for v in result.x)
-    jac = result.jac
-    dof = max(len(rows) - 2, 1)
+    start = [min(max(getattr(profile, rate.field) / rate.scale, rate.low + 0.5 * rate.step),
+                 rate.high) for rate in free]
+    result = least_squares(residuals, start, bounds=([r.low for r in free],
+                                                     [r.high for r in free]),
+                           x_scale=[r.step for r in free])
+    dof = max(len(rows) - len(free), 1)
     variance = float(np.sum(result.fun ** 2)) / dof
-    covariance = np.linalg.pinv(jac.T @ jac) * variance
+    covariance = np.linalg.pinv(result.jac.T @ result.jac) * variance
     std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
-    correlation = float(covariance[0, 1] / (std[0] * std[1])) if std[0] and std[1] else 0.0
-    fitted = _with(profile, efficiency, k_overhead)
-    return GemmFit(efficiency, k_overhead, float(std[0] / efficiency),
-                   float(std[1] / k_overhead) if k_overhead else math.inf, correlation,
+    scale = np.where(std > 0, std, 1.0)
+    correlations = covariance / np.outer(scale, scale)
+    values = {rate.key: float(v) for rate, v in zip(free, result.x, strict=True)}
+    stds = {rate.key: float(e) for rate, e in zip(free, std, strict=True)}
+    rates = tuple(FittedRate(rate.key, values.get(rate.key, getattr(profile, rate.field)
+                                                  / rate.scale),
+                             stds.get(rate.key, 0.0), rate.key in held) for rate in RATES)
+    fitted = _with(profile, values)
+    return GemmFit(rates, tuple(tuple(float(c) for c in row) for row in correlations),
                    tuple(modelled_tflops(r, fitted) for r in rows))

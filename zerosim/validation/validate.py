@@ -10,12 +10,12 @@ import simpy
 from zerosim.api import simulate
 from zerosim.engine.machine import Machine
 from zerosim.estimate import Estimate, estimate_for_model, estimate_model_states
-from zerosim.hardware.costs import UNSCALE_HOST_BYTES, gemm_s
+from zerosim.hardware.costs import UNSCALE_HOST_BYTES
 from zerosim.hardware.profile import HardwareProfile, load_profile
-from zerosim.models.kernels import Gemm
 from zerosim.results import Result
 from zerosim.scenario import scenario_from_dict
 from zerosim.units import GiB
+from zerosim.validation.gemm_rates import GemmRow, modelled_tflops
 from zerosim.validation.reference import (
     PHASES,
     EstimatorTable,
@@ -213,22 +213,37 @@ def bus_bandwidth_GBps(profile: HardwareProfile, kind: str, total_bytes: float,
     return factor * total_bytes / collective_seconds(profile, kind, total_bytes, ranks) / 1e9
 
 
+XLA_LARGE_GEMM_FLOPS = 16e9
+"""The rows of XLA's H100 table `zerosim validate` judges: single products of at least this
+many FLOPs (about 20 us and up), the sizes of a transformer's projections."""
+
+
+def _gemm_cell(group: str, row: GemmRow, measured_what: str, profile: HardwareProfile,
+               note: str) -> Cell:
+    gemm = row.gemm
+    large = min(gemm.m, gemm.n, gemm.k) >= 4096
+    return judge(group, f"GEMM {row.shape}", measured_what, "TFLOPS", row.tflops,
+                 modelled_tflops(row, profile),
+                 LARGE_GEMM_TOLERANCE if large else GEMM_TOLERANCE, note=note)
+
+
 def gemm_cells() -> list[Cell]:
-    """Azure's published cuBLASLt table of an A100-SXM4-80GB against the GEMM model with the
-    A100 profiles' values (fitted to these rows: a check of the model's shape, not a
-    prediction)."""
-    table = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
-    profile = load_profile("dgx-a100")
-    cells = []
-    for row in table:
-        gemm = Gemm(row["m"], row["n"], row["k"])
-        large = min(gemm.m, gemm.n, gemm.k) >= 4096
-        cells.append(judge("GPU kernels (A100)", f"GEMM {gemm.m}x{gemm.n}x{gemm.k}",
-                           "cuBLASLt FP16 throughput", "TFLOPS", row["TFLOPS"],
-                           gemm.flops / gemm_s(gemm, profile) / 1e12,
-                           LARGE_GEMM_TOLERANCE if large else GEMM_TOLERANCE,
-                           note="Azure ND A100 v4; gemm_efficiency and gemm_k_overhead "
-                                "are fitted to these eight rows"))
+    """Published GEMM tables against the GEMM model with each GPU's profile values, which are
+    fitted to these tables (a check of the model's shape, not a prediction): Azure's cuBLASLt
+    table of an A100-SXM4-80GB, and the large single products of XLA's H100 SXM table."""
+    azure = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
+    a100 = load_profile("dgx-a100")
+    cells = [_gemm_cell("GPU kernels (A100)", GemmRow(r["m"], r["n"], r["k"], r["TFLOPS"]),
+                        "cuBLASLt FP16 throughput", a100,
+                        "Azure ND A100 v4; the three GEMM values are fitted to these eight rows")
+             for r in azure]
+    xla = reference_data("xla_h100_gemm_bf16.yaml")["rows"]
+    h100 = load_profile("dgx-h100")
+    rows = [GemmRow(r["m"], r["n"], r["k"], r["TFLOPS"], r["batch"]) for r in xla]
+    cells += [_gemm_cell("GPU kernels (H100)", row, "XLA BF16 kernel throughput", h100,
+                         "openxla/xla sm_90 table; the three GEMM values are fitted to its "
+                         "375 shapes")
+              for row in rows if row.batch == 1 and row.gemm.flops >= XLA_LARGE_GEMM_FLOPS]
     return cells
 
 
