@@ -46,6 +46,16 @@ KNOWN_MISSES = {
         "3.7 and 3.1 s per micro-batch (3.3 s over GA=1 to 16): the model's 3.4 s sits with "
         "those, so this run is 2.7 s slower than its own series")
        for quantity in ("backward per step", "iteration per step")},
+    **{("collectives", "HGX H100 (XLA), 8 GPUs", f"{kind} busbw, {size:g} GiB"): reason
+       for kind, sizes, reason in (
+           ("all_gather", (0.25, 0.5), "+5.3% and +6.9%: the ring at dgx-h100's nccl-tests "
+            "rate (367 GB/s) against XLA's all-gathers, which approach it more slowly"),
+           ("reduce_scatter", (0.25, 0.5, 1, 2), "+11% to +13%: the engine's reduce-scatter "
+            "is a ring at the all-gather's rate; NCCL's runs slower on this board (the "
+            "reduction), which no profile value describes yet"),
+           ("all_reduce", (0.25, 0.5, 1, 2), "-7% to -10%: NCCL all-reduces faster than a "
+            "ring on an H100 NVSwitch (NVLink SHARP), which the engine does not model"))
+       for size in sizes},
     (POLARIS_GROUP, "polaris-5.95b-dp1-mb1-ga1-sg1e07 (x1)", "forward per step"): (
         "+28%, build 4570a955: a host-bound forward measured at 1.03 ms per parameter module, "
         "against the 1.25 ms the shared ZeRO-3 hook time gives on the 3.7 GHz EPYC; the "
@@ -151,7 +161,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 233
+    assert len(judged) == 245
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])

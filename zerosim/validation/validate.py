@@ -283,6 +283,28 @@ def collective_cells() -> list[Cell]:
     return cells
 
 
+XLA_COLLECTIVE_MIN_BYTES = 256 * 2**20
+"""XLA's H100 rows `zerosim validate` judges: from 256 MiB (where a ring runs near its rate)."""
+
+
+def xla_h100_collective_cells() -> list[Cell]:
+    """XLA's measured all-gathers, reduce-scatters and all-reduces over the 8 GPUs of an HGX
+    H100 board against dgx-h100's ring (its NVLink rate is nccl-tests' ring busbw, not read
+    from these rows: a prediction)."""
+    data = reference_data("xla_h100_collectives.yaml")
+    profile = load_profile("dgx-h100", {"nodes": 1})
+    cells = []
+    for row in data["rows"]:
+        if row["ranks"] != data["gpus"] or row["size_bytes"] < XLA_COLLECTIVE_MIN_BYTES:
+            continue
+        ranks = row["ranks"]
+        factor = (2 if row["collective"] == "all_reduce" else 1) * (ranks - 1) / ranks
+        cells.append(_bus_bandwidth_cell(
+            "HGX H100 (XLA), 8 GPUs", row["collective"], row["size_bytes"],
+            row["algbw_GBps"] * factor, profile, ranks, "openxla/xla sm_90 table, F32"))
+    return cells
+
+
 def observation_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
     obs = study.observations
     s1, s2, s4 = (results[dp].summary for dp in (1, 2, 4))
@@ -455,7 +477,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
                        probe, RATIO_TOLERANCE))
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
-    cells += gemm_cells() + collective_cells()
+    cells += gemm_cells() + collective_cells() + xla_h100_collective_cells()
     if polaris:
         cells += polaris_cells()
     if seed003:
