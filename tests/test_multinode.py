@@ -239,6 +239,14 @@ def test_gemm_k_overhead_defaults_to_none_and_says_so(toy):
     assert prov.basis == "assumed" and prov.source.startswith("default:")
 
 
+def test_gemm_latency_defaults_to_none_and_says_so(toy):
+    """A profile written before the key prices each GEMM by its tiles alone."""
+    profile = toy.scenario(gpus=1).hardware
+    assert profile.gemm_latency_s == 0
+    prov = profile.provenance["gpu.gemm_latency_us"]
+    assert prov.basis == "assumed" and prov.source.startswith("default:")
+
+
 def test_nics_per_node_must_be_a_positive_count(toy):
     tree = toy.profile(1)
     tree["network"]["nics_per_node"] = 0
