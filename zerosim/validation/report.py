@@ -59,6 +59,12 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "update within 15%, the iteration within 10%, rank 0's peak allocated GPU memory within "
         "10%; repeated runs averaged.",
         "",
+        "Also: published GPU-kernel and collective tables. Azure's cuBLASLt GEMMs of an A100 "
+        "(`dgx-a100`) and XLA's BF16 GEMMs of an H100 SXM (`dgx-h100`): the GEMM values are "
+        "fitted to these tables, so their cells check the model's shape. nccl-tests bus "
+        "bandwidths of Polaris, a DGX A100 and a p4d, and XLA's collectives over an HGX H100 "
+        "board, through the engine's ring with each machine's profile.",
+        "",
         f"Hardware profiles: `{profile.name}` for the study's cells, `{POLARIS_PROFILE}` for the "
         "Polaris runs; one software stack for both (`runtime.framework`, default "
         f"`{DEFAULT_STACK}`); no per-cell factors.",
