@@ -201,3 +201,25 @@ def test_a_case_that_did_not_fit_prints_oom_not_a_number():
                          excluded="does not fit in zerosim (out of HBM)"), simulated_text="oom")
     assert cell.shown("0.00") == ("oom", "")
     assert judge("g", "c", "q", "s", 2.0, 2.5, 0.5).shown("2.50") == ("2.50", "+25.0%")
+
+
+def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path):
+    """`zerosim validate`'s files: the markdown table, the CSV and the plot, one row per cell."""
+    import csv
+
+    from zerosim.scenario import scenario_from_dict
+    from zerosim.validation.report import write_report
+
+    study = load_study()
+    profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
+    found = list(cells.values())
+    readme, table, image = write_report(found, study, profile, tmp_path)
+    text = readme.read_text()
+    judged = [c for c in found if c.status in ("pass", "fail")]
+    passed = sum(c.status == "pass" for c in judged)
+    assert f"Judged cells: {passed} of {len(judged)} within tolerance." in text
+    assert "XLA's BF16 GEMMs of an H100 SXM (`dgx-h100`)" in text
+    assert sum(line.startswith("| GPU kernels (H100) |") for line in text.splitlines()) == 20
+    with table.open() as f:
+        assert len(list(csv.DictReader(f))) == len(found)
+    assert image.stat().st_size > 0
