@@ -15,8 +15,8 @@ from zerosim.validation.reference import reference_data
 
 AZURE_A100 = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]
 XLA_H100 = reference_data("xla_h100_gemm_bf16.yaml")
-AZURE_ROWS = [GemmRow(r["m"], r["n"], r["k"], r["TFLOPS"]) for r in AZURE_A100["gemm_fp16"]]
-XLA_ROWS = [GemmRow(r["m"], r["n"], r["k"], r["TFLOPS"], r["batch"]) for r in XLA_H100["rows"]]
+AZURE_ROWS = [GemmRow.from_record(r) for r in AZURE_A100["gemm_fp16"]]
+XLA_ROWS = [GemmRow.from_record(r) for r in XLA_H100["rows"]]
 
 
 def _table(tmp_path: Path, text: str) -> Path:
@@ -76,6 +76,14 @@ def test_on_xlas_table_the_large_shapes_are_within_12_percent():
              if row.gemm.flops >= 16e9]
     assert len(large) == 108
     assert max(large) < 0.12
+
+
+def test_holding_an_unknown_value_is_refused_with_what_it_could_be(tmp_path):
+    result = CliRunner().invoke(main, ["fit-gemm", str(_azure_csv(tmp_path)), "--profile",
+                                       "dgx-a100", "--hold", "gemm_tile_m"])
+    assert result.exit_code == 2
+    assert ("--hold: expected one of gemm_efficiency, gemm_k_overhead, gemm_latency_us, got "
+            "'gemm_tile_m'") in result.output
 
 
 def test_the_fit_does_not_depend_on_where_it_starts():

@@ -273,10 +273,10 @@ def validate(out_dir: Path, as_json: bool) -> None:
 @click.option("--profile", "profile_name", required=True, metavar="NAME|FILE",
               help="The GPU's profile (a shipped name or a YAML file): its peak, SMs, tiles "
                    "and HBM are kept, its GEMM values fitted.")
-@click.option("--hold", "held", multiple=True,
-              type=click.Choice(["gemm_efficiency", "gemm_k_overhead", "gemm_latency_us"]),
-              help="Keep this value at the profile's (repeatable): for a table that cannot pin "
-                   "it, say one without small shapes for the latency.")
+@click.option("--hold", "held", multiple=True, metavar="KEY",
+              help="Keep this value (gemm_efficiency, gemm_k_overhead or gemm_latency_us) at "
+                   "the profile's (repeatable): for a table that cannot pin it, say one without "
+                   "small shapes for the latency.")
 def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
     """Fit gpu.gemm_efficiency, gpu.gemm_k_overhead and gpu.gemm_latency_us to TABLE, a CSV of
     measured GEMMs (columns m, n, k, TFLOPS and optionally batch: a cuBLAS or cuBLASLt

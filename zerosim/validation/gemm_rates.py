@@ -65,6 +65,12 @@ class GemmRow:
     tflops: float
     batch: int = 1
 
+    @classmethod
+    def from_record(cls, record: dict) -> GemmRow:
+        """A row of a shipped reference table (keys m, n, k, TFLOPS and optionally batch)."""
+        return cls(record["m"], record["n"], record["k"], record["TFLOPS"],
+                   record.get("batch", 1))
+
     @property
     def gemm(self) -> Gemm:
         return Gemm(self.m, self.n, self.k, batch=self.batch)
@@ -173,6 +179,10 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
     from the Jacobian at the optimum."""
     from scipy.optimize import least_squares
 
+    unknown = sorted(set(held) - set(RATE_KEYS))
+    if unknown:
+        raise ScenarioError(source, "--hold", f"one of {', '.join(RATE_KEYS)}",
+                            ", ".join(unknown))
     free = [rate for rate in RATES if rate.key not in held]
     if len(rows) <= len(free):
         raise ScenarioError(source, "rows", f"more than {len(free)} measured GEMMs "

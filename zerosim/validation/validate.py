@@ -208,9 +208,14 @@ def collective_seconds(profile: HardwareProfile, kind: str, total_bytes: float,
 
 def bus_bandwidth_GBps(profile: HardwareProfile, kind: str, total_bytes: float,
                        ranks: int) -> float:
-    """nccl-tests' busbw: algbw x (N-1)/N, twice that for an all-reduce."""
-    factor = (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
-    return factor * total_bytes / collective_seconds(profile, kind, total_bytes, ranks) / 1e9
+    """nccl-tests' busbw of the engine's collective."""
+    return (bus_factor(kind, ranks) * total_bytes
+            / collective_seconds(profile, kind, total_bytes, ranks) / 1e9)
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    """nccl-tests' busbw over algbw: (N-1)/N, twice that for an all-reduce."""
+    return (2 if kind == "all_reduce" else 1) * (ranks - 1) / ranks
 
 
 XLA_LARGE_GEMM_FLOPS = 16e9
@@ -233,13 +238,13 @@ def gemm_cells() -> list[Cell]:
     table of an A100-SXM4-80GB, and the large single products of XLA's H100 SXM table."""
     azure = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
     a100 = load_profile("dgx-a100")
-    cells = [_gemm_cell("GPU kernels (A100)", GemmRow(r["m"], r["n"], r["k"], r["TFLOPS"]),
+    cells = [_gemm_cell("GPU kernels (A100)", GemmRow.from_record(r),
                         "cuBLASLt FP16 throughput", a100,
                         "Azure ND A100 v4; the three GEMM values are fitted to these eight rows")
              for r in azure]
     xla = reference_data("xla_h100_gemm_bf16.yaml")["rows"]
     h100 = load_profile("dgx-h100")
-    rows = [GemmRow(r["m"], r["n"], r["k"], r["TFLOPS"], r["batch"]) for r in xla]
+    rows = [GemmRow.from_record(r) for r in xla]
     cells += [_gemm_cell("GPU kernels (H100)", row, "XLA BF16 kernel throughput", h100,
                          "openxla/xla sm_90 table; the three GEMM values are fitted to its "
                          "375 shapes")
@@ -298,10 +303,10 @@ def xla_h100_collective_cells() -> list[Cell]:
         if row["ranks"] != data["gpus"] or row["size_bytes"] < XLA_COLLECTIVE_MIN_BYTES:
             continue
         ranks = row["ranks"]
-        factor = (2 if row["collective"] == "all_reduce" else 1) * (ranks - 1) / ranks
         cells.append(_bus_bandwidth_cell(
             "HGX H100 (XLA), 8 GPUs", row["collective"], row["size_bytes"],
-            row["algbw_GBps"] * factor, profile, ranks, "openxla/xla sm_90 table, F32"))
+            row["algbw_GBps"] * bus_factor(row["collective"], ranks), profile, ranks,
+            "openxla/xla sm_90 table, F32"))
     return cells
 
 
