@@ -500,5 +500,45 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
                        out_dir=out_dir or Path("results") / "tune" / loaded.name)
     render_tune(outcome, top=top)
 
+
+@main.command()
+@scenario_argument
+@click.option("--step", type=click.FloatRange(min=0, max=0.5, min_open=True),
+              default=0.1, show_default=True,
+              help="Relative step: each value is tried at x(1 - step) and x(1 + step).")
+@click.option("--key", "keys", multiple=True, metavar="KEY",
+              help="Only this value (repeatable), as --set names it: "
+                   "hardware.pcie.h2d_pinned_GBps, stack.host.fetch_hook_us.")
+@click.option("--all", "everything", is_flag=True,
+              help="List every value, those that move the iteration by less than 0.005 per 1% "
+                   "too.")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="Parallel workers (default: one per CPU); 1 runs in this process.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for sensitivity.csv (default: results/sensitivity/<scenario name>).")
+@click.option("--no-files", is_flag=True, help="Only print the table; write nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: tuple[str, ...],
+                everything: bool, workers: int | None, out_dir: Path | None, no_files: bool,
+                as_json: bool) -> None:
+    """Which hardware and stack values SCENARIO's prediction hangs on: each moved by --step
+    both ways, one at a time, and the elasticity of the iteration and of each phase (the %
+    a 1% error in the value moves the time), ranked, beside the value's basis."""
+    from zerosim.report import render_sensitivity
+    from zerosim.scenario.loader import parse_overrides
+    from zerosim.sensitivity import sensitivity as run_sensitivity
+
+    loaded = _load(scenario, overrides)
+    folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
+    outcome = run_sensitivity(scenario, overrides=parse_overrides(overrides), step=step,
+                              keys=keys, workers=workers, out_dir=folder)
+    if as_json:
+        _print_json({"scenario": outcome.scenario_name, "hardware": outcome.hardware,
+                     "step": outcome.step, "base_s": outcome.base,
+                     "rows": [r.as_row() for r in outcome.ranked(everything=everything)]})
+        return
+    render_sensitivity(outcome, everything=everything)
+
+
 if __name__ == "__main__":
     main()

@@ -11,8 +11,8 @@ from zerosim.scenario.version import format_version
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
-def _console() -> Console:
-    return Console(soft_wrap=False, width=max(Console().width, 100))
+def _console(min_width: int = 100) -> Console:
+    return Console(soft_wrap=False, width=max(Console().width, min_width))
 
 
 def _mode(scenario: Scenario) -> str:
@@ -261,5 +261,53 @@ def render_tune(outcome, *, top: int = 10) -> None:
                   "NVMe offload whose host-memory twin fits)",
                   markup=False, highlight=False)
     console.print(why_best(outcome.rows), markup=False, highlight=False)
+    for path in outcome.files:
+        console.print(f"table: {path}", markup=False, highlight=False)
+
+
+SENSITIVITY_WIDTH = 132
+"""Columns the sensitivity table needs: the longest key, the basis, the value, five
+elasticities."""
+SENSITIVITY_HEADINGS = {"iteration": "iteration", "forward": "fwd",
+                        "backward_non_boundary": "bwd", "backward_boundary": "bwd bnd",
+                        "update": "update"}
+
+
+def _elasticity_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def render_sensitivity(outcome, *, everything: bool = False) -> None:
+    """The values of `zerosim sensitivity`, ranked by their effect on the iteration, then the
+    notes of the values that could not be moved both ways."""
+    from zerosim.sensitivity import QUANTITIES_SHOWN, SHOWN_ELASTICITY
+
+    console = _console(SENSITIVITY_WIDTH)
+    base = outcome.base
+    times = ", ".join(f"{SENSITIVITY_HEADINGS[q]} {base[q]:.3f} s"
+                      for q in QUANTITIES_SHOWN if base[q] is not None)
+    console.print(f"zerosim sensitivity {outcome.scenario_name} on {outcome.hardware} "
+                  f"({times}): elasticity = % change of the time per 1% change of the value, "
+                  f"each value at x(1 -/+ {outcome.step:g}), one at a time",
+                  markup=False, highlight=False)
+    table = Table()
+    table.add_column("value", no_wrap=True)
+    table.add_column("basis", no_wrap=True)
+    table.add_column("now", justify="right", no_wrap=True)
+    for q in QUANTITIES_SHOWN:
+        table.add_column(SENSITIVITY_HEADINGS[q], justify="right", no_wrap=True)
+    shown = outcome.ranked(everything=everything)
+    for row in shown:
+        table.add_row(row.key, row.basis, f"{row.value:g}",
+                      *(_elasticity_text(row.elasticity(q)) for q in QUANTITIES_SHOWN))
+    console.print(table)
+    for row in shown:
+        if row.note:
+            console.print(f"{row.key}: {row.note}", markup=False, highlight=False)
+    hidden = len(outcome.rows) - len(shown)
+    tail = (f"; {hidden} more move the iteration by less than {SHOWN_ELASTICITY} per 1% "
+            "(--all lists them)") if hidden else ""
+    console.print(f"{len(outcome.rows)} values, {outcome.runs} runs {outcome.executor} in "
+                  f"{outcome.wall_s:.1f} s{tail}", markup=False, highlight=False)
     for path in outcome.files:
         console.print(f"table: {path}", markup=False, highlight=False)

@@ -185,6 +185,8 @@ QUANTITIES: dict[str, Quantity] = {
     "nvme.capacity_GiB_per_drive": ("nvme_capacity_bytes_per_drive", GiB, _positive,
                                     "a positive number of GiB"),
 }
+FRACTION_KEYS = frozenset(k for k, (_, _, check, _) in QUANTITIES.items() if check is _fraction)
+"""Quantities that are fractions in (0, 1]: a fit or a step may not take them past 1."""
 COUNTS = {
     "nodes": "nodes",
     "gpu.per_node": "gpus_per_node",

@@ -37,6 +37,9 @@ HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
               "host.micro_batch_ms": ("micro_batch_s", MS),
               "host.step_ms": ("step_s", MS)}
 """Host-time keys -> (field, scale to seconds)."""
+TUNABLE_KEYS = (*HOST_TIMES, "kernels.backward_bytes_factor")
+"""The stack's numeric values a fit or a sensitivity study may move (the host times and the
+elementwise backward's traffic factor); the rest are read off the framework's code."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
 """`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
 

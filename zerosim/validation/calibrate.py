@@ -28,6 +28,7 @@ import yaml
 from zerosim.api import simulate
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import (
+    FRACTION_KEYS,
     QUANTITIES,
     builtin_profile_tree,
     parse_profile,
@@ -44,7 +45,6 @@ PHASE_KEYS = (*PHASE_TIMES, "iteration", *PER_STEP_KEYS)
 PROBE_KEYS = ("probe.pcie_drop_during_unscale",)
 """Rows that are not phase times but a probe of the scenario's machine (a fraction, in the
 `seconds` column): the PCIe throughput lost by a pinned copy while unscale runs."""
-FRACTION_KEYS = {k for k, (_, _, _, expected) in QUANTITIES.items() if "fraction" in expected}
 JACOBIAN_STEP = 0.02
 """Relative step of the forward differences (in log space: 2%)."""
 MAX_ITERATIONS = 25
@@ -155,9 +155,9 @@ def _profile_values(tree: dict[str, Any], name: str) -> dict[str, float]:
 
 
 def _stack_keys() -> list[str]:
-    from zerosim.stacks import HOST_TIMES
+    from zerosim.stacks import TUNABLE_KEYS
 
-    return [*HOST_TIMES, "kernels.backward_bytes_factor"]
+    return list(TUNABLE_KEYS)
 
 
 @dataclass(frozen=True)

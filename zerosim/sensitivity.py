@@ -1,0 +1,262 @@
+"""`zerosim sensitivity`: which hardware and software-stack values a prediction hangs on.
+
+Each numeric value of the scenario's hardware profile and software stack is moved by a relative
+step down and up, one at a time with every other value held, and the scenario simulated again.
+The elasticity d ln(time) / d ln(value) of the iteration and of each phase is the percentage a
+1% error in that value moves the prediction: -1 for a phase that one bandwidth alone bounds, 0
+for a value the configuration never touches (the network of a single node). Ranked, and shown
+beside each value's basis, it tells a user which values of a new machine to measure before
+trusting a prediction: an `assumed` value with a large elasticity is its weakest point.
+
+Capacities (HBM, host memory, NVMe, the CUDA context) decide whether a configuration fits,
+not how long it takes, and are left out. A value of 0 has no relative step and is listed as
+such. A side whose value leaves the key's valid range (a fraction above 1, a number outside
+its plausible range) or whose run does not fit is dropped, and the elasticity is taken
+one-sided, from the base run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zerosim.errors import ScenarioError
+from zerosim.hardware.profile import FRACTION_KEYS, QUANTITIES
+from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
+from zerosim.vocabulary import PHASE_TIMES
+
+DEFAULT_STEP = 0.1
+"""Relative step of the central differences: each value at x (1 - 0.1) and x (1 + 0.1)."""
+CAPACITY_KEYS = ("gpu.hbm_GiB", "gpu.runtime_context_GiB", "host.memory_GiB",
+                 "nvme.capacity_GiB_per_drive")
+"""Profile quantities that decide whether a configuration fits, not how long it takes."""
+SHOWN_ELASTICITY = 0.005
+"""Values that move the iteration by less than this per unit of elasticity are not listed
+unless asked (`--all`)."""
+ELASTICITY_DIGITS = 9
+"""Elasticities are rounded to this many decimals: two runs whose times differ in the last
+bit (a value the configuration does not use) give 0, not 1e-15."""
+QUANTITIES_SHOWN = ("iteration", *PHASE_TIMES)
+"""The times whose elasticities each row carries: the iteration, then the phase means."""
+COLUMNS = ("key", "basis", "value", "low", "high", *(f"elasticity_{q}" for q in QUANTITIES_SHOWN),
+           "note")
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """One value's effect on the prediction: elasticities d ln(time) / d ln(value), None
+    where the time does not exist (a phase the configuration does not run) or could not be
+    differentiated."""
+
+    key: str
+    """`hardware.<profile key>` or `stack.<stack key>`, as `--set` names it."""
+    basis: str
+    value: float
+    low: float | None
+    high: float | None
+    """The values tried (None: that side was not run)."""
+    iteration: float | None
+    forward: float | None
+    backward_non_boundary: float | None
+    backward_boundary: float | None
+    update: float | None
+    note: str = ""
+
+    def elasticity(self, quantity: str) -> float | None:
+        return getattr(self, quantity)
+
+    def as_row(self) -> dict[str, Any]:
+        row = {"key": self.key, "basis": self.basis, "value": self.value, "low": self.low,
+               "high": self.high, "note": self.note}
+        row.update({f"elasticity_{q}": self.elasticity(q) for q in QUANTITIES_SHOWN})
+        return row
+
+
+@dataclass
+class SensitivityOutcome:
+    scenario_name: str
+    hardware: str
+    step: float
+    base: dict[str, float | None]
+    """The base run's iteration and phase times (s)."""
+    rows: list[Sensitivity]
+    runs: int = 0
+    executor: str = ""
+    wall_s: float = 0.0
+    files: list[Path] = field(default_factory=list)
+
+    def ranked(self, *, everything: bool = False) -> list[Sensitivity]:
+        """By |elasticity of the iteration|, largest first; the negligible ones only when
+        asked."""
+        rows = sorted(self.rows, key=lambda r: (-abs(r.iteration or 0.0), r.key))
+        if everything:
+            return rows
+        return [r for r in rows if r.iteration is None or abs(r.iteration) >= SHOWN_ELASTICITY]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One value to move: its override path, basis, current value and the values tried."""
+
+    key: str
+    basis: str
+    value: float
+    low: float | None
+    high: float | None
+    note: str = ""
+
+
+def steps(key: str, value: float, step: float) -> tuple[float | None, float | None, str]:
+    """The values a key is tried at: x (1 - step) and x (1 + step), the upper one held at 1 for
+    a fraction (None: not tried)."""
+    if value == 0:
+        return None, None, "0: no relative step"
+    high: float | None = value * (1 + step)
+    if key.removeprefix("hardware.") in FRACTION_KEYS and high is not None and high > 1.0:
+        high = 1.0 if value < 1.0 else None
+    return value * (1 - step), high, ""
+
+
+def elasticity(base: float | None, low: tuple[float, float | None] | None,
+               high: tuple[float, float | None] | None, value: float) -> float | None:
+    """d ln(time) / d ln(value) from the base time and (value, time) on each side: central
+    where both sides ran, one-sided from the base where one did, None where neither did or a
+    time is missing or not positive."""
+    if base is None or base <= 0:
+        return None
+    sides = [p for p in (low, high) if p is not None and p[1] is not None and p[1] > 0]
+    if len(sides) == 2:
+        (v0, t0), (v1, t1) = sides
+    elif len(sides) == 1:
+        (v0, t0), (v1, t1) = (value, base), sides[0]
+    else:
+        return None
+    return round((math.log(t1) - math.log(t0)) / (math.log(v1) - math.log(v0)),
+                 ELASTICITY_DIGITS) + 0.0
+
+
+def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidate]:
+    """Every numeric hardware and stack value of a loaded scenario (or only `keys`, given as
+    `--set` names them), with the values each is tried at."""
+    found: dict[str, tuple[float, str]] = {}
+    for key, prov in scenario.hardware.provenance.items():
+        if key in QUANTITIES and key not in CAPACITY_KEYS:
+            found[f"hardware.{key}"] = (float(prov.value), prov.basis)
+    for key in STACK_KEYS:
+        prov = scenario.stack.provenance[key]
+        found[f"stack.{key}"] = (float(prov.value), prov.basis)
+    wanted = list(keys) or list(found)
+    unknown = [k for k in wanted if k not in found]
+    if unknown:
+        raise ScenarioError("--key", unknown[0], "a numeric hardware or stack value of the "
+                            f"scenario ({', '.join(found)})", unknown[0])
+    out = []
+    for key in wanted:
+        value, basis = found[key]
+        low, high, note = steps(key, value, step)
+        out.append(Candidate(key, basis, value, low, high, note))
+    return out
+
+
+def _times(row: Mapping[str, Any] | None) -> dict[str, float | None] | None:
+    """A run's iteration and phase times, None unless it ran and fitted."""
+    if row is None or row.get("status") != "ok":
+        return None
+    times = {"iteration": row.get("iteration_s")}
+    times.update({p: row.get(f"phases_s.{p}") for p in PHASE_TIMES})
+    return times
+
+
+def _side_note(name: str, row: Mapping[str, Any] | None, value: float | None) -> str:
+    """Why one side of a value gave no time: its run did not fit, or the value was refused."""
+    if value is None or row is None or row.get("status") == "ok":
+        return ""
+    if row.get("status") == "oom":
+        return f"at {value:g} ({name}) the configuration does not fit"
+    error = str(row.get("error", ""))
+    if error.startswith("ScenarioError"):
+        return f"{value:g} ({name}) refused: outside the key's valid range, one-sided"
+    return f"{value:g} ({name}) failed: {error}"
+
+
+def measure(candidates_: list[Candidate], base: dict[str, float | None],
+            rows: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[Sensitivity]:
+    """The elasticities of each candidate from the rows of its runs (keyed by (key, side))."""
+    out = []
+    for c in candidates_:
+        low_row, high_row = rows.get((c.key, "low")), rows.get((c.key, "high"))
+        low_times, high_times = _times(low_row), _times(high_row)
+        values = {}
+        for q in QUANTITIES_SHOWN:
+            low = None if c.low is None else (c.low, None if low_times is None
+                                              else low_times[q])
+            high = None if c.high is None else (c.high, None if high_times is None
+                                                else high_times[q])
+            values[q] = elasticity(base[q], low, high, c.value)
+        notes = [n for n in (c.note, _side_note("low", low_row, c.low),
+                             _side_note("high", high_row, c.high)) if n]
+        out.append(Sensitivity(c.key, c.basis, c.value, c.low, c.high, note="; ".join(notes),
+                               **values))
+    return out
+
+
+def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = None,
+                step: float = DEFAULT_STEP, keys: Iterable[str] = (),
+                workers: int | None = None, out_dir: str | Path | None = None
+                ) -> SensitivityOutcome:
+    """Move each value of the scenario at `scenario_path` by `step` both ways and measure the
+    elasticities; write `sensitivity.csv` to `out_dir` when given."""
+    from zerosim.scenario import load_scenario
+    from zerosim.sweep.runner import drive, open_executor
+    from zerosim.sweep.spec import Point
+
+    if not 0 < step < 1:
+        raise ScenarioError("--step", "step", "a relative step in (0, 1)", step)
+    started = time.perf_counter()
+    fixed = dict(overrides or {})
+    scenario = load_scenario(scenario_path, fixed)
+    tried = candidates(scenario, step, keys)
+    points = [Point(0, "base", fixed, {}, {})]
+    labels: list[tuple[str, str]] = [("", "base")]
+    for c in tried:
+        for side, value in (("low", c.low), ("high", c.high)):
+            if value is None:
+                continue
+            labels.append((c.key, side))
+            points.append(Point(len(points), f"{c.key}:{side}", fixed | {c.key: value}, {}, {}))
+    rows: dict[int, Mapping[str, Any]] = {}
+
+    def on_row(point: Point, row: Mapping[str, Any]) -> None:
+        rows[point.index] = row
+
+    def on_failure(point: Point, error: BaseException) -> None:
+        rows[point.index] = {"status": "error", "error": str(error)}
+
+    with open_executor(workers, None, len(points)) as (executor, window, where):
+        drive(executor, window, str(scenario_path), points, on_row, on_failure)
+    base = _times(rows[0])
+    if base is None:
+        raise ScenarioError(scenario_path, "<scenario>", "a configuration that runs and fits "
+                            "(sensitivity differentiates its times)",
+                            rows[0].get("error") or rows[0].get("status"))
+    by_side = {labels[i]: rows[i] for i in range(1, len(points))}
+    outcome = SensitivityOutcome(scenario.name, scenario.hardware.name, step, base,
+                                 measure(tried, base, by_side), runs=len(points),
+                                 executor=where, wall_s=time.perf_counter() - started)
+    if out_dir is not None:
+        outcome.files = [write_table(outcome, Path(out_dir) / "sensitivity.csv")]
+    return outcome
+
+
+def write_table(outcome: SensitivityOutcome, path: Path) -> Path:
+    """Every row, ranked, as CSV (written whole: an interrupted write leaves the old file)."""
+    from zerosim.sweep.store import write_csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(path, list(COLUMNS), ({k: "" if v is None else str(v) for k, v in r.as_row().items()}
+                                    for r in outcome.ranked(everything=True)))
+    return path
