@@ -501,7 +501,7 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
     render_tune(outcome, top=top)
 
 
-@main.command()
+@main.command(epilog="Exit status: 0 ok, 2 bad input, 3 the scenario does not fit (oom).")
 @scenario_argument
 @click.option("--step", type=click.FloatRange(min=0, max=0.5, min_open=True),
               default=0.1, show_default=True,
@@ -526,12 +526,17 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     a 1% error in the value moves the time), ranked, beside the value's basis."""
     from zerosim.report import render_sensitivity
     from zerosim.scenario.loader import parse_overrides
+    from zerosim.sensitivity import DoesNotFit
     from zerosim.sensitivity import sensitivity as run_sensitivity
 
     loaded = _load(scenario, overrides)
     folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
-    outcome = run_sensitivity(scenario, overrides=parse_overrides(overrides), step=step,
-                              keys=keys, workers=workers, out_dir=folder)
+    try:
+        outcome = run_sensitivity(scenario, overrides=parse_overrides(overrides), step=step,
+                                  keys=keys, workers=workers, out_dir=folder)
+    except DoesNotFit as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(EXIT_OOM)
     if as_json:
         _print_json({"scenario": outcome.scenario_name, "hardware": outcome.hardware,
                      "step": outcome.step, "base_s": outcome.base,

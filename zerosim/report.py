@@ -274,7 +274,10 @@ SENSITIVITY_HEADINGS = {"iteration": "iteration", "forward": "fwd",
 
 
 def _elasticity_text(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.3f}"
+    """Three decimals; what rounds to 0 is shown +0.000, not -0.000."""
+    if value is None:
+        return "-"
+    return f"{0.0 if abs(value) < 0.0005 else value:+.3f}"
 
 
 def render_sensitivity(outcome, *, everything: bool = False) -> None:
@@ -307,7 +310,8 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     hidden = len(outcome.rows) - len(shown)
     tail = (f"; {hidden} more move the iteration by less than {SHOWN_ELASTICITY} per 1% "
             "(--all lists them)") if hidden else ""
-    console.print(f"{len(outcome.rows)} values, {outcome.runs} runs {outcome.executor} in "
+    count = f"{len(outcome.rows)} value{'' if len(outcome.rows) == 1 else 's'}"
+    console.print(f"{count}, {outcome.runs} runs {outcome.executor} in "
                   f"{outcome.wall_s:.1f} s{tail}", markup=False, highlight=False)
     for path in outcome.files:
         console.print(f"table: {path}", markup=False, highlight=False)

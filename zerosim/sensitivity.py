@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ZerosimError
 from zerosim.hardware.profile import FRACTION_KEYS, QUANTITIES
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
@@ -44,6 +44,10 @@ QUANTITIES_SHOWN = ("iteration", *PHASE_TIMES)
 """The times whose elasticities each row carries: the iteration, then the phase means."""
 COLUMNS = ("key", "basis", "value", "low", "high", *(f"elasticity_{q}" for q in QUANTITIES_SHOWN),
            "note")
+
+
+class DoesNotFit(ZerosimError):
+    """The scenario itself does not fit in memory: it has no times to differentiate."""
 
 
 @dataclass(frozen=True)
@@ -239,10 +243,11 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
     with open_executor(workers, None, len(points)) as (executor, window, where):
         drive(executor, window, str(scenario_path), points, on_row, on_failure)
     base = _times(rows[0])
+    if rows[0].get("status") == "oom":
+        raise DoesNotFit(f"{scenario_path}: the configuration does not fit (status oom): "
+                         "it has no times to differentiate")
     if base is None:
-        raise ScenarioError(scenario_path, "<scenario>", "a configuration that runs and fits "
-                            "(sensitivity differentiates its times)",
-                            rows[0].get("error") or rows[0].get("status"))
+        raise RuntimeError(f"the scenario's own run failed: {rows[0].get('error')}")
     by_side = {labels[i]: rows[i] for i in range(1, len(points))}
     outcome = SensitivityOutcome(scenario.name, scenario.hardware.name, step, base,
                                  measure(tried, base, by_side), runs=len(points),

@@ -1,0 +1,150 @@
+"""`zerosim sensitivity`: the values tried, the elasticity arithmetic, and what the engine says
+about values a configuration does or does not touch."""
+
+import csv
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from zerosim.cli import main
+from zerosim.errors import ScenarioError
+from zerosim.scenario import load_scenario
+from zerosim.sensitivity import (
+    COLUMNS,
+    Candidate,
+    DoesNotFit,
+    candidates,
+    elasticity,
+    measure,
+    sensitivity,
+    steps,
+)
+
+DP1 = "scenarios/llama13b_dp1.yaml"
+
+
+def test_values_tried_are_a_relative_step_either_side_and_a_fraction_stops_at_one():
+    assert steps("hardware.pcie.h2d_pinned_GBps", 55.0, 0.1) == (
+        pytest.approx(49.5, abs=1e-12), pytest.approx(60.5, abs=1e-12), "")
+    low, high, note = steps("hardware.gpu.gemm_efficiency", 0.924, 0.1)
+    assert (low, high, note) == (pytest.approx(0.8316, abs=1e-12), 1.0, "")
+    assert steps("hardware.gpu.memory_efficiency", 1.0, 0.1) == (0.9, None, "")
+    assert steps("hardware.gpu.gemm_latency_us", 0.0, 0.1) == (None, None,
+                                                                "0: no relative step")
+
+
+def test_elasticity_of_a_time_inversely_proportional_to_the_value_is_minus_one():
+    def time(x: float) -> float:
+        return 12.0 / x
+
+    assert elasticity(time(2.0), (1.8, time(1.8)), (2.2, time(2.2)), 2.0) == -1.0
+    assert elasticity(time(2.0), None, (2.2, time(2.2)), 2.0) == -1.0
+    assert elasticity(time(2.0), (1.8, time(1.8)), (2.2, None), 2.0) == -1.0
+
+
+def test_elasticity_of_an_additive_part_is_its_share_of_the_time():
+    """T(x) = 6 + 2 x at x = 1: central difference ln(T(1.1) / T(0.9)) / ln(1.1 / 0.9)."""
+    expected = round(math.log(8.2 / 7.8) / math.log(1.1 / 0.9), 9)
+    assert elasticity(8.0, (0.9, 7.8), (1.1, 8.2), 1.0) == expected
+
+
+def test_elasticity_is_none_without_a_time_and_zero_without_a_change():
+    assert elasticity(None, (0.9, 1.0), (1.1, 1.0), 1.0) is None
+    assert elasticity(1.0, None, None, 1.0) is None
+    assert elasticity(1.0, (0.9, None), (1.1, None), 1.0) is None
+    zero = elasticity(3.0, (0.9, 3.0), (1.1, 3.0), 1.0)
+    assert zero == 0.0 and math.copysign(1.0, zero) == 1.0
+
+
+def test_a_side_that_does_not_fit_is_named_and_the_other_side_gives_the_elasticity():
+    base = {"iteration": 10.0, "forward": 1.0, "backward_non_boundary": None,
+            "backward_boundary": 5.0, "update": 4.0}
+    c = Candidate("hardware.pcie.h2d_pinned_GBps", "measured", 50.0, 45.0, 55.0)
+    high = {"status": "ok", "iteration_s": 10.0 * (50 / 55), "phases_s.forward": 1.0,
+            "phases_s.backward_non_boundary": None, "phases_s.backward_boundary": 5.0,
+            "phases_s.update": 4.0 * (50 / 55)}
+    row, = measure([c], base, {(c.key, "low"): {"status": "oom"}, (c.key, "high"): high})
+    assert row.iteration == -1.0 and row.update == -1.0
+    assert row.forward == 0.0 and row.backward_non_boundary is None
+    assert row.note == "at 45 (low) the configuration does not fit"
+
+
+def test_candidates_are_every_numeric_value_but_the_capacities_and_keys_are_checked():
+    scenario = load_scenario(DP1)
+    keys = [c.key for c in candidates(scenario, 0.1)]
+    assert "hardware.pcie.h2d_pinned_GBps" in keys and "stack.host.fetch_hook_us" in keys
+    assert "hardware.gpu.hbm_GiB" not in keys and "hardware.host.memory_GiB" not in keys
+    assert len(keys) == len(set(keys))
+    with pytest.raises(ScenarioError, match=r"--key.*numeric hardware or stack value"):
+        candidates(scenario, 0.1, ["hardware.gpu.hbm_GiB"])
+
+
+@pytest.fixture(scope="module")
+def dp1():
+    return sensitivity(DP1, workers=1, keys=["hardware.network.nic_GBps",
+                                             "hardware.pcie.h2d_pageable_GBps",
+                                             "stack.host.fetch_hook_us",
+                                             "stack.host.step_ms"])
+
+
+def test_a_single_node_run_does_not_touch_the_network(dp1):
+    row, = [r for r in dp1.rows if r.key == "hardware.network.nic_GBps"]
+    assert [row.elasticity(q) for q in ("iteration", "forward", "backward_boundary",
+                                        "update")] == [0.0, 0.0, 0.0, 0.0]
+    assert row.backward_non_boundary == 0.0  # the study's DP=1 runs two micro-batches
+
+
+def test_the_study_update_waits_on_the_pageable_copy_back_and_its_forward_on_the_hooks(dp1):
+    rows = {r.key: r for r in dp1.rows}
+    pageable, hooks = rows["hardware.pcie.h2d_pageable_GBps"], rows["stack.host.fetch_hook_us"]
+    assert -1.0 < pageable.update < -0.1 and pageable.forward == 0.0
+    assert 0.5 < hooks.forward <= 1.0 and hooks.update == 0.0
+
+
+def test_the_per_step_host_time_adds_once_to_the_iteration(dp1):
+    """stack.host.step_ms is spent once per optimizer step on the rank's host thread, at the
+    stack's 3.0 GHz scaled to the profile's 3.8: the iteration is T0 + a (x / x0 - 1)."""
+    row, = [r for r in dp1.rows if r.key == "stack.host.step_ms"]
+    t0 = dp1.base["iteration"]
+    part = 0.219 * 3.0 / 3.8
+    expected = round(math.log((t0 + 0.1 * part) / (t0 - 0.1 * part)) / math.log(1.1 / 0.9), 9)
+    assert row.iteration == pytest.approx(expected, abs=2e-9)
+    assert row.forward == row.update == 0.0
+
+
+def test_cli_ranks_the_values_and_writes_every_row(tmp_path):
+    out = tmp_path / "sens"
+    result = CliRunner().invoke(main, ["sensitivity", DP1, "--workers", "1", "--out", str(out),
+                                       "--key", "hardware.network.nic_GBps",
+                                       "--key", "hardware.pcie.h2d_pageable_GBps"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "hardware.pcie.h2d_pageable_GBps" in result.output
+    assert "1 more move the iteration by less than" in result.output
+    with (out / "sensitivity.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == list(COLUMNS)
+    assert [r["key"] for r in rows] == ["hardware.pcie.h2d_pageable_GBps",
+                                        "hardware.network.nic_GBps"]
+
+
+def test_cli_json_and_its_refusals(tmp_path):
+    ok = CliRunner().invoke(main, ["sensitivity", DP1, "--workers", "1", "--no-files", "--json",
+                                   "--all", "--key", "hardware.network.nic_GBps"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.output)
+    assert data["rows"][0]["elasticity_iteration"] == 0.0
+    bad = CliRunner().invoke(main, ["sensitivity", DP1, "--no-files", "--key", "gpu.bogus"])
+    assert bad.exit_code == 2 and "--key" in bad.output
+    oom = CliRunner().invoke(main, ["sensitivity", DP1, "--no-files", "--workers", "1",
+                                    "--set", "hardware.gpu.hbm_GiB=4",
+                                    "--key", "hardware.network.nic_GBps"])
+    assert oom.exit_code == 3 and "does not fit" in oom.output
+
+
+def test_a_scenario_that_does_not_fit_is_refused_by_the_library_too():
+    with pytest.raises(DoesNotFit):
+        sensitivity(DP1, overrides={"hardware.gpu.hbm_GiB": 4}, workers=1,
+                    keys=["hardware.network.nic_GBps"])
