@@ -89,6 +89,9 @@ def test_cli_writes_a_loadable_fitted_profile_and_residuals(measured, tmp_path):
     assert "fitted by zerosim calibrate on measured.csv" in (
         profile.provenance["gpu.gemm_efficiency"].source)
     assert "identifiability.md" in {p.name for p in out.iterdir()}
+    stderr = profile.provenance["gpu.gemm_efficiency"].stderr
+    assert stderr is not None and 0 < stderr < 0.5  # identified: its standard error written
+    assert f"standard error {stderr:.0%}" in profile.provenance["gpu.gemm_efficiency"].source
     assert profile.provenance["pcie.h2d_pinned_GBps"].basis == "assumed"
     residuals = (out / "residuals.csv").read_text().splitlines()
     assert residuals[0] == "line,split,case,measured_s,simulated_s,rel_error"

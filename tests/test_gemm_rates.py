@@ -97,8 +97,8 @@ def test_fit_gemm_prints_the_values_to_put_in_the_profile(tmp_path):
                                        "--profile", "dgx-a100"])
     assert result.exit_code == 0, result.output
     assert "8192x8192x8192     253.7     251.1   -1.0%" in result.output
-    assert ('gemm_efficiency: {value: 0.855, basis: fitted, source: "zerosim fit-gemm '
-            'gemms.csv; standard error 0.045 (5%)"}') in result.output
+    assert ('gemm_efficiency: {value: 0.855, basis: fitted, stderr_pct: 5.3, source: '
+            '"zerosim fit-gemm gemms.csv; standard error 0.045 (5%)"}') in result.output
     assert "gemm_k_overhead: {value: 498, basis: fitted" in result.output
     assert ('gemm_latency_us: {value: 0.00, basis: fitted, source: "zerosim fit-gemm '
             'gemms.csv; standard error 2.22"}') in result.output

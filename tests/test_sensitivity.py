@@ -4,23 +4,29 @@ about values a configuration does or does not touch."""
 import csv
 import json
 import math
+import re
 
 import pytest
 from click.testing import CliRunner
 
 from zerosim.cli import main
 from zerosim.errors import ScenarioError
+from zerosim.hardware.profile import load_profile
+from zerosim.hardware.provenance import parse_provenance
 from zerosim.scenario import load_scenario
 from zerosim.sensitivity import (
     COLUMNS,
     Candidate,
     DoesNotFit,
+    Sensitivity,
+    SensitivityOutcome,
     candidates,
     elasticity,
     measure,
     sensitivity,
     steps,
 )
+from zerosim.stacks import load_stack
 
 DP1 = "scenarios/llama13b_dp1.yaml"
 
@@ -148,3 +154,53 @@ def test_a_scenario_that_does_not_fit_is_refused_by_the_library_too():
     with pytest.raises(DoesNotFit):
         sensitivity(DP1, overrides={"hardware.gpu.hbm_GiB": 4}, workers=1,
                     keys=["hardware.network.nic_GBps"])
+
+
+def test_a_fitted_or_measured_value_may_state_its_standard_error_and_nothing_else_may():
+    fitted = parse_provenance({"value": 3.1, "basis": "fitted", "source": "a fit",
+                               "stderr_pct": 5}, "p.yaml", "cpu.page_zeroing_GBps")
+    assert fitted.stderr == 0.05 and fitted.describe_basis() == "fitted +-5%"
+    assert fitted.as_dict() == {"value": 3.1, "basis": "fitted", "source": "a fit",
+                                "stderr_pct": 5.0}
+    for basis, pct, message in (("assumed", 5, "only on a measured or fitted value"),
+                                ("measured", 0, r"in \(0, 1000\]"),
+                                ("measured", True, r"in \(0, 1000\]"),
+                                ("measured", "5%", r"in \(0, 1000\]")):
+        with pytest.raises(ScenarioError, match=rf"p.yaml: x.stderr_pct: expected .*{message}"):
+            parse_provenance({"value": 1, "basis": basis, "source": "s", "stderr_pct": pct},
+                             "p.yaml", "x")
+
+
+SHIPPED_PROFILES = ("h100-jlse", "polaris-a100", "dgx-a100", "dgx-h100", "p4d-24xlarge",
+                    "gh200")
+
+
+@pytest.mark.parametrize("name", SHIPPED_PROFILES)
+def test_every_standard_error_a_shipped_source_states_is_also_its_stderr_pct(name):
+    """A fitted or measured value whose source says "standard error N%" carries it as a
+    number too (what sensitivity uses), the text's N being that number rounded."""
+    provenance = {**load_profile(name).provenance,
+                  **{f"{stack}.{k}": p for stack in ("megatron-deepspeed", "hf-transformers")
+                     for k, p in load_stack(stack).provenance.items()}}
+    for key, prov in provenance.items():
+        stated = re.search(r"standard error (\d+)%", prov.source)
+        if prov.basis not in ("fitted", "measured") or stated is None:
+            continue
+        assert prov.stderr is not None, key
+        assert round(100 * prov.stderr) == int(stated.group(1)), key
+
+
+def _row(key: str, iteration: float | None, stderr: float | None) -> Sensitivity:
+    return Sensitivity(key, "fitted", 1.0, 0.9, 1.1, iteration, None, None, None, None,
+                       stderr=stderr)
+
+
+def test_the_stated_errors_add_in_quadrature_weighted_by_their_elasticities():
+    outcome = SensitivityOutcome("s", "h", 0.1, {}, [
+        _row("a", -0.5, 0.04), _row("b", 0.2, 0.10), _row("c", 0.9, None),
+        _row("d", None, 0.3)])
+    sigma, count = outcome.stated_sigma()
+    assert count == 2
+    assert sigma == pytest.approx(math.sqrt(0.02 ** 2 + 0.02 ** 2), abs=1e-15)
+    assert outcome.rows[0].as_row()["iteration_sigma_pct"] == pytest.approx(2.0, abs=1e-12)
+    assert outcome.rows[2].as_row()["iteration_sigma_pct"] is None

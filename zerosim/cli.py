@@ -299,11 +299,13 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
                + (f"; correlations: {', '.join(pairs)}" if pairs else ""))
     for rate, spec in zip(fit.rates, RATES, strict=True):
         digits = spec.digits
+        relative = not rate.held and round(rate.value, digits)
         note = ("held at the profile's value" if rate.held else
                 f"standard error {rate.std:.{digits}f} ({rate.rel_std:.0%})"
-                if round(rate.value, digits) else f"standard error {rate.std:.{digits}f}")
+                if relative else f"standard error {rate.std:.{digits}f}")
+        stderr = f"stderr_pct: {100 * rate.rel_std:.2g}, " if relative and rate.rel_std > 0 else ""
         click.echo(f"  {rate.key}: {{value: {rate.value:.{digits}f}, basis: "
-                   f"{'assumed' if rate.held else 'fitted'}, source: "
+                   f"{'assumed' if rate.held else 'fitted'}, {stderr}source: "
                    f'"zerosim fit-gemm {table.name}; {note}"}}')
 
 

@@ -65,7 +65,7 @@ def render_scenario(scenario: Scenario) -> None:
     for column in ("key", "value", "basis", "source"):
         prov.add_column(column, overflow="fold")
     for key, p in hw.provenance.items():
-        prov.add_row(key, str(p.value), p.basis, p.source)
+        prov.add_row(key, str(p.value), p.describe_basis(), p.source)
     console.print(prov)
     if scenario.unmodelled_keys:
         console.print("[yellow]not modelled (ignored):[/yellow] "
@@ -265,7 +265,7 @@ def render_tune(outcome, *, top: int = 10) -> None:
         console.print(f"table: {path}", markup=False, highlight=False)
 
 
-SENSITIVITY_WIDTH = 132
+SENSITIVITY_WIDTH = 140
 """Columns the sensitivity table needs: the longest key, the basis, the value, five
 elasticities."""
 SENSITIVITY_HEADINGS = {"iteration": "iteration", "forward": "fwd",
@@ -278,6 +278,21 @@ def _elasticity_text(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{0.0 if abs(value) < 0.0005 else value:+.3f}"
+
+
+def _uncertainty_text(outcome) -> str:
+    """What the stated standard errors give the iteration, and the assumed values that are
+    not in it, largest elasticity first."""
+    sigma, count = outcome.stated_sigma()
+    assumed = [r for r in outcome.ranked() if r.basis == "assumed" and r.iteration]
+    text = (f"the {count} value(s) with a stated standard error give the iteration "
+            f"±{100 * sigma:.1f}% (1σ, first order, errors taken as independent; the values' "
+            "own errors only, not the model's: `zerosim validate` shows that)"
+            if count else "no value of this scenario states a standard error")
+    if assumed:
+        text += ("; not in it, the assumed values, largest first: "
+                 + ", ".join(f"{r.key} ({r.iteration:+.3f})" for r in assumed[:5]))
+    return text
 
 
 def render_sensitivity(outcome, *, everything: bool = False) -> None:
@@ -299,11 +314,16 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     table.add_column("now", justify="right", no_wrap=True)
     for q in QUANTITIES_SHOWN:
         table.add_column(SENSITIVITY_HEADINGS[q], justify="right", no_wrap=True)
+    table.add_column("iter 1σ", justify="right", no_wrap=True)
     shown = outcome.ranked(everything=everything)
     for row in shown:
-        table.add_row(row.key, row.basis, f"{row.value:g}",
-                      *(_elasticity_text(row.elasticity(q)) for q in QUANTITIES_SHOWN))
+        sigma = row.iteration_sigma
+        table.add_row(row.key, row.basis if row.stderr is None
+                      else f"{row.basis} ±{100 * row.stderr:.2g}%", f"{row.value:g}",
+                      *(_elasticity_text(row.elasticity(q)) for q in QUANTITIES_SHOWN),
+                      "" if sigma is None else f"{100 * sigma:.2f}%")
     console.print(table)
+    console.print(_uncertainty_text(outcome), markup=False, highlight=False)
     for row in shown:
         if row.note:
             console.print(f"{row.key}: {row.note}", markup=False, highlight=False)

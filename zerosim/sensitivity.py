@@ -42,8 +42,8 @@ ELASTICITY_DIGITS = 9
 bit (a value the configuration does not use) give 0, not 1e-15."""
 QUANTITIES_SHOWN = ("iteration", *PHASE_TIMES)
 """The times whose elasticities each row carries: the iteration, then the phase means."""
-COLUMNS = ("key", "basis", "value", "low", "high", *(f"elasticity_{q}" for q in QUANTITIES_SHOWN),
-           "note")
+COLUMNS = ("key", "basis", "stderr_pct", "value", "low", "high",
+           *(f"elasticity_{q}" for q in QUANTITIES_SHOWN), "iteration_sigma_pct", "note")
 
 
 class DoesNotFit(ZerosimError):
@@ -69,14 +69,28 @@ class Sensitivity:
     backward_boundary: float | None
     update: float | None
     note: str = ""
+    stderr: float | None = None
+    """The value's relative standard error, where its provenance states one."""
 
     def elasticity(self, quantity: str) -> float | None:
         return getattr(self, quantity)
 
+    @property
+    def iteration_sigma(self) -> float | None:
+        """The iteration's relative 1-sigma error from this value's standard error alone
+        (first order: |elasticity| x relative standard error)."""
+        if self.stderr is None or self.iteration is None:
+            return None
+        return abs(self.iteration) * self.stderr
+
     def as_row(self) -> dict[str, Any]:
-        row = {"key": self.key, "basis": self.basis, "value": self.value, "low": self.low,
-               "high": self.high, "note": self.note}
+        row = {"key": self.key, "basis": self.basis,
+               "stderr_pct": None if self.stderr is None else 100 * self.stderr,
+               "value": self.value, "low": self.low, "high": self.high}
         row.update({f"elasticity_{q}": self.elasticity(q) for q in QUANTITIES_SHOWN})
+        sigma = self.iteration_sigma
+        row["iteration_sigma_pct"] = None if sigma is None else 100 * sigma
+        row["note"] = self.note
         return row
 
 
@@ -92,6 +106,13 @@ class SensitivityOutcome:
     executor: str = ""
     wall_s: float = 0.0
     files: list[Path] = field(default_factory=list)
+
+    def stated_sigma(self) -> tuple[float, int]:
+        """The iteration's relative 1-sigma error from every value with a stated standard
+        error, taken as independent (first order, in quadrature), and how many there are.
+        Assumed values have none and are not in it."""
+        sigmas = [r.iteration_sigma for r in self.rows if r.iteration_sigma is not None]
+        return math.sqrt(sum(x * x for x in sigmas)), len(sigmas)
 
     def ranked(self, *, everything: bool = False) -> list[Sensitivity]:
         """By |elasticity of the iteration|, largest first; the negligible ones only when
@@ -112,6 +133,7 @@ class Candidate:
     low: float | None
     high: float | None
     note: str = ""
+    stderr: float | None = None
 
 
 def steps(key: str, value: float, step: float) -> tuple[float | None, float | None, str]:
@@ -146,13 +168,9 @@ def elasticity(base: float | None, low: tuple[float, float | None] | None,
 def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidate]:
     """Every numeric hardware and stack value of a loaded scenario (or only `keys`, given as
     `--set` names them), with the values each is tried at."""
-    found: dict[str, tuple[float, str]] = {}
-    for key, prov in scenario.hardware.provenance.items():
-        if key in QUANTITIES and key not in CAPACITY_KEYS:
-            found[f"hardware.{key}"] = (float(prov.value), prov.basis)
-    for key in STACK_KEYS:
-        prov = scenario.stack.provenance[key]
-        found[f"stack.{key}"] = (float(prov.value), prov.basis)
+    found = {f"hardware.{key}": prov for key, prov in scenario.hardware.provenance.items()
+             if key in QUANTITIES and key not in CAPACITY_KEYS}
+    found.update({f"stack.{key}": scenario.stack.provenance[key] for key in STACK_KEYS})
     wanted = list(keys) or list(found)
     unknown = [k for k in wanted if k not in found]
     if unknown:
@@ -160,9 +178,10 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
                             f"scenario ({', '.join(found)})", unknown[0])
     out = []
     for key in wanted:
-        value, basis = found[key]
+        prov = found[key]
+        value = float(prov.value)
         low, high, note = steps(key, value, step)
-        out.append(Candidate(key, basis, value, low, high, note))
+        out.append(Candidate(key, prov.basis, value, low, high, note, prov.stderr))
     return out
 
 
@@ -204,7 +223,7 @@ def measure(candidates_: list[Candidate], base: dict[str, float | None],
         notes = [n for n in (c.note, _side_note("low", low_row, c.low),
                              _side_note("high", high_row, c.high)) if n]
         out.append(Sensitivity(c.key, c.basis, c.value, c.low, c.high, note="; ".join(notes),
-                               **values))
+                               stderr=c.stderr, **values))
     return out
 
 

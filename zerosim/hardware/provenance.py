@@ -4,6 +4,10 @@
 (written by `zerosim calibrate`), `assumed` (a stated estimate awaiting a fit) or `override`
 (patched by a scenario); zerosim itself writes `derived` for a value it computed from others
 (the source gives the formula and its inputs), which no file may claim.
+
+A `fitted` or `measured` value may say how well it is known: `stderr_pct`, its standard error
+in percent of the value (what `zerosim calibrate` or the fit behind a measured value gave).
+`zerosim sensitivity` carries it into the prediction's uncertainty.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from zerosim.inputs import check_plausible
 
 BASES = ("spec", "measured", "fitted", "assumed", "override")
 DERIVED = "derived"
+WITH_STDERR = ("measured", "fitted")
+"""Bases whose values may carry a standard error."""
+MAX_STDERR_PCT = 1000.0
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,21 @@ class Provenance:
     value: Any
     basis: str
     source: str
+    stderr: float | None = None
+    """Relative standard error (a fraction of the value), when one is known."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """As a file writes it: value, basis, source, and stderr_pct when known."""
+        out = {"value": self.value, "basis": self.basis, "source": self.source}
+        if self.stderr is not None:
+            out["stderr_pct"] = round(100 * self.stderr, 6)
+        return out
+
+    def describe_basis(self) -> str:
+        """'fitted +-4%', or the basis alone when no standard error is known."""
+        if self.stderr is None:
+            return self.basis
+        return f"{self.basis} +-{100 * self.stderr:.3g}%"
 
 
 def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware",
@@ -33,10 +55,10 @@ def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware"
     if not isinstance(raw, Mapping):
         raise ScenarioError(source, key, "{value: ..., basis: spec|measured|fitted|assumed, "
                             "source: '...'}", raw)
-    unknown = set(raw) - {"value", "basis", "source"}
+    unknown = set(raw) - {"value", "basis", "source", "stderr_pct"}
     if unknown:
         raise ScenarioError(source, f"{key}.{sorted(unknown)[0]}",
-                            "only value, basis and source", sorted(unknown)[0])
+                            "only value, basis, source and stderr_pct", sorted(unknown)[0])
     if raw.get("basis") not in bases:
         raise ScenarioError(source, f"{key}.basis", f"one of {', '.join(bases)}",
                             raw.get("basis"))
@@ -45,5 +67,21 @@ def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware"
                             "comes from", raw.get("source"))
     check_plausible(f"{table}.{key}.source", raw["source"], source=source,
                     key_path=f"{key}.source")
-    return Provenance(raw.get("value"), raw["basis"], raw["source"])
+    return Provenance(raw.get("value"), raw["basis"], raw["source"],
+                      _stderr(raw, source, key))
+
+
+def _stderr(raw: Mapping[str, Any], source: str, key: str) -> float | None:
+    """`stderr_pct` as a fraction: a number in (0, 1000] on a fitted or measured value."""
+    if "stderr_pct" not in raw:
+        return None
+    pct = raw["stderr_pct"]
+    if raw["basis"] not in WITH_STDERR:
+        raise ScenarioError(source, f"{key}.stderr_pct", "a standard error only on a "
+                            f"{' or '.join(WITH_STDERR)} value", f"basis {raw['basis']}")
+    if isinstance(pct, bool) or not isinstance(pct, int | float) or not (
+            0 < pct <= MAX_STDERR_PCT):
+        raise ScenarioError(source, f"{key}.stderr_pct", "a standard error in percent of the "
+                            f"value, in (0, {MAX_STDERR_PCT:g}]", pct)
+    return float(pct) / 100
 

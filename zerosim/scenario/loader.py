@@ -126,8 +126,7 @@ class Scenario:
         from dataclasses import asdict
 
         model = asdict(self.model)
-        hardware = {key: {"value": p.value, "basis": p.basis, "source": p.source}
-                    for key, p in self.hardware.provenance.items()}
+        hardware = {key: p.as_dict() for key, p in self.hardware.provenance.items()}
         return {
             "name": self.name,
             "description": self.description,
@@ -143,8 +142,7 @@ class Scenario:
             "runtime": {"deepspeed_version": format_version(self.runtime.deepspeed_version),
                         "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
                         "framework": {"name": self.stack.name, "values": {
-                            key: {"value": p.value, "basis": p.basis, "source": p.source}
-                            for key, p in self.stack.provenance.items()}}},
+                            key: p.as_dict() for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
             "unmodelled_keys": list(self.unmodelled_keys),
             "auto_filled": [fill.describe() for fill in self.auto_filled],

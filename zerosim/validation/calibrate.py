@@ -436,12 +436,16 @@ def fit(measurements: list[Measurement], parameters: list[Parameter], *,
                history, identified)
 
 
-def _set_fitted(tree: dict[str, Any], key: str, value: float, note: str) -> None:
+def _set_fitted(tree: dict[str, Any], key: str, value: float, note: str,
+                stderr: float | None = None) -> None:
     node = tree
     parts = key.split(".")
     for part in parts[:-1]:
         node = node[part]
-    node[parts[-1]] = {"value": float(f"{value:.4g}"), "basis": "fitted", "source": note}
+    leaf: dict[str, Any] = {"value": float(f"{value:.4g}"), "basis": "fitted", "source": note}
+    if stderr is not None and 0 < stderr <= 10:
+        leaf["stderr_pct"] = float(f"{100 * stderr:.2g}")
+    node[parts[-1]] = leaf
 
 
 def _note(result: Fit, key: str, data_name: str) -> str:
@@ -462,14 +466,16 @@ def fitted_trees(bases: Bases, result: Fit, data_name: str
 
     profiles = copy.deepcopy(bases.profiles)
     stack = copy.deepcopy(bases.stack)
+    ident = result.identifiability
     for name, value in result.values.items():
         note = _note(result, name, data_name)
+        stderr = ident.rel_std[name] if ident is not None and ident.identified(name) else None
         profile, _, key = name.rpartition(":")
         if key.startswith("stack."):
-            _set_fitted(stack, key.removeprefix("stack."), value, note)
+            _set_fitted(stack, key.removeprefix("stack."), value, note, stderr)
             continue
         for target in [profile] if profile else list(profiles):
-            _set_fitted(profiles[target], key, value, note)
+            _set_fitted(profiles[target], key, value, note, stderr)
     return profiles, stack
 
 
