@@ -136,6 +136,28 @@ def test_cli_ranks_the_values_and_writes_every_row(tmp_path):
                                         "hardware.network.nic_GBps"]
 
 
+def test_cli_draws_the_iteration_and_each_phase_the_scenario_runs(tmp_path):
+    out = tmp_path / "sens"
+    result = CliRunner().invoke(main, ["sensitivity", DP1, "--workers", "1", "--out", str(out),
+                                       "--plots", "--key", "stack.host.fetch_hook_us"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "sensitivity.csv", "sensitivity.png", "sensitivity_backward_boundary.png",
+        "sensitivity_backward_non_boundary.png", "sensitivity_forward.png",
+        "sensitivity_update.png"]
+    refused = CliRunner().invoke(main, ["sensitivity", DP1, "--no-files", "--plots"])
+    assert refused.exit_code == 2 and "--plots writes files" in refused.output
+
+
+def test_the_chart_refuses_a_time_it_does_not_know(dp1):
+    from zerosim import plots
+
+    with pytest.raises(ValueError, match="quantity: expected iteration or one of"):
+        plots.sensitivity_chart(dp1, "warmup")
+    assert plots.sensitivity_chart(dp1, "update").axes
+
+
 def test_cli_json_and_its_refusals(tmp_path):
     ok = CliRunner().invoke(main, ["sensitivity", DP1, "--workers", "1", "--no-files", "--json",
                                    "--all", "--key", "hardware.network.nic_GBps"])

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from zerosim.api import simulate
     from zerosim.results import Result
     from zerosim.scenario import Scenario, load_scenario, scenario_from_dict
+    from zerosim.sensitivity import sensitivity
 
 _ENTRY_POINTS = {
     "simulate": "zerosim.api",
@@ -21,9 +22,11 @@ _ENTRY_POINTS = {
     "Scenario": "zerosim.scenario",
     "load_scenario": "zerosim.scenario",
     "scenario_from_dict": "zerosim.scenario",
+    "sensitivity": "zerosim.sensitivity",
 }
 
-__all__ = ["Result", "Scenario", "load_scenario", "scenario_from_dict", "simulate"]
+__all__ = ["Result", "Scenario", "load_scenario", "scenario_from_dict", "sensitivity",
+           "simulate"]
 
 
 def lazy_getattr(package: str, entry_points: dict[str, str],

@@ -520,9 +520,11 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
               help="Folder for sensitivity.csv (default: results/sensitivity/<scenario name>).")
 @click.option("--no-files", is_flag=True, help="Only print the table; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@click.option("--plots", is_flag=True,
+              help="Also draw sensitivity.png (the iteration) and one PNG per phase.")
 def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: tuple[str, ...],
                 everything: bool, workers: int | None, out_dir: Path | None, no_files: bool,
-                as_json: bool) -> None:
+                as_json: bool, plots: bool) -> None:
     """Which hardware and stack values SCENARIO's prediction hangs on: each moved by --step
     both ways, one at a time, and the elasticity of the iteration and of each phase (the %
     a 1% error in the value moves the time), ranked, beside the value's basis."""
@@ -531,6 +533,8 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     from zerosim.sensitivity import DoesNotFit
     from zerosim.sensitivity import sensitivity as run_sensitivity
 
+    if plots and no_files:
+        raise click.UsageError("--plots writes files; drop --no-files")
     loaded = _load(scenario, overrides)
     folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
     try:
@@ -539,6 +543,10 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     except DoesNotFit as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(EXIT_OOM)
+    if plots:
+        from zerosim.sensitivity import write_charts
+
+        outcome.files += write_charts(outcome, folder)
     if as_json:
         _print_json({"scenario": outcome.scenario_name, "hardware": outcome.hardware,
                      "step": outcome.step, "base_s": outcome.base,

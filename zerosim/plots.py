@@ -975,3 +975,49 @@ def _metadata(fmt: str) -> dict[str, Any] | None:
     if fmt == "pdf":
         return {"CreationDate": None}
     return None
+
+
+BASIS_COLORS = {"spec": OKABE_ITO["blue"], "measured": OKABE_ITO["bluish green"],
+                "fitted": OKABE_ITO["sky blue"], "derived": OKABE_ITO["reddish purple"],
+                "assumed": OKABE_ITO["vermillion"], "override": GREY}
+"""A value's basis (`zerosim.hardware.provenance`), most trusted first; red for the assumed
+ones, the weak points."""
+
+
+def sensitivity_chart(outcome, quantity: str = "iteration", top: int = 15) -> Figure:
+    """The `top` values of a `zerosim sensitivity` outcome by the elasticity of `quantity`
+    (`iteration` or a phase of `summary["phases_s"]`), one bar each, coloured by basis; a
+    value with a stated standard error is labelled with the share of the time its 1-sigma
+    error moves."""
+    if quantity not in ("iteration", *PHASE_KEYS):
+        raise ValueError(f"quantity: expected iteration or one of {', '.join(PHASE_KEYS)}, "
+                         f"got {quantity!r}")
+    rows = sorted((r for r in outcome.rows if r.elasticity(quantity)),
+                  key=lambda r: -abs(r.elasticity(quantity)))[:top][::-1]
+    fig = _new_figure(8.5, 1.2 + 0.32 * max(len(rows), 1))
+    ax = fig.subplots()
+    values = [r.elasticity(quantity) for r in rows]
+    y = np.arange(len(rows))
+    ax.barh(y, values, color=[BASIS_COLORS.get(r.basis, GREY) for r in rows], zorder=2)
+    for i, row in enumerate(rows):
+        if row.stderr is not None:
+            ax.annotate(f"±{100 * abs(values[i]) * row.stderr:.1f}% (1σ)", (values[i], i),
+                        xytext=(3 if values[i] > 0 else -3, 0), textcoords="offset points",
+                        ha="left" if values[i] > 0 else "right", va="center", fontsize=7)
+    ax.set_yticks(y, [r.key for r in rows], fontsize=8)
+    ax.axvline(0, color="black", lw=0.6)
+    reach = max((abs(v) for v in values), default=1.0)
+    ax.set_xlim(-1.35 * reach if min(values, default=0) < 0 else -0.05 * reach,
+                1.35 * reach if max(values, default=0) > 0 else 0.05 * reach)
+    ax.grid(axis="x", color="#DDDDDD", lw=0.5)
+    ax.set_axisbelow(True)
+    label = "iteration" if quantity == "iteration" else PHASE_LABELS[quantity].replace("\n", " ")
+    ax.set_xlabel(f"elasticity of the {label}: % change per 1% change of the value")
+    shown = [b for b in BASIS_COLORS if any(r.basis == b for r in rows)]
+    ax.legend(handles=[Patch(facecolor=BASIS_COLORS.get(b, GREY), label=b) for b in shown],
+              loc="lower right", fontsize=8, frameon=False)
+    base = outcome.base.get(quantity)
+    fig.suptitle(f"{outcome.scenario_name} on {outcome.hardware}: what the {label}"
+                 + (f" ({_duration(base)})" if base else "") + " hangs on",
+                 fontsize=TITLE_SIZE)
+    return fig

@@ -334,4 +334,5 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     console.print(f"{count}, {outcome.runs} runs {outcome.executor} in "
                   f"{outcome.wall_s:.1f} s{tail}", markup=False, highlight=False)
     for path in outcome.files:
-        console.print(f"table: {path}", markup=False, highlight=False)
+        kind = "figure" if path.suffix == ".png" else "table"
+        console.print(f"{kind}: {path}", markup=False, highlight=False)

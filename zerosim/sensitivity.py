@@ -284,3 +284,20 @@ def write_table(outcome: SensitivityOutcome, path: Path) -> Path:
     write_csv(path, list(COLUMNS), ({k: "" if v is None else str(v) for k, v in r.as_row().items()}
                                     for r in outcome.ranked(everything=True)))
     return path
+
+
+def write_charts(outcome: SensitivityOutcome, folder: Path) -> list[Path]:
+    """sensitivity.png for the iteration and sensitivity_<phase>.png for each phase the
+    scenario runs (`plots.sensitivity_chart`)."""
+    from zerosim.plots import sensitivity_chart
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for quantity in QUANTITIES_SHOWN:
+        if outcome.base.get(quantity) is None:
+            continue
+        name = "sensitivity.png" if quantity == "iteration" else f"sensitivity_{quantity}.png"
+        path = folder / name
+        sensitivity_chart(outcome, quantity).savefig(path, dpi=110)
+        paths.append(path)
+    return paths
