@@ -30,7 +30,9 @@ KNOWN_MISSES = {
         "(reduce-scatters with their concatenation and pre-divide 0.32 s, then the gradient "
         "partitions' copies to and from host memory 0.24 s); the study's 0.70 s would take the "
         "four-GPU reduce-scatter at about 80 GB/s while the DP=2 pair keeps the measured "
-        "140 GB/s: no mechanism found (issue 11)"),
+        "140 GB/s: no mechanism found (issue 11); zerosim sensitivity: at DP=4 this phase "
+        "hangs on the inter-socket link (elasticity -0.58) and NVLink (-0.48), at DP=2 on the "
+        "link alone (-0.77, NVLink -0.17), so a slower four-GPU ring would move DP=4 most"),
     **{(POLARIS_GROUP, f"{size}-dp4-mb1-ga1-sg1e08 (x1)", quantity): C7DA512A
        for size, quantities in {
            "polaris-11.32b": ("backward per step", "update per step", "iteration per step"),
