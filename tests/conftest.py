@@ -18,6 +18,7 @@ sequence 8, micro-batch 1 (8 tokens), untied embeddings.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,3 +178,18 @@ class Toy:
 @pytest.fixture(scope="session")
 def toy() -> Toy:
     return Toy()
+
+
+def invoke_for_table(args: list[str], table: Path) -> tuple[str, list[dict[str, str]]]:
+    """Run a zerosim command that writes one CSV table; its output (it must succeed) and the
+    table's rows."""
+    import csv
+
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    with table.open() as handle:
+        return result.output, list(csv.DictReader(handle))

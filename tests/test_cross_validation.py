@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from zerosim.validation.calibrate import Measurement, calibrate
-from zerosim.validation.polaris import load_runs
+from zerosim.validation.polaris import case_name, load_runs
 
 pytestmark = pytest.mark.calibration
 
@@ -34,7 +34,7 @@ POLARIS_HARDWARE = [
 """The Polaris values the joint fit identifies (scenarios/calibration/README.md); the rest
 stay at their shipped values (the GEMM rates are measured, not fitted)."""
 TESTBED_TOLERANCE = 0.20
-FASTER_BUILD = {f"{r.name}.yaml" for r in load_runs() if r.build == "0.13.3+c7da512a"}
+FASTER_BUILD = {f"{case_name(r)}.yaml" for r in load_runs() if r.build == "0.13.3+c7da512a"}
 """The four runs of build c7da512a, faster than the other builds at equal size and DP in the
 data itself (tests/test_validation.py, KNOWN_MISSES): predicted, reported, not judged."""
 

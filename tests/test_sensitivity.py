@@ -1,13 +1,13 @@
 """`zerosim sensitivity`: the values tried, the elasticity arithmetic, and what the engine says
 about values a configuration does or does not touch."""
 
-import csv
 import json
 import math
 import re
 
 import pytest
 from click.testing import CliRunner
+from conftest import invoke_for_table
 
 from zerosim.cli import main
 from zerosim.errors import ScenarioError
@@ -122,15 +122,12 @@ def test_the_per_step_host_time_adds_once_to_the_iteration(dp1):
 
 def test_cli_ranks_the_values_and_writes_every_row(tmp_path):
     out = tmp_path / "sens"
-    result = CliRunner().invoke(main, ["sensitivity", DP1, "--workers", "1", "--out", str(out),
-                                       "--key", "hardware.network.nic_GBps",
-                                       "--key", "hardware.pcie.h2d_pageable_GBps"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert "hardware.pcie.h2d_pageable_GBps" in result.output
-    assert "1 more move the iteration by less than" in result.output
-    with (out / "sensitivity.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
+    output, rows = invoke_for_table(["sensitivity", DP1, "--workers", "1", "--out", str(out),
+                                     "--key", "hardware.network.nic_GBps",
+                                     "--key", "hardware.pcie.h2d_pageable_GBps"],
+                                    out / "sensitivity.csv")
+    assert "hardware.pcie.h2d_pageable_GBps" in output
+    assert "1 more move the iteration by less than" in output
     assert list(rows[0]) == list(COLUMNS)
     assert [r["key"] for r in rows] == ["hardware.pcie.h2d_pageable_GBps",
                                         "hardware.network.nic_GBps"]

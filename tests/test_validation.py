@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from zerosim.validation.polaris import MEASURED_PHASES, configurations
+from zerosim.validation.polaris import MEASURED_PHASES, case_name, configurations
 from zerosim.validation.reference import PHASES, load_study
 from zerosim.validation.validate import POLARIS_GROUP, judge, validate
 
@@ -89,7 +89,7 @@ def test_table2_phase_within_10_percent(cells, case, phase):
 def _polaris_keys() -> list[tuple[str, str, str]]:
     keys = []
     for configuration in configurations():
-        case = f"{configuration.first.name} (x{len(configuration.runs)})"
+        case = f"{case_name(configuration.first)} (x{len(configuration.runs)})"
         keys += [(POLARIS_GROUP, case, f"{phase} per step") for phase in MEASURED_PHASES]
         keys.append((POLARIS_GROUP, case, "rank 0 peak allocated GPU memory"))
     return keys

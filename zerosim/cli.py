@@ -92,6 +92,24 @@ def scenario_argument(func):
     return click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))(func)
 
 
+def table_options(table: str, default_folder: str):
+    """--workers, --out, --no-files and --json: the options of a command that simulates many
+    points on the sweep executors and writes one table."""
+    options = (
+        click.option("--workers", type=click.IntRange(min=1),
+                     help="Parallel workers (default: one per CPU); 1 runs in this process."),
+        click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+                     help=f"Folder for {table} (default: {default_folder})."),
+        click.option("--no-files", is_flag=True, help="Only print the table; write nothing."),
+        click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON."))
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
+
+
 def _load(scenario: Path, overrides: tuple[str, ...]):
     """Load a scenario, showing each of its warnings once on stderr."""
     from zerosim.scenario import load_scenario
@@ -514,12 +532,7 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
 @click.option("--all", "everything", is_flag=True,
               help="List every value, those that move the iteration by less than 0.005 per 1% "
                    "too.")
-@click.option("--workers", type=click.IntRange(min=1),
-              help="Parallel workers (default: one per CPU); 1 runs in this process.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for sensitivity.csv (default: results/sensitivity/<scenario name>).")
-@click.option("--no-files", is_flag=True, help="Only print the table; write nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@table_options("sensitivity.csv", "results/sensitivity/<scenario name>")
 @click.option("--plots", is_flag=True,
               help="Also draw sensitivity.png (the iteration) and one PNG per phase.")
 def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: tuple[str, ...],
@@ -553,6 +566,43 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
                      "rows": [r.as_row() for r in outcome.ranked(everything=everything)]})
         return
     render_sensitivity(outcome, everything=everything)
+
+
+@main.command()
+@click.argument("runs_table", metavar="RUNS.csv",
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--hardware", required=True, metavar="NAME|FILE",
+              help="The hardware profile the runs ran on: a built-in name or a profile YAML "
+                   "(runs with more GPUs than a node holds spread over its nodes).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a value of every run's scenario, as run --set does, e.g. "
+                   "what_if.buffer_boundary_grads=true or hardware.pcie.h2d_pinned_GBps=50.")
+@table_options("predictions.csv", "results/predict/<table>-<hardware>")
+def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers: int | None,
+            out_dir: Path | None, no_files: bool, as_json: bool) -> None:
+    """Predict a table of measured runs in the Deep Optimizer States artifact format (the
+    columns of zerosim/validation/data/polaris_zero3_offload_runs.csv): each distinct
+    configuration simulated on --hardware, per optimizer step, beside its runs' mean
+    measurements where the table has them."""
+    from zerosim.hardware.profile import load_profile
+    from zerosim.report import render_predictions
+    from zerosim.runs import predict as run_predict
+    from zerosim.runs import prediction_row, read_runs, write_predictions
+    from zerosim.scenario.loader import parse_overrides
+
+    runs = read_runs(runs_table)
+    load_profile(hardware)
+    outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
+                          workers=workers, source=str(runs_table))
+    if not no_files:
+        folder = out_dir or Path("results") / "predict" / (
+            f"{runs_table.stem}-{Path(hardware).stem}")
+        outcome.files = [write_predictions(outcome, folder / "predictions.csv")]
+    if as_json:
+        _print_json({"table": str(runs_table), "hardware": hardware,
+                     "rows": [prediction_row(p) for p in outcome.predictions]})
+        return
+    render_predictions(outcome)
 
 
 if __name__ == "__main__":

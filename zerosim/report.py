@@ -336,3 +336,63 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     for path in outcome.files:
         kind = "figure" if path.suffix == ".png" else "table"
         console.print(f"{kind}: {path}", markup=False, highlight=False)
+
+
+PREDICTIONS_WIDTH = 160
+"""Columns the predictions table needs: the configuration, the GPUs, five predicted/measured
+pairs with their errors."""
+PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
+                       "iteration": "iteration", "peak allocated GPU memory": "rank 0 GB"}
+
+
+def _prediction_cell(prediction, quantity: str) -> str:
+    """'12.34/12.00 +2.8%': predicted, measured and the error; the prediction alone when
+    the table has no measurement."""
+    scale, digits = (1e9, 1) if quantity == "peak allocated GPU memory" else (1.0, 2)
+    predicted, measured = prediction.predicted.get(quantity), prediction.measured(quantity)
+    if predicted is None:
+        return "-"
+    text = f"{predicted / scale:.{digits}f}"
+    if measured is None:
+        return text
+    return f"{text}/{measured / scale:.{digits}f} {prediction.rel_error(quantity):+.1%}"
+
+
+def render_predictions(outcome) -> None:
+    """`zerosim predict`: each configuration predicted against its measurements, then the
+    rms and largest error of each quantity."""
+    from zerosim.runs import QUANTITIES
+
+    console = _console(PREDICTIONS_WIDTH)
+    table = Table(title=f"zerosim predict {outcome.source} on {outcome.hardware}: seconds per "
+                        "optimizer step (all micro-batches), predicted/measured error",
+                  title_justify="left")
+    table.add_column("configuration", no_wrap=True)
+    table.add_column("GPUs", justify="right", no_wrap=True)
+    for quantity in QUANTITIES:
+        table.add_column(PREDICTION_HEADINGS[quantity], justify="right", no_wrap=True)
+    for p in outcome.predictions:
+        repeats = len(p.configuration.runs)
+        name = p.scenario_name + (f" x{repeats}" if repeats > 1 else "")
+        gpus = f"{p.configuration.first.gpus}" + (f"/{p.nodes}n" if p.nodes > 1 else "")
+        if p.status != "ok":
+            table.add_row(name, gpus, p.status.upper(), *([""] * (len(QUANTITIES) - 1)))
+            continue
+        table.add_row(name, gpus, *(_prediction_cell(p, q) for q in QUANTITIES))
+    console.print(table)
+    for p in outcome.predictions:
+        if p.error:
+            console.print(f"{p.scenario_name}: {p.error}", markup=False, highlight=False)
+    parts = []
+    for quantity in QUANTITIES:
+        errors = outcome.errors(quantity)
+        if errors:
+            parts.append(f"{PREDICTION_HEADINGS[quantity]} rms {outcome.rms(quantity):.1%}, "
+                         f"largest {max(errors, key=abs):+.1%} ({len(errors)})")
+    done = sum(p.status == "ok" for p in outcome.predictions)
+    console.print(f"{len(outcome.predictions)} configurations ({done} simulated "
+                  f"{outcome.executor} in {outcome.wall_s:.1f} s)"
+                  + (": " + "; ".join(parts) if parts else "; no measurements to compare"),
+                  markup=False, highlight=False)
+    for path in outcome.files:
+        console.print(f"table: {path}", markup=False, highlight=False)

@@ -409,23 +409,6 @@ def seed003_cells() -> list[Cell]:
     return cells
 
 
-def per_step_seconds(result: Result) -> dict[str, float]:
-    """Each phase's total over the optimizer step on the slowest rank (all micro-batches),
-    as the Polaris runs measure them, and the iteration."""
-    frame = result.phases.assign(seconds=result.phases.end_s - result.phases.start_s)
-    totals = frame.groupby(["rank", "phase"]).seconds.sum().groupby("phase").max()
-    return {str(phase): float(totals[phase]) for phase in totals.index} | {
-        "iteration": float(result.summary["iteration_s"])}
-
-
-def peak_allocated_bytes(result: Result, hardware: HardwareProfile,
-                         device: str = GPU0) -> float:
-    """What `torch.cuda.max_memory_allocated` reports: the peak on `device` less the CUDA
-    context and library workspaces, which the caching allocator does not count."""
-    return gpu_peak_between(result, 0.0, float(result.memory.t_s.max()), device) - (
-        hardware.runtime_context_bytes)
-
-
 POLARIS_GROUP = "Polaris (4x A100, Megatron-DeepSpeed, 0.13.3)"
 HOST_MEMORY_NOTE = ("reported, not judged: the run's host memory in use counts every process "
                     "and the OS; zerosim counts what DeepSpeed and the framework allocate "
@@ -433,36 +416,38 @@ HOST_MEMORY_NOTE = ("reported, not judged: the run's host memory in use counts e
 
 
 def polaris_cells() -> list[Cell]:
-    """The 41 Polaris runs (29 configurations, repeats averaged): per-step forward, backward
-    and update, the iteration, and rank 0's peak allocated GPU memory."""
-    from zerosim.validation.polaris import MEASURED_PHASES, configurations
+    """The 41 Polaris runs (29 configurations, repeats averaged) predicted as `zerosim
+    predict` predicts a table of runs (`zerosim.runs.predict`, on `polaris-a100`): per-step
+    forward, backward and update, the iteration, and rank 0's peak allocated GPU memory."""
+    from zerosim.runs import MEASURED_PHASES, predict
+    from zerosim.validation.polaris import NAME_PREFIX, PROFILE, load_runs
 
     cells = []
-    for configuration in configurations():
-        run = configuration.first
-        scenario = scenario_from_dict(run.scenario(), source=f"Polaris CSV row {run.row}")
-        result = simulate(scenario)
-        case = f"{run.name} (x{len(configuration.runs)})"
-        if result.status != "ok":
+    outcome = predict(load_runs(), PROFILE, workers=1, source="Polaris CSV",
+                      name_prefix=NAME_PREFIX)
+    for prediction in outcome.predictions:
+        configuration = prediction.configuration
+        note = f"DeepSpeed {configuration.first.build}"
+        case = f"{prediction.scenario_name} (x{len(configuration.runs)})"
+        if prediction.status != "ok":
             cells.append(replace(judge(POLARIS_GROUP, case, "iteration", "s",
                                        configuration.measured("iteration"), 0.0,
-                                       POLARIS_ITERATION_TOLERANCE), simulated_text="oom",
-                                 status="fail"))
+                                       POLARIS_ITERATION_TOLERANCE),
+                                 simulated_text=prediction.status, status="fail"))
             continue
-        simulated = per_step_seconds(result)
         for phase in MEASURED_PHASES:
             tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
                          else POLARIS_PHASE_TOLERANCE)
             cells.append(judge(POLARIS_GROUP, case, f"{phase} per step", "s",
-                               configuration.measured(phase), simulated[phase], tolerance,
-                               note=f"DeepSpeed {run.build}"))
+                               configuration.measured(phase), prediction.predicted[phase],
+                               tolerance, note=note))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GB",
                            configuration.peak_gpu_bytes / 1e9,
-                           peak_allocated_bytes(result, scenario.hardware) / 1e9,
-                           MEMORY_TOLERANCE, note=f"DeepSpeed {run.build}"))
+                           prediction.predicted["peak allocated GPU memory"] / 1e9,
+                           MEMORY_TOLERANCE, note=note))
         cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GB",
                            configuration.peak_host_bytes / 1e9,
-                           result.summary["peak_host_GiB"] * GiB / 1e9, None,
+                           prediction.predicted_peak_host_bytes / 1e9, None,
                            note=HOST_MEMORY_NOTE))
     return cells
 

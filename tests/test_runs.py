@@ -1,0 +1,166 @@
+"""`zerosim predict`: tables of measured runs in the Deep Optimizer States artifact format,
+read, turned into scenarios and predicted through the same code path as `zerosim run`."""
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import invoke_for_table
+
+import zerosim
+from zerosim.cli import main
+from zerosim.errors import ScenarioError
+from zerosim.runs import (
+    PREDICTION_COLUMNS,
+    configurations,
+    per_step_seconds,
+    predict,
+    read_runs,
+    read_runs_text,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "zerosim" / "validation" / "data" / "polaris_zero3_offload_runs.csv"
+MEASURED = ("fwd_ms_mean", "bwd_ms_mean", "step_ms_mean", "iter_ms_mean",
+            "smu_train_rank0_peak_Max_MA_GB", "cpu_used_GB_peak_during_training")
+
+
+def _rows(rows: list[int], drop: tuple[str, ...] = (), **changes: str) -> str:
+    """Rows of the shipped table (1 = first data row) as a new table, columns dropped or
+    changed in every row."""
+    reader = csv.DictReader(io.StringIO(TABLE.read_text()))
+    picked = [r for i, r in enumerate(reader, start=1) if i in rows]
+    columns = [c for c in reader.fieldnames if c not in drop]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for r in picked:
+        writer.writerow(r | changes)
+    return out.getvalue()
+
+
+def test_the_shipped_table_reads_as_41_runs_of_29_configurations():
+    runs = read_runs(TABLE)
+    assert len(runs) == 41 and len(configurations(runs)) == 29
+    first = runs[0]
+    assert (first.row, first.num_layers, first.hidden_size, first.gpus, first.micro_batch_size,
+            first.sub_group_size, first.build) == (1, 40, 5120, 1, 1, 100_000_000,
+                                                  "0.13.3+8074cd62")
+    assert first.deepspeed_version == "0.13.3" and first.name == "11.20b-dp1-mb1-ga1-sg1e08"
+    assert first.seconds == pytest.approx({"forward": 0.35538, "backward": 8.66394,
+                                           "update": 7.9919, "iteration": 17.44628}, rel=1e-15)
+    assert first.peak_gpu_bytes == 26.32e9 and first.peak_host_bytes == 333.05e9
+    assert (first.bf16, first.checkpoint_activations, first.flash_attention,
+            first.untied_embeddings) == (True, True, False, True)
+
+
+def test_per_step_times_add_every_micro_batch():
+    phases = {"forward": 1.0, "backward_non_boundary": 3.0, "backward_boundary": 10.0,
+              "update": 4.0}
+    assert per_step_seconds(phases, 4) == {"forward": 4.0, "backward": 19.0, "update": 4.0}
+    assert per_step_seconds({**phases, "backward_non_boundary": None}, 1) == {
+        "forward": 1.0, "backward": 10.0, "update": 4.0}
+
+
+def test_a_run_predicts_what_zerosim_run_gives_its_scenario_file():
+    """Rows 2, 7 and 11 repeat the 11.2B DP=1 micro-batch-4 configuration: one simulation,
+    the same numbers as `zerosim run` on the calibration scenario written for it."""
+    runs = read_runs_text(_rows([2, 7, 11]), "t.csv")
+    outcome = predict(runs, "polaris-a100", workers=1)
+    p, = outcome.predictions
+    summary = zerosim.simulate(ROOT / "scenarios" / "calibration" / "polaris"
+                               / "polaris-11.20b-dp1-mb4-ga1-sg1e08.yaml").summary
+    assert p.status == "ok" and len(p.configuration.runs) == 3
+    assert p.predicted["iteration"] == summary["iteration_s"]
+    assert p.predicted["update"] == summary["phases_s"]["update"]
+    assert p.measured("iteration") == pytest.approx((20.57925 + 19.80884 + 23.41351) / 3)
+    assert p.rel_error("iteration") == p.predicted["iteration"] / p.measured("iteration") - 1
+
+
+def test_a_table_without_measurements_is_predicted_and_says_so():
+    runs = read_runs_text(_rows([15], drop=MEASURED), "t.csv")
+    outcome = predict(runs, "polaris-a100", workers=1)
+    p, = outcome.predictions
+    assert p.status == "ok" and p.predicted["iteration"] > 0
+    assert p.measured("iteration") is None and p.rel_error("iteration") is None
+    assert outcome.rms("iteration") is None
+
+
+def test_more_gpus_than_a_node_holds_spread_over_nodes():
+    run, = read_runs_text(_rows([4], drop=MEASURED, num_gpus="8", data_parallel_size="8"),
+                          "t.csv")
+    tree = run.scenario("polaris-a100", gpus_per_node=4)
+    assert tree["hardware"] == {"profile": "polaris-a100", "overrides": {"nodes": 2}}
+    p, = predict([run], "polaris-a100", workers=1).predictions
+    assert (p.status, p.nodes) == ("ok", 2)
+
+
+def test_a_profile_file_and_overrides_for_every_row(tmp_path):
+    profile = tmp_path / "mine.yaml"
+    profile.write_text((ROOT / "zerosim" / "hardware" / "profiles" / "polaris-a100.yaml")
+                       .read_text())
+    runs = read_runs_text(_rows([15], drop=MEASURED), "t.csv")
+    base, = predict(runs, profile, workers=1).predictions
+    named, = predict(runs, "polaris-a100", workers=1).predictions
+    assert base.predicted == named.predicted
+    buffered, = predict(runs, profile, workers=1,
+                        overrides={"what_if.buffer_boundary_grads": True}).predictions
+    assert buffered.predicted["backward"] < base.predicted["backward"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_layers": "0"}, "row 1.num_layers: expected a positive whole number, got '0'"),
+    ({"micro_batch_size": "two"}, "row 1.micro_batch_size: expected a positive whole number"),
+    ({"bf16": "yes"}, "row 1.bf16: expected True or False, got 'yes'"),
+    ({"swiglu": "False"}, "row 1.swiglu: expected True (the megatron-deepspeed stack"),
+    ({"zero_stage": "4"}, "row 1.zero_stage: expected 0, 1, 2 or 3, got '4'"),
+    ({"fwd_ms_mean": "-3"}, "row 1.fwd_ms_mean: expected a positive measurement"),
+    ({"data_parallel_size": "2", "num_gpus": "4"},
+     "row 1.data_parallel_size: expected num_gpus (4): zerosim replays data parallelism alone"),
+])
+def test_a_bad_row_names_its_row_and_column(change, message):
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        read_runs_text(_rows([1], **change), "t.csv")
+
+
+def test_a_table_without_a_configuration_column_is_refused():
+    with pytest.raises(ScenarioError, match=r"t.csv: <header>: expected the configuration "
+                                            r"columns .*, got no column 'sub_group_size'"):
+        read_runs_text(_rows([1], drop=("sub_group_size",)), "t.csv")
+    with pytest.raises(ScenarioError, match="at least one run"):
+        read_runs_text(_rows([]), "t.csv")
+
+
+def test_cli_prints_each_configuration_and_writes_the_table(tmp_path):
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([2, 7, 15]))
+    out = tmp_path / "out"
+    output, rows = invoke_for_table(["predict", str(table), "--hardware", "polaris-a100",
+                                     "--workers", "1", "--out", str(out)],
+                                    out / "predictions.csv")
+    assert "11.20b-dp1-mb4-ga1-sg1e08 x2" in output
+    assert "2 configurations (2 simulated in process" in output
+    assert list(rows[0]) == list(PREDICTION_COLUMNS)
+    assert [r["rows"] for r in rows] == ["1 2", "3"]
+    assert float(rows[0]["error_iteration"]) == pytest.approx(
+        float(rows[0]["predicted_iteration_s"]) / float(rows[0]["measured_iteration_s"]) - 1)
+
+
+def test_cli_json_and_refusals(tmp_path):
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([15], drop=MEASURED))
+    ok = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                   "--workers", "1", "--no-files", "--json"])
+    assert ok.exit_code == 0, ok.output
+    row, = json.loads(ok.output)["rows"]
+    assert row["status"] == "ok" and row["measured_iteration_s"] is None
+    unknown = CliRunner().invoke(main, ["predict", str(table), "--hardware", "no-such-node",
+                                        "--no-files"])
+    assert unknown.exit_code == 2 and "no-such-node" in unknown.output
+    missing = CliRunner().invoke(main, ["predict", str(tmp_path / "none.csv"),
+                                        "--hardware", "polaris-a100", "--no-files"])
+    assert missing.exit_code == 2 and "none.csv" in missing.output

@@ -1,0 +1,471 @@
+"""Measured runs in the Deep Optimizer States artifact format: read them, turn each into a
+scenario on a hardware profile, predict them and, where the table has measurements, say how far
+the prediction is.
+
+The format is that of the study's public artifacts (`zerosim/validation/data/
+polaris_zero3_offload_runs.csv`, repository `mauryaavinash95/deep-optimizer-states-results`):
+one row per run of Megatron-DeepSpeed training a Llama-style GPT under DeepSpeed ZeRO with the
+optimizer offloaded to the CPU. The configuration columns are required; the measured ones
+(`fwd_ms_mean`, `bwd_ms_mean`, `step_ms_mean`, `iter_ms_mean`: milliseconds per optimizer step,
+all micro-batches; `smu_train_rank0_peak_Max_MA_GB`, rank 0's peak allocated GPU memory, GB;
+`cpu_used_GB_peak_during_training`) are read where present. Rows that repeat a configuration
+are simulated once and compared with their mean.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zerosim.errors import Described, ScenarioError
+
+STACK = "megatron-deepspeed"
+MEASURED_PHASES = ("forward", "backward", "update", "iteration")
+"""What a run measures, per optimizer step."""
+TIME_COLUMNS = {"forward": "fwd_ms_mean", "backward": "bwd_ms_mean", "update": "step_ms_mean",
+                "iteration": "iter_ms_mean"}
+GPU_MEMORY_COLUMN = "smu_train_rank0_peak_Max_MA_GB"
+HOST_MEMORY_COLUMN = "cpu_used_GB_peak_during_training"
+COUNT_COLUMNS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                 "num_key_value_heads", "seq_length", "padded_vocab_size", "num_gpus",
+                 "micro_batch_size", "grad_accum_steps", "sub_group_size",
+                 "reduce_bucket_size", "prefetch_bucket_size")
+"""Configuration columns holding a positive whole number (1e8 and 100000000.0 both read)."""
+FLAG_COLUMNS = ("untie_embeddings_and_output_weights", "use_flash_attn", "bf16",
+                "checkpoint_activations", "offload_optimizer_pin_memory", "overlap_comm")
+"""Configuration columns holding True or False."""
+REQUIRED_COLUMNS = (*COUNT_COLUMNS, *FLAG_COLUMNS, "zero_stage", "deepspeed_version")
+SUPPORTED = {"swiglu": ("True",), "normalization": ("rmsnorm",)}
+"""Columns whose other values describe a model the stack does not build (a GELU MLP, a
+LayerNorm), with what is supported."""
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One row: the run's configuration and, where the table has them, its measurements."""
+
+    row: int
+    """1 for the first data row."""
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    seq_length: int
+    padded_vocab_size: int
+    gpus: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    sub_group_size: int
+    reduce_bucket_size: int
+    prefetch_bucket_size: int
+    untied_embeddings: bool
+    flash_attention: bool
+    bf16: bool
+    checkpoint_activations: bool
+    pin_memory: bool
+    overlap_comm: bool
+    zero_stage: int
+    build: str
+    """The DeepSpeed version as the run reported it (`0.13.3+<commit>` for a source build)."""
+    params: int | None = None
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    """Measured seconds per optimizer step, by `MEASURED_PHASES`, where the table has them."""
+    peak_gpu_bytes: float | None = None
+    """Rank 0's peak allocated GPU memory."""
+    peak_host_bytes: float | None = None
+    """Host memory in use on the node at its peak, every process counted."""
+
+    @property
+    def deepspeed_version(self) -> str:
+        """The release a source build is based on (`0.13.3+c7da512a` -> `0.13.3`)."""
+        return self.build.partition("+")[0]
+
+    @property
+    def size_text(self) -> str:
+        """`11.20b` from the table's parameter count, else the shape (`L40h5120`)."""
+        if self.params:
+            return f"{self.params / 1e9:.2f}b"
+        return f"L{self.num_layers}h{self.hidden_size}"
+
+    @property
+    def name(self) -> str:
+        return (f"{self.size_text}-dp{self.gpus}-mb{self.micro_batch_size}"
+                f"-ga{self.grad_accum_steps}-sg{self.sub_group_size:.0e}").replace("+", "")
+
+    @property
+    def config_key(self) -> tuple[Any, ...]:
+        """What the simulation depends on (runs that repeat a configuration share it)."""
+        return (self.num_layers, self.hidden_size, self.ffn_hidden_size,
+                self.num_attention_heads, self.num_key_value_heads, self.seq_length,
+                self.padded_vocab_size, self.gpus, self.micro_batch_size,
+                self.grad_accum_steps, self.sub_group_size, self.reduce_bucket_size,
+                self.prefetch_bucket_size, self.untied_embeddings, self.flash_attention,
+                self.bf16, self.checkpoint_activations, self.pin_memory, self.overlap_comm,
+                self.zero_stage, self.deepspeed_version)
+
+    def nodes(self, gpus_per_node: int) -> int:
+        return math.ceil(self.gpus / gpus_per_node)
+
+    def scenario(self, hardware: str | Path, *, gpus_per_node: int, name_prefix: str = "",
+                 description: str = "") -> dict[str, Any]:
+        """The run as a zerosim scenario mapping on the profile `hardware` (a built-in name or
+        a YAML file), spread over as many of its nodes as the run's GPUs need."""
+        nodes = self.nodes(gpus_per_node)
+        reference: dict[str, Any] = (
+            {"file": str(Path(hardware).resolve())} if _is_file(hardware)
+            else {"profile": str(hardware)})
+        if nodes > 1:
+            reference["overrides"] = {"nodes": nodes}
+        precision = {"bf16": {"enabled": True}} if self.bf16 else {"fp16": {"enabled": True}}
+        return {
+            "name": f"{name_prefix}{self.name}",
+            "description": description or f"run of table row {self.row}",
+            "model": {
+                "name": f"megatron-{self.size_text}", "family": "llama",
+                "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                "intermediate_size": self.ffn_hidden_size,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "vocab_size": self.padded_vocab_size,
+                "tie_word_embeddings": not self.untied_embeddings,
+                "max_position_embeddings": self.seq_length,
+            },
+            "sequence_length": self.seq_length,
+            "activation_checkpointing": self.checkpoint_activations,
+            "attention": "flash" if self.flash_attention else "eager",
+            "hardware": reference if nodes > 1 or "file" in reference else str(hardware),
+            "data_parallel": self.gpus,
+            "deepspeed": {
+                "train_micro_batch_size_per_gpu": self.micro_batch_size,
+                "gradient_accumulation_steps": self.grad_accum_steps,
+                **precision,
+                "optimizer": {"type": "Adam"},
+                "zero_optimization": {
+                    "stage": self.zero_stage, "overlap_comm": self.overlap_comm,
+                    "reduce_bucket_size": self.reduce_bucket_size,
+                    "stage3_prefetch_bucket_size": self.prefetch_bucket_size,
+                    "sub_group_size": self.sub_group_size,
+                    "offload_optimizer": {"device": "cpu", "pin_memory": self.pin_memory},
+                },
+            },
+            "runtime": {"deepspeed_version": self.deepspeed_version, "framework": STACK},
+        }
+
+
+def _is_file(hardware: str | Path) -> bool:
+    text = str(hardware)
+    return text.endswith((".yaml", ".yml")) or Path(text).is_file()
+
+
+def _count(source: str, row: int, column: str, text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value >= 1 and value == int(value)):
+        raise ScenarioError(source, f"row {row}.{column}", "a positive whole number", text)
+    return int(value)
+
+
+def _flag(source: str, row: int, column: str, text: str) -> bool:
+    if text.strip().lower() not in ("true", "false"):
+        raise ScenarioError(source, f"row {row}.{column}", "True or False", text)
+    return text.strip().lower() == "true"
+
+
+def _measured(source: str, row: int, column: str, text: str | None) -> float | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise ScenarioError(source, f"row {row}.{column}", "a positive measurement", text)
+    return value
+
+
+def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
+    for column, allowed in SUPPORTED.items():
+        if column in r and r[column].strip() not in allowed:
+            raise ScenarioError(source, f"row {row}.{column}", f"{' or '.join(allowed)} (the "
+                                f"{STACK} stack builds a Llama-style block)", r[column])
+    counts = {c: _count(source, row, c, r[c]) for c in COUNT_COLUMNS}
+    data_parallel = r.get("data_parallel_size", "").strip()
+    if data_parallel and _count(source, row, "data_parallel_size", data_parallel) != counts[
+            "num_gpus"]:
+        raise ScenarioError(source, f"row {row}.data_parallel_size", f"num_gpus "
+                            f"({counts['num_gpus']}): zerosim replays data parallelism alone, "
+                            "not tensor or pipeline parallelism", data_parallel)
+    flags = {c: _flag(source, row, c, r[c]) for c in FLAG_COLUMNS}
+    stage = r["zero_stage"].strip()
+    if stage not in ("0", "1", "2", "3"):
+        raise ScenarioError(source, f"row {row}.zero_stage", "0, 1, 2 or 3", stage)
+    if not r["deepspeed_version"].strip():
+        raise ScenarioError(source, f"row {row}.deepspeed_version", "a DeepSpeed version",
+                            r["deepspeed_version"])
+    seconds = {}
+    for phase, column in TIME_COLUMNS.items():
+        value = _measured(source, row, column, r.get(column))
+        if value is not None:
+            seconds[phase] = value / 1000
+    gpu = _measured(source, row, GPU_MEMORY_COLUMN, r.get(GPU_MEMORY_COLUMN))
+    host = _measured(source, row, HOST_MEMORY_COLUMN, r.get(HOST_MEMORY_COLUMN))
+    params = r.get("params_analytic_total")
+    return MeasuredRun(
+        row=row, num_layers=counts["num_layers"], hidden_size=counts["hidden_size"],
+        ffn_hidden_size=counts["ffn_hidden_size"],
+        num_attention_heads=counts["num_attention_heads"],
+        num_key_value_heads=counts["num_key_value_heads"], seq_length=counts["seq_length"],
+        padded_vocab_size=counts["padded_vocab_size"], gpus=counts["num_gpus"],
+        micro_batch_size=counts["micro_batch_size"], grad_accum_steps=counts["grad_accum_steps"],
+        sub_group_size=counts["sub_group_size"], reduce_bucket_size=counts["reduce_bucket_size"],
+        prefetch_bucket_size=counts["prefetch_bucket_size"],
+        untied_embeddings=flags["untie_embeddings_and_output_weights"],
+        flash_attention=flags["use_flash_attn"], bf16=flags["bf16"],
+        checkpoint_activations=flags["checkpoint_activations"],
+        pin_memory=flags["offload_optimizer_pin_memory"], overlap_comm=flags["overlap_comm"],
+        zero_stage=int(stage), build=r["deepspeed_version"].strip(),
+        params=_count(source, row, "params_analytic_total", params) if params else None,
+        seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * 1e9,
+        peak_host_bytes=None if host is None else host * 1e9)
+
+
+def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
+    """Every row of a table in the artifact format, in order; a missing configuration column
+    or a bad value is an error naming the row and the column."""
+    reader = csv.DictReader(io.StringIO(text))
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ScenarioError(source, "<header>",
+                            f"the configuration columns {', '.join(REQUIRED_COLUMNS)}",
+                            Described(f"no column {missing[0]!r}"))
+    runs = [_run(source, row, r) for row, r in enumerate(reader, start=1)]
+    if not runs:
+        raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
+    return runs
+
+
+def read_runs(path: str | Path) -> list[MeasuredRun]:
+    from zerosim.inputs.files import read_input_text
+
+    return read_runs_text(read_input_text(Path(path)), str(path))
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """Runs that repeat one configuration, measured values averaged over them."""
+
+    runs: tuple[MeasuredRun, ...]
+
+    @property
+    def first(self) -> MeasuredRun:
+        return self.runs[0]
+
+    def measured(self, phase: str) -> float | None:
+        values = [r.seconds[phase] for r in self.runs if phase in r.seconds]
+        return sum(values) / len(values) if values else None
+
+    def _mean(self, values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    @property
+    def peak_gpu_bytes(self) -> float | None:
+        return self._mean([r.peak_gpu_bytes for r in self.runs])
+
+    @property
+    def peak_host_bytes(self) -> float | None:
+        return self._mean([r.peak_host_bytes for r in self.runs])
+
+    def spread(self, phase: str) -> float:
+        """(max - min) / mean of the repeats: how much the measurement itself varies."""
+        values = [r.seconds[phase] for r in self.runs if phase in r.seconds]
+        mean = self.measured(phase)
+        return (max(values) - min(values)) / mean if values and mean else 0.0
+
+
+def configurations(runs: Iterable[MeasuredRun]) -> list[Configuration]:
+    """Distinct configurations in first-seen order."""
+    groups: dict[tuple[Any, ...], list[MeasuredRun]] = {}
+    for run in runs:
+        groups.setdefault(run.config_key, []).append(run)
+    return [Configuration(tuple(g)) for g in groups.values()]
+
+
+def per_step_seconds(phases_s: Mapping[str, float | None], grad_accum_steps: int
+                     ) -> dict[str, float | None]:
+    """A summary's per-micro-batch phase means as the runs measure them, per optimizer step:
+    the forward of every micro-batch, the backward of every micro-batch (the last one at the
+    accumulation boundary), the update."""
+    forward, other = phases_s.get("forward"), phases_s.get("backward_non_boundary")
+    boundary = phases_s.get("backward_boundary")
+    return {
+        "forward": None if forward is None else grad_accum_steps * forward,
+        "backward": None if boundary is None else boundary + (grad_accum_steps - 1) * (
+            other or 0.0),
+        "update": phases_s.get("update"),
+    }
+
+
+QUANTITIES = (*MEASURED_PHASES, "peak allocated GPU memory")
+"""What a prediction is compared on: the times per optimizer step and rank 0's peak."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A configuration's simulated times (seconds per optimizer step) and memory, beside its
+    runs' mean measurements."""
+
+    configuration: Configuration
+    scenario_name: str
+    nodes: int
+    status: str
+    """`ok`, `oom` (it does not fit: a result) or `error` (it could not be simulated)."""
+    predicted: Mapping[str, float | None]
+    """By `QUANTITIES`: seconds, or bytes for the memory."""
+    predicted_peak_host_bytes: float | None = None
+    error: str = ""
+
+    def measured(self, quantity: str) -> float | None:
+        if quantity == "peak allocated GPU memory":
+            return self.configuration.peak_gpu_bytes
+        return self.configuration.measured(quantity)
+
+    def rel_error(self, quantity: str) -> float | None:
+        """(predicted - measured) / measured, None where either is missing."""
+        predicted, measured = self.predicted.get(quantity), self.measured(quantity)
+        if predicted is None or measured is None:
+            return None
+        return predicted / measured - 1
+
+
+def _simulate(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
+              ) -> dict[str, Any]:
+    """One configuration in a worker: its summary and its profile's CUDA context size (what
+    `torch.cuda.max_memory_allocated` does not count)."""
+    import warnings
+
+    from zerosim.api import simulate_summary
+    from zerosim.errors import ScenarioWarning
+    from zerosim.scenario import scenario_from_dict
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScenarioWarning)
+        scenario = scenario_from_dict(tree, source=source, overrides=overrides)
+        summary = simulate_summary(scenario)
+    summary["runtime_context_bytes"] = scenario.hardware.runtime_context_bytes
+    return summary
+
+
+def _prediction(configuration: Configuration, name: str, nodes: int,
+                summary: Mapping[str, Any] | BaseException) -> Prediction:
+    from zerosim.units import GiB
+
+    if isinstance(summary, BaseException):
+        return Prediction(configuration, name, nodes, "error", {},
+                          error=f"{type(summary).__name__}: {summary}")
+    if summary["status"] != "ok":
+        return Prediction(configuration, name, nodes, summary["status"], {})
+    steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
+    predicted = {**steps, "iteration": summary["iteration_s"],
+                 "peak allocated GPU memory": summary["peak_hbm_GiB"] * GiB
+                 - summary["runtime_context_bytes"]}
+    return Prediction(configuration, name, nodes, "ok", predicted,
+                      predicted_peak_host_bytes=summary["peak_host_GiB"] * GiB)
+
+
+@dataclass
+class PredictOutcome:
+    source: str
+    hardware: str
+    predictions: list[Prediction]
+    executor: str = ""
+    wall_s: float = 0.0
+    files: list[Path] = field(default_factory=list)
+
+    def errors(self, quantity: str) -> list[float]:
+        return [e for p in self.predictions if (e := p.rel_error(quantity)) is not None]
+
+    def rms(self, quantity: str) -> float | None:
+        errors = self.errors(quantity)
+        return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else None
+
+
+def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
+            overrides: Mapping[str, Any] | None = None, workers: int | None = None,
+            source: str = "<runs>", name_prefix: str = "") -> PredictOutcome:
+    """Simulate each distinct configuration of `runs` on `hardware` (with `overrides`, as
+    `--set` gives them, applied to every one) and set it beside its measurements."""
+    import time
+
+    from zerosim.hardware.profile import load_profile
+    from zerosim.sweep.runner import open_executor
+
+    started = time.perf_counter()
+    per_node = load_profile(hardware).gpus_per_node
+    groups = configurations(runs)
+    jobs = []
+    for configuration in groups:
+        run = configuration.first
+        rows = ", ".join(str(r.row) for r in configuration.runs)
+        tree = run.scenario(hardware, gpus_per_node=per_node, name_prefix=name_prefix,
+                            description=f"{source}, row(s) {rows}")
+        jobs.append((configuration, tree["name"], run.nodes(per_node), tree))
+    predictions = []
+    with open_executor(workers, None, len(jobs)) as (executor, _, where):
+        futures = [executor.submit(_simulate, tree, dict(overrides or {}),
+                                   f"{source} row {c.first.row}")
+                   for c, _, _, tree in jobs]
+        for (configuration, name, nodes, _), future in zip(jobs, futures, strict=True):
+            error = future.exception()
+            predictions.append(_prediction(configuration, name, nodes,
+                                           error if error is not None else future.result()))
+    return PredictOutcome(source, str(hardware), predictions, where,
+                          time.perf_counter() - started)
+
+
+COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "update_s",
+                "iteration": "iteration_s", "peak allocated GPU memory": "peak_allocated_GB"}
+"""Each quantity in a predictions table, with its unit (seconds per step; GB = 1e9 bytes)."""
+PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
+                      *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
+                        for kind in ("predicted", "measured")),
+                      *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
+                      "predicted_peak_host_GB", "measured_peak_host_GB", "error")
+
+
+def prediction_row(p: Prediction) -> dict[str, Any]:
+    """One CSV row: times in seconds per optimizer step, memory in GB (1e9 bytes)."""
+    run = p.configuration.first
+    row: dict[str, Any] = {"rows": " ".join(str(r.row) for r in p.configuration.runs),
+                           "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
+                           "build": run.build, "status": p.status, "error": p.error}
+    for q in QUANTITIES:
+        scale = 1e9 if q == "peak allocated GPU memory" else 1.0
+        column = COLUMN_NAMES[q]
+        predicted, measured = p.predicted.get(q), p.measured(q)
+        row[f"predicted_{column}"] = None if predicted is None else predicted / scale
+        row[f"measured_{column}"] = None if measured is None else measured / scale
+        row[f"error_{column.rpartition('_')[0]}"] = p.rel_error(q)
+    host = p.configuration.peak_host_bytes
+    row["predicted_peak_host_GB"] = (None if p.predicted_peak_host_bytes is None
+                                     else p.predicted_peak_host_bytes / 1e9)
+    row["measured_peak_host_GB"] = None if host is None else host / 1e9
+    return row
+
+
+def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
+    from zerosim.sweep.store import write_csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(path, list(PREDICTION_COLUMNS),
+              ({k: "" if v is None else str(v) for k, v in prediction_row(p).items()}
+               for p in outcome.predictions))
+    return path
