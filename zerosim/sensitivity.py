@@ -35,8 +35,8 @@ CAPACITY_KEYS = ("gpu.hbm_GiB", "gpu.runtime_context_GiB", "host.memory_GiB",
                  "nvme.capacity_GiB_per_drive")
 """Profile quantities that decide whether a configuration fits, not how long it takes."""
 SHOWN_ELASTICITY = 0.005
-"""Values that move the iteration by less than this per unit of elasticity are not listed
-unless asked (`--all`)."""
+"""Values whose elasticity of the iteration is smaller than this in magnitude (a 1% error
+moving it by less than 0.005%) are counted but not listed unless asked (`--all`)."""
 ELASTICITY_DIGITS = 9
 """Elasticities are rounded to this many decimals: two runs whose times differ in the last
 bit (a value the configuration does not use) give 0, not 1e-15."""
