@@ -143,7 +143,7 @@ def test_cli_prints_each_configuration_and_writes_the_table(tmp_path):
                                      "--workers", "1", "--out", str(out)],
                                     out / "predictions.csv")
     assert "11.20b-dp1-mb4-ga1-sg1e08 x2" in output
-    assert "2 configurations (2 simulated in process" in output
+    assert "2 configurations (2 simulated; in process" in output
     assert list(rows[0]) == list(PREDICTION_COLUMNS)
     assert [r["rows"] for r in rows] == ["1 2", "3"]
     assert float(rows[0]["error_iteration"]) == pytest.approx(
@@ -164,3 +164,25 @@ def test_cli_json_and_refusals(tmp_path):
     missing = CliRunner().invoke(main, ["predict", str(tmp_path / "none.csv"),
                                         "--hardware", "polaris-a100", "--no-files"])
     assert missing.exit_code == 2 and "none.csv" in missing.output
+
+
+def test_a_configuration_that_does_not_fit_is_a_row_not_a_failure(tmp_path):
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([14]))
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--no-files", "--json",
+                                       "--set", "hardware.gpu.hbm_GiB=8"])
+    assert result.exit_code == 0, result.output
+    row, = json.loads(result.output)["rows"]
+    assert row["status"] == "oom" and row["predicted_iteration_s"] is None
+    assert row["measured_iteration_s"] == pytest.approx(12.49879)
+
+
+def test_a_configuration_zerosim_refuses_is_an_error_row_and_exit_1(tmp_path):
+    """ZeRO stage 0 cannot offload the optimizer: DeepSpeed refuses it, so zerosim does."""
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([15], zero_stage="0"))
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--no-files"])
+    assert result.exit_code == 1
+    assert "ERROR" in result.output and "offload" in result.output

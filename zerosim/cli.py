@@ -568,7 +568,9 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     render_sensitivity(outcome, everything=everything)
 
 
-@main.command()
+@main.command(epilog="Exit status: 0 every configuration simulated (one that does not fit is "
+                     "a row with status oom), 1 some could not be simulated (status error), "
+                     "2 bad input.")
 @click.argument("runs_table", metavar="RUNS.csv",
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--hardware", required=True, metavar="NAME|FILE",
@@ -601,8 +603,10 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,
                      "rows": [prediction_row(p) for p in outcome.predictions]})
-        return
-    render_predictions(outcome)
+    else:
+        render_predictions(outcome)
+    if any(p.status == "error" for p in outcome.predictions):
+        sys.exit(EXIT_POINTS_NOT_RUN)
 
 
 if __name__ == "__main__":

@@ -341,6 +341,8 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
 PREDICTIONS_WIDTH = 160
 """Columns the predictions table needs: the configuration, the GPUs, five predicted/measured
 pairs with their errors."""
+PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit",
+                     "error": "could not be simulated"}
 PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
                        "iteration": "iteration", "peak allocated GPU memory": "rank 0 GB"}
 
@@ -389,10 +391,13 @@ def render_predictions(outcome) -> None:
         if errors:
             parts.append(f"{PREDICTION_HEADINGS[quantity]} rms {outcome.rms(quantity):.1%}, "
                          f"largest {max(errors, key=abs):+.1%} ({len(errors)})")
-    done = sum(p.status == "ok" for p in outcome.predictions)
-    console.print(f"{len(outcome.predictions)} configurations ({done} simulated "
+    count = len(outcome.predictions)
+    statuses = {status: sum(p.status == status for p in outcome.predictions)
+                for status in ("ok", "oom", "error")}
+    how = ", ".join(f"{n} {PREDICTION_STATUS[status]}" for status, n in statuses.items() if n)
+    console.print(f"{count} configuration{'' if count == 1 else 's'} ({how}; "
                   f"{outcome.executor} in {outcome.wall_s:.1f} s)"
-                  + (": " + "; ".join(parts) if parts else "; no measurements to compare"),
+                  + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
     for path in outcome.files:
         console.print(f"table: {path}", markup=False, highlight=False)
