@@ -186,3 +186,17 @@ def test_a_configuration_zerosim_refuses_is_an_error_row_and_exit_1(tmp_path):
                                        "--workers", "1", "--no-files"])
     assert result.exit_code == 1
     assert "ERROR" in result.output and "offload" in result.output
+
+
+def test_cli_draws_predicted_against_measured(tmp_path):
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([2, 15, 41]))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--out", str(out), "--plots"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.csv", "predictions.png"]
+    refused = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                        "--no-files", "--plots"])
+    assert refused.exit_code == 2 and "--plots writes files" in refused.output

@@ -580,8 +580,10 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
               help="Override a value of every run's scenario, as run --set does, e.g. "
                    "what_if.buffer_boundary_grads=true or hardware.pcie.h2d_pinned_GBps=50.")
 @table_options("predictions.csv", "results/predict/<table>-<hardware>")
+@click.option("--plots", is_flag=True,
+              help="Also draw predictions.png: predicted against measured, per time.")
 def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers: int | None,
-            out_dir: Path | None, no_files: bool, as_json: bool) -> None:
+            out_dir: Path | None, no_files: bool, as_json: bool, plots: bool) -> None:
     """Predict a table of measured runs in the Deep Optimizer States artifact format (the
     columns of zerosim/validation/data/polaris_zero3_offload_runs.csv): each distinct
     configuration simulated on --hardware, per optimizer step, beside its runs' mean
@@ -592,6 +594,8 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     from zerosim.runs import prediction_row, read_runs, write_predictions
     from zerosim.scenario.loader import parse_overrides
 
+    if plots and no_files:
+        raise click.UsageError("--plots writes files; drop --no-files")
     runs = read_runs(runs_table)
     load_profile(hardware)
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
@@ -600,6 +604,11 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
         folder = out_dir or Path("results") / "predict" / (
             f"{runs_table.stem}-{Path(hardware).stem}")
         outcome.files = [write_predictions(outcome, folder / "predictions.csv")]
+        if plots:
+            from zerosim.plots import predicted_vs_measured
+
+            predicted_vs_measured(outcome).savefig(folder / "predictions.png", dpi=110)
+            outcome.files.append(folder / "predictions.png")
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,
                      "rows": [prediction_row(p) for p in outcome.predictions]})

@@ -24,7 +24,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.textpath import TextPath
-from matplotlib.ticker import EngFormatter, NullFormatter
+from matplotlib.ticker import EngFormatter, FuncFormatter, NullFormatter
 
 from zerosim.results.groups import identical_rank_groups
 from zerosim.results.trace import (
@@ -1020,4 +1020,46 @@ def sensitivity_chart(outcome, quantity: str = "iteration", top: int = 15) -> Fi
     fig.suptitle(f"{outcome.scenario_name} on {outcome.hardware}: what the {label}"
                  + (f" ({_duration(base)})" if base else "") + " hangs on",
                  fontsize=TITLE_SIZE)
+    return fig
+
+
+PREDICTION_PANELS = ("forward", "backward", "update", "iteration")
+"""The per-step times `predicted_vs_measured` draws, one panel each."""
+
+
+def predicted_vs_measured(outcome, tolerance: float = 0.15) -> Figure:
+    """`zerosim predict`'s configurations that have measurements: predicted against measured
+    seconds per optimizer step, one log-log panel per time, the `tolerance` band around
+    equality, one colour per DeepSpeed build (a table mixes builds that run differently)."""
+    builds = sorted({p.configuration.first.build for p in outcome.predictions})
+    palette = [OKABE_ITO[c] for c in ("blue", "vermillion", "bluish green", "orange",
+                                      "reddish purple", "sky blue")] + list(TOL_MUTED)
+    colors = dict(zip(builds, palette, strict=False))
+    fig = _new_figure(12, 3.6)
+    axes = fig.subplots(1, len(PREDICTION_PANELS))
+    for ax, quantity in zip(axes, PREDICTION_PANELS, strict=True):
+        pairs = [(p.measured(quantity), p.predicted.get(quantity), p.configuration.first.build)
+                 for p in outcome.predictions]
+        pairs = [(m, s, b) for m, s, b in pairs if m and s]
+        for build in builds:
+            xs = [m for m, _, b in pairs if b == build]
+            ax.scatter(xs, [s for _, s, b in pairs if b == build], s=16, zorder=3,
+                       color=colors[build], label=build)
+        values = [v for m, s, _ in pairs for v in (m, s)] or [1.0]
+        low, high = min(values) / 1.3, max(values) * 1.3
+        ax.plot([low, high], [low, high], color="black", lw=0.8)
+        ax.fill_between([low, high], [low * (1 - tolerance), high * (1 - tolerance)],
+                        [low * (1 + tolerance), high * (1 + tolerance)],
+                        color=OKABE_ITO["sky blue"], alpha=0.25, lw=0)
+        ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_title(quantity, fontsize=10)
+        ax.set_xlabel("measured (s per step)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("predicted (s per step)", fontsize=8)
+    axes[-1].legend(fontsize=7, loc="upper left", frameon=False, title="build", title_fontsize=7)
+    fig.suptitle(f"{Path(outcome.source).name} on {outcome.hardware}: predicted against "
+                 f"measured (band ±{tolerance:.0%})", fontsize=TITLE_SIZE)
     return fig

@@ -400,4 +400,5 @@ def render_predictions(outcome) -> None:
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
     for path in outcome.files:
-        console.print(f"table: {path}", markup=False, highlight=False)
+        kind = "figure" if path.suffix == ".png" else "table"
+        console.print(f"{kind}: {path}", markup=False, highlight=False)
