@@ -13,7 +13,7 @@ from conftest import invoke_for_table
 
 import zerosim
 from zerosim.cli import main
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.runs import (
     PREDICTION_COLUMNS,
     configurations,
@@ -129,8 +129,19 @@ def test_a_bad_row_names_its_row_and_column(change, message):
 
 def test_a_table_without_a_configuration_column_is_refused():
     with pytest.raises(ScenarioError, match=r"t.csv: <header>: expected the configuration "
-                                            r"columns .*, got no column 'sub_group_size'"):
-        read_runs_text(_rows([1], drop=("sub_group_size",)), "t.csv")
+                                            r"columns .*, got no column 'hidden_size'"):
+        read_runs_text(_rows([1], drop=("hidden_size",)), "t.csv")
+
+
+def test_a_column_with_a_default_may_be_left_out_and_a_warning_says_so():
+    full, = read_runs_text(_rows([15]), "t.csv")
+    with pytest.warns(ScenarioWarning, match=r"t.csv: no column sub_group_size, "
+                                             r"use_flash_attn; every run takes "
+                                             r"sub_group_size=1000000000, use_flash_attn=False"):
+        short, = read_runs_text(_rows([15], drop=("use_flash_attn", "sub_group_size")),
+                                "t.csv")
+    assert short.sub_group_size == 1_000_000_000 and full.sub_group_size == 100_000_000
+    assert short.flash_attention is full.flash_attention is False
     with pytest.raises(ScenarioError, match="at least one run"):
         read_runs_text(_rows([]), "t.csv")
 

@@ -596,7 +596,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
 
     if plots and no_files:
         raise click.UsageError("--plots writes files; drop --no-files")
-    runs = read_runs(runs_table)
+    runs = _with_warnings(lambda: read_runs(runs_table))
     load_profile(hardware)
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
                           workers=workers, source=str(runs_table))

@@ -39,7 +39,18 @@ COUNT_COLUMNS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_
 FLAG_COLUMNS = ("untie_embeddings_and_output_weights", "use_flash_attn", "bf16",
                 "checkpoint_activations", "offload_optimizer_pin_memory", "overlap_comm")
 """Configuration columns holding True or False."""
-REQUIRED_COLUMNS = (*COUNT_COLUMNS, *FLAG_COLUMNS, "zero_stage", "deepspeed_version")
+DEFAULTS = {"sub_group_size": "1000000000", "reduce_bucket_size": "500000000",
+            "prefetch_bucket_size": "50000000", "untie_embeddings_and_output_weights": "True",
+            "use_flash_attn": "False", "bf16": "True", "checkpoint_activations": "True",
+            "offload_optimizer_pin_memory": "True", "overlap_comm": "True", "zero_stage": "3",
+            "deepspeed_version": "0.13.3"}
+"""What a table may leave out, and the value a missing column takes: DeepSpeed's defaults for
+the bucket and sub-group sizes, the artifacts' set-up for the rest (bf16, activation
+checkpointing, eager attention, untied embeddings, pinned buffers, `overlap_comm`, ZeRO-3,
+DeepSpeed 0.13.3). A warning names each column filled."""
+REQUIRED_COLUMNS = tuple(c for c in (*COUNT_COLUMNS, *FLAG_COLUMNS, "zero_stage",
+                                     "deepspeed_version") if c not in DEFAULTS)
+"""The model's shape, the GPUs and the batch: what no default can stand for."""
 SUPPORTED = {"swiglu": ("True",), "normalization": ("rmsnorm",)}
 """Columns whose other values describe a model the stack does not build (a GELU MLP, a
 LayerNorm), with what is supported."""
@@ -241,12 +252,22 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     """Every row of a table in the artifact format, in order; a missing configuration column
     or a bad value is an error naming the row and the column."""
     reader = csv.DictReader(io.StringIO(text))
-    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or ())]
+    header = reader.fieldnames or ()
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise ScenarioError(source, "<header>",
                             f"the configuration columns {', '.join(REQUIRED_COLUMNS)}",
                             Described(f"no column {missing[0]!r}"))
-    runs = [_run(source, row, r) for row, r in enumerate(reader, start=1)]
+    filled = {c: v for c, v in DEFAULTS.items() if c not in header}
+    if filled:
+        import warnings
+
+        from zerosim.errors import ScenarioWarning
+
+        warnings.warn(f"{source}: no column {', '.join(filled)}; every run takes "
+                      + ", ".join(f"{c}={v}" for c, v in filled.items()), ScenarioWarning,
+                      stacklevel=2)
+    runs = [_run(source, row, filled | r) for row, r in enumerate(reader, start=1)]
     if not runs:
         raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
     return runs
