@@ -305,12 +305,6 @@ class Configuration:
     def peak_host_bytes(self) -> float | None:
         return self._mean([r.peak_host_bytes for r in self.runs])
 
-    def spread(self, phase: str) -> float:
-        """(max - min) / mean of the repeats: how much the measurement itself varies."""
-        values = [r.seconds[phase] for r in self.runs if phase in r.seconds]
-        mean = self.measured(phase)
-        return (max(values) - min(values)) / mean if values and mean else 0.0
-
 
 def configurations(runs: Iterable[MeasuredRun]) -> list[Configuration]:
     """Distinct configurations in first-seen order."""

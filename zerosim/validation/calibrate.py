@@ -269,14 +269,12 @@ def _simulate_summary(scenario: Path, overrides: tuple[str, ...]) -> dict[str, A
 
 
 def _per_step(summary: dict[str, Any], phase: str) -> float | None:
-    """A phase's total over the optimizer step, from the per-micro-batch means."""
-    phases, steps = summary["phases_s"], summary["gradient_accumulation_steps"]
-    if phase == "forward_per_step":
-        return None if phases["forward"] is None else steps * phases["forward"]
-    boundary, other = phases["backward_boundary"], phases["backward_non_boundary"]
-    if boundary is None:
-        return None
-    return boundary + (steps - 1) * (other or 0.0)
+    """A phase's total over the optimizer step, from the per-micro-batch means (as `zerosim
+    predict` adds them up)."""
+    from zerosim.runs import per_step_seconds
+
+    totals = per_step_seconds(summary["phases_s"], summary["gradient_accumulation_steps"])
+    return totals[phase.removesuffix("_per_step")]
 
 
 def _phase_value(summary: dict[str, Any], phase: str) -> float:
