@@ -206,16 +206,17 @@ def test_a_case_that_did_not_fit_prints_oom_not_a_number():
 
 
 def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path):
-    """`zerosim validate`'s files: the markdown table, the CSV and the plot, one row per cell."""
+    """`zerosim validate`'s files: the markdown table, the CSV (one row per cell), the study's
+    plot and the Polaris runs' predicted-against-measured plot."""
     import csv
 
     from zerosim.scenario import scenario_from_dict
-    from zerosim.validation.report import write_report
+    from zerosim.validation.report import polaris_points, write_report
 
     study = load_study()
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
     found = list(cells.values())
-    readme, table, image = write_report(found, study, profile, tmp_path)
+    readme, table, image, polaris = write_report(found, study, profile, tmp_path)
     text = readme.read_text()
     judged = [c for c in found if c.status in ("pass", "fail")]
     passed = sum(c.status == "pass" for c in judged)
@@ -224,4 +225,5 @@ def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path)
     assert sum(line.startswith("| GPU kernels (H100) |") for line in text.splitlines()) == 20
     with table.open() as f:
         assert len(list(csv.DictReader(f))) == len(found)
-    assert image.stat().st_size > 0
+    assert image.stat().st_size > 0 and polaris.name == "polaris.png"
+    assert len(polaris_points(found)) == 29 * 4

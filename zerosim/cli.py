@@ -607,7 +607,8 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
         if plots:
             from zerosim.plots import predicted_vs_measured
 
-            predicted_vs_measured(outcome).savefig(folder / "predictions.png", dpi=110)
+            predicted_vs_measured(outcome.points(), outcome.title).savefig(
+                folder / "predictions.png", dpi=110)
             outcome.files.append(folder / "predictions.png")
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,

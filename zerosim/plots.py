@@ -1027,24 +1027,25 @@ PREDICTION_PANELS = ("forward", "backward", "update", "iteration")
 """The per-step times `predicted_vs_measured` draws, one panel each."""
 
 
-def predicted_vs_measured(outcome, tolerance: float = 0.15) -> Figure:
-    """`zerosim predict`'s configurations that have measurements: predicted against measured
-    seconds per optimizer step, one log-log panel per time, the `tolerance` band around
-    equality, one colour per DeepSpeed build (a table mixes builds that run differently)."""
-    builds = sorted({p.configuration.first.build for p in outcome.predictions})
+def predicted_vs_measured(points: Iterable[tuple[str, float, float, str]], title: str,
+                          tolerance: float = 0.15) -> Figure:
+    """Predicted against measured seconds per optimizer step, one log-log panel per time of
+    `PREDICTION_PANELS`, the `tolerance` band around equality. `points`: (time, measured,
+    predicted, group) tuples, one colour per group (a DeepSpeed build: a table mixes builds
+    that run differently); `PredictOutcome.points()` gives them for `zerosim predict`."""
+    points = list(points)
+    groups = sorted({group for *_, group in points})
     palette = [OKABE_ITO[c] for c in ("blue", "vermillion", "bluish green", "orange",
                                       "reddish purple", "sky blue")] + list(TOL_MUTED)
-    colors = dict(zip(builds, palette, strict=False))
+    colors = dict(zip(groups, palette, strict=False))
     fig = _new_figure(12, 3.6)
     axes = fig.subplots(1, len(PREDICTION_PANELS))
     for ax, quantity in zip(axes, PREDICTION_PANELS, strict=True):
-        pairs = [(p.measured(quantity), p.predicted.get(quantity), p.configuration.first.build)
-                 for p in outcome.predictions]
-        pairs = [(m, s, b) for m, s, b in pairs if m and s]
-        for build in builds:
-            xs = [m for m, _, b in pairs if b == build]
-            ax.scatter(xs, [s for _, s, b in pairs if b == build], s=16, zorder=3,
-                       color=colors[build], label=build)
+        pairs = [(m, s, g) for q, m, s, g in points if q == quantity]
+        for group in groups:
+            ax.scatter([m for m, _, g in pairs if g == group],
+                       [s for _, s, g in pairs if g == group], s=16, zorder=3,
+                       color=colors[group], label=group)
         values = [v for m, s, _ in pairs for v in (m, s)] or [1.0]
         low, high = min(values) / 1.3, max(values) * 1.3
         ax.plot([low, high], [low, high], color="black", lw=0.8)
@@ -1059,7 +1060,9 @@ def predicted_vs_measured(outcome, tolerance: float = 0.15) -> Figure:
         ax.set_xlabel("measured (s per step)", fontsize=8)
         ax.tick_params(labelsize=7)
     axes[0].set_ylabel("predicted (s per step)", fontsize=8)
-    axes[-1].legend(fontsize=7, loc="upper left", frameon=False, title="build", title_fontsize=7)
-    fig.suptitle(f"{Path(outcome.source).name} on {outcome.hardware}: predicted against "
-                 f"measured (band ±{tolerance:.0%})", fontsize=TITLE_SIZE)
+    if groups:
+        axes[-1].legend(fontsize=7, loc="upper left", frameon=False, title="build",
+                        title_fontsize=7)
+    fig.suptitle(f"{title}: predicted against measured (band ±{tolerance:.0%})",
+                 fontsize=TITLE_SIZE)
     return fig

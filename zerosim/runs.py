@@ -412,6 +412,17 @@ class PredictOutcome:
         errors = self.errors(quantity)
         return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else None
 
+    def points(self) -> list[tuple[str, float, float, str]]:
+        """(time, measured, predicted, DeepSpeed build) of every time a configuration both
+        measured and predicted: what `plots.predicted_vs_measured` draws."""
+        return [(q, p.measured(q), p.predicted[q], p.configuration.first.build)
+                for p in self.predictions for q in MEASURED_PHASES
+                if p.measured(q) is not None and p.predicted.get(q) is not None]
+
+    @property
+    def title(self) -> str:
+        return f"{Path(self.source).name} on {self.hardware}"
+
 
 def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
             overrides: Mapping[str, Any] | None = None, workers: int | None = None,

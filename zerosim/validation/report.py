@@ -1,4 +1,5 @@
-"""The validation report: a markdown table, a CSV and a simulated-vs-measured plot."""
+"""The validation report: a markdown table, a CSV, the study's simulated-vs-measured plot and
+the Polaris runs' predicted-vs-measured plot."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from zerosim.stacks import DEFAULT_STACK
 from zerosim.validation.polaris import PROFILE as POLARIS_PROFILE
 from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
 from zerosim.validation.reference import Study, load_estimator_tables
-from zerosim.validation.validate import Cell, cells_frame
+from zerosim.validation.validate import POLARIS_GROUP, Cell, cells_frame
 
 STATUS_MARK = {"pass": "pass", "fail": "**FAIL**", "excluded": "excluded", "reported": "reported"}
 
@@ -81,8 +82,9 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
             f"| {c.group} | {c.case} | {c.quantity} | {format_value(c.measured, c.unit)}{unit} | "
             f"{simulated} | {error} | {tol} | {STATUS_MARK[c.status]} | {c.note} |")
     lines += _fitted_values(profile)
-    lines += ["", "Regenerate with `zerosim validate` (writes this file, `validation.csv` and "
-              "`validation.png`)."]
+    lines += ["", "Regenerate with `zerosim validate` (writes this file, `validation.csv`, "
+              "`validation.png`, the study's phase times, and `polaris.png`, the Polaris runs' "
+              "per-step times predicted against measured, one colour per DeepSpeed build)."]
     return "\n".join(lines) + "\n"
 
 
@@ -108,11 +110,26 @@ def plot(cells: list[Cell]) -> Figure:
     return fig
 
 
+def polaris_points(cells: list[Cell]) -> list[tuple[str, float, float, str]]:
+    """The Polaris time cells as `plots.predicted_vs_measured` draws them: (time, measured,
+    predicted, DeepSpeed build)."""
+    return [(c.quantity.removesuffix(" per step"), c.measured, c.simulated,
+             c.note.removeprefix("DeepSpeed "))
+            for c in cells if c.group == POLARIS_GROUP and c.unit == "s" and c.simulated > 0]
+
+
 def write_report(cells: list[Cell], study: Study, profile: HardwareProfile, out_dir: Path
                  ) -> list[Path]:
+    from zerosim.plots import predicted_vs_measured
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "README.md", out_dir / "validation.csv", out_dir / "validation.png"]
     paths[0].write_text(markdown(cells, study, profile))
     cells_frame(cells).to_csv(paths[1], index=False)
     plot(cells).savefig(paths[2], dpi=110)
+    points = polaris_points(cells)
+    if points:
+        paths.append(out_dir / "polaris.png")
+        predicted_vs_measured(points, f"Polaris runs on {POLARIS_PROFILE}").savefig(
+            paths[-1], dpi=110)
     return paths
