@@ -285,7 +285,8 @@ def _uncertainty_text(outcome) -> str:
     not in it, largest elasticity first."""
     sigma, count = outcome.stated_sigma()
     assumed = [r for r in outcome.ranked() if r.basis == "assumed" and r.iteration]
-    text = (f"the {count} value(s) with a stated standard error give the iteration "
+    text = (f"the {count} value{'' if count == 1 else 's'} with a stated standard error give "
+            "the iteration "
             f"±{100 * sigma:.1f}% (1σ, first order, errors taken as independent; the values' "
             "own errors only, not the model's: `zerosim validate` shows that)"
             if count else "no value of this scenario states a standard error")
