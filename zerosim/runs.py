@@ -329,7 +329,9 @@ def per_step_seconds(phases_s: Mapping[str, float | None], grad_accum_steps: int
     }
 
 
-QUANTITIES = (*MEASURED_PHASES, "peak allocated GPU memory")
+PEAK_ALLOCATED = "peak allocated GPU memory"
+"""Rank 0's peak of `torch.cuda.max_memory_allocated`, in bytes (the tables' GB column)."""
+QUANTITIES = (*MEASURED_PHASES, PEAK_ALLOCATED)
 """What a prediction is compared on: the times per optimizer step and rank 0's peak."""
 
 
@@ -349,7 +351,7 @@ class Prediction:
     error: str = ""
 
     def measured(self, quantity: str) -> float | None:
-        if quantity == "peak allocated GPU memory":
+        if quantity == PEAK_ALLOCATED:
             return self.configuration.peak_gpu_bytes
         return self.configuration.measured(quantity)
 
@@ -390,7 +392,7 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
         return Prediction(configuration, name, nodes, summary["status"], {})
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
     predicted = {**steps, "iteration": summary["iteration_s"],
-                 "peak allocated GPU memory": summary["peak_hbm_GiB"] * GiB
+                 PEAK_ALLOCATED: summary["peak_hbm_GiB"] * GiB
                  - summary["runtime_context_bytes"]}
     return Prediction(configuration, name, nodes, "ok", predicted,
                       predicted_peak_host_bytes=summary["peak_host_GiB"] * GiB)
@@ -458,7 +460,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
 
 
 COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "update_s",
-                "iteration": "iteration_s", "peak allocated GPU memory": "peak_allocated_GB"}
+                "iteration": "iteration_s", PEAK_ALLOCATED: "peak_allocated_GB"}
 """Each quantity in a predictions table, with its unit (seconds per step; GB = 1e9 bytes)."""
 PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
                       *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
@@ -474,7 +476,7 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
                            "build": run.build, "status": p.status, "error": p.error}
     for q in QUANTITIES:
-        scale = 1e9 if q == "peak allocated GPU memory" else 1.0
+        scale = 1e9 if q == PEAK_ALLOCATED else 1.0
         column = COLUMN_NAMES[q]
         predicted, measured = p.predicted.get(q), p.measured(q)
         row[f"predicted_{column}"] = None if predicted is None else predicted / scale

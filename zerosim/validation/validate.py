@@ -419,7 +419,7 @@ def polaris_cells() -> list[Cell]:
     """The 41 Polaris runs (29 configurations, repeats averaged) predicted as `zerosim
     predict` predicts a table of runs (`zerosim.runs.predict`, on `polaris-a100`): per-step
     forward, backward and update, the iteration, and rank 0's peak allocated GPU memory."""
-    from zerosim.runs import MEASURED_PHASES, predict
+    from zerosim.runs import MEASURED_PHASES, PEAK_ALLOCATED, predict
     from zerosim.validation.polaris import NAME_PREFIX, PROFILE, load_runs
 
     cells = []
@@ -443,7 +443,7 @@ def polaris_cells() -> list[Cell]:
                                tolerance, note=note))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GB",
                            configuration.peak_gpu_bytes / 1e9,
-                           prediction.predicted["peak allocated GPU memory"] / 1e9,
+                           prediction.predicted[PEAK_ALLOCATED] / 1e9,
                            MEMORY_TOLERANCE, note=note))
         cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GB",
                            configuration.peak_host_bytes / 1e9,
