@@ -178,7 +178,7 @@ def test_a_scenario_that_does_not_fit_is_refused_by_the_library_too():
 def test_a_fitted_or_measured_value_may_state_its_standard_error_and_nothing_else_may():
     fitted = parse_provenance({"value": 3.1, "basis": "fitted", "source": "a fit",
                                "stderr_pct": 5}, "p.yaml", "cpu.page_zeroing_GBps")
-    assert fitted.stderr == 0.05 and fitted.describe_basis() == "fitted +-5%"
+    assert fitted.stderr == 0.05 and fitted.describe_basis() == "fitted ±5%"
     assert fitted.as_dict() == {"value": 3.1, "basis": "fitted", "source": "a fit",
                                 "stderr_pct": 5.0}
     for basis, pct, message in (("assumed", 5, "only on a measured or fitted value"),

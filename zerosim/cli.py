@@ -92,6 +92,13 @@ def scenario_argument(func):
     return click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))(func)
 
 
+def _files_needed(no_files: bool, wanted: bool, options: str = "--plots") -> None:
+    """Refuse `options` (what writes files, as typed) beside --no-files."""
+    if wanted and no_files:
+        verb = "write" if " and " in options else "writes"
+        raise click.UsageError(f"{options} {verb} files; drop --no-files")
+
+
 def table_options(table: str, default_folder: str):
     """--workers, --out, --no-files and --json: the options of a command that simulates many
     points on the sweep executors and writes one table."""
@@ -206,8 +213,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     from zerosim.report import render_summary
     from zerosim.results.folders import check_output_folder
 
-    if (plots or compact_trace) and no_files:
-        raise click.UsageError("--plots and --compact-trace write files; drop --no-files")
+    _files_needed(no_files, plots or compact_trace, "--plots and --compact-trace")
     loaded = _load(scenario, overrides)
     target = None if no_files else out_dir or default_out_dir(loaded.name)
     if target is not None:
@@ -546,8 +552,7 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     from zerosim.sensitivity import DoesNotFit
     from zerosim.sensitivity import sensitivity as run_sensitivity
 
-    if plots and no_files:
-        raise click.UsageError("--plots writes files; drop --no-files")
+    _files_needed(no_files, plots)
     loaded = _load(scenario, overrides)
     folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
     try:
@@ -594,8 +599,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     from zerosim.runs import prediction_row, read_runs, write_predictions
     from zerosim.scenario.loader import parse_overrides
 
-    if plots and no_files:
-        raise click.UsageError("--plots writes files; drop --no-files")
+    _files_needed(no_files, plots)
     runs = _with_warnings(lambda: read_runs(runs_table))
     load_profile(hardware)
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import PEAK_ALLOCATED
 from zerosim.scenario import Scenario
@@ -262,8 +263,18 @@ def render_tune(outcome, *, top: int = 10) -> None:
                   "NVMe offload whose host-memory twin fits)",
                   markup=False, highlight=False)
     console.print(why_best(outcome.rows), markup=False, highlight=False)
-    for path in outcome.files:
-        console.print(f"table: {path}", markup=False, highlight=False)
+    _print_files(console, outcome.files)
+
+
+def _print_files(console: Console, files) -> None:
+    """What a command wrote, one line each: a table or a figure."""
+    for path in files:
+        kind = "figure" if path.suffix in (".png", ".svg", ".pdf") else "table"
+        console.print(f"{kind}: {path}", markup=False, highlight=False)
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 SENSITIVITY_WIDTH = 140
@@ -286,7 +297,7 @@ def _uncertainty_text(outcome) -> str:
     not in it, largest elasticity first."""
     sigma, count = outcome.stated_sigma()
     assumed = [r for r in outcome.ranked() if r.basis == "assumed" and r.iteration]
-    text = (f"the {count} value{'' if count == 1 else 's'} with a stated standard error give "
+    text = (f"the {_count(count, 'value')} with a stated standard error give "
             "the iteration "
             f"±{100 * sigma:.1f}% (1σ, first order, errors taken as independent; the values' "
             "own errors only, not the model's: `zerosim validate` shows that)"
@@ -320,8 +331,7 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     shown = outcome.ranked(everything=everything)
     for row in shown:
         sigma = row.iteration_sigma
-        table.add_row(row.key, row.basis if row.stderr is None
-                      else f"{row.basis} ±{100 * row.stderr:.2g}%", f"{row.value:g}",
+        table.add_row(row.key, basis_text(row.basis, row.stderr), f"{row.value:g}",
                       *(_elasticity_text(row.elasticity(q)) for q in QUANTITIES_SHOWN),
                       "" if sigma is None else f"{100 * sigma:.2f}%")
     console.print(table)
@@ -332,12 +342,10 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     hidden = len(outcome.rows) - len(shown)
     tail = (f"; {hidden} more move the iteration by less than {SHOWN_ELASTICITY} per 1% "
             "(--all lists them)") if hidden else ""
-    count = f"{len(outcome.rows)} value{'' if len(outcome.rows) == 1 else 's'}"
-    console.print(f"{count}, {outcome.runs} runs {outcome.executor} in "
-                  f"{outcome.wall_s:.1f} s{tail}", markup=False, highlight=False)
-    for path in outcome.files:
-        kind = "figure" if path.suffix == ".png" else "table"
-        console.print(f"{kind}: {path}", markup=False, highlight=False)
+    console.print(f"{_count(len(outcome.rows), 'value')}, {outcome.runs} runs "
+                  f"{outcome.executor} in {outcome.wall_s:.1f} s{tail}",
+                  markup=False, highlight=False)
+    _print_files(console, outcome.files)
 
 
 PREDICTIONS_WIDTH = 160
@@ -394,14 +402,11 @@ def render_predictions(outcome) -> None:
         if errors:
             parts.append(f"{PREDICTION_HEADINGS[quantity]} rms {outcome.rms(quantity):.1%}, "
                          f"largest {max(errors, key=abs):+.1%} ({len(errors)})")
-    count = len(outcome.predictions)
     statuses = {status: sum(p.status == status for p in outcome.predictions)
                 for status in ("ok", "oom", "error")}
     how = ", ".join(f"{n} {PREDICTION_STATUS[status]}" for status, n in statuses.items() if n)
-    console.print(f"{count} configuration{'' if count == 1 else 's'} ({how}; "
+    console.print(f"{_count(len(outcome.predictions), 'configuration')} ({how}; "
                   f"{outcome.executor} in {outcome.wall_s:.1f} s)"
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
-    for path in outcome.files:
-        kind = "figure" if path.suffix == ".png" else "table"
-        console.print(f"{kind}: {path}", markup=False, highlight=False)
+    _print_files(console, outcome.files)

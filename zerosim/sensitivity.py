@@ -195,15 +195,34 @@ def _times(row: Mapping[str, Any] | None) -> dict[str, float | None] | None:
 
 
 def _side_note(name: str, row: Mapping[str, Any] | None, value: float | None) -> str:
-    """Why one side of a value gave no time: its run did not fit, or the value was refused."""
+    """Why one side of a value gave no time: its run did not fit, or it failed."""
     if value is None or row is None or row.get("status") == "ok":
         return ""
     if row.get("status") == "oom":
         return f"at {value:g} ({name}) the configuration does not fit"
-    error = str(row.get("error", ""))
-    if error.startswith("ScenarioError"):
-        return f"{value:g} ({name}) refused: outside the key's valid range, one-sided"
-    return f"{value:g} ({name}) failed: {error}"
+    return f"{value:g} ({name}) failed: {row.get('error', '')}"
+
+
+def _accepted(candidate: Candidate, scenario_path: str | Path,
+              fixed: Mapping[str, Any]) -> Candidate:
+    """The candidate without the sides whose value the scenario refuses (outside the key's
+    plausible range, past a physical ceiling), each named in its note: loading is cheap, so
+    a refused value never reaches a worker."""
+    from dataclasses import replace
+
+    from zerosim.scenario import load_scenario
+
+    sides, notes = {}, [candidate.note] if candidate.note else []
+    for side in ("low", "high"):
+        value = getattr(candidate, side)
+        if value is None:
+            continue
+        try:
+            load_scenario(scenario_path, {**fixed, candidate.key: value})
+        except ScenarioError as err:
+            sides[side] = None
+            notes.append(f"{value:g} ({side}) refused, expected {err.expected}: one-sided")
+    return replace(candidate, **sides, note="; ".join(notes))
 
 
 def measure(candidates_: list[Candidate], base: dict[str, float | None],
@@ -242,7 +261,7 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
     started = time.perf_counter()
     fixed = dict(overrides or {})
     scenario = load_scenario(scenario_path, fixed)
-    tried = candidates(scenario, step, keys)
+    tried = [_accepted(c, scenario_path, fixed) for c in candidates(scenario, step, keys)]
     points = [Point(0, "base", fixed, {}, {})]
     labels: list[tuple[str, str]] = [("", "base")]
     for c in tried:

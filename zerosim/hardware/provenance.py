@@ -42,10 +42,12 @@ class Provenance:
         return out
 
     def describe_basis(self) -> str:
-        """'fitted +-4%', or the basis alone when no standard error is known."""
-        if self.stderr is None:
-            return self.basis
-        return f"{self.basis} +-{100 * self.stderr:.3g}%"
+        return basis_text(self.basis, self.stderr)
+
+
+def basis_text(basis: str, stderr: float | None) -> str:
+    """'fitted ±4%', or the basis alone when no standard error is known."""
+    return basis if stderr is None else f"{basis} ±{100 * stderr:.2g}%"
 
 
 def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware",

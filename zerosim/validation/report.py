@@ -113,9 +113,8 @@ def plot(cells: list[Cell]) -> Figure:
 def polaris_points(cells: list[Cell]) -> list[tuple[str, float, float, str]]:
     """The Polaris time cells as `plots.predicted_vs_measured` draws them: (time, measured,
     predicted, DeepSpeed build)."""
-    return [(c.quantity.removesuffix(" per step"), c.measured, c.simulated,
-             c.note.removeprefix("DeepSpeed "))
-            for c in cells if c.group == POLARIS_GROUP and c.unit == "s" and c.simulated > 0]
+    return [(c.measure, c.measured, c.simulated, c.series)
+            for c in cells if c.group == POLARIS_GROUP and c.series]
 
 
 def write_report(cells: list[Cell], study: Study, profile: HardwareProfile, out_dir: Path

@@ -62,6 +62,11 @@ class Cell:
     """Whether `tolerance` is in the cell's unit (a printed rounding) rather than relative."""
     simulated_text: str = ""
     """What to print instead of `simulated` when zerosim produced no value (did not fit)."""
+    measure: str = ""
+    """What is compared, by its name in zerosim's vocabulary (`forward`, `iteration`), where a
+    figure draws cells by it; `quantity` is display text."""
+    series: str = ""
+    """The set a figure colours the cell by (the Polaris runs' DeepSpeed build)."""
 
     @property
     def rel_error(self) -> float:
@@ -438,9 +443,11 @@ def polaris_cells() -> list[Cell]:
         for phase in MEASURED_PHASES:
             tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
                          else POLARIS_PHASE_TOLERANCE)
-            cells.append(judge(POLARIS_GROUP, case, f"{phase} per step", "s",
-                               configuration.measured(phase), prediction.predicted[phase],
-                               tolerance, note=note))
+            cells.append(replace(
+                judge(POLARIS_GROUP, case, f"{phase} per step", "s",
+                      configuration.measured(phase), prediction.predicted[phase], tolerance,
+                      note=note),
+                measure=phase, series=configuration.first.build))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GB",
                            configuration.peak_gpu_bytes / 1e9,
                            prediction.predicted[PEAK_ALLOCATED] / 1e9,
