@@ -91,13 +91,67 @@ class Behaviours:
     zero_config_model: bool
     hjson_config_files: bool
     autotp_training: bool
+    async_flush_option: bool = False
+    interleaved_update_option: bool = False
 
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def resolve_behaviours(version: Version) -> Behaviours:
-    return Behaviours(**{row.name: version >= row.since for row in BEHAVIOURS})
+@dataclass(frozen=True)
+class ForkBuild:
+    """A commit of a DeepSpeed fork whose `deepspeed.__version__` carries it as a local label
+    (`0.13.3+4570a955`), and the options it adds."""
+
+    commit: str
+    date: str
+    title: str
+    async_flush_option: bool
+    interleaved_update_option: bool
+
+
+DEEP_OPTIMIZER_STATES_REPOSITORY = "DataStates/DeepSpeed, branch deep-optimizer-states"
+"""The Deep Optimizer States fork (Maurya et al., 2024), based on DeepSpeed master of
+2024-02-22 (dd3690c5, between 0.13.2 and 0.13.3). Its builds add three
+`zero_optimization.offload_optimizer` keys (runtime/zero/offload_config.py):
+`part_grads_async` (the boundary gradient copy to the host is `non_blocking`),
+`prefetch_optimizer` and `prefetch_optimizer_gap` (every gap-th sub-group is updated on the
+GPU, its state moved in and out while the CPU updates the others)."""
+
+DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
+    ForkBuild("c7da512a", "2024-04-08", "Stash pipline parallel code", True, False),
+    ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups", True, True),
+    ForkBuild("5c3f1413", "2024-06-05", "Middleware submission", True, True),
+    ForkBuild("4570a955", "2024-09-30", "Cleanup DataStates from Deep-Optimizer-States",
+              True, True),
+    ForkBuild("d18d6f81", "2024-10-03", "Update script to support "
+              "https://github.com/microsoft/DeepSpeed/issues/5603", True, True),
+)
+"""The fork's builds whose options zerosim replays. c7da512a already reads all three keys,
+but its step (one copier stream, the CPU sub-groups' fp32 bytes copied raw into the 16-bit
+partition) is work in progress that the next commit replaced, so only its `part_grads_async`
+is accepted. The earlier builds (fa8c1df2, 8074cd62) read none of the keys."""
+
+
+def fork_build(label: str) -> ForkBuild | None:
+    """The Deep Optimizer States build a version's local label names (a commit prefix of at
+    least 7 hex digits), if any."""
+    label = label.lower()
+    if len(label) < 7:
+        return None
+    for build in DEEP_OPTIMIZER_STATES_BUILDS:
+        if build.commit.startswith(label) or label.startswith(build.commit):
+            return build
+    return None
+
+
+def resolve_behaviours(version: Version, label: str = "") -> Behaviours:
+    """A release's behaviours; a fork build's local label (`version_label`) adds its options."""
+    build = fork_build(label)
+    return Behaviours(**{row.name: version >= row.since for row in BEHAVIOURS},
+                      async_flush_option=build is not None and build.async_flush_option,
+                      interleaved_update_option=(build is not None
+                                                 and build.interleaved_update_option))
 
 
 def behaviour_table() -> list[dict[str, str]]:

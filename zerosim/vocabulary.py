@@ -28,6 +28,11 @@ class Stream(StrEnum):
     STATE_TO_GPU = "optimizer.gpu.in"
     COPY_BACK = "copy-back"
     CPU_COPY_BACK = "cpu.copy-back"
+    COPIER_PARAMS = "copier.params"
+    COPIER_EXP_AVG = "copier.exp_avg"
+    COPIER_EXP_AVG_SQ = "copier.exp_avg_sq"
+    COPIER_FP16 = "copier.fp16"
+    CPU_DOWNSCALE = "cpu.downscale"
     NVME_READ = "nvme.read"
     NVME_WRITE = "nvme.write"
     SWAP = "swap"
@@ -101,6 +106,15 @@ class OpKind(StrEnum):
     """NVMe -> host memory."""
     SWAP_OUT = "swap_out"
     """Host memory -> NVMe."""
+
+
+class UpdateDevice(StrEnum):
+    """Where Deep Optimizer States' interleaved update steps a sub-group."""
+
+    CPU_PREFETCH = "cpu+prefetch"
+    """On the CPU, after starting the moves of the GPU sub-groups' state around it."""
+    CPU = "cpu"
+    GPU = "gpu"
 
 
 class BufferKind(StrEnum):

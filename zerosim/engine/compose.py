@@ -8,9 +8,12 @@ which ZeRO stage and offload target.
 | gradient path         | stage                        | boundary all-reduce (0); IPG buckets      |
 | gradient sink         | stage; offload_optimizer     | host partitions (3); host accumulation    |
 |                       |                              | (1/2); GPU partitions (no offload)        |
-| boundary flush        | DeepSpeed behaviours         | CPU cast; GPU cast (blocking or not)      |
+| boundary flush        | DeepSpeed behaviours; fork   | CPU cast; GPU cast (blocking or not);     |
+|                       | options                      | kept in HBM (interleaved GPU sub-groups)  |
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
-| optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
+| optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU;       |
+|                       |                              | interleaved CPU/GPU (Deep Optimizer       |
+|                       |                              | States `prefetch_optimizer`)              |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
 | copy-back             | offload_param                | cast + H2D; cast into host params (and    |
 |                       |                              | swap out to NVMe)                         |
@@ -21,6 +24,7 @@ which ZeRO stage and offload target.
 from __future__ import annotations
 
 from zerosim.engine.gradients import BoundaryAllReduce, GradientPath, IpgBuckets
+from zerosim.engine.interleaved import GpuGradients, InterleavedStep
 from zerosim.engine.optimizer import (
     CpuStep,
     GpuStep,
@@ -54,8 +58,10 @@ from zerosim.vocabulary import Collective
 def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     core = RankCore(ctx, rank)
     states = OptimizerSwapper(core) if core.plan.nvme_subgroups else InMemoryStates()
-    return RankProgram(core, _params(core), _gradients(core, states),
-                       _optimizer(core, states), model_states(core.ds, core.plan, core.profile))
+    gpu_gradients = GpuGradients(core) if core.plan.interleaved else None
+    return RankProgram(core, _params(core), _gradients(core, states, gpu_gradients),
+                       _optimizer(core, states, gpu_gradients),
+                       model_states(core.ds, core.plan, core.profile))
 
 
 def _params(core: RankCore) -> ParameterCoordinator:
@@ -72,7 +78,8 @@ def _per_tensor_collectives(core: RankCore) -> bool:
     return core.ds.stage == 3 and not core.behaviours.coalesced_collectives
 
 
-def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates) -> GradientPath:
+def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
+               gpu_gradients: GpuGradients | None) -> GradientPath:
     ds = core.ds
     if ds.stage == 0:
         return BoundaryAllReduce(core)
@@ -80,7 +87,7 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates) -> Gra
     if not ds.offload_optimizer.enabled:
         sink = GpuPartitions(core)
     elif ds.stage == 3:
-        sink = HostPartitions(core, BoundaryFlush(core, states))
+        sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients))
     else:
         sink = HostAccumulation(core)
     return IpgBuckets(core, sink, collective, per_tensor=_per_tensor_collectives(core))
@@ -90,7 +97,8 @@ def _post_step(core: RankCore) -> PostStep:
     return {0: nothing_to_gather, 3: regather_persistent}.get(core.ds.stage, allgather_updated)
 
 
-def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates) -> OptimizerStep:
+def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
+               gpu_gradients: GpuGradients | None) -> OptimizerStep:
     ds, plan = core.ds, core.plan
     if ds.stage == 3:
         groups = plan.subgroups
@@ -100,6 +108,8 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates) -> Opt
         groups = (sum(p.numel for p in plan.all_params),)
     if not ds.offload_optimizer.enabled:
         return GpuStep(core, groups, _post_step(core))
+    if gpu_gradients is not None:
+        return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
     copy_backs = {"none": cast_then_upload, "cpu": cast_into_host_params,
                   "nvme": cast_into_host_or_swap_out}
     return CpuStep(core, groups, copy_backs[ds.offload_param.device], _post_step(core), states)

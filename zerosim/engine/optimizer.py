@@ -57,7 +57,7 @@ class CpuStep:
 
     def run(self) -> Gen:
         core = self.core
-        yield from begin_step(core, self._check_overflow)
+        yield from begin_step(core, lambda: check_overflow_on_host(core))
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
@@ -68,12 +68,6 @@ class CpuStep:
                 yield from self._update_on_cpu(group, elements)
         self.post_step(core)
         yield from core.end()
-
-    def _check_overflow(self) -> Gen:
-        core = self.core
-        yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
-                                 core.machine.elementwise(core.rank, core.plan.partition_numel,
-                                                          costs.OVERFLOW_CHECK_HOST_BYTES))
 
     def _steps_on_gpu(self, group: int) -> bool:
         """What-if: every k-th sub-group is updated on the GPU (`what_if.gpu_update_every`)."""
@@ -124,14 +118,9 @@ class CpuStep:
         return self._gpu_state_buffers
 
     def _update_on_cpu(self, group: int, elements: int) -> Gen:
-        core, m = self.core, self.core.machine
+        core = self.core
         yield from self.states.swap_in(group)
-        yield from core.cpu_work(f"unscale sub-group {group}", OpKind.UNSCALE,
-                                 m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
-        yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
-                                 m.cpu_kernel(core.rank, elements, host=costs.ADAM_HOST_BYTES,
-                                              elements_per_s_per_thread=(
-                                                  core.profile.adam_params_per_s_per_thread)))
+        yield from unscale_and_adam_on_cpu(core, group, elements)
         if core.what_if.overlap_copy_back:
             core.stream(Stream.COPY_BACK).launch(
                 f"copy-back sub-group {group}",
@@ -140,6 +129,24 @@ class CpuStep:
         else:
             yield from self.copy_back(core, group, elements, Stream.CPU)
         yield from self.states.swap_out(group)
+
+
+def check_overflow_on_host(core: RankCore) -> Gen:
+    yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
+                             core.machine.elementwise(core.rank, core.plan.partition_numel,
+                                                      costs.OVERFLOW_CHECK_HOST_BYTES))
+
+
+def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
+    """`unscale_and_clip_grads` on the fp32 gradient, then DeepSpeedCPUAdam, on the rank's
+    thread."""
+    m = core.machine
+    yield from core.cpu_work(f"unscale sub-group {group}", OpKind.UNSCALE,
+                             m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
+    yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
+                             m.cpu_kernel(core.rank, elements, host=costs.ADAM_HOST_BYTES,
+                                          elements_per_s_per_thread=(
+                                              core.profile.adam_params_per_s_per_thread)))
 
 
 def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:

@@ -15,6 +15,7 @@ from zerosim.models.kernels import kernel_count
 from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
+from zerosim.vocabulary import UpdateDevice
 
 MODELS_REMEMBERED = 8
 """Models, plans and GPU times a process keeps between runs (`plan_of`, `module_costs`): a
@@ -47,6 +48,9 @@ class Plan:
     """Sub-groups whose fp32 state lives and steps on the GPU (Twin-Flow)."""
     nvme_subgroups: frozenset[int]
     """Sub-groups whose fp32 state is swapped to NVMe (`offload_optimizer: nvme`)."""
+    interleaved: tuple[UpdateDevice, ...]
+    """Per sub-group, where Deep Optimizer States' interleaved update steps it (empty without
+    `prefetch_optimizer`)."""
     nvme_params: frozenset[tuple[int, int]]
     """(module, parameter index) of 16-bit partitions kept on NVMe (`offload_param: nvme`)."""
     partition_numel: int
@@ -69,6 +73,13 @@ class Plan:
 
     def on_gpu(self, param: Param) -> bool:
         return self.subgroup_of[(param.module, param.index)] in self.gpu_subgroups
+
+    def interleaved_on_gpu(self, group: int) -> bool:
+        """Whether the interleaved update steps sub-group `group` on the GPU."""
+        return bool(self.interleaved) and self.interleaved[group] is UpdateDevice.GPU
+
+    def group_of(self, param: Param) -> int:
+        return self.subgroup_of[(param.module, param.index)]
 
     def numel_on(self, device: str) -> int:
         """Partition numel whose optimizer state lives on `device` ('cpu', 'gpu' or 'nvme');
@@ -132,6 +143,17 @@ def _gpu_subgroups(count: int, ratio: float) -> frozenset[int]:
     return frozenset(range(int(ratio * count), count)) if ratio < 1 else frozenset()
 
 
+def interleaved_devices(count: int, gap: int) -> tuple[UpdateDevice, ...]:
+    """Deep Optimizer States' `get_opt_update_device` (DataStates/DeepSpeed@4570a955,
+    stage3.py): sub-group x is updated on the CPU, and first starts the GPU transfers, when
+    x % gap == 0; on the GPU when (x + 1) % gap == 0; on the CPU otherwise."""
+    def device(x: int) -> UpdateDevice:
+        if x % gap == 0:
+            return UpdateDevice.CPU_PREFETCH
+        return UpdateDevice.GPU if (x + 1) % gap == 0 else UpdateDevice.CPU
+    return tuple(device(x) for x in range(count))
+
+
 def _nvme_subgroups(groups: list[int], on_gpu: frozenset[int], ds: DeepSpeedConfig
                     ) -> frozenset[int]:
     """stage3.py `_swappable_optimizer_subgroup`: with the optimizer on NVMe, every CPU
@@ -185,6 +207,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
         subgroup_of=member,
         gpu_subgroups=on_gpu,
         nvme_subgroups=_nvme_subgroups(groups, on_gpu, ds),
+        interleaved=(interleaved_devices(len(groups), ds.offload_optimizer.prefetch_optimizer_gap)
+                     if ds.offload_optimizer.prefetch_optimizer else ()),
         nvme_params=_nvme_params(flat, groups, member, ds, BYTES_PER_DTYPE[ds.dtype]),
         partition_numel=sum(p.partition_numel for p in flat),
         persistent_numel=sum(p.numel for p in flat if p.persistent),

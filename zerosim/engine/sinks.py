@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from zerosim.engine.gradients import BucketEntry
+from zerosim.engine.interleaved import GpuGradients
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.streams import Body
@@ -50,19 +51,22 @@ class HostPartitions:
     def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
                   ) -> tuple[Body, bool]:
         buffered = boundary and self.flush.can_buffer(bucket)
+        stays_on_gpu = boundary and self.flush.stays_on_gpu(bucket)
 
         def move(param: Param) -> Gen:
             return self._move(param, micro, boundary, buffered)
 
-        return _per_param(bucket, move), self._host_blocks(boundary, buffered)
+        return (_per_param(bucket, move),
+                self._host_blocks(boundary, buffered or stays_on_gpu))
 
-    def _host_blocks(self, boundary: bool, buffered: bool) -> bool:
+    def _host_blocks(self, boundary: bool, non_blocking: bool) -> bool:
         """Any copy to or from pageable memory blocks the host thread, and so does the
-        boundary flush before `boundary_flush_non_blocking` (unless the what-if buffers it)."""
+        boundary flush unless it is `non_blocking` (`boundary_flush_non_blocking`, the fork's
+        `part_grads_async`) or none of the bucket leaves the GPU (the what-if buffers it,
+        or all of it belongs to sub-groups the interleaved update steps on the GPU)."""
         if not self.core.pinned:
             return True
-        return (boundary and not self.core.behaviours.boundary_flush_non_blocking
-                and not buffered)
+        return (boundary and not self.flush.non_blocking() and not non_blocking)
 
     def _move(self, param: Param, micro: int, boundary: bool, buffered: bool) -> Gen:
         core = self.core
@@ -97,9 +101,12 @@ class BoundaryFlush:
     """The boundary's fp32 gradient of one partition, on its way to the optimizer (to NVMe
     when its sub-group's state is swapped: `swap`)."""
 
-    def __init__(self, core: RankCore, swap: GradientSwap):
+    def __init__(self, core: RankCore, swap: GradientSwap,
+                 gpu_gradients: GpuGradients | None = None):
         self.core = core
         self.swap = swap
+        self.gpu_gradients = gpu_gradients
+        """Where the interleaved update keeps its GPU sub-groups' gradients (None without)."""
         self.cast_accumulated = costs.HostBytes(home=core.accum_bytes + FP32_BYTES)
         """What casting the accumulated gradient into the fp32 buffer touches per element."""
         self.cast_16bit = costs.HostBytes(home=core.dtype_bytes + FP32_BYTES)
@@ -112,13 +119,29 @@ class BoundaryFlush:
         return (core.what_if.buffer_boundary_grads
                 and core.gpu.used + need <= core.gpu.capacity)
 
+    def non_blocking(self) -> bool:
+        """The copy to the host does not wait: DeepSpeed from 0.19.5, or the Deep Optimizer
+        States fork's `part_grads_async`."""
+        return (self.core.behaviours.boundary_flush_non_blocking
+                or self.core.ds.offload_optimizer.part_grads_async)
+
+    def stays_on_gpu(self, bucket: list[BucketEntry]) -> bool:
+        """Every gradient of the bucket goes to a sub-group the interleaved update steps on
+        the GPU."""
+        plan = self.core.plan
+        return bool(plan.interleaved) and all(
+            plan.interleaved_on_gpu(plan.group_of(e.param)) for e in bucket)
+
     def send(self, param: Param, name: str, buffered: bool) -> Gen:
         """As each DeepSpeed version does it. With fp32 accumulation the buffer already holds
         fp32: a plain D2H, no cast."""
         core = self.core
         elements = param.partition_numel
         fp32 = FP32_BYTES * elements
-        if core.plan.on_gpu(param):
+        group = core.plan.group_of(param)
+        if self.gpu_gradients is not None and core.plan.interleaved_on_gpu(group):
+            yield from self.gpu_gradients.receive(group, elements)
+        elif core.plan.on_gpu(param):
             yield core.env.timeout(core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements,
                                                     passes=1.0))
         elif buffered:
@@ -128,7 +151,7 @@ class BoundaryFlush:
         elif core.ds.grad_accum_dtype == "fp32":
             yield from core.dma("d2h", fp32, pinned=core.pinned, op=f"fp32 flush {name}",
                                 kind=OpKind.GRAD_FLUSH)
-        elif not core.behaviours.boundary_flush_cast_on_gpu:
+        elif not core.behaviours.boundary_flush_cast_on_gpu and not self.non_blocking():
             yield from self._via_cpu_cast(elements, name)
         else:
             yield from gpu_cast_then_d2h(core, elements, name)

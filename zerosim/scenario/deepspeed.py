@@ -14,7 +14,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from zerosim.behaviours import Behaviours
+from zerosim.behaviours import (
+    DEEP_OPTIMIZER_STATES_BUILDS,
+    DEEP_OPTIMIZER_STATES_REPOSITORY,
+    Behaviours,
+)
 from zerosim.errors import ScenarioError
 from zerosim.inputs import check_section
 from zerosim.scenario.batch import batch_sizes
@@ -80,8 +84,11 @@ class _OffloadOptimizer(_Open):
     pipeline_read: bool = False
     pipeline_write: bool = False
     fast_init: bool = False
+    part_grads_async: bool = False
+    prefetch_optimizer: bool = False
+    prefetch_optimizer_gap: int = Field(0, ge=0)
 
-    _whole = field_validator("buffer_count", mode="before")(_whole)
+    _whole = field_validator("buffer_count", "prefetch_optimizer_gap", mode="before")(_whole)
 
 
 class _OffloadParam(_Open):
@@ -165,6 +172,9 @@ class OffloadSettings:
     pipeline_read: bool = False
     pipeline_write: bool = False
     fast_init: bool = False
+    part_grads_async: bool = False
+    prefetch_optimizer: bool = False
+    prefetch_optimizer_gap: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -264,7 +274,9 @@ class DeepSpeedConfig:
 def _offload_optimizer_dict(o: OffloadSettings) -> dict[str, Any]:
     return {"device": o.device, "nvme_path": o.nvme_path, "pin_memory": o.pin_memory,
             "ratio": o.ratio, "buffer_count": o.buffer_count, "pipeline_read": o.pipeline_read,
-            "pipeline_write": o.pipeline_write, "fast_init": o.fast_init}
+            "pipeline_write": o.pipeline_write, "fast_init": o.fast_init,
+            "part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
+            "prefetch_optimizer_gap": o.prefetch_optimizer_gap}
 
 
 def _offload_param_dict(o: OffloadSettings) -> dict[str, Any]:
@@ -366,6 +378,45 @@ def _check_nvme(zero: _Zero, source: str) -> None:
             zero.offload_optimizer.buffer_count)
 
 
+OFFLOAD_OPTIMIZER_KEY = f"{ZERO_KEY}.offload_optimizer"
+
+
+def _check_fork_options(zero: _Zero, behaviours: Behaviours, source: str) -> None:
+    """The Deep Optimizer States keys (`zerosim.behaviours.DEEP_OPTIMIZER_STATES_BUILDS`):
+    only a build of that fork reads them, and its step divides by the gap minus one."""
+    o = zero.offload_optimizer
+    builds = ", ".join(b.commit for b in DEEP_OPTIMIZER_STATES_BUILDS
+                       if b.interleaved_update_option)
+    if o.part_grads_async and not behaviours.async_flush_option:
+        raise ScenarioError(
+            source, f"{OFFLOAD_OPTIMIZER_KEY}.part_grads_async",
+            "false unless runtime.deepspeed_version names a build of the Deep Optimizer States "
+            f"fork ({DEEP_OPTIMIZER_STATES_REPOSITORY}), like \"0.13.3+4570a955\" "
+            "(a DeepSpeed release refuses the key)", o.part_grads_async)
+    gap_key = f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer_gap"
+    if not o.prefetch_optimizer:
+        if o.prefetch_optimizer_gap and not behaviours.interleaved_update_option:
+            raise ScenarioError(source, gap_key, "absent: a key of the Deep Optimizer States "
+                                f"fork (builds {builds})", o.prefetch_optimizer_gap)
+        return
+    if not behaviours.interleaved_update_option:
+        raise ScenarioError(
+            source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer",
+            "false unless runtime.deepspeed_version names a Deep Optimizer States build whose "
+            f"interleaved update zerosim replays ({builds}; {DEEP_OPTIMIZER_STATES_REPOSITORY})",
+            o.prefetch_optimizer)
+    if o.prefetch_optimizer_gap < 2:
+        raise ScenarioError(
+            source, gap_key, "at least 2 with prefetch_optimizer (every gap-th sub-group is "
+            "updated on the GPU; the fork's step divides by gap - 1)", o.prefetch_optimizer_gap)
+    if zero.stage != 3 or o.device != "cpu" or o.ratio < 1:
+        raise ScenarioError(
+            source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer",
+            "true only with stage 3, offload_optimizer.device 'cpu' and ratio 1.0 (the "
+            "fork's interleaved update replaces the CPU step of ZeRO-3)",
+            f"stage {zero.stage}, device '{o.device}', ratio {o.ratio}")
+
+
 def _aio_settings(raw: _Aio | None) -> AioSettings:
     raw = raw or _Aio()
     return AioSettings(raw.block_size, raw.queue_depth, raw.thread_count, raw.single_submit,
@@ -377,7 +428,9 @@ def _offload_optimizer(raw: _OffloadOptimizer, pin_default: bool) -> OffloadSett
         raw.device, pin_default if raw.pin_memory is None else raw.pin_memory, raw.ratio,
         nvme_path=raw.nvme_path, buffer_count=raw.buffer_count,
         pipeline_read=raw.pipeline_read, pipeline_write=raw.pipeline_write,
-        fast_init=raw.fast_init)
+        fast_init=raw.fast_init, part_grads_async=raw.part_grads_async,
+        prefetch_optimizer=raw.prefetch_optimizer,
+        prefetch_optimizer_gap=raw.prefetch_optimizer_gap)
 
 
 def _offload_param(raw: _OffloadParam) -> OffloadSettings:
@@ -442,6 +495,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                             "1.0 unless stage is 3 (Twin-Flow is a ZeRO-3 feature)",
                             zero.offload_optimizer.ratio)
     _check_nvme(zero, source)
+    _check_fork_options(zero, behaviours, source)
     aio = _aio_settings(raw.aio)
     pin_default = behaviours.offload_pin_memory_default_true
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0

@@ -29,7 +29,7 @@ from zerosim.scenario.dsfile import read_ds_config
 from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
 from zerosim.scenario.support import check_supported, warn_inert
 from zerosim.scenario.validation import validate_section
-from zerosim.scenario.version import Version, format_version, parse_version
+from zerosim.scenario.version import Version, format_version, parse_version, version_label
 from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
 from zerosim.yamlio import copy_tree, parse_scalar, read_yaml_file
 
@@ -404,7 +404,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                             f"at most the {hardware.total_gpus} GPUs of {hardware.name} "
                             f"({hardware.nodes} node(s) x {hardware.gpus_per_node}; "
                             f"hardware.nodes adds nodes)", data_parallel)
-    behaviours = resolve_behaviours(version)
+    behaviours = resolve_behaviours(version, version_label(raw.runtime.deepspeed_version))
     ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
     trainer = raw.trainer or TrainerArgs()
     context = TrainerContext(trainer, frozenset(trainer.model_fields_set), raw.precision,

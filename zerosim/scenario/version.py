@@ -9,7 +9,7 @@ from zerosim.behaviours import Version, format_version, resolve_behaviours
 from zerosim.errors import ScenarioError, ScenarioWarning
 
 __all__ = ["NEWEST_RELEASE", "Version", "VersionWarning", "format_version", "is_release",
-           "parse_version"]
+           "parse_version", "version_label"]
 
 # "0.13.3", or a build of it with a local label as `deepspeed.__version__` prints one from a
 # source build ("0.13.3+5ab4b4bd"). At most 9 digits a part: a 5000-digit one is refused, not
@@ -43,6 +43,12 @@ def _newer_than_known(version: Version, source: str, key_path: str) -> None:
     warnings.warn(f"{source}: {key_path}: {format_version(version)} is newer than the newest "
                   f"DeepSpeed release zerosim knows ({newest}); replaying the behaviours of "
                   f"{newest}: {used}", VersionWarning, stacklevel=4)
+
+
+def version_label(text: object) -> str:
+    """The local label of a source build's version (`0.13.3+4570a955` -> `4570a955`), or ""."""
+    match = _VERSION.match(text) if isinstance(text, str) else None
+    return match[4][1:] if match is not None and match[4] else ""
 
 
 def parse_version(text: object, *, source: str = "<inline>",

@@ -1,0 +1,180 @@
+"""Deep Optimizer States' interleaved update (`offload_optimizer.prefetch_optimizer`), as the
+fork's stage3.py `step`, `opt_transfers` and `downsample_fp32_fp16` do it at
+DataStates/DeepSpeed@4570a955 (the same step from d8048a5e to d18d6f81).
+
+Sub-groups are stepped in order; every gap-th one on the GPU (`plan.interleaved_devices`):
+
+- the first of each run of CPU sub-groups (`CPU_PREFETCH`) starts the moves around the GPU
+  ones: the previous GPU sub-group's fp32 params, exp_avg and exp_avg_sq go D2H, then the next
+  one's come H2D, each on its own copier stream (three `async_copier`s, pinned host memory);
+  its 16-bit partition is written from the GPU fp32 params on the GPU. The rank's thread then
+  waits for the 16-bit copies queued so far (below) and steps the sub-group on the CPU;
+- a GPU sub-group waits for the three copiers, then runs FusedAdam on the GPU: its fp32
+  gradient never left HBM (the boundary backward copied it into a GPU buffer);
+- a CPU sub-group is unscaled and stepped by DeepSpeedCPUAdam with no copy-back; after the
+  last CPU sub-group before a GPU one (or the last of all), a helper thread casts the run's
+  fp32 params to 16 bits (`.half()` into a fresh tensor, then into one of gap - 1 pinned
+  buffers) and queues each H2D on a fourth copier.
+
+After the loop the thread waits for the 16-bit copies queued so far. zerosim ends the step
+when every stream is idle, so the helper's last run counts in the step (the fork returns
+while it may still be casting; its copies then overlap the next forward).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from zerosim.engine.conditions import AllDone
+from zerosim.engine.optimizer import (
+    PostStep,
+    begin_step,
+    check_overflow_on_host,
+    launch_gpu_adam,
+    unscale_and_adam_on_cpu,
+)
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.hardware import costs
+from zerosim.units import FP16_BYTES, FP32_BYTES
+from zerosim.vocabulary import Category, OpKind, Stream, UpdateDevice
+
+STATE_COPIERS = (Stream.COPIER_PARAMS, Stream.COPIER_EXP_AVG, Stream.COPIER_EXP_AVG_SQ)
+"""One copier per fp32 tensor a GPU sub-group brings in and sends back."""
+
+
+class GpuGradients:
+    """The boundary's fp32 gradients of the GPU-stepped sub-groups, kept in HBM from the
+    backward (stage3.py `partition_grads`: `prefetch_optimizer_gpu_fp32_grads`) until the
+    sub-group's state goes back to the host."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+        self.held: dict[int, int] = {}
+
+    def receive(self, group: int, elements: int) -> Gen:
+        """`gpu_fp32_grad_tensor.copy_(grad_buffer)`: a cast copy within HBM; the first
+        gradient of a sub-group allocates the sub-group's buffer."""
+        core = self.core
+        if group not in self.held:
+            self.held[group] = core.gpu.allocate(
+                Category.BOUNDARY_GRAD_BUFFER, FP32_BYTES * core.plan.subgroups[group],
+                f"fp32 grads of GPU sub-group {group}")
+        yield core.env.timeout(core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements,
+                                                passes=1.0))
+
+    def release(self, group: int) -> None:
+        if group in self.held:
+            self.core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, self.held.pop(group))
+
+    def release_all(self) -> None:
+        """The last GPU sub-group's gradient outlives the step in the fork (no later
+        sub-group sends its state back; the next step's first move replaces it). zerosim
+        frees it here and counts one such buffer among the model states instead
+        (`states.model_states`)."""
+        for group in list(self.held):
+            self.release(group)
+
+
+class InterleavedStep:
+    def __init__(self, core: RankCore, groups: tuple[int, ...], post_step: PostStep,
+                 gradients: GpuGradients):
+        self.core = core
+        self.groups = groups
+        self.post_step = post_step
+        self.gradients = gradients
+        self.devices = core.plan.interleaved
+
+    def run(self) -> Gen:
+        core = self.core
+        yield from begin_step(core, lambda: check_overflow_on_host(core))
+        to_downscale: list[int] = []
+        for group, elements in enumerate(self.groups):
+            device = self.devices[group]
+            if device is UpdateDevice.GPU:
+                yield from self._wait(STATE_COPIERS)
+                launch_gpu_adam(core, group, elements)
+                continue
+            if device is UpdateDevice.CPU_PREFETCH:
+                self._move_states(group)
+                yield from self._wait((Stream.COPIER_FP16,))
+            yield from unscale_and_adam_on_cpu(core, group, elements)
+            to_downscale.append(group)
+            if group + 1 == len(self.groups) or self.devices[group + 1] is UpdateDevice.GPU:
+                self._downscale(tuple(to_downscale))
+                to_downscale = []
+        yield from self._wait((Stream.COPIER_FP16,))
+        self.gradients.release_all()
+        self.post_step(core)
+        yield from core.end()
+
+    def _wait(self, streams: Sequence[Stream]) -> Gen:
+        """`async_copier.wait()`: the thread blocks until what the copier has queued is done."""
+        pending = [e for s in streams if (e := self.core.stream(s).idle_event()) is not None]
+        if pending:
+            yield AllDone(self.core.env, pending)
+
+    def _neighbour_on_gpu(self, group: int, step: int) -> int | None:
+        """`get_prev_next_subgroup_on_gpu`: the nearest GPU sub-group before (step -1) or
+        after (step +1) `group`."""
+        g = group
+        while 0 <= g < len(self.groups):
+            if self.devices[g] is UpdateDevice.GPU:
+                return g
+            g += step
+        return None
+
+    def _move_states(self, group: int) -> None:
+        """`opt_transfers`: the previous GPU sub-group's 16-bit partition written on the GPU
+        and its state sent back, then the next one's state brought in."""
+        core = self.core
+        previous = self._neighbour_on_gpu(group, -1)
+        following = self._neighbour_on_gpu(group, +1)
+        if previous is not None:
+            size = self.groups[previous]
+            core.hbm_op(core.compute, f"fp32→16-bit sub-group {previous}", OpKind.CAST,
+                        (FP32_BYTES + core.dtype_bytes) * size, passes=1.0)
+            self._copy_each("d2h", previous, OpKind.STATE_TO_HOST)
+            self.gradients.release(previous)
+        if following is not None:
+            self._copy_each("h2d", following, OpKind.STATE_TO_GPU)
+
+    def _copy_each(self, direction: str, group: int, kind: OpKind) -> None:
+        core = self.core
+        nbytes = FP32_BYTES * self.groups[group]
+        for stream in STATE_COPIERS:
+            core.stream(stream).launch(
+                f"{stream.value.split('.')[-1]} {direction} sub-group {group}",
+                lambda: core.dma(direction, nbytes, pinned=True,
+                                 op=f"state sub-group {group}", kind=kind),
+                kind=kind, nbytes=nbytes)
+
+    def _downscale(self, groups: tuple[int, ...]) -> None:
+        """`downsample_fp32_fp16` on the helper thread (one op per sub-group on its track):
+        `.half()` into a fresh 16-bit tensor (its pages faulted in by the cast's threads), a
+        copy into a pinned buffer, and the H2D queued on the 16-bit copier."""
+        for group in groups:
+            elements = self.groups[group]
+            self.core.stream(Stream.CPU_DOWNSCALE).launch(
+                f"fp32→16-bit sub-group {group}", lambda g=group: self._downscale_one(g),
+                kind=OpKind.CAST, nbytes=FP16_BYTES * elements)
+
+    def _downscale_one(self, group: int) -> Gen:
+        core, m = self.core, self.core.machine
+        elements = self.groups[group]
+        threads = core.profile.cast_threads
+        temp_bytes = FP16_BYTES * elements
+        temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
+                                  f"sub-group {group} .half()")
+        yield from m.zero_pages(core.rank, temp_bytes, threads=threads, where=costs.SPREAD_PAGES)
+        yield from m.elementwise(core.rank, elements,
+                                 costs.HostBytes(home=FP32_BYTES, spread=FP16_BYTES),
+                                 threads=threads)
+        yield from m.elementwise(core.rank, elements,
+                                 costs.HostBytes(home=FP16_BYTES, spread=FP16_BYTES),
+                                 threads=threads)
+        core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
+        core.stream(Stream.COPIER_FP16).launch(
+            f"16-bit h2d sub-group {group}",
+            lambda: core.dma("h2d", temp_bytes, pinned=True, op=f"params sub-group {group}",
+                             kind=OpKind.PARAM_COPY_BACK),
+            kind=OpKind.PARAM_COPY_BACK, nbytes=temp_bytes)
