@@ -7,13 +7,20 @@ from dataclasses import fields
 import pytest
 
 import zerosim
-from zerosim.behaviours import BEHAVIOURS, Behaviours, behaviour_table, resolve_behaviours
+from zerosim.behaviours import (
+    BEHAVIOURS,
+    FORK_OPTIONS,
+    Behaviours,
+    behaviour_table,
+    resolve_behaviours,
+)
 
 ROOT = "scenarios/llama13b_dp1.yaml"
 
 
 def test_every_row_is_a_field_and_every_field_a_row():
-    assert sorted(row.name for row in BEHAVIOURS) == sorted(f.name for f in fields(Behaviours))
+    assert (sorted([row.name for row in BEHAVIOURS] + list(FORK_OPTIONS))
+            == sorted(f.name for f in fields(Behaviours)))
     assert all(row.source and row.what for row in BEHAVIOURS)
 
 

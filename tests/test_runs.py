@@ -211,3 +211,45 @@ def test_cli_draws_predicted_against_measured(tmp_path):
     refused = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
                                         "--no-files", "--plots"])
     assert refused.exit_code == 2 and "--plots writes files" in refused.output
+
+
+def test_the_fork_columns_replay_the_build_the_row_names():
+    """Row 39 (5.95B, DP=4, build c7da512a) with the fork's options filled in: prefetch needs
+    a build that replays it (4570a955), the async flush alone runs on c7da512a; empty or
+    absent columns leave the plain ZeRO-3 offload."""
+    text = _rows([39], drop=MEASURED)
+    header, row = text.splitlines()
+    table = (f"{header},part_grads_async,prefetch_optimizer,prefetch_optimizer_gap\n"
+             f"{row},,,\n{row},True,,\n"
+             f"{row.replace('c7da512a', '4570a955')},True,True,3\n")
+    plain, flush, both = read_runs_text(table, "t.csv")
+    assert (plain.deepspeed_version, plain.name) == ("0.13.3", "5.95b-dp4-mb1-ga1-sg1e08")
+    assert (flush.deepspeed_version, flush.name) == ("0.13.3+c7da512a",
+                                                      "5.95b-dp4-mb1-ga1-sg1e08-async")
+    assert both.name == "5.95b-dp4-mb1-ga1-sg1e08-async-gap3"
+    offload = both.scenario("polaris-a100", gpus_per_node=4)["deepspeed"][
+        "zero_optimization"]["offload_optimizer"]
+    assert (offload["prefetch_optimizer"], offload["prefetch_optimizer_gap"]) == (True, 3)
+    p_plain, p_flush, p_both = predict([plain, flush, both], "polaris-a100",
+                                       workers=1).predictions
+    assert p_flush.predicted["backward"] < p_plain.predicted["backward"]
+    assert p_flush.predicted["update"] == pytest.approx(p_plain.predicted["update"], rel=1e-12)
+    assert p_both.predicted["update"] < p_plain.predicted["update"]
+
+
+def test_a_bad_fork_column_names_its_row():
+    header, row = _rows([39], drop=MEASURED).splitlines()
+    with pytest.raises(ScenarioError, match=r"row 1\.prefetch_optimizer_gap"):
+        read_runs_text(f"{header},prefetch_optimizer_gap\n{row},three\n", "t.csv")
+
+
+def test_the_fork_columns_may_carry_the_offload_optimizer_prefix():
+    """As the table spells `offload_optimizer_pin_memory`; both spellings must agree."""
+    header, row = _rows([39], drop=MEASURED).splitlines()
+    row = row.replace("c7da512a", "4570a955")
+    run, = read_runs_text(f"{header},offload_optimizer_prefetch_optimizer,"
+                          f"offload_optimizer_prefetch_optimizer_gap\n{row},True,3\n", "t.csv")
+    assert (run.prefetch_optimizer, run.prefetch_optimizer_gap) == (True, 3)
+    with pytest.raises(ScenarioError, match=r"row 1\.offload_optimizer_prefetch_optimizer_gap"):
+        read_runs_text(f"{header},prefetch_optimizer_gap,offload_optimizer_prefetch_optimizer_gap"
+                       f"\n{row},3,4\n", "t.csv")

@@ -133,6 +133,10 @@ partition) is work in progress that the next commit replaced, so only its `part_
 is accepted. The earlier builds (fa8c1df2, 8074cd62) read none of the keys."""
 
 
+FORK_OPTIONS = ("async_flush_option", "interleaved_update_option")
+"""The `Behaviours` fields a fork build sets (`ForkBuild`), not a release."""
+
+
 def fork_build(label: str) -> ForkBuild | None:
     """The Deep Optimizer States build a version's local label names (a commit prefix of at
     least 7 hex digits), if any."""

@@ -9,7 +9,6 @@ from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import PEAK_ALLOCATED
 from zerosim.scenario import Scenario
-from zerosim.scenario.version import format_version
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
@@ -41,7 +40,7 @@ def render_scenario(scenario: Scenario) -> None:
                 f"activation checkpointing {scenario.activation_checkpointing}")
     top.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.gpus_per_node} "
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
-    top.add_row("runtime", f"DeepSpeed {format_version(scenario.runtime.deepspeed_version)}, "
+    top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank "
                 f"{scenario.runtime.cpu_threads_per_rank or 'one per physical core'}")
     top.add_row("mode", _mode(scenario))

@@ -51,6 +51,12 @@ DeepSpeed 0.13.3). A warning names each column filled."""
 REQUIRED_COLUMNS = tuple(c for c in (*COUNT_COLUMNS, *FLAG_COLUMNS, "zero_stage",
                                      "deepspeed_version") if c not in DEFAULTS)
 """The model's shape, the GPUs and the batch: what no default can stand for."""
+FORK_COLUMNS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")
+"""Optional columns: the Deep Optimizer States fork's `offload_optimizer` keys (False, False
+and 0 when absent or empty), also as the table spells `offload_optimizer_pin_memory`
+(`offload_optimizer_part_grads_async`, ...); a run that sets one is replayed on the build its
+`deepspeed_version` names (`zerosim.behaviours.DEEP_OPTIMIZER_STATES_BUILDS`)."""
+OFFLOAD_PREFIX = "offload_optimizer_"
 SUPPORTED = {"swiglu": ("True",), "normalization": ("rmsnorm",)}
 """Columns whose other values describe a model the stack does not build (a GELU MLP, a
 LayerNorm), with what is supported."""
@@ -85,6 +91,9 @@ class MeasuredRun:
     build: str
     """The DeepSpeed version as the run reported it (`0.13.3+<commit>` for a source build)."""
     params: int | None = None
+    part_grads_async: bool = False
+    prefetch_optimizer: bool = False
+    prefetch_optimizer_gap: int = 0
     seconds: Mapping[str, float] = field(default_factory=dict)
     """Measured seconds per optimizer step, by `MEASURED_PHASES`, where the table has them."""
     peak_gpu_bytes: float | None = None
@@ -93,9 +102,20 @@ class MeasuredRun:
     """Host memory in use on the node at its peak, every process counted."""
 
     @property
+    def uses_fork_options(self) -> bool:
+        return self.part_grads_async or self.prefetch_optimizer or self.prefetch_optimizer_gap > 0
+
+    @property
     def deepspeed_version(self) -> str:
-        """The release a source build is based on (`0.13.3+c7da512a` -> `0.13.3`)."""
-        return self.build.partition("+")[0]
+        """The release a source build is based on (`0.13.3+c7da512a` -> `0.13.3`), or the
+        build itself when the run sets the fork's options."""
+        return self.build if self.uses_fork_options else self.build.partition("+")[0]
+
+    @property
+    def fork_suffix(self) -> str:
+        """`-async`, `-gap3`: the fork's options in a configuration's name."""
+        return ("-async" if self.part_grads_async else "") + (
+            f"-gap{self.prefetch_optimizer_gap}" if self.prefetch_optimizer else "")
 
     @property
     def size_text(self) -> str:
@@ -107,7 +127,8 @@ class MeasuredRun:
     @property
     def name(self) -> str:
         return (f"{self.size_text}-dp{self.gpus}-mb{self.micro_batch_size}"
-                f"-ga{self.grad_accum_steps}-sg{self.sub_group_size:.0e}").replace("+", "")
+                f"-ga{self.grad_accum_steps}-sg{self.sub_group_size:.0e}"
+                f"{self.fork_suffix}").replace("+", "")
 
     @property
     def config_key(self) -> tuple[Any, ...]:
@@ -118,7 +139,8 @@ class MeasuredRun:
                 self.grad_accum_steps, self.sub_group_size, self.reduce_bucket_size,
                 self.prefetch_bucket_size, self.untied_embeddings, self.flash_attention,
                 self.bf16, self.checkpoint_activations, self.pin_memory, self.overlap_comm,
-                self.zero_stage, self.deepspeed_version)
+                self.zero_stage, self.deepspeed_version, self.part_grads_async,
+                self.prefetch_optimizer, self.prefetch_optimizer_gap)
 
     def nodes(self, gpus_per_node: int) -> int:
         return math.ceil(self.gpus / gpus_per_node)
@@ -162,11 +184,20 @@ class MeasuredRun:
                     "reduce_bucket_size": self.reduce_bucket_size,
                     "stage3_prefetch_bucket_size": self.prefetch_bucket_size,
                     "sub_group_size": self.sub_group_size,
-                    "offload_optimizer": {"device": "cpu", "pin_memory": self.pin_memory},
+                    "offload_optimizer": {"device": "cpu", "pin_memory": self.pin_memory,
+                                          **self._fork_options()},
                 },
             },
             "runtime": {"deepspeed_version": self.deepspeed_version, "framework": STACK},
         }
+
+
+    def _fork_options(self) -> dict[str, Any]:
+        if not self.uses_fork_options:
+            return {}
+        return {"part_grads_async": self.part_grads_async,
+                "prefetch_optimizer": self.prefetch_optimizer,
+                "prefetch_optimizer_gap": self.prefetch_optimizer_gap}
 
 
 def _is_file(hardware: str | Path) -> bool:
@@ -188,6 +219,29 @@ def _flag(source: str, row: int, column: str, text: str) -> bool:
     if text.strip().lower() not in ("true", "false"):
         raise ScenarioError(source, f"row {row}.{column}", "True or False", text)
     return text.strip().lower() == "true"
+
+
+def _fork_options(source: str, row: int, r: Mapping[str, str]) -> dict[str, Any]:
+    """The optional `FORK_COLUMNS`, where the table has them and the row fills them."""
+    options: dict[str, Any] = {}
+    for key in FORK_COLUMNS:
+        filled = [(c, r[c].strip()) for c in (key, OFFLOAD_PREFIX + key)
+                  if (r.get(c) or "").strip()]
+        values = {_fork_value(source, row, column, text) for column, text in filled}
+        if len(values) > 1:
+            raise ScenarioError(source, f"row {row}.{OFFLOAD_PREFIX + key}",
+                                f"the value of column {key}", filled[1][1])
+        if values:
+            options[key] = values.pop()
+    return options
+
+
+def _fork_value(source: str, row: int, column: str, text: str) -> bool | int:
+    if not column.endswith("_gap"):
+        return _flag(source, row, column, text)
+    if not text.isdigit():
+        raise ScenarioError(source, f"row {row}.{column}", "a whole number >= 0", text)
+    return int(text)
 
 
 def _measured(source: str, row: int, column: str, text: str | None) -> float | None:
@@ -229,6 +283,7 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
     gpu = _measured(source, row, GPU_MEMORY_COLUMN, r.get(GPU_MEMORY_COLUMN))
     host = _measured(source, row, HOST_MEMORY_COLUMN, r.get(HOST_MEMORY_COLUMN))
     params = r.get("params_analytic_total")
+    fork = _fork_options(source, row, r)
     return MeasuredRun(
         row=row, num_layers=counts["num_layers"], hidden_size=counts["hidden_size"],
         ffn_hidden_size=counts["ffn_hidden_size"],
@@ -244,7 +299,7 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
         pin_memory=flags["offload_optimizer_pin_memory"], overlap_comm=flags["overlap_comm"],
         zero_stage=int(stage), build=r["deepspeed_version"].strip(),
         params=_count(source, row, "params_analytic_total", params) if params else None,
-        seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * 1e9,
+        **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * 1e9,
         peak_host_bytes=None if host is None else host * 1e9)
 
 

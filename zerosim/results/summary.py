@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from zerosim.engine.records import PhaseSpan, Span, Table, with_copies
 from zerosim.hardware import costs
-from zerosim.scenario.version import format_version
 from zerosim.units import GB, GiB
 from zerosim.vocabulary import PCIE_STREAMS, PHASE_TIMES, DeviceKind, Phase, PhaseTime, devices_of
 
@@ -159,7 +158,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "hardware": scenario.hardware.name,
         "data_parallel": ranks,
         "nodes": -(-ranks // scenario.hardware.gpus_per_node),
-        "deepspeed_version": format_version(scenario.runtime.deepspeed_version),
+        "deepspeed_version": scenario.runtime.version_text,
         "iteration_s": iteration,
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "tflops_per_gpu": tflops,

@@ -275,8 +275,14 @@ def _offload_optimizer_dict(o: OffloadSettings) -> dict[str, Any]:
     return {"device": o.device, "nvme_path": o.nvme_path, "pin_memory": o.pin_memory,
             "ratio": o.ratio, "buffer_count": o.buffer_count, "pipeline_read": o.pipeline_read,
             "pipeline_write": o.pipeline_write, "fast_init": o.fast_init,
-            "part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
+            **_fork_keys(o)}
+
+
+def _fork_keys(o: OffloadSettings) -> dict[str, Any]:
+    """The Deep Optimizer States keys, where a scenario sets them (a release has none)."""
+    keys = {"part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
             "prefetch_optimizer_gap": o.prefetch_optimizer_gap}
+    return keys if any(keys.values()) else {}
 
 
 def _offload_param_dict(o: OffloadSettings) -> dict[str, Any]:

@@ -95,6 +95,14 @@ class _ScenarioRaw(BaseModel):
 class Runtime:
     deepspeed_version: Version
     cpu_threads_per_rank: int | None
+    build_label: str = ""
+    """A source build's local label (`4570a955` of `0.13.3+4570a955`), or ""."""
+
+    @property
+    def version_text(self) -> str:
+        """The version as given: the release, and the build's label if any."""
+        release = format_version(self.deepspeed_version)
+        return f"{release}+{self.build_label}" if self.build_label else release
 
 
 @dataclass(frozen=True)
@@ -139,7 +147,7 @@ class Scenario:
                          "gpus_per_node": self.hardware.gpus_per_node, "values": hardware},
             "data_parallel": self.data_parallel,
             "deepspeed": self.deepspeed.to_dict(),
-            "runtime": {"deepspeed_version": format_version(self.runtime.deepspeed_version),
+            "runtime": {"deepspeed_version": self.runtime.version_text,
                         "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
                         "framework": {"name": self.stack.name, "values": {
                             key: p.as_dict() for key, p in self.stack.provenance.items()}}},
@@ -404,7 +412,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                             f"at most the {hardware.total_gpus} GPUs of {hardware.name} "
                             f"({hardware.nodes} node(s) x {hardware.gpus_per_node}; "
                             f"hardware.nodes adds nodes)", data_parallel)
-    behaviours = resolve_behaviours(version, version_label(raw.runtime.deepspeed_version))
+    label = version_label(raw.runtime.deepspeed_version)
+    behaviours = resolve_behaviours(version, label)
     ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
     trainer = raw.trainer or TrainerArgs()
     context = TrainerContext(trainer, frozenset(trainer.model_fields_set), raw.precision,
@@ -419,7 +428,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         activation_checkpointing=raw.activation_checkpointing,
         attention=ATTENTION_NAMES[raw.attention],
         hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
-        runtime=Runtime(version, raw.runtime.cpu_threads_per_rank), what_if=raw.what_if,
+        runtime=Runtime(version, raw.runtime.cpu_threads_per_rank, label), what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
     check_supported(scenario)

@@ -1,0 +1,141 @@
+"""The Deep Optimizer States fork (DataStates/DeepSpeed): its keys only for its builds, its
+boundary flush and its interleaved update on the toy (conftest.py), by hand.
+
+The toy gets test_whatif.py's room (64 hardware threads, 4 threads per rank: host memory never
+binds). Sub-groups: N0 = 57,472 and N1 = 57,536 elements; with prefetch_optimizer_gap 2,
+sub-group 0 is stepped on the CPU (after starting the moves) and sub-group 1 on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_whatif import N0, N1, ROOMY, US, _update
+
+from zerosim.behaviours import fork_build
+from zerosim.engine.plan import interleaved_devices
+from zerosim.errors import ScenarioError
+from zerosim.vocabulary import UpdateDevice
+
+DOS = "0.13.3+4570a955"
+GPU, CPU, PREFETCH = UpdateDevice.GPU, UpdateDevice.CPU, UpdateDevice.CPU_PREFETCH
+
+
+def _fork(version: str = DOS, **options) -> dict:
+    patch = {key: dict(value) for key, value in ROOMY.items()}
+    patch["runtime"]["deepspeed_version"] = version
+    patch["deepspeed"] = {"zero_optimization": {"offload_optimizer": {
+        "device": "cpu", "pin_memory": True, **options}}}
+    return patch
+
+
+def test_every_gap_th_sub_group_steps_on_the_gpu():
+    """stage3.py `get_opt_update_device`: x % gap == 0 first, then (x + 1) % gap == 0."""
+    assert interleaved_devices(7, 3) == (PREFETCH, CPU, GPU, PREFETCH, CPU, GPU, PREFETCH)
+    assert interleaved_devices(4, 2) == (PREFETCH, GPU, PREFETCH, GPU)
+
+
+@pytest.mark.parametrize("label", ["4570a955", "4570a95", "4570a95581d89ba7", "D18D6F81"])
+def test_a_build_is_named_by_a_commit_prefix(label):
+    assert fork_build(label) is not None
+
+
+@pytest.mark.parametrize("label", ["", "457", "8074cd62", "fa8c1df2", "5ab4b4bd"])
+def test_other_labels_are_no_fork_build(label):
+    assert fork_build(label) is None
+
+
+@pytest.mark.parametrize("version, options, key", [
+    ("0.13.3", {"prefetch_optimizer": True, "prefetch_optimizer_gap": 3}, "prefetch_optimizer"),
+    ("0.13.3", {"part_grads_async": True}, "part_grads_async"),
+    ("0.13.3", {"prefetch_optimizer_gap": 3}, "prefetch_optimizer_gap"),
+    ("0.13.3+c7da512a", {"prefetch_optimizer": True, "prefetch_optimizer_gap": 3},
+     "prefetch_optimizer"),
+    (DOS, {"prefetch_optimizer": True}, "prefetch_optimizer_gap"),
+    (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 1}, "prefetch_optimizer_gap"),
+    (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 2, "ratio": 0.5},
+     "prefetch_optimizer"),
+])
+def test_the_fork_keys_are_refused_where_the_fork_would_not_run_them(toy, version, options,
+                                                                      key):
+    with pytest.raises(ScenarioError) as error:
+        toy.scenario(_fork(version, **options))
+    assert error.value.key_path == f"deepspeed.zero_optimization.offload_optimizer.{key}"
+
+
+def test_the_earlier_build_takes_the_async_flush_only(toy):
+    scenario = toy.scenario(_fork("0.13.3+c7da512a", part_grads_async=True))
+    assert scenario.deepspeed.offload_optimizer.part_grads_async is True
+    assert scenario.behaviours.interleaved_update_option is False
+
+
+def test_part_grads_async_casts_on_the_gpu_and_does_not_block_the_backward(toy):
+    """`copy_(grad, non_blocking=True)`: PyTorch casts on the source device and copies the
+    fp32 gradient D2H into the pinned buffer; no pageable temporary, no page zeroing."""
+    blocking = toy.run(_fork())
+    asynchronous = toy.run(_fork(part_grads_async=True))
+    spans = asynchronous.spans
+    backward = spans[spans.phase == "backward"]
+    assert backward[backward.op.str.startswith("zero pages")].empty
+    fp32 = backward[(backward.stream == "pcie.d2h") & backward.op.str.startswith("fp32 grad")]
+    assert fp32.bytes.sum() == 4 * (N0 + N1)
+    assert set(fp32.op.str.endswith("(pinned)")) == {True}
+    phases = "backward_boundary"
+    assert (asynchronous.summary["phases_s"][phases] < blocking.summary["phases_s"][phases])
+
+
+def test_the_gpu_sub_groups_gradients_stay_in_hbm(toy):
+    """Sub-group 1's gradients are copied into a GPU fp32 buffer (4 B x N1), which the step
+    frees; only sub-group 0's go to the host (a 2 B pageable temporary each)."""
+    result = toy.run(_fork(prefetch_optimizer=True, prefetch_optimizer_gap=2))
+    spans = result.spans
+    flushes = spans[(spans.stream == "pcie.d2h") & spans.op.str.startswith("fp32 flush")]
+    assert flushes.bytes.sum() == 2 * N0
+    memory = result.memory
+    held = memory[memory.category == "boundary grad buffer"]
+    assert held.bytes.max() == 4 * N1 and held.bytes.iloc[-1] == 0
+
+
+def test_the_interleaved_update_by_hand(toy):
+    """After the overflow check: sub-group 1's fp32 params, exp_avg and exp_avg_sq come H2D
+    on three copiers at once (3 x 4 B x N1 over 10 GB/s: 69.0432 us) while the thread
+    unscales sub-group 0 (8 B x N0 at 4 x 1 GB/s: 114.944 us) and steps it (N0 at 4 x 1e8/s:
+    143.68 us); sub-group 1 then steps on the GPU (42 B x N1 at 1e12 B/s: 2.416512 us) while
+    the helper thread casts sub-group 0: page zeroing (2 B x N0 at 2 threads x 1 GB/s:
+    57.472 us), the cast (6 B x N0 at 2 GB/s: 172.416 us) and the copy into the pinned buffer
+    (4 B x N0: 114.944 us), then its H2D (2 B x N0 at 10 GB/s: 11.4944 us)."""
+    result = toy.run(_fork(prefetch_optimizer=True, prefetch_optimizer_gap=2))
+    spans = result.spans.set_index("op")
+    check_end = spans.loc["overflow check", "end_s"]
+
+    def at(op: str, stream: str) -> tuple[float, float]:
+        row = result.spans[(result.spans.op == op) & (result.spans.stream == stream)].iloc[0]
+        return (row.start_s - check_end) / US, (row.end_s - check_end) / US
+
+    for copier in ("params", "exp_avg", "exp_avg_sq"):
+        assert at(f"{copier} h2d sub-group 1", f"copier.{copier}") == pytest.approx(
+            (0, 69.0432), abs=1e-6)
+    assert at("cpu adam sub-group 0", "cpu") == pytest.approx((114.944, 258.624), abs=1e-6)
+    assert at("gpu adam sub-group 1", "compute") == pytest.approx((258.624, 261.040512),
+                                                                   abs=1e-6)
+    assert at("fp32→16-bit sub-group 0", "cpu.downscale") == pytest.approx(
+        (258.624, 603.456), abs=1e-6)
+    assert at("16-bit h2d sub-group 0", "copier.fp16") == pytest.approx(
+        (603.456, 614.9504), abs=1e-6)
+    assert _update(result) == pytest.approx(
+        (check_end - spans.loc["overflow check", "start_s"]) + 614.9504 * US, rel=1e-12)
+
+
+def test_the_interleaved_update_holds_its_buffers(toy):
+    """Pinned host: every sub-group's fp32 params and an exp_avg/exp_avg_sq copy (rounded to
+    powers of two), one pinned 16-bit buffer (gap - 1); HBM: one GPU sub-group's fp32 params
+    and moments, and the last GPU sub-group's fp32 gradient carried to the next step."""
+    result = toy.run(_fork(prefetch_optimizer=True, prefetch_optimizer_gap=2))
+    first = result.memory.groupby(["device", "category"]).bytes.first()
+    assert first["gpu0", "optimizer states (GPU)"] == 12 * N1
+    assert first["gpu0", "fp32 grads (GPU)"] == 4 * N1
+    assert first["host0", "optimizer states"] == 8 * N0  # DeepSpeedCPUAdam's, CPU sub-group
+    assert first["host0", "fp32 master params (pinned)"] == 2 * 2**18  # 4 B x N -> 2^18 each
+    assert first["host0", "optimizer states (pinned)"] == 4 * 2**18
+    assert first["host0", "swap buffers (pinned)"] == 2**17  # 2 B x N1 = 115,072 -> 2^17
+
+
