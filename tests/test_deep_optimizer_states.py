@@ -139,3 +139,14 @@ def test_the_interleaved_update_holds_its_buffers(toy):
     assert first["host0", "swap buffers (pinned)"] == 2**17  # 2 B x N1 = 115,072 -> 2^17
 
 
+
+
+@pytest.mark.parametrize("what_if", [{"overlap_copy_back": True}, {"gpu_update_every": 2}])
+def test_the_step_what_ifs_are_refused_with_the_interleaved_update(toy, what_if):
+    from zerosim.errors import UnsupportedConfigError
+
+    patch = _fork(prefetch_optimizer=True, prefetch_optimizer_gap=2)
+    patch["what_if"] = what_if
+    with pytest.raises(UnsupportedConfigError) as error:
+        toy.scenario(patch)
+    assert error.value.key_path == f"what_if.{next(iter(what_if))}"

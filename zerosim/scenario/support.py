@@ -16,7 +16,8 @@ def check_supported(scenario: Any) -> None:
     for rule in (_needs_16bit_training, _no_tensor_parallel, _offload_needs_zero,
                  _param_offload_needs_stage3, _param_offload_needs_optimizer_offload,
                  _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
-                 _what_ifs_not_with_nvme, _nvme_buffers_suffice):
+                 _what_ifs_not_with_nvme, _step_what_ifs_not_with_the_interleaved_update,
+                 _nvme_buffers_suffice):
         rule(scenario)
 
 
@@ -128,6 +129,18 @@ def _what_ifs_not_with_nvme(scenario: Any) -> None:
         _refuse(scenario, "what_if", "no gpu_update_every or buffer_boundary_grads with the "
                 "optimizer on NVMe (zerosim does not model them with swapped state)",
                 what_if.model_dump())
+
+
+def _step_what_ifs_not_with_the_interleaved_update(scenario: Any) -> None:
+    """The interleaved update replaces the CPU step that `overlap_copy_back` and
+    `gpu_update_every` change."""
+    what_if = scenario.what_if
+    if scenario.deepspeed.offload_optimizer.prefetch_optimizer:
+        for name in ("overlap_copy_back", "gpu_update_every"):
+            if getattr(what_if, name):
+                _refuse(scenario, f"what_if.{name}", "off with the Deep Optimizer States "
+                        "fork's prefetch_optimizer (its interleaved update replaces the step "
+                        "this what-if changes)", getattr(what_if, name))
 
 
 def _nvme_buffers_suffice(scenario: Any) -> None:
