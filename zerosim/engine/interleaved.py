@@ -23,7 +23,7 @@ while it may still be casting; its copies then overlap the next forward).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.optimizer import (
@@ -38,8 +38,9 @@ from zerosim.hardware import costs
 from zerosim.units import FP16_BYTES, FP32_BYTES
 from zerosim.vocabulary import Category, OpKind, Stream, UpdateDevice
 
-STATE_COPIERS = (Stream.COPIER_PARAMS, Stream.COPIER_EXP_AVG, Stream.COPIER_EXP_AVG_SQ)
-"""One copier per fp32 tensor a GPU sub-group brings in and sends back."""
+STATE_COPIERS = {Stream.COPIER_PARAMS: "params", Stream.COPIER_EXP_AVG: "exp_avg",
+                 Stream.COPIER_EXP_AVG_SQ: "exp_avg_sq"}
+"""One copier per fp32 tensor a GPU sub-group brings in and sends back, and that tensor."""
 
 
 class GpuGradients:
@@ -107,7 +108,7 @@ class InterleavedStep:
         self.post_step(core)
         yield from core.end()
 
-    def _wait(self, streams: Sequence[Stream]) -> Gen:
+    def _wait(self, streams: Iterable[Stream]) -> Gen:
         """`async_copier.wait()`: the thread blocks until what the copier has queued is done."""
         pending = [e for s in streams if (e := self.core.stream(s).idle_event()) is not None]
         if pending:
@@ -141,9 +142,9 @@ class InterleavedStep:
     def _copy_each(self, direction: str, group: int, kind: OpKind) -> None:
         core = self.core
         nbytes = FP32_BYTES * self.groups[group]
-        for stream in STATE_COPIERS:
+        for stream, tensor in STATE_COPIERS.items():
             core.stream(stream).launch(
-                f"{stream.value.split('.')[-1]} {direction} sub-group {group}",
+                f"{tensor} {direction} sub-group {group}",
                 lambda: core.dma(direction, nbytes, pinned=True,
                                  op=f"state sub-group {group}", kind=kind),
                 kind=kind, nbytes=nbytes)

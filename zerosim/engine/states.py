@@ -94,20 +94,23 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     on_cpu, on_gpu = plan.numel_on("cpu"), plan.numel_on("gpu")
     cpu_groups = [FP32_BYTES * size for g, size in enumerate(plan.subgroups)
                   if g not in plan.gpu_subgroups and g not in plan.nvme_subgroups]
+    # stage3.py initialize_optimizer_states: one fp32 gradient buffer per sub-group, pinned
+    # when pin_memory; _setup_for_real_optimizer: one accumulation buffer for the whole
+    # partition (grad_partitions_flat_buffer), pinned likewise.
+    gradients = [
+        Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
+                "fp32 gradients", kind),
+        Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accum * part], kind),
+                "host gradient accumulation buffer", kind),
+    ]
     if plan.interleaved:
-        return [*held, *_interleaved_states(ds, plan, kind, cpu_groups, accum * part)]
+        return [*held, *_interleaved_states(ds, plan), *gradients]
     return [
         *held,
         Holding(host, Category.FP32_MASTER, FP32_BYTES * on_cpu, "fp32 partition"),
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_cpu,
                 "exp_avg, exp_avg_sq"),
-        # stage3.py initialize_optimizer_states: one fp32 gradient buffer per sub-group,
-        # pinned when pin_memory; _setup_for_real_optimizer: one accumulation buffer for the
-        # whole partition (grad_partitions_flat_buffer), pinned likewise.
-        Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
-                "fp32 gradients", kind),
-        Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accum * part], kind),
-                "host gradient accumulation buffer", kind),
+        *gradients,
         Holding(gpu, Category.FP32_MASTER_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 partition"),
         Holding(gpu, Category.OPTIMIZER_STATES_GPU, ADAM_STATES * FP32_BYTES * on_gpu,
                 "Twin-Flow Adam states"),
@@ -116,35 +119,27 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     ]
 
 
-def _interleaved_states(ds: DeepSpeedConfig, plan: Plan, kind: BufferKind, grad_groups: list[float],
-                        accumulation: float) -> list[Holding]:
+def _interleaved_states(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     """Deep Optimizer States' interleaved update (DataStates/DeepSpeed@4570a955, stage3.py
     `_create_fp32_partitions`, `opt_transfers`): each sub-group's fp32 params, and a copy of
     its exp_avg and exp_avg_sq, in pinned host memory; DeepSpeedCPUAdam's own states for
     the sub-groups it steps; gap - 1 pinned 16-bit buffers of the largest sub-group; and in
     HBM the fp32 params, exp_avg and exp_avg_sq of one GPU sub-group at a time (kept from
-    one step to the next)."""
+    one step to the next) and the last GPU sub-group's fp32 gradient (`GpuGradients`)."""
     gpu, host, pinned = DeviceKind.GPU, DeviceKind.HOST, BufferKind.PINNED
     sizes = plan.subgroups
     on_gpu = [size for g, size in enumerate(sizes) if plan.interleaved_on_gpu(g)]
     on_cpu = sum(sizes) - sum(on_gpu)
-    largest = max(sizes)
     gap = ds.offload_optimizer.prefetch_optimizer_gap
-    fp32 = [FP32_BYTES * size for size in sizes]
+    fp32 = _host_allocations([FP32_BYTES * size for size in sizes], pinned)
     return [
-        Holding(host, Category.FP32_MASTER, _host_allocations(fp32, pinned),
-                "fp32 partition", pinned),
+        Holding(host, Category.FP32_MASTER, fp32, "fp32 partition", pinned),
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_cpu,
                 "exp_avg, exp_avg_sq"),
-        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * _host_allocations(fp32, pinned),
+        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * fp32,
                 "exp_avg, exp_avg_sq copies for the GPU moves", pinned),
-        Holding(host, Category.FP32_GRADS, _host_allocations(grad_groups, kind),
-                "fp32 gradients", kind),
-        Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accumulation], kind),
-                "host gradient accumulation buffer", kind),
-        Holding(host, Category.SWAP_BUFFERS,
-                (gap - 1) * pinned_bytes(FP16_BYTES * largest), "pinned 16-bit buffers",
-                pinned),
+        Holding(host, Category.SWAP_BUFFERS, (gap - 1) * pinned_bytes(FP16_BYTES * max(sizes)),
+                "pinned 16-bit buffers", pinned),
         Holding(gpu, Category.OPTIMIZER_STATES_GPU,
                 (1 + ADAM_STATES) * FP32_BYTES * max(on_gpu, default=0),
                 "fp32 params, exp_avg, exp_avg_sq of one GPU sub-group"),
