@@ -20,11 +20,12 @@ DOS = "0.13.3+4570a955"
 GPU, CPU, PREFETCH = UpdateDevice.GPU, UpdateDevice.CPU, UpdateDevice.CPU_PREFETCH
 
 
-def _fork(version: str = DOS, **options) -> dict:
+def _fork(version: str = DOS, *, param: str = "none", **options) -> dict:
     patch = {key: dict(value) for key, value in ROOMY.items()}
     patch["runtime"]["deepspeed_version"] = version
-    patch["deepspeed"] = {"zero_optimization": {"offload_optimizer": {
-        "device": "cpu", "pin_memory": True, **options}}}
+    patch["deepspeed"] = {"zero_optimization": {
+        "offload_optimizer": {"device": "cpu", "pin_memory": True, **options},
+        "offload_param": {"device": param}}}
     return patch
 
 
@@ -53,6 +54,8 @@ def test_other_labels_are_no_fork_build(label):
     (DOS, {"prefetch_optimizer": True}, "prefetch_optimizer_gap"),
     (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 1}, "prefetch_optimizer_gap"),
     (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 2, "ratio": 0.5},
+     "prefetch_optimizer"),
+    (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 2, "param": "cpu"},
      "prefetch_optimizer"),
 ])
 def test_the_fork_keys_are_refused_where_the_fork_would_not_run_them(toy, version, options,

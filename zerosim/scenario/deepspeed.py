@@ -415,12 +415,14 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, source: str) -> Non
         raise ScenarioError(
             source, gap_key, "at least 2 with prefetch_optimizer (every gap-th sub-group is "
             "updated on the GPU; the fork's step divides by gap - 1)", o.prefetch_optimizer_gap)
-    if zero.stage != 3 or o.device != "cpu" or o.ratio < 1:
+    if zero.stage != 3 or o.device != "cpu" or o.ratio < 1 or zero.offload_param.device != "none":
         raise ScenarioError(
             source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer",
-            "true only with stage 3, offload_optimizer.device 'cpu' and ratio 1.0 (the "
-            "fork's interleaved update replaces the CPU step of ZeRO-3)",
-            f"stage {zero.stage}, device '{o.device}', ratio {o.ratio}")
+            "true only with stage 3, offload_optimizer.device 'cpu', ratio 1.0 and no "
+            "offload_param (the fork's interleaved update replaces the CPU step of ZeRO-3 with "
+            "its 16-bit partition in HBM; zerosim does not replay it with the parameters "
+            "offloaded)", f"stage {zero.stage}, device '{o.device}', ratio {o.ratio}, "
+            f"offload_param '{zero.offload_param.device}'")
 
 
 def _aio_settings(raw: _Aio | None) -> AioSettings:
