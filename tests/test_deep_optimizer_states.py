@@ -14,6 +14,7 @@ from test_whatif import N0, N1, ROOMY, US, _update
 from zerosim.behaviours import fork_build
 from zerosim.engine.plan import interleaved_devices
 from zerosim.errors import ScenarioError
+from zerosim.scenario.deepspeed import ForkBuildWarning
 from zerosim.vocabulary import UpdateDevice
 
 DOS = "0.13.3+4570a955"
@@ -35,12 +36,13 @@ def test_every_gap_th_sub_group_steps_on_the_gpu():
     assert interleaved_devices(4, 2) == (PREFETCH, GPU, PREFETCH, GPU)
 
 
-@pytest.mark.parametrize("label", ["4570a955", "4570a95", "4570a95581d89ba7", "D18D6F81"])
+@pytest.mark.parametrize("label", ["4570a955", "4570a95", "4570a95581d89ba7", "D18D6F81",
+                                   "8074cd62", "fa8c1df2"])
 def test_a_build_is_named_by_a_commit_prefix(label):
     assert fork_build(label) is not None
 
 
-@pytest.mark.parametrize("label", ["", "457", "8074cd62", "fa8c1df2", "5ab4b4bd"])
+@pytest.mark.parametrize("label", ["", "457", "5ab4b4bd", "dd3690c5"])
 def test_other_labels_are_no_fork_build(label):
     assert fork_build(label) is None
 
@@ -48,9 +50,7 @@ def test_other_labels_are_no_fork_build(label):
 @pytest.mark.parametrize("version, options, key", [
     ("0.13.3", {"prefetch_optimizer": True, "prefetch_optimizer_gap": 3}, "prefetch_optimizer"),
     ("0.13.3", {"part_grads_async": True}, "part_grads_async"),
-    ("0.13.3", {"prefetch_optimizer_gap": 3}, "prefetch_optimizer_gap"),
-    ("0.13.3+c7da512a", {"prefetch_optimizer": True, "prefetch_optimizer_gap": 3},
-     "prefetch_optimizer"),
+    ("0.13.3+5ab4b4bd", {"prefetch_optimizer_gap": 3}, "prefetch_optimizer_gap"),
     (DOS, {"prefetch_optimizer": True}, "prefetch_optimizer_gap"),
     (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 1}, "prefetch_optimizer_gap"),
     (DOS, {"prefetch_optimizer": True, "prefetch_optimizer_gap": 2, "ratio": 0.5},
@@ -65,10 +65,19 @@ def test_the_fork_keys_are_refused_where_the_fork_would_not_run_them(toy, versio
     assert error.value.key_path == f"deepspeed.zero_optimization.offload_optimizer.{key}"
 
 
-def test_the_earlier_build_takes_the_async_flush_only(toy):
-    scenario = toy.scenario(_fork("0.13.3+c7da512a", part_grads_async=True))
-    assert scenario.deepspeed.offload_optimizer.part_grads_async is True
-    assert scenario.behaviours.interleaved_update_option is False
+@pytest.mark.parametrize("commit", ["fa8c1df2", "8074cd62", "c7da512a"])
+def test_an_earlier_build_is_replayed_as_the_later_step_with_a_warning(toy, commit):
+    """A build labels the commit it was installed from; the code that ran may be later."""
+    with pytest.warns(ForkBuildWarning, match=f"build {commit}"):
+        earlier = toy.run(_fork(f"0.13.3+{commit}", prefetch_optimizer=True,
+                                prefetch_optimizer_gap=2))
+    later = toy.run(_fork(prefetch_optimizer=True, prefetch_optimizer_gap=2))
+    assert earlier.summary["iteration_s"] == later.summary["iteration_s"]
+
+
+def test_a_replayed_build_takes_its_options_without_a_warning(toy, recwarn):
+    toy.scenario(_fork(part_grads_async=True))
+    assert not [w for w in recwarn if issubclass(w.category, ForkBuildWarning)]
 
 
 def test_part_grads_async_casts_on_the_gpu_and_does_not_block_the_backward(toy):

@@ -91,8 +91,8 @@ class Behaviours:
     zero_config_model: bool
     hjson_config_files: bool
     autotp_training: bool
-    async_flush_option: bool = False
-    interleaved_update_option: bool = False
+    fork_options: bool = False
+    """The Deep Optimizer States keys are read (a build of the fork)."""
 
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -101,13 +101,13 @@ class Behaviours:
 @dataclass(frozen=True)
 class ForkBuild:
     """A commit of a DeepSpeed fork whose `deepspeed.__version__` carries it as a local label
-    (`0.13.3+4570a955`), and the options it adds."""
+    (`0.13.3+4570a955`). `differs` says how its own code departs from the step zerosim
+    replays for the fork's options ("" where it is that step)."""
 
     commit: str
     date: str
     title: str
-    async_flush_option: bool
-    interleaved_update_option: bool
+    differs: str = ""
 
 
 DEEP_OPTIMIZER_STATES_REPOSITORY = "DataStates/DeepSpeed, branch deep-optimizer-states"
@@ -119,22 +119,28 @@ DEEP_OPTIMIZER_STATES_REPOSITORY = "DataStates/DeepSpeed, branch deep-optimizer-
 GPU, its state moved in and out while the CPU updates the others)."""
 
 DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
-    ForkBuild("c7da512a", "2024-04-08", "Stash pipline parallel code", True, False),
-    ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups", True, True),
-    ForkBuild("5c3f1413", "2024-06-05", "Middleware submission", True, True),
-    ForkBuild("4570a955", "2024-09-30", "Cleanup DataStates from Deep-Optimizer-States",
-              True, True),
+    ForkBuild("fa8c1df2", "2024-03-25", "Working version of Stage-3 opt-swap-in/out with Async "
+              "copier", "reads prefetch_optimizer only, with the gap fixed at 3, and steps "
+              "through a work-in-progress version of the interleaved update"),
+    ForkBuild("8074cd62", "2024-03-28", "Working version of deep optimizer states",
+              "reads prefetch_optimizer only, with the gap fixed at 4; its boundary copy is "
+              "always non_blocking"),
+    ForkBuild("c7da512a", "2024-04-08", "Stash pipline parallel code",
+              "moves the GPU sub-groups' state on one copier stream and writes the CPU "
+              "sub-groups' 16-bit partitions by a raw H2D of their fp32 bytes"),
+    ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups"),
+    ForkBuild("5c3f1413", "2024-06-05", "Middleware submission"),
+    ForkBuild("4570a955", "2024-09-30", "Cleanup DataStates from Deep-Optimizer-States"),
     ForkBuild("d18d6f81", "2024-10-03", "Update script to support "
-              "https://github.com/microsoft/DeepSpeed/issues/5603", True, True),
+              "https://github.com/microsoft/DeepSpeed/issues/5603"),
 )
-"""The fork's builds whose options zerosim replays. c7da512a already reads all three keys,
-but its step (one copier stream, the CPU sub-groups' fp32 bytes copied raw into the 16-bit
-partition) is work in progress that the next commit replaced, so only its `part_grads_async`
-is accepted. The earlier builds (fa8c1df2, 8074cd62) read none of the keys."""
+"""The fork's builds. zerosim replays the options as d8048a5e and later do them (the step of
+4570a955). A build reports the commit it was installed from; with a development install
+(`pip install -e`) the code that runs may be later, so the earlier labels are accepted and
+replayed the same way, with a warning naming how their own code differs."""
 
-
-FORK_OPTIONS = ("async_flush_option", "interleaved_update_option")
-"""The `Behaviours` fields a fork build sets (`ForkBuild`), not a release."""
+FORK_OPTIONS = ("fork_options",)
+"""The `Behaviours` field a fork build sets (`ForkBuild`), not a release."""
 
 
 def fork_build(label: str) -> ForkBuild | None:
@@ -151,11 +157,8 @@ def fork_build(label: str) -> ForkBuild | None:
 
 def resolve_behaviours(version: Version, label: str = "") -> Behaviours:
     """A release's behaviours; a fork build's local label (`version_label`) adds its options."""
-    build = fork_build(label)
     return Behaviours(**{row.name: version >= row.since for row in BEHAVIOURS},
-                      async_flush_option=build is not None and build.async_flush_option,
-                      interleaved_update_option=(build is not None
-                                                 and build.interleaved_update_option))
+                      fork_options=fork_build(label) is not None)
 
 
 def behaviour_table() -> list[dict[str, str]]:

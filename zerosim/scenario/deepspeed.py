@@ -8,18 +8,15 @@ change time or memory (logging, schedules, loss-scale knobs) are accepted silent
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from zerosim.behaviours import (
-    DEEP_OPTIMIZER_STATES_BUILDS,
-    DEEP_OPTIMIZER_STATES_REPOSITORY,
-    Behaviours,
-)
-from zerosim.errors import ScenarioError
+from zerosim.behaviours import DEEP_OPTIMIZER_STATES_REPOSITORY, Behaviours, fork_build
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.inputs import check_section
 from zerosim.scenario.batch import batch_sizes
 from zerosim.scenario.hf_trainer import AutoFill, TrainerContext, fill_auto
@@ -387,34 +384,37 @@ def _check_nvme(zero: _Zero, source: str) -> None:
 OFFLOAD_OPTIMIZER_KEY = f"{ZERO_KEY}.offload_optimizer"
 
 
-def _check_fork_options(zero: _Zero, behaviours: Behaviours, source: str) -> None:
+class ForkBuildWarning(ScenarioWarning):
+    """A Deep Optimizer States build whose own code departs from the step zerosim replays."""
+
+
+def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source: str) -> None:
     """The Deep Optimizer States keys (`zerosim.behaviours.DEEP_OPTIMIZER_STATES_BUILDS`):
     only a build of that fork reads them, and its step divides by the gap minus one."""
     o = zero.offload_optimizer
-    builds = ", ".join(b.commit for b in DEEP_OPTIMIZER_STATES_BUILDS
-                       if b.interleaved_update_option)
-    if o.part_grads_async and not behaviours.async_flush_option:
-        raise ScenarioError(
-            source, f"{OFFLOAD_OPTIMIZER_KEY}.part_grads_async",
-            "false unless runtime.deepspeed_version names a build of the Deep Optimizer States "
-            f"fork ({DEEP_OPTIMIZER_STATES_REPOSITORY}), like \"0.13.3+4570a955\" "
-            "(a DeepSpeed release refuses the key)", o.part_grads_async)
-    gap_key = f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer_gap"
-    if not o.prefetch_optimizer:
-        if o.prefetch_optimizer_gap and not behaviours.interleaved_update_option:
-            raise ScenarioError(source, gap_key, "absent: a key of the Deep Optimizer States "
-                                f"fork (builds {builds})", o.prefetch_optimizer_gap)
+    keys = {"part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
+            "prefetch_optimizer_gap": o.prefetch_optimizer_gap}
+    used = [key for key, value in keys.items() if value]
+    if not used:
         return
-    if not behaviours.interleaved_update_option:
+    if not behaviours.fork_options:
         raise ScenarioError(
-            source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer",
-            "false unless runtime.deepspeed_version names a Deep Optimizer States build whose "
-            f"interleaved update zerosim replays ({builds}; {DEEP_OPTIMIZER_STATES_REPOSITORY})",
-            o.prefetch_optimizer)
+            source, f"{OFFLOAD_OPTIMIZER_KEY}.{used[0]}",
+            "absent unless runtime.deepspeed_version names a build of the Deep Optimizer "
+            f"States fork ({DEEP_OPTIMIZER_STATES_REPOSITORY}), like \"0.13.3+4570a955\" "
+            "(a DeepSpeed release refuses the key)", keys[used[0]])
+    build = fork_build(label)
+    if build is not None and build.differs:
+        warnings.warn(f"{source}: runtime.deepspeed_version: build {build.commit} {build.differs}"
+                      "; zerosim replays the fork's options as d8048a5e and later builds do "
+                      "them (docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=5)
+    if not o.prefetch_optimizer:
+        return
     if o.prefetch_optimizer_gap < 2:
         raise ScenarioError(
-            source, gap_key, "at least 2 with prefetch_optimizer (every gap-th sub-group is "
-            "updated on the GPU; the fork's step divides by gap - 1)", o.prefetch_optimizer_gap)
+            source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer_gap", "at least 2 with "
+            "prefetch_optimizer (every gap-th sub-group is updated on the GPU; the fork's step "
+            "divides by gap - 1)", o.prefetch_optimizer_gap)
     if zero.stage != 3 or o.device != "cpu" or o.ratio < 1 or zero.offload_param.device != "none":
         raise ScenarioError(
             source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer",
@@ -482,8 +482,9 @@ def _prepare(data: Any, behaviours: Behaviours, trainer: TrainerContext, source:
 
 
 def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
-                      trainer: TrainerContext) -> DeepSpeedResolution:
-    """Validate the section and fill DeepSpeed's code defaults for a release's behaviours."""
+                      trainer: TrainerContext, build_label: str = "") -> DeepSpeedResolution:
+    """Validate the section and fill DeepSpeed's code defaults for a release's behaviours
+    (and a fork build's options: `build_label`, the version's local label)."""
     data, legacy, auto = _prepare(data or {}, behaviours, trainer, source)
     check_closed_sections(data, source)
     raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data, source=source,
@@ -503,7 +504,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                             "1.0 unless stage is 3 (Twin-Flow is a ZeRO-3 feature)",
                             zero.offload_optimizer.ratio)
     _check_nvme(zero, source)
-    _check_fork_options(zero, behaviours, source)
+    _check_fork_options(zero, behaviours, build_label, source)
     aio = _aio_settings(raw.aio)
     pin_default = behaviours.offload_pin_memory_default_true
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0

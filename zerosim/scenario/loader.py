@@ -419,7 +419,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     context = TrainerContext(trainer, frozenset(trainer.model_fields_set), raw.precision,
                              data_parallel, model.hidden_size)
     resolution = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
-                                   trainer=context)
+                                   trainer=context, build_label=label)
     _warn_resolution(resolution, ds_source)
     name = raw.name or Path(source).stem
     scenario = Scenario(
