@@ -156,9 +156,11 @@ def fork_build(label: str) -> ForkBuild | None:
 
 
 def resolve_behaviours(version: Version, label: str = "") -> Behaviours:
-    """A release's behaviours; a fork build's local label (`version_label`) adds its options."""
+    """A release's behaviours; a source build's local label (`version_label`) adds the fork's
+    options: a release refuses the keys, so a build that reads them is the fork's (one not in
+    `DEEP_OPTIMIZER_STATES_BUILDS` is replayed like the others, with a warning)."""
     return Behaviours(**{row.name: version >= row.since for row in BEHAVIOURS},
-                      fork_options=fork_build(label) is not None)
+                      fork_options=bool(label))
 
 
 def behaviour_table() -> list[dict[str, str]]:

@@ -401,13 +401,17 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
         raise ScenarioError(
             source, f"{OFFLOAD_OPTIMIZER_KEY}.{used[0]}",
             "absent unless runtime.deepspeed_version names a build of the Deep Optimizer "
-            f"States fork ({DEEP_OPTIMIZER_STATES_REPOSITORY}), like \"0.13.3+4570a955\" "
-            "(a DeepSpeed release refuses the key)", keys[used[0]])
+            f"States fork ({DEEP_OPTIMIZER_STATES_REPOSITORY}) by its local label, like "
+            "\"0.13.3+4570a955\" (a DeepSpeed release refuses the key)", keys[used[0]])
     build = fork_build(label)
-    if build is not None and build.differs:
-        warnings.warn(f"{source}: runtime.deepspeed_version: build {build.commit} {build.differs}"
-                      "; zerosim replays the fork's options as d8048a5e and later builds do "
-                      "them (docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=5)
+    if build is None:
+        differs = f"{label} is not a commit of the fork zerosim knows"
+    else:
+        differs = f"{build.commit} {build.differs}" if build.differs else ""
+    if differs:
+        warnings.warn(f"{source}: runtime.deepspeed_version: build {differs}; zerosim replays "
+                      "the fork's options as d8048a5e and later builds do them "
+                      "(docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=5)
     if not o.prefetch_optimizer:
         return
     if o.prefetch_optimizer_gap < 2:
