@@ -147,3 +147,29 @@ def test_an_nvme_offload_runs_only_when_its_host_memory_twin_does_not_fit(toy, t
     short = tuned(1.5e-3, "short")
     assert short["cpu"]["status"] in {"pruned", "oom"}
     assert short["nvme"]["status"] in {"ok", "oom"}
+
+
+def test_the_interleaved_update_gap_is_searched_on_a_fork_build_only():
+    """Gaps 2-4 of the Deep Optimizer States fork, where the fork replays them: ZeRO-3 with
+    the optimizer (not the params) on the CPU, no Twin-Flow; a release keeps gap 0."""
+    base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
+    assert {c.gap for c in candidates(base, free_knobs())} == {0}
+    found = candidates(base, free_knobs(), fork=True)
+    assert {c.gap for c in found} == {0, 2, 3, 4}
+    assert all(c.stage == 3 and c.offload == "cpu" and c.ratio == 1 for c in found if c.gap)
+    assert {c.gap for c in candidates(base, free_knobs(fix=["gap"]), fork=True)} == {0}
+    interleaved = Config(3, "cpu", 1, 4, 5e8, 1e8, 1.0, "none", gap=3)
+    assert interleaved.overrides()[
+        "deepspeed.zero_optimization.offload_optimizer.prefetch_optimizer_gap"] == 3
+    assert interleaved.describe().endswith("interleaved update, gap 3")
+
+
+def test_tune_on_a_fork_build_ranks_the_gaps(toy, tmp_path):
+    """The toy's two sub-groups: gap 2 steps the second on the GPU."""
+    path = tmp_path / "fork.yaml"
+    path.write_text(yaml.safe_dump(toy.tree({"runtime": {"deepspeed_version": "0.13.3+4570a955"}})))
+    outcome = tune(path, free=["gap"], fix=["stage", "offload", "micro_batch",
+                                           "reduce_bucket_size", "sub_group_size", "ratio",
+                                           "checkpointing"], workers=1)
+    gaps = {r["gap"]: r["status"] for r in outcome.rows}
+    assert gaps == {0: "ok", 2: "ok", 3: "ok", 4: "ok"}

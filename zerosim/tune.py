@@ -2,7 +2,8 @@
 
 The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
-the Twin-Flow ratio, activation checkpointing and, when freed, the study's what-ifs), keeps
+the Twin-Flow ratio, activation checkpointing, the interleaved update's gap on a build of the
+Deep Optimizer States fork and, when freed, the study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
@@ -29,9 +30,9 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "what_if")
+         "checkpointing", "gap", "what_if")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
-                   "ratio", "checkpointing")
+                   "ratio", "checkpointing", "gap")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory)."""
@@ -43,6 +44,9 @@ NVME_PATH = "/local_nvme"
 REDUCE_BUCKET_SIZES = (2e8, 5e8, 1e9)
 SUB_GROUP_SIZES = (1e8, 1e9)
 RATIOS = (1.0, 0.5)
+GAPS = (0, 2, 3, 4)
+"""The fork's `prefetch_optimizer_gap` searched on one of its builds (0: no interleaved
+update); elsewhere the knob keeps 0."""
 WHAT_IFS = ("none", "overlap_copy_back", "buffer_boundary_grads", "gpu_update_every")
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
@@ -50,7 +54,7 @@ TIE_FRACTION = 0.005
 MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
-           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "what_if",
+           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "what_if",
            "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
@@ -72,6 +76,8 @@ class Config:
     ratio: float
     what_if: str
     checkpointing: bool = False
+    gap: int = 0
+    """The fork's interleaved update: every gap-th sub-group on the GPU (0: off)."""
 
     def overrides(self) -> dict[str, Any]:
         optimizer, _, params = self.offload.partition("+")
@@ -90,6 +96,8 @@ class Config:
             "what_if.gpu_update_every": GPU_UPDATE_EVERY if self.what_if == "gpu_update_every"
             else 0,
             "activation_checkpointing": self.checkpointing,
+            Z + "offload_optimizer.prefetch_optimizer": self.gap > 0,
+            Z + "offload_optimizer.prefetch_optimizer_gap": self.gap,
         }
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
@@ -115,6 +123,8 @@ class Config:
             parts.append(f"Twin-Flow {self.ratio:g}")
         if self.checkpointing:
             parts.append("checkpointing")
+        if self.gap:
+            parts.append(f"interleaved update, gap {self.gap}")
         if self.what_if != "none":
             parts.append(self.what_if)
         return ", ".join(parts)
@@ -135,6 +145,9 @@ def replayed(config: Config) -> bool:
     offloaded3 = config.stage == 3 and config.offload != "none"
     if config.ratio < 1 and not (offloaded3 and config.offload == "cpu"):
         return False
+    if config.gap and not (offloaded3 and config.offload == "cpu" and config.ratio == 1
+                           and config.what_if in ("none", "buffer_boundary_grads")):
+        return False
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
 
@@ -148,10 +161,12 @@ def as_given(scenario: Scenario) -> Config:
     for name in WHAT_IFS[1:]:
         if getattr(what_if, name):
             chosen = name
+    o = ds.offload_optimizer
     return Config(ds.stage, offload, ds.train_micro_batch_size_per_gpu,
                   ds.gradient_accumulation_steps, float(ds.reduce_bucket_size),
-                  float(ds.sub_group_size), ds.offload_optimizer.ratio, chosen,
-                  scenario.activation_checkpointing)
+                  float(ds.sub_group_size), o.ratio, chosen,
+                  scenario.activation_checkpointing,
+                  o.prefetch_optimizer_gap if o.prefetch_optimizer else 0)
 
 
 def _divisors(n: int) -> list[int]:
@@ -168,9 +183,11 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
     return frozenset((set(FREE_BY_DEFAULT) | free) - fix)
 
 
-def candidates(base: Config, free: frozenset[str], *, nvme: bool = False) -> list[Config]:
+def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
+               fork: bool = False) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
-    scenario as given first; NVMe offloads too when `nvme` (the profile has drives)."""
+    scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
+    interleaved update's gaps when `fork` (a Deep Optimizer States build)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -185,12 +202,13 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False) -> lis
         "what_if": list(WHAT_IFS) if "what_if" in free else [base.what_if],
         "checkpointing": ([False, True] if "checkpointing" in free
                           else [base.checkpointing]),
+        "gap": sorted({*GAPS, base.gap}) if "gap" in free and fork else [base.gap],
     }
     found = [base]
-    for stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing in product(
-            *values.values()):
+    for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
+         gap) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing)
+                        what_if, checkpointing, gap)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -254,7 +272,8 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "gradient_accumulation": config.gradient_accumulation,
             "reduce_bucket_size": config.reduce_bucket_size,
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
-            "checkpointing": config.checkpointing, "what_if": config.what_if,
+            "checkpointing": config.checkpointing, "gap": config.gap,
+            "what_if": config.what_if,
             "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}}
@@ -297,7 +316,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     todo: list[Point] = []
     deferred: list[Point] = []
     extra = nvme_overrides(scenario)
-    searched = candidates(base, free_knobs(free, fix), nvme=scenario.hardware.has_nvme)
+    searched = candidates(base, free_knobs(free, fix), nvme=scenario.hardware.has_nvme,
+                          fork=scenario.behaviours.fork_options)
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (
