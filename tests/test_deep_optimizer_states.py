@@ -178,3 +178,10 @@ def test_the_shipped_sweep_prices_each_option_through_the_sweep_runner():
     assert [r["status"] for r in rows] == ["ok"] * 5
     plain, flush, *gaps = [r["iteration_s"] for r in rows]
     assert plain > flush > max(gaps)
+
+
+@pytest.mark.parametrize("commit, gap", [("fa8c1df2", 3), ("8074cd62", 4)])
+def test_a_build_that_fixes_the_gap_supplies_it_when_the_run_gives_none(toy, commit, gap):
+    with pytest.warns(ForkBuildWarning):
+        scenario = toy.scenario(_fork(f"0.13.3+{commit}", prefetch_optimizer=True))
+    assert scenario.deepspeed.offload_optimizer.prefetch_optimizer_gap == gap

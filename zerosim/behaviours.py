@@ -108,6 +108,8 @@ class ForkBuild:
     date: str
     title: str
     differs: str = ""
+    fixed_gap: int = 0
+    """The gap the build's own step hard-codes (0: it reads `prefetch_optimizer_gap`)."""
 
 
 DEEP_OPTIMIZER_STATES_REPOSITORY = "DataStates/DeepSpeed, branch deep-optimizer-states"
@@ -121,10 +123,10 @@ GPU, its state moved in and out while the CPU updates the others)."""
 DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
     ForkBuild("fa8c1df2", "2024-03-25", "Working version of Stage-3 opt-swap-in/out with Async "
               "copier", "reads prefetch_optimizer only, with the gap fixed at 3, and steps "
-              "through a work-in-progress version of the interleaved update"),
+              "through a work-in-progress version of the interleaved update", fixed_gap=3),
     ForkBuild("8074cd62", "2024-03-28", "Working version of deep optimizer states",
               "reads prefetch_optimizer only, with the gap fixed at 4; its boundary copy is "
-              "always non_blocking"),
+              "always non_blocking", fixed_gap=4),
     ForkBuild("c7da512a", "2024-04-08", "Stash pipline parallel code",
               "moves the GPU sub-groups' state on one copier stream and writes the CPU "
               "sub-groups' 16-bit partitions by a raw H2D of their fp32 bytes"),

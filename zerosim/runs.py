@@ -114,8 +114,9 @@ class MeasuredRun:
     @property
     def fork_suffix(self) -> str:
         """`-async`, `-gap3`: the fork's options in a configuration's name."""
+        gap = self.prefetch_optimizer_gap
         return ("-async" if self.part_grads_async else "") + (
-            f"-gap{self.prefetch_optimizer_gap}" if self.prefetch_optimizer else "")
+            (f"-gap{gap}" if gap else "-interleaved") if self.prefetch_optimizer else "")
 
     @property
     def size_text(self) -> str:

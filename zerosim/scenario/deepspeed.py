@@ -388,6 +388,16 @@ class ForkBuildWarning(ScenarioWarning):
     """A Deep Optimizer States build whose own code departs from the step zerosim replays."""
 
 
+def _fork_gap(zero: _Zero, label: str) -> int:
+    """The interleaved update's gap: the key, or where a run switches the update on without
+    it, the gap the named build hard-codes (fa8c1df2: 3, 8074cd62: 4)."""
+    o = zero.offload_optimizer
+    build = fork_build(label)
+    if o.prefetch_optimizer and not o.prefetch_optimizer_gap and build is not None:
+        return build.fixed_gap
+    return o.prefetch_optimizer_gap
+
+
 def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source: str) -> None:
     """The Deep Optimizer States keys (`zerosim.behaviours.DEEP_OPTIMIZER_STATES_BUILDS`):
     only a build of that fork reads them, and its step divides by the gap minus one."""
@@ -414,7 +424,7 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
                       "(docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=5)
     if not o.prefetch_optimizer:
         return
-    if o.prefetch_optimizer_gap < 2:
+    if _fork_gap(zero, label) < 2:
         raise ScenarioError(
             source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer_gap", "at least 2 with "
             "prefetch_optimizer (every gap-th sub-group is updated on the GPU; the fork's step "
@@ -435,14 +445,13 @@ def _aio_settings(raw: _Aio | None) -> AioSettings:
                        raw.overlap_events)
 
 
-def _offload_optimizer(raw: _OffloadOptimizer, pin_default: bool) -> OffloadSettings:
+def _offload_optimizer(raw: _OffloadOptimizer, pin_default: bool, gap: int) -> OffloadSettings:
     return OffloadSettings(
         raw.device, pin_default if raw.pin_memory is None else raw.pin_memory, raw.ratio,
         nvme_path=raw.nvme_path, buffer_count=raw.buffer_count,
         pipeline_read=raw.pipeline_read, pipeline_write=raw.pipeline_write,
         fast_init=raw.fast_init, part_grads_async=raw.part_grads_async,
-        prefetch_optimizer=raw.prefetch_optimizer,
-        prefetch_optimizer_gap=raw.prefetch_optimizer_gap)
+        prefetch_optimizer=raw.prefetch_optimizer, prefetch_optimizer_gap=gap)
 
 
 def _offload_param(raw: _OffloadParam) -> OffloadSettings:
@@ -512,7 +521,8 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
     aio = _aio_settings(raw.aio)
     pin_default = behaviours.offload_pin_memory_default_true
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0
-    offload_opt = _offload_optimizer(zero.offload_optimizer, pin_default)
+    offload_opt = _offload_optimizer(zero.offload_optimizer, pin_default,
+                                     _fork_gap(zero, build_label))
     resolved = DeepSpeedConfig(
         train_micro_batch_size_per_gpu=batch.train_micro_batch_size_per_gpu,
         gradient_accumulation_steps=batch.gradient_accumulation_steps,
