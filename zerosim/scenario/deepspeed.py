@@ -400,7 +400,9 @@ def _fork_gap(zero: _Zero, label: str) -> int:
 
 def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source: str) -> None:
     """The Deep Optimizer States keys (`zerosim.behaviours.DEEP_OPTIMIZER_STATES_BUILDS`):
-    only a build of that fork reads them, and its step divides by the gap minus one."""
+    only a build of that fork reads them, and its step divides by the gap minus one. Where
+    zerosim replays the interleaved update is decided with the other modes
+    (`support._interleaved_update_is_offloaded_stage3`)."""
     o = zero.offload_optimizer
     keys = {"part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
             "prefetch_optimizer_gap": o.prefetch_optimizer_gap}
@@ -429,14 +431,6 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
             source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer_gap", "at least 2 with "
             "prefetch_optimizer (every gap-th sub-group is updated on the GPU; the fork's step "
             "divides by gap - 1)", o.prefetch_optimizer_gap)
-    if zero.stage != 3 or o.device != "cpu" or o.ratio < 1 or zero.offload_param.device != "none":
-        raise ScenarioError(
-            source, f"{OFFLOAD_OPTIMIZER_KEY}.prefetch_optimizer",
-            "true only with stage 3, offload_optimizer.device 'cpu', ratio 1.0 and no "
-            "offload_param (the fork's interleaved update replaces the CPU step of ZeRO-3 with "
-            "its 16-bit partition in HBM; zerosim does not replay it with the parameters "
-            "offloaded)", f"stage {zero.stage}, device '{o.device}', ratio {o.ratio}, "
-            f"offload_param '{zero.offload_param.device}'")
 
 
 def _aio_settings(raw: _Aio | None) -> AioSettings:

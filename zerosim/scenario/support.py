@@ -16,7 +16,8 @@ def check_supported(scenario: Any) -> None:
     for rule in (_needs_16bit_training, _no_tensor_parallel, _offload_needs_zero,
                  _param_offload_needs_stage3, _param_offload_needs_optimizer_offload,
                  _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
-                 _what_ifs_not_with_nvme, _step_what_ifs_not_with_the_interleaved_update,
+                 _what_ifs_not_with_nvme, _interleaved_update_is_offloaded_stage3,
+                 _step_what_ifs_not_with_the_interleaved_update,
                  _nvme_buffers_suffice):
         rule(scenario)
 
@@ -129,6 +130,20 @@ def _what_ifs_not_with_nvme(scenario: Any) -> None:
         _refuse(scenario, "what_if", "no gpu_update_every or buffer_boundary_grads with the "
                 "optimizer on NVMe (zerosim does not model them with swapped state)",
                 what_if.model_dump())
+
+
+def _interleaved_update_is_offloaded_stage3(scenario: Any) -> None:
+    """The fork's `prefetch_optimizer` replaces ZeRO-3's CPU step with the 16-bit partition
+    in HBM: what zerosim replays (the fork also changes stage_1_and_2.py, not replayed)."""
+    ds = scenario.deepspeed
+    o = ds.offload_optimizer
+    if o.prefetch_optimizer and (ds.stage != 3 or o.device != "cpu" or o.ratio < 1
+                                 or ds.offload_param.enabled):
+        _refuse(scenario, f"{ZERO}.offload_optimizer.prefetch_optimizer",
+                "true only with stage 3, offload_optimizer.device 'cpu', ratio 1.0 and no "
+                "offload_param (zerosim replays the fork's interleaved update of ZeRO-3 with "
+                "the 16-bit partition in HBM)", f"stage {ds.stage}, device '{o.device}', "
+                f"ratio {o.ratio}, offload_param '{ds.offload_param.device}'")
 
 
 def _step_what_ifs_not_with_the_interleaved_update(scenario: Any) -> None:
