@@ -253,3 +253,13 @@ def test_the_fork_columns_may_carry_the_offload_optimizer_prefix():
     with pytest.raises(ScenarioError, match=r"row 1\.offload_optimizer_prefetch_optimizer_gap"):
         read_runs_text(f"{header},prefetch_optimizer_gap,offload_optimizer_prefetch_optimizer_gap"
                        f"\n{row},3,4\n", "t.csv")
+
+
+def test_set_switches_a_fork_option_on_for_every_row_of_its_builds():
+    """A table of fork builds without the option columns, priced with `--set`: the rows keep
+    their build label, so the key is read (a release would refuse it)."""
+    runs = read_runs_text(_rows([15], drop=MEASURED), "t.csv")
+    plain, = predict(runs, "polaris-a100", workers=1).predictions
+    key = "deepspeed.zero_optimization.offload_optimizer.part_grads_async"
+    flushed, = predict(runs, "polaris-a100", overrides={key: True}, workers=1).predictions
+    assert flushed.status == "ok" and flushed.predicted["backward"] < plain.predicted["backward"]

@@ -147,9 +147,11 @@ class MeasuredRun:
         return math.ceil(self.gpus / gpus_per_node)
 
     def scenario(self, hardware: str | Path, *, gpus_per_node: int, name_prefix: str = "",
-                 description: str = "") -> dict[str, Any]:
+                 description: str = "", keep_build: bool = False) -> dict[str, Any]:
         """The run as a zerosim scenario mapping on the profile `hardware` (a built-in name or
-        a YAML file), spread over as many of its nodes as the run's GPUs need."""
+        a YAML file), spread over as many of its nodes as the run's GPUs need; on the build
+        itself rather than its release when `keep_build` (the fork's options come from
+        elsewhere, `--set`)."""
         nodes = self.nodes(gpus_per_node)
         reference: dict[str, Any] = (
             {"file": str(Path(hardware).resolve())} if _is_file(hardware)
@@ -189,7 +191,8 @@ class MeasuredRun:
                                           **self._fork_options()},
                 },
             },
-            "runtime": {"deepspeed_version": self.deepspeed_version, "framework": STACK},
+            "runtime": {"deepspeed_version": self.build if keep_build else self.deepspeed_version,
+                        "framework": STACK},
         }
 
 
@@ -220,6 +223,12 @@ def _flag(source: str, row: int, column: str, text: str) -> bool:
     if text.strip().lower() not in ("true", "false"):
         raise ScenarioError(source, f"row {row}.{column}", "True or False", text)
     return text.strip().lower() == "true"
+
+
+def sets_fork_options(overrides: Mapping[str, Any]) -> bool:
+    """Whether `--set` switches on one of the fork's options for every row."""
+    return any(path.rpartition(".")[2] in FORK_COLUMNS and value
+               for path, value in overrides.items())
 
 
 def _fork_options(source: str, row: int, r: Mapping[str, str]) -> dict[str, Any]:
@@ -495,12 +504,13 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
     started = time.perf_counter()
     per_node = load_profile(hardware).gpus_per_node
     groups = configurations(runs)
+    keep_build = sets_fork_options(overrides or {})
     jobs = []
     for configuration in groups:
         run = configuration.first
         rows = ", ".join(str(r.row) for r in configuration.runs)
         tree = run.scenario(hardware, gpus_per_node=per_node, name_prefix=name_prefix,
-                            description=f"{source}, row(s) {rows}")
+                            description=f"{source}, row(s) {rows}", keep_build=keep_build)
         jobs.append((configuration, tree["name"], run.nodes(per_node), tree))
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):
