@@ -141,6 +141,16 @@ DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
 (`pip install -e`) the code that runs may be later, so the earlier labels are accepted and
 replayed the same way, with a warning naming how their own code differs."""
 
+FORK_KEYS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")
+"""The fork's `offload_optimizer` keys; the raw and resolved settings and a measured run carry
+them under these names."""
+
+
+def fork_settings(holder: object) -> dict[str, bool | int]:
+    """The fork's keys as `holder` (settings or a run) has them."""
+    return {key: getattr(holder, key) for key in FORK_KEYS}
+
+
 FORK_OPTIONS = ("fork_options",)
 """The `Behaviours` field a fork build sets (`ForkBuild`), not a release."""
 

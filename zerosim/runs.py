@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zerosim.behaviours import FORK_KEYS, fork_settings
 from zerosim.errors import Described, ScenarioError
 
 STACK = "megatron-deepspeed"
@@ -51,7 +52,7 @@ DeepSpeed 0.13.3). A warning names each column filled."""
 REQUIRED_COLUMNS = tuple(c for c in (*COUNT_COLUMNS, *FLAG_COLUMNS, "zero_stage",
                                      "deepspeed_version") if c not in DEFAULTS)
 """The model's shape, the GPUs and the batch: what no default can stand for."""
-FORK_COLUMNS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")
+FORK_COLUMNS = FORK_KEYS
 """Optional columns: the Deep Optimizer States fork's `offload_optimizer` keys (False, False
 and 0 when absent or empty), also as the table spells `offload_optimizer_pin_memory`
 (`offload_optimizer_part_grads_async`, ...); a run that sets one is replayed on the build its
@@ -103,7 +104,7 @@ class MeasuredRun:
 
     @property
     def uses_fork_options(self) -> bool:
-        return self.part_grads_async or self.prefetch_optimizer or self.prefetch_optimizer_gap > 0
+        return any(fork_settings(self).values())
 
     @property
     def deepspeed_version(self) -> str:
@@ -197,11 +198,7 @@ class MeasuredRun:
 
 
     def _fork_options(self) -> dict[str, Any]:
-        if not self.uses_fork_options:
-            return {}
-        return {"part_grads_async": self.part_grads_async,
-                "prefetch_optimizer": self.prefetch_optimizer,
-                "prefetch_optimizer_gap": self.prefetch_optimizer_gap}
+        return fork_settings(self) if self.uses_fork_options else {}
 
 
 def _is_file(hardware: str | Path) -> bool:

@@ -15,7 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from zerosim.behaviours import DEEP_OPTIMIZER_STATES_REPOSITORY, Behaviours, fork_build
+from zerosim.behaviours import (
+    DEEP_OPTIMIZER_STATES_REPOSITORY,
+    Behaviours,
+    fork_build,
+    fork_settings,
+)
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.inputs import check_section
 from zerosim.scenario.batch import batch_sizes
@@ -277,8 +282,7 @@ def _offload_optimizer_dict(o: OffloadSettings) -> dict[str, Any]:
 
 def _fork_keys(o: OffloadSettings) -> dict[str, Any]:
     """The Deep Optimizer States keys, where a scenario sets them (a release has none)."""
-    keys = {"part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
-            "prefetch_optimizer_gap": o.prefetch_optimizer_gap}
+    keys = fork_settings(o)
     return keys if any(keys.values()) else {}
 
 
@@ -404,8 +408,7 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
     zerosim replays the interleaved update is decided with the other modes
     (`support._interleaved_update_is_offloaded_stage3`)."""
     o = zero.offload_optimizer
-    keys = {"part_grads_async": o.part_grads_async, "prefetch_optimizer": o.prefetch_optimizer,
-            "prefetch_optimizer_gap": o.prefetch_optimizer_gap}
+    keys = fork_settings(o)
     used = [key for key, value in keys.items() if value]
     if not used:
         return
