@@ -527,6 +527,50 @@ def test_adam_memory_traffic_follows_where_each_buffer_lives(toy, placement,
         [57472 * busiest_domain_bytes / 0.2e9], rel=1e-9)
 
 
+@pytest.mark.parametrize(("placement", "busiest_domain_bytes"), [
+    ("gpu_local", 28),  # threads and pages on domain 0: every byte local
+    ("interleaved", 28),  # 14 B per domain, half of them touched from the other: 14 x 2
+    ("round_robin", 40),  # domain 0: 12 B at home + 8 B spread, each at (1 + 3) / 2
+])
+def test_a_remote_byte_costs_its_domain_remote_access_cost_local_bytes(toy, placement,
+                                                                        busiest_domain_bytes):
+    """As above with host.remote_access_cost 3: unbound threads sit evenly on both domains, so
+    a byte on either costs 0.5 x 1 + 0.5 x 3 = 2 local bytes; bound (gpu_local) threads touch
+    only their own domain's pages."""
+    host = TWO_SOCKETS | {"rank_memory_placement": {"value": placement},
+                          "memory_GBps_per_domain": {"value": 0.2},
+                          "remote_access_cost": {"value": 3, "basis": "assumed", "source": "test"}}
+    spans = toy.run({"hardware": {"host": host}}).spans
+    adam = spans[spans.op == "cpu adam sub-group 0"]
+    assert list(adam.end_s - adam.start_s) == pytest.approx(
+        [57472 * busiest_domain_bytes / 0.2e9], rel=1e-9)
+
+
+def test_bound_ranks_keep_threads_and_pages_on_their_gpus_domain(toy):
+    """Two GPUs, GPU 0 on domain 1 and GPU 1 on domain 0 (as Polaris numbers them backwards),
+    interleaved pages when unbound, remote bytes at 3x, sub-group 0 of 57504 elements per rank:
+    bound (`bind_cores_to_rank`), each rank's Adam is local (28 B per element on its own
+    domain); unbound, each domain carries half of both ranks' bytes at 2x (28 B per element of
+    each rank). With fast memory and two hardware threads per core, Adam is bound by its
+    threads: unbound, one per physical core (4 each, 8 on 8 hardware threads); bound, the
+    rank's share of the physical cores (4 // 2 = 2, OMP_NUM_THREADS), at 1e8 params/s each."""
+    gpus = {"per_node": 2, "numa_domain": [1, 0]}
+    slow = TWO_SOCKETS | {"rank_memory_placement": {"value": "interleaved"},
+                          "memory_GBps_per_domain": {"value": 0.2},
+                          "remote_access_cost": {"value": 3, "basis": "assumed",
+                                                 "source": "test"}}
+    fast = slow | {"memory_GBps_per_domain": {"value": 1e6}, "threads_per_core": 2}
+    expected = {("slow", True): 57504 * 28 / 0.2e9, ("slow", False): 2 * 57504 * 28 / 0.2e9,
+                ("fast", False): 57504 / 4e8, ("fast", True): 57504 / 2e8}
+    for (name, bound), seconds in expected.items():
+        patch = {"hardware": {"gpu": gpus, "host": slow if name == "slow" else fast},
+                 "runtime": {"bind_cores_to_rank": bound}}
+        spans = toy.run(patch, gpus=2).spans
+        adam = spans[spans.op == "cpu adam sub-group 0"]
+        assert list(adam.end_s - adam.start_s) == pytest.approx([seconds] * 2, rel=1e-9), (
+            name, bound)
+
+
 # DeepSpeed stage3.py: reduce_and_partition_stream = Stream() if overlap_comm else
 # default_stream(), so without overlap_comm the reduction is serialized with the backward.
 NO_OVERLAP = {"deepspeed": {"zero_optimization": {"overlap_comm": False,

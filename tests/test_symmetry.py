@@ -123,8 +123,13 @@ def test_toy_nodes_fold_exactly(toy, per_node):
     (DP4, {"hardware.host.rank_memory_placement": "gpu_local"}, ONE_CLASS),
     (DP4, {"hardware.host.rank_memory_placement": "interleaved"}, ONE_CLASS),
     (DP4, {"hardware.gpu.numa_domain": [0, 1, 1, 1]}, {0: (0,), 1: (1, 3), 2: (2,)}),
-    (POLARIS_DP4, {}, ONE_CLASS),                 # one NUMA domain
+    (POLARIS_DP4, {}, ONE_CLASS),                 # four domains, pages interleaved
     (POLARIS_DP2, {}, {0: (0, 1)}),               # two of the node's four GPUs
+    (DP4, {"runtime.bind_cores_to_rank": True}, ONE_CLASS),   # each rank on its GPU's domain
+    (POLARIS_DP4, {"runtime.bind_cores_to_rank": True}, ONE_CLASS),
+    # two domains each, the list's halves: rank 0 on GPU 0's and GPU 1's, rank 1 on GPU 2's
+    # and GPU 3's, away from its own GPU's domain: no mirror
+    (POLARIS_DP2, {"runtime.bind_cores_to_rank": True}, None),
     (DP4, {Z + "offload_param.device": "cpu", Z + "offload_param.pin_memory": True},
      JLSE_CLASSES),
     (DP4, {Z + "offload_optimizer.pin_memory": False, "deepspeed.gradient_accumulation_steps": 3},

@@ -110,6 +110,11 @@ class ForkBuild:
     differs: str = ""
     fixed_gap: int = 0
     """The gap the build's own step hard-codes (0: it reads `prefetch_optimizer_gap`)."""
+    binds_cores: bool = False
+    """Its launcher takes a `--bind_core_list` in any order (`deepspeed/utils/numa.py`
+    `parse_range_list` without the ascending check, from c7da512a on): the change a core list
+    in GPU order needs on Polaris, where GPU 0 hangs off NUMA domain 3. The runs of these
+    builds are taken as launched with `--bind_cores_to_rank` and that list (`BOUND_LAUNCH`)."""
 
 
 DEEP_OPTIMIZER_STATES_REPOSITORY = "DataStates/DeepSpeed, branch deep-optimizer-states"
@@ -129,17 +134,37 @@ DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
               "always non_blocking", fixed_gap=4),
     ForkBuild("c7da512a", "2024-04-08", "Stash pipline parallel code",
               "moves the GPU sub-groups' state on one copier stream and writes the CPU "
-              "sub-groups' 16-bit partitions by a raw H2D of their fp32 bytes"),
-    ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups"),
-    ForkBuild("5c3f1413", "2024-06-05", "Middleware submission"),
-    ForkBuild("4570a955", "2024-09-30", "Cleanup DataStates from Deep-Optimizer-States"),
+              "sub-groups' 16-bit partitions by a raw H2D of their fp32 bytes",
+              binds_cores=True),
+    ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups",
+              binds_cores=True),
+    ForkBuild("5c3f1413", "2024-06-05", "Middleware submission", binds_cores=True),
+    ForkBuild("4570a955", "2024-09-30", "Cleanup DataStates from Deep-Optimizer-States",
+              binds_cores=True),
     ForkBuild("d18d6f81", "2024-10-03", "Update script to support "
-              "https://github.com/microsoft/DeepSpeed/issues/5603"),
+              "https://github.com/microsoft/DeepSpeed/issues/5603", binds_cores=True),
 )
 """The fork's builds. zerosim replays the options as d8048a5e and later do them (the step of
 4570a955). A build reports the commit it was installed from; with a development install
 (`pip install -e`) the code that runs may be later, so the earlier labels are accepted and
 replayed the same way, with a warning naming how their own code differs."""
+
+BOUND_LAUNCH = (
+    "c7da512a relaxes the launcher's core-list parser and nothing else of it; the same author's "
+    "later runs (mauryaavinash95/MLP-Offload logs, 2024-11) launch with --bind_cores_to_rank "
+    "and a --bind_core_list out of ascending order; and the four DP=4 runs of c7da512a measure "
+    "an update 1.5x faster than the other builds' at the same size, as ranks on their own "
+    "NUMA domain's memory would (docs/deep_optimizer_states.md)")
+"""Why the runs of a `binds_cores` build are replayed with `runtime.bind_cores_to_rank`."""
+
+
+def launched_bound(version: str) -> bool:
+    """Whether the runs of a DeepSpeed version (`0.13.3+c7da512a`) are taken as launched with
+    cores bound to each rank (`ForkBuild.binds_cores`): False for a release."""
+    label = version.partition("+")[2]
+    build = fork_build(label) if label else None
+    return bool(build and build.binds_cores)
+
 
 FORK_KEYS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")
 """The fork's `offload_optimizer` keys; the raw and resolved settings and a measured run carry

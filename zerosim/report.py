@@ -41,8 +41,7 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.gpus_per_node} "
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
-                f"cpu_threads_per_rank "
-                f"{scenario.runtime.cpu_threads_per_rank or 'one per physical core'}")
+                f"cpu_threads_per_rank {_threads_text(scenario)}")
     top.add_row("mode", _mode(scenario))
     behaviours = scenario.behaviours.describe()
     top.add_row("behaviours", ", ".join(f"{name} {'yes' if on else 'no'}"
@@ -409,3 +408,16 @@ def render_predictions(outcome) -> None:
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
     _print_files(console, outcome.files)
+
+
+def _threads_text(scenario: Scenario) -> str:
+    runtime = scenario.runtime
+    if runtime.cpu_threads_per_rank:
+        chosen = str(runtime.cpu_threads_per_rank)
+    elif runtime.bind_cores_to_rank:
+        chosen = "the rank's share of the physical cores"
+    else:
+        chosen = "one per physical core"
+    bound = ", cores and memory bound to each GPU's NUMA domain" if runtime.bind_cores_to_rank \
+        else ""
+    return chosen + bound

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.behaviours import FORK_KEYS, fork_settings
+from zerosim.behaviours import FORK_KEYS, fork_settings, launched_bound
 from zerosim.errors import Described, ScenarioError
 
 STACK = "megatron-deepspeed"
@@ -58,6 +58,10 @@ and 0 when absent or empty), also as the table spells `offload_optimizer_pin_mem
 (`offload_optimizer_part_grads_async`, ...); a run that sets one is replayed on the build its
 `deepspeed_version` names (`zerosim.behaviours.DEEP_OPTIMIZER_STATES_BUILDS`)."""
 OFFLOAD_PREFIX = "offload_optimizer_"
+BIND_COLUMN = "bind_cores_to_rank"
+"""Optional column: True where the run was launched with `--bind_cores_to_rank` and a core
+list in GPU order (`runtime.bind_cores_to_rank`); when absent or empty, what the build says
+(`behaviours.launched_bound`: the Deep Optimizer States builds from c7da512a on)."""
 SUPPORTED = {"swiglu": ("True",), "normalization": ("rmsnorm",)}
 """Columns whose other values describe a model the stack does not build (a GELU MLP, a
 LayerNorm), with what is supported."""
@@ -95,6 +99,9 @@ class MeasuredRun:
     part_grads_async: bool = False
     prefetch_optimizer: bool = False
     prefetch_optimizer_gap: int = 0
+    bind_cores_to_rank: bool = False
+    """Launched with each rank bound to its GPU's NUMA domain (column `bind_cores_to_rank`;
+    when the table has none, what the build says: `behaviours.launched_bound`)."""
     seconds: Mapping[str, float] = field(default_factory=dict)
     """Measured seconds per optimizer step, by `MEASURED_PHASES`, where the table has them."""
     peak_gpu_bytes: float | None = None
@@ -120,6 +127,14 @@ class MeasuredRun:
             (f"-gap{gap}" if gap else "-interleaved") if self.prefetch_optimizer else "")
 
     @property
+    def launch_suffix(self) -> str:
+        """`-bound` or `-unbound` where the run's binding is not its build's
+        (`behaviours.launched_bound`), else nothing."""
+        if self.bind_cores_to_rank == launched_bound(self.build):
+            return ""
+        return "-bound" if self.bind_cores_to_rank else "-unbound"
+
+    @property
     def size_text(self) -> str:
         """`11.20b` from the table's parameter count, else the shape (`L40h5120`)."""
         if self.params:
@@ -130,7 +145,7 @@ class MeasuredRun:
     def name(self) -> str:
         return (f"{self.size_text}-dp{self.gpus}-mb{self.micro_batch_size}"
                 f"-ga{self.grad_accum_steps}-sg{self.sub_group_size:.0e}"
-                f"{self.fork_suffix}").replace("+", "")
+                f"{self.fork_suffix}{self.launch_suffix}").replace("+", "")
 
     @property
     def config_key(self) -> tuple[Any, ...]:
@@ -142,7 +157,7 @@ class MeasuredRun:
                 self.prefetch_bucket_size, self.untied_embeddings, self.flash_attention,
                 self.bf16, self.checkpoint_activations, self.pin_memory, self.overlap_comm,
                 self.zero_stage, self.deepspeed_version, self.part_grads_async,
-                self.prefetch_optimizer, self.prefetch_optimizer_gap)
+                self.prefetch_optimizer, self.prefetch_optimizer_gap, self.bind_cores_to_rank)
 
     def nodes(self, gpus_per_node: int) -> int:
         return math.ceil(self.gpus / gpus_per_node)
@@ -193,7 +208,8 @@ class MeasuredRun:
                 },
             },
             "runtime": {"deepspeed_version": self.build if keep_build else self.deepspeed_version,
-                        "framework": STACK},
+                        "framework": STACK,
+                        **({"bind_cores_to_rank": True} if self.bind_cores_to_rank else {})},
         }
 
 
@@ -291,6 +307,8 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
     host = _measured(source, row, HOST_MEMORY_COLUMN, r.get(HOST_MEMORY_COLUMN))
     params = r.get("params_analytic_total")
     fork = _fork_options(source, row, r)
+    build = r["deepspeed_version"].strip()
+    bound = (r.get(BIND_COLUMN) or "").strip()
     return MeasuredRun(
         row=row, num_layers=counts["num_layers"], hidden_size=counts["hidden_size"],
         ffn_hidden_size=counts["ffn_hidden_size"],
@@ -304,7 +322,9 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
         flash_attention=flags["use_flash_attn"], bf16=flags["bf16"],
         checkpoint_activations=flags["checkpoint_activations"],
         pin_memory=flags["offload_optimizer_pin_memory"], overlap_comm=flags["overlap_comm"],
-        zero_stage=int(stage), build=r["deepspeed_version"].strip(),
+        zero_stage=int(stage), build=build,
+        bind_cores_to_rank=(_flag(source, row, BIND_COLUMN, bound) if bound
+                            else launched_bound(build)),
         params=_count(source, row, "params_analytic_total", params) if params else None,
         **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * 1e9,
         peak_host_bytes=None if host is None else host * 1e9)

@@ -49,24 +49,26 @@ class NetworkShapes:
 
 @lru_cache(maxsize=NETWORKS_REMEMBERED)
 def network_shapes(profile: HardwareProfile, ranks: int, threads_per_rank: int | None,
-                   classes: tuple[tuple[int, ...], ...] | None) -> NetworkShapes:
+                   classes: tuple[tuple[int, ...], ...] | None, bound: bool = False
+                   ) -> NetworkShapes:
     """The `NetworkShapes` of a `Machine(env, profile, ranks, threads_per_rank,
-    classes=classes)`, the same object for every run of that layout in this process (a sweep
+    bound=bound, classes=classes)`, the same object for every run of that layout in this process (a sweep
     runs one machine many times; working its shapes out again cost about 2% of a run)."""
     return NetworkShapes()
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a rank lives: its node, its GPU, and where its host pages sit: `home` for the
-    buffers its host thread allocates, `spread` for tensors its CPU pool first touches (see
-    `costs.HostBytes`)."""
+    """Where a rank lives: its node, its GPU, where its host pages sit (`home` for the buffers
+    its host thread allocates, `spread` for tensors its CPU pool first touches, see
+    `costs.HostBytes`), and where its CPU threads run (`threads`)."""
 
     rank: int
     node: int
     gpu: int
     home: Shares
     spread: Shares
+    threads: Shares
 
     @property
     def device(self) -> str:
@@ -77,37 +79,75 @@ class Placement:
         return f"host{self.node}"
 
 
-def host_shares(profile: HardwareProfile, local_rank: int) -> tuple[Shares, Shares]:
-    """Where a rank's home and spread pages live under the profile's placement rule.
+def host_shares(profile: HardwareProfile, local_rank: int, ranks_on_node: int, *,
+                bound: bool = False) -> tuple[Shares, Shares, Shares]:
+    """Where a rank's home and spread pages live, and where its threads run.
 
-    `round_robin`: unbound processes; Linux spreads their host threads over the sockets, so
-    home is domain r mod domains (first touch keeps pages local), while the OpenMP pool spans
-    every socket and spreads what it first touches evenly. `gpu_local`: ranks bound to the
-    socket their GPU hangs off (numactl, `--bind_cores_to_rank`), pool included: everything on
-    that domain. `interleaved`: `numactl --interleave=all`: every page evenly on every domain.
+    Bound ranks (`runtime.bind_cores_to_rank`) run on their share of the node's cores
+    (`bound_domains`) and first touch their pages there. Otherwise the threads run anywhere
+    on the node and the pages follow the profile's rule: `round_robin`: Linux spreads the
+    processes over the sockets, so home is domain r mod domains (first touch keeps pages
+    local), while the OpenMP pool spans every socket and spreads what it first touches
+    evenly; `gpu_local`: the node's own launcher binds each rank's threads and pages to its
+    GPU's domain; `interleaved`: every page evenly on every domain (`numactl
+    --interleave=all`, or threads that wander over the domains of one socket while they first
+    touch the pages).
     """
     every = tuple((d, 1.0 / profile.numa_domains) for d in range(profile.numa_domains))
-    if profile.rank_memory_placement == "interleaved":
-        return every, every
+    if bound:
+        domains = bound_domains(profile, local_rank, ranks_on_node)
+        return domains, domains, domains
     if profile.rank_memory_placement == "gpu_local":
         local = ((profile.gpu_numa_domain[local_rank], 1.0),)
-        return local, local
-    return ((local_rank % profile.numa_domains, 1.0),), every
+        return local, local, local
+    if profile.rank_memory_placement == "interleaved":
+        return every, every, every
+    return ((local_rank % profile.numa_domains, 1.0),), every, every
 
 
-def place_ranks(profile: HardwareProfile, ranks: int) -> list[Placement]:
-    """Rank r drives GPU r; its host buffers follow the profile's placement rule."""
+def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int) -> Shares:
+    """The domains of a bound rank's cores, by share of its cores, as DeepSpeed's launcher
+    binds (`deepspeed.utils.numa.get_numactl_cmd`): it cuts the core list into equal
+    consecutive parts, one per local rank, and binds memory too (`numactl -m`) when a part
+    lies in one domain. zerosim's list holds every domain's cores, domains in the order of the
+    GPUs attached to them (the first GPU's domain first; domains without a GPU last): so with
+    one rank per GPU and a domain per GPU, each rank gets its GPU's domain; with one rank,
+    every domain, as unbound."""
+    order = list(dict.fromkeys(profile.gpu_numa_domain))
+    order += [d for d in range(profile.numa_domains) if d not in order]
+    width = len(order) / ranks_on_node
+    start, end = local_rank * width, (local_rank + 1) * width
+    shares = []
+    for position, domain in enumerate(order):
+        overlap = min(end, position + 1) - max(start, position)
+        if overlap > 0:
+            shares.append((domain, overlap / width))
+    return tuple(shares)
+
+
+def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False
+                ) -> list[Placement]:
+    """Rank r drives GPU r; its host buffers and threads follow the profile's placement rule,
+    or its share of the node's cores when `bound`."""
+    per_node = min(ranks, profile.gpus_per_node)
     placements = []
     for rank in range(ranks):
         node, local = divmod(rank, profile.gpus_per_node)
-        placements.append(Placement(rank, node, rank, *host_shares(profile, local)))
+        on_node = min(per_node, ranks - node * profile.gpus_per_node)
+        placements.append(Placement(rank, node, rank,
+                                    *host_shares(profile, local, on_node, bound=bound)))
     return placements
 
 
-def default_threads_per_rank(profile: HardwareProfile) -> int:
+def default_threads_per_rank(profile: HardwareProfile, ranks_on_node: int, *,
+                             bound: bool = False) -> int:
     """PyTorch's intra-op default, which the OpenMP pool of DeepSpeedCPUAdam inherits when
-    OMP_NUM_THREADS is unset (DeepSpeed's launcher leaves it unset): one thread per physical
-    core (c10 TaskThreadPoolBase::defaultNumThreads), not per hardware thread."""
+    OMP_NUM_THREADS is unset (DeepSpeed's launcher leaves it unset unless it binds): one thread
+    per physical core (c10 TaskThreadPoolBase::defaultNumThreads), not per hardware thread.
+    A launcher that binds (`--bind_cores_to_rank`) sets OMP_NUM_THREADS to the rank's share of
+    the physical cores (deepspeed.utils.numa.get_numactl_cmd)."""
+    if bound:
+        return max(1, profile.physical_cores // ranks_on_node)
     return profile.physical_cores
 
 
@@ -121,21 +161,25 @@ class Machine:
     """
 
     def __init__(self, env: simpy.Environment, profile: HardwareProfile, ranks: int,
-                 threads_per_rank: int | None, *, record_rates: bool = True,
+                 threads_per_rank: int | None, *, bound: bool = False,
+                 record_rates: bool = True,
                  classes: Sequence[tuple[int, ...]] | None = None,
                  shapes: NetworkShapes | None = None):
-        """`shapes`: what earlier runs of this layout worked out (`network_shapes`), by
-        default nothing."""
+        """`bound`: the launcher binds each rank to its GPU's domain
+        (`runtime.bind_cores_to_rank`); `shapes`: what earlier runs of this layout worked out
+        (`network_shapes`), by default nothing."""
         self.env = env
         self.profile = profile
-        self.placements = place_ranks(profile, ranks)
+        self.placements = place_ranks(profile, ranks, bound=bound)
         self.stands_for = {members[0]: members
                            for members in (classes or [(r,) for r in range(ranks)])}
         """Each simulated rank, with the ranks it stands for (itself first)."""
         shapes = shapes or NetworkShapes()
         self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False,
                                  memo=shapes.reallocations)
-        self.threads_per_rank = threads_per_rank or default_threads_per_rank(profile)
+        ranks_on_node = min(ranks, profile.gpus_per_node)
+        self.threads_per_rank = threads_per_rank or default_threads_per_rank(
+            profile, ranks_on_node, bound=bound)
         self._usages = shapes.usages
         self._dma_shapes: dict[tuple[Any, ...], tuple[costs.HostBytes, Usage]] = {}
         self._build_resources(ranks)
@@ -237,7 +281,8 @@ class Machine:
 
         def crossed(pl: Placement) -> dict[SharedResource, float]:
             link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
-            return {link: 1.0} | self._host_memory(pl, host) | self._remote_socket(pl, direction)
+            return ({link: 1.0} | self._host_memory(pl, host, self._gpu_domain(pl))
+                    | self._remote_socket(pl, direction))
 
         peak = None if pinned else (p.h2d_pageable_Bps if direction == "h2d"
                                     else p.d2h_pageable_Bps)
@@ -277,15 +322,30 @@ class Machine:
             weight=self.profile.dma_memory_weight / host.total)
         yield self.flows.start_usage(nbytes, usage, label=label)
 
-    def _host_memory(self, pl: Placement, host: costs.HostBytes) -> dict[SharedResource, float]:
-        """The bytes each of the rank's NUMA domains carries per unit of work."""
+    def _host_memory(self, pl: Placement, host: costs.HostBytes,
+                     accessors: Shares | None = None) -> dict[SharedResource, float]:
+        """The bytes each of the rank's NUMA domains carries per unit of work. `accessors`:
+        where what touches the pages sits (the rank's threads, or its GPU for a DMA); a byte
+        touched from another domain costs its domain `host.remote_access_cost` local bytes."""
         usage: dict[SharedResource, float] = {}
         for shares, nbytes in ((pl.home, host.home), (pl.spread, host.spread)):
             for domain, share in shares:
                 if nbytes * share > 0:
                     resource = self.memory[(pl.node, domain)]
-                    usage[resource] = usage.get(resource, 0.0) + nbytes * share
+                    cost = nbytes * share * self._access_cost(domain, accessors)
+                    usage[resource] = usage.get(resource, 0.0) + cost
         return usage
+
+    def _access_cost(self, domain: int, accessors: Shares | None) -> float:
+        """Local bytes one byte on `domain` costs when `accessors` touch it (1 when remote
+        bytes cost no more, as on one-domain nodes and profiles without the key)."""
+        remote = self.profile.remote_access_cost
+        if accessors is None or remote == 1.0:
+            return 1.0
+        return sum(share * (1.0 if where == domain else remote) for where, share in accessors)
+
+    def _gpu_domain(self, pl: Placement) -> Shares:
+        return ((self.profile.gpu_numa_domain[pl.gpu % self.profile.gpus_per_node], 1.0),)
 
     def _remote_socket(self, pl: Placement, direction: Direction
                        ) -> dict[SharedResource, float]:
@@ -319,7 +379,7 @@ class Machine:
             threads = min(threads or self.threads_per_rank, self.threads_per_rank)
             usage = self._shape(
                 key, rank, lambda pl: ({self.cpu[pl.node]: 1.0 / elements_per_s_per_thread}
-                                       | self._host_memory(pl, host)),
+                                       | self._host_memory(pl, host, pl.threads)),
                 max_rate=threads * elements_per_s_per_thread, weight=1.0 / host.total)
         yield self.flows.start_usage(elements, usage, label=label)
 
@@ -344,7 +404,7 @@ class Machine:
             return
         usage = self._shape(
             ("zero", rank, threads, where.home, where.spread), rank,
-            lambda pl: self._host_memory(pl, where),
+            lambda pl: self._host_memory(pl, where, pl.threads),
             max_rate=min(threads, self.threads_per_rank) * self.profile.page_zeroing_Bps)
         yield self.flows.start_usage(nbytes, usage, label=label)
 

@@ -253,7 +253,8 @@ def folded_classes(scenario: Scenario, *, fold: bool = True) -> tuple[tuple[int,
     of each, standing for the class. Mirror ranks of one node (`symmetry.rank_classes`) share
     a class; every rank is its own class when `fold` is off or the placed ranks span several
     nodes (a partly filled last node)."""
-    placed = place_ranks(scenario.hardware, simulated_ranks(scenario, fold=fold))
+    placed = place_ranks(scenario.hardware, simulated_ranks(scenario, fold=fold),
+                         bound=scenario.runtime.bind_cores_to_rank)
     if not fold:
         return tuple((pl.rank,) for pl in placed)
     return rank_classes(scenario.hardware, placed)
@@ -294,10 +295,11 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
     plan = plan_of(scenario)
-    threads = scenario.runtime.cpu_threads_per_rank
-    machine = Machine(env, scenario.hardware, simulated, threads, record_rates=full,
-                      classes=classes,
-                      shapes=network_shapes(scenario.hardware, simulated, threads, classes))
+    threads, bound = scenario.runtime.cpu_threads_per_rank, scenario.runtime.bind_cores_to_rank
+    machine = Machine(env, scenario.hardware, simulated, threads, bound=bound,
+                      record_rates=full, classes=classes,
+                      shapes=network_shapes(scenario.hardware, simulated, threads, classes,
+                                            bound))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)

@@ -26,19 +26,22 @@ if TYPE_CHECKING:
 MOST_RELABELLED_DOMAINS = 7
 """Beyond 7 NUMA domains (5,040 relabellings) only ranks with the same placement are folded."""
 
-Signature = tuple[int, frozenset[tuple[int, float]], frozenset[tuple[int, float]]]
-"""What a rank's placement shows the node: its GPU's domain, its home and its spread pages."""
+Signature = tuple[int, frozenset[tuple[int, float]], frozenset[tuple[int, float]],
+                  frozenset[tuple[int, float]]]
+"""What a rank's placement shows the node: its GPU's domain, its home and its spread pages,
+where its threads run."""
 
 
 def _signature(profile: HardwareProfile, placement: Placement) -> Signature:
     gpu_domain = profile.gpu_numa_domain[placement.gpu % profile.gpus_per_node]
-    return gpu_domain, frozenset(placement.home), frozenset(placement.spread)
+    return (gpu_domain, frozenset(placement.home), frozenset(placement.spread),
+            frozenset(placement.threads))
 
 
 def _relabelled(signature: Signature, domains: tuple[int, ...]) -> Signature:
-    gpu_domain, home, spread = signature
-    return (domains[gpu_domain], frozenset((domains[d], share) for d, share in home),
-            frozenset((domains[d], share) for d, share in spread))
+    gpu_domain, *pages = signature
+    return (domains[gpu_domain], *(frozenset((domains[d], share) for d, share in shares)
+                                   for shares in pages))
 
 
 def rank_classes(profile: HardwareProfile, placements: Sequence[Placement]

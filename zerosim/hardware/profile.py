@@ -84,6 +84,7 @@ class HardwareProfile:
     memory_Bps_per_domain: float
     dma_memory_weight: float
     socket_link_Bps: float
+    remote_access_cost: float
     rank_memory_placement: str
     adam_params_per_s_per_thread: float
     elementwise_Bps_per_thread: float
@@ -132,6 +133,10 @@ def _fraction(x: float) -> bool:
     return 0 < x <= 1
 
 
+def _at_least_one(x: float) -> bool:
+    return x >= 1
+
+
 def _non_negative(x: float) -> bool:
     return x >= 0
 
@@ -169,6 +174,8 @@ QUANTITIES: dict[str, Quantity] = {
     "host.dma_memory_weight": ("dma_memory_weight", 1.0, _positive, "a positive weight"),
     "host.socket_link_GBps": ("socket_link_Bps", GB, _positive,
                               "a positive bandwidth in GB/s per direction"),
+    "host.remote_access_cost": ("remote_access_cost", 1.0, _at_least_one,
+                                "a cost factor >= 1 (1: remote bytes cost what local ones do)"),
     "cpu.adam_params_per_s_per_thread": ("adam_params_per_s_per_thread", 1.0, _positive,
                                          "a positive rate in params/s"),
     "cpu.elementwise_GBps_per_thread": ("elementwise_Bps_per_thread", GB, _positive,
@@ -217,6 +224,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_latency_us": (0, "no fixed time per GEMM kernel beyond its waves of tiles: "
                             "profiles written before the key existed priced a GEMM by its "
                             "tiles alone"),
+    "host.remote_access_cost": (1.0, "a byte read or written from another NUMA domain costs "
+                                "its domain what a local byte costs: profiles written before "
+                                "the key existed charged no more for it"),
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
     "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "

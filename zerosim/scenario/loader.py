@@ -62,6 +62,7 @@ class _Runtime(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
     cpu_threads_per_rank: int | None = Field(None, ge=1)
+    bind_cores_to_rank: StrictBool = False
     framework: Any = None
 
 
@@ -97,6 +98,9 @@ class Runtime:
     cpu_threads_per_rank: int | None
     build_label: str = ""
     """A source build's local label (`4570a955` of `0.13.3+4570a955`), or ""."""
+    bind_cores_to_rank: bool = False
+    """The launcher binds each rank's threads and memory to its GPU's NUMA domain (DeepSpeed's
+    `--bind_cores_to_rank` with a `--bind_core_list` in GPU order)."""
 
     @property
     def version_text(self) -> str:
@@ -149,6 +153,8 @@ class Scenario:
             "deepspeed": self.deepspeed.to_dict(),
             "runtime": {"deepspeed_version": self.runtime.version_text,
                         "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
+                        **({"bind_cores_to_rank": True} if self.runtime.bind_cores_to_rank
+                           else {}),
                         "framework": {"name": self.stack.name, "values": {
                             key: p.as_dict() for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
@@ -428,7 +434,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         activation_checkpointing=raw.activation_checkpointing,
         attention=ATTENTION_NAMES[raw.attention],
         hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
-        runtime=Runtime(version, raw.runtime.cpu_threads_per_rank, label), what_if=raw.what_if,
+        runtime=Runtime(version, raw.runtime.cpu_threads_per_rank, label,
+                        raw.runtime.bind_cores_to_rank), what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
     check_supported(scenario)

@@ -1,0 +1,113 @@
+"""Cores bound to each rank (`runtime.bind_cores_to_rank`): where a bound rank's threads and
+pages sit, its thread count, the scenario key, and the measured runs whose build implies it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from zerosim.behaviours import DEEP_OPTIMIZER_STATES_BUILDS, launched_bound
+from zerosim.engine.machine import bound_domains, default_threads_per_rank, place_ranks
+from zerosim.hardware.profile import load_profile
+from zerosim.runs import read_runs_text
+from zerosim.scenario import load_scenario, scenario_from_dict
+from zerosim.validation.polaris import load_runs
+
+POLARIS = load_profile("polaris-a100")
+JLSE = load_profile("h100-jlse")
+
+
+@pytest.mark.parametrize(("profile", "ranks", "expected"), [
+    # Polaris: GPU r on domain 3 - r, the core list in GPU order: 3, 2, 1, 0.
+    (POLARIS, 4, [((3, 1.0),), ((2, 1.0),), ((1, 1.0),), ((0, 1.0),)]),
+    (POLARIS, 2, [((3, 0.5), (2, 0.5)), ((1, 0.5), (0, 0.5))]),
+    (POLARIS, 1, [((3, 0.25), (2, 0.25), (1, 0.25), (0, 0.25))]),
+    # The study's node: GPUs 0, 1 on domain 0 and 2, 3 on domain 1; two ranks share a domain.
+    (JLSE, 4, [((0, 1.0),), ((0, 1.0),), ((1, 1.0),), ((1, 1.0),)]),
+    (JLSE, 2, [((0, 1.0),), ((1, 1.0),)]),
+])
+def test_a_bound_rank_gets_its_part_of_the_core_list_in_gpu_order(profile, ranks, expected):
+    assert [bound_domains(profile, r, ranks) for r in range(ranks)] == expected
+
+
+def test_a_domain_without_a_gpu_comes_last_in_the_core_list():
+    profile = replace(POLARIS, gpu_numa_domain=(1, 1, 1, 1))
+    assert [bound_domains(profile, r, 2) for r in range(2)] == [
+        ((1, 0.5), (0, 0.5)), ((2, 0.5), (3, 0.5))]
+
+
+def test_bound_placements_put_threads_and_pages_together():
+    bound = place_ranks(POLARIS, 4, bound=True)
+    assert [(pl.home, pl.spread, pl.threads) for pl in bound] == [
+        (((d, 1.0),),) * 3 for d in (3, 2, 1, 0)]
+    unbound = place_ranks(POLARIS, 4)
+    every = tuple((d, 0.25) for d in range(4))
+    assert {(pl.home, pl.spread, pl.threads) for pl in unbound} == {(every, every, every)}
+
+
+def test_a_bound_rank_runs_its_share_of_the_physical_cores():
+    """OMP_NUM_THREADS = cores per rank (DeepSpeed's launcher); unbound, PyTorch's default of
+    one thread per physical core whatever the ranks."""
+    assert default_threads_per_rank(POLARIS, 4, bound=True) == 8
+    assert default_threads_per_rank(POLARIS, 1, bound=True) == 32
+    assert default_threads_per_rank(POLARIS, 4) == 32
+    assert default_threads_per_rank(replace(POLARIS, cores_per_socket=2), 4, bound=True) == 1
+
+
+def test_the_key_shows_in_the_resolved_scenario_and_loads_again(tmp_path):
+    path = "scenarios/calibration/polaris/polaris-5.95b-dp4-mb1-ga1-sg1e08.yaml"
+    scenario = load_scenario(path)
+    assert scenario.runtime.bind_cores_to_rank
+    resolved = scenario.to_dict()
+    assert resolved["runtime"]["bind_cores_to_rank"] is True
+    unbound = load_scenario(path, ["runtime.bind_cores_to_rank=false"])
+    assert "bind_cores_to_rank" not in unbound.to_dict()["runtime"]
+
+
+def test_a_non_boolean_binding_is_refused():
+    tree = load_scenario("scenarios/llama13b_dp4.yaml").to_dict()
+    with pytest.raises(Exception, match="bind_cores_to_rank"):
+        scenario_from_dict({"model": tree["model"], "sequence_length": 2048,
+                            "hardware": "h100-jlse", "data_parallel": 4,
+                            "deepspeed": {"train_micro_batch_size_per_gpu": 1,
+                                          "zero_optimization": {"stage": 3}},
+                            "runtime": {"bind_cores_to_rank": "yes"}}, source="<t>")
+
+
+def test_the_fork_builds_from_c7da512a_on_are_taken_as_bound():
+    assert [b.commit for b in DEEP_OPTIMIZER_STATES_BUILDS if b.binds_cores] == [
+        "c7da512a", "d8048a5e", "5c3f1413", "4570a955", "d18d6f81"]
+    assert launched_bound("0.13.3+c7da512a") and launched_bound("0.13.3+4570a955")
+    assert not launched_bound("0.13.3+8074cd62") and not launched_bound("0.13.3")
+    assert not launched_bound("0.13.3+0123456789")
+    bound = {run.build for run in load_runs() if run.bind_cores_to_rank}
+    assert bound == {"0.13.3+c7da512a", "0.13.3+4570a955"}
+
+
+HEADER = ("num_gpus,num_layers,hidden_size,ffn_hidden_size,num_attention_heads,"
+          "num_key_value_heads,seq_length,padded_vocab_size,micro_batch_size,grad_accum_steps,"
+          "deepspeed_version")
+ROW = "4,2,512,1024,8,8,256,1024,1,1,"
+
+
+@pytest.mark.parametrize(("column", "build", "bound", "name_ends"), [
+    ("", "0.13.3+c7da512a", True, "sg1e+09"),          # the build's own: no suffix
+    ("", "0.13.3", False, "sg1e+09"),
+    ("True", "0.13.3", True, "-bound"),
+    ("False", "0.13.3+4570a955", False, "-unbound"),
+])
+def test_a_table_column_says_where_the_build_does_not(column, build, bound, name_ends):
+    text = f"{HEADER},bind_cores_to_rank\n{ROW}{build},{column}\n"
+    with pytest.warns(Warning):
+        (run,) = read_runs_text(text, "<t>")
+    assert run.bind_cores_to_rank is bound
+    assert run.name.replace("+", "").endswith(name_ends.replace("+", ""))
+    scenario = run.scenario("polaris-a100", gpus_per_node=4)
+    assert scenario["runtime"].get("bind_cores_to_rank", False) is bound
+
+
+def test_a_bad_binding_cell_names_row_and_column():
+    text = f"{HEADER},bind_cores_to_rank\n{ROW}0.13.3,maybe\n"
+    with pytest.warns(Warning), pytest.raises(Exception, match=r"row 1\.bind_cores_to_rank"):
+        read_runs_text(text, "<t>")
