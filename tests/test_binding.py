@@ -111,3 +111,21 @@ def test_a_bad_binding_cell_names_row_and_column():
     text = f"{HEADER},bind_cores_to_rank\n{ROW}0.13.3,maybe\n"
     with pytest.warns(Warning), pytest.raises(Exception, match=r"row 1\.bind_cores_to_rank"):
         read_runs_text(text, "<t>")
+
+
+def test_a_cost_factor_is_never_stepped_or_fitted_below_one():
+    from zerosim.sensitivity import steps
+    from zerosim.validation.calibrate import base_trees, parse_parameter
+
+    assert steps("hardware.host.remote_access_cost", 1.0, 0.1) == (None, pytest.approx(1.1), "")
+    assert steps("hardware.host.remote_access_cost", 1.9, 0.1) == (
+        pytest.approx(1.71), pytest.approx(2.09), "")
+    assert steps("hardware.host.remote_access_cost", 1.05, 0.1) == (1.0, pytest.approx(1.155), "")
+    from pathlib import Path
+
+    from zerosim.validation.calibrate import Measurement
+
+    scenario = Path("scenarios/calibration/polaris/polaris-5.95b-dp4-mb1-ga1-sg1e08.yaml")
+    bases = base_trees([Measurement(scenario, (), "update", 1.0, 2)])
+    parameter = parse_parameter("polaris-a100:host.remote_access_cost", bases)
+    assert (parameter.low, parameter.high) == (1.0, pytest.approx(19.0))

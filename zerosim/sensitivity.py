@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError, ZerosimError
-from zerosim.hardware.profile import FRACTION_KEYS, QUANTITIES
+from zerosim.hardware.profile import AT_LEAST_ONE_KEYS, FRACTION_KEYS, QUANTITIES
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
 
@@ -138,13 +138,17 @@ class Candidate:
 
 def steps(key: str, value: float, step: float) -> tuple[float | None, float | None, str]:
     """The values a key is tried at: x (1 - step) and x (1 + step), the upper one held at 1 for
-    a fraction (None: not tried)."""
+    a fraction, the lower one at 1 for a cost factor (None: not tried)."""
     if value == 0:
         return None, None, "0: no relative step"
+    low: float | None = value * (1 - step)
     high: float | None = value * (1 + step)
-    if key.removeprefix("hardware.") in FRACTION_KEYS and high is not None and high > 1.0:
+    bare = key.removeprefix("hardware.")
+    if bare in FRACTION_KEYS and high > 1.0:
         high = 1.0 if value < 1.0 else None
-    return value * (1 - step), high, ""
+    if bare in AT_LEAST_ONE_KEYS and low < 1.0:
+        low = 1.0 if value > 1.0 else None
+    return low, high, ""
 
 
 def elasticity(base: float | None, low: tuple[float, float | None] | None,

@@ -194,6 +194,9 @@ QUANTITIES: dict[str, Quantity] = {
 }
 FRACTION_KEYS = frozenset(k for k, (_, _, check, _) in QUANTITIES.items() if check is _fraction)
 """Quantities that are fractions in (0, 1]: a fit or a step may not take them past 1."""
+AT_LEAST_ONE_KEYS = frozenset(k for k, (_, _, check, _) in QUANTITIES.items()
+                              if check is _at_least_one)
+"""Quantities of at least 1 (a cost factor): a fit or a step may not take them below 1."""
 COUNTS = {
     "nodes": "nodes",
     "gpu.per_node": "gpus_per_node",

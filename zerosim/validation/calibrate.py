@@ -28,6 +28,7 @@ import yaml
 from zerosim.api import simulate
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import (
+    AT_LEAST_ONE_KEYS,
     FRACTION_KEYS,
     QUANTITIES,
     builtin_profile_tree,
@@ -248,6 +249,8 @@ def parse_parameter(spec: str, bases: Bases) -> Parameter:
         low, high = start / 10, start * 10
     if key in FRACTION_KEYS:
         high = min(high, 1.0)
+    if key in AT_LEAST_ONE_KEYS:
+        low = max(low, 1.0)
     if not 0 < low <= high:
         raise ScenarioError("--param", name, "0 < low <= high", f"{low}:{high}")
     return Parameter(name, min(max(start, low), high), low, high)
