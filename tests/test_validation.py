@@ -23,9 +23,10 @@ BOUND_HOST = (
     "behaviours.BOUND_LAUNCH): with their ranks on their own NUMA domain the updates of these "
     "runs fit, but their forward (and backward, which recomputes it) runs faster per parameter "
     "module than the shared ZeRO-3 hook time (stack.host.fetch_hook_us, fitted on the unbound "
-    "runs) gives (0.40 s against 0.69 s for the 9.14B model's 72 layers); the hook code is the same "
-    "in every build of the fork, and the DP=1 run of 4570a955, bound to every domain, is "
-    "launched much as an unbound one is, yet runs its forward as fast: cause not found")
+    "runs) gives (0.40 s against 0.69 s for the 9.14B model's 72 layers); the hook code is "
+    "the same in every build of the fork, and the DP=1 run of 4570a955, bound to every "
+    "domain, is launched much as an unbound one is, yet runs its forward as fast: cause not "
+    "found")
 KNOWN_MISSES = {
     ("Table 2", "DP=4", "backward_non_boundary"): (
         "-15%: the model's DP=4 non-boundary backward is bound by the reduce stream at 0.60 s "

@@ -52,8 +52,9 @@ def network_shapes(profile: HardwareProfile, ranks: int, threads_per_rank: int |
                    classes: tuple[tuple[int, ...], ...] | None, bound: bool = False
                    ) -> NetworkShapes:
     """The `NetworkShapes` of a `Machine(env, profile, ranks, threads_per_rank,
-    bound=bound, classes=classes)`, the same object for every run of that layout in this process (a sweep
-    runs one machine many times; working its shapes out again cost about 2% of a run)."""
+    bound=bound, classes=classes)`, the same object for every run of that layout in this
+    process (a sweep runs one machine many times; working its shapes out again cost about 2%
+    of a run)."""
     return NetworkShapes()
 
 
