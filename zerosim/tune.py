@@ -3,7 +3,8 @@
 The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
 the Twin-Flow ratio, activation checkpointing, the interleaved update's gap on a build of the
-Deep Optimizer States fork and, when freed, the study's what-ifs), keeps
+Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains and,
+when freed, the study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
@@ -30,9 +31,9 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "gap", "what_if")
+         "checkpointing", "gap", "binding", "what_if")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
-                   "ratio", "checkpointing", "gap")
+                   "ratio", "checkpointing", "gap", "binding")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory)."""
@@ -47,6 +48,9 @@ RATIOS = (1.0, 0.5)
 GAPS = (0, 2, 3, 4)
 """The fork's `prefetch_optimizer_gap` searched on one of its builds (0: no interleaved
 update); elsewhere the knob keeps 0."""
+BINDINGS = (False, True)
+"""`runtime.bind_cores_to_rank`, searched on a node of several NUMA domains for the offloaded
+configurations (whose host work it moves); elsewhere the knob keeps the scenario's value."""
 WHAT_IFS = ("none", "overlap_copy_back", "buffer_boundary_grads", "gpu_update_every")
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
@@ -54,8 +58,8 @@ TIE_FRACTION = 0.005
 MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
-           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "what_if",
-           "iteration_s",
+           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "bound",
+           "what_if", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -78,6 +82,8 @@ class Config:
     checkpointing: bool = False
     gap: int = 0
     """The fork's interleaved update: every gap-th sub-group on the GPU (0: off)."""
+    bound: bool = False
+    """Each rank's threads and pages on its part of the node (`runtime.bind_cores_to_rank`)."""
 
     def overrides(self) -> dict[str, Any]:
         optimizer, _, params = self.offload.partition("+")
@@ -98,6 +104,7 @@ class Config:
             "activation_checkpointing": self.checkpointing,
             Z + "offload_optimizer.prefetch_optimizer": self.gap > 0,
             Z + "offload_optimizer.prefetch_optimizer_gap": self.gap,
+            "runtime.bind_cores_to_rank": self.bound,
         }
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
@@ -125,6 +132,8 @@ class Config:
             parts.append("checkpointing")
         if self.gap:
             parts.append(f"interleaved update, gap {self.gap}")
+        if self.bound:
+            parts.append("cores bound")
         if self.what_if != "none":
             parts.append(self.what_if)
         return ", ".join(parts)
@@ -166,7 +175,8 @@ def as_given(scenario: Scenario) -> Config:
                   ds.gradient_accumulation_steps, float(ds.reduce_bucket_size),
                   float(ds.sub_group_size), o.ratio, chosen,
                   scenario.activation_checkpointing,
-                  o.prefetch_optimizer_gap if o.prefetch_optimizer else 0)
+                  o.prefetch_optimizer_gap if o.prefetch_optimizer else 0,
+                  scenario.runtime.bind_cores_to_rank)
 
 
 def _divisors(n: int) -> list[int]:
@@ -184,10 +194,11 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 
 
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
-               fork: bool = False) -> list[Config]:
+               fork: bool = False, numa: bool = False) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
-    interleaved update's gaps when `fork` (a Deep Optimizer States build)."""
+    interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
+    ranks when `numa` (the node has several NUMA domains)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -203,20 +214,23 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
         "checkpointing": ([False, True] if "checkpointing" in free
                           else [base.checkpointing]),
         "gap": sorted({*GAPS, base.gap}) if "gap" in free and fork else [base.gap],
+        "bound": list(BINDINGS) if "binding" in free and numa else [base.bound],
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap) in product(*values.values()):
+         gap, bound) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap)
+                        what_if, checkpointing, gap, bound)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
 
 
 def _matters(config: Config, base: Config) -> bool:
-    """Sub-group size only changes an offloaded ZeRO-3 step: elsewhere keep the base value,
-    so that equal runs are not simulated twice."""
+    """Sub-group size only changes an offloaded ZeRO-3 step, binding only an offloaded run's
+    host work: elsewhere keep the base value, so that equal runs are not simulated twice."""
+    if config.offload == "none" and config.bound != base.bound:
+        return False
     if not (config.stage == 3 and config.offload != "none"):
         return config.sub_group_size == base.sub_group_size
     return True
@@ -273,7 +287,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "reduce_bucket_size": config.reduce_bucket_size,
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
             "checkpointing": config.checkpointing, "gap": config.gap,
-            "what_if": config.what_if,
+            "bound": config.bound, "what_if": config.what_if,
             "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}}
@@ -317,7 +331,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     deferred: list[Point] = []
     extra = nvme_overrides(scenario)
     searched = candidates(base, free_knobs(free, fix), nvme=scenario.hardware.has_nvme,
-                          fork=scenario.behaviours.fork_options)
+                          fork=scenario.behaviours.fork_options,
+                          numa=scenario.hardware.numa_domains > 1)
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (
