@@ -418,6 +418,6 @@ def _threads_text(scenario: Scenario) -> str:
         chosen = "the rank's share of the physical cores"
     else:
         chosen = "one per physical core"
-    bound = ", cores and memory bound to each GPU's NUMA domain" if runtime.bind_cores_to_rank \
+    bound = ", cores and memory bound per rank (bind_cores_to_rank)" if runtime.bind_cores_to_rank \
         else ""
     return chosen + bound
