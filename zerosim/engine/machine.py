@@ -166,8 +166,8 @@ class Machine:
                  record_rates: bool = True,
                  classes: Sequence[tuple[int, ...]] | None = None,
                  shapes: NetworkShapes | None = None):
-        """`bound`: the launcher binds each rank to its GPU's domain
-        (`runtime.bind_cores_to_rank`); `shapes`: what earlier runs of this layout worked out
+        """`bound`: the launcher binds each rank to its part of the node (`bound_domains`,
+        `runtime.bind_cores_to_rank`); `shapes`: what earlier runs of this layout worked out
         (`network_shapes`), by default nothing."""
         self.env = env
         self.profile = profile
