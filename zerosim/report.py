@@ -411,13 +411,9 @@ def render_predictions(outcome) -> None:
 
 
 def _threads_text(scenario: Scenario) -> str:
+    """The rank's OpenMP pool as chosen, and whether the launcher binds it."""
     runtime = scenario.runtime
-    if runtime.cpu_threads_per_rank:
-        chosen = str(runtime.cpu_threads_per_rank)
-    elif runtime.bind_cores_to_rank:
-        chosen = "the rank's share of the physical cores"
-    else:
-        chosen = "one per physical core"
-    bound = ", cores and memory bound per rank (bind_cores_to_rank)" if runtime.bind_cores_to_rank \
-        else ""
-    return chosen + bound
+    if not runtime.bind_cores_to_rank:
+        return str(runtime.cpu_threads_per_rank or "one per physical core")
+    chosen = runtime.cpu_threads_per_rank or "the rank's share of the physical cores"
+    return f"{chosen}, cores and memory bound per rank (bind_cores_to_rank)"

@@ -100,8 +100,8 @@ class MeasuredRun:
     prefetch_optimizer: bool = False
     prefetch_optimizer_gap: int = 0
     bind_cores_to_rank: bool = False
-    """Launched with each rank bound to its GPU's NUMA domain (column `bind_cores_to_rank`;
-    when the table has none, what the build says: `behaviours.launched_bound`)."""
+    """Launched with each rank bound to its part of the node (`runtime.bind_cores_to_rank`;
+    column `bind_cores_to_rank`, else what the build says: `behaviours.launched_bound`)."""
     seconds: Mapping[str, float] = field(default_factory=dict)
     """Measured seconds per optimizer step, by `MEASURED_PHASES`, where the table has them."""
     peak_gpu_bytes: float | None = None

@@ -99,8 +99,9 @@ class Runtime:
     build_label: str = ""
     """A source build's local label (`4570a955` of `0.13.3+4570a955`), or ""."""
     bind_cores_to_rank: bool = False
-    """The launcher binds each rank's threads and memory to its GPU's NUMA domain (DeepSpeed's
-    `--bind_cores_to_rank` with a `--bind_core_list` in GPU order)."""
+    """The launcher binds each rank's threads and memory to its part of the node, its GPU's
+    NUMA domain where each GPU has one (DeepSpeed's `--bind_cores_to_rank` with a
+    `--bind_core_list` in GPU order; `engine.machine.bound_domains`)."""
 
     @property
     def version_text(self) -> str:
