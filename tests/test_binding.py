@@ -77,7 +77,7 @@ def test_a_non_boolean_binding_is_refused():
 
 def test_the_fork_builds_from_c7da512a_on_are_taken_as_bound():
     assert [b.commit for b in DEEP_OPTIMIZER_STATES_BUILDS if b.binds_cores] == [
-        "c7da512a", "d8048a5e", "5c3f1413", "4570a955", "d18d6f81"]
+        "c7da512a", "d8048a5e", "5c3f1413", "f4b9a296", "6132c06b", "4570a955", "d18d6f81"]
     assert launched_bound("0.13.3+c7da512a") and launched_bound("0.13.3+4570a955")
     assert not launched_bound("0.13.3+8074cd62") and not launched_bound("0.13.3")
     assert not launched_bound("0.13.3+0123456789")

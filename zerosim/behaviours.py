@@ -139,6 +139,13 @@ DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
     ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups",
               binds_cores=True),
     ForkBuild("5c3f1413", "2024-06-05", "Middleware submission", binds_cores=True),
+    ForkBuild("f4b9a296", "2024-04-05", "Add datastates init file (branch hybrid_opt_offload, "
+              "on 5c3f1413; stage3.py as there)", binds_cores=True),
+    ForkBuild("6132c06b", "2024-06-05", "Add FlexScience benchmarking for "
+              "hybrid_opt_offloading (branch hybrid_opt_offload)",
+              "its stage3.py keeps a stash's conflict markers, so it does not import as "
+              "committed; the code around them steps a GPU sub-group twice and keeps a "
+              "Twin-Flow part of the sub-groups on the GPU", binds_cores=True),
     ForkBuild("4570a955", "2024-09-30", "Cleanup DataStates from Deep-Optimizer-States",
               binds_cores=True),
     ForkBuild("d18d6f81", "2024-10-03", "Update script to support "
