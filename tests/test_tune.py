@@ -177,11 +177,11 @@ def test_tune_on_a_fork_build_ranks_the_gaps(toy, tmp_path):
 
 def test_binding_is_searched_on_a_node_of_several_numa_domains_for_offloaded_runs_only():
     base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
-    assert {c.bound for c in candidates(base, free_knobs())} == {False}
+    assert {c.binding for c in candidates(base, free_knobs())} == {False}
     found = candidates(base, free_knobs(), numa=True)
-    assert {c.bound for c in found} == {False, True}
-    assert all(c.offload != "none" for c in found if c.bound)
-    assert {c.bound for c in candidates(base, free_knobs(fix=["binding"]), numa=True)} == {False}
-    bound = Config(3, "cpu", 1, 4, 5e8, 1e8, 1.0, "none", bound=True)
+    assert {c.binding for c in found} == {False, True}
+    assert all(c.offload != "none" for c in found if c.binding)
+    assert {c.binding for c in candidates(base, free_knobs(fix=["binding"]), numa=True)} == {False}
+    bound = Config(3, "cpu", 1, 4, 5e8, 1e8, 1.0, "none", binding=True)
     assert bound.overrides()["runtime.bind_cores_to_rank"] is True
     assert bound.describe().endswith("cores bound")

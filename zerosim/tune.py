@@ -58,7 +58,7 @@ TIE_FRACTION = 0.005
 MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
-           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "bound",
+           "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
            "what_if", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
@@ -82,7 +82,7 @@ class Config:
     checkpointing: bool = False
     gap: int = 0
     """The fork's interleaved update: every gap-th sub-group on the GPU (0: off)."""
-    bound: bool = False
+    binding: bool = False
     """Each rank's threads and pages on its part of the node (`runtime.bind_cores_to_rank`)."""
 
     def overrides(self) -> dict[str, Any]:
@@ -104,7 +104,7 @@ class Config:
             "activation_checkpointing": self.checkpointing,
             Z + "offload_optimizer.prefetch_optimizer": self.gap > 0,
             Z + "offload_optimizer.prefetch_optimizer_gap": self.gap,
-            "runtime.bind_cores_to_rank": self.bound,
+            "runtime.bind_cores_to_rank": self.binding,
         }
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
@@ -132,7 +132,7 @@ class Config:
             parts.append("checkpointing")
         if self.gap:
             parts.append(f"interleaved update, gap {self.gap}")
-        if self.bound:
+        if self.binding:
             parts.append("cores bound")
         if self.what_if != "none":
             parts.append(self.what_if)
@@ -214,13 +214,13 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
         "checkpointing": ([False, True] if "checkpointing" in free
                           else [base.checkpointing]),
         "gap": sorted({*GAPS, base.gap}) if "gap" in free and fork else [base.gap],
-        "bound": list(BINDINGS) if "binding" in free and numa else [base.bound],
+        "binding": list(BINDINGS) if "binding" in free and numa else [base.binding],
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, bound) in product(*values.values()):
+         gap, binding) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap, bound)
+                        what_if, checkpointing, gap, binding)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -229,7 +229,7 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
 def _matters(config: Config, base: Config) -> bool:
     """Sub-group size only changes an offloaded ZeRO-3 step, binding only an offloaded run's
     host work: elsewhere keep the base value, so that equal runs are not simulated twice."""
-    if config.offload == "none" and config.bound != base.bound:
+    if config.offload == "none" and config.binding != base.binding:
         return False
     if not (config.stage == 3 and config.offload != "none"):
         return config.sub_group_size == base.sub_group_size
@@ -287,7 +287,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "reduce_bucket_size": config.reduce_bucket_size,
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
             "checkpointing": config.checkpointing, "gap": config.gap,
-            "bound": config.bound, "what_if": config.what_if,
+            "binding": config.binding, "what_if": config.what_if,
             "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}}

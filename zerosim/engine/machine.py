@@ -99,7 +99,7 @@ def host_shares(profile: HardwareProfile, local_rank: int, ranks_on_node: int, *
         domains = bound_domains(profile, local_rank, ranks_on_node)
         return domains, domains, domains
     if profile.rank_memory_placement == "gpu_local":
-        local = ((profile.gpu_numa_domain[local_rank], 1.0),)
+        local = ((profile.gpu_domain(local_rank), 1.0),)
         return local, local, local
     if profile.rank_memory_placement == "interleaved":
         return every, every, every
@@ -346,18 +346,18 @@ class Machine:
         return sum(share * (1.0 if where == domain else remote) for where, share in accessors)
 
     def _gpu_domain(self, pl: Placement) -> Shares:
-        return ((self.profile.gpu_numa_domain[pl.gpu % self.profile.gpus_per_node], 1.0),)
+        return ((self.profile.gpu_domain(pl.gpu), 1.0),)
 
     def _remote_socket(self, pl: Placement, direction: Direction
                        ) -> dict[SharedResource, float]:
         """The share of a DMA between a GPU attached to one socket and home pages on another
         crosses the inter-socket link (UPI) in the direction the data moves."""
-        gpu_domain = self.profile.gpu_numa_domain[pl.gpu % self.profile.gpus_per_node]
+        attached = self.profile.gpu_domain(pl.gpu)
         usage: dict[SharedResource, float] = {}
         for domain, share in pl.home:
-            if domain != gpu_domain:
-                src, dst = ((gpu_domain, domain) if direction == "d2h"
-                            else (domain, gpu_domain))
+            if domain != attached:
+                src, dst = ((attached, domain) if direction == "d2h"
+                            else (domain, attached))
                 usage[self.socket_link[(pl.node, src, dst)]] = share
         return usage
 

@@ -33,8 +33,8 @@ where its threads run."""
 
 
 def _signature(profile: HardwareProfile, placement: Placement) -> Signature:
-    gpu_domain = profile.gpu_numa_domain[placement.gpu % profile.gpus_per_node]
-    return (gpu_domain, frozenset(placement.home), frozenset(placement.spread),
+    return (profile.gpu_domain(placement.gpu), frozenset(placement.home),
+            frozenset(placement.spread),
             frozenset(placement.threads))
 
 

@@ -99,6 +99,10 @@ class HardwareProfile:
     provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
     observed: Mapping[str, Provenance] = field(repr=False, compare=False)
 
+    def gpu_domain(self, gpu: int) -> int:
+        """The NUMA domain GPU `gpu` (an index over every node) hangs off."""
+        return self.gpu_numa_domain[gpu % self.gpus_per_node]
+
     @property
     def hardware_threads(self) -> int:
         return self.sockets * self.cores_per_socket * self.threads_per_core
