@@ -136,3 +136,26 @@ def test_values_per_testbed_and_shared_stack_values_are_recovered_together(tmp_p
     assert fit.values["fast:gpu.gemm_efficiency"] == pytest.approx(0.4, rel=0.02)
     assert fit.values["slow:gpu.gemm_efficiency"] == pytest.approx(0.7, rel=0.02)
     assert fit.values["stack.host.fetch_hook_us"] == pytest.approx(50, rel=0.05)
+
+
+def test_only_fits_the_rows_that_match_every_text(measured):
+    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], only=["dp2", "forward"])
+    assert [(m.scenario.name, m.phase) for m in fit.train] == [("toy_dp2.yaml", "forward")]
+    assert fit.values["gpu.gemm_efficiency"] == pytest.approx(0.4, rel=0.02)
+
+
+def test_only_with_no_matching_row_is_a_clear_error(measured):
+    with pytest.raises(ScenarioError, match="--only"):
+        calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], only=["dp2", "no-such-phase"])
+
+
+def test_cli_only_names_the_rows_in_the_fitted_values_source(measured, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "calibrate", str(measured), "--param", "gpu.gemm_efficiency=0.1:1", "--only", "dp1",
+        "--only", "forward", "--out", str(out), "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    residuals = (out / "residuals.csv").read_text().splitlines()
+    assert len(residuals) == 2 and "toy_dp1.yaml forward" in residuals[1]
+    source = load_profile(out / "toy-fitted.yaml").provenance["gpu.gemm_efficiency"].source
+    assert "measured.csv (the rows with dp1, forward)" in source

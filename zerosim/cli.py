@@ -340,9 +340,12 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
               help="A value to fit, with bounds in its unit (default x/10..x*10): a profile key "
                    "(every profile), PROFILE:key (one testbed) or stack.key (the shared "
                    "software stack).")
+@click.option("--only", "only", multiple=True, metavar="TEXT",
+              help="Use only the rows whose scenario, phase or overrides contain TEXT "
+                   "(repeat: every TEXT), e.g. --only 9.14b-dp4 --only forward.")
 @click.option("--holdout", metavar="TEXT",
-              help="Fit without the rows whose scenario or overrides contain TEXT; report "
-                   "the prediction error on them.")
+              help="Fit without the rows whose scenario, phase or overrides contain TEXT; "
+                   "report the prediction error on them.")
 @click.option("--suffix", default="-fitted", show_default=True,
               help="Appended to each fitted profile's and stack's name.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -350,8 +353,9 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes for the simulations (default: CPU count).")
 @click.option("--max-iterations", type=click.IntRange(min=1), default=25, show_default=True)
-def calibrate(data: tuple[Path, ...], params: tuple[str, ...], holdout: str | None,
-              suffix: str, out_dir: Path, workers: int | None, max_iterations: int) -> None:
+def calibrate(data: tuple[Path, ...], params: tuple[str, ...], only: tuple[str, ...],
+              holdout: str | None, suffix: str, out_dir: Path, workers: int | None,
+              max_iterations: int) -> None:
     """Fit profile and stack values to measured phase times (CSV files: scenario, overrides,
     phase, seconds; several testbeds at once) and write the fitted profiles and stack, the
     residuals and what the data identifies."""
@@ -369,13 +373,16 @@ def calibrate(data: tuple[Path, ...], params: tuple[str, ...], holdout: str | No
             if workers > 1 else None)
     try:
         result, bases = run_calibration(
-            list(data), params, holdout=holdout, max_iterations=max_iterations, pool=pool,
+            list(data), params, only=only, holdout=holdout, max_iterations=max_iterations,
+            pool=pool,
             progress=lambda i, cost: click.echo(f"evaluation {i}: sum of squared log errors "
                                                 f"{cost:.4f}", err=True))
     finally:
         if pool is not None:
             pool.shutdown()
-    paths = write_outputs(result, bases, " + ".join(p.name for p in data), out_dir, suffix)
+    rows = f" (the rows with {', '.join(only)})" if only else ""
+    paths = write_outputs(result, bases, " + ".join(p.name for p in data) + rows, out_dir,
+                          suffix)
     render_calibration(result, paths)
 
 

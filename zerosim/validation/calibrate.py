@@ -524,15 +524,29 @@ def identifiability_report(result: Fit) -> str:
     return "\n".join(lines)
 
 
+def _matches(m: Measurement, pattern: str) -> bool:
+    return (pattern in m.scenario.name or pattern in m.phase
+            or any(pattern in o for o in m.overrides))
+
+
 def select_holdout(measurements: list[Measurement], pattern: str | None) -> list[Measurement]:
-    """Rows whose scenario file name or overrides contain `pattern`."""
+    """Rows whose scenario file name, phase or overrides contain `pattern`."""
     if not pattern:
         return []
-    chosen = [m for m in measurements
-              if pattern in m.scenario.name or any(pattern in o for o in m.overrides)]
+    chosen = [m for m in measurements if _matches(m, pattern)]
     if not chosen:
-        raise ScenarioError("--holdout", pattern, "a text matching some rows' scenario or "
-                            "overrides", pattern)
+        raise ScenarioError("--holdout", pattern, "a text matching some rows' scenario, phase "
+                            "or overrides", pattern)
+    return chosen
+
+
+def select_only(measurements: list[Measurement], patterns: Sequence[str]) -> list[Measurement]:
+    """The rows whose scenario file name, phase or overrides contain every one of `patterns`
+    (all rows when there are none): one run's forward, say, out of a whole table."""
+    chosen = [m for m in measurements if all(_matches(m, p) for p in patterns)]
+    if not chosen:
+        raise ScenarioError("--only", " ".join(patterns), "texts that some row's scenario, "
+                            "phase or overrides all contain", "no row matching every one")
     return chosen
 
 
@@ -547,12 +561,13 @@ def read_all(paths: Sequence[Path]) -> list[Measurement]:
 
 
 def calibrate(data_paths: Path | Sequence[Path], parameter_specs: Sequence[str], *,
-              holdout: str | None = None, max_iterations: int = MAX_ITERATIONS,
+              only: Sequence[str] = (), holdout: str | None = None,
+              max_iterations: int = MAX_ITERATIONS,
               pool: Executor | None = None,
               progress: Callable[[int, float], None] | None = None
               ) -> tuple[Fit, Bases]:
     paths = [data_paths] if isinstance(data_paths, Path) else list(data_paths)
-    measurements = read_all(paths)
+    measurements = select_only(read_all(paths), only)
     for m in measurements:
         parse_overrides(list(m.overrides))
     bases = base_trees(measurements)
