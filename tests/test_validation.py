@@ -18,15 +18,14 @@ from zerosim.validation.validate import POLARIS_GROUP, judge, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BOUND_HOST = (
-    "a host-bound phase of a build taken as bound (runtime.bind_cores_to_rank, "
-    "behaviours.BOUND_LAUNCH): with their ranks on their own NUMA domain the updates of these "
-    "runs fit, but their forward (and backward, which recomputes it) runs faster per parameter "
-    "module than the shared ZeRO-3 hook time (stack.host.fetch_hook_us, fitted on the unbound "
-    "runs) gives (0.40 s against 0.69 s for the 9.14B model's 72 layers); the hook code is "
-    "the same in every build of the fork, and the DP=1 run of 4570a955, bound to every "
-    "domain, is launched much as an unbound one is, yet runs its forward as fast: cause not "
-    "found")
+MB1_FORWARD = (
+    "a micro-batch-1 forward the model runs host-bound (or the backward that recomputes it): "
+    "fitted to each such forward alone, the ZeRO-3 hook time grows with the layer's width "
+    "within one build and launch (c7da512a, bound, DP=4: 707, 1172, 1453 us at hidden 3072, "
+    "4096, 5120; shipped 1544), while the forwards sit at 1.22-1.43x the model's GPU path "
+    "(micro-batch 4: 1.00-1.07x), and the bound DP=4 backwards stay 8-13% slow with no hook "
+    "time at all (results/calibration/hook_per_run/): what the model lacks grows with the GPU "
+    "work at micro-batch 1; cause open")
 KNOWN_MISSES = {
     ("Table 2", "DP=4", "backward_non_boundary"): (
         "-15%: the model's DP=4 non-boundary backward is bound by the reduce stream at 0.60 s "
@@ -36,7 +35,7 @@ KNOWN_MISSES = {
         "140 GB/s: no mechanism found (issue 11); zerosim sensitivity: at DP=4 this phase "
         "hangs on the inter-socket link (elasticity -0.58) and NVLink (-0.48), at DP=2 on the "
         "link alone (-0.77, NVLink -0.17), so a slower four-GPU ring would move DP=4 most"),
-    **{(POLARIS_GROUP, f"{size}-dp4-mb1-ga1-sg1e08 (x1)", quantity): BOUND_HOST
+    **{(POLARIS_GROUP, f"{size}-dp4-mb1-ga1-sg1e08 (x1)", quantity): MB1_FORWARD
        for size, quantities in {
            "polaris-5.95b": ("forward per step", "backward per step"),
            "polaris-9.14b": ("forward per step", "backward per step", "iteration per step"),
@@ -58,8 +57,8 @@ KNOWN_MISSES = {
             "ring on an H100 NVSwitch (NVLink SHARP), which the engine does not model"))
        for size in sizes},
     (POLARIS_GROUP, "polaris-5.95b-dp1-mb1-ga1-sg1e07 (x1)", "forward per step"): (
-        "+27%, build 4570a955: " + BOUND_HOST + "; the 11.20B DP=1 run of build 8074cd62 "
-        "(unbound, 1.48 ms per module) passes with it"),
+        "+27%, build 4570a955: " + MB1_FORWARD + "; the 11.20B DP=1 run of build 8074cd62 "
+        "(1736 us alone) passes with the shipped value"),
 }
 
 
