@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MB1_FORWARD = (
     "a micro-batch-1 forward the model runs host-bound (or the backward that recomputes it): "
     "fitted to each such forward alone, the ZeRO-3 hook time grows with the layer's width "
-    "within one build and launch (c7da512a, bound, DP=4: 707, 1172, 1453 us at hidden 3072, "
+    "within one build and launch (c7da512a, bound, DP=4: 704, 1170, 1450 us at hidden 3072, "
     "4096, 5120; shipped 1554), while the forwards sit at 1.22-1.43x the model's GPU path "
-    "(micro-batch 4: 1.00-1.07x), and the bound DP=4 backwards stay 8-13% slow with no hook "
+    "(micro-batch 4: 1.00-1.07x), and the bound DP=4 backwards stay 7-12% slow with no hook "
     "time at all (results/calibration/hook_per_run/): what the model lacks grows with the GPU "
     "work at micro-batch 1; cause open")
 KNOWN_MISSES = {
