@@ -159,3 +159,15 @@ def test_cli_only_names_the_rows_in_the_fitted_values_source(measured, tmp_path)
     assert len(residuals) == 2 and "toy_dp1.yaml forward" in residuals[1]
     source = load_profile(out / "toy-fitted.yaml").provenance["gpu.gemm_efficiency"].source
     assert "measured.csv (the rows with dp1, forward)" in source
+
+
+def test_holdout_takes_several_texts_and_holds_out_a_row_matching_any(measured):
+    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], holdout=["dp2", "update"])
+    held = {(m.scenario.name, m.phase) for m in fit.holdout}
+    assert ("toy_dp1.yaml", "update") in held and ("toy_dp2.yaml", "forward") in held
+    assert all(m.scenario.name == "toy_dp1.yaml" and m.phase != "update" for m in fit.train)
+
+
+def test_a_holdout_text_that_matches_no_row_is_named_in_the_error(measured):
+    with pytest.raises(ScenarioError, match="no-such-run"):
+        calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], holdout=["dp2", "no-such-run"])

@@ -343,9 +343,9 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
 @click.option("--only", "only", multiple=True, metavar="TEXT",
               help="Use only the rows whose scenario, phase or overrides contain TEXT "
                    "(repeat: every TEXT), e.g. --only 9.14b-dp4 --only forward.")
-@click.option("--holdout", metavar="TEXT",
-              help="Fit without the rows whose scenario, phase or overrides contain TEXT; "
-                   "report the prediction error on them.")
+@click.option("--holdout", multiple=True, metavar="TEXT",
+              help="Fit without the rows whose scenario, phase or overrides contain TEXT "
+                   "(repeat: any TEXT); report the prediction error on them.")
 @click.option("--suffix", default="-fitted", show_default=True,
               help="Appended to each fitted profile's and stack's name.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -354,7 +354,7 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
               help="Processes for the simulations (default: CPU count).")
 @click.option("--max-iterations", type=click.IntRange(min=1), default=25, show_default=True)
 def calibrate(data: tuple[Path, ...], params: tuple[str, ...], only: tuple[str, ...],
-              holdout: str | None, suffix: str, out_dir: Path, workers: int | None,
+              holdout: tuple[str, ...], suffix: str, out_dir: Path, workers: int | None,
               max_iterations: int) -> None:
     """Fit profile and stack values to measured phase times (CSV files: scenario, overrides,
     phase, seconds; several testbeds at once) and write the fitted profiles and stack, the

@@ -529,15 +529,18 @@ def _matches(m: Measurement, pattern: str) -> bool:
             or any(pattern in o for o in m.overrides))
 
 
-def select_holdout(measurements: list[Measurement], pattern: str | None) -> list[Measurement]:
-    """Rows whose scenario file name, phase or overrides contain `pattern`."""
-    if not pattern:
+def select_holdout(measurements: list[Measurement],
+                   patterns: str | Sequence[str] | None) -> list[Measurement]:
+    """Rows whose scenario file name, phase or overrides contain any of `patterns` (one text,
+    or several); each text must match some row."""
+    if not patterns:
         return []
-    chosen = [m for m in measurements if _matches(m, pattern)]
-    if not chosen:
-        raise ScenarioError("--holdout", pattern, "a text matching some rows' scenario, phase "
-                            "or overrides", pattern)
-    return chosen
+    texts = [patterns] if isinstance(patterns, str) else list(patterns)
+    for pattern in texts:
+        if not any(_matches(m, pattern) for m in measurements):
+            raise ScenarioError("--holdout", pattern, "a text matching some rows' scenario, "
+                                "phase or overrides", pattern)
+    return [m for m in measurements if any(_matches(m, p) for p in texts)]
 
 
 def select_only(measurements: list[Measurement], patterns: Sequence[str]) -> list[Measurement]:
@@ -561,7 +564,7 @@ def read_all(paths: Sequence[Path]) -> list[Measurement]:
 
 
 def calibrate(data_paths: Path | Sequence[Path], parameter_specs: Sequence[str], *,
-              only: Sequence[str] = (), holdout: str | None = None,
+              only: Sequence[str] = (), holdout: str | Sequence[str] | None = None,
               max_iterations: int = MAX_ITERATIONS,
               pool: Executor | None = None,
               progress: Callable[[int, float], None] | None = None
