@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from conftest import toy_stack
 
 PS = 1e-12
 
@@ -168,6 +169,31 @@ def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     per_param = (2 * D2H_PINNED_PS + GRAD_NORM_PS + ZERO_PAGES_PS + D2H_PAGEABLE_PS
                  + CPU_CAST_PS)
     assert t == copies_end + 920064 + per_param * TOTAL_PARAMS
+
+
+REUSE_BYTES = 12_000
+"""A heap-reuse size between the toy's largest 16-bit partition of a projection or norm
+(q/k/v/o: 2 x 4096 = 8192 B) and the smallest larger one (gate/up/down: 16384 B)."""
+
+
+def test_temporaries_up_to_the_heap_reuse_size_skip_the_page_zeroing(toy, dp1_ga1):
+    """The same flush as above with the stack's allocator reusing heap pages for temporaries
+    up to 12,000 B: the norms' and q/k/v/o's 16-bit temporaries (128 and 8192 B) no longer
+    fault fresh pages; gate/up/down, embed and lm_head's (16384 and 32768 B) still do. Each
+    skipped zeroing takes 2000n ps out of the flush, in order, and out of the backward."""
+    stack = toy_stack() | {"allocator": {"heap_reuse_MiB": {
+        "value": REUSE_BYTES / 2**20, "basis": "spec", "source": "toy"}}}
+    reused = toy.run({"runtime": {"framework": stack}})
+    zeroed = [n for n in GRAD_ORDER if 2 * PARAMS[n] > REUSE_BYTES]
+    assert {PARAMS[n] for n in zeroed} == {8192, 16384}
+    cpu = _ops(reused.spans, "cpu", "backward")
+    assert [op for op in cpu.op if op.startswith("zero pages")] == [
+        f"zero pages {n}" for n in zeroed]
+    skipped = sum(ZERO_PAGES_PS * PARAMS[n] for n in GRAD_ORDER if n not in zeroed)
+    assert skipped == 2000 * (5 * 64 + 8 * 4096)  # five norms, eight q/k/v/o
+    before = dp1_ga1.phases.set_index("phase").loc["backward", "end_s"]
+    after = reused.phases.set_index("phase").loc["backward", "end_s"]
+    assert (before - after) / PS == pytest.approx(skipped, rel=1e-9)
 
 
 def test_update_phase_sub_group_by_sub_group(dp1_ga1):

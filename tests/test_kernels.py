@@ -172,6 +172,24 @@ def test_bad_stacks_are_clear_errors():
         parse_stack(tree, "s.yaml")
 
 
+def test_the_heap_reuse_size_is_read_in_mib_and_absent_means_every_temporary_is_fresh():
+    assert load_stack(DEFAULT_STACK).heap_reuse_bytes == 32 * 2**20
+    assert load_stack("hf-transformers").heap_reuse_bytes == 32 * 2**20
+    assert parse_stack(toy_stack(), "s.yaml").heap_reuse_bytes == 0.0
+    tree = toy_stack()
+    tree["allocator"] = {"heap_reuse_MiB": {"value": 0.5, "basis": "spec", "source": "x"}}
+    stack = parse_stack(tree, "s.yaml")
+    assert stack.heap_reuse_bytes == 2**19
+    assert stack.provenance["allocator.heap_reuse_MiB"].basis == "spec"
+    tree["allocator"]["arena_MiB"] = tree["allocator"]["heap_reuse_MiB"]
+    with pytest.raises(ScenarioError, match=r"allocator\.arena_MiB: expected heap_reuse_MiB"):
+        parse_stack(tree, "s.yaml")
+    tree = toy_stack()
+    tree["allocator"] = {"heap_reuse_MiB": {"value": -1, "basis": "spec", "source": "x"}}
+    with pytest.raises(ScenarioError, match=r"allocator\.heap_reuse_MiB\.value: expected a fin"):
+        parse_stack(tree, "s.yaml")
+
+
 def test_stack_values_are_overridden_like_profile_values():
     scenario = load_scenario("scenarios/llama13b_dp1.yaml", ["stack.host.fetch_hook_us=250"])
     assert scenario.stack.fetch_hook_s == pytest.approx(250e-6)

@@ -21,11 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MB1_FORWARD = (
     "a micro-batch-1 forward the model runs host-bound (or the backward that recomputes it): "
     "fitted to each such forward alone, the ZeRO-3 hook time grows with the layer's width "
-    "within one build and launch (c7da512a, bound, DP=4: 704, 1170, 1450 us at hidden 3072, "
-    "4096, 5120; shipped 1554), while the forwards sit at 1.22-1.43x the model's GPU path "
-    "(micro-batch 4: 1.00-1.07x), and the bound DP=4 backwards stay 7-12% slow with no hook "
-    "time at all (results/calibration/hook_per_run/): what the model lacks grows with the GPU "
-    "work at micro-batch 1; cause open")
+    "within one build and launch (c7da512a, bound, DP=4: 702, 1169, 1448 us at hidden 3072, "
+    "4096, 5120; shipped 1556), while the forwards sit at 1.22-1.43x the model's GPU path "
+    "(micro-batch 4: 1.00-1.07x; results/calibration/hook_per_run/): what the model lacks "
+    "grows with the GPU work at micro-batch 1; cause open")
 KNOWN_MISSES = {
     ("Table 2", "DP=4", "backward_non_boundary"): (
         "-15%: the model's DP=4 non-boundary backward is bound by the reduce stream at 0.60 s "
@@ -37,15 +36,9 @@ KNOWN_MISSES = {
         "link alone (-0.77, NVLink -0.17), so a slower four-GPU ring would move DP=4 most"),
     **{(POLARIS_GROUP, f"{size}-dp4-mb1-ga1-sg1e08 (x1)", quantity): MB1_FORWARD
        for size, quantities in {
-           "polaris-5.95b": ("forward per step", "backward per step"),
-           "polaris-9.14b": ("forward per step", "backward per step", "iteration per step"),
+           "polaris-5.95b": ("forward per step",),
+           "polaris-9.14b": ("forward per step", "backward per step"),
        }.items() for quantity in quantities},
-    **{(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", quantity): (
-        "the GA=2 run's extra micro-batch costs 5.1 s of backward (16.89 s against the GA=1 "
-        "repeats' mean 11.78 s) where the same configuration's GA=4, 8 and 16 runs add 2.5, "
-        "3.7 and 3.1 s per micro-batch (3.3 s over GA=1 to 16): the model's 3.4 s sits with "
-        "those, so this run is 2.7 s slower than its own series")
-       for quantity in ("backward per step", "iteration per step")},
     **{("collectives", "HGX H100 (XLA), 8 GPUs", f"{kind} busbw, {size:g} GiB"): reason
        for kind, sizes, reason in (
            ("all_gather", (0.25, 0.5), "+5.3% and +6.9%: the ring at dgx-h100's nccl-tests "

@@ -2,6 +2,7 @@
 
 GB = 1e9
 GiB = 2**30
+MiB = 2**20
 TFLOPS = 1e12
 US = 1e-6
 MS = 1e-3

@@ -166,7 +166,7 @@ class InterleavedStep:
         temp_bytes = FP16_BYTES * elements
         temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
                                   f"sub-group {group} .half()")
-        yield from m.zero_pages(core.rank, temp_bytes, threads=threads, where=costs.SPREAD_PAGES)
+        yield from core.zero_fresh_pages(temp_bytes, threads=threads, where=costs.SPREAD_PAGES)
         yield from m.elementwise(core.rank, elements,
                                  costs.HostBytes(home=FP32_BYTES, spread=FP16_BYTES),
                                  threads=threads)

@@ -150,18 +150,17 @@ def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
 
 
 def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:
-    """`fp16_partition.copy_(fp32_partition)`: a CPU cast into a fresh pageable temporary
-    (the pool's threads fault its pages in, so they spread like it; then they read the fp32
-    master at home), then a blocking H2D. The what-if `overlap_copy_back` runs it on a helper
-    thread (`track`)."""
+    """`fp16_partition.copy_(fp32_partition)`: a CPU cast into a pageable temporary (the
+    pool's threads fault its pages in when they are fresh, so they spread like it; then they
+    read the fp32 master at home), then a blocking H2D. The what-if `overlap_copy_back` runs
+    it on a helper thread (`track`)."""
     threads = core.profile.cast_threads
     temp_bytes = core.dtype_bytes * elements
     temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
                               f"sub-group {group} cast")
 
     def zero_then_cast() -> Gen:
-        yield from core.machine.zero_pages(core.rank, temp_bytes, threads=threads,
-                                           where=costs.SPREAD_PAGES)
+        yield from core.zero_fresh_pages(temp_bytes, threads=threads, where=costs.SPREAD_PAGES)
         yield from core.machine.elementwise(
             core.rank, elements, costs.HostBytes(home=FP32_BYTES, spread=core.dtype_bytes),
             threads=threads)

@@ -108,6 +108,7 @@ class RankCore:
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
+        self.heap_reuse_bytes = stack.heap_reuse_bytes
 
     def stream(self, name: Stream) -> InOrderStream:
         if name not in self.streams:
@@ -203,6 +204,18 @@ class RankCore:
         yield from work
         self.ctx.spans.add((self.rank, track._value_, self.phase, self.micro, op, start,
                             self.env.now, nbytes, kind._value_, ""))
+
+    def gets_fresh_pages(self, nbytes: float) -> bool:
+        """Whether a new host temporary of `nbytes` gets fresh pages, which the kernel zeroes
+        on first touch: the C allocator serves one up to the stack's `heap_reuse_bytes` from
+        its heap, on pages an earlier temporary already faulted in, and maps larger ones anew."""
+        return nbytes > self.heap_reuse_bytes
+
+    def zero_fresh_pages(self, nbytes: float, *, threads: float,
+                         where: costs.HostBytes = costs.HOME_PAGES) -> Gen:
+        """The kernel zeroing a new host temporary's pages, when they are fresh."""
+        if self.gets_fresh_pages(nbytes):
+            yield from self.machine.zero_pages(self.rank, nbytes, threads=threads, where=where)
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""

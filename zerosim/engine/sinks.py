@@ -181,16 +181,17 @@ class BoundaryFlush:
                                          nbytes=nbytes)
 
     def _via_cpu_cast(self, elements: int, name: str) -> Gen:
-        """PyTorch's blocking cross-dtype D2H: a D2H into a fresh pageable 16-bit temporary,
-        then a cast into the fp32 buffer on the CPU."""
+        """PyTorch's blocking cross-dtype D2H: a D2H into a pageable 16-bit temporary (its
+        pages zeroed first when they are fresh), then a cast into the fp32 buffer on the CPU."""
         core = self.core
         temp_bytes = core.dtype_bytes * elements
         temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
                                   f"fp16 temp {name}")
-        yield from core.cpu_work(f"zero pages {name}", OpKind.ZERO_PAGES,
-                                 core.machine.zero_pages(core.rank, temp_bytes, threads=1,
-                                                         label=f"zero pages {name}"),
-                                 nbytes=temp_bytes)
+        if core.gets_fresh_pages(temp_bytes):
+            yield from core.cpu_work(f"zero pages {name}", OpKind.ZERO_PAGES,
+                                     core.machine.zero_pages(core.rank, temp_bytes, threads=1,
+                                                             label=f"zero pages {name}"),
+                                     nbytes=temp_bytes)
         yield from core.dma("d2h", temp_bytes, pinned=False, op=f"fp32 flush {name}",
                             kind=OpKind.GRAD_FLUSH)
         yield from core.cpu_work(

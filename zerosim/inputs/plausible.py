@@ -128,6 +128,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "stack.kernels.backward_bytes_factor": Plausible(0, 1e3, "a factor"),
     "stack.kernels.*.kernels": _count(0, 10_000, "a kernel count"),
     "stack.attention_memory.*": Plausible(0, 64, "bytes per attention score"),
+    "stack.allocator.heap_reuse_MiB": Plausible(0, 1024**2, "a size in MiB"),
     # ---- hardware profile keys
     "hardware.description": PlausibleText(10_000),
     "hardware.nodes": _count(1, 1e6, "a node count"),

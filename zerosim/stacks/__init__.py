@@ -22,7 +22,7 @@ from zerosim.errors import ScenarioError
 from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import Elementwise, Recipe, ScoreMemory
-from zerosim.units import MS, US
+from zerosim.units import MS, US, MiB
 from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
 
 DEFAULT_STACK = "megatron-deepspeed"
@@ -40,6 +40,8 @@ HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
 TUNABLE_KEYS = (*HOST_TIMES, "kernels.backward_bytes_factor")
 """The stack's numeric values a fit or a sensitivity study may move (the host times and the
 elementwise backward's traffic factor); the rest are read off the framework's code."""
+HEAP_REUSE_KEY = "allocator.heap_reuse_MiB"
+"""The optional allocator key: host temporaries up to this size reuse heap pages."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
 """`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
 
@@ -65,6 +67,10 @@ class SoftwareStack:
     step_s: float
     """Host time per optimizer step outside the phases (zeroing, timers, logging)."""
     provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
+    heap_reuse_bytes: float = 0.0
+    """Host temporaries up to this size come from the C allocator's heap, on pages earlier
+    temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
+    first touch (0: every temporary is fresh)."""
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
@@ -123,7 +129,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     """Validate a stack mapping and convert it to SI units."""
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
-    known = {"name", "description", "modules", "kernels", "host", "attention_memory"}
+    known = {"name", "description", "modules", "kernels", "host", "attention_memory",
+             "allocator"}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -163,7 +170,25 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     reference_Hz = _non_negative(reference, source, "host.reference_GHz", positive=True) * 1e9
     return SoftwareStack(name=name, description=str(tree.get("description", "")),
                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
-                         **times)
+                         heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance), **times)
+
+
+def _heap_reuse_bytes(tree: Mapping[str, Any], source: str,
+                      provenance: dict[str, Provenance]) -> float:
+    """The optional `allocator` section: `heap_reuse_MiB`, in bytes (0 when absent)."""
+    section = tree.get("allocator")
+    if section is None:
+        return 0.0
+    if not isinstance(section, Mapping):
+        raise ScenarioError(source, "allocator", "a mapping", type(section).__name__)
+    extra = set(section) - {"heap_reuse_MiB"}
+    if extra:
+        raise ScenarioError(source, f"allocator.{sorted(extra)[0]}", "heap_reuse_MiB",
+                            sorted(extra)[0])
+    prov = parse_provenance(dotted_leaf(tree, HEAP_REUSE_KEY), source, HEAP_REUSE_KEY,
+                            table="stack")
+    provenance[HEAP_REUSE_KEY] = prov
+    return _non_negative(prov, source, HEAP_REUSE_KEY) * MiB
 
 
 def stack_names() -> list[str]:
