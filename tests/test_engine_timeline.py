@@ -176,9 +176,9 @@ REUSE_BYTES = 12_000
 (q/k/v/o: 2 x 4096 = 8192 B) and the smallest larger one (gate/up/down: 16384 B)."""
 
 
-def test_temporaries_up_to_the_heap_reuse_size_skip_the_page_zeroing(toy, dp1_ga1):
+def test_temporaries_below_the_heap_reuse_size_skip_the_page_zeroing(toy, dp1_ga1):
     """The same flush as above with the stack's allocator reusing heap pages for temporaries
-    up to 12,000 B: the norms' and q/k/v/o's 16-bit temporaries (128 and 8192 B) no longer
+    below 12,000 B: the norms' and q/k/v/o's 16-bit temporaries (128 and 8192 B) no longer
     fault fresh pages; gate/up/down, embed and lm_head's (16384 and 32768 B) still do. Each
     skipped zeroing takes 2000n ps out of the flush, in order, and out of the backward."""
     stack = toy_stack() | {"allocator": {"heap_reuse_MiB": {
@@ -194,6 +194,21 @@ def test_temporaries_up_to_the_heap_reuse_size_skip_the_page_zeroing(toy, dp1_ga
     before = dp1_ga1.phases.set_index("phase").loc["backward", "end_s"]
     after = reused.phases.set_index("phase").loc["backward", "end_s"]
     assert (before - after) / PS == pytest.approx(skipped, rel=1e-9)
+
+
+def test_a_temporary_of_exactly_the_heap_reuse_size_is_mapped_anew(toy, dp1_ga1):
+    """glibc maps a request whose size, with its header and alignment, reaches the mmap
+    threshold: at a threshold of 8192 B the q/k/v/o temporaries (8192 B) fault fresh pages
+    like the larger ones, and only the five norms' (128 B) skip the zeroing."""
+    stack = toy_stack() | {"allocator": {"heap_reuse_MiB": {
+        "value": 8192 / 2**20, "basis": "spec", "source": "toy"}}}
+    reused = toy.run({"runtime": {"framework": stack}})
+    cpu = _ops(reused.spans, "cpu", "backward")
+    assert [op for op in cpu.op if op.startswith("zero pages")] == [
+        f"zero pages {n}" for n in GRAD_ORDER if PARAMS[n] > 64]
+    before = dp1_ga1.phases.set_index("phase").loc["backward", "end_s"]
+    after = reused.phases.set_index("phase").loc["backward", "end_s"]
+    assert (before - after) / PS == pytest.approx(2000 * 5 * 64, rel=1e-9)
 
 
 def test_update_phase_sub_group_by_sub_group(dp1_ga1):

@@ -207,9 +207,11 @@ class RankCore:
 
     def gets_fresh_pages(self, nbytes: float) -> bool:
         """Whether a new host temporary of `nbytes` gets fresh pages, which the kernel zeroes
-        on first touch: the C allocator serves one up to the stack's `heap_reuse_bytes` from
-        its heap, on pages an earlier temporary already faulted in, and maps larger ones anew."""
-        return nbytes > self.heap_reuse_bytes
+        on first touch: the C allocator serves one below the stack's `heap_reuse_bytes` (its
+        mmap threshold) from its heap, on pages an earlier temporary already faulted in, and
+        maps the others anew. One of exactly the threshold is mapped too: glibc compares the
+        request with its header and alignment added (`sysmalloc`: nb >= mmap_threshold)."""
+        return nbytes > 0 and nbytes >= self.heap_reuse_bytes
 
     def zero_fresh_pages(self, nbytes: float, *, threads: float,
                          where: costs.HostBytes = costs.HOME_PAGES) -> Gen:
