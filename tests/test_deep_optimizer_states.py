@@ -165,9 +165,11 @@ def test_the_step_what_ifs_are_refused_with_the_interleaved_update(toy, what_if)
     assert error.value.key_path == f"what_if.{next(iter(what_if))}"
 
 
-def test_the_shipped_sweep_prices_each_option_through_the_sweep_runner():
-    """`scenarios/sweeps/deep_optimizer_states.yaml` on one Polaris node: the asynchronous
-    flush shortens the iteration and each gap shortens it further (summary-only points); an
+@pytest.mark.parametrize("hardware", ["polaris-a100", "h100-jlse"])
+def test_the_shipped_sweep_prices_each_option_through_the_sweep_runner(hardware):
+    """`scenarios/sweeps/deep_optimizer_states.yaml` on one node of either testbed of the
+    fork's runs: the asynchronous flush shortens the iteration and each gap shortens it
+    further (summary-only points), the interleaved update by shortening the update; an
     unbound launch slows the plain offload's update (ranks off their own NUMA domain)."""
     from pathlib import Path
 
@@ -175,11 +177,13 @@ def test_the_shipped_sweep_prices_each_option_through_the_sweep_runner():
 
     root = Path(__file__).resolve().parent.parent
     spec = load_sweep(root / "scenarios" / "sweeps" / "deep_optimizer_states.yaml")
-    rows = [run_point(str(spec.base), p.overrides, p.point_id) for p in spec.points()]
+    rows = [run_point(str(spec.base), {**p.overrides, "hardware": hardware}, p.point_id)
+            for p in spec.points()]
     assert [r["status"] for r in rows] == ["ok"] * 6
     plain, unbound, flush, *gaps = [r["iteration_s"] for r in rows]
     assert unbound > plain > flush > max(gaps)
     assert rows[1]["phases_s.update"] > rows[0]["phases_s.update"]
+    assert max(r["phases_s.update"] for r in rows[3:]) < rows[2]["phases_s.update"]
 
 
 @pytest.mark.parametrize("commit, gap", [("fa8c1df2", 3), ("8074cd62", 4)])
