@@ -517,8 +517,25 @@ def test_pinned_host_states_of_the_toy_are_rounded_per_allocation(toy):
     from zerosim.vocabulary import Category
     scenario = toy.scenario(gpus=1)
     held = {h.category: h.nbytes for h in model_states(scenario.deepspeed, plan_of(scenario),
-                                                        scenario.hardware)}
+                                                        scenario.hardware, scenario.behaviours)}
     assert held[Category.FP32_GRADS] == 2 * 262144
     assert held[Category.GRAD_ACCUMULATION] == 262144
     assert held[Category.FP32_MASTER] == 4 * 115008
     assert held[Category.OPTIMIZER_STATES] == 8 * 115008
+
+
+@pytest.mark.parametrize(("version", "tiles"), [("0.13.3", 2**30), ("0.14.2", 2**30),
+                                               ("0.14.3", None)])
+def test_cpu_adam_pins_two_tile_buffers_before_0_14_3(toy, version, tiles):
+    """DeepSpeedCPUAdam's C++ optimizer cudaMallocHost'ed two buffers of 128 Mi floats until
+    PR #5409 (v0.14.3): 1 GiB of pinned host memory per rank whose optimizer is offloaded,
+    exactly (the CUDA runtime's allocation, not PyTorch's rounding one)."""
+    from zerosim.engine.plan import plan_of
+    from zerosim.engine.states import model_states
+    from zerosim.vocabulary import BufferKind, Category
+    scenario = toy.scenario({"runtime": {"deepspeed_version": version}}, gpus=1)
+    held = [h for h in model_states(scenario.deepspeed, plan_of(scenario), scenario.hardware,
+                                    scenario.behaviours)
+            if h.category == Category.CPU_ADAM_BUFFERS]
+    assert [(h.nbytes, h.buffer) for h in held] == (
+        [(tiles, BufferKind.PINNED)] if tiles else [])

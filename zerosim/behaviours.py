@@ -69,6 +69,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "a ds_config file is read with hjson (comments, trailing commas, missing commas "
               "at line ends are accepted; before: strict JSON); duplicate keys are refused "
               "in both"),
+    Behaviour("cpu_adam_without_pinned_tiles", (0, 14, 3),
+              "PR #5409 'CPUAdam fp16 and bf16 support' (first in v0.14.3): "
+              "csrc/includes/cpu_adam.h Adam_Optimizer, read at v0.14.2 and v0.14.3",
+              "DeepSpeedCPUAdam no longer pins two tile buffers (before: its C++ optimizer, "
+              "built with CUDA, cudaMallocHost'ed 2 x TILE floats, TILE = 128 Mi elements: "
+              "1 GiB of pinned host memory per optimizer, one per rank)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -91,6 +97,7 @@ class Behaviours:
     zero_config_model: bool
     hjson_config_files: bool
     autotp_training: bool
+    cpu_adam_without_pinned_tiles: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

@@ -114,6 +114,7 @@ MEMORY_COLORS: dict[Category, str] = {
     Category.FP32_GRADS_GPU: TOL_MUTED[5],
     Category.GRAD_ACCUMULATION: TOL_MUTED[4],
     Category.SWAP_BUFFERS: TOL_MUTED[1],
+    Category.CPU_ADAM_BUFFERS: TOL_MUTED[3],
     Category.PAGEABLE_TEMPORARIES: OKABE_ITO["black"],
 }
 MEMORY_ORDER = tuple(MEMORY_COLORS)

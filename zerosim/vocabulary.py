@@ -155,6 +155,7 @@ class Category(StrEnum):
     BOUNDARY_GRAD_BUFFER = "boundary grad buffer"
     PREFETCHED_STATE = "prefetched optimizer state"
     SWAP_BUFFERS = "swap buffers"
+    CPU_ADAM_BUFFERS = "CPU Adam buffers"
 
     @property
     def is_static(self) -> bool:
@@ -167,7 +168,7 @@ STATIC_CATEGORIES = frozenset({
     Category.PARAMS_PERSISTENT,
     Category.IPG_BUCKET, Category.FP32_MASTER, Category.OPTIMIZER_STATES, Category.FP32_GRADS,
     Category.GRAD_ACCUMULATION, Category.FP32_MASTER_GPU, Category.OPTIMIZER_STATES_GPU,
-    Category.FP32_GRADS_GPU, Category.SWAP_BUFFERS,
+    Category.FP32_GRADS_GPU, Category.SWAP_BUFFERS, Category.CPU_ADAM_BUFFERS,
 })
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zerosim.behaviours import Behaviours
 from zerosim.engine.plan import Plan
 from zerosim.hardware import nvme
 from zerosim.hardware.profile import HardwareProfile
@@ -23,6 +24,11 @@ from zerosim.vocabulary import BufferKind, Category, DeviceKind, host_buffer
 
 ADAM_STATES = 2
 """exp_avg and exp_avg_sq, fp32 each."""
+CPU_ADAM_TILE_BUFFERS_BYTES = 2 * 128 * 1024 * 1024 * FP32_BYTES
+"""DeepSpeedCPUAdam's C++ optimizer before DeepSpeed 0.14.3, built with CUDA
+(csrc/includes/cpu_adam.h, `Adam_Optimizer`): two `cudaMallocHost` buffers of TILE floats
+(simd.h: TILE = 128 * 1024 * 1024), 1 GiB of pinned host memory per optimizer. Allocated by
+the CUDA runtime, not PyTorch's caching host allocator: no rounding."""
 
 
 @dataclass(frozen=True)
@@ -51,15 +57,26 @@ def _host_allocations(sizes: list[float], buffer: BufferKind) -> float:
     return float(sum(sizes))
 
 
-def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile) -> list[Holding]:
+def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
+                 behaviours: Behaviours) -> list[Holding]:
     """Every static allocation of one rank, in the order DeepSpeed makes them."""
     held = [Holding(DeviceKind.GPU, Category.RUNTIME_CONTEXT, profile.runtime_context_bytes,
                     "CUDA context"), *_framework_buffers(plan)]
     if ds.offload_optimizer.enabled:
+        held += _cpu_adam_buffers(behaviours)
         states = _offloaded_stage3 if ds.stage == 3 else _offloaded_stage12
     else:
         states = _on_gpu
     return held + states(ds, plan)
+
+
+def _cpu_adam_buffers(behaviours: Behaviours) -> list[Holding]:
+    """The offloaded optimizer is a DeepSpeedCPUAdam, whose C++ side pinned two tile buffers
+    until DeepSpeed 0.14.3."""
+    if behaviours.cpu_adam_without_pinned_tiles:
+        return []
+    return [Holding(DeviceKind.HOST, Category.CPU_ADAM_BUFFERS, CPU_ADAM_TILE_BUFFERS_BYTES,
+                    "DeepSpeedCPUAdam tile buffers", BufferKind.PINNED)]
 
 
 def _framework_buffers(plan: Plan) -> list[Holding]:
