@@ -61,8 +61,7 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     gpu_gradients = GpuGradients(core) if core.plan.interleaved else None
     return RankProgram(core, _params(core), _gradients(core, states, gpu_gradients),
                        _optimizer(core, states, gpu_gradients),
-                       model_states(core.ds, core.plan, core.profile,
-                                    core.behaviours))
+                       model_states(core.ds, core.plan, core.profile, core.behaviours))
 
 
 def _params(core: RankCore) -> ParameterCoordinator:
