@@ -1,0 +1,101 @@
+"""Configurations like the ones zerosim's predictions are judged on, run in bulk: none may crash.
+
+Run: `python benchmarks/robustness.py [--quick]`. The cases are the shapes of the Deep Optimizer
+States study's other runs (the H100 node, several Polaris nodes, the fork's asynchronous flush
+and interleaved update): every Polaris calibration scenario on both testbeds' profiles, bound
+and unbound; the fork's options on three of its builds, gaps 0 to 4 (gap 1 is refused, as the
+fork divides by gap - 1), with and without the asynchronous flush, on four models; and three
+models on 2 to 16 Polaris nodes at micro-batch 1 and 4. It prints how many ran, how many did
+not fit (a result, not a failure), every clear refusal grouped by its message, and every crash
+or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
+asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+
+from zerosim.api import simulate_summary
+from zerosim.errors import ZerosimError
+
+ROOT = Path(__file__).resolve().parent.parent
+POLARIS = ROOT / "scenarios" / "calibration" / "polaris"
+OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."
+FORK_BUILDS = ("0.13.3+4570a955", "0.13.3+d18d6f81", "0.13.3+c7da512a")
+FORK_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp1-mb4-ga1-sg1e08",
+               "polaris-15.58b-dp4-mb1-ga1-sg1e08", "polaris-5.95b-dp1-mb1-ga1-sg1e07")
+MULTI_NODE_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp4-mb4-ga1-sg1e08",
+                     "polaris-9.14b-dp4-mb1-ga1-sg1e08")
+
+
+def cases(quick: bool) -> list[tuple[Path, dict]]:
+    """(scenario file, overrides) for every configuration to run."""
+    files = sorted(POLARIS.glob("*.yaml"))
+    if quick:
+        files = files[::4]
+    out = [(f, {"hardware": hw, "runtime.bind_cores_to_rank": bound})
+           for f in files for hw in ("polaris-a100", "h100-jlse") for bound in (True, False)]
+    for name in FORK_MODELS[:2] if quick else FORK_MODELS:
+        for hw in ("polaris-a100", "h100-jlse"):
+            for build in FORK_BUILDS[:1] if quick else FORK_BUILDS:
+                for flush in (True, False):
+                    for gap in range(5):
+                        overrides = {"hardware": hw, "runtime.deepspeed_version": build,
+                                     OFFLOAD + "part_grads_async": flush}
+                        if gap:
+                            overrides |= {OFFLOAD + "prefetch_optimizer": True,
+                                          OFFLOAD + "prefetch_optimizer_gap": gap}
+                        out.append((POLARIS / f"{name}.yaml", overrides))
+    for name in MULTI_NODE_MODELS:
+        for nodes in (2, 4) if quick else (2, 4, 8, 16):
+            for micro_batch in (1, 4):
+                out.append((POLARIS / f"{name}.yaml", {
+                    "hardware": {"profile": "polaris-a100", "overrides": {"nodes": nodes}},
+                    "data_parallel": 4 * nodes,
+                    "deepspeed.train_micro_batch_size_per_gpu": micro_batch}))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="about a quarter of the cases")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    todo = cases(args.quick)
+    statuses: Counter[str] = Counter()
+    refusals: Counter[str] = Counter()
+    crashes: list[str] = []
+    started = time.perf_counter()
+    for path, overrides in todo:
+        label = f"{path.stem} {overrides}"
+        try:
+            summary = simulate_summary(path, overrides)
+        except ZerosimError as error:
+            refusals[str(error).splitlines()[0].split(": ", 1)[-1]] += 1
+            continue
+        except Exception:  # a crash is what this script looks for
+            crashes.append(f"{label}\n{traceback.format_exc(limit=4)}")
+            continue
+        statuses[summary["status"]] += 1
+        times = [v for v in summary["phases_s"].values() if v is not None]
+        if summary["status"] == "ok" and not all(math.isfinite(v) and v >= 0 for v in times):
+            crashes.append(f"{label}\nnon-finite or negative phase time: {summary['phases_s']}")
+    print(f"{len(todo)} cases in {time.perf_counter() - started:.0f} s: "
+          + ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+          + f", {sum(refusals.values())} refused, {len(crashes)} crashed")
+    for message, n in refusals.most_common():
+        print(f"  refused x{n}: {message}")
+    for crash in crashes:
+        print(f"CRASH {crash}")
+    return 1 if crashes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
