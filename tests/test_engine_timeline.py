@@ -176,14 +176,19 @@ REUSE_BYTES = 12_000
 (q/k/v/o: 2 x 4096 = 8192 B) and the smallest larger one (gate/up/down: 16384 B)."""
 
 
+def _run_with_heap_reuse(toy, nbytes: int):
+    """The toy run with its stack's allocator reusing heap pages below `nbytes`."""
+    stack = toy_stack() | {"allocator": {"heap_reuse_MiB": {
+        "value": nbytes / 2**20, "basis": "spec", "source": "toy"}}}
+    return toy.run({"runtime": {"framework": stack}})
+
+
 def test_temporaries_below_the_heap_reuse_size_skip_the_page_zeroing(toy, dp1_ga1):
     """The same flush as above with the stack's allocator reusing heap pages for temporaries
     below 12,000 B: the norms' and q/k/v/o's 16-bit temporaries (128 and 8192 B) no longer
     fault fresh pages; gate/up/down, embed and lm_head's (16384 and 32768 B) still do. Each
     skipped zeroing takes 2000n ps out of the flush, in order, and out of the backward."""
-    stack = toy_stack() | {"allocator": {"heap_reuse_MiB": {
-        "value": REUSE_BYTES / 2**20, "basis": "spec", "source": "toy"}}}
-    reused = toy.run({"runtime": {"framework": stack}})
+    reused = _run_with_heap_reuse(toy, REUSE_BYTES)
     zeroed = [n for n in GRAD_ORDER if 2 * PARAMS[n] > REUSE_BYTES]
     assert {PARAMS[n] for n in zeroed} == {8192, 16384}
     cpu = _ops(reused.spans, "cpu", "backward")
@@ -200,9 +205,7 @@ def test_a_temporary_of_exactly_the_heap_reuse_size_is_mapped_anew(toy, dp1_ga1)
     """glibc maps a request whose size, with its header and alignment, reaches the mmap
     threshold: at a threshold of 8192 B the q/k/v/o temporaries (8192 B) fault fresh pages
     like the larger ones, and only the five norms' (128 B) skip the zeroing."""
-    stack = toy_stack() | {"allocator": {"heap_reuse_MiB": {
-        "value": 8192 / 2**20, "basis": "spec", "source": "toy"}}}
-    reused = toy.run({"runtime": {"framework": stack}})
+    reused = _run_with_heap_reuse(toy, 8192)
     cpu = _ops(reused.spans, "cpu", "backward")
     assert [op for op in cpu.op if op.startswith("zero pages")] == [
         f"zero pages {n}" for n in GRAD_ORDER if PARAMS[n] > 64]
