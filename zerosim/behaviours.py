@@ -180,6 +180,23 @@ def launched_bound(version: str) -> bool:
     return bool(build and build.binds_cores)
 
 
+EMPTY_CACHE_EACH_PHASE = (
+    "every build of the fork (DEEP_OPTIMIZER_STATES_BUILDS, fa8c1df2 to d18d6f81) calls "
+    "get_accelerator().empty_cache() at the start and the end of DeepSpeedEngine.forward, "
+    "backward and step (runtime/engine.py; the timers start after it and stop before it), "
+    "which upstream DeepSpeed does not; the study's runs did the same (\"we only relinquish "
+    "memory back to the system at the beginning of each forward, backward, and update "
+    "stage\", Breaking the Memory Wall, section 3.4)")
+"""Why a fork build's runs empty the CUDA cache at every phase (`runtime.empty_cache_each_phase`
+says so for any other run)."""
+
+
+def empties_cache_each_phase(stated: bool | None, label: str) -> bool:
+    """Whether a run empties the CUDA cache at every phase: as `runtime.empty_cache_each_phase`
+    states it, else what its build does (a fork build does, a release does not)."""
+    return bool(label) if stated is None else stated
+
+
 FORK_KEYS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")
 """The fork's `offload_optimizer` keys; the raw and resolved settings and a measured run carry
 them under these names."""

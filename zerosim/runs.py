@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.behaviours import FORK_KEYS, fork_settings, launched_bound
+from zerosim.behaviours import FORK_KEYS, empties_cache_each_phase, fork_settings, launched_bound
 from zerosim.errors import Described, ScenarioError
 
 STACK = "megatron-deepspeed"
@@ -120,6 +120,12 @@ class MeasuredRun:
         return self.build if self.uses_fork_options else self.build.partition("+")[0]
 
     @property
+    def empties_cache(self) -> bool:
+        """A fork build's engine empties the CUDA cache at every phase
+        (`behaviours.EMPTY_CACHE_EACH_PHASE`), whichever release the run is replayed on."""
+        return empties_cache_each_phase(None, self.build.partition("+")[2])
+
+    @property
     def fork_suffix(self) -> str:
         """`-async`, `-gap3`: the fork's options in a configuration's name."""
         gap = self.prefetch_optimizer_gap
@@ -157,7 +163,8 @@ class MeasuredRun:
                 self.prefetch_bucket_size, self.untied_embeddings, self.flash_attention,
                 self.bf16, self.checkpoint_activations, self.pin_memory, self.overlap_comm,
                 self.zero_stage, self.deepspeed_version, self.part_grads_async,
-                self.prefetch_optimizer, self.prefetch_optimizer_gap, self.bind_cores_to_rank)
+                self.prefetch_optimizer, self.prefetch_optimizer_gap, self.bind_cores_to_rank,
+                self.empties_cache)
 
     def nodes(self, gpus_per_node: int) -> int:
         return math.ceil(self.gpus / gpus_per_node)
@@ -209,7 +216,8 @@ class MeasuredRun:
             },
             "runtime": {"deepspeed_version": self.build if keep_build else self.deepspeed_version,
                         "framework": STACK,
-                        **({"bind_cores_to_rank": True} if self.bind_cores_to_rank else {})},
+                        **({"bind_cores_to_rank": True} if self.bind_cores_to_rank else {}),
+                        **({"empty_cache_each_phase": True} if self.empties_cache else {})},
         }
 
 

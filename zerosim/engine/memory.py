@@ -166,3 +166,28 @@ class SharedPool:
 def shared(pool: MemoryPool | None, ranks: int) -> MemoryPool | SharedPool | None:
     """`pool` as seen by a simulated rank standing for `ranks` ranks."""
     return pool if pool is None or ranks == 1 else SharedPool(pool, ranks)
+
+
+class AllocatorReserve:
+    """What PyTorch's CUDA caching allocator must newly reserve (`cudaMalloc`) for one rank's
+    host thread since the cache was last emptied (`torch.cuda.empty_cache()`).
+
+    Freed blocks stay cached and serve later requests, so only growth of the bytes in use
+    beyond the highest level since the emptying calls `cudaMalloc`: a first-order model that
+    takes any cached block to fit any request (no fragmentation). Levels count from the
+    emptying: what was in use then stays reserved and is not counted."""
+
+    def __init__(self) -> None:
+        self.in_use = 0.0
+        self.reserved = 0.0
+
+    def allocate(self, nbytes: float) -> float:
+        """Bytes the allocator must newly reserve for a request of `nbytes`."""
+        self.in_use += nbytes
+        fresh = max(0.0, self.in_use - self.reserved)
+        self.reserved += fresh
+        return fresh
+
+    def free(self, nbytes: float) -> None:
+        """`nbytes` go back to the cache (they stay reserved)."""
+        self.in_use -= nbytes

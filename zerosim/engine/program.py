@@ -29,6 +29,9 @@ class RankProgram:
         self.optimizer = optimizer
         self.states = states
         self.held: list[tuple[Holding, int]] = []
+        self.recomputed_bytes = 0.0
+        """The activations the last recomputed block saved: freed by its backward, they are
+        back in the cache when the next block is recomputed."""
 
     def run(self) -> Gen:
         self.hold_model_states()
@@ -84,6 +87,7 @@ class RankProgram:
     def backward(self, micro: int, *, boundary: bool) -> Gen:
         core = self.core
         core.begin(Phase.BACKWARD, micro)
+        self.recomputed_bytes = 0.0
         modules = core.plan.modules
         for index in range(len(modules) - 1, -1, -1):
             module = modules[index]
@@ -114,8 +118,11 @@ class RankProgram:
     def recompute_block(self, layer: int) -> Gen:
         """Activation checkpointing: re-run the block's forward before its backward."""
         core = self.core
+        core.release_device_memory(self.recomputed_bytes)
+        self.recomputed_bytes = 0.0
         for index, module in enumerate(core.plan.modules):
             if module.layer == layer:
+                self.recomputed_bytes += module.recompute_bytes
                 yield from self._forward_module(index, OpKind.RECOMPUTE, module.recompute_bytes,
                                                 backward=None)
 
@@ -127,6 +134,8 @@ class RankProgram:
         ready = None
         if module.params:
             ready = yield from self._fetch_for(index, backward=backward)
+        yield from core.reserve_device_memory(saved_bytes + module.transient_bytes)
+        core.release_device_memory(module.transient_bytes)
         yield from core.issue_kernels(core.ctx.costs.forward_launches[index])
         label = "forward" if kind == OpKind.FORWARD else "recompute"
         core.compute.launch(f"{label} {module.name}",

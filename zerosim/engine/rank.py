@@ -16,7 +16,7 @@ import simpy
 from zerosim.behaviours import Behaviours
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.machine import Direction, Machine
-from zerosim.engine.memory import MemoryPool, shared
+from zerosim.engine.memory import AllocatorReserve, MemoryPool, shared
 from zerosim.engine.plan import Plan, module_costs
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream
@@ -109,6 +109,8 @@ class RankCore:
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
         self.heap_reuse_bytes = stack.heap_reuse_bytes
+        self.empties_cache = ctx.scenario.runtime.empty_cache_each_phase
+        self.reserve: AllocatorReserve | None = None
 
     def stream(self, name: Stream) -> InOrderStream:
         if name not in self.streams:
@@ -134,6 +136,8 @@ class RankCore:
     def begin(self, phase: Phase, micro: int) -> None:
         self.phase, self.micro = phase._value_, micro
         self._phase_start = self.env.now
+        if self.empties_cache:
+            self.reserve = AllocatorReserve()
 
     def end(self) -> Gen:
         """Wait until every stream of this rank is idle, then record the phase."""
@@ -234,6 +238,20 @@ class RankCore:
     def fetch_hooks(self) -> Waits:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
         return self.host_time(self.fetch_hook_s)
+
+    def reserve_device_memory(self, nbytes: float) -> Waits:
+        """Host time of the device memory a module asks for while it is issued: nothing from
+        the CUDA cache, except in a phase that began by emptying it (`begin`), whose growth
+        beyond what it has already reserved the host waits for in `cudaMalloc`. Without
+        emptying, the cache holds what the previous iteration reserved."""
+        if self.reserve is None:
+            return ()
+        return self.host_time(self.reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps)
+
+    def release_device_memory(self, nbytes: float) -> None:
+        """Device memory back to the cache (see `reserve_device_memory`)."""
+        if self.reserve is not None:
+            self.reserve.free(nbytes)
 
     def issue_kernels(self, launches: int) -> Waits:
         """Host time to launch a module's kernels (`launches` of them); the GPU runs them once

@@ -62,6 +62,9 @@ class HardwareProfile:
     memory_efficiency: float
     kernel_gap_s: float
     runtime_context_bytes: float
+    cuda_malloc_Bps: float
+    """How fast `cudaMalloc` hands the host thread fresh device memory (host time per byte:
+    mapping the pages and clearing them), paid where the caching allocator has to grow."""
     h2d_pinned_Bps: float
     d2h_pinned_Bps: float
     h2d_pageable_Bps: float
@@ -161,6 +164,8 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
     "gpu.kernel_gap_us": ("kernel_gap_s", US, _non_negative, "a time >= 0 in microseconds"),
     "gpu.runtime_context_GiB": ("runtime_context_bytes", GiB, _non_negative, "GiB >= 0"),
+    "gpu.cuda_malloc_GBps": ("cuda_malloc_Bps", GB, _positive,
+                             "a positive rate in GB/s of fresh device memory"),
     "pcie.h2d_pinned_GBps": ("h2d_pinned_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "pcie.d2h_pinned_GBps": ("d2h_pinned_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "pcie.h2d_pageable_GBps": ("h2d_pageable_Bps", GB, _positive, "a positive bandwidth in GB/s"),
@@ -220,6 +225,8 @@ TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
+CUDA_MALLOC_DEFAULT_GBPS = 360.0
+"""`gpu.cuda_malloc_GBps` of a profile that does not state it: h100-jlse's fitted value."""
 DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_tile_m": (256, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
                         "is 256 x 128 (rows x columns)"),
@@ -231,6 +238,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_latency_us": (0, "no fixed time per GEMM kernel beyond its waves of tiles: "
                             "profiles written before the key existed priced a GEMM by its "
                             "tiles alone"),
+    "gpu.cuda_malloc_GBps": (CUDA_MALLOC_DEFAULT_GBPS, "no measurement of this GPU: the rate "
+                             "fitted on the study's H100 node (h100-jlse), which only runs "
+                             "that empty the CUDA cache at every phase pay"),
     "host.remote_access_cost": (1.0, "a byte read or written from another NUMA domain costs "
                                 "its domain what a local byte costs: profiles written before "
                                 "the key existed charged no more for it"),

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from zerosim.behaviours import Behaviours, resolve_behaviours
+from zerosim.behaviours import Behaviours, empties_cache_each_phase, resolve_behaviours
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.profile import (
     HardwareProfile,
@@ -63,6 +63,7 @@ class _Runtime(BaseModel):
     deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
     cpu_threads_per_rank: int | None = Field(None, ge=1)
     bind_cores_to_rank: StrictBool = False
+    empty_cache_each_phase: StrictBool | None = None
     framework: Any = None
 
 
@@ -102,6 +103,10 @@ class Runtime:
     """The launcher binds each rank's threads and memory to its part of the node, its GPU's
     NUMA domain where each GPU has one (DeepSpeed's `--bind_cores_to_rank` with a
     `--bind_core_list` in GPU order; `engine.machine.bound_domains`)."""
+    empty_cache_each_phase: bool = False
+    """`torch.cuda.empty_cache()` at the start of every forward, backward and step, as the
+    Deep Optimizer States fork's engine does (`behaviours.EMPTY_CACHE_EACH_PHASE`): each phase
+    then reserves its device memory anew through `cudaMalloc`."""
 
     @property
     def version_text(self) -> str:
@@ -156,6 +161,8 @@ class Scenario:
                         "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
                         **({"bind_cores_to_rank": True} if self.runtime.bind_cores_to_rank
                            else {}),
+                        **({"empty_cache_each_phase": True}
+                           if self.runtime.empty_cache_each_phase else {}),
                         "framework": {"name": self.stack.name, "values": {
                             key: p.as_dict() for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
@@ -436,7 +443,9 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         attention=ATTENTION_NAMES[raw.attention],
         hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank, label,
-                        raw.runtime.bind_cores_to_rank), what_if=raw.what_if,
+                        raw.runtime.bind_cores_to_rank,
+                        empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label)),
+        what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
     check_supported(scenario)

@@ -1,0 +1,81 @@
+"""Runs that empty the CUDA cache at every phase (the Deep Optimizer States fork's engine, the
+study's instrumented runs) reserve each phase's device memory anew through `cudaMalloc`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import zerosim
+from conftest import minimal
+from zerosim.engine.memory import AllocatorReserve
+from zerosim.engine.plan import plan_of
+from zerosim.scenario import load_scenario, scenario_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDY_DP1 = ROOT / "scenarios" / "llama13b_dp1.yaml"
+POLARIS_RUN = ROOT / "scenarios" / "calibration" / "polaris" / "polaris-5.90b-dp1-mb4-ga1-sg1e08.yaml"
+
+
+def test_the_reserve_grows_only_past_the_highest_level_since_the_emptying():
+    reserve = AllocatorReserve()
+    assert reserve.allocate(10) == 10
+    reserve.free(4)
+    assert reserve.allocate(3) == 0  # 9 in use, 10 reserved
+    assert reserve.allocate(5) == 4  # 14 in use
+    reserve.free(14)
+    assert reserve.allocate(14) == 0
+    assert (reserve.in_use, reserve.reserved) == (14, 14)
+
+
+@pytest.mark.parametrize(("version", "stated", "empties"), [
+    ("0.13.3+4570a955", None, True), ("0.13.3", None, False),
+    ("0.13.3+4570a955", False, False), ("0.13.3", True, True)])
+def test_a_fork_build_empties_the_cache_at_every_phase_and_a_release_does_not(
+        version, stated, empties):
+    runtime = {"deepspeed_version": version} | (
+        {} if stated is None else {"empty_cache_each_phase": stated})
+    scenario = scenario_from_dict(minimal(runtime=runtime))
+    assert scenario.runtime.empty_cache_each_phase is empties
+    assert scenario.to_dict()["runtime"].get("empty_cache_each_phase", False) is empties
+
+
+def test_the_polaris_runs_and_the_study_empty_the_cache():
+    """Every Polaris run comes from a fork build (written into its scenario, replayed on the
+    release); the study says it emptied the cache at each phase."""
+    assert load_scenario(POLARIS_RUN).runtime.empty_cache_each_phase
+    assert load_scenario(STUDY_DP1).runtime.empty_cache_each_phase
+
+
+def _first_forward_s(overrides: list[str]) -> float:
+    phases = zerosim.simulate(STUDY_DP1, overrides).phases.set_index(["phase", "micro_batch"])
+    start, end = phases.loc[("forward", 0), ["start_s", "end_s"]]
+    return end - start
+
+
+def _forward_high_water_bytes() -> float:
+    """What one forward holds at its highest beyond what it started with: each module's
+    saved activations stay, its workspace only while it runs."""
+    saved, highest = 0.0, 0.0
+    for module in plan_of(load_scenario(STUDY_DP1)).modules:
+        saved += module.saved_bytes
+        highest = max(highest, saved + module.transient_bytes)
+    return highest
+
+
+def test_an_emptied_cache_makes_the_host_wait_for_the_forwards_high_water_growth():
+    """At rates slow enough that every `cudaMalloc` outlasts the GPU's queue, the forward's
+    host path, and so the forward, grows by the bytes it reserves over the rate: halving the
+    rate adds that time once more, exactly."""
+    fast, slow = (_first_forward_s([f"hardware.gpu.cuda_malloc_GBps={rate}"])
+                  for rate in (0.002, 0.001))
+    fresh = _forward_high_water_bytes()
+    assert fresh / 1e9 == pytest.approx(27.4, abs=0.1)  # the study: "27 GB additional"
+    assert slow - fast == pytest.approx(fresh / 0.001e9 - fresh / 0.002e9, rel=1e-9)
+
+
+def test_a_cache_kept_across_phases_costs_nothing():
+    rates = [["runtime.empty_cache_each_phase=false", f"hardware.gpu.cuda_malloc_GBps={r}"]
+             for r in (0.001, 1000)]
+    assert _first_forward_s(rates[0]) == _first_forward_s(rates[1])
