@@ -6,16 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import minimal
 
 import zerosim
-from conftest import minimal
 from zerosim.engine.memory import AllocatorReserve
 from zerosim.engine.plan import plan_of
 from zerosim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_DP1 = ROOT / "scenarios" / "llama13b_dp1.yaml"
-POLARIS_RUN = ROOT / "scenarios" / "calibration" / "polaris" / "polaris-5.90b-dp1-mb4-ga1-sg1e08.yaml"
+POLARIS_RUN = (ROOT / "scenarios" / "calibration" / "polaris"
+               / "polaris-5.90b-dp1-mb4-ga1-sg1e08.yaml")
 
 
 def test_the_reserve_grows_only_past_the_highest_level_since_the_emptying():

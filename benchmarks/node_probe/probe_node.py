@@ -13,9 +13,11 @@ Measures, on one Linux box with a CUDA GPU (needs only torch, numpy and the stdl
      Adam step via torch's fused CPU Adam) vs number of torch threads.
   e. Contention: pinned DMA bandwidth alone vs while the CPU runs those kernels on all
      threads, and the CPU kernels' rate alone vs during DMA.
+  f. cudaMalloc: a device block taken fresh right after torch.cuda.empty_cache() against the
+     same block from the cache (host wall time per byte: zerosim's gpu.cuda_malloc_GBps).
 
 Usage:
-  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcde]
+  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdef]
 
 Every figure is written to the JSON with value, unit, method (sizes, repetitions,
 statistic) and the raw samples. Units: GB = 1e9 bytes, GiB/MiB = 2**30 / 2**20 bytes.
@@ -762,6 +764,51 @@ def section_c(P: Probe):
 
 
 # ----------------------------------------------------------------------------------
+# f. cudaMalloc of fresh device memory (zerosim's gpu.cuda_malloc_GBps)
+# ----------------------------------------------------------------------------------
+
+
+def section_f(P: Probe):
+    """How fast the caching allocator gets fresh device memory once the cache is emptied:
+    `torch.empty` of a block after `torch.cuda.empty_cache()`, host wall time (cudaMalloc
+    blocks the calling thread), against the same request served from the cache."""
+    S = "f_cuda_malloc"
+    print("\n[f] cudaMalloc after empty_cache", flush=True)
+    sizes = [256 * MiB, 1 * GiB] if P.quick else [64 * MiB, 256 * MiB, 1 * GiB, 4 * GiB]
+    r = 3 if P.quick else 7
+    for size in sizes:
+        def fresh(size=size):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            t0 = time.perf_counter()
+            x = torch.empty(size, dtype=torch.uint8, device="cuda")
+            dt = time.perf_counter() - t0
+            del x
+            return dt
+
+        def cached(size=size):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            x = torch.empty(size, dtype=torch.uint8, device="cuda")
+            dt = time.perf_counter() - t0
+            del x
+            return dt
+
+        with P.attempt(S, f"fresh_{_fmt_size(size)}"):
+            fresh()
+            record_rate(P, S, f"fresh_{_fmt_size(size)}", [fresh() for _ in range(r)], size,
+                        "torch.empty(size, uint8, cuda) right after torch.cuda.empty_cache(), "
+                        f"host wall time, median of {r} after 1 warm-up",
+                        bytes_counted=size)
+        with P.attempt(S, f"cached_{_fmt_size(size)}"):
+            cached()
+            record_rate(P, S, f"cached_{_fmt_size(size)}", [cached() for _ in range(r)], size,
+                        "the same request served from the cache (no empty_cache), host wall "
+                        f"time, median of {r} after 1 warm-up", bytes_counted=size)
+    torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------
 # d. CPU kernels of the offloaded optimizer step
 # ----------------------------------------------------------------------------------
 
@@ -1169,7 +1216,7 @@ def main(argv=None):
         "--quick", action="store_true", help="small sizes, few repetitions (about a minute)"
     )
     ap.add_argument("--out", default="node_probe.json", help="JSON output path")
-    ap.add_argument("--sections", default="abcde", help="subset of sections to run, e.g. 'ae'")
+    ap.add_argument("--sections", default="abcdef", help="subset of sections to run, e.g. 'ae'")
     ap.add_argument(
         "--duration",
         type=float,
@@ -1192,7 +1239,7 @@ def main(argv=None):
         args.sections = "".join(s for s in args.sections if s in "cd")
     if not torch.cuda.is_available() and not args.cpu_only:
         print(
-            "CUDA is not available: sections a, b, e need a CUDA GPU; use --cpu-only to run the "
+            "CUDA is not available: sections a, b, e, f need a CUDA GPU; use --cpu-only to run the "
             "host sections (c, d) alone",
             file=sys.stderr,
         )
@@ -1245,6 +1292,7 @@ def main(argv=None):
         "c": section_c,
         "d": section_d,
         "e": lambda p: section_e(p, duration),
+        "f": section_f,
     }
     timings = {}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
