@@ -768,6 +768,18 @@ def section_c(P: Probe):
 # ----------------------------------------------------------------------------------
 
 
+def _time_empty(size: int, emptied: bool) -> float:
+    """Host seconds `torch.empty` of `size` bytes takes, after emptying the cache or not."""
+    torch.cuda.synchronize()
+    if emptied:
+        torch.cuda.empty_cache()
+    t0 = time.perf_counter()
+    x = torch.empty(size, dtype=torch.uint8, device="cuda")
+    dt = time.perf_counter() - t0
+    del x
+    return dt
+
+
 def section_f(P: Probe):
     """How fast the caching allocator gets fresh device memory once the cache is emptied:
     `torch.empty` of a block after `torch.cuda.empty_cache()`, host wall time (cudaMalloc
@@ -777,34 +789,16 @@ def section_f(P: Probe):
     sizes = [256 * MiB, 1 * GiB] if P.quick else [64 * MiB, 256 * MiB, 1 * GiB, 4 * GiB]
     r = 3 if P.quick else 7
     for size in sizes:
-        def fresh(size=size):
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            t0 = time.perf_counter()
-            x = torch.empty(size, dtype=torch.uint8, device="cuda")
-            dt = time.perf_counter() - t0
-            del x
-            return dt
-
-        def cached(size=size):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            x = torch.empty(size, dtype=torch.uint8, device="cuda")
-            dt = time.perf_counter() - t0
-            del x
-            return dt
-
-        with P.attempt(S, f"fresh_{_fmt_size(size)}"):
-            fresh()
-            record_rate(P, S, f"fresh_{_fmt_size(size)}", [fresh() for _ in range(r)], size,
-                        "torch.empty(size, uint8, cuda) right after torch.cuda.empty_cache(), "
-                        f"host wall time, median of {r} after 1 warm-up",
-                        bytes_counted=size)
-        with P.attempt(S, f"cached_{_fmt_size(size)}"):
-            cached()
-            record_rate(P, S, f"cached_{_fmt_size(size)}", [cached() for _ in range(r)], size,
-                        "the same request served from the cache (no empty_cache), host wall "
-                        f"time, median of {r} after 1 warm-up", bytes_counted=size)
+        for label, emptied, method in (
+                ("fresh", True, "torch.empty(size, uint8, cuda) right after "
+                 "torch.cuda.empty_cache(), host wall time"),
+                ("cached", False, "the same request served from the cache (no empty_cache), "
+                 "host wall time")):
+            key = f"{label}_{_fmt_size(size)}"
+            with P.attempt(S, key):
+                _time_empty(size, emptied)
+                record_rate(P, S, key, [_time_empty(size, emptied) for _ in range(r)], size,
+                            f"{method}, median of {r} after 1 warm-up", bytes_counted=size)
     torch.cuda.empty_cache()
 
 
