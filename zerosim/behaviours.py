@@ -193,8 +193,11 @@ says so for any other run)."""
 
 def empties_cache_each_phase(stated: bool | None, label: str) -> bool:
     """Whether a run empties the CUDA cache at every phase: as `runtime.empty_cache_each_phase`
-    states it, else what its build does (a fork build does, a release does not)."""
-    return bool(label) if stated is None else stated
+    states it, else what its build does (a build of `DEEP_OPTIMIZER_STATES_BUILDS` does; a
+    release, or another source build, does not)."""
+    if stated is not None:
+        return stated
+    return fork_build(label) is not None
 
 
 FORK_KEYS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")

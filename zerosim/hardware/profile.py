@@ -63,8 +63,8 @@ class HardwareProfile:
     kernel_gap_s: float
     runtime_context_bytes: float
     cuda_malloc_Bps: float
-    """How fast `cudaMalloc` hands the host thread fresh device memory (host time per byte:
-    mapping the pages and clearing them), paid where the caching allocator has to grow."""
+    """How fast `cudaMalloc` hands the host thread fresh device memory (the driver backing and
+    mapping the pages while the thread waits), paid where the caching allocator has to grow."""
     h2d_pinned_Bps: float
     d2h_pinned_Bps: float
     h2d_pageable_Bps: float
