@@ -32,7 +32,7 @@ def test_the_reserve_grows_only_past_the_highest_level_since_the_emptying():
 
 @pytest.mark.parametrize(("version", "stated", "empties"), [
     ("0.13.3+4570a955", None, True), ("0.13.3+c7da512", None, True), ("0.13.3", None, False),
-    ("0.13.3+0123abcd", None, False), ("0.13.3+4570a955", False, False),
+    ("0.13.3+0123abcd", None, True), ("0.13.3+4570a955", False, False),
     ("0.13.3", True, True)])
 def test_a_fork_build_empties_the_cache_at_every_phase_and_a_release_does_not(
         version, stated, empties):

@@ -193,11 +193,9 @@ says so for any other run)."""
 
 def empties_cache_each_phase(stated: bool | None, label: str) -> bool:
     """Whether a run empties the CUDA cache at every phase: as `runtime.empty_cache_each_phase`
-    states it, else what its build does (a build of `DEEP_OPTIMIZER_STATES_BUILDS` does; a
-    release, or another source build, does not)."""
-    if stated is not None:
-        return stated
-    return fork_build(label) is not None
+    states it, else what its build does: a source build is taken as the fork's, as for its
+    options (`resolve_behaviours`), and a release does not."""
+    return bool(label) if stated is None else stated
 
 
 FORK_KEYS = ("part_grads_async", "prefetch_optimizer", "prefetch_optimizer_gap")

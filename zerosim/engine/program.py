@@ -134,9 +134,9 @@ class RankProgram:
         ready = None
         if module.params:
             ready = yield from self._fetch_for(index, backward=backward)
-        yield from core.reserve_device_memory(saved_bytes + module.transient_bytes)
+        yield from core.issue_kernels(core.ctx.costs.forward_launches[index],
+                                      saved_bytes + module.transient_bytes)
         core.release_device_memory(module.transient_bytes)
-        yield from core.issue_kernels(core.ctx.costs.forward_launches[index])
         label = "forward" if kind == OpKind.FORWARD else "recompute"
         core.compute.launch(f"{label} {module.name}",
                             core.forward_body(index, core.ctx.costs.forward_s[index], saved_bytes),

@@ -239,24 +239,25 @@ class RankCore:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
         return self.host_time(self.fetch_hook_s)
 
-    def reserve_device_memory(self, nbytes: float) -> Waits:
-        """Host time of the device memory a module asks for while it is issued: nothing from
-        the CUDA cache, except in a phase that began by emptying it (`begin`), whose growth
-        beyond what it has already reserved the host waits for in `cudaMalloc`. Without
-        emptying, the cache holds what the previous iteration reserved."""
+    def _reserve_s(self, nbytes: float) -> float:
+        """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache: none, except
+        in a phase that began by emptying it (`begin`), for the growth beyond what the phase
+        has already reserved. Without emptying, the cache holds the previous iteration's
+        reserve."""
         if self.reserve is None:
-            return ()
-        return self.host_time(self.reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps)
+            return 0.0
+        return self.reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps
 
     def release_device_memory(self, nbytes: float) -> None:
-        """Device memory back to the cache (see `reserve_device_memory`)."""
+        """Device memory back to the CUDA cache (see `_reserve_s`)."""
         if self.reserve is not None:
             self.reserve.free(nbytes)
 
-    def issue_kernels(self, launches: int) -> Waits:
-        """Host time to launch a module's kernels (`launches` of them); the GPU runs them once
-        they are queued."""
-        return self.host_time(launches * self.kernel_launch_s)
+    def issue_kernels(self, launches: int, device_bytes: float = 0.0) -> Waits:
+        """Host time to launch a module's kernels (`launches` of them), with the `cudaMalloc`
+        of the device memory they ask for (`device_bytes`; `_reserve_s`), as PyTorch
+        allocates an op's outputs when it launches it; the GPU runs them once queued."""
+        return self.host_time(launches * self.kernel_launch_s + self._reserve_s(device_bytes))
 
     def pay_launches(self) -> Waits:
         """Host time of the collectives launched since the last call."""
