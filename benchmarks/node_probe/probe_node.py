@@ -15,9 +15,12 @@ Measures, on one Linux box with a CUDA GPU (needs only torch, numpy and the stdl
      threads, and the CPU kernels' rate alone vs during DMA.
   f. cudaMalloc: a device block taken fresh right after torch.cuda.empty_cache() against the
      same block from the cache (host wall time per byte: zerosim's gpu.cuda_malloc_GBps).
+  g. One Megatron-style Llama block's forward (no DeepSpeed) at micro-batch 1 and 4 for the
+     Polaris runs' three widths: per-layer GPU time, host issue time, each GEMM alone, and the
+     part that does not grow with the batch, per parameter.
 
 Usage:
-  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdef]
+  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdefg]
 
 Every figure is written to the JSON with value, unit, method (sizes, repetitions,
 statistic) and the raw samples. Units: GB = 1e9 bytes, GiB/MiB = 2**30 / 2**20 bytes.
@@ -803,6 +806,110 @@ def section_f(P: Probe):
 
 
 # ----------------------------------------------------------------------------------
+# g. One transformer block's forward at micro-batch 1 and 4 (no DeepSpeed)
+# ----------------------------------------------------------------------------------
+
+BLOCKS = ((3072, 11008, 32, 4), (4096, 11008, 32, 4), (5120, 13824, 40, 4))
+"""(hidden, ffn, heads, kv heads) of the Polaris runs' models at micro-batch 1 (9.14B,
+5.95B, 11.32B): their forwards take 1.22-1.43x zerosim's GPU path there and 1.00-1.07x at
+micro-batch 4, a part that grows with the layer's parameters and not with the batch (about
+10 ps per parameter, results/calibration/hook_per_run/). This section asks whether a plain
+PyTorch block shows it, with no ZeRO-3 hook in the way."""
+SEQUENCE = 2048
+
+
+def _block_weights(hidden, ffn, heads, kv_heads):
+    d = hidden // heads
+    def w(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16) * 0.02
+    return {"n1": torch.ones(hidden, device="cuda", dtype=torch.bfloat16),
+            "qkv": w(hidden + 2 * kv_heads * d, hidden), "o": w(hidden, hidden),
+            "n2": torch.ones(hidden, device="cuda", dtype=torch.bfloat16),
+            "gate_up": w(2 * ffn, hidden), "down": w(hidden, ffn)}
+
+
+def _rms(t, g):
+    return (t.float() * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + 1e-5)).to(t.dtype) * g
+
+
+def _block_forward(x, w, heads, kv_heads, mask):
+    """Megatron-DeepSpeed's Llama block as its forward runs it ([s, b, h]): RMSNorm, fused
+    QKV with grouped K/V expanded to every head, eager attention (baddbmm scores, causal mask,
+    softmax, bmm), output projection, residual, RMSNorm, fused gate/up, SwiGLU, down, residual.
+    Rotary embeddings are left out (elementwise, a few percent)."""
+    s, b, h = x.shape
+    d, group = h // heads, heads // kv_heads
+    q, k, v = (_rms(x, w["n1"]) @ w["qkv"].t()).split([h, kv_heads * d, kv_heads * d], dim=-1)
+    q = q.reshape(s, b * heads, d).transpose(0, 1)
+    k, v = (t.reshape(s, b, kv_heads, 1, d).expand(s, b, kv_heads, group, d)
+            .reshape(s, b * heads, d).transpose(0, 1) for t in (k, v))
+    scores = torch.baddbmm(torch.empty(b * heads, s, s, device=x.device, dtype=x.dtype), q,
+                           k.transpose(1, 2), beta=0.0, alpha=d ** -0.5)
+    probs = torch.softmax(scores.masked_fill_(mask, float("-inf")), dim=-1)
+    x = x + torch.bmm(probs, v).transpose(0, 1).reshape(s, b, h) @ w["o"].t()
+    gate, up = (_rms(x, w["n2"]) @ w["gate_up"].t()).chunk(2, dim=-1)
+    return x + (torch.nn.functional.silu(gate) * up) @ w["down"].t()
+
+
+def section_g(P: Probe):
+    """Per layer, CUDA-event time of a stack of distinct blocks under no_grad, at micro-batch 1
+    and 4, with the host time to issue them; and each of the block's four GEMMs alone."""
+    S = "g_block_forward"
+    print("\n[g] transformer block forward, micro-batch 1 and 4", flush=True)
+    layers, r = (2, 3) if P.quick else (6, 5)
+    mask = torch.ones(SEQUENCE, SEQUENCE, device="cuda", dtype=torch.bool).triu_(1)
+    for hidden, ffn, heads, kv_heads in BLOCKS[:1] if P.quick else BLOCKS:
+        d = hidden // heads
+        params = hidden * (hidden + 2 * kv_heads * d) + hidden * hidden + 3 * hidden * ffn
+        weights = [_block_weights(hidden, ffn, heads, kv_heads) for _ in range(layers)]
+        per_layer = {}
+        for mb in (1, 4):
+            x = torch.randn(SEQUENCE, mb, hidden, device="cuda", dtype=torch.bfloat16)
+
+            def stack(x=x, weights=weights):
+                with torch.no_grad():
+                    y = x
+                    for w in weights:
+                        y = _block_forward(y, w, heads, kv_heads, mask)
+                return y
+
+            key = f"h{hidden}_mb{mb}"
+            with P.attempt(S, key):
+                ts = time_events(stack, r)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                stack()
+                issue_s = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                per_layer[mb] = statistics.median(ts) / layers
+                P.record(S, key + "_layer_ms", per_layer[mb] * 1e3, "ms",
+                         f"CUDA events around {layers} distinct blocks under no_grad, bf16, "
+                         f"sequence {SEQUENCE}, median of {r} after 1 warm-up, per block",
+                         note=f"host issue {1e3 * issue_s / layers:.2f} ms per block",
+                         params_per_layer=params, host_issue_ms=1e3 * issue_s / layers,
+                         samples_s=ts)
+                M = SEQUENCE * mb
+                for name, n_out in (("qkv", hidden + 2 * kv_heads * d), ("o", hidden),
+                                    ("gate_up", 2 * ffn), ("down", hidden)):
+                    k_in = ffn if name == "down" else hidden
+                    a = torch.randn(M, k_in, device="cuda", dtype=torch.bfloat16)
+                    b_ = weights[0][name]
+                    g_ts = time_events(lambda a=a, b_=b_: a @ b_.t(), r)
+                    flops = 2 * M * k_in * n_out
+                    P.record(S, f"{key}_{name}_TFLOPS", flops / statistics.median(g_ts) / 1e12,
+                             "TFLOP/s", f"({M} x {k_in}) @ ({k_in} x {n_out}) alone, CUDA "
+                             f"events, median of {r}", samples_s=g_ts)
+        if 1 in per_layer and 4 in per_layer:
+            c = (4 * per_layer[1] - per_layer[4]) / 3
+            P.record(S, f"h{hidden}_fixed_ps_per_param", c / params * 1e12, "ps/param",
+                     "t(mb) = c + mb x g per layer from micro-batch 1 and 4: c over the "
+                     "block's parameters (Polaris's runs: about 10)", c_ms=c * 1e3,
+                     g_ms=(per_layer[4] - per_layer[1]) / 3 * 1e3)
+        weights = stack = None
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------
 # d. CPU kernels of the offloaded optimizer step
 # ----------------------------------------------------------------------------------
 
@@ -1210,7 +1317,7 @@ def main(argv=None):
         "--quick", action="store_true", help="small sizes, few repetitions (about a minute)"
     )
     ap.add_argument("--out", default="node_probe.json", help="JSON output path")
-    ap.add_argument("--sections", default="abcdef", help="subset of sections to run, e.g. 'ae'")
+    ap.add_argument("--sections", default="abcdefg", help="subset of sections to run, e.g. 'ae'")
     ap.add_argument(
         "--duration",
         type=float,
@@ -1233,8 +1340,8 @@ def main(argv=None):
         args.sections = "".join(s for s in args.sections if s in "cd")
     if not torch.cuda.is_available() and not args.cpu_only:
         print(
-            "CUDA is not available: sections a, b, e, f need a CUDA GPU; use --cpu-only to run the "
-            "host sections (c, d) alone",
+            "CUDA is not available: sections a, b, e, f, g need a CUDA GPU; use --cpu-only to "
+            "run the host sections (c, d) alone",
             file=sys.stderr,
         )
         return 2
@@ -1287,6 +1394,7 @@ def main(argv=None):
         "d": section_d,
         "e": lambda p: section_e(p, duration),
         "f": section_f,
+        "g": section_g,
     }
     timings = {}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
