@@ -50,9 +50,10 @@ def test_the_polaris_runs_and_the_study_empty_the_cache():
     assert load_scenario(STUDY_DP1).runtime.empty_cache_each_phase
 
 
-def _first_forward_s(overrides: list[str]) -> float:
-    phases = zerosim.simulate(STUDY_DP1, overrides).phases.set_index(["phase", "micro_batch"])
-    start, end = phases.loc[("forward", 0), ["start_s", "end_s"]]
+def _first_s(phase: str, path: Path, overrides: list[str]) -> float:
+    """How long micro-batch 0's `phase` takes."""
+    phases = zerosim.simulate(path, overrides).phases.set_index(["phase", "micro_batch"])
+    start, end = phases.loc[(phase, 0), ["start_s", "end_s"]]
     return end - start
 
 
@@ -70,7 +71,7 @@ def test_an_emptied_cache_makes_the_host_wait_for_the_forwards_high_water_growth
     """At rates slow enough that every `cudaMalloc` outlasts the GPU's queue, the forward's
     host path, and so the forward, grows by the bytes it reserves over the rate: halving the
     rate adds that time once more, exactly."""
-    fast, slow = (_first_forward_s([f"hardware.gpu.cuda_malloc_GBps={rate}"])
+    fast, slow = (_first_s("forward", STUDY_DP1, [f"hardware.gpu.cuda_malloc_GBps={rate}"])
                   for rate in (0.002, 0.001))
     fresh = _forward_high_water_bytes()
     assert fresh / 1e9 == pytest.approx(27.4, abs=0.1)  # the study: "27 GB additional"
@@ -80,4 +81,20 @@ def test_an_emptied_cache_makes_the_host_wait_for_the_forwards_high_water_growth
 def test_a_cache_kept_across_phases_costs_nothing():
     rates = [["runtime.empty_cache_each_phase=false", f"hardware.gpu.cuda_malloc_GBps={r}"]
              for r in (0.001, 1000)]
-    assert _first_forward_s(rates[0]) == _first_forward_s(rates[1])
+    assert _first_s("forward", STUDY_DP1, rates[0]) == _first_s("forward", STUDY_DP1, rates[1])
+
+
+def test_with_recomputation_only_the_first_recomputed_block_reserves_anew():
+    """A checkpointed backward recomputes the last block first; its activations go back to
+    the cache before the next block is recomputed, so the blocks after it, all alike, need
+    nothing new: the backward grows by that one block's high-water bytes over the rate."""
+    modules = plan_of(load_scenario(POLARIS_RUN)).modules
+    last_layer = max(m.layer for m in modules if m.layer is not None)
+    saved, highest = 0.0, 0.0
+    for module in (m for m in modules if m.layer == last_layer):
+        saved += module.recompute_bytes
+        highest = max(highest, saved + module.transient_bytes)
+    fast, slow = (_first_s("backward", POLARIS_RUN, [f"hardware.gpu.cuda_malloc_GBps={rate}"])
+                  for rate in (0.002, 0.001))
+    assert highest > 0
+    assert slow - fast == pytest.approx(highest / 0.001e9 - highest / 0.002e9, rel=1e-9)
