@@ -130,11 +130,13 @@ def test_two_ranks_share_the_drives_max_min_fairly():
     assert done == {"r0": pytest.approx(1.0), "r1": pytest.approx(2.0)}
 
 
-def test_reads_and_writes_use_separate_capacities():
+def test_reads_and_writes_share_the_drives_time():
     m = machine_for(nvme_profile())
-    # read 2e9 B at 2 GB/s = 1.0 s; write 1e9 B at 1 GB/s = 1.0 s; neither slows the other
+    # Read 2e9 B (2 GB/s alone) beside a write of 1e9 B (1 GB/s alone): both run at x with
+    # x / 2e9 + x / 1e9 = 1, x = 2/3 GB/s, so the write ends at 1e9 / x = 1.5 s; the read has
+    # 1e9 B left then, alone at 2 GB/s: 0.5 s more, t = 2.0 (separate capacities: 1.0 and 1.0).
     done = run(m, ("r", m.nvme_read(0, 2e9)), ("w", m.nvme_write(1, 1e9)))
-    assert done == {"r": pytest.approx(1.0), "w": pytest.approx(1.0)}
+    assert done == {"r": pytest.approx(2.0), "w": pytest.approx(1.5)}
 
 
 def test_host_memory_bounds_a_read():
@@ -161,11 +163,10 @@ def test_a_node_without_drives_refuses_nvme_io():
         run(m, ("r", m.nvme_read(0, 1e9)))
 
 
-def test_drive_resources_are_named_per_node_and_direction():
+def test_one_drive_resource_per_node_measured_in_drive_time():
     m = machine_for(nvme_profile())
-    assert sorted(r.name for r in m.nvme.values()) == ["host0.nvme.read", "host0.nvme.write"]
-    assert m.nvme[(0, "read")].capacity == 2e9
-    assert m.nvme[(0, "write")].capacity == 1e9
+    assert [r.name for r in m.nvme.values()] == ["host0.nvme"]
+    assert m.nvme[0].capacity == 1.0
 
 
 # --------------------------------------------------------------------------- scenario keys
@@ -335,11 +336,18 @@ def _io(result, stream: str, phase: str | None = None):
     return chosen.sort_values("start_s", kind="stable").reset_index(drop=True)
 
 
+def _state_writes(result):
+    """The step's writes of sub-group state (not the boundary gradients' last buffer, which
+    the step writes first)."""
+    writes = _io(result, "nvme.write", "update")
+    return writes[writes.op.str.startswith("swap out sub-group")].reset_index(drop=True)
+
+
 def test_optimizer_on_nvme_swaps_each_sub_group_in_then_out():
     """No pipelining: read sub-group g (16 B/element at 2 GB/s), step it, write it back
     (12 B/element at 1 GB/s), then read the next one."""
     result = nvme_run({})
-    reads, writes = _io(result, "nvme.read", "update"), _io(result, "nvme.write", "update")
+    reads, writes = _io(result, "nvme.read", "update"), _state_writes(result)
     assert list(reads.op) == ["swap in sub-group 0", "swap in sub-group 1"]
     assert list(writes.op) == ["swap out sub-group 0", "swap out sub-group 1"]
     assert list(reads.bytes) == [16 * n for n in GROUPS]
@@ -364,10 +372,15 @@ def test_pipeline_read_reads_the_next_sub_group_while_this_one_steps():
 
 def test_pipeline_write_leaves_the_write_in_flight_until_the_next_swap_out():
     result = nvme_run({"offload_optimizer": {"pipeline_write": True, "buffer_count": 8}})
-    reads, writes = _io(result, "nvme.read", "update"), _io(result, "nvme.write", "update")
-    # the read of sub-group 1 overlaps the write of sub-group 0 (separate read/write capacity)
+    reads, writes = _io(result, "nvme.read", "update"), _state_writes(result)
+    # the read of sub-group 1 overlaps the write of sub-group 0, sharing the drives' time: both
+    # at x with x / 2 GB/s + x / 1 GB/s = 1 (x = 2/3 GB/s) until the write's 12 g0 bytes are
+    # done, then the read's rest alone at 2 GB/s
     assert reads.start_s[1] == pytest.approx(writes.start_s[0], rel=1e-12)
-    assert reads.end_s[1] < writes.end_s[0]
+    shared = 12 * GROUPS[0] / (2 / 3 * 1e9)
+    assert writes.end_s[0] - writes.start_s[0] == pytest.approx(shared, rel=1e-9)
+    assert reads.end_s[1] - writes.end_s[0] == pytest.approx(
+        (16 * GROUPS[1] - 12 * GROUPS[0]) / READ_BPS, rel=1e-9)
     # the write of sub-group 1 waits for the write of sub-group 0
     assert writes.start_s[1] >= writes.end_s[0]
 
@@ -379,7 +392,8 @@ def test_too_few_swap_buffers_for_pipelining_are_refused_as_deepspeed_does():
 
 def test_nvme_traffic_is_conserved():
     """Over an iteration every swapped element is read once (16 B) and written once in the
-    step (12 B) and once as a boundary gradient (4 B); DP=2 halves each rank's share."""
+    step (12 B) and once as a boundary gradient (4 B, each gradient I/O-aligned in its swap
+    buffer); DP=2 halves each rank's share."""
     for gpus in (1, 2):
         result = nvme_run({"offload_optimizer": {"pipeline_read": True,
                                                  "pipeline_write": True,
@@ -389,9 +403,12 @@ def test_nvme_traffic_is_conserved():
         for rank in range(gpus):
             mine = spans[spans["rank"] == rank]
             assert mine[mine.stream == "nvme.read"].bytes.sum() == 16 * partition
-            assert mine[mine.stream == "nvme.write"].bytes.sum() == 16 * partition
-            grads = mine[(mine.stream == "nvme.write") & (mine.phase == "backward")]
-            assert grads.bytes.sum() == 4 * partition
+            writes = mine[mine.stream == "nvme.write"]
+            grads = writes.op.str.startswith("swap out grads")
+            assert writes[~grads].bytes.sum() == 12 * partition
+            assert writes[grads].bytes.sum() == 4 * sum(
+                nvme.io_aligned_numel(-(-n // gpus), 4, thread_count=1)
+                for n in _wide_param_numels())
         assert result.summary["status"] == "ok"
 
 
@@ -430,3 +447,31 @@ def test_parameters_on_nvme_are_read_before_their_fetch_and_written_after_the_st
     memory = result.memory
     on_nvme = memory[(memory.device == "nvme0") & (memory.category == "params 16-bit")]
     assert on_nvme.bytes.max() == 2 * 2 * 1048576
+
+
+def test_gradient_buffers_fill_submit_and_wait_as_deepspeed_does():
+    """async_swapper.py: a gradient that does not fit submits the current buffer and takes a
+    free one; with none free the host waits for every write, which frees them all. Buffers of
+    1024 elements, I/O-aligned to 256 (1024 B x 1 thread / 4 B)."""
+    buffers = nvme.GradientSwapBuffers(2, 1024, thread_count=1)
+    assert buffers.insert(512) == (0, False)     # buffer 1 taken
+    assert buffers.insert(512) == (0, False)     # and filled
+    assert buffers.insert(200) == (1024, False)  # no room: buffer 1 written, buffer 2 taken
+    assert buffers.insert(1000) == (256, True)   # 1024 aligned: buffer 2 written, none free
+    assert buffers.insert(1) == (0, False)       # after the wait both are free again
+    assert buffers.release() == 1024 + 256       # the step writes the partly filled one
+    with pytest.raises(ValueError, match="exceeds a swap buffer"):
+        buffers.insert(1025)
+
+
+def test_full_gradient_buffers_hold_the_backward_until_every_write_is_done():
+    """sub_group_size 5e5: each swap buffer holds the largest sub-group (the embedding's,
+    1048576 elements), four of them. The layers' gradients fill all four, so the embedding's,
+    the last, is copied only once every gradient write in flight has finished."""
+    result = nvme_run({"sub_group_size": 5e5, "offload_optimizer": {"buffer_count": 4}})
+    spans = result.spans[result.spans["rank"] == 0]
+    writes = spans[(spans.stream == "nvme.write") & (spans.phase == "backward")]
+    assert len(writes) == 4 and writes.op.str.startswith("swap out grads").all()
+    copy = spans[spans.op == "fp32 grad embed_tokens (pinned)"].iloc[0]
+    assert copy.start_s == pytest.approx(writes.end_s.max(), rel=1e-12)
+    assert copy.start_s - writes.start_s.min() >= writes.bytes.sum() / WRITE_BPS

@@ -221,19 +221,19 @@ class Machine:
         self.nic = {n: add(f"host{n}.nic", p.node_network_Bps) for n in nodes}
         self.nvme = self._build_nvme(nodes)
 
-    def _build_nvme(self, nodes: list[int]) -> dict[tuple[int, str], SharedResource]:
-        """One resource per node and direction for all its drives together: DeepSpeed writes
-        every swap file under one `nvme_path`, so several drives serve it only as one striped
-        volume (RAID 0), over which a large transfer spreads evenly; max-min sharing of n
-        drives that every flow crosses in equal parts is then exactly that of one resource
-        of n times the capacity. Reads and writes get separate capacities, as PCIe directions
-        do (the spec sheets give each alone; how a drive mixes them is not modelled). No
-        drives, no resource."""
-        p = self.profile
-        if not p.has_nvme:
+    def _build_nvme(self, nodes: list[int]) -> dict[int, SharedResource]:
+        """One resource per node for all its drives together, its capacity the drives' time
+        (1 s per s): DeepSpeed writes every swap file under one `nvme_path`, so several drives
+        serve it only as one striped volume (RAID 0), over which a large transfer spreads
+        evenly, and max-min sharing of n drives that every flow crosses in equal parts is
+        exactly that of one resource n times as fast. A byte read takes 1 / (read rate) of it
+        and a byte written 1 / (write rate): reads and writes share the same flash and
+        controllers (the spec sheets give each rate alone), so a read beside a write gets
+        less than the read rate, unlike the two directions of a PCIe link. No drives, no
+        resource."""
+        if not self.profile.has_nvme:
             return {}
-        return {(n, d): self.flows.add_resource(f"host{n}.nvme.{d}", costs.nvme_node_Bps(p, d))
-                for n in nodes for d in ("read", "write")}
+        return {n: self.flows.add_resource(f"host{n}.nvme", 1.0) for n in nodes}
 
     # ------------------------------------------------------------------ copies
 
@@ -304,22 +304,24 @@ class Machine:
 
     def _nvme(self, rank: int, direction: NvmeDirection, nbytes: float, label: str
               ) -> Generator[simpy.Event, Any, None]:
-        """The drives' latency, then a flow striped over every drive of the rank's node. The
+        """The drives' latency, then a flow striped over every drive of the rank's node, taking
+        their time at the direction's rate (`_build_nvme`). The
         drives DMA straight into the pinned buffer (one host-memory byte per byte, on its home
         pages) with the same arbitration weight against CPU kernels as a GPU's DMA."""
         if nbytes <= 0:
             return
         pl = self.placements[rank]
-        if (pl.node, direction) not in self.nvme:
+        if pl.node not in self.nvme:
             raise ValueError(f"nvme_{direction} on {pl.host_device}: profile "
                              f"{self.profile.name!r} has no NVMe drives (nvme.drives_per_node "
                              "is 0)")
         if self.profile.nvme_latency_s > 0:
             yield self.env.timeout(self.profile.nvme_latency_s)
         host = costs.NVME_AIO_HOST_BYTES
+        drive_s_per_byte = 1.0 / costs.nvme_node_Bps(self.profile, direction)
         usage = self._shape(
             ("nvme", rank, direction), rank,
-            lambda pl: {self.nvme[(pl.node, direction)]: 1.0} | self._host_memory(pl, host),
+            lambda pl: {self.nvme[pl.node]: drive_s_per_byte} | self._host_memory(pl, host),
             weight=self.profile.dma_memory_weight / host.total)
         yield self.flows.start_usage(nbytes, usage, label=label)
 

@@ -94,6 +94,12 @@ class Plan:
                    if (p.module, p.index) in self.nvme_params)
 
     @property
+    def largest_swapped_subgroup(self) -> int:
+        """Numel of the largest sub-group on NVMe: the size of each optimizer swap buffer
+        (0 when nothing is swapped)."""
+        return max((self.subgroups[g] for g in self.nvme_subgroups), default=0)
+
+    @property
     def nvme_param_numel(self) -> int:
         return sum(p.partition_numel for p in self.all_params
                    if (p.module, p.index) in self.nvme_params)

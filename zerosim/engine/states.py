@@ -200,7 +200,7 @@ def _swapped_optimizer(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     if not plan.nvme_subgroups:
         return []
     on_nvme = plan.numel_on("nvme")
-    largest = max(plan.subgroups[g] for g in plan.nvme_subgroups)
+    largest = plan.largest_swapped_subgroup
     nvme_device = DeviceKind.NVME
     return [
         Holding(nvme_device, Category.FP32_MASTER, FP32_BYTES * on_nvme, "fp32 swap files"),

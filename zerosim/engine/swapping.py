@@ -54,6 +54,9 @@ class OptimizerSwapper:
         self.reads: dict[int, simpy.Event] = {}
         self.write: simpy.Event | None = None
         self.gradient_writes: list[simpy.Event] = []
+        self.gradient_buffers = nvme.GradientSwapBuffers(
+            self.settings.buffer_count, core.plan.largest_swapped_subgroup,
+            thread_count=core.ds.aio.thread_count)
 
     def swaps(self, param: Param) -> bool:
         return self.core.plan.subgroup_of[(param.module, param.index)] in self.swapped
@@ -72,19 +75,33 @@ class OptimizerSwapper:
                         f"swap out sub-group {group}", OpKind.SWAP_OUT)
 
     def flush_gradient(self, param: Param, name: str) -> Gen:
-        """`swap_out_gradients`: the fp32 gradient reaches a pinned swap buffer (a blocking
-        D2H after the cast on the GPU), then an asynchronous write to NVMe."""
+        """`swap_out_gradients`: the fp32 gradient goes into a pinned swap buffer (a blocking
+        D2H after the cast on the GPU); a full buffer is written to NVMe asynchronously, and
+        when every buffer is full or in flight the host waits for all the writes
+        (`nvme.GradientSwapBuffers`)."""
         elements = param.partition_numel
+        submitted, wait = self.gradient_buffers.insert(elements)
+        self._write_gradients(submitted, name)
+        if wait:
+            yield from self._wait_for_gradient_writes()
         yield from gpu_cast_then_d2h(self.core, elements, name, pinned=True)
-        self.gradient_writes.append(self._io("write", FP32_BYTES * elements,
-                                             f"swap out grad {name}", OpKind.SWAP_OUT))
 
-    def before_step(self) -> Gen:
-        """`_flush_gradient_swapper`: the gradient writes finish before the first swap-in."""
+    def _write_gradients(self, elements: int, name: str) -> None:
+        if elements:
+            self.gradient_writes.append(self._io("write", FP32_BYTES * elements,
+                                                 f"swap out grads to {name}", OpKind.SWAP_OUT))
+
+    def _wait_for_gradient_writes(self) -> Gen:
         pending = [e for e in self.gradient_writes if not e.processed]
         self.gradient_writes = []
         if pending:
             yield AllDone(self.core.env, pending)
+
+    def before_step(self) -> Gen:
+        """`_flush_gradient_swapper`: the last, partly filled buffer is written and every
+        gradient write finishes before the first swap-in."""
+        self._write_gradients(self.gradient_buffers.release(), "the step")
+        yield from self._wait_for_gradient_writes()
 
     def swap_in(self, group: int) -> Gen:
         if group not in self.swapped:

@@ -116,3 +116,51 @@ def param_partition_fits(partition_numel: int, *, buffer_size: int, element_byte
     if not swappable(partition_numel, element_bytes, block_size):
         return True
     return partition_numel < buffer_size
+
+
+class GradientSwapBuffers:
+    """The pinned buffers the boundary backward writes fp32 gradients through to NVMe, as
+    DeepSpeed 0.13.3 fills them (swap_tensor/async_swapper.py `AsyncTensorSwapper`, given every
+    buffer of the optimizer swapper by optimizer_utils.py `_swap_out_gradients`:
+    `allocate_all`).
+
+    A gradient goes into the current buffer (its I/O-aligned length). When it does not fit, the
+    current buffer is submitted to the aio write handle and a free one taken; when none is
+    free, the host thread first waits for every submitted write (`_flush_buffers_until_complete`,
+    timer `async_swap_gradient_wait`), which frees them all. So once more gradient is in flight
+    than the buffers hold, the backward proceeds at the drives' write rate. Pure bookkeeping:
+    the engine issues the writes and the waits."""
+
+    def __init__(self, count: int, buffer_numel: int, *, thread_count: int):
+        self.count = count
+        self.buffer_numel = io_aligned_numel(buffer_numel, FP32_BYTES, thread_count)
+        self.thread_count = thread_count
+        self.free = count
+        self.current: int | None = None
+        """Elements in the buffer being filled; None when none is taken."""
+
+    def insert(self, numel: int) -> tuple[int, bool]:
+        """Place one gradient of `numel` elements: the elements of a buffer submitted for
+        writing first (0 if none) and whether the host must then wait for every write in
+        flight before the gradient's copy into the buffer."""
+        aligned = io_aligned_numel(numel, FP32_BYTES, self.thread_count)
+        if aligned > self.buffer_numel:
+            raise ValueError(f"a gradient of {numel} elements exceeds a swap buffer of "
+                             f"{self.buffer_numel} (DeepSpeed asserts the same)")
+        submitted, wait = 0, False
+        if self.current is not None and self.current + aligned > self.buffer_numel:
+            submitted, self.current = self.current, None
+            if self.free == 0:
+                wait, self.free = True, self.count
+        if self.current is None:
+            self.free -= 1
+            self.current = 0
+        self.current += aligned
+        return submitted, wait
+
+    def release(self) -> int:
+        """`release_buffers` before the step: the partly filled buffer is submitted (its
+        elements returned) and, after the caller's wait for every write, all are free."""
+        submitted = self.current or 0
+        self.current, self.free = None, self.count
+        return submitted
