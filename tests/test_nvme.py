@@ -457,9 +457,10 @@ def test_gradient_buffers_fill_submit_and_wait_as_deepspeed_does():
     assert buffers.insert(512) == (0, False)     # buffer 1 taken
     assert buffers.insert(512) == (0, False)     # and filled
     assert buffers.insert(200) == (1024, False)  # no room: buffer 1 written, buffer 2 taken
-    assert buffers.insert(1000) == (256, True)   # 1024 aligned: buffer 2 written, none free
-    assert buffers.insert(1) == (0, False)       # after the wait both are free again
-    assert buffers.release() == 1024 + 256       # the step writes the partly filled one
+    assert buffers.insert(1000) == (256, True)   # 1024 aligned: buffer 2 written, none free:
+    #                                              wait, then both are free and one is filled
+    assert buffers.insert(1) == (1024, False)    # no room: it is written, the other taken
+    assert buffers.release() == 256              # the step writes the partly filled one
     with pytest.raises(ValueError, match="exceeds a swap buffer"):
         buffers.insert(1025)
 
