@@ -474,5 +474,6 @@ def test_full_gradient_buffers_hold_the_backward_until_every_write_is_done():
     writes = spans[(spans.stream == "nvme.write") & (spans.phase == "backward")]
     assert len(writes) == 4 and writes.op.str.startswith("swap out grads").all()
     copy = spans[spans.op == "fp32 grad embed_tokens (pinned)"].iloc[0]
-    assert copy.start_s == pytest.approx(writes.end_s.max(), rel=1e-12)
+    # after the last write, only the embedding gradient's fp32 cast on the GPU (microseconds)
+    assert 0 < copy.start_s - writes.end_s.max() < 1e-4
     assert copy.start_s - writes.start_s.min() >= writes.bytes.sum() / WRITE_BPS
