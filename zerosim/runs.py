@@ -7,8 +7,10 @@ polaris_zero3_offload_runs.csv`, repository `mauryaavinash95/deep-optimizer-stat
 one row per run of Megatron-DeepSpeed training a Llama-style GPT under DeepSpeed ZeRO with the
 optimizer offloaded to the CPU. The configuration columns are required; the measured ones
 (`fwd_ms_mean`, `bwd_ms_mean`, `step_ms_mean`, `iter_ms_mean`: milliseconds per optimizer step,
-all micro-batches; `smu_train_rank0_peak_Max_MA_GB`, rank 0's peak allocated GPU memory, GB;
-`cpu_used_GB_peak_during_training`) are read where present. Rows that repeat a configuration
+all micro-batches; `smu_train_rank0_peak_Max_MA_GB`, rank 0's peak allocated GPU memory;
+`cpu_used_GB_peak_during_training`) are read where present. Both memory columns are GiB
+whatever their names say: they are DeepSpeed's `see_memory_usage` figures ("smu"; `Max_MA` and
+"CPU Virtual Memory: used"), which divide by 1024**3 and print "GB" (runtime/utils.py). Rows that repeat a configuration
 are simulated once and compared with their mean.
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 
 from zerosim.behaviours import FORK_KEYS, empties_cache_each_phase, fork_settings, launched_bound
 from zerosim.errors import Described, ScenarioError
+from zerosim.units import GiB
 
 STACK = "megatron-deepspeed"
 MEASURED_PHASES = ("forward", "backward", "update", "iteration")
@@ -334,8 +337,8 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
         bind_cores_to_rank=(_flag(source, row, BIND_COLUMN, bound) if bound
                             else launched_bound(build)),
         params=_count(source, row, "params_analytic_total", params) if params else None,
-        **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * 1e9,
-        peak_host_bytes=None if host is None else host * 1e9)
+        **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * GiB,
+        peak_host_bytes=None if host is None else host * GiB)
 
 
 def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
@@ -453,7 +456,7 @@ class Prediction:
         return predicted / measured - 1
 
 
-def _simulate(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
+def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
               ) -> dict[str, Any]:
     """One configuration in a worker: its summary and its profile's CUDA context size (what
     `torch.cuda.max_memory_allocated` does not count)."""
@@ -473,7 +476,6 @@ def _simulate(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
 
 def _prediction(configuration: Configuration, name: str, nodes: int,
                 summary: Mapping[str, Any] | BaseException) -> Prediction:
-    from zerosim.units import GiB
 
     if isinstance(summary, BaseException):
         return Prediction(configuration, name, nodes, "error", {},
@@ -539,7 +541,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
         jobs.append((configuration, tree["name"], run.nodes(per_node), tree))
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):
-        futures = [executor.submit(_simulate, tree, dict(overrides or {}),
+        futures = [executor.submit(simulate_tree, tree, dict(overrides or {}),
                                    f"{source} row {c.first.row}")
                    for c, _, _, tree in jobs]
         for (configuration, name, nodes, _), future in zip(jobs, futures, strict=True):

@@ -8,7 +8,8 @@ eager attention, `overlap_comm`. Only these runs of that repository are used for
 other runs are how zerosim's predictions are judged and are not part of the project.
 
 Time columns are milliseconds per optimizer step (all micro-batches together); the memory
-column is rank 0's peak allocated GPU memory in GB (1e9 bytes).
+column is rank 0's peak allocated GPU memory in GiB (DeepSpeed's see_memory_usage `Max_MA`,
+which divides by 1024**3 and prints "GB").
 """
 
 from __future__ import annotations

@@ -448,14 +448,42 @@ def polaris_cells() -> list[Cell]:
                       configuration.measured(phase), prediction.predicted[phase], tolerance,
                       note=note),
                 measure=phase, series=configuration.first.build))
-        cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GB",
-                           configuration.peak_gpu_bytes / 1e9,
-                           prediction.predicted[PEAK_ALLOCATED] / 1e9,
+        cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GiB",
+                           configuration.peak_gpu_bytes / GiB,
+                           prediction.predicted[PEAK_ALLOCATED] / GiB,
                            MEMORY_TOLERANCE, note=note))
         cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GB",
                            configuration.peak_host_bytes / 1e9,
                            prediction.predicted_peak_host_bytes / 1e9, None,
                            note=HOST_MEMORY_NOTE))
+    return cells
+
+
+NVME_GROUP = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
+
+
+def nvme_h100_cells() -> list[Cell]:
+    """The MLP-Offload study's four baseline runs on the study's node, each replayed on
+    `h100-jlse` with the optimizer swapped to NVMe: per-step phases and the iteration at the
+    Polaris runs' tolerances, and rank 0's peak allocated GPU memory. The drives' read and
+    write rates are fitted on these backwards and steps (`nvme.*_GBps_per_drive` of
+    h100-jlse); the forwards, iterations and memory are predictions."""
+    from zerosim.runs import per_step_seconds, simulate_tree
+    from zerosim.validation.mlp_offload import load_runs
+
+    cells = []
+    for run in load_runs():
+        summary = simulate_tree(run.scenario(), {}, run.log)
+        steps = per_step_seconds(summary["phases_s"], run.run.grad_accum_steps)
+        predicted = {**steps, "iteration": summary["iteration_s"]}
+        for phase, measured in run.seconds.items():
+            tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
+                         else POLARIS_PHASE_TOLERANCE)
+            cells.append(judge(NVME_GROUP, run.name, f"{phase} per step", "s", measured,
+                               predicted[phase], tolerance))
+        allocated = summary["peak_hbm_GiB"] * GiB - summary["runtime_context_bytes"]
+        cells.append(judge(NVME_GROUP, run.name, "rank 0 peak allocated GPU memory", "GiB",
+                           run.peak_allocated_bytes / GiB, allocated / GiB, MEMORY_TOLERANCE))
     return cells
 
 
@@ -476,7 +504,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
     cells += gemm_cells() + collective_cells() + xla_h100_collective_cells()
     if polaris:
-        cells += polaris_cells()
+        cells += polaris_cells() + nvme_h100_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results
