@@ -80,7 +80,9 @@ def test_study_node_has_two_gen4_drives_of_1_5_TB():
     assert profile.nvme_drives_per_node == 2
     # 1397 GiB = 1,499,998,...: the study's 1.5 TB to 0.02%
     assert profile.nvme_capacity_bytes_per_drive == pytest.approx(1.5e12, rel=2e-4)
-    assert profile.provenance["nvme.read_GBps_per_drive"].basis == "assumed"
+    for key in ("nvme.read_GBps_per_drive", "nvme.write_GBps_per_drive"):
+        assert profile.provenance[key].basis == "fitted"
+        assert "h100_nvme_runs.csv" in profile.provenance[key].source
     assert "study section 3.1" in profile.provenance["nvme.capacity_GiB_per_drive"].source
 
 

@@ -53,7 +53,7 @@ def test_the_shipped_table_reads_as_41_runs_of_29_configurations():
     assert first.deepspeed_version == "0.13.3" and first.name == "11.20b-dp1-mb1-ga1-sg1e08"
     assert first.seconds == pytest.approx({"forward": 0.35538, "backward": 8.66394,
                                            "update": 7.9919, "iteration": 17.44628}, rel=1e-15)
-    assert first.peak_gpu_bytes == 26.32e9 and first.peak_host_bytes == 333.05e9
+    assert first.peak_gpu_bytes == 26.32 * 2**30 and first.peak_host_bytes == 333.05 * 2**30
     assert (first.bf16, first.checkpoint_activations, first.flash_attention,
             first.untied_embeddings) == (True, True, False, True)
 

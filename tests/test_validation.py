@@ -14,7 +14,7 @@ import yaml
 
 from zerosim.validation.polaris import MEASURED_PHASES, case_name, configurations
 from zerosim.validation.reference import PHASES, load_study
-from zerosim.validation.validate import POLARIS_GROUP, judge, validate
+from zerosim.validation.validate import NVME_GROUP, POLARIS_GROUP, judge, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +27,12 @@ MB1_FORWARD = (
     "the shipped 1157 us is what every Polaris run and the study's forwards (with their "
     "emptied CUDA cache) take together, so the narrowest model's forward stays slow and the "
     "widest ones come out fast")
+PEAK_MEMORY = (
+    "rank 0's peak allocated GPU memory, in GiB as DeepSpeed's see_memory_usage prints it "
+    "(`Max_MA`, divided by 1024**3 under the label GB; read as 1e9 B until 2026-11-27, when "
+    "these cells passed at -3% to -7%): the model lacks 1.2-2.4 GiB at DP=2 and 4 and 0.5-1.7 "
+    "GiB at DP=1 on Polaris, and 1.5-2.6 GiB (-3% to -8%, within 10%) on the H100 node's NVMe "
+    "runs, a gap that does not grow with the model; what holds it is not found yet (issue 11)")
 KNOWN_MISSES = {
     ("Table 2", "DP=4", "backward_non_boundary"): (
         "-12%: the model's DP=4 non-boundary backward is bound by the reduce stream at 0.62 s "
@@ -55,6 +61,25 @@ KNOWN_MISSES = {
            ("all_reduce", (0.25, 0.5, 1, 2), "-7% to -10%: NCCL all-reduces faster than a "
             "ring on an H100 NVSwitch (NVLink SHARP), which the engine does not model"))
        for size in sizes},
+    **{(POLARIS_GROUP, f"polaris-{case}", "rank 0 peak allocated GPU memory"):
+       f"{error}: {PEAK_MEMORY}"
+       for case, error in (("11.20b-dp2-mb4-ga1-sg1e08 (x2)", "-10.6%"),
+                           ("11.20b-dp4-mb4-ga1-sg1e08 (x2)", "-12.2%"),
+                           ("11.32b-dp4-mb1-ga1-sg1e08 (x1)", "-12.5%"),
+                           ("5.90b-dp2-mb4-ga1-sg1e08 (x2)", "-11.3%"),
+                           ("5.90b-dp2-mb4-ga1-sg1e09 (x1)", "-11.3%"),
+                           ("5.90b-dp2-mb4-ga1-sg3e09 (x1)", "-11.3%"),
+                           ("5.90b-dp2-mb4-ga1-sg5e08 (x1)", "-11.3%"),
+                           ("5.90b-dp4-mb4-ga1-sg1e08 (x2)", "-13.8%"),
+                           ("5.90b-dp4-mb4-ga1-sg1e09 (x1)", "-13.8%"),
+                           ("5.90b-dp4-mb4-ga1-sg3e09 (x1)", "-13.8%"),
+                           ("5.90b-dp4-mb4-ga1-sg5e08 (x1)", "-13.8%"),
+                           ("5.95b-dp4-mb1-ga1-sg1e08 (x1)", "-13.2%"),
+                           ("5.95b-dp1-mb1-ga1-sg1e07 (x1)", "-10.2%"))},
+    (NVME_GROUP, "mlp-offload-48.16b-dp4-mb1-ga1-sg1e08-bound", "forward per step"): (
+        f"+44%, hidden 5120 and 128 layers on the H100 node: {MB1_FORWARD}; fitted to this "
+        "forward alone the hook comes out at 681 us, as the Polaris 9.14B one's does (702 us): "
+        "the two forwards of narrow layers, on two machines, agree"),
     **{(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", quantity): (
         f"{error}: this one run sits above the other runs of its model: the GA=1 runs' mean "
         "backward (11.78 s, three repeats spanning 10.2-14.1 s) plus one non-boundary "
@@ -102,6 +127,22 @@ def test_polaris_cell_within_its_tolerance(cells, case, quantity):
     """Each phase per step within 15%, the iteration within 10%, rank 0's peak allocated GPU
     memory within 10% (issue 11's bar), repeated runs averaged."""
     cell = cells[(POLARIS_GROUP, case, quantity)]
+    assert cell.status == "pass", f"{case} {quantity}: {cell.simulated:.3f} vs {cell.measured:.3f}"
+
+
+def _nvme_keys() -> list[tuple[str, str, str]]:
+    from zerosim.validation.mlp_offload import load_runs
+
+    quantities = [f"{phase} per step" for phase in MEASURED_PHASES]
+    return [(NVME_GROUP, run.name, quantity) for run in load_runs()
+            for quantity in (*quantities, "rank 0 peak allocated GPU memory")]
+
+
+@pytest.mark.parametrize(("case", "quantity"), [known(key) for key in _nvme_keys()])
+def test_h100_nvme_cell_within_its_tolerance(cells, case, quantity):
+    """The MLP-Offload baselines on the study's node, optimizer on NVMe: the Polaris runs'
+    bars. Their backwards and steps fit the drives' two rates; the rest are predictions."""
+    cell = cells[(NVME_GROUP, case, quantity)]
     assert cell.status == "pass", f"{case} {quantity}: {cell.simulated:.3f} vs {cell.measured:.3f}"
 
 
@@ -165,7 +206,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 251
+    assert len(judged) == 271
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])

@@ -10,8 +10,8 @@ optimizer offloaded to the CPU. The configuration columns are required; the meas
 all micro-batches; `smu_train_rank0_peak_Max_MA_GB`, rank 0's peak allocated GPU memory;
 `cpu_used_GB_peak_during_training`) are read where present. Both memory columns are GiB
 whatever their names say: they are DeepSpeed's `see_memory_usage` figures ("smu"; `Max_MA` and
-"CPU Virtual Memory: used"), which divide by 1024**3 and print "GB" (runtime/utils.py). Rows that repeat a configuration
-are simulated once and compared with their mean.
+"CPU Virtual Memory: used"), which divide by 1024**3 and print "GB" (runtime/utils.py).
+Rows that repeat a configuration are simulated once and compared with their mean.
 """
 
 from __future__ import annotations
