@@ -168,6 +168,12 @@ def test_holdout_takes_several_texts_and_holds_out_a_row_matching_any(measured):
     assert all(m.scenario.name == "toy_dp1.yaml" and m.phase != "update" for m in fit.train)
 
 
+def test_a_holdout_text_joined_by_ampersand_holds_out_the_rows_matching_every_part(measured):
+    fit, _ = calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], holdout=["dp2&update"])
+    assert {(m.scenario.name, m.phase) for m in fit.holdout} == {("toy_dp2.yaml", "update")}
+    assert ("toy_dp2.yaml", "forward") in {(m.scenario.name, m.phase) for m in fit.train}
+
+
 def test_a_holdout_text_that_matches_no_row_is_named_in_the_error(measured):
     with pytest.raises(ScenarioError, match="no-such-run"):
         calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], holdout=["dp2", "no-such-run"])

@@ -345,7 +345,8 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
                    "(repeat: every TEXT), e.g. --only 9.14b-dp4 --only forward.")
 @click.option("--holdout", multiple=True, metavar="TEXT",
               help="Fit without the rows whose scenario, phase or overrides contain TEXT "
-                   "(repeat: any TEXT); report the prediction error on them.")
+                   "(repeat: any TEXT; A&B: both, e.g. 9.14b-dp4&forward); report the "
+                   "prediction error on them.")
 @click.option("--suffix", default="-fitted", show_default=True,
               help="Appended to each fitted profile's and stack's name.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),

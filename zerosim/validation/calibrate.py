@@ -525,8 +525,10 @@ def identifiability_report(result: Fit) -> str:
 
 
 def _matches(m: Measurement, pattern: str) -> bool:
-    return (pattern in m.scenario.name or pattern in m.phase
-            or any(pattern in o for o in m.overrides))
+    """Whether the row's scenario file name, phase or overrides contain `pattern`; `A&B`
+    matches a row that matches both (one run's forward: `9.14b-dp4&forward`)."""
+    return all(part in m.scenario.name or part in m.phase or any(part in o for o in m.overrides)
+               for part in pattern.split("&"))
 
 
 def select_holdout(measurements: list[Measurement],
