@@ -91,15 +91,17 @@ def load_runs() -> list[NvmeRun]:
     return runs
 
 
-CALIBRATION_PHASES = {"backward": "backward_per_step", "update": "update"}
-"""The phases the drives' rates are fitted on (`zerosim calibrate` keys): the boundary
-backward writes every gradient through the swap buffers, the step reads 16 B and writes 12 B
-per element; the forward touches no drive."""
+CALIBRATION_PHASES = {"forward": "forward_per_step", "backward": "backward_per_step",
+                      "update": "update"}
+"""The phases a calibration row is written for (`zerosim calibrate` keys): the boundary
+backward writes every gradient through the swap buffers and the step reads 16 B and writes
+12 B per element (the drives' two rates); the forward touches no drive, and the 48.16B one,
+128 layers of hidden 5120 on the H100, is host-bound (the stack's hook time)."""
 
 
 def write_calibration_files(folder: Path) -> Path:
     """One scenario file per run under `folder/h100_nvme/` and `folder/h100_nvme_runs.csv`
-    with their backward and step as calibration rows."""
+    with their forward, backward and step as calibration rows."""
     import yaml
 
     scenario_dir = folder / "h100_nvme"

@@ -467,7 +467,8 @@ def nvme_h100_cells() -> list[Cell]:
     `h100-jlse` with the optimizer swapped to NVMe: per-step phases and the iteration at the
     Polaris runs' tolerances, and rank 0's peak allocated GPU memory. The drives' read and
     write rates are fitted on these backwards and steps (`nvme.*_GBps_per_drive` of
-    h100-jlse); the forwards, iterations and memory are predictions."""
+    h100-jlse), and the forwards join the joint fit of the stack's hook time; the iterations
+    and memory are predictions."""
     from zerosim.runs import per_step_seconds, simulate_tree
     from zerosim.validation.mlp_offload import load_runs
 
