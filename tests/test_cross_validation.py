@@ -22,9 +22,12 @@ DATA = Path(__file__).resolve().parents[1] / "scenarios" / "calibration"
 STUDY = DATA / "study_table2.csv"
 POLARIS = DATA / "polaris_runs.csv"
 H100_NVME = DATA / "h100_nvme_runs.csv"
-STACK = ["stack.host.fetch_hook_us=100:5000", "stack.host.collective_launch_us=5:3000"]
-"""The stack values the shipped fit sets (kernel launches are held: the data cannot separate
-them from the hooks)."""
+STACK = ["stack.host.fetch_hook_us=100:5000"]
+"""The stack value the shipped fit identifies; kernel launches and the per-collective time are
+held (`assumed`): with the A100's four wide micro-batch-1 forwards out, only the study's DP=1
+forward, which issues no collective, separates the per-collective time from the hook time
+(freed on Polaris and the MLP-Offload runs, the two trade: 238 us and 1622 us, both
+unidentified, and the study's DP=1 forward then comes out -28%)."""
 POLARIS_HARDWARE = [
     "polaris-a100:cpu.elementwise_GBps_per_thread=0.3:20",
     "polaris-a100:cpu.cast_threads=1:64",
@@ -79,6 +82,8 @@ def _worst(rows: list[Measurement], fit, phase: str) -> float:
 def test_stack_fitted_on_the_study_predicts_the_polaris_iterations_within_20_percent():
     fit = _calibrate([STUDY, POLARIS], STACK, "polaris-")
     assert all(m.scenario.name.startswith("llama13b") for m in fit.train)
+    print("hook", fit.values, _errors_over_repeats(
+        [m for m in _held(fit, "polaris-") if m.phase == "iteration"], fit))
     assert _worst(_held(fit, "polaris-"), fit, "iteration") <= TESTBED_TOLERANCE
 
 
@@ -114,6 +119,7 @@ def test_stack_fitted_on_polaris_predicts_the_study_iterations_within_20_percent
                                       + count * fit.simulated[m.row])
     assert sorted(measured) == ["llama13b_dp1.yaml", "llama13b_dp2.yaml", "llama13b_dp4.yaml"]
     errors = {name: simulated[name] / measured[name] - 1 for name in measured}
+    print("hook", fit.values, errors)
     assert max(abs(e) for e in errors.values()) <= TESTBED_TOLERANCE, errors
 
 
@@ -125,6 +131,7 @@ def test_stack_fitted_on_polaris_predicts_every_study_phase_within_20_percent(
     came out 22-26% short here and this was a strict xfail."""
     fit = fitted_on_polaris
     held = [m for m in _held(fit, "llama13b") if not m.phase.startswith("probe")]
+    print({m.label: round(fit.rel_error(m), 4) for m in held})
     assert max(abs(fit.rel_error(m)) for m in held) <= TESTBED_TOLERANCE
 
 
@@ -132,6 +139,8 @@ def test_fitted_without_the_11b_model_polaris_predicts_its_iterations_within_20_
     fit = _calibrate([POLARIS], STACK + POLARIS_HARDWARE, "polaris-11.20b")
     held = _held(fit, "polaris-11.20b")
     assert {m.scenario.name.split("-dp")[0] for m in held} == {"polaris-11.20b"}
+    print("values", fit.values, _errors_over_repeats(
+        [m for m in held if m.phase == "iteration"], fit))
     assert _worst(held, fit, "iteration") <= TESTBED_TOLERANCE
 
 
@@ -143,5 +152,6 @@ def test_oversubscription_fitted_on_the_5_9b_dp4_runs_predicts_the_11b_dp4_phase
     held = _held(fit, "polaris-11.20b-dp4")
     assert {m.scenario.name for m in held} == {"polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml"}
     errors = {label: round(e, 4) for label, e in _errors_over_repeats(held, fit).items()}
+    print("values", fit.values, errors)
     assert len(errors) == 4
     assert max(abs(e) for e in errors.values()) <= 0.15, errors
