@@ -44,6 +44,8 @@ class NvmeRun:
     """Mean per optimizer step over the iterations after the warm-up, by phase."""
     peak_allocated_bytes: float
     log: str
+    hardware: str
+    """The profile it is replayed on (the data file's `hardware`)."""
 
     def scenario(self) -> dict[str, Any]:
         tree = self.run.scenario(self.hardware, gpus_per_node=4, name_prefix=NAME_PREFIX,
@@ -52,10 +54,6 @@ class NvmeRun:
         zero["offload_optimizer"] = {**NVME_OFFLOAD, "buffer_count": self.buffer_count}
         tree["deepspeed"]["aio"] = dict(AIO)
         return tree
-
-    @property
-    def hardware(self) -> str:
-        return load_data()["hardware"]
 
 
 def load_data() -> dict[str, Any]:
@@ -71,8 +69,9 @@ def _steady_mean(values: list[float]) -> float:
 
 def load_runs() -> list[NvmeRun]:
     """The runs in file order (smallest model first)."""
+    data = load_data()
     runs = []
-    for row, r in enumerate(load_data()["runs"], start=1):
+    for row, r in enumerate(data["runs"], start=1):
         measured = MeasuredRun(
             row=row, num_layers=r["num_layers"], hidden_size=r["hidden_size"],
             ffn_hidden_size=r["ffn_hidden_size"], num_attention_heads=r["num_attention_heads"],
@@ -87,7 +86,8 @@ def load_runs() -> list[NvmeRun]:
         runs.append(NvmeRun(
             name=f"{NAME_PREFIX}{measured.name}", run=measured, buffer_count=r["buffer_count"],
             seconds={phase: _steady_mean(r[key]) for phase, key in TIME_KEYS.items()},
-            peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB, log=r["log"]))
+            peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB, log=r["log"],
+            hardware=data["hardware"]))
     return runs
 
 
