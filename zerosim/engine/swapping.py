@@ -81,15 +81,15 @@ class OptimizerSwapper:
         (`nvme.GradientSwapBuffers`)."""
         elements = param.partition_numel
         submitted, wait = self.gradient_buffers.insert(elements)
-        self._write_gradients(submitted, name)
+        self._write_gradients(submitted, f"a full buffer, before {name}")
         if wait:
             yield from self._wait_for_gradient_writes()
         yield from gpu_cast_then_d2h(self.core, elements, name, pinned=True)
 
-    def _write_gradients(self, elements: int, name: str) -> None:
+    def _write_gradients(self, elements: int, what: str) -> None:
         if elements:
             self.gradient_writes.append(self._io("write", FP32_BYTES * elements,
-                                                 f"swap out grads to {name}", OpKind.SWAP_OUT))
+                                                 f"swap out grads: {what}", OpKind.SWAP_OUT))
 
     def _wait_for_gradient_writes(self) -> Gen:
         pending = [e for e in self.gradient_writes if not e.processed]
@@ -100,7 +100,7 @@ class OptimizerSwapper:
     def before_step(self) -> Gen:
         """`_flush_gradient_swapper`: the last, partly filled buffer is written and every
         gradient write finishes before the first swap-in."""
-        self._write_gradients(self.gradient_buffers.release(), "the step")
+        self._write_gradients(self.gradient_buffers.release(), "the last buffer")
         yield from self._wait_for_gradient_writes()
 
     def swap_in(self, group: int) -> Gen:
