@@ -9,6 +9,7 @@ from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import PEAK_ALLOCATED
 from zerosim.scenario import Scenario
+from zerosim.units import GiB
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
@@ -352,14 +353,14 @@ pairs with their errors."""
 PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit",
                      "error": "could not be simulated"}
 PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
-                       "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GB"}
+                       "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GiB"}
 """Column headings of `zerosim predict`'s table, by `zerosim.runs.QUANTITIES`."""
 
 
 def _prediction_cell(prediction, quantity: str) -> str:
     """'12.34/12.00 +2.8%': predicted, measured and the error; the prediction alone when
     the table has no measurement."""
-    scale, digits = (1e9, 1) if quantity == PEAK_ALLOCATED else (1.0, 2)
+    scale, digits = (GiB, 1) if quantity == PEAK_ALLOCATED else (1.0, 2)
     predicted, measured = prediction.predicted.get(quantity), prediction.measured(quantity)
     if predicted is None:
         return "-"

@@ -423,7 +423,8 @@ def per_step_seconds(phases_s: Mapping[str, float | None], grad_accum_steps: int
 
 
 PEAK_ALLOCATED = "peak allocated GPU memory"
-"""Rank 0's peak of `torch.cuda.max_memory_allocated`, in bytes (the tables' GB column)."""
+"""Rank 0's peak of `torch.cuda.max_memory_allocated`, in bytes (the tables' `..._GB` column,
+which holds GiB)."""
 QUANTITIES = (*MEASURED_PHASES, PEAK_ALLOCATED)
 """What a prediction is compared on: the times per optimizer step and rank 0's peak."""
 
@@ -553,32 +554,33 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
 
 
 COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "update_s",
-                "iteration": "iteration_s", PEAK_ALLOCATED: "peak_allocated_GB"}
-"""Each quantity in a predictions table, with its unit (seconds per step; GB = 1e9 bytes)."""
+                "iteration": "iteration_s", PEAK_ALLOCATED: "peak_allocated_GiB"}
+"""Each quantity in a predictions table, with its unit (seconds per step; GiB, as the measured
+tables and DeepSpeed's `see_memory_usage` give memory)."""
 PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
                       *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      "predicted_peak_host_GB", "measured_peak_host_GB", "error")
+                      "predicted_peak_host_GiB", "measured_peak_host_GiB", "error")
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
-    """One CSV row: times in seconds per optimizer step, memory in GB (1e9 bytes)."""
+    """One CSV row: times in seconds per optimizer step, memory in GiB."""
     run = p.configuration.first
     row: dict[str, Any] = {"rows": " ".join(str(r.row) for r in p.configuration.runs),
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
                            "build": run.build, "status": p.status, "error": p.error}
     for q in QUANTITIES:
-        scale = 1e9 if q == PEAK_ALLOCATED else 1.0
+        scale = GiB if q == PEAK_ALLOCATED else 1.0
         column = COLUMN_NAMES[q]
         predicted, measured = p.predicted.get(q), p.measured(q)
         row[f"predicted_{column}"] = None if predicted is None else predicted / scale
         row[f"measured_{column}"] = None if measured is None else measured / scale
         row[f"error_{column.rpartition('_')[0]}"] = p.rel_error(q)
     host = p.configuration.peak_host_bytes
-    row["predicted_peak_host_GB"] = (None if p.predicted_peak_host_bytes is None
-                                     else p.predicted_peak_host_bytes / 1e9)
-    row["measured_peak_host_GB"] = None if host is None else host / 1e9
+    row["predicted_peak_host_GiB"] = (None if p.predicted_peak_host_bytes is None
+                                      else p.predicted_peak_host_bytes / GiB)
+    row["measured_peak_host_GiB"] = None if host is None else host / GiB
     return row
 
 
