@@ -452,9 +452,9 @@ def polaris_cells() -> list[Cell]:
                            configuration.peak_gpu_bytes / GiB,
                            prediction.predicted[PEAK_ALLOCATED] / GiB,
                            MEMORY_TOLERANCE, note=note))
-        cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GB",
-                           configuration.peak_host_bytes / 1e9,
-                           prediction.predicted_peak_host_bytes / 1e9, None,
+        cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GiB",
+                           configuration.peak_host_bytes / GiB,
+                           prediction.predicted_peak_host_bytes / GiB, None,
                            note=HOST_MEMORY_NOTE))
     return cells
 
