@@ -7,6 +7,8 @@ formulas written out here, never from the engine's own cost functions.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -188,14 +190,16 @@ def test_toy_variants_end_clean(toy, name):
 
 def test_tight_live_params_release_gathered_params(toy):
     """With reuse distance 0 every module's gathered params are freed after its forward and
-    re-gathered for its backward: each of the 21 modules is all-gathered once per phase (a
-    prefetch gathers several in one call, named "all-gather a + b + ...")."""
+    re-gathered for its backward: each of the 21 modules is all-gathered twice (a prefetch
+    gathers several in one call, named "all-gather a + b + ..."). The trace the prefetcher
+    walks goes on from the forward into the backward, so the forward's last hooks already
+    fetch the first modules of the backward."""
     patch, gpus = TOY_VARIANTS["tight live params"]
     spans = toy.run(patch, gpus=gpus).spans
     gathers = spans[(spans.op_kind == OpKind.ALL_GATHER) & (spans["rank"] == 0)]
-    per_phase = {phase: sum(len(op.split(" + ")) for op in rows.op)
-                 for phase, rows in gathers.groupby("phase")}
-    assert per_phase == {"forward": 21, "backward": 21}
+    names = [name for op in gathers.op for name in op.removeprefix("all-gather ").split(" + ")]
+    assert len(set(names)) == 21
+    assert Counter(names) == dict.fromkeys(names, 2)
 
 
 any_config = st.fixed_dictionaries({
@@ -334,10 +338,12 @@ def test_oom_inside_a_backward_op_is_a_result():
     """Regression: a workspace that does not fit inside a backward op used to surface as a
     KeyError ("internal error"), because the failed op's completion callbacks still ran and
     released a gradient that was never produced. The Polaris 15.58B model at DP=2 and
-    micro-batch 4 fills the 39.59 GiB A100 in its first backward layer."""
+    micro-batch 4 fills the 39.59 GiB A100 in its first backward layer (with at most 5e8
+    parameters live, so that the recompute before it still fits)."""
     path = ROOT / "scenarios" / "calibration" / "polaris" / "polaris-15.58b-dp4-mb1-ga1-sg1e08.yaml"
-    summary = simulate_summary(path, {"data_parallel": 2,
-                                      "deepspeed.train_micro_batch_size_per_gpu": 4})
+    summary = simulate_summary(path, {
+        "data_parallel": 2, "deepspeed.train_micro_batch_size_per_gpu": 4,
+        "deepspeed.zero_optimization.stage3_max_live_parameters": 5e8})
     assert summary["status"] == "oom"
     oom = summary["oom"]
     assert (oom["device"], oom["category"], oom["allocation"]) == (

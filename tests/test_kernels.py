@@ -149,6 +149,9 @@ def test_stacks_ship_and_the_default_is_the_study_s():
     assert DEFAULT_STACK == "megatron-deepspeed"
     stack = load_stack(DEFAULT_STACK)
     assert stack.recipe.fused_qkv and stack.recipe.fused_gate_up
+    assert stack.recipe.external_output_weight
+    assert not load_stack("hf-transformers").recipe.external_output_weight
+    assert not parse_stack(toy_stack(), "s.yaml").recipe.external_output_weight
     assert stack.on_core(1e-3, 3.0e9) == pytest.approx(1e-3)
     assert stack.on_core(1e-3, 1.5e9) == pytest.approx(2e-3)
 
@@ -157,6 +160,14 @@ def test_bad_stacks_are_clear_errors():
     tree = toy_stack()
     tree["modules"]["qkv"] = "merged"
     with pytest.raises(ScenarioError, match=r"modules\.qkv: expected one of fused, separate"):
+        parse_stack(tree, "s.yaml")
+    tree = toy_stack()
+    tree["modules"]["output_weight"] = "tied"
+    with pytest.raises(ScenarioError, match=r"modules\.output_weight: expected one of module, ext"):
+        parse_stack(tree, "s.yaml")
+    tree = toy_stack()
+    tree["modules"]["lm_head"] = "external"
+    with pytest.raises(ScenarioError, match=r"modules\.lm_head: expected qkv, gate_up or output"):
         parse_stack(tree, "s.yaml")
     tree = toy_stack()
     tree["kernels"]["softmax"] = tree["kernels"]["scores"]

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import toy_stack
 from zerosim.engine.params import MAX_ONGOING_FETCH_EVENTS
+from zerosim.engine.plan import plan_of
 from zerosim.vocabulary import OpKind, Phase
 
 
@@ -37,15 +39,20 @@ def zero(**knobs):
     ({}, 427_264),
     # No reuse, no prefetch: one module at a time, the largest the embedding.
     ({"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}, 32_768),
-    # No reuse; a 5e7 prefetch bucket takes the rest of the model at the embedding's hook,
-    # and the embedding is released before the next module's wait: 2 x 197,248.
-    ({"stage3_max_reuse_distance": 0}, 394_496),
-    # Within 1e4 live elements: the budget is 1e4 minus what is live, and the module that
-    # crosses it is still fetched (DeepSpeed's loop tests before adding). At layer 1's
-    # down_proj hook the final norm (64) and the LM head (16,384) are prefetched in one
-    # call; down_proj is released before the final norm's wait copies both out of the flat
-    # buffer: 2 x 16,448 elements.
-    ({"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 1e4}, 65_792),
+    # No reuse; a 5e7 prefetch bucket takes the rest of the model at the embedding's hook.
+    # The embedding is released after its forward, and the next hook, with the rest of the
+    # forward on its way, goes on into the backward's trace and fetches the embedding again
+    # for the backward's end: 32,768 + 2 x 197,248.
+    ({"stage3_max_reuse_distance": 0}, 427_264),
+    # Within 1e4 live elements, plus the embedding's 16,384 that DeepSpeed's count leaves out
+    # (a post-backward hook never releases it; the step does, after `reset_step` zeroed the
+    # count): the budget is 26,384 minus what is live, and the module that crosses it is
+    # still fetched (DeepSpeed's loop tests before adding). The peak comes at layer 1's
+    # post-attention-norm hook: with 24,640 elements live (that norm and the three MLP
+    # projections) the final norm and the LM head (16,448) come in one call, and the
+    # flat buffer of the call before (o_proj, the norm and gate_proj: 24,704 B) still waits
+    # for its last wait: 2 x (24,640 + 16,448) + 24,704.
+    ({"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 1e4}, 106_880),
 ])
 def test_the_knobs_move_the_gathered_peak_as_in_deepspeed(toy, knobs, peak_bytes):
     result = toy.run(zero(**knobs), gpus=2)
@@ -83,13 +90,14 @@ def test_before_0_6_2_the_host_is_not_bounded(toy):
 def test_a_coalesced_gather_is_split_on_the_allgather_stream_after_it_lands(toy):
     """The first wait on a module of a several-tensor gather queues the copies of all its
     tensors (read and write, 2 x 197,248 B through HBM) behind the all-gather; the modules'
-    kernels wait for the copies."""
+    kernels wait for the copies. (The gathers after it fetch, for the backward, what the
+    forward releases.)"""
     result = toy.run(zero(stage3_max_reuse_distance=0), gpus=2)
     spans = result.spans
     first = spans[(spans["rank"] == 0) & (spans.phase == Phase.FORWARD)
                   & (spans.micro_batch == 0) & (spans.stream == "allgather")]
     first = first.sort_values("start_s", kind="stable")
-    assert list(first.op_kind) == [OpKind.ALL_GATHER, OpKind.ALL_GATHER, OpKind.GATHER_SPLIT]
+    assert list(first.op_kind[:3]) == [OpKind.ALL_GATHER, OpKind.ALL_GATHER, OpKind.GATHER_SPLIT]
     gather, split = first.iloc[1], first.iloc[2]
     assert split.bytes == gather.bytes == 197_248
     assert split.start_s == gather.end_s
@@ -102,3 +110,63 @@ def test_one_gpu_gathers_nothing_and_holds_nothing_twice(toy):
     spans = result.spans
     assert not (spans.op_kind == OpKind.GATHER_SPLIT).any()
     assert gathered_levels(result).empty or gathered_levels(result).bytes.max() == 0
+
+
+def external_head(**knobs):
+    """The toy with Megatron's use of the output layer: the model's forward reads its weight."""
+    stack = toy_stack()
+    stack["modules"]["output_weight"] = "external"
+    return {**zero(**knobs), "runtime": {"framework": stack}}
+
+
+def test_an_external_output_weight_is_gathered_first_and_held_until_the_step(toy):
+    """The top module's pre-forward hook gathers its external parameter before the embedding
+    (the LM head, 16,384 elements: 32,768 B), and no module hook releases it: it stays for the
+    whole forward and backward (here with no reuse and no prefetch, where every other module
+    is released after use)."""
+    result = toy.run(external_head(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0),
+                     gpus=2)
+    levels = gathered_levels(result)
+    assert list(levels.bytes[:2]) == [32_768, 65_536]
+    phases = result.phases[result.phases["rank"] == 0]
+    end_of_backward = phases[phases.phase == Phase.BACKWARD].end_s.max()
+    held = levels[levels.t_s < end_of_backward]
+    assert held.bytes.min() == 32_768
+    assert levels.bytes.iloc[-1] == 0
+
+
+def forward_gathers(result):
+    spans = result.spans
+    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
+                    & (spans.phase == Phase.FORWARD)]
+    return list(gathers.sort_values("start_s", kind="stable").bytes)
+
+
+def test_the_unreleased_params_raise_the_live_bound_by_their_size(toy):
+    """DeepSpeed's live count leaves out what no module hook releases: the embedding, and the
+    external LM head. With `stage3_max_live_parameters` 0 the prefetch budget is that size
+    minus what is live: 16,384 elements for the embedding alone, 32,768 with the external
+    head. The head, gathered first and held, takes exactly the extra budget, so through the
+    forward every later call gathers the same modules as without it: the embedding (32,768
+    B), layer 0's input norm (128 B), then q/k/v/o in one call (32,768 B) and so on, until
+    the end of layer 1, where the run without it fetches the head."""
+    knobs = {"stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 0}
+    plain = forward_gathers(toy.run(zero(**knobs), gpus=2))
+    external = forward_gathers(toy.run(external_head(**knobs), gpus=2))
+    assert plain[:3] == [32_768, 128, 32_768]
+    assert external[0] == 32_768
+    assert external[1:12] == plain[:11]
+
+
+def test_the_plan_names_what_no_module_hook_releases(toy):
+    """The embedding always (its input is token ids), the LM head when the stack's forward
+    reads its weight; neither on replicated (stage 2) parameters, which nothing gathers."""
+    plain = plan_of(toy.scenario(zero(), gpus=2))
+    external = plan_of(toy.scenario(external_head(), gpus=2))
+    head = len(plain.modules) - 2
+    assert plain.modules[head].name == "lm_head"
+    assert (plain.external, plain.unreleased_numel) == (frozenset(), 16_384)
+    assert (external.external, external.unreleased_numel) == (frozenset({head}), 32_768)
+    stage2 = plan_of(toy.scenario({**external_head(), "deepspeed": {
+        "zero_optimization": {"stage": 2}}}, gpus=2))
+    assert (stage2.external, stage2.unreleased_numel) == (frozenset(), 0)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections import deque
+from collections.abc import Iterable
+from itertools import chain
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -34,6 +36,7 @@ class ParameterCoordinator(Protocol):
     module_hooks: bool
     """Whether DeepSpeed hooks every module's forward and backward (ZeRO-3's coordinator)."""
 
+    def fetch_external(self) -> Gen: ...
     def fetch(self, index: int) -> simpy.Event | None: ...
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
@@ -46,6 +49,10 @@ class ReplicatedParams:
     """Stages 0-2: the 16-bit parameters are resident on every GPU."""
 
     module_hooks = False
+
+    def fetch_external(self) -> Gen:
+        return
+        yield
 
     def fetch(self, index: int) -> simpy.Event | None:
         return None
@@ -152,6 +159,16 @@ class PartitionedParams:
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
 
+    def fetch_external(self) -> Gen:
+        """The top module's pre-forward hook, first of every forward: one all-gather of the
+        external params (`Plan.external`), which the forward's kernels then wait for."""
+        external = tuple(sorted(self.core.plan.external))
+        if not external:
+            return
+        self._gather(external)
+        for index in external:
+            yield from self.wait_ongoing(index, self.gathered[index])
+
     def fetch(self, index: int) -> simpy.Event | None:
         """All-gather a module's params unless they are gathered or on their way."""
         if not self.is_gathered[index]:
@@ -246,31 +263,36 @@ class PartitionedParams:
             self.core.gpu.free(Category.PARAMS_GATHERED, bundle.extra)
 
     def prefetch_after(self, index: int, backward: bool) -> None:
-        """Fetch ahead of `index` in trace order while fewer than
-        min(`stage3_prefetch_bucket_size`, `stage3_max_live_parameters` - live) numel are
-        issued, in one all-gather call; as in DeepSpeed, the module that crosses the bound is
-        still fetched."""
-        here = self.forward_position.get(index)
-        if here is None:
-            return
+        """`fetch_sub_module`'s prefetch, run by every module's pre-hook (a module without
+        parameters too): fetch ahead in trace order while fewer than
+        min(`stage3_prefetch_bucket_size`, live budget) numel are issued, in one all-gather
+        call; as in DeepSpeed, the module that crosses the bound is still fetched. The live
+        budget is `stage3_max_live_parameters` less the gathered numel, plus
+        `Plan.unreleased_numel`, which DeepSpeed's count leaves out. The forward's trace goes
+        on into the backward's, which takes the modules in reverse."""
         ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
-                     ds.stage3_max_live_parameters - self.live_numel)
+                     ds.stage3_max_live_parameters + self.core.plan.unreleased_numel
+                     - self.live_numel)
+        if budget <= 0:
+            return
         pending = self.not_gathered
+        here = bisect_left(pending, bisect_left(self.trace, index))
         if backward:
-            later = range(bisect_left(pending, here) - 1, -1, -1)
+            later: Iterable[int] = range(here - 1, -1, -1)
         else:
-            later = range(bisect_right(pending, here), len(pending))
+            ahead = here + (here < len(pending) and self.trace[pending[here]] == index)
+            later = chain(range(ahead, len(pending)), range(ahead - 1, -1, -1))
         issued = 0
-        ahead = []
+        ahead_modules = []
         for k in later:
             if issued >= budget:
                 break
             module = self.trace[pending[k]]
-            ahead.append(module)
+            ahead_modules.append(module)
             issued += numel[module]
-        if ahead:
-            self._gather(tuple(ahead))
+        if ahead_modules:
+            self._gather(tuple(ahead_modules))
 
     def release(self, index: int) -> None:
         """Release a module's gathered params when the host's post-hook runs.
@@ -282,6 +304,10 @@ class PartitionedParams:
         is reserved, not allocated, memory; when HBM runs short the allocator waits for the
         streams and reuses those blocks rather than failing.
         """
+        if index not in self.core.plan.external:
+            self._free(index)
+
+    def _free(self, index: int) -> None:
         if not self.is_gathered[index]:
             return
         unwaited = self.bundles.pop(index, None)
@@ -295,5 +321,7 @@ class PartitionedParams:
         self.gathered_bytes[index] = 0
 
     def release_all(self) -> None:
+        """The optimizer step's `_partition_all_parameters`: every module's params, the
+        external ones too."""
         for index in self.trace:
-            self.release(index)
+            self._free(index)

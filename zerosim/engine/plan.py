@@ -10,7 +10,7 @@ from functools import cached_property, lru_cache
 
 from zerosim.hardware import costs, nvme
 from zerosim.hardware.profile import HardwareProfile
-from zerosim.models.breakdown import Module, Recipe, Workload, build_modules
+from zerosim.models.breakdown import EMBEDDING_KIND, Module, Recipe, Workload, build_modules
 from zerosim.models.kernels import kernel_count
 from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
@@ -40,6 +40,15 @@ class Plan:
     """Per module, the numel ZeRO-3 must all-gather before use (non-persistent params)."""
     keep_after_forward: tuple[bool, ...]
     """Per module, whether its gathered params survive until its backward (reuse distance)."""
+    external: frozenset[int]
+    """Modules whose params are ZeRO-3 external parameters of the top module: gathered by its
+    pre-forward hook, at the start of the forward, and held until the optimizer step."""
+    unreleased_numel: int
+    """Gathered numel no module hook releases by the end of a backward: the external params and
+    the embeddings' (a post-backward hook rides on the module's inputs, and token ids need no
+    gradient). `reset_step` zeroes the coordinator's live count while they are still gathered;
+    the step then releases them and takes them off it, so every later forward starts that far
+    below zero and the prefetcher may hold this much beyond `stage3_max_live_parameters`."""
     subgroups: tuple[int, ...]
     """Optimizer sub-groups of this rank, as partition numel."""
     subgroup_of: dict[tuple[int, int], int]
@@ -202,6 +211,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
     gathered = [sum(p.numel for p in group if not p.persistent) if sharded else 0
                 for group in params]
     numels = [sum(p.numel for p in group) for group in params]
+    external = frozenset(i for i, m in enumerate(modules) if m.external and gathered[i] > 0)
+    embeddings = [i for i, m in enumerate(modules) if m.kind == EMBEDDING_KIND]
     groups, member = _subgroups(flat, ds.sub_group_size)
     on_gpu = _gpu_subgroups(len(groups), ds.offload_optimizer.ratio)
     return Plan(
@@ -209,6 +220,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
         params=tuple(params),
         gathered_numel=tuple(gathered),
         keep_after_forward=tuple(_keep_after_forward(numels, ds.stage3_max_reuse_distance)),
+        external=external,
+        unreleased_numel=sum(gathered[i] for i in (*external, *embeddings)),
         subgroups=tuple(groups),
         subgroup_of=member,
         gpu_subgroups=on_gpu,

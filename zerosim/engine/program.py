@@ -61,15 +61,18 @@ class RankProgram:
             self._pool(holding).free(holding.category, amount, holding.buffer)
         self.held = []
 
-    def _fetch_for(self, index: int, *, backward: bool | None) -> Gen:
-        """A module's hooks: host time, its fetch, prefetch ahead (not when recomputing),
-        and the launches of the collectives just issued. Returns the fetch's event."""
+    def _pre_hook(self, index: int, *, backward: bool) -> Gen:
+        """A module's pre-hook: for a module with parameters, host time and its fetch; for
+        every module under ZeRO-3, a prefetch ahead (`backward`: in the backward's order) and
+        the launches of the collectives just issued. Returns the fetch's event, if any."""
         core = self.core
+        ready = None
+        if core.plan.modules[index].params:
+            if self.params.module_hooks:
+                yield from core.fetch_hooks()
+            ready = self.params.fetch(index)
+            ready = yield from self.params.wait_ongoing(index, ready)
         if self.params.module_hooks:
-            yield from core.fetch_hooks()
-        ready = self.params.fetch(index)
-        ready = yield from self.params.wait_ongoing(index, ready)
-        if backward is not None:
             self.params.prefetch_after(index, backward)
             yield from core.pay_launches()
         return ready
@@ -77,6 +80,8 @@ class RankProgram:
     def forward(self, micro: int) -> Gen:
         core = self.core
         core.begin(Phase.FORWARD, micro)
+        yield from self.params.fetch_external()
+        yield from core.pay_launches()
         for index, module in enumerate(core.plan.modules):
             yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
                                             backward=False)
@@ -93,9 +98,7 @@ class RankProgram:
             module = modules[index]
             if core.ctx.scenario.activation_checkpointing and self._last_of_block(index):
                 yield from self.recompute_block(module.layer)
-            ready = None
-            if module.params:
-                ready = yield from self._fetch_for(index, backward=True)
+            ready = yield from self._pre_hook(index, backward=True)
             yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
             done = core.compute.launch(
                 f"backward {module.name}",
@@ -124,16 +127,15 @@ class RankProgram:
             if module.layer == layer:
                 self.recomputed_bytes += module.recompute_bytes
                 yield from self._forward_module(index, OpKind.RECOMPUTE, module.recompute_bytes,
-                                                backward=None)
+                                                backward=True)
 
     def _forward_module(self, index: int, kind: OpKind, saved_bytes: float, *,
-                        backward: bool | None) -> Gen:
-        """A module's forward (or its recompute): hooks and fetch, then its kernels queued."""
+                        backward: bool) -> Gen:
+        """A module's forward (or its recompute, which prefetches in the backward's order):
+        hooks and fetch, then its kernels queued."""
         core = self.core
         module = core.plan.modules[index]
-        ready = None
-        if module.params:
-            ready = yield from self._fetch_for(index, backward=backward)
+        ready = yield from self._pre_hook(index, backward=backward)
         yield from core.issue_kernels(core.ctx.costs.forward_launches[index],
                                       saved_bytes + module.transient_bytes)
         core.release_device_memory(module.transient_bytes)

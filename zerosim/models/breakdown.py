@@ -29,6 +29,8 @@ from zerosim.models.kernels import (
 from zerosim.models.spec import ModelSpec
 
 OpClass = Literal["matmul", "attention", "elementwise", "embedding"]
+EMBEDDING_KIND = "embedding"
+"""`Module.kind` of a lookup table (token or position embeddings), whose input is indices."""
 Attention = Literal["eager", "flash"]
 
 FP32_BYTES = 4
@@ -83,6 +85,9 @@ class Recipe:
 
     `fused_qkv`: one projection for Q, K and V (Megatron's `query_key_value`) instead of three;
     `fused_gate_up`: one projection for the SwiGLU gate and up halves (`dense_h_to_4h`).
+    `external_output_weight`: the model's forward reads the output layer's weight itself
+    (Megatron's `parallel_lm_logits(lm_output, output_layer.weight)`) instead of calling the
+    output layer: to ZeRO-3 the untied head is an external parameter of the top module.
     Elementwise ops, each per element of: `norm` its input; `rotary` Q and K; `kv_repeat` the
     repeated K and V (grouped-query attention, eager only); `scores` the attention scores
     (eager only, besides the two batched GEMMs); `context` the attention output (the layout copy
@@ -96,6 +101,7 @@ class Recipe:
 
     fused_qkv: bool = False
     fused_gate_up: bool = False
+    external_output_weight: bool = False
     norm: Elementwise = Elementwise(1, 4)
     rotary: Elementwise = Elementwise()
     kv_repeat: Elementwise = Elementwise()
@@ -128,6 +134,8 @@ class Module:
     `param_numels` lists the module's own parameter tensors (weight, then bias);
     `recompute_bytes` are the activations a checkpointed block re-creates for this module.
     `kernels` and `backward_kernels` are what its forward and backward launch on the GPU.
+    `external`: its weights are read by the enclosing module's forward, not through its own
+    (see `Recipe.external_output_weight`).
     """
 
     name: str
@@ -146,6 +154,7 @@ class Module:
     recompute_bytes: float = 0.0
     kernels: tuple[Kernel, ...] = ()
     backward_kernels: tuple[Kernel, ...] = ()
+    external: bool = False
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -369,7 +378,7 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
 def _lookup(name: str, rows: int, w: Workload, r: Recipe, h: int) -> Module:
     """An embedding table: its forward writes one row per token."""
     table = rows * h
-    module = Module(name, "embedding", "embedding", None, table, 0.0, 0.0, 0.0, 0.0,
+    module = Module(name, EMBEDDING_KIND, "embedding", None, table, 0.0, 0.0, 0.0, 0.0,
                     param_numels=(table,))
     return _with_backward(module, (MemoryPass(w.dtype_bytes * h * w.tokens),), r)
 
@@ -398,7 +407,7 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
     if spec.tie_word_embeddings:
         bias = head.param_numels[1:]
         head = replace(head, params=sum(bias), param_numels=bias)
-    yield head
+    yield replace(head, external=r.external_output_weight and head.params > 0)
     logits = v * t
     loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
                   0.0, 0.0, (w.dtype_bytes + FP32_BYTES) * logits)

@@ -29,6 +29,10 @@ DEFAULT_STACK = "megatron-deepspeed"
 """The study's stack (`runtime.framework` when a scenario names none): the study and the Polaris
 runs come from the same group's Megatron-DeepSpeed set-up (see the stack file)."""
 LAYOUTS = {"modules.qkv": ("fused", "separate"), "modules.gate_up": ("fused", "separate")}
+OUTPUT_WEIGHT_KEY = "modules.output_weight"
+OUTPUT_WEIGHTS = ("module", "external")
+"""How the framework uses the untied output layer: by calling it (`module`, the default) or by
+reading its weight from the model's own forward (`external`: a ZeRO-3 external parameter)."""
 KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
               "loss")
 HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
@@ -143,11 +147,22 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         if value not in choices:
             raise ScenarioError(source, key, f"one of {', '.join(choices)}", value)
         layout[key] = value == "fused"
+    output_weight = dotted_leaf(tree, OUTPUT_WEIGHT_KEY)
+    if output_weight is None:
+        output_weight = OUTPUT_WEIGHTS[0]
+    if output_weight not in OUTPUT_WEIGHTS:
+        raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
+                            output_weight)
+    extra = set(tree.get("modules") or {}) - {k[8:] for k in (*LAYOUTS, OUTPUT_WEIGHT_KEY)}
+    if extra:
+        raise ScenarioError(source, f"modules.{sorted(extra)[0]}", "qkv, gate_up or output_weight",
+                            sorted(extra)[0])
     provenance: dict[str, Provenance] = {}
     factor_key = "kernels.backward_bytes_factor"
     factor = parse_provenance(dotted_leaf(tree, factor_key), source, factor_key, table="stack")
     provenance[factor_key] = factor
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
+                    external_output_weight=output_weight == "external",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance))
