@@ -7,9 +7,8 @@ formulas written out here, never from the engine's own cost functions.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import math
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 

@@ -13,8 +13,8 @@ copy per tensor)."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import toy_stack
+
 from zerosim.engine.params import MAX_ONGOING_FETCH_EVENTS
 from zerosim.engine.plan import plan_of
 from zerosim.vocabulary import OpKind, Phase

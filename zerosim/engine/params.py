@@ -19,11 +19,11 @@ first wait on it (`_Bundle`).
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Protocol
 
 import simpy
