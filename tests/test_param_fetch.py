@@ -170,3 +170,15 @@ def test_the_plan_names_what_no_module_hook_releases(toy):
     stage2 = plan_of(toy.scenario({**external_head(), "deepspeed": {
         "zero_optimization": {"stage": 2}}}, gpus=2))
     assert (stage2.external, stage2.unreleased_numel) == (frozenset(), 0)
+
+
+def test_between_micro_batches_the_external_head_stays_gathered(toy):
+    """Only the step releases what no hook does: with two micro-batches the head is gathered
+    once, first of the first forward, and both backwards run with it."""
+    patch = external_head(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0)
+    patch["deepspeed"]["gradient_accumulation_steps"] = 2
+    spans = toy.run(patch, gpus=2).spans
+    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)]
+    with_head = gathers[gathers.op.str.contains("lm_head")]
+    assert list(with_head.op) == ["all-gather lm_head"]
+    assert (with_head.phase.iloc[0], with_head.micro_batch.iloc[0]) == (Phase.FORWARD, 0)

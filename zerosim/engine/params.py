@@ -41,7 +41,7 @@ class ParameterCoordinator(Protocol):
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
     def release(self, index: int) -> None: ...
-    def release_all(self) -> None: ...
+    def release_after_backward(self, boundary: bool) -> None: ...
     def keep_after_forward(self, index: int) -> bool: ...
 
 
@@ -67,7 +67,7 @@ class ReplicatedParams:
     def release(self, index: int) -> None:
         return None
 
-    def release_all(self) -> None:
+    def release_after_backward(self, boundary: bool) -> None:
         return None
 
     def keep_after_forward(self, index: int) -> bool:
@@ -320,8 +320,12 @@ class PartitionedParams:
         self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
         self.gathered_bytes[index] = 0
 
-    def release_all(self) -> None:
-        """The optimizer step's `_partition_all_parameters`: every module's params, the
-        external ones too."""
+    def release_after_backward(self, boundary: bool) -> None:
+        """What is still gathered when the backward ends: at the accumulation boundary the
+        optimizer step's `_partition_all_parameters` frees it all; before it, only what no
+        module hook holds on to (the next micro-batch finds the embeddings and the external
+        params gathered)."""
+        unreleased = self.core.plan.unreleased_modules
         for index in self.trace:
-            self._free(index)
+            if boundary or index not in unreleased:
+                self._free(index)

@@ -43,12 +43,9 @@ class Plan:
     external: frozenset[int]
     """Modules whose params are ZeRO-3 external parameters of the top module: gathered by its
     pre-forward hook, at the start of the forward, and held until the optimizer step."""
-    unreleased_numel: int
-    """Gathered numel no module hook releases by the end of a backward: the external params and
-    the embeddings' (a post-backward hook rides on the module's inputs, and token ids need no
-    gradient). `reset_step` zeroes the coordinator's live count while they are still gathered;
-    the step then releases them and takes them off it, so every later forward starts that far
-    below zero and the prefetcher may hold this much beyond `stage3_max_live_parameters`."""
+    unreleased_modules: frozenset[int]
+    """The external modules and the embeddings: no module hook releases their gathered params
+    (a post-backward hook rides on the module's inputs, and token ids need no gradient)."""
     subgroups: tuple[int, ...]
     """Optimizer sub-groups of this rank, as partition numel."""
     subgroup_of: dict[tuple[int, int], int]
@@ -75,6 +72,14 @@ class Plan:
     def gathered_partition_numel(self) -> tuple[int, ...]:
         """Per module, one rank's partition of the tensors an all-gather brings."""
         return tuple(sum(p.partition_numel for p in tensors) for tensors in self.gathered_tensors)
+
+    @cached_property
+    def unreleased_numel(self) -> int:
+        """Gathered numel of `unreleased_modules`. `reset_step` zeroes the coordinator's live
+        count at the end of a backward while they are still gathered; the step then releases
+        them and takes them off it, so every later forward starts that far below zero and the
+        prefetcher may hold this much beyond `stage3_max_live_parameters`."""
+        return sum(self.gathered_numel[i] for i in self.unreleased_modules)
 
     @property
     def all_params(self) -> list[Param]:
@@ -221,7 +226,7 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
         gathered_numel=tuple(gathered),
         keep_after_forward=tuple(_keep_after_forward(numels, ds.stage3_max_reuse_distance)),
         external=external,
-        unreleased_numel=sum(gathered[i] for i in (*external, *embeddings)),
+        unreleased_modules=frozenset(i for i in (*external, *embeddings) if gathered[i] > 0),
         subgroups=tuple(groups),
         subgroup_of=member,
         gpu_subgroups=on_gpu,

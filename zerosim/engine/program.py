@@ -109,7 +109,7 @@ class RankProgram:
                 yield from self.gradients.add(param, done, micro, boundary)
             self.params.release(index)
         yield from self.gradients.epilogue(micro, boundary)
-        self.params.release_all()
+        self.params.release_after_backward(boundary)
         yield from core.end()
 
     def _last_of_block(self, index: int) -> bool:
