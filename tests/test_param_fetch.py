@@ -182,3 +182,22 @@ def test_between_micro_batches_the_external_head_stays_gathered(toy):
     with_head = gathers[gathers.op.str.contains("lm_head")]
     assert list(with_head.op) == ["all-gather lm_head"]
     assert (with_head.phase.iloc[0], with_head.micro_batch.iloc[0]) == (Phase.FORWARD, 0)
+
+
+def test_what_no_hook_releases_is_held_from_the_backward_to_the_step(toy):
+    """A phase's record carries what its rank holds allocated when it ends. The embedding's
+    post-backward hook never fires (token ids need no gradient), so the backward ends with it
+    gathered (32,768 B) and the step's `_partition_all_parameters` frees it; an external
+    head (32,768 B more) is held from the first hook of the forward to the same step."""
+    knobs = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0}
+
+    def ends(patch):
+        phases = toy.run(patch, gpus=2).phases
+        rows = phases[phases["rank"] == 0].set_index("phase")
+        return rows.allocated_end_bytes
+
+    plain, external = ends(zero(**knobs)), ends(external_head(**knobs))
+    assert plain[Phase.BACKWARD] - plain[Phase.UPDATE] == 32_768
+    assert external[Phase.BACKWARD] - external[Phase.UPDATE] == 65_536
+    assert external[Phase.FORWARD] - plain[Phase.FORWARD] == 32_768
+    assert external[Phase.UPDATE] == plain[Phase.UPDATE]

@@ -44,3 +44,19 @@ def test_pcie_totals_are_the_sorted_tables_sums(rows):
 def test_a_summary_alone_equals_the_full_results(toy):
     scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}}, gpus=2)
     assert simulate_summary(scenario) == zerosim.simulate(scenario).summary
+
+
+def test_memory_after_each_phase_is_rank_0_s_at_its_last_micro_batch(toy):
+    """`hbm_after_GiB`: what rank 0 holds when each kind of phase ends (the non-boundary
+    backward's is micro-batch 0's, the forward's the last micro-batch's)."""
+    result = zerosim.simulate(toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}},
+                                           gpus=2))
+    phases = result.phases[result.phases["rank"] == 0]
+
+    def end(phase, micro):
+        row = phases[(phases.phase == phase) & (phases.micro_batch == micro)]
+        return int(row.allocated_end_bytes.iloc[0]) / 2**30
+
+    assert result.summary["hbm_after_GiB"] == {
+        "forward": end("forward", 1), "backward_non_boundary": end("backward", 0),
+        "backward_boundary": end("backward", 1), "update": end("update", 1)}

@@ -123,7 +123,7 @@ def _phase_rows(phases) -> list[tuple]:
     if hasattr(phases, "itertuples"):
         columns = ["rank", "phase", "micro_batch", "start_s", "end_s"]
         return list(phases[columns].itertuples(index=False, name=None))
-    return list(phases.rows)
+    return [row[:5] for row in phases.rows]
 
 
 

@@ -40,8 +40,9 @@ class ParameterCoordinator(Protocol):
     def fetch(self, index: int) -> simpy.Event | None: ...
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
-    def release(self, index: int) -> None: ...
-    def release_after_backward(self, boundary: bool) -> None: ...
+    def release(self, index: int, *, backward: bool) -> None: ...
+    def release_after_backward(self) -> None: ...
+    def release_all(self) -> None: ...
     def keep_after_forward(self, index: int) -> bool: ...
 
 
@@ -64,10 +65,13 @@ class ReplicatedParams:
     def prefetch_after(self, index: int, backward: bool) -> None:
         return None
 
-    def release(self, index: int) -> None:
+    def release(self, index: int, *, backward: bool) -> None:
         return None
 
-    def release_after_backward(self, boundary: bool) -> None:
+    def release_after_backward(self) -> None:
+        return None
+
+    def release_all(self) -> None:
         return None
 
     def keep_after_forward(self, index: int) -> bool:
@@ -294,8 +298,10 @@ class PartitionedParams:
         if ahead_modules:
             self._gather(tuple(ahead_modules))
 
-    def release(self, index: int) -> None:
-        """Release a module's gathered params when the host's post-hook runs.
+    def release(self, index: int, *, backward: bool) -> None:
+        """Release a module's gathered params when the host's post-hook runs: after its
+        forward, unless they are external (no hook of theirs runs); after its backward, unless
+        no post-backward hook fires for it (`Plan.unreleased_modules`).
 
         The memory counts as allocated from the host's all-gather call to this release, as
         PyTorch's caching allocator counts it (`memory_allocated`): DeepSpeed's `free_param`
@@ -304,7 +310,8 @@ class PartitionedParams:
         is reserved, not allocated, memory; when HBM runs short the allocator waits for the
         streams and reuses those blocks rather than failing.
         """
-        if index not in self.core.plan.external:
+        plan = self.core.plan
+        if index not in (plan.unreleased_modules if backward else plan.external):
             self._free(index)
 
     def _free(self, index: int) -> None:
@@ -320,12 +327,16 @@ class PartitionedParams:
         self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
         self.gathered_bytes[index] = 0
 
-    def release_after_backward(self, boundary: bool) -> None:
-        """What is still gathered when the backward ends: at the accumulation boundary the
-        optimizer step's `_partition_all_parameters` frees it all; before it, only what no
-        module hook holds on to (the next micro-batch finds the embeddings and the external
-        params gathered)."""
+    def release_after_backward(self) -> None:
+        """Free what is still gathered when a backward ends (prefetched, never used), but not
+        what no module hook releases (`Plan.unreleased_modules`): the next micro-batch and
+        the step find the embeddings and the external params gathered."""
         unreleased = self.core.plan.unreleased_modules
         for index in self.trace:
-            if boundary or index not in unreleased:
+            if index not in unreleased:
                 self._free(index)
+
+    def release_all(self) -> None:
+        """The optimizer step's `_partition_all_parameters`, first thing in the step."""
+        for index in self.trace:
+            self._free(index)

@@ -41,6 +41,7 @@ class RankProgram:
             yield from self.core.host_time(self.core.micro_batch_s)
             yield from self.forward(micro)
             yield from self.backward(micro, boundary=micro == steps - 1)
+        self.params.release_all()
         yield from self.optimizer.run()
         self.release_model_states()
 
@@ -86,7 +87,7 @@ class RankProgram:
             yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
                                             backward=False)
             if not self.params.keep_after_forward(index):
-                self.params.release(index)
+                self.params.release(index, backward=False)
         yield from core.end()
 
     def backward(self, micro: int, *, boundary: bool) -> Gen:
@@ -107,9 +108,9 @@ class RankProgram:
                 kind=OpKind.BACKWARD, after=(ready,))
             for param in core.plan.params[index]:
                 yield from self.gradients.add(param, done, micro, boundary)
-            self.params.release(index)
+            self.params.release(index, backward=True)
         yield from self.gradients.epilogue(micro, boundary)
-        self.params.release_after_backward(boundary)
+        self.params.release_after_backward()
         yield from core.end()
 
     def _last_of_block(self, index: int) -> bool:

@@ -142,7 +142,8 @@ class RankCore:
     def end(self) -> Gen:
         """Wait until every stream of this rank is idle, then record the phase."""
         yield from self.synchronize()
-        self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now))
+        self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now,
+                             self.gpu.used))
 
     def synchronize(self) -> Gen:
         while True:

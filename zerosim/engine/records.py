@@ -53,6 +53,9 @@ class PhaseSpan:
     micro_batch: int
     start_s: float
     end_s: float
+    allocated_end_bytes: int
+    """What the rank's GPU holds allocated when the phase ends, its CUDA context included:
+    the level DeepSpeed's `see_memory_usage` prints after each phase, less the context."""
 
 
 class Table(Generic[R]):

@@ -75,7 +75,7 @@ def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
         return dict.fromkeys(PHASE_TIMES)
     last = accumulation_steps - 1
     chosen: dict[PhaseTime, tuple[list[int], list[float]]] = {k: ([], []) for k in PhaseTime}
-    for rank, phase, micro, start_s, end_s in phases.rows:
+    for rank, phase, micro, start_s, end_s, _ in phases.rows:
         key = phase_time(phase, micro, last)
         if key is None:
             continue
@@ -83,6 +83,19 @@ def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
         chosen[key][1].append(end_s - start_s)
     return {key.value: max(grouped_means(ranks, durations)) if ranks else None
             for key, (ranks, durations) in chosen.items()}
+
+
+def hbm_after(phases: Table[PhaseSpan], accumulation_steps: int) -> dict[str, float | None]:
+    """Rank 0's allocated GPU memory in GiB, its CUDA context included, when each phase ends
+    (the last micro-batch's): what DeepSpeed's `see_memory_usage` prints after each phase,
+    plus the context."""
+    last = accumulation_steps - 1
+    after: dict[str, float | None] = dict.fromkeys(PHASE_TIMES)
+    for rank, phase, micro, _, _, allocated in phases.rows:
+        key = phase_time(phase, micro, last)
+        if rank == 0 and key is not None:
+            after[key.value] = allocated / GiB
+    return after
 
 
 def total_bytes(spans: Table[Span], stream: str,
@@ -163,6 +176,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "tflops_per_gpu": tflops,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
+        "hbm_after_GiB": hbm_after(phases, ds.gradient_accumulation_steps),
         "hbm_capacity_GiB": scenario.hardware.hbm_bytes / GiB,
         "peak_host_GiB": max(host_peaks) / GiB,
         "peak_nvme_GiB": max(nvme_peaks) / GiB if nvme_peaks else None,

@@ -29,6 +29,8 @@ AIO = {"block_size": 2097152, "queue_depth": 8, "thread_count": 4, "single_submi
 """The logs' `aio` section (queue_depth as DeepSpeed printed it: the default 8)."""
 WARM_UP_ITERATIONS = 1
 """Left out of the means: the first step reads no swapped state yet."""
+PHASE_AFTER = {"forward": "forward", "backward": "backward", "step": "update"}
+"""`rank0_MA_after_GiB` keys (DeepSpeed's "Engine after ..." lines) -> zerosim's phases."""
 TIME_KEYS = {"forward": "fwd_ms", "backward": "bwd_ms", "update": "step_ms",
              "iteration": "iter_ms"}
 
@@ -43,6 +45,9 @@ class NvmeRun:
     seconds: dict[str, float]
     """Mean per optimizer step over the iterations after the warm-up, by phase."""
     peak_allocated_bytes: float
+    allocated_after_bytes: dict[str, float]
+    """Rank 0's allocated bytes when each phase ends (forward, backward, update), in every
+    iteration after the first."""
     log: str
     hardware: str
     """The profile it is replayed on (the data file's `hardware`)."""
@@ -86,7 +91,10 @@ def load_runs() -> list[NvmeRun]:
         runs.append(NvmeRun(
             name=f"{NAME_PREFIX}{measured.name}", run=measured, buffer_count=r["buffer_count"],
             seconds={phase: _steady_mean(r[key]) for phase, key in TIME_KEYS.items()},
-            peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB, log=r["log"],
+            peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB,
+            allocated_after_bytes={PHASE_AFTER[key]: value * GiB
+                                   for key, value in r["rank0_MA_after_GiB"].items()},
+            log=r["log"],
             hardware=data["hardware"]))
     return runs
 

@@ -25,7 +25,7 @@ from zerosim.validation.reference import (
     load_study,
     reference_data,
 )
-from zerosim.vocabulary import DeviceKind, OpKind, Phase, Stream, device_name
+from zerosim.vocabulary import DeviceKind, OpKind, Phase, PhaseTime, Stream, device_name
 
 PHASE_TOLERANCE = 0.10
 POLARIS_PHASE_TOLERANCE = 0.15
@@ -465,10 +465,11 @@ NVME_GROUP = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
 def nvme_h100_cells() -> list[Cell]:
     """The MLP-Offload study's four baseline runs on the study's node, each replayed on
     `h100-jlse` with the optimizer swapped to NVMe: per-step phases and the iteration at the
-    Polaris runs' tolerances, and rank 0's peak allocated GPU memory. The drives' read and
-    write rates are fitted on these backwards and steps (`nvme.*_GBps_per_drive` of
-    h100-jlse), and the forwards join the joint fit of the stack's hook time; the iterations
-    and memory are predictions."""
+    Polaris runs' tolerances, rank 0's peak allocated GPU memory and what it holds when the
+    forward, the backward and the step end (DeepSpeed's "Engine after ..." lines). The
+    drives' read and write rates are fitted on these backwards and steps
+    (`nvme.*_GBps_per_drive` of h100-jlse), and the forwards join the joint fit of the
+    stack's hook time; the iterations and memory are predictions."""
     from zerosim.runs import per_step_seconds, simulate_tree
     from zerosim.validation.mlp_offload import load_runs
 
@@ -482,9 +483,16 @@ def nvme_h100_cells() -> list[Cell]:
                          else POLARIS_PHASE_TOLERANCE)
             cells.append(judge(NVME_GROUP, run.name, f"{phase} per step", "s", measured,
                                predicted[phase], tolerance))
-        allocated = summary["peak_hbm_GiB"] * GiB - summary["runtime_context_bytes"]
+        context = summary["runtime_context_bytes"]
+        allocated = summary["peak_hbm_GiB"] * GiB - context
         cells.append(judge(NVME_GROUP, run.name, "rank 0 peak allocated GPU memory", "GiB",
                            run.peak_allocated_bytes / GiB, allocated / GiB, MEMORY_TOLERANCE))
+        after = summary["hbm_after_GiB"]
+        for phase, measured in run.allocated_after_bytes.items():
+            key = PhaseTime.BACKWARD_BOUNDARY if phase == Phase.BACKWARD else phase
+            quantity = f"rank 0 allocated GPU memory after the {phase}"
+            cells.append(judge(NVME_GROUP, run.name, quantity, "GiB", measured / GiB,
+                               (after[key] * GiB - context) / GiB, MEMORY_TOLERANCE))
     return cells
 
 
