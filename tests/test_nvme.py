@@ -479,3 +479,20 @@ def test_full_gradient_buffers_hold_the_backward_until_every_write_is_done():
     # after the last write, only the embedding gradient's fp32 cast on the GPU (microseconds)
     assert 0 < copy.start_s - writes.end_s.max() < 1e-4
     assert copy.start_s - writes.start_s.min() >= writes.bytes.sum() / WRITE_BPS
+
+
+@pytest.mark.parametrize(("buffers", "head_in_first_prefetch"), [(1, False), (2, True)])
+def test_a_prefetch_stops_at_a_partition_on_nvme_without_a_free_swap_buffer(
+        buffers, head_in_first_prefetch):
+    """max_in_cpu 0 puts embed_tokens and lm_head on NVMe. The embedding's hook fetches it
+    (one swap buffer) and prefetches the rest of the model in one call; with one buffer that
+    call stops before lm_head, which waits for the embedding's buffer (DeepSpeed's prefetch
+    breaks at a partition still on NVMe, to keep the trace's order); with two it takes it."""
+    result = nvme_run(NVME_PARAM | {"stage3_max_reuse_distance": 0, "offload_param": {
+        "device": "nvme", "nvme_path": "/local_nvme", "max_in_cpu": 0, "pin_memory": True,
+        "buffer_count": buffers}}, gpus=2)
+    gathers = _io(result, "allgather", "forward")
+    calls = list(gathers[gathers.op_kind == "all_gather"].op)
+    assert calls[0] == "all-gather embed_tokens"
+    assert calls[1].startswith("all-gather layers.0.input_layernorm + ")
+    assert calls[1].endswith(" + lm_head") == head_in_first_prefetch

@@ -156,6 +156,9 @@ class PartitionedParams:
         self.partition_numel = plan.gathered_partition_numel
         self.bundles: dict[int, _Bundle] = {}
         """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
+        self.on_nvme = frozenset(i for i in self.trace if plan.params_on_nvme(i))
+        """Modules whose partition is read from NVMe into a swap buffer before its gather."""
+        self.swap_buffers_held = 0
         self.not_gathered = list(range(len(self.trace)))
         """Forward-trace positions of the modules not gathered, ascending (what a prefetch may
         take, without walking past the gathered ones)."""
@@ -188,6 +191,7 @@ class PartitionedParams:
             return
         for index in todo:
             self.is_gathered[index] = True
+            self.swap_buffers_held += index in self.on_nvme
             del self.not_gathered[bisect_left(self.not_gathered, self.forward_position[index])]
             self.live_numel += plan.gathered_numel[index]
             self.waited[index] = False
@@ -273,7 +277,10 @@ class PartitionedParams:
         call; as in DeepSpeed, the module that crosses the bound is still fetched. The live
         budget is `stage3_max_live_parameters` less the gathered numel, plus
         `Plan.unreleased_numel`, which DeepSpeed's count leaves out. The forward's trace goes
-        on into the backward's, which takes the modules in reverse."""
+        on into the backward's, which takes the modules in reverse. A module whose partition
+        is on NVMe needs one of `offload_param.buffer_count` swap buffers, held until its
+        release: with none free the prefetch stops there (DeepSpeed keeps the trace's
+        order)."""
         ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters + self.core.plan.unreleased_numel
@@ -289,10 +296,15 @@ class PartitionedParams:
             later = chain(range(ahead, len(pending)), range(ahead - 1, -1, -1))
         issued = 0
         ahead_modules = []
+        swap_buffers = self.core.ds.offload_param.buffer_count - self.swap_buffers_held
         for k in later:
             if issued >= budget:
                 break
             module = self.trace[pending[k]]
+            if module in self.on_nvme:
+                if swap_buffers <= 0:
+                    break
+                swap_buffers -= 1
             ahead_modules.append(module)
             issued += numel[module]
         if ahead_modules:
@@ -321,6 +333,7 @@ class PartitionedParams:
         if unwaited is not None:
             self._leave(unwaited)
         self.is_gathered[index] = False
+        self.swap_buffers_held -= index in self.on_nvme
         insort(self.not_gathered, self.forward_position[index])
         self.live_numel -= self.core.plan.gathered_numel[index]
         self.gathered[index] = None
