@@ -74,7 +74,7 @@ def test_an_emptied_cache_makes_the_host_wait_for_the_forwards_high_water_growth
     fast, slow = (_first_s("forward", STUDY_DP1, [f"hardware.gpu.cuda_malloc_GBps={rate}"])
                   for rate in (0.002, 0.001))
     fresh = _forward_high_water_bytes()
-    assert fresh / 1e9 == pytest.approx(27.4, abs=0.1)  # the study: "27 GB additional"
+    assert fresh / 1e9 == pytest.approx(27.0, rel=0.05)  # the study: "27 GB additional"
     assert slow - fast == pytest.approx(fresh / 0.001e9 - fresh / 0.002e9, rel=1e-9)
 
 

@@ -22,6 +22,7 @@ from zerosim.api import simulate_summary
 from zerosim.engine.records import Span, Table
 from zerosim.engine.simulate import check_invariants
 from zerosim.models import CATALOG, Workload, build_modules
+from zerosim.stacks import load_stack
 from zerosim.vocabulary import OpKind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -389,14 +390,15 @@ def test_activations_grow_by_the_saved_bytes_over_one_forward(study):
     start, end = phases.loc[("forward", 0), ["start_s", "end_s"]]
     before = _level_at(result.memory, "gpu0", start).get("activations", 0)
     after = _level_at(result.memory, "gpu0", end).get("activations", 0)
-    modules = build_modules(CATALOG["llama2-13b"], Workload(sequence_length=2048))
+    modules = build_modules(CATALOG["llama2-13b"], Workload(sequence_length=2048),
+                            load_stack("megatron-deepspeed").recipe)
     assert after - before == sum(m.saved_bytes for m in modules)
     # Independently: per layer 16ht (16-bit inputs/QKV saved) + 8t (fp32 RMSNorm stats) +
     # 2as^2 (softmax output) + 6it (SwiGLU inputs, down_proj input); head: norm 2ht + 4t,
-    # lm_head input 2ht, loss 6vt (16-bit logits + fp32 softmax).
+    # lm_head input 2ht, loss 4vt (Megatron's fp32 softmax).
     h, i, a, t, v, layers = 5120, 13824, 40, 2048, 32000, 40
     per_layer = 16 * h * t + 8 * t + 2 * a * t * t + 6 * i * t
-    assert after - before == layers * per_layer + (2 * h * t + 4 * t) + 2 * h * t + 6 * v * t
+    assert after - before == layers * per_layer + (2 * h * t + 4 * t) + 2 * h * t + 4 * v * t
     # and everything the forward saved is gone once the backward is over
     b_end = phases.loc[("backward", 0), "end_s"]
     assert _level_at(result.memory, "gpu0", b_end).get("activations", 0) == before

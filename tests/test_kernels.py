@@ -135,6 +135,33 @@ def test_each_stack_holds_its_own_bytes_per_attention_score(stack, saved, forwar
                                    buffer * scores)
 
 
+@pytest.mark.parametrize(("stack", "saved", "transient"), [
+    # Megatron: the fp32 softmax saved; the 16-bit logits and the fp32 cast beside it while
+    # the loss runs.
+    ("megatron-deepspeed", 4, 6),
+    # HF: the fp32 log-softmax saved; the fp32 logits and their shifted copy beside it.
+    ("hf-transformers", 4, 8),
+    # A stack without `loss_memory` (the toy's): the 16-bit logits and their fp32 copy saved.
+    (None, 6, 0),
+])
+def test_each_stack_holds_its_own_bytes_per_logit(stack, saved, transient):
+    w = Workload(sequence_length=2048, micro_batch_size=2)
+    recipe = load_stack(stack).recipe if stack else parse_stack(toy_stack(), "s.yaml").recipe
+    loss = next(m for m in build_modules(LLAMA13, w, recipe) if m.kind == "loss")
+    logits = 32000 * 4096
+    assert (loss.saved_bytes, loss.transient_bytes) == (saved * logits, transient * logits)
+
+
+def test_bad_loss_memory_is_a_clear_error():
+    tree = toy_stack()
+    tree["loss_memory"] = {"held": {"value": 4, "basis": "spec", "source": "x"}}
+    with pytest.raises(ScenarioError, match=r"loss_memory\.held: expected one of saved, trans"):
+        parse_stack(tree, "s.yaml")
+    tree["loss_memory"] = {"saved": {"value": -4, "basis": "spec", "source": "x"}}
+    with pytest.raises(ScenarioError, match=r"loss_memory\.saved\.value: expected a finite"):
+        parse_stack(tree, "s.yaml")
+
+
 def test_the_run_holds_the_framework_buffer_once_for_the_whole_iteration(toy):
     """Every layer reuses Megatron's scores buffer: the run holds one layer's worth (the toy:
     4 heads x 8 x 8 scores in 16 bits) from start to end."""

@@ -48,6 +48,8 @@ class MemoryPool:
         self.levels: dict[str, int] = {}
         self.used = 0
         self.peak = 0
+        self.window_peak = 0
+        """The highest level since `reset_window` (PyTorch's `reset_peak_memory_stats`)."""
 
     def allocate(self, category: Category, nbytes: float, what: str,
                  buffer: BufferKind = BufferKind.NONE) -> int:
@@ -63,9 +65,14 @@ class MemoryPool:
         self.used = used
         if used > self.peak:
             self.peak = used
+        if used > self.window_peak:
+            self.window_peak = used
         if self._log is not None:
             self._log((self._clock(), self.device, label, level, buffer._value_))
         return amount
+
+    def reset_window(self) -> None:
+        self.window_peak = self.used
 
     def free(self, category: Category, amount: int, buffer: BufferKind = BufferKind.NONE
              ) -> None:

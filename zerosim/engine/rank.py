@@ -136,6 +136,7 @@ class RankCore:
     def begin(self, phase: Phase, micro: int) -> None:
         self.phase, self.micro = phase._value_, micro
         self._phase_start = self.env.now
+        self.gpu.reset_window()
         if self.empties_cache:
             self.reserve = AllocatorReserve()
 
@@ -143,7 +144,7 @@ class RankCore:
         """Wait until every stream of this rank is idle, then record the phase."""
         yield from self.synchronize()
         self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now,
-                             self.gpu.used))
+                             self.gpu.used, self.gpu.window_peak))
 
     def synchronize(self) -> Gen:
         while True:

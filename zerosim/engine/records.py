@@ -55,7 +55,11 @@ class PhaseSpan:
     end_s: float
     allocated_end_bytes: int
     """What the rank's GPU holds allocated when the phase ends, its CUDA context included:
-    the level DeepSpeed's `see_memory_usage` prints after each phase, less the context."""
+    the level DeepSpeed's `see_memory_usage` prints after each phase (`MA`), less the
+    context."""
+    allocated_peak_bytes: int
+    """The most the rank's GPU held allocated during the phase, its CUDA context included
+    (`Max_MA` after the phase, the peak statistics reset at its start)."""
 
 
 class Table(Generic[R]):

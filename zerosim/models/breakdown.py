@@ -79,6 +79,19 @@ class ScoreMemory:
 
 
 @dataclass(frozen=True)
+class LossMemory:
+    """What the loss holds per logit, in bytes: `saved` from its forward to its backward (None:
+    the logits in the training dtype and their fp32 copy, the textbook count), `transient`
+    besides that while its forward runs (the framework's casts and copies)."""
+
+    saved: float | None = None
+    transient: float = 0.0
+
+    def saved_bytes(self, dtype_bytes: int) -> float:
+        return dtype_bytes + FP32_BYTES if self.saved is None else self.saved
+
+
+@dataclass(frozen=True)
 class Recipe:
     """How a software stack cuts a transformer block into modules and which memory-bound
     kernels each launches besides its GEMMs (`zerosim/stacks` builds one from a stack file).
@@ -94,7 +107,7 @@ class Recipe:
     before the output projection); `activation` the MLP's intermediate; `residual` the hidden
     state (twice per block); `loss` the logits. A memory-bound kernel's backward moves
     `backward_bytes_factor` times its forward bytes in as many kernels. `score_memory` is what
-    eager attention keeps per score.
+    eager attention keeps per score, `loss_memory` what the loss keeps per logit.
 
     The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
     """
@@ -112,6 +125,7 @@ class Recipe:
     loss: Elementwise = Elementwise(1, 10)
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
+    loss_memory: LossMemory = LossMemory()
 
 
 def _pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
@@ -409,8 +423,10 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
         head = replace(head, params=sum(bias), param_numels=bias)
     yield replace(head, external=r.external_output_weight and head.params > 0)
     logits = v * t
+    memory = r.loss_memory
     loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
-                  0.0, 0.0, (w.dtype_bytes + FP32_BYTES) * logits)
+                  0.0, 0.0, memory.saved_bytes(w.dtype_bytes) * logits,
+                  transient_bytes=memory.transient * logits)
     yield _with_backward(loss, _pass(r.loss, logits, w, loss.fwd_flops), r)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from zerosim.engine.records import PhaseSpan, Span, Table, with_copies
@@ -75,7 +76,7 @@ def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
         return dict.fromkeys(PHASE_TIMES)
     last = accumulation_steps - 1
     chosen: dict[PhaseTime, tuple[list[int], list[float]]] = {k: ([], []) for k in PhaseTime}
-    for rank, phase, micro, start_s, end_s, _ in phases.rows:
+    for rank, phase, micro, start_s, end_s, *_ in phases.rows:
         key = phase_time(phase, micro, last)
         if key is None:
             continue
@@ -85,17 +86,19 @@ def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
             for key, (ranks, durations) in chosen.items()}
 
 
-def hbm_after(phases: Table[PhaseSpan], accumulation_steps: int) -> dict[str, float | None]:
-    """Rank 0's allocated GPU memory in GiB, its CUDA context included, when each phase ends
-    (the last micro-batch's): what DeepSpeed's `see_memory_usage` prints after each phase,
-    plus the context."""
+def rank0_phase_memory(phases: Table[PhaseSpan], accumulation_steps: int, field: str
+                       ) -> dict[str, float | None]:
+    """Rank 0's GPU memory in GiB, its CUDA context included, per kind of phase (the last
+    micro-batch's): the phase record's `field`, `allocated_end_bytes` or
+    `allocated_peak_bytes`."""
     last = accumulation_steps - 1
-    after: dict[str, float | None] = dict.fromkeys(PHASE_TIMES)
-    for rank, phase, micro, _, _, allocated in phases.rows:
-        key = phase_time(phase, micro, last)
-        if rank == 0 and key is not None:
-            after[key.value] = allocated / GiB
-    return after
+    column = [f.name for f in fields(PhaseSpan)].index(field)
+    chosen: dict[str, float | None] = dict.fromkeys(PHASE_TIMES)
+    for row in phases.rows:
+        key = phase_time(row[1], row[2], last)
+        if row[0] == 0 and key is not None:
+            chosen[key.value] = row[column] / GiB
+    return chosen
 
 
 def total_bytes(spans: Table[Span], stream: str,
@@ -176,7 +179,10 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "tflops_per_gpu": tflops,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
-        "hbm_after_GiB": hbm_after(phases, ds.gradient_accumulation_steps),
+        "hbm_after_GiB": rank0_phase_memory(phases, ds.gradient_accumulation_steps,
+                                            "allocated_end_bytes"),
+        "hbm_phase_peak_GiB": rank0_phase_memory(phases, ds.gradient_accumulation_steps,
+                                                 "allocated_peak_bytes"),
         "hbm_capacity_GiB": scenario.hardware.hbm_bytes / GiB,
         "peak_host_GiB": max(host_peaks) / GiB,
         "peak_nvme_GiB": max(nvme_peaks) / GiB if nvme_peaks else None,

@@ -21,7 +21,7 @@ from typing import Any
 from zerosim.errors import ScenarioError
 from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
-from zerosim.models.breakdown import Elementwise, Recipe, ScoreMemory
+from zerosim.models.breakdown import Elementwise, LossMemory, Recipe, ScoreMemory
 from zerosim.units import MS, US, MiB
 from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
 
@@ -48,6 +48,8 @@ HEAP_REUSE_KEY = "allocator.heap_reuse_MiB"
 """The optional allocator key: host temporaries up to this size reuse heap pages."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
 """`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
+LOSS_MEMORY = ("saved", "transient")
+"""`loss_memory` keys: `LossMemory` fields, bytes per logit."""
 
 
 @dataclass(frozen=True)
@@ -107,26 +109,26 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     return Elementwise(count, float(nbytes))
 
 
-def _score_memory(tree: Mapping[str, Any], source: str,
-                  provenance: dict[str, Provenance]) -> ScoreMemory:
-    """The optional `attention_memory` section (each key a `{value, basis, source}` leaf);
-    what it leaves out keeps `ScoreMemory`'s default."""
-    section = tree.get("attention_memory")
-    if section is None:
-        return ScoreMemory()
-    if not isinstance(section, Mapping):
-        raise ScenarioError(source, "attention_memory", "a mapping", type(section).__name__)
-    extra = set(section) - set(SCORE_MEMORY)
+def _memory_section(tree: Mapping[str, Any], section: str, keys: tuple[str, ...], source: str,
+                    provenance: dict[str, Provenance]) -> dict[str, float]:
+    """An optional section of `{value, basis, source}` leaves in bytes (`attention_memory`,
+    `loss_memory`): the values it gives, by key; what it leaves out keeps the default."""
+    given = tree.get(section)
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise ScenarioError(source, section, "a mapping", type(given).__name__)
+    extra = set(given) - set(keys)
     if extra:
-        raise ScenarioError(source, f"attention_memory.{sorted(extra)[0]}",
-                            f"one of {', '.join(SCORE_MEMORY)}", sorted(extra)[0])
+        raise ScenarioError(source, f"{section}.{sorted(extra)[0]}", f"one of {', '.join(keys)}",
+                            sorted(extra)[0])
     values = {}
-    for name in SCORE_MEMORY:
-        if name in section:
-            key = f"attention_memory.{name}"
-            provenance[key] = parse_provenance(section[name], source, key, table="stack")
+    for name in keys:
+        if name in given:
+            key = f"{section}.{name}"
+            provenance[key] = parse_provenance(given[name], source, key, table="stack")
             values[name] = _non_negative(provenance[key], source, key)
-    return ScoreMemory(**values)
+    return values
 
 
 def parse_stack(tree: Any, source: str) -> SoftwareStack:
@@ -134,7 +136,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
-             "allocator"}
+             "loss_memory", "allocator"}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -165,7 +167,10 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     external_output_weight=output_weight == "external",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
-                    score_memory=_score_memory(tree, source, provenance))
+                    score_memory=ScoreMemory(**_memory_section(
+                        tree, "attention_memory", SCORE_MEMORY, source, provenance)),
+                    loss_memory=LossMemory(**_memory_section(
+                        tree, "loss_memory", LOSS_MEMORY, source, provenance)))
     extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
     if extra:
         raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",

@@ -48,6 +48,8 @@ class NvmeRun:
     allocated_after_bytes: dict[str, float]
     """Rank 0's allocated bytes when each phase ends (forward, backward, update), in every
     iteration after the first."""
+    forward_peak_bytes: float
+    """Rank 0's peak allocated bytes during a forward after the first step."""
     log: str
     hardware: str
     """The profile it is replayed on (the data file's `hardware`)."""
@@ -94,6 +96,7 @@ def load_runs() -> list[NvmeRun]:
             peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB,
             allocated_after_bytes={PHASE_AFTER[key]: value * GiB
                                    for key, value in r["rank0_MA_after_GiB"].items()},
+            forward_peak_bytes=r["rank0_forward_Max_MA_GiB"] * GiB,
             log=r["log"],
             hardware=data["hardware"]))
     return runs

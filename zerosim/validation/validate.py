@@ -465,8 +465,9 @@ NVME_GROUP = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
 def nvme_h100_cells() -> list[Cell]:
     """The MLP-Offload study's four baseline runs on the study's node, each replayed on
     `h100-jlse` with the optimizer swapped to NVMe: per-step phases and the iteration at the
-    Polaris runs' tolerances, rank 0's peak allocated GPU memory and what it holds when the
-    forward, the backward and the step end (DeepSpeed's "Engine after ..." lines). The
+    Polaris runs' tolerances, rank 0's peak allocated GPU memory, its peak in the forward
+    and what it holds when the forward, the backward and the step end (DeepSpeed's "Engine
+    after ..." lines). The
     drives' read and write rates are fitted on these backwards and steps
     (`nvme.*_GBps_per_drive` of h100-jlse), and the forwards join the joint fit of the
     stack's hook time; the iterations and memory are predictions."""
@@ -487,6 +488,10 @@ def nvme_h100_cells() -> list[Cell]:
         allocated = summary["peak_hbm_GiB"] * GiB - context
         cells.append(judge(NVME_GROUP, run.name, "rank 0 peak allocated GPU memory", "GiB",
                            run.peak_allocated_bytes / GiB, allocated / GiB, MEMORY_TOLERANCE))
+        forward_peak = summary["hbm_phase_peak_GiB"][Phase.FORWARD] * GiB - context
+        cells.append(judge(NVME_GROUP, run.name, "rank 0 peak allocated GPU memory in the forward",
+                           "GiB", run.forward_peak_bytes / GiB, forward_peak / GiB,
+                           MEMORY_TOLERANCE))
         after = summary["hbm_after_GiB"]
         for phase, measured in run.allocated_after_bytes.items():
             key = PhaseTime.BACKWARD_BOUNDARY if phase == Phase.BACKWARD else phase
