@@ -26,7 +26,7 @@ MB1_FORWARD = (
     "GPU work, cause open; the hook time is fitted without the four such forwards (763 us; the "
     "host-bound forwards of narrow layers want 810 us for Polaris's 9.14B and 701 us for the "
     "H100 node's 48.16B alone); fitted to each of the four alone it comes out at 982-1736 us "
-    "(results/calibration/hook_per_run/), and the fourth, 5.95B at DP=4, now passes (-13.9%)")
+    "(results/calibration/hook_per_run/), and the fourth, 5.95B at DP=4, now passes (-13.5%)")
 PEAK_MEMORY = (
     "rank 0's peak allocated GPU memory, in GiB as DeepSpeed's see_memory_usage prints it "
     "(`Max_MA`, divided by 1024**3 under the label GB): at DP=1 and micro-batch 1 the model "
