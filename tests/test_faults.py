@@ -381,11 +381,19 @@ def test_the_phase_table_adds_up_to_the_iteration(tmp_path, toy):
     header = output.index("per iteration: the phases of rank 0, the last to finish; they add "
                           "up to the iteration\nmean per micro-batch: the slowest rank's\n"
                           "phase times in seconds")
+    memory = output.index("rank 0's HBM by phase, GiB")
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
-            for line in output[header:].splitlines() if line.startswith("│")}
+            for line in output[header:memory].splitlines() if line.startswith("│")}
     assert rows["forward"] == ["3", f"{totals['forward']:.3f}",
                                f"{result.summary['phases_s']['forward']:.3f}"]
     assert rows["iteration"][1] == f"{result.summary['iteration_s']:.3f}"
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in output[memory:].splitlines() if line.startswith("│")}
+    summary = result.summary
+    assert rows["forward"] == [f"{summary['hbm_phase_peak_GiB']['forward']:.2f}",
+                               f"{summary['hbm_after_GiB']['forward']:.2f}"]
+    assert rows["optimizer update"] == [f"{summary['hbm_phase_peak_GiB']['update']:.2f}",
+                                        f"{summary['hbm_after_GiB']['update']:.2f}"]
 
 
 def test_progress_says_simulated_time_against_the_expected_end(toy):

@@ -143,6 +143,24 @@ def _phase_table(summary: dict, totals: dict[str, float], counts: dict[str, int]
     return table
 
 
+def _memory_table(summary: dict) -> Table | None:
+    """Rank 0's GPU memory per phase, as DeepSpeed's `memory_breakdown` prints it after each
+    phase (`Max_MA`, `MA`), the CUDA context included; None for a summary without it (one
+    saved by an older zerosim)."""
+    peaks, ends = summary.get("hbm_phase_peak_GiB"), summary.get("hbm_after_GiB")
+    if not peaks or not ends:
+        return None
+    table = Table(title="rank 0's HBM by phase, GiB",
+                  title_justify="left")
+    table.add_column("phase")
+    table.add_column("peak", justify="right")
+    table.add_column("at its end", justify="right")
+    for key, label in PHASE_ROWS.items():
+        if peaks.get(key) is not None:
+            table.add_row(label, f"{peaks[key]:.2f}", f"{ends[key]:.2f}")
+    return table
+
+
 def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                    phases=None, accumulation_steps: int = 1) -> None:
     """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
@@ -161,6 +179,9 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                       "up to the iteration\nmean per micro-batch: the slowest rank's",
                       highlight=False)
     console.print(_phase_table(summary, totals, counts))
+    memory = _memory_table(summary)
+    if memory is not None:
+        console.print(memory)
     facts = Table(show_header=False, box=None, pad_edge=False)
     tflops = summary["tflops_per_gpu"]
     facts.add_row("TFLOPS per GPU", "-" if tflops is None else f"{tflops:.1f}")
