@@ -155,7 +155,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if output_weight not in OUTPUT_WEIGHTS:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
-    extra = set(tree.get("modules") or {}) - {k[8:] for k in (*LAYOUTS, OUTPUT_WEIGHT_KEY)}
+    extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.")
+                                              for k in (*LAYOUTS, OUTPUT_WEIGHT_KEY)}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}", "qkv, gate_up or output_weight",
                             sorted(extra)[0])
