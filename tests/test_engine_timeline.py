@@ -641,3 +641,30 @@ def test_without_overlap_comm_the_backward_waits_for_the_first_bucket(toy):
     compute = _ops(result.spans, "compute", "backward")
     down = compute[compute.op == "backward layers.1.mlp.down_proj"].iloc[0]
     assert down.start_s >= _lm_head_flush(result).end_s.max()
+
+
+@pytest.mark.parametrize(("zero", "kind", "held_bytes"), [
+    ({}, "reduce_scatter", 2 * sum(2 * -(-n // 2) for n in PARAMS.values())),
+    ({"reduce_scatter": False}, "all_reduce", 0),
+    ({"reduce_scatter": False, "contiguous_gradients": False}, "reduce_scatter",
+     2 * sum(2 * -(-n // 2) for n in PARAMS.values())),
+])
+def test_zero3_all_reduces_a_bucket_in_place_only_with_contiguous_gradients(toy, zero, kind,
+                                                                             held_bytes):
+    """stage3.py `__reduce_and_partition_ipg_grads`: with `reduce_scatter` off, a bucket
+    that sits in the contiguous buffer is pre-divided in place (2 passes over its 2 B x
+    115008) and all-reduced (a ring over 2 ranks moves 2 x (2-1)/2 of its 230016 B at
+    100 GB/s: 2760192 ps in all), its partitions views of the buffer: nothing is held but
+    each partition's 16-bit copy back from the host (lm_head's 8192 x 2 B the largest).
+    Without contiguous gradients every bucket goes through `reduce_scatter_coalesced`, whose
+    flat buffer of padded rank chunks stays until the partitions are consumed."""
+    result = toy.run({"deepspeed": {"zero_optimization": zero}}, gpus=2)
+    spans = result.spans[(result.spans["rank"] == 0) & (result.spans.stream == "reduce")]
+    reduction = spans[spans.op_kind.isin(["reduce_scatter", "all_reduce"])]
+    assert list(reduction.op_kind) == [kind]
+    if kind == "all_reduce":
+        only = reduction.iloc[0]
+        assert (only.end_s - only.start_s) == pytest.approx(2760192 * PS, rel=1e-9)
+    memory = result.memory
+    partitions = memory[(memory.device == "gpu0") & (memory.category == "grad partitions")]
+    assert partitions.bytes.max() == held_bytes + 2 * 8192

@@ -476,9 +476,27 @@ def test_full_gradient_buffers_hold_the_backward_until_every_write_is_done():
     writes = spans[(spans.stream == "nvme.write") & (spans.phase == "backward")]
     assert len(writes) == 4 and writes.op.str.startswith("swap out grads").all()
     copy = spans[spans.op == "fp32 grad embed_tokens (pinned)"].iloc[0]
-    # after the last write, only the embedding gradient's fp32 cast on the GPU (microseconds)
-    assert 0 < copy.start_s - writes.end_s.max() < 1e-4
+    # its fp32 cast was made with the rest of its bucket: the copy starts as the writes end
+    assert copy.start_s == pytest.approx(writes.end_s.max(), rel=1e-12)
     assert copy.start_s - writes.start_s.min() >= writes.bytes.sum() / WRITE_BPS
+
+
+def test_a_bucket_keeps_its_fp32_gradients_on_the_gpu_until_it_swaps_them_out():
+    """stage3.py `partition_grads`: each swapped gradient is cast to fp32 on the GPU
+    (`grad_buffer.float()`) and kept in `offload_fp32_gradients` until the bucket's last one;
+    then `swap_out_gradients` copies them into the swap buffers and they are freed. DP=1,
+    one bucket (the default 5e8 holds all 4195584 gradients): at the embedding's cast, the
+    last, the GPU holds the bucket's reduce-scatter buffer (2 B each), every fp32 cast (4 B
+    each) and the embedding's 16-bit copy (2 B x 1048576); no copy to a swap buffer starts
+    before it."""
+    result = nvme_run({})
+    memory = result.memory
+    partitions = memory[(memory.device == "gpu0") & (memory.category == "grad partitions")]
+    assert partitions.bytes.max() == 6 * WIDE_PARAMS + 2 * 1048576
+    spans = result.spans[(result.spans["rank"] == 0) & (result.spans.phase == "backward")]
+    last_in = spans[spans.op == "accum → GPU embed_tokens (pinned)"].end_s.iloc[0]
+    swap_copies = spans[spans.op.str.startswith("fp32 grad")]
+    assert len(swap_copies) == 21 and swap_copies.start_s.min() > last_in
 
 
 @pytest.mark.parametrize(("buffers", "head_in_first_prefetch"), [(1, False), (2, True)])

@@ -92,9 +92,10 @@ class IpgBuckets:
         self.outstanding: deque[simpy.Event] = deque()
         # Without overlap_comm DeepSpeed reduces on the default stream, in line with compute.
         self.stream = core.stream(Stream.REDUCE) if core.ds.overlap_comm else core.compute
-        self.label = collective.value.replace("_", "-")
-        """How the reduction's op is named (`Enum.value` is slow on the hot path)."""
-        self.op_kind = OpKind(collective.value)
+        self.names = {c: (c.value.replace("_", "-"), OpKind(c.value))
+                      for c in (collective, Collective.REDUCE_SCATTER)}
+        """How each reduction's op is named, and its kind (`Enum.value` is slow on the hot
+        path)."""
 
     def add(self, param: Param, produced: simpy.Event, micro: int, boundary: bool) -> Gen:
         """`__add_grad_to_ipg_bucket`: reduce the bucket first if the gradient would overflow
@@ -116,29 +117,47 @@ class IpgBuckets:
         self.bucket.append(BucketEntry(param, in_bucket))
         self.bucket_numel += param.numel
 
-    def output_numel(self, bucket: list[BucketEntry]) -> int:
+    def output_numel(self, bucket: list[BucketEntry], collective: Collective) -> int:
         """What the reduction of a bucket allocates until its partitions are consumed.
 
         A coalesced reduce-scatter (DeepSpeed's `reduce_scatter_coalesced`) concatenates every
         gradient's rank chunks, each padded to ceil(numel / ranks), into one flat buffer and
         reduce-scatters it in place, the output being a view of it: the whole padded bucket
         stays allocated. A single tensor that divides evenly is used as it is (nothing new).
-        Per-tensor reductions and all-reduces allocate the bucket's partitions only.
+        ZeRO-3's all-reduce (`__avg_scatter_contiguous_grads`) reduces the contiguous buffer
+        in place and hands out views of it (only a last rank's chunk of a tensor that does
+        not divide evenly is copied, padded: left out). Per-tensor reductions and ZeRO-1/2's
+        all-reduces allocate the bucket's partitions only.
         """
         ranks = len(self.core.ranks)
-        if self.per_tensor or self.collective != Collective.REDUCE_SCATTER:
+        if collective == Collective.ALL_REDUCE and self.core.ds.stage == 3:
+            return 0
+        if self.per_tensor or collective != Collective.REDUCE_SCATTER:
             return sum(e.param.partition_numel for e in bucket)
         if len(bucket) == 1 and bucket[0].param.numel % ranks == 0:
             return 0
         return sum(math.ceil(e.param.numel / ranks) * ranks for e in bucket)
 
-    def scaling_seconds(self, out_numel: int, numel: int) -> tuple[float, float]:
+    def collective_for(self, bucket: list[BucketEntry]) -> Collective:
+        """The collective that reduces `bucket`. ZeRO-3 all-reduces a bucket only when
+        `reduce_scatter` is off and the bucket sits whole in the contiguous buffer
+        (`__reduce_and_partition_ipg_grads`: contiguous_gradients and no more elements than
+        reduce_bucket_size); any other bucket, a gradient larger than the buffer, or every
+        bucket without contiguous gradients, goes through `reduce_scatter_coalesced`."""
+        if (self.collective == Collective.ALL_REDUCE and self.core.ds.stage == 3
+                and not all(entry.in_bucket for entry in bucket)):
+            return Collective.REDUCE_SCATTER
+        return self.collective
+
+    def scaling_seconds(self, collective: Collective, out_numel: int, numel: int
+                        ) -> tuple[float, float]:
         """GPU time of what a bucket's reduction does on its stream besides the collective,
         (before, after) it; each kernel a read and a write of its bytes through HBM.
 
         ZeRO-3 (`reduce_scatter_coalesced`): `torch.cat` of the rank chunks into the flat
         buffer (`out_numel` elements; none when one tensor is used in place), then the
-        pre-divide `div_(world_size)` over that buffer, before the collective. ZeRO-1/2
+        pre-divide `div_(world_size)` over that buffer, before the collective; its all-reduce
+        (`__avg_scatter_contiguous_grads`) pre-divides the bucket in place. ZeRO-1/2
         (`average_tensor`): the pre-divide `div_` of the bucket before its reduces, or, for
         an all-reduce (`gradient_reduction_w_predivide` with `postscale_gradients`), the
         `mul_` that scales it after. With one rank the collective has nothing to move.
@@ -147,12 +166,10 @@ class IpgBuckets:
             return 0.0, 0.0
         core = self.core
         if core.ds.stage == 3:
-            if self.collective != Collective.REDUCE_SCATTER:
-                return 0.0, 0.0
             flat = out_numel or numel
             return core.hbm_seconds(core.comm_bytes * (out_numel + flat)), 0.0
         scale = core.hbm_seconds(core.comm_bytes * numel)
-        return (scale, 0.0) if self.collective == Collective.REDUCE_SCATTER else (0.0, scale)
+        return (scale, 0.0) if collective == Collective.REDUCE_SCATTER else (0.0, scale)
 
     def reduce(self, micro: int, boundary: bool) -> Gen:
         """Reduce the bucket, then hand its partitions to the sink; at most
@@ -165,12 +182,13 @@ class IpgBuckets:
         bucket, numel = self.bucket, self.bucket_numel
         self.bucket, self.bucket_numel = [], 0
         sizes = [e.param.numel for e in bucket] if self.per_tensor else [numel]
-        keys = [core.next_key(self.collective) for _ in sizes]
+        collective = self.collective_for(bucket)
+        keys = [core.next_key(collective) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         yield from core.pay_launches()
-        out_numel = self.output_numel(bucket)
+        out_numel = self.output_numel(bucket, collective)
         out_bytes = core.comm_bytes * out_numel
-        before_s, after_s = self.scaling_seconds(out_numel, numel)
+        before_s, after_s = self.scaling_seconds(collective, out_numel, numel)
         held: dict[str, int] = {}
 
         def reduce_body() -> Gen:
@@ -180,7 +198,7 @@ class IpgBuckets:
                 yield core.env.timeout(before_s)
             if core.distributed:
                 for key, size in zip(keys, sizes, strict=True):
-                    yield from core.machine.collective(core.rank, key, self.collective,
+                    yield from core.machine.collective(core.rank, key, collective,
                                                        core.comm_bytes * size, core.ranks)
             elif not (before_s or after_s):
                 yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
@@ -190,8 +208,9 @@ class IpgBuckets:
                 if not entry.in_bucket:
                     self.store.free(entry.param)
 
-        self.stream.launch(f"{self.label} {numel / 1e6:.0f}M", reduce_body,
-                           kind=self.op_kind, nbytes=core.comm_bytes * numel)
+        label, kind = self.names[collective]
+        self.stream.launch(f"{label} {numel / 1e6:.0f}M", reduce_body, kind=kind,
+                           nbytes=core.comm_bytes * numel)
         body, host_waits = self.sink.partition(bucket, micro, boundary)
         moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
         done = self.stream.launch(f"partition grads {len(bucket)} params", body,

@@ -26,12 +26,15 @@ ADD_PASSES = 3.0
 """An in-place add on the GPU: read both operands, write one."""
 
 
-def _per_param(bucket: list[BucketEntry], move) -> Body:
+def _per_param(bucket: list[BucketEntry], move, end=None) -> Body:
     """The host thread issues the bucket's copies one by one; when one blocks, it waits for
-    everything before it on the stream, so the whole bucket is one in-order op."""
+    everything before it on the stream, so the whole bucket is one in-order op (`end`, if
+    given, runs after the last)."""
     def body() -> Gen:
         for entry in bucket:
             yield from move(entry.param)
+        if end is not None:
+            yield from end()
     return body
 
 
@@ -56,7 +59,8 @@ class HostPartitions:
         def move(param: Param) -> Gen:
             return self._move(param, micro, boundary, buffered)
 
-        return (_per_param(bucket, move),
+        end = self.flush.swap.swap_out_gradients if boundary else None
+        return (_per_param(bucket, move, end),
                 self._host_blocks(boundary, buffered or stays_on_gpu))
 
     def _host_blocks(self, boundary: bool, non_blocking: bool) -> bool:
@@ -95,6 +99,7 @@ class HostPartitions:
 class GradientSwap(Protocol):
     def swaps(self, param: Param) -> bool: ...
     def flush_gradient(self, param: Param, name: str) -> Gen: ...
+    def swap_out_gradients(self) -> Gen: ...
 
 
 class BoundaryFlush:
@@ -202,16 +207,33 @@ class BoundaryFlush:
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
 
-def gpu_cast_then_d2h(core: RankCore, elements: int, name: str, *,
-                      pinned: bool | None = None) -> Gen:
-    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of 4 B/element
-    (into the optimizer's host buffer, pinned or not, unless told)."""
+def gpu_cast(core: RankCore, elements: int, name: str) -> Gen:
+    """`src.float()` on the GPU: a fp32 temporary (6 B/element through HBM). Returns the
+    temporary's allocation, for `free_fp32_cast`."""
     fp32 = FP32_BYTES * elements
     temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp32, f"fp32 cast {name}")
     yield core.env.timeout(core.hbm_seconds(fp32, passes=1.5))
-    yield from core.dma("d2h", fp32, pinned=core.pinned if pinned is None else pinned,
-                        op=f"fp32 grad {name}", kind=OpKind.GRAD_FLUSH)
+    return temp
+
+
+def free_fp32_cast(core: RankCore, temp: int) -> None:
     core.gpu.free(Category.GRAD_PARTITIONS, temp)
+
+
+def fp32_d2h(core: RankCore, elements: int, name: str, *, pinned: bool | None = None
+             ) -> Gen:
+    """A D2H of a fp32 gradient, 4 B/element (into the optimizer's host buffer, pinned or
+    not, unless told)."""
+    yield from core.dma("d2h", FP32_BYTES * elements,
+                        pinned=core.pinned if pinned is None else pinned,
+                        op=f"fp32 grad {name}", kind=OpKind.GRAD_FLUSH)
+
+
+def gpu_cast_then_d2h(core: RankCore, elements: int, name: str) -> Gen:
+    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of it."""
+    temp = yield from gpu_cast(core, elements, name)
+    yield from fp32_d2h(core, elements, name)
+    free_fp32_cast(core, temp)
 
 
 class HostAccumulation:

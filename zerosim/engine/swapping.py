@@ -17,7 +17,7 @@ import simpy
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
-from zerosim.engine.sinks import gpu_cast_then_d2h
+from zerosim.engine.sinks import fp32_d2h, free_fp32_cast, gpu_cast
 from zerosim.hardware import costs, nvme
 from zerosim.units import FP32_BYTES
 from zerosim.vocabulary import OpKind, Stream
@@ -45,6 +45,10 @@ class InMemoryStates:
         return
         yield
 
+    def swap_out_gradients(self) -> Gen:
+        return
+        yield
+
 
 class OptimizerSwapper:
     def __init__(self, core: RankCore):
@@ -57,6 +61,9 @@ class OptimizerSwapper:
         self.gradient_buffers = nvme.GradientSwapBuffers(
             self.settings.buffer_count, core.plan.largest_swapped_subgroup,
             thread_count=core.ds.aio.thread_count)
+        self.held_gradients: list[tuple[int, str, int]] = []
+        """(elements, module name, GPU allocation) of the fp32 gradients the current bucket
+        has cast so far (`flush_gradient`)."""
 
     def swaps(self, param: Param) -> bool:
         return self.core.plan.subgroup_of[(param.module, param.index)] in self.swapped
@@ -75,16 +82,27 @@ class OptimizerSwapper:
                         f"swap out sub-group {group}", OpKind.SWAP_OUT)
 
     def flush_gradient(self, param: Param, name: str) -> Gen:
-        """`swap_out_gradients`: the fp32 gradient goes into a pinned swap buffer (a blocking
-        D2H after the cast on the GPU); a full buffer is written to NVMe asynchronously, and
-        when every buffer is full or in flight the host waits for all the writes
-        (`nvme.GradientSwapBuffers`)."""
+        """`partition_grads`: the gradient of a swapped sub-group is cast to fp32 on the GPU
+        (`grad_buffer.float()`) and kept, with the rest of its bucket's, until the bucket's
+        last gradient (`swap_out_gradients`)."""
         elements = param.partition_numel
-        submitted, wait = self.gradient_buffers.insert(elements)
-        self._write_gradients(submitted, f"a full buffer, before {name}")
-        if wait:
-            yield from self._wait_for_gradient_writes()
-        yield from gpu_cast_then_d2h(self.core, elements, name, pinned=True)
+        temp = yield from gpu_cast(self.core, elements, name)
+        self.held_gradients.append((elements, name, temp))
+
+    def swap_out_gradients(self) -> Gen:
+        """`swap_out_gradients` at the end of a bucket: each fp32 gradient it kept goes into
+        a pinned swap buffer (a blocking D2H); a full buffer is written to NVMe
+        asynchronously, and when every buffer is full or in flight the host waits for all the
+        writes (`nvme.GradientSwapBuffers`). The GPU copies are freed when it returns."""
+        held, self.held_gradients = self.held_gradients, []
+        for elements, name, _ in held:
+            submitted, wait = self.gradient_buffers.insert(elements)
+            self._write_gradients(submitted, f"a full buffer, before {name}")
+            if wait:
+                yield from self._wait_for_gradient_writes()
+            yield from fp32_d2h(self.core, elements, name, pinned=True)
+        for _, _, temp in held:
+            free_fp32_cast(self.core, temp)
 
     def _write_gradients(self, elements: int, what: str) -> None:
         if elements:

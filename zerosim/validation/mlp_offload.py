@@ -24,6 +24,10 @@ NAME_PREFIX = "mlp-offload-"
 NVME_OFFLOAD = {"device": "nvme", "nvme_path": "/tmp/", "pin_memory": True,
                 "pipeline_read": True, "pipeline_write": True}
 """`offload_optimizer` of every run but its `buffer_count` (the logs' ds_config)."""
+ZERO_SET_UP = {"reduce_scatter": False}
+"""What else the logs' ds_config sets in `zero_optimization` (its `zero_config` line reads
+`contiguous_gradients=True reduce_scatter=False`; scripts/config-n-run.sh writes
+`"reduce_scatter": false`): ZeRO-3 all-reduces each bucket in place."""
 AIO = {"block_size": 2097152, "queue_depth": 8, "thread_count": 4, "single_submit": False,
        "overlap_events": True}
 """The logs' `aio` section (queue_depth as DeepSpeed printed it: the default 8)."""
@@ -59,6 +63,7 @@ class NvmeRun:
                                  description=f"MLP-Offload baseline run, {self.log}")
         zero = tree["deepspeed"]["zero_optimization"]
         zero["offload_optimizer"] = {**NVME_OFFLOAD, "buffer_count": self.buffer_count}
+        zero.update(ZERO_SET_UP)
         tree["deepspeed"]["aio"] = dict(AIO)
         return tree
 
