@@ -64,7 +64,7 @@ GRAD_ORDER = [name for name, _ in reversed(FORWARD_PS) if name in PARAMS]
 
 # Per-parameter costs (n = numel = partition numel at DP=1), in ps:
 D2H_PINNED_PS = 200  # 2n B at 10 GB/s = 2n/1e10 s = 200n ps (same for H2D)
-GRAD_NORM_PS = 2  # 1 pass over 2n B at 1e12 B/s
+GRAD_NORM_PS = 18  # the fp64 norm: read 2n B, write 8n B and read them back, at 1e12 B/s
 ZERO_PAGES_PS = 2000  # 2n B of fresh pages at 1 GB/s (one faulting thread)
 D2H_PAGEABLE_PS = 400  # 2n B at 5 GB/s
 CPU_CAST_PS = 3000  # 6n B (read 2, write 4) over 2 cast threads x 1 GB/s
@@ -165,7 +165,7 @@ def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     assert list(backward.bytes) == [2 * PARAMS[name] for name in GRAD_ORDER for _ in (0, 1)]
     phases = dp1_ga1.phases.set_index("phase")
     assert phases.loc["backward", "end_s"] == pytest.approx(t * PS, rel=1e-9)
-    # Per parameter: 5802 ps x n on top of the copies and the local reduce-scatter.
+    # Per parameter: 5818 ps x n on top of the copies and the local reduce-scatter.
     per_param = (2 * D2H_PINNED_PS + GRAD_NORM_PS + ZERO_PAGES_PS + D2H_PAGEABLE_PS
                  + CPU_CAST_PS)
     assert t == copies_end + 920064 + per_param * TOTAL_PARAMS
@@ -291,8 +291,9 @@ def test_gradient_partition_moves_for_one_parameter_across_micro_batches(dp1_ga2
     assert starts[1] == pytest.approx(ends[0], rel=1e-12)
     # micro-batch 1: between the H2D and the D2H, the add on the GPU: 3 passes over 2n B.
     assert starts[3] - ends[2] == pytest.approx(3 * 2 * n, rel=1e-9)
-    # then the grad norm (1 pass over 2n B) and the zeroing of the 2n B temporary at 1 GB/s.
-    assert starts[4] - ends[3] == pytest.approx(2 * n + 2000 * n, rel=1e-9)
+    # then the fp64 grad norm (2n B read, 8n B written and read back) and the zeroing of the
+    # 2n B temporary at 1 GB/s.
+    assert starts[4] - ends[3] == pytest.approx(GRAD_NORM_PS * n + 2000 * n, rel=1e-9)
 
 
 def test_every_parameter_moves_in_the_same_pattern(dp1_ga2):
@@ -328,7 +329,7 @@ def _first_bucket_prefix() -> tuple[int, int]:
     lm_head_grad = t0 + 2 * 20480 + 2 * 262144  # loss and lm_head backward: 2217472
     copied = lm_head_grad + 4 * 16384  # into the bucket: 2283008
     scattered = copied + 2 * 2 * 16384  # DP=1 local reduce-scatter: 2348544
-    moved = scattered + 2 * D2H_PINNED_PS * 16384 + GRAD_NORM_PS * 16384  # 8934912
+    moved = scattered + 2 * D2H_PINNED_PS * 16384 + GRAD_NORM_PS * 16384  # 9197056
     return scattered, moved
 
 
@@ -348,9 +349,9 @@ def _lm_head_flush(result) -> pd.DataFrame:
 def test_flush_0_13_3_is_pageable_16_bit_then_cpu_cast(by_version):
     _, moved = _first_bucket_prefix()
     n = 16384
-    zeroed = moved + ZERO_PAGES_PS * n  # 41702912
-    copied = zeroed + D2H_PAGEABLE_PS * n  # 48256512
-    cast = copied + CPU_CAST_PS * n  # 97408512
+    zeroed = moved + ZERO_PAGES_PS * n  # 41965056
+    copied = zeroed + D2H_PAGEABLE_PS * n  # 48518656
+    cast = copied + CPU_CAST_PS * n  # 97670656
     flush = _lm_head_flush(by_version["0.13.3"])
     _assert_timeline(flush, [("zero pages lm_head", moved, zeroed),
                              ("fp32 flush lm_head (pageable)", zeroed, copied),
@@ -366,8 +367,8 @@ def test_flush_0_13_3_is_pageable_16_bit_then_cpu_cast(by_version):
 def test_flush_0_17_0_is_gpu_cast_then_pinned_fp32_d2h(by_version):
     _, moved = _first_bucket_prefix()
     n = 16384
-    cast = moved + GPU_CAST_FP32_PS * n  # 9033216
-    copied = cast + D2H_FP32_PINNED_PS * n  # 15586816
+    cast = moved + GPU_CAST_FP32_PS * n  # 9295360
+    copied = cast + D2H_FP32_PINNED_PS * n  # 15848960
     for version in ("0.17.0", "0.19.5"):
         flush = _lm_head_flush(by_version[version])
         _assert_timeline(flush, [("fp32 grad lm_head (pinned)", cast, copied)])
@@ -376,9 +377,9 @@ def test_flush_0_17_0_is_gpu_cast_then_pinned_fp32_d2h(by_version):
 
 
 @pytest.mark.parametrize(("version", "resume_ps"), [
-    # the host waits for the whole bucket, flush included: 97408512 and 15586816 ps
-    ("0.13.3", 8934912 + (2000 + 400 + 3000) * 16384),
-    ("0.17.0", 8934912 + (6 + 400) * 16384),
+    # the host waits for the whole bucket, flush included: 97670656 and 15848960 ps
+    ("0.13.3", 9197056 + (2000 + 400 + 3000) * 16384),
+    ("0.17.0", 9197056 + (6 + 400) * 16384),
     # non-blocking: down_proj's backward follows norm's on the compute stream
     ("0.19.5", FORWARD_TOTAL_PS + 2 * (20480 + 262144 + 2560)),
 ])
@@ -634,7 +635,7 @@ def test_without_overlap_comm_reductions_do_not_overlap_compute(toy):
 def test_without_overlap_comm_the_backward_waits_for_the_first_bucket(toy):
     """Same small buckets as above on 0.19.5 (non-blocking flush): without overlap_comm the
     first bucket's reduction sits on the compute stream before layer 1 down_proj's backward,
-    so down_proj cannot start before lm_head's fp32 D2H has ended (at 15586816 ps with
+    so down_proj cannot start before lm_head's fp32 D2H has ended (at 15848960 ps with
     overlap on 0.17.0; a few ns later here, as the bucket copies also queue on the compute
     stream), instead of right after norm's backward (2222592 ps)."""
     result = toy.run(NO_OVERLAP)
@@ -655,7 +656,8 @@ def test_zero3_all_reduces_a_bucket_in_place_only_with_contiguous_gradients(toy,
     that sits in the contiguous buffer is pre-divided in place (2 passes over its 2 B x
     115008) and all-reduced (a ring over 2 ranks moves 2 x (2-1)/2 of its 230016 B at
     100 GB/s: 2760192 ps in all), its partitions views of the buffer: nothing is held but
-    each partition's 16-bit copy back from the host (lm_head's 8192 x 2 B the largest).
+    each partition's 16-bit copy back from the host and, at the boundary, its fp64 copy for
+    the norm (lm_head's 8192 x (2 + 8) B the largest).
     Without contiguous gradients every bucket goes through `reduce_scatter_coalesced`, whose
     flat buffer of padded rank chunks stays until the partitions are consumed."""
     result = toy.run({"deepspeed": {"zero_optimization": zero}}, gpus=2)
@@ -667,4 +669,4 @@ def test_zero3_all_reduces_a_bucket_in_place_only_with_contiguous_gradients(toy,
         assert (only.end_s - only.start_s) == pytest.approx(2760192 * PS, rel=1e-9)
     memory = result.memory
     partitions = memory[(memory.device == "gpu0") & (memory.category == "grad partitions")]
-    assert partitions.bytes.max() == held_bytes + 2 * 8192
+    assert partitions.bytes.max() == held_bytes + (2 + 8) * 8192  # and its fp64 norm copy

@@ -27,17 +27,9 @@ MB1_FORWARD = (
     "host-bound forwards of narrow layers want 810 us for Polaris's 9.14B and 701 us for the "
     "H100 node's 48.16B alone); fitted to each of the four alone it comes out at 982-1736 us "
     "(results/calibration/hook_per_run/), and the fourth, 5.95B at DP=4, now passes (-13.5%)")
-PEAK_MEMORY = (
-    "rank 0's peak allocated GPU memory, in GiB as DeepSpeed's see_memory_usage prints it "
-    "(`Max_MA`, divided by 1024**3 under the label GB): at DP=1 and micro-batch 1 the model "
-    "lacks 1.6-1.7 GiB on Polaris (micro-batch 4: 0.5-0.8 GiB); at DP=2 and 4, where it "
-    "lacked 1.2-2.4 GiB, DeepSpeed's prefetcher holding `stage3_max_live_parameters` plus the "
-    "embedding and the external output weight, and Megatron's loss holding 4 B per logit with "
-    "6 B more while it runs, closed the gap (-6.8% to +1.0%); one rank gathers nothing "
-    "(`_no_gather_coalesced`), so the live bound is not what DP=1 lacks; cause open (issue 11)")
 KNOWN_MISSES = {
     ("Table 2", "DP=4", "backward_boundary"): (
-        "-12.9% (DP=1 +5.1%, DP=2 -2.9%): the boundary backward hangs on the host's page "
+        "-12.5% (DP=1 +5.7%, DP=2 -2.3%): the boundary backward hangs on the host's page "
         "zeroing of the flush's pageable temporaries (elasticity -0.59), fitted on the three "
         "testbeds (2.88 GB/s, 4%; the profile keeps 3.00, within its error, with which the fit "
         "gives -10.7%); the hook time the host-bound forwards pin (763 us) takes 4 points off "
@@ -61,17 +53,6 @@ KNOWN_MISSES = {
            ("all_reduce", (0.25, 0.5, 1, 2), "-7% to -10%: NCCL all-reduces faster than a "
             "ring on an H100 NVSwitch (NVLink SHARP), which the engine does not model"))
        for size in sizes},
-    (POLARIS_GROUP, "polaris-5.95b-dp1-mb1-ga1-sg1e07 (x1)", "rank 0 peak allocated GPU memory"):
-        f"-10.2%: {PEAK_MEMORY}",
-    **{(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", quantity): (
-        f"{error}: this one run sits above the other runs of its model: the GA=1 runs' mean "
-        "backward (11.78 s, three repeats spanning 10.2-14.1 s) plus one non-boundary "
-        "micro-batch as the GA=4, 8 and 16 runs give it (3.3-3.5 s) is 15.2 s, against this "
-        "run's 16.89 s; the model gives 14.2 s (-7% from that estimate). It passed at -14.0% "
-        "and -8.9% until a temporary of exactly 32 MiB was mapped anew and the page zeroing "
-        "refitted (5.03 GB/s, was 4.71), which does not touch this model's partitions")
-       for quantity, error in (("backward per step", "-15.8%"),
-                               ("iteration per step", "-10.1%"))},
 }
 
 

@@ -17,9 +17,10 @@ from zerosim.engine.gradients import BucketEntry
 from zerosim.engine.interleaved import GpuGradients
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.software import GRAD_NORM_CHUNK_NUMEL
 from zerosim.engine.streams import Body
 from zerosim.hardware import costs
-from zerosim.units import FP32_BYTES
+from zerosim.units import FP32_BYTES, FP64_BYTES
 from zerosim.vocabulary import Category, OpKind, Stream
 
 ADD_PASSES = 3.0
@@ -91,7 +92,8 @@ class HostPartitions:
             yield from core.dma("d2h", acc, pinned=pinned, op=f"accum → host {name}",
                                 kind=OpKind.GRAD_TO_HOST)
         if boundary:
-            yield core.env.timeout(core.hbm_seconds(acc, passes=1.0))
+            yield from fp64_grad_norm(core, param.partition_numel, name,
+                                      source_bytes=core.accum_bytes)
             yield from self.flush.send(param, name, buffered)
         core.gpu.free(Category.GRAD_PARTITIONS, buffer)
 
@@ -207,6 +209,19 @@ class BoundaryFlush:
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
 
+def fp64_grad_norm(core: RankCore, elements: int, name: str, *, source_bytes: int,
+                   chunk_numel: int = GRAD_NORM_CHUNK_NUMEL) -> Gen:
+    """A gradient partition's norm on the GPU as DeepSpeed takes it, `x.double().norm(2)`:
+    a fp64 copy (the gradient read, `source_bytes` per element; 8 B written) that the norm
+    reads back, made `chunk_numel` elements at a time, one copy alive at once (stage 3's
+    `_constant_buffered_norm2`; stages 1/2 copy the whole partition)."""
+    chunk = min(elements, chunk_numel)
+    temp = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * chunk, f"fp64 norm {name}")
+    yield core.env.timeout(core.hbm_seconds((source_bytes + 2 * FP64_BYTES) * elements,
+                                            passes=1.0))
+    core.gpu.free(Category.GRAD_PARTITIONS, temp)
+
+
 def gpu_cast(core: RankCore, elements: int, name: str) -> Gen:
     """`src.float()` on the GPU: a fp32 temporary (6 B/element through HBM). Returns the
     temporary's allocation, for `free_fp32_cast`."""
@@ -258,6 +273,8 @@ class HostAccumulation:
         return _per_param(bucket, move), not self.core.pinned
 
     def _move(self, param: Param, micro: int, boundary: bool) -> Gen:
+        """At the boundary, `set_norm_for_param_grad_in_gpu` (the partition's fp64 norm),
+        then `async_inplace_copy_grad_to_fp32_buffer_from_gpu`."""
         core = self.core
         name = core.plan.modules[param.module].name
         acc = core.accum_bytes * param.partition_numel
@@ -272,7 +289,10 @@ class HostAccumulation:
                 yield from core.dma("d2h", acc, pinned=core.pinned, op=f"accum → host {name}",
                                     kind=OpKind.GRAD_TO_HOST)
         if boundary:
-            yield from gpu_cast_then_d2h(core, param.partition_numel, name)
+            elements = param.partition_numel
+            yield from fp64_grad_norm(core, elements, name, source_bytes=core.dtype_bytes,
+                                      chunk_numel=elements)
+            yield from gpu_cast_then_d2h(core, elements, name)
 
 
 class GpuPartitions:

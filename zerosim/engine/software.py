@@ -4,6 +4,12 @@ MAX_PARAM_REDUCE_EVENTS = 2
 """DeepSpeed stage3.py `max_param_reduce_events`: the host synchronises on the oldest gradient
 reduction once more than this many are outstanding."""
 
+GRAD_NORM_CHUNK_NUMEL = 250_000_000
+"""DeepSpeed stage3.py `_constant_buffered_norm2(input, buffer_size=250000000)`: at the
+accumulation boundary each gradient partition's norm is taken in fp64, chunk by chunk of this
+many elements (`part.data.double().norm(2)`), so the GPU holds one fp64 copy of up to this
+many elements at a time (every release from 0.10 to 0.16)."""
+
 DEVICE_SCALAR_BYTES = 8
 """An all-reduced scalar (overflow flag, gradient norm)."""
 
