@@ -670,3 +670,16 @@ def test_zero3_all_reduces_a_bucket_in_place_only_with_contiguous_gradients(toy,
     memory = result.memory
     partitions = memory[(memory.device == "gpu0") & (memory.category == "grad partitions")]
     assert partitions.bytes.max() == held_bytes + (2 + 8) * 8192  # and its fp64 norm copy
+
+
+@pytest.mark.parametrize(("chunk", "fp64_bytes"), [(250_000_000, 8 * 16384), (4096, 8 * 4096)])
+def test_the_boundary_norm_holds_one_fp64_chunk_at_a_time(toy, monkeypatch, chunk, fp64_bytes):
+    """stage3.py `_constant_buffered_norm2(grad_buffer)`: `part.data.double().norm(2)` over
+    `buffer_size` (250M) elements at a time. At DP=1 the largest partitions are lm_head's and
+    embed_tokens' 16384 elements: with the bucket's flat buffer (2 B x 115008) and the
+    partition's 16-bit copy back from the host (2 B x 16384), the GPU holds its fp64 copy,
+    whole under 250M, 4096 elements of it with the chunk made that small."""
+    monkeypatch.setattr("zerosim.engine.sinks.GRAD_NORM_CHUNK_NUMEL", chunk)
+    memory = toy.run().memory
+    partitions = memory[(memory.device == "gpu0") & (memory.category == "grad partitions")]
+    assert partitions.bytes.max() == 2 * TOTAL_PARAMS + 2 * 16384 + fp64_bytes

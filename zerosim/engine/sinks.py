@@ -210,12 +210,13 @@ class BoundaryFlush:
 
 
 def fp64_grad_norm(core: RankCore, elements: int, name: str, *, source_bytes: int,
-                   chunk_numel: int = GRAD_NORM_CHUNK_NUMEL) -> Gen:
+                   chunked: bool = True) -> Gen:
     """A gradient partition's norm on the GPU as DeepSpeed takes it, `x.double().norm(2)`:
     a fp64 copy (the gradient read, `source_bytes` per element; 8 B written) that the norm
-    reads back, made `chunk_numel` elements at a time, one copy alive at once (stage 3's
-    `_constant_buffered_norm2`; stages 1/2 copy the whole partition)."""
-    chunk = min(elements, chunk_numel)
+    reads back, one copy alive at a time: stage 3's `_constant_buffered_norm2` makes it
+    `GRAD_NORM_CHUNK_NUMEL` elements at a time (`chunked`), stages 1/2 copy the whole
+    partition."""
+    chunk = min(elements, GRAD_NORM_CHUNK_NUMEL) if chunked else elements
     temp = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * chunk, f"fp64 norm {name}")
     yield core.env.timeout(core.hbm_seconds((source_bytes + 2 * FP64_BYTES) * elements,
                                             passes=1.0))
@@ -291,7 +292,7 @@ class HostAccumulation:
         if boundary:
             elements = param.partition_numel
             yield from fp64_grad_norm(core, elements, name, source_bytes=core.dtype_bytes,
-                                      chunk_numel=elements)
+                                      chunked=False)
             yield from gpu_cast_then_d2h(core, elements, name)
 
 
