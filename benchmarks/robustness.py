@@ -5,7 +5,9 @@ States study's other runs (the H100 node, several Polaris nodes, the fork's asyn
 and interleaved update): every Polaris calibration scenario on both testbeds' profiles, bound
 and unbound; the fork's options on three of its builds, gaps 0 to 4 (gap 1 is refused, as the
 fork divides by gap - 1), with and without the asynchronous flush, on four models; and three
-models on 2 to 16 Polaris nodes at micro-batch 1 and 4. It prints how many ran, how many did
+models on 2 to 16 Polaris nodes at micro-batch 1 and 4; the MLP-Offload runs on the H100 node
+(optimizer on NVMe) and four Polaris models with ZeRO-3's gradients reduce-scattered and
+all-reduced (`reduce_scatter`). It prints how many ran, how many did
 not fit (a result, not a failure), every clear refusal grouped by its message, and every crash
 or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
 asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
@@ -27,6 +29,8 @@ from zerosim.errors import ZerosimError
 
 ROOT = Path(__file__).resolve().parent.parent
 POLARIS = ROOT / "scenarios" / "calibration" / "polaris"
+H100_NVME = ROOT / "scenarios" / "calibration" / "h100_nvme"
+REDUCE_SCATTER = "deepspeed.zero_optimization.reduce_scatter"
 OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."
 FORK_BUILDS = ("0.13.3+4570a955", "0.13.3+d18d6f81", "0.13.3+c7da512a")
 FORK_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp1-mb4-ga1-sg1e08",
@@ -53,6 +57,11 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                             overrides |= {OFFLOAD + "prefetch_optimizer": True,
                                           OFFLOAD + "prefetch_optimizer_gap": gap}
                         out.append((POLARIS / f"{name}.yaml", overrides))
+    nvme_runs = sorted(H100_NVME.glob("*.yaml"))
+    for path in nvme_runs[:2] if quick else nvme_runs:
+        out += [(path, {REDUCE_SCATTER: reduce_scatter}) for reduce_scatter in (True, False)]
+    out += [(POLARIS / f"{name}.yaml", {REDUCE_SCATTER: False})
+            for name in (FORK_MODELS[:2] if quick else FORK_MODELS)]
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
