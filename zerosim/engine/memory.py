@@ -39,10 +39,12 @@ class MemoryPool:
     as `vocabulary.category_label` says.
     """
 
-    def __init__(self, device: str, capacity: int, clock: Callable[[], float],
+    def __init__(self, device: str, capacity: float, clock: Callable[[], float],
                  log: Table[MemorySample] | None):
         self.device = device
-        self.capacity = int(capacity)
+        self.capacity = round(capacity)
+        """Whole bytes, the nearest to what the profile gives (a GiB value converted to bytes
+        need not land on an integer)."""
         self._clock = clock
         self._log = None if log is None else log.add
         self.levels: dict[str, int] = {}
@@ -102,7 +104,7 @@ class NodePool(MemoryPool):
     level in every order, and no order ran out of memory.
     """
 
-    def __init__(self, device: str, capacity: int, clock: Callable[[], float],
+    def __init__(self, device: str, capacity: float, clock: Callable[[], float],
                  log: Table[MemorySample] | None):
         super().__init__(device, capacity, clock, log)
         self._instant: float | None = None

@@ -120,9 +120,13 @@ class BoundaryFlush:
         """What casting a 16-bit temporary into the fp32 buffer touches per element."""
 
     def can_buffer(self, bucket: list[BucketEntry]) -> bool:
-        """What-if: buffer a boundary bucket on the GPU only if it fits in free HBM now."""
+        """What-if: buffer a boundary bucket on the GPU only if it fits in free HBM now, with
+        what moving one partition holds besides (its 16-bit copy back from the host and its
+        fp64 copy for the norm)."""
         core = self.core
-        need = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
+        numels = [e.param.partition_numel for e in bucket]
+        moving = max(core.accum_bytes * n + fp64_norm_bytes(n) for n in numels)
+        need = core.accum_bytes * sum(numels) + moving
         return (core.what_if.buffer_boundary_grads
                 and core.gpu.used + need <= core.gpu.capacity)
 
@@ -209,6 +213,11 @@ class BoundaryFlush:
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
 
+def fp64_norm_bytes(elements: int, chunked: bool = True) -> int:
+    """The fp64 copy `fp64_grad_norm` holds for a partition of `elements`."""
+    return FP64_BYTES * (min(elements, GRAD_NORM_CHUNK_NUMEL) if chunked else elements)
+
+
 def fp64_grad_norm(core: RankCore, elements: int, name: str, *, source_bytes: int,
                    chunked: bool = True) -> Gen:
     """A gradient partition's norm on the GPU as DeepSpeed takes it, `x.double().norm(2)`:
@@ -216,8 +225,8 @@ def fp64_grad_norm(core: RankCore, elements: int, name: str, *, source_bytes: in
     reads back, one copy alive at a time: stage 3's `_constant_buffered_norm2` makes it
     `GRAD_NORM_CHUNK_NUMEL` elements at a time (`chunked`), stages 1/2 copy the whole
     partition."""
-    chunk = min(elements, GRAD_NORM_CHUNK_NUMEL) if chunked else elements
-    temp = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * chunk, f"fp64 norm {name}")
+    temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp64_norm_bytes(elements, chunked),
+                             f"fp64 norm {name}")
     yield core.env.timeout(core.hbm_seconds((source_bytes + 2 * FP64_BYTES) * elements,
                                             passes=1.0))
     core.gpu.free(Category.GRAD_PARTITIONS, temp)
