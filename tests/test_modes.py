@@ -21,6 +21,8 @@ COPIES_END = 5031680  # the last gradient copied into the IPG bucket (test_engin
 GROUPS = (57472, 57536)  # ZeRO-3 sub-groups at sub_group_size 50000
 GPU_ADAM_PS = 42  # per element: unscale 8 B + Adam 28 B + cast to 16 bits 6 B, 1 pass each
 OVERFLOW_CHECK_PS = 4  # one read of the 4 B fp32 gradient
+NORM_PS = 18  # the fp64 norm of the 16-bit gradient: read 2 B, write 8 B and read them back
+FP32_GRAD_PS = 10  # flatten the 16-bit partitions (read 2, write 2), cast (read 2, write 4)
 
 
 def _no_offload(stage: int, **zero) -> dict:
@@ -56,8 +58,9 @@ def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
     """Backward: the bucket is reduced (DP=1: `reduce_scatter_coalesced` concatenates the
     gradients into its flat buffer and pre-divides it, 2 passes over 2N B each = 920064 ps; the
     one-rank collective then moves nothing) and its partitions copied into their HBM buffer
-    (2 passes over 2N B). Update: the overflow check reads the fp32 gradients (4N ps), then
-    each sub-group's fused Adam (42 ps/element)."""
+    (2 passes over 2N B). Update: the overflow check reads the fp32 gradients (4N ps), the
+    fp64 norms (18N ps), then per sub-group its fp32 gradient (10 ps/element) and its fused
+    Adam (42 ps/element)."""
     result = toy.run(_no_offload(3))
     reduced = COPIES_END + 8 * N  # 5951744
     partitioned = reduced + 4 * N  # 6411776
@@ -65,28 +68,38 @@ def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
         ("reduce-scatter 0M", COPIES_END, reduced),
         ("partition grads 21 params", reduced, partitioned)])
     checked = partitioned + OVERFLOW_CHECK_PS * N  # 6871808
-    first = checked + GPU_ADAM_PS * GROUPS[0]  # 9285632
-    second = first + GPU_ADAM_PS * GROUPS[1]  # 11702144
+    normed = checked + NORM_PS * N  # 8941952
+    cast0 = normed + FP32_GRAD_PS * GROUPS[0]  # 9516672
+    first = cast0 + GPU_ADAM_PS * GROUPS[0]  # 11930496
+    cast1 = first + FP32_GRAD_PS * GROUPS[1]  # 12505856
+    second = cast1 + GPU_ADAM_PS * GROUPS[1]  # 14922368
     _assert_ops(_ops(result, Stream.COMPUTE, "update"), [
         ("overflow check", partitioned, checked),
-        ("gpu adam sub-group 0", checked, first),
-        ("gpu adam sub-group 1", first, second)])
+        ("gradient norms", checked, normed),
+        ("fp32 gradient sub-group 0", normed, cast0),
+        ("gpu adam sub-group 0", cast0, first),
+        ("fp32 gradient sub-group 1", first, cast1),
+        ("gpu adam sub-group 1", cast1, second)])
     assert _phase_ends(result) == pytest.approx({"forward 0": FORWARD_END,
                                                  "backward 0": partitioned,
-                                                 "update 0": 11702144})
+                                                 "update 0": 14922368})
     assert result.spans[result.spans.stream.isin([Stream.PCIE_H2D, Stream.PCIE_D2H])].empty
     assert result.summary["pcie_GB"] == {"h2d": 0.0, "d2h": 0.0}
 
 
 def test_zero2_without_offload_steps_its_whole_partition_at_once(toy):
     """The backward of ZeRO-3 at DP=1 but for the reduction: one pre-divide of the bucket
-    (2 passes over 2N B = 460032 ps) instead of ZeRO-3's concatenation and pre-divide; one Adam
-    over all N elements."""
+    (2 passes over 2N B = 460032 ps) instead of ZeRO-3's concatenation and pre-divide; the
+    norms, then one fp32 gradient and one Adam over all N elements."""
     result = toy.run(_no_offload(2))
     start = 5951744 + OVERFLOW_CHECK_PS * N  # 6411776
+    normed = start + NORM_PS * N  # 8481920
+    cast = normed + FP32_GRAD_PS * N  # 9632000
     _assert_ops(_ops(result, Stream.COMPUTE, "update")[1:], [
-        ("gpu adam sub-group 0", start, start + GPU_ADAM_PS * N)])  # to 11242112
-    assert result.summary["iteration_s"] == pytest.approx(11242112 * PS, rel=1e-12)
+        ("gradient norms", start, normed),
+        ("fp32 gradient sub-group 0", normed, cast),
+        ("gpu adam sub-group 0", cast, cast + GPU_ADAM_PS * N)])  # to 14462336
+    assert result.summary["iteration_s"] == pytest.approx(14462336 * PS, rel=1e-12)
 
 
 def test_zero0_reduces_nothing_during_the_backward(toy):
@@ -174,9 +187,10 @@ def states_at_setup():
             "deepspeed.zero_optimization.stage3_param_persistence_threshold": 0,
             "model": "llama2-7b", "hardware.gpu.hbm_GiB": 1000})
         memory = result.memory[(result.memory.device == "gpu0") & (result.memory.t_s == 0)]
+        gpu = result.memory[result.memory.device == "gpu0"]
         levels[stage] = (memory.groupby("category").bytes.last().to_dict(),
-                         result.memory[(result.memory.device == "gpu0")
-                                       & (result.memory.category == Category.GRADS)].bytes.max())
+                         gpu[gpu.category == Category.GRADS].bytes.max(),
+                         gpu[gpu.category == Category.FP32_GRADS].bytes.max())
     return levels
 
 
@@ -189,7 +203,12 @@ def test_model_states_without_offload_equal_what_zerosim_estimate_says(states_at
     """Llama-2-7B (6,738,415,616 params, every tensor divisible by 4) on 4 GPUs: the model
     states the engine holds (plus, in stages 0 and 1, the full 16-bit gradients they keep, and
     in stage 3 the largest layer's gathered params and gradients) equal the estimator's
-    no-offload GPU row."""
+    no-offload GPU row, with its fp32 gradient partition (4 B per element of the partition P)
+    read as the runtime holds gradients: stage 2 keeps its 16-bit partitions and makes the
+    fp32 gradient of its one group, the whole partition, while it steps (the step's peak is
+    the estimator's); stage 3 keeps its 16-bit partitions (2 B) and makes a sub-group's fp32
+    gradient only while that one steps (the estimator's 4 B are 2 B more than it holds
+    outside the step; in the step one sub-group's, 4 B each)."""
     from zerosim import models
 
     spec = models.CATALOG["llama2-7b"]
@@ -199,11 +218,17 @@ def test_model_states_without_offload_equal_what_zerosim_estimate_says(states_at
                                      additional_buffer_factor=1.0)
     expected = next(r for r in estimate.rows if r.offload_optimizer == "none"
                     and r.offload_param in (None, "none")).per_gpu_bytes
-    levels, grads_peak = states_at_setup[stage]
+    levels, grads_peak, fp32_grads_peak = states_at_setup[stage]
     held = sum(v for k, v in levels.items() if k in MODEL_STATES)
+    partition = total // DP
     if stage in (0, 1):
         assert grads_peak == 2 * total
         held += grads_peak
+    if stage == 2:
+        assert fp32_grads_peak == 4 * partition
+        held += fp32_grads_peak
     if stage == 3:
-        held += 4 * largest
+        # the larger sub-group: DeepSpeed closes one once it reaches sub_group_size (1e9)
+        assert fp32_grads_peak == 4 * 1_006_672_896 and partition == 1_006_672_896 + 677_931_008
+        held += 4 * largest + 2 * partition
     assert held == expected

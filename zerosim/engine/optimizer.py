@@ -18,7 +18,7 @@ import simpy
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import DEVICE_SCALAR_BYTES
 from zerosim.hardware import costs
-from zerosim.units import FP32_BYTES
+from zerosim.units import FP32_BYTES, FP64_BYTES
 from zerosim.vocabulary import Category, Collective, OpKind, Phase, Stream
 
 CopyBack = Callable[[RankCore, int, int, Stream], Gen]
@@ -188,8 +188,15 @@ def cast_into_host_params(core: RankCore, group: int, elements: int, track: Stre
 
 
 class GpuStep:
-    """No offload: the overflow check and the norms on the GPU, then the fused Adam of each
-    group (unscale, Adam, cast to 16 bits) as kernels the host launches without waiting."""
+    """No offload: the overflow check and the gradient norms on the GPU, then per group the
+    fp32 gradient made from the 16-bit partitions and the fused Adam (unscale, Adam, cast to
+    16 bits), kernels the host launches without waiting.
+
+    Stages 1-3 take the norm of each gradient partition in fp64 (`get_grad_norm_direct`:
+    `g.double().norm(2)`, one copy alive at a time), then make a group's fp32 gradient only
+    when it steps: `flatten(averaged_gradients).to(fp32)` (stage3.py
+    `_prepare_fp32_grad_for_sub_group`, stage_1_and_2.py `step`), dropped once its Adam has
+    run (`_release_sub_group`; `single_partition_of_fp32_groups[i].grad = None`)."""
 
     def __init__(self, core: RankCore, groups: tuple[int, ...], post_step: PostStep):
         self.core = core
@@ -198,11 +205,55 @@ class GpuStep:
 
     def run(self) -> Gen:
         core = self.core
-        yield from begin_step(core, self._check_overflow)
+        norms = self._gradient_norms if core.ds.stage > 0 else None
+        yield from begin_step(core, self._check_overflow, norms)
         for group, size in enumerate(self.groups):
-            launch_gpu_adam(core, group, size)
+            release = self._launch_fp32_gradient(group, size) if core.ds.stage > 0 else None
+            stepped = launch_gpu_adam(core, group, size)
+            if release is not None:
+                core.when_done(stepped, release)
         self.post_step(core)
         yield from core.end()
+
+    def _gradient_norms(self) -> Gen:
+        """Every partition's fp64 norm (its gradient read, 8 B written and read back); the
+        host waits for the result (`float(total_norm)`)."""
+        core = self.core
+        elements = sum(self.groups)
+        largest = min(max(p.numel for p in core.plan.all_params), core.plan.partition_numel)
+        if core.ds.stage == 3:
+            largest = max(p.partition_numel for p in core.plan.all_params)
+        seconds = core.hbm_seconds((core.accum_bytes + 2 * FP64_BYTES) * elements, passes=1.0)
+
+        def body() -> Gen:
+            copy = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * largest,
+                                     "fp64 norm copy")
+            yield core.env.timeout(seconds)
+            core.gpu.free(Category.GRAD_PARTITIONS, copy)
+
+        yield core.compute.launch("gradient norms", body, kind=OpKind.OVERFLOW_CHECK,
+                                  nbytes=core.accum_bytes * elements)
+
+    def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
+        """The group's fp32 gradient: the 16-bit partitions flattened (a copy: read and write
+        the 16-bit bytes) and cast (read them, write 4 B), the flat copy freed once cast.
+        Returns what frees the fp32 gradient, once the group's Adam has run."""
+        core = self.core
+        flat_bytes = core.accum_bytes * elements
+        seconds = core.hbm_seconds((3 * core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
+        held: dict[str, int] = {}
+
+        def body() -> Gen:
+            flat = core.gpu.allocate(Category.GRAD_PARTITIONS, flat_bytes,
+                                     f"flat gradient sub-group {group}")
+            held["fp32"] = core.gpu.allocate(Category.FP32_GRADS, FP32_BYTES * elements,
+                                             f"fp32 gradient sub-group {group}")
+            yield core.env.timeout(seconds)
+            core.gpu.free(Category.GRAD_PARTITIONS, flat)
+
+        core.compute.launch(f"fp32 gradient sub-group {group}", body, kind=OpKind.CAST,
+                            nbytes=flat_bytes)
+        return lambda: core.gpu.free(Category.FP32_GRADS, held["fp32"])
 
     def _check_overflow(self) -> Gen:
         """Reads every fp32 gradient on the GPU; the host waits for the flag."""
@@ -211,13 +262,16 @@ class GpuStep:
                                costs.OVERFLOW_CHECK_HOST_BYTES.total * elements, passes=1.0)
 
 
-def begin_step(core: RankCore, check_overflow: Callable[[], Gen]) -> Gen:
+def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
+               norms: Callable[[], Gen] | None = None) -> Gen:
     """The update phase opens with fp16's overflow check and its all-reduced flag, then the
-    all-reduced gradient norm."""
+    gradient norms (where the step takes them) and their all-reduce."""
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
     if core.ds.dtype == "fp16":
         yield from check_overflow()
         yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+    if norms is not None:
+        yield from norms()
     yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
 
 

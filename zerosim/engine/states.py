@@ -258,10 +258,10 @@ def _on_gpu(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     held += [Holding(gpu, Category.FP32_MASTER, FP32_BYTES * stepped, "fp32 master params"),
              Holding(gpu, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * stepped,
                      "exp_avg, exp_avg_sq")]
+    # The gradient partitions the backward reduces into stay for the run (stage3.py
+    # grad_partitions_flat_buffer, stage_1_and_2.py grads_in_partition); the fp32 gradient
+    # exists only while its group steps (`optimizer.GpuStep`).
     if ds.stage >= 2:
-        held.append(Holding(gpu, Category.FP32_GRADS, FP32_BYTES * stepped,
-                            "fp32 gradient partition"))
-    if ds.stage == 2:
         held.append(Holding(gpu, Category.GRAD_ACCUMULATION, accum * stepped,
-                            "averaged gradient partition"))
+                            "gradient partitions"))
     return held
