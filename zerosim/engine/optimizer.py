@@ -223,7 +223,8 @@ class GpuStep:
         largest = min(max(p.numel for p in core.plan.all_params), core.plan.partition_numel)
         if core.ds.stage == 3:
             largest = max(p.partition_numel for p in core.plan.all_params)
-        seconds = core.hbm_seconds((core.accum_bytes + 2 * FP64_BYTES) * elements, passes=1.0)
+        seconds = core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, core.accum_bytes),
+                                   passes=1.0)
 
         def body() -> Gen:
             copy = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * largest,

@@ -227,7 +227,7 @@ def fp64_grad_norm(core: RankCore, elements: int, name: str, *, source_bytes: in
     partition."""
     temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp64_norm_bytes(elements, chunked),
                              f"fp64 norm {name}")
-    yield core.env.timeout(core.hbm_seconds((source_bytes + 2 * FP64_BYTES) * elements,
+    yield core.env.timeout(core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, source_bytes),
                                             passes=1.0))
     core.gpu.free(Category.GRAD_PARTITIONS, temp)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.models.breakdown import Module
 from zerosim.models.kernels import FusedAttention, Gemm, Kernel
+from zerosim.units import FP64_BYTES
 
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward computes grads w.r.t. inputs and weights: twice the forward matmul work (used for
@@ -81,6 +82,12 @@ def pageable_dma_host_bytes(buffer: HostBytes) -> HostBytes:
     staging buffer (home), then a memcpy between it (home) and the pageable buffer, which
     lives where `buffer` (1 B in all) says."""
     return HostBytes(home=2 + buffer.home, spread=buffer.spread)
+
+
+def fp64_norm_hbm_bytes(elements: float, source_bytes: int) -> float:
+    """HBM traffic of a gradient's norm taken as DeepSpeed takes it, `g.double().norm(2)`:
+    the gradient read (`source_bytes` per element), its fp64 copy written and read back."""
+    return (source_bytes + 2 * FP64_BYTES) * elements
 
 
 GPU_STEP_BYTES_PER_ELEMENT = UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total + 6
