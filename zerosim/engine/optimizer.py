@@ -257,7 +257,9 @@ class GpuStep:
         return lambda: core.gpu.free(Category.FP32_GRADS, held["fp32"])
 
     def _check_overflow(self) -> Gen:
-        """Reads every fp32 gradient on the GPU; the host waits for the flag."""
+        """4 B per element on the GPU (stage3.py `has_overflow` without offload runs `isinf`
+        and `isnan` over the 16-bit `grad_partitions_flat_buffer`: 2 x 2 B); the host waits
+        for the flag."""
         elements = sum(self.groups)
         yield self.core.hbm_op(self.core.compute, "overflow check", OpKind.OVERFLOW_CHECK,
                                costs.OVERFLOW_CHECK_HOST_BYTES.total * elements, passes=1.0)
