@@ -683,3 +683,19 @@ def test_the_boundary_norm_holds_one_fp64_chunk_at_a_time(toy, monkeypatch, chun
     memory = toy.run().memory
     partitions = memory[(memory.device == "gpu0") & (memory.category == "grad partitions")]
     assert partitions.bytes.max() == 2 * TOTAL_PARAMS + 2 * 16384 + fp64_bytes
+
+
+def test_a_gradient_larger_than_the_bucket_is_reduce_scattered_even_without_reduce_scatter(toy):
+    """`reduce_scatter: false` with a 10000-element bucket: lm_head's and embed_tokens'
+    gradients (16384 elements each) do not fit the contiguous buffer, so each is reduced
+    alone through `reduce_scatter_coalesced` (2 B x 16384); every other bucket fits and is
+    all-reduced in place."""
+    result = toy.run({"deepspeed": {"zero_optimization": {"reduce_scatter": False,
+                                                          "reduce_bucket_size": 10000}}},
+                     gpus=2)
+    spans = result.spans[(result.spans["rank"] == 0) & (result.spans.stream == "reduce")]
+    reductions = spans[spans.op_kind.isin(["reduce_scatter", "all_reduce"])]
+    kinds = list(reductions.op_kind)
+    assert kinds[0] == kinds[-1] == "reduce_scatter"
+    assert set(kinds[1:-1]) == {"all_reduce"} and len(kinds) == 12
+    assert reductions.bytes.iloc[0] == reductions.bytes.iloc[-1] == 2 * 16384
