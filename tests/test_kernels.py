@@ -135,21 +135,28 @@ def test_each_stack_holds_its_own_bytes_per_attention_score(stack, saved, forwar
                                    buffer * scores)
 
 
-@pytest.mark.parametrize(("stack", "saved", "transient"), [
+@pytest.mark.parametrize(("stack", "saved", "transient", "backward"), [
     # Megatron: the fp32 softmax saved; the 16-bit logits and the fp32 cast beside it while
-    # the loss runs.
-    ("megatron-deepspeed", 4, 6),
-    # HF: the fp32 log-softmax saved; the fp32 logits and their shifted copy beside it.
-    ("hf-transformers", 4, 8),
+    # the loss runs; its backward works in place, then casts the gradient to 16 bits.
+    ("megatron-deepspeed", 4, 6, 2),
+    # HF: the fp32 log-softmax saved; the fp32 logits and their shifted copy beside it; two
+    # fp32 gradients at a time in its backward.
+    ("hf-transformers", 4, 8, 8),
     # A stack without `loss_memory` (the toy's): the 16-bit logits and their fp32 copy saved.
-    (None, 6, 0),
+    (None, 6, 0, 0),
 ])
-def test_each_stack_holds_its_own_bytes_per_logit(stack, saved, transient):
+def test_each_stack_holds_its_own_bytes_per_logit(stack, saved, transient, backward):
+    """And whatever the stack, the LM head's backward holds the 16-bit gradient of the logits
+    (2 B each) besides what its own backward needs."""
     w = Workload(sequence_length=2048, micro_batch_size=2)
     recipe = load_stack(stack).recipe if stack else parse_stack(toy_stack(), "s.yaml").recipe
-    loss = next(m for m in build_modules(LLAMA13, w, recipe) if m.kind == "loss")
+    modules = build_modules(LLAMA13, w, recipe)
+    loss = next(m for m in modules if m.kind == "loss")
+    head = next(m for m in modules if m.name == "lm_head")
     logits = 32000 * 4096
-    assert (loss.saved_bytes, loss.transient_bytes) == (saved * logits, transient * logits)
+    assert (loss.saved_bytes, loss.transient_bytes, loss.backward_transient_bytes) == (
+        saved * logits, transient * logits, backward * logits)
+    assert head.backward_transient_bytes == 2 * logits
 
 
 def test_bad_loss_memory_is_a_clear_error():

@@ -82,10 +82,13 @@ class ScoreMemory:
 class LossMemory:
     """What the loss holds per logit, in bytes: `saved` from its forward to its backward (None:
     the logits in the training dtype and their fp32 copy, the textbook count), `transient`
-    besides that while its forward runs (the framework's casts and copies)."""
+    besides that while its forward runs (the framework's casts and copies), `backward`
+    besides the saved bytes while its backward runs (the gradients it makes, up to the one of
+    the 16-bit logits it hands to the LM head)."""
 
     saved: float | None = None
     transient: float = 0.0
+    backward: float = 0.0
 
     def saved_bytes(self, dtype_bytes: int) -> float:
         return dtype_bytes + FP32_BYTES if self.saved is None else self.saved
@@ -421,12 +424,16 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
     if spec.tie_word_embeddings:
         bias = head.param_numels[1:]
         head = replace(head, params=sum(bias), param_numels=bias)
-    yield replace(head, external=r.external_output_weight and head.params > 0)
     logits = v * t
+    # The head's backward reads the logits' gradient, which the loss's backward made.
+    yield replace(head, external=r.external_output_weight and head.params > 0,
+                  backward_transient_bytes=head.backward_transient_bytes
+                  + w.dtype_bytes * logits)
     memory = r.loss_memory
     loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
                   0.0, 0.0, memory.saved_bytes(w.dtype_bytes) * logits,
-                  transient_bytes=memory.transient * logits)
+                  transient_bytes=memory.transient * logits,
+                  backward_transient_bytes=memory.backward * logits)
     yield _with_backward(loss, _pass(r.loss, logits, w, loss.fwd_flops), r)
 
 

@@ -48,7 +48,7 @@ HEAP_REUSE_KEY = "allocator.heap_reuse_MiB"
 """The optional allocator key: host temporaries up to this size reuse heap pages."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
 """`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
-LOSS_MEMORY = ("saved", "transient")
+LOSS_MEMORY = ("saved", "transient", "backward")
 """`loss_memory` keys: `LossMemory` fields, bytes per logit."""
 
 
