@@ -96,6 +96,8 @@ class OpKind(StrEnum):
     ZERO_PAGES = "zero_pages"
     CAST = "cast"
     OVERFLOW_CHECK = "overflow_check"
+    GRAD_NORM = "grad_norm"
+    """The gradient partitions' fp64 norms a step without offload takes on the GPU."""
     UNSCALE = "unscale"
     OPTIMIZER_STEP = "optimizer_step"
     PARAM_COPY_BACK = "param_copy_back"

@@ -232,7 +232,7 @@ class GpuStep:
             yield core.env.timeout(seconds)
             core.gpu.free(Category.GRAD_PARTITIONS, copy)
 
-        yield core.compute.launch("gradient norms", body, kind=OpKind.OVERFLOW_CHECK,
+        yield core.compute.launch("gradient norms", body, kind=OpKind.GRAD_NORM,
                                   nbytes=core.accum_bytes * elements)
 
     def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
