@@ -220,9 +220,11 @@ class GpuStep:
         host waits for the result (`float(total_norm)`)."""
         core = self.core
         elements = sum(self.groups)
-        largest = min(max(p.numel for p in core.plan.all_params), core.plan.partition_numel)
+        params = core.plan.all_params
         if core.ds.stage == 3:
-            largest = max(p.partition_numel for p in core.plan.all_params)
+            largest = max(p.partition_numel for p in params)
+        else:  # a stage 1/2 partition holds at most a whole tensor's slice of its flat range
+            largest = min(max(p.numel for p in params), core.plan.partition_numel)
         seconds = core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, core.accum_bytes),
                                    passes=1.0)
 
