@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from conftest import toy_stack
+from conftest import q, toy_stack
 
 PS = 1e-12
 
@@ -699,3 +699,40 @@ def test_a_gradient_larger_than_the_bucket_is_reduce_scattered_even_without_redu
     assert kinds[0] == kinds[-1] == "reduce_scatter"
     assert set(kinds[1:-1]) == {"all_reduce"} and len(kinds) == 12
     assert reductions.bytes.iloc[0] == reductions.bytes.iloc[-1] == 2 * 16384
+
+
+HOOK_PS = 50000  # fetch_hook_us 0.05 on a core at the stack's reference clock
+
+
+def _host_and_gpu_forward(syncs: int) -> list[tuple[str, int, int]]:
+    """The forward's compute timeline when the host pays HOOK_PS before each module that
+    owns parameters and, with `syncs`, waits before each block's MLP until the GPU has run
+    everything queued: a module starts once the host has issued it and the GPU is free."""
+    timeline, host, gpu = [], 0, 0
+    for name, ps in FORWARD_PS:
+        if syncs and name.endswith("mlp.gate_proj"):
+            host = max(host, gpu)
+        if name in PARAMS:
+            host += HOOK_PS
+        start = max(host, gpu)
+        gpu = start + ps
+        timeline.append((f"forward {name}", start, gpu))
+    return timeline
+
+
+@pytest.mark.parametrize("syncs", [0, 2])
+def test_a_sync_before_the_mlp_exposes_its_first_hook(toy, syncs):
+    """Megatron-DeepSpeed makes two scalars on the GPU between a block's attention and its
+    MLP (`modules.syncs_before_mlp`): the host, which ran ahead of the GPU, waits there for
+    post_attention_layernorm to finish, so gate_proj's hook runs with the GPU idle. In this
+    GPU-bound toy (9 hooks of 50000 ps a layer against 683008 ps of kernels) that delays each
+    block's MLP by one hook: the forward ends 2 x 50000 ps later."""
+    stack = toy_stack()
+    stack["host"]["fetch_hook_us"] = q(HOOK_PS * 1e-6)
+    if syncs:
+        stack["modules"]["syncs_before_mlp"] = {"count": syncs, "source": "test"}
+    result = toy.run({"runtime": {"framework": stack}})
+    expected = _host_and_gpu_forward(syncs)
+    _assert_timeline(_ops(result.spans, "compute", "forward"), expected)
+    without = _host_and_gpu_forward(0)[-1][2]
+    assert expected[-1][2] == without + (2 * HOOK_PS if syncs else 0)

@@ -201,7 +201,7 @@ def test_bad_stacks_are_clear_errors():
         parse_stack(tree, "s.yaml")
     tree = toy_stack()
     tree["modules"]["lm_head"] = "external"
-    with pytest.raises(ScenarioError, match=r"modules\.lm_head: expected qkv, gate_up or output"):
+    with pytest.raises(ScenarioError, match=r"modules\.lm_head: expected qkv, gate_up, output_w"):
         parse_stack(tree, "s.yaml")
     tree = toy_stack()
     tree["kernels"]["softmax"] = tree["kernels"]["scores"]
@@ -215,6 +215,26 @@ def test_bad_stacks_are_clear_errors():
     tree["host"]["fetch_hook_us"]["value"] = float("inf")
     with pytest.raises(ScenarioError, match=r"host\.fetch_hook_us\.value: expected a finite"):
         parse_stack(tree, "s.yaml")
+
+
+def test_syncs_before_the_mlp_mark_each_block_s_first_mlp_module():
+    """Megatron-DeepSpeed's two scalars made on the GPU between attention and MLP sit
+    before `dense_h_to_4h` (the fused gate/up projection) of every block; a stack that names
+    none (Hugging Face's Llama makes none) has none."""
+    w = Workload(sequence_length=2048)
+    stack = load_stack(DEFAULT_STACK)
+    assert stack.recipe.syncs_before_mlp == 2
+    synced = [m.name for m in build_modules(LLAMA13, w, stack.recipe) if m.host_syncs]
+    assert synced == [f"layers.{i}.mlp.gate_up_proj" for i in range(LLAMA13.num_hidden_layers)]
+    assert {m.host_syncs for m in build_modules(LLAMA13, w, stack.recipe)} == {0, 2}
+    assert load_stack("hf-transformers").recipe.syncs_before_mlp == 0
+    assert parse_stack(toy_stack(), "s.yaml").recipe.syncs_before_mlp == 0
+    for bad, expected in (({"count": -1, "source": "x"}, r"syncs_before_mlp\.count: expected an"),
+                          ({"count": 2}, r"syncs_before_mlp: expected \{count: N, source")):
+        tree = toy_stack()
+        tree["modules"]["syncs_before_mlp"] = bad
+        with pytest.raises(ScenarioError, match=expected):
+            parse_stack(tree, "s.yaml")
 
 
 def test_the_heap_reuse_size_is_read_in_mib_and_absent_means_every_temporary_is_fresh():

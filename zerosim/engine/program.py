@@ -136,6 +136,8 @@ class RankProgram:
         hooks and fetch, then its kernels queued."""
         core = self.core
         module = core.plan.modules[index]
+        if module.host_syncs:
+            yield from core.wait_for_stream(core.compute, module.host_syncs)
         ready = yield from self._pre_hook(index, backward=backward)
         yield from core.issue_kernels(core.ctx.costs.forward_launches[index],
                                       saved_bytes + module.transient_bytes)

@@ -146,6 +146,14 @@ class RankCore:
         self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now,
                              self.gpu.used, self.gpu.window_peak))
 
+    def wait_for_stream(self, stream: InOrderStream, syncs: int) -> Gen:
+        """`syncs` blocking copies on `stream` (a scalar made on the GPU from Python: PyTorch
+        copies it and synchronises the stream): the host waits until the stream has run all
+        it was given, then pays each copy's dispatch as a launch."""
+        if (pending := stream.idle_event()) is not None:
+            yield pending
+        yield from self.issue_kernels(syncs)
+
     def synchronize(self) -> Gen:
         while True:
             pending = [e for s in self.streams.values() if (e := s.idle_event()) is not None]

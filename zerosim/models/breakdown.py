@@ -104,6 +104,9 @@ class Recipe:
     `external_output_weight`: the model's forward reads the output layer's weight itself
     (Megatron's `parallel_lm_logits(lm_output, output_layer.weight)`) instead of calling the
     output layer: to ZeRO-3 the untied head is an external parameter of the top module.
+    `syncs_before_mlp`: host-blocking synchronisations a block's forward makes between its
+    attention and its MLP (Megatron-DeepSpeed creates two scalars on the GPU there, each a
+    blocking copy), so the host waits for the attention to finish before it calls the MLP.
     Elementwise ops, each per element of: `norm` its input; `rotary` Q and K; `kv_repeat` the
     repeated K and V (grouped-query attention, eager only); `scores` the attention scores
     (eager only, besides the two batched GEMMs); `context` the attention output (the layout copy
@@ -118,6 +121,7 @@ class Recipe:
     fused_qkv: bool = False
     fused_gate_up: bool = False
     external_output_weight: bool = False
+    syncs_before_mlp: int = 0
     norm: Elementwise = Elementwise(1, 4)
     rotary: Elementwise = Elementwise()
     kv_repeat: Elementwise = Elementwise()
@@ -152,7 +156,9 @@ class Module:
     `recompute_bytes` are the activations a checkpointed block re-creates for this module.
     `kernels` and `backward_kernels` are what its forward and backward launch on the GPU.
     `external`: its weights are read by the enclosing module's forward, not through its own
-    (see `Recipe.external_output_weight`).
+    (see `Recipe.external_output_weight`). `host_syncs`: blocking synchronisations the host
+    makes on the compute stream just before this module's forward (and its recompute), before
+    its hooks run (see `Recipe.syncs_before_mlp`).
     """
 
     name: str
@@ -172,6 +178,7 @@ class Module:
     kernels: tuple[Kernel, ...] = ()
     backward_kernels: tuple[Kernel, ...] = ()
     external: bool = False
+    host_syncs: int = 0
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -384,10 +391,12 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     if spec.norms_per_block == 2:
         yield _norm(f"{p}.{names.second_norm}", layer, h, norm_bias, w, r)
     if spec.is_moe_layer(layer):
-        yield from _moe_mlp(spec, f"{p}.mlp", layer, w, r, residual)
+        mlp = list(_moe_mlp(spec, f"{p}.mlp", layer, w, r, residual))
     else:
-        yield from _dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
-                              saves_input=spec.norms_per_block == 2, after=residual)
+        mlp = list(_dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
+                              saves_input=spec.norms_per_block == 2, after=residual))
+    mlp[0] = replace(mlp[0], host_syncs=r.syncs_before_mlp)
+    yield from mlp
     if spec.hidden_dropout > 0:
         yield _dropout_mask(f"{p}.mlp.dropout", layer, h, w, r)
 

@@ -31,6 +31,9 @@ runs come from the same group's Megatron-DeepSpeed set-up (see the stack file)."
 LAYOUTS = {"modules.qkv": ("fused", "separate"), "modules.gate_up": ("fused", "separate")}
 OUTPUT_WEIGHT_KEY = "modules.output_weight"
 OUTPUT_WEIGHTS = ("module", "external")
+SYNCS_KEY = "modules.syncs_before_mlp"
+"""The optional count of host-blocking synchronisations between a block's attention and its
+MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent)."""
 """How the framework uses the untied output layer: by calling it (`module`, the default) or by
 reading its weight from the model's own forward (`external`: a ZeRO-3 external parameter)."""
 KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
@@ -156,16 +159,17 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.")
-                                              for k in (*LAYOUTS, OUTPUT_WEIGHT_KEY)}
+                                              for k in (*LAYOUTS, OUTPUT_WEIGHT_KEY, SYNCS_KEY)}
     if extra:
-        raise ScenarioError(source, f"modules.{sorted(extra)[0]}", "qkv, gate_up or output_weight",
-                            sorted(extra)[0])
+        raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
+                            "qkv, gate_up, output_weight or syncs_before_mlp", sorted(extra)[0])
     provenance: dict[str, Provenance] = {}
     factor_key = "kernels.backward_bytes_factor"
     factor = parse_provenance(dotted_leaf(tree, factor_key), source, factor_key, table="stack")
     provenance[factor_key] = factor
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
                     external_output_weight=output_weight == "external",
+                    syncs_before_mlp=_syncs_before_mlp(tree, source),
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=ScoreMemory(**_memory_section(
@@ -192,6 +196,19 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     return SoftwareStack(name=name, description=str(tree.get("description", "")),
                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
                          heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance), **times)
+
+
+def _syncs_before_mlp(tree: Mapping[str, Any], source: str) -> int:
+    """The optional `modules.syncs_before_mlp`: `{count: N, source: '...'}`, N (0 when absent)."""
+    raw = dotted_leaf(tree, SYNCS_KEY)
+    if raw is None:
+        return 0
+    if not isinstance(raw, Mapping) or set(raw) != {"count", "source"}:
+        raise ScenarioError(source, SYNCS_KEY, "{count: N, source: '...'}", raw)
+    count = raw["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 16:
+        raise ScenarioError(source, f"{SYNCS_KEY}.count", "an integer from 0 to 16", count)
+    return count
 
 
 def _heap_reuse_bytes(tree: Mapping[str, Any], source: str,
