@@ -23,11 +23,9 @@ STUDY = DATA / "study_table2.csv"
 POLARIS = DATA / "polaris_runs.csv"
 H100_NVME = DATA / "h100_nvme_runs.csv"
 STACK = ["stack.host.fetch_hook_us=100:5000"]
-"""The stack value the shipped fit identifies; kernel launches and the per-collective time are
-held (`assumed`): with the A100's four wide micro-batch-1 forwards out, only the study's DP=1
-forward, which issues no collective, separates the per-collective time from the hook time
-(freed on Polaris and the MLP-Offload runs, the two trade: 238 us and 1622 us, both
-unidentified, and the study's DP=1 forward then comes out -28%)."""
+"""The stack value every fit frees; kernel launches and the per-collective time are held at
+their shipped values: the joint fit on all three testbeds identifies the per-collective time
+only with the study's DP=1 forward, which issues no collective, beside the DP=4 forwards."""
 POLARIS_HARDWARE = [
     "polaris-a100:cpu.elementwise_GBps_per_thread=0.3:20",
     "polaris-a100:cpu.cast_threads=1:64",
@@ -38,26 +36,15 @@ POLARIS_HARDWARE = [
 """The Polaris values the joint fit identifies (scenarios/calibration/README.md); the rest
 stay at their shipped values (the GEMM rates are measured, not fitted)."""
 TESTBED_TOLERANCE = 0.20
-GPU_SHORT_FORWARDS = ["5.95b-dp4-mb1&forward", "5.95b-dp1-mb1&forward",
-                      "11.32b-dp4-mb1&forward", "11.20b-dp1-mb1&forward"]
-"""Held out of every fit, as of the shipped one: the A100's micro-batch-1 forwards of layers
-4096 and 5120 wide, 17-28% over the model's GPU path, which a hook time cannot be
-(scenarios/calibration/README.md, "The joint fit")."""
-
-
 def _calibrate(paths, specs, holdout):
     with ProcessPoolExecutor(2) as pool:
-        fit, _ = calibrate(paths, specs, holdout=[holdout, *GPU_SHORT_FORWARDS],
-                           max_iterations=10, pool=pool)
+        fit, _ = calibrate(paths, specs, holdout=[holdout], max_iterations=10, pool=pool)
     return fit
 
 
 def _held(fit, prefix: str) -> list[Measurement]:
-    """The held-out rows of the testbed or model a test holds out (not the forwards every fit
-    leaves out)."""
-    return [m for m in fit.holdout if m.scenario.name.startswith(prefix)
-            and not any(all(part in f"{m.scenario.name} {m.phase}" for part in text.split("&"))
-                        for text in GPU_SHORT_FORWARDS)]
+    """The held-out rows of the testbed or model a test holds out."""
+    return [m for m in fit.holdout if m.scenario.name.startswith(prefix)]
 
 
 def _errors_over_repeats(rows: list[Measurement], fit) -> dict[str, float]:
@@ -96,10 +83,8 @@ forwards, one backward of each kind and the update."""
 @pytest.fixture(scope="module")
 def fitted_on_polaris():
     """The stack on the other measurements: Polaris's runs and the MLP-Offload runs (the
-    study's node, another study's runs). Polaris alone, without its four wide micro-batch-1
-    forwards, does not identify the hook time (its one host-bound forward, the 9.14B one, is
-    not enough: 232 us with a 9900% standard error); the H100 node's host-bound 48.16B
-    forward is what pins it with Polaris's."""
+    study's node, another study's runs): Polaris's forwards pin the hook where the blocking
+    syncs before each MLP expose it, the H100 node's host-bound ones where they run host-bound."""
     fit = _calibrate([STUDY, POLARIS, H100_NVME], STACK, "llama13b")
     assert all(m.scenario.name.startswith(("polaris", "mlp-offload")) for m in fit.train)
     return fit
