@@ -31,11 +31,11 @@ runs come from the same group's Megatron-DeepSpeed set-up (see the stack file)."
 LAYOUTS = {"modules.qkv": ("fused", "separate"), "modules.gate_up": ("fused", "separate")}
 OUTPUT_WEIGHT_KEY = "modules.output_weight"
 OUTPUT_WEIGHTS = ("module", "external")
+"""How the framework uses the untied output layer: by calling it (`module`, the default) or by
+reading its weight from the model's own forward (`external`: a ZeRO-3 external parameter)."""
 SYNCS_KEY = "modules.syncs_before_mlp"
 """The optional count of host-blocking synchronisations between a block's attention and its
 MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent)."""
-"""How the framework uses the untied output layer: by calling it (`module`, the default) or by
-reading its weight from the model's own forward (`external`: a ZeRO-3 external parameter)."""
 KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
               "loss")
 HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
