@@ -909,6 +909,51 @@ def section_g(P: Probe):
         torch.cuda.empty_cache()
 
 
+ATTENTION_HEADS = 40
+"""Section h's batch: the heads of one micro-batch of a 5120-wide block (Polaris's 11.2B)."""
+
+
+def section_h(P: Probe):
+    """Eager attention's batched GEMMs alone, at the head dims that make K small (QK^T's K is
+    the head dim), and the host wait of a Python scalar made on the GPU behind queued work
+    (Megatron-DeepSpeed's `torch.tensor(0.0, device=...)` before each block's MLP)."""
+    S = "h_attention_gemms"
+    print("\n[h] batched attention GEMMs and the scalar-copy sync", flush=True)
+    r = 3 if P.quick else 10
+    b = ATTENTION_HEADS
+    for k in (64, 128, 256, 512, 2048):
+        for name, (m, n, kk) in (("qk", (SEQUENCE, SEQUENCE, k)), ("pv", (SEQUENCE, k, SEQUENCE))):
+            if name == "pv" and k != 128:
+                continue
+            with P.attempt(S, f"{name}_k{kk}"):
+                x = torch.randn(b, m, kk, device="cuda", dtype=torch.bfloat16)
+                y = torch.randn(b, kk, n, device="cuda", dtype=torch.bfloat16)
+                ts = time_events(lambda x=x, y=y: torch.bmm(x, y), r)
+                flops = 2 * b * m * n * kk
+                tflops = flops / statistics.median(ts) / 1e12
+                P.record(S, f"{name}_b{b}_{m}x{n}x{kk}_TFLOPS", tflops, "TFLOP/s",
+                         f"torch.bmm ({b} x {m} x {kk}) @ ({b} x {kk} x {n}), bf16, "
+                         f"CUDA events, median of {r}", samples_s=ts)
+    with P.attempt(S, "scalar_sync"):
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        for make in ("tensor", "zeros"):
+            waits = []
+            for _ in range(r):
+                torch.cuda.synchronize()
+                for _ in range(20):
+                    a @ a
+                t0 = time.perf_counter()
+                if make == "tensor":
+                    torch.tensor(0.0, device="cuda", dtype=torch.bfloat16)
+                else:
+                    torch.zeros((), device="cuda", dtype=torch.bfloat16)
+                waits.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+            P.record(S, f"host_wait_torch_{make}_ms", statistics.median(waits) * 1e3, "ms",
+                     f"host time of torch.{make}(0.0 scalar, device='cuda') issued behind 20 "
+                     f"queued 8192^3 GEMMs, median of {r}", samples_s=waits)
+
+
 # ----------------------------------------------------------------------------------
 # d. CPU kernels of the offloaded optimizer step
 # ----------------------------------------------------------------------------------
@@ -1317,7 +1362,7 @@ def main(argv=None):
         "--quick", action="store_true", help="small sizes, few repetitions (about a minute)"
     )
     ap.add_argument("--out", default="node_probe.json", help="JSON output path")
-    ap.add_argument("--sections", default="abcdefg", help="subset of sections to run, e.g. 'ae'")
+    ap.add_argument("--sections", default="abcdefgh", help="subset of sections to run, e.g. 'ae'")
     ap.add_argument(
         "--duration",
         type=float,
@@ -1340,7 +1385,7 @@ def main(argv=None):
         args.sections = "".join(s for s in args.sections if s in "cd")
     if not torch.cuda.is_available() and not args.cpu_only:
         print(
-            "CUDA is not available: sections a, b, e, f, g need a CUDA GPU; use --cpu-only to "
+            "CUDA is not available: sections a, b, e, f, g, h need a CUDA GPU; use --cpu-only to "
             "run the host sections (c, d) alone",
             file=sys.stderr,
         )
@@ -1395,6 +1440,7 @@ def main(argv=None):
         "e": lambda p: section_e(p, duration),
         "f": section_f,
         "g": section_g,
+        "h": section_h,
     }
     timings = {}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
