@@ -36,6 +36,8 @@ POLARIS_HARDWARE = [
 """The Polaris values the joint fit identifies (scenarios/calibration/README.md); the rest
 stay at their shipped values (the GEMM rates are measured, not fitted)."""
 TESTBED_TOLERANCE = 0.20
+
+
 def _calibrate(paths, specs, holdout):
     with ProcessPoolExecutor(2) as pool:
         fit, _ = calibrate(paths, specs, holdout=[holdout], max_iterations=10, pool=pool)

@@ -732,7 +732,8 @@ def test_a_sync_before_the_mlp_exposes_its_first_hook(toy, syncs):
     if syncs:
         stack["modules"]["syncs_before_mlp"] = {"count": syncs, "source": "test"}
     result = toy.run({"runtime": {"framework": stack}})
-    expected = _host_and_gpu_forward(syncs)
-    _assert_timeline(_ops(result.spans, "compute", "forward"), expected)
+    forward = _ops(result.spans, "compute", "forward")
+    _assert_timeline(forward, _host_and_gpu_forward(syncs))
     without = _host_and_gpu_forward(0)[-1][2]
-    assert expected[-1][2] == without + (2 * HOOK_PS if syncs else 0)
+    assert forward.end_s.iloc[-1] == pytest.approx(
+        (without + (2 * HOOK_PS if syncs else 0)) * PS, rel=1e-9)
