@@ -17,7 +17,7 @@ from conftest import toy_stack
 
 from zerosim.engine.params import MAX_ONGOING_FETCH_EVENTS
 from zerosim.engine.plan import plan_of
-from zerosim.vocabulary import OpKind, Phase
+from zerosim.vocabulary import OpKind, Phase, Stream
 
 
 def gathered_levels(result):
@@ -87,20 +87,50 @@ def test_before_0_6_2_the_host_is_not_bounded(toy):
     assert forward_releases == [0.0] * 8
 
 
-def test_a_coalesced_gather_is_split_on_the_allgather_stream_after_it_lands(toy):
+def test_a_coalesced_gather_is_split_on_the_fetch_stream_after_it_lands(toy):
     """The first wait on a module of a several-tensor gather queues the copies of all its
-    tensors (read and write, 2 x 197,248 B through HBM) behind the all-gather; the modules'
-    kernels wait for the copies. (The gathers after it fetch, for the backward, what the
-    forward releases.)"""
+    tensors (read and write, 2 x 197,248 B through HBM) on DeepSpeed's all-gather stream,
+    behind the all-gather; the modules' kernels wait for the copies. (The gathers after it
+    fetch, for the backward, what the forward releases.)"""
     result = toy.run(zero(stage3_max_reuse_distance=0), gpus=2)
     spans = result.spans
     first = spans[(spans["rank"] == 0) & (spans.phase == Phase.FORWARD)
-                  & (spans.micro_batch == 0) & (spans.stream == "allgather")]
+                  & (spans.micro_batch == 0)
+                  & spans.stream.isin([Stream.ALLGATHER, Stream.FETCH_COPIES])]
     first = first.sort_values("start_s", kind="stable")
     assert list(first.op_kind[:3]) == [OpKind.ALL_GATHER, OpKind.ALL_GATHER, OpKind.GATHER_SPLIT]
     gather, split = first.iloc[1], first.iloc[2]
+    assert (gather.stream, split.stream) == (Stream.ALLGATHER, Stream.FETCH_COPIES)
     assert split.bytes == gather.bytes == 197_248
     assert split.start_s == gather.end_s
+
+
+def test_a_split_waits_for_its_own_gather_not_for_prefetches_issued_after_it(toy):
+    """PyTorch runs every all-gather on the process group's NCCL stream, and a wait on one
+    (`AllGatherCoalescedHandle.wait`, on DeepSpeed's all-gather stream) waits for that call
+    alone: the copies out of its flat buffer do not queue behind the prefetches the hooks
+    issued since. Prefetch bucket 8,256 elements, slow NVLink (10 MB/s): input_layernorm's
+    hook gathers v_proj + o_proj + post_attention_layernorm in one call; the hooks of q_proj
+    and k_proj then prefetch gate_proj + up_proj and down_proj + the next input_layernorm.
+    v_proj's hook splits its call the moment it lands, while gate_proj + up_proj is still
+    on the wire, and v_proj's forward starts with the copies (of no duration on this GPU)."""
+    slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
+    result = toy.run({**zero(stage3_prefetch_bucket_size=8256, stage3_max_reuse_distance=0),
+                      "hardware": slow}, gpus=2)
+    spans = result.spans
+    forward = spans[(spans["rank"] == 0) & (spans.phase == Phase.FORWARD)
+                    & (spans.micro_batch == 0)]
+    gathers = forward[forward.stream == Stream.ALLGATHER].set_index("op")
+    splits = forward[forward.stream == Stream.FETCH_COPIES].sort_values("start_s")
+    attention = gathers.loc["all-gather layers.0.self_attn.v_proj + layers.0.self_attn.o_proj"
+                            " + layers.0.post_attention_layernorm"]
+    mlp = gathers.loc["all-gather layers.0.mlp.gate_proj + layers.0.mlp.up_proj"]
+    split = splits.iloc[1]
+    assert split.bytes == attention.bytes == 2 * (4096 + 4096 + 64)
+    assert split.start_s == attention.end_s == mlp.start_s
+    assert split.end_s < mlp.end_s
+    v_proj = forward[forward.op == "forward layers.0.self_attn.v_proj"].iloc[0]
+    assert v_proj.start_s == split.end_s
 
 
 def test_one_gpu_gathers_nothing_and_holds_nothing_twice(toy):

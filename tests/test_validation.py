@@ -37,13 +37,6 @@ KNOWN_MISSES = {
         "per-collective time (626 us and 844 us, fitted on all three testbeds); it passed at "
         "-9.3% until every module's hook prefetched up to DeepSpeed's live bound, which gathers "
         "the backward in fewer calls (110 all-gathers against 117)"),
-    (NVME_GROUP, "mlp-offload-48.16b-dp4-mb1-ga1-sg1e08-bound", "forward per step"): (
-        "+23.3% (was +5.7% before the syncs before each MLP were modelled): 128 layers 5120 wide "
-        "on the H100 node, a forward the model runs host-bound; at each block's sync the host "
-        "loses the lead it had over the GPU and pays the MLP's hook with the GPU idle, about "
-        "0.9 ms a layer; the measured forward (5.1 ms a layer) leaves no room for it at the "
-        "fitted host times, so the model's split of the host's work inside a block (every hook "
-        "at its module's start, the parameter-less modules' folded in) is the suspect"),
     (POLARIS_GROUP, "polaris-11.32b-dp4-mb1-ga1-sg1e08 (x1)", "forward per step"): MB1_FORWARD,
     **{("collectives", "HGX H100 (XLA), 8 GPUs", f"{kind} busbw, {size:g} GiB"): reason
        for kind, sizes, reason in (

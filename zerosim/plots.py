@@ -68,6 +68,7 @@ STREAM_LABELS: dict[str, str] = {stream: STREAM_NAMES[stream] for stream in Stre
 STREAM_COLORS: dict[Stream, str] = {
     Stream.COMPUTE: OKABE_ITO["blue"],
     Stream.ALLGATHER: OKABE_ITO["sky blue"],
+    Stream.FETCH_COPIES: OKABE_ITO["sky blue"],
     Stream.REDUCE: OKABE_ITO["orange"],
     Stream.PCIE_H2D: OKABE_ITO["bluish green"],
     Stream.PCIE_D2H: OKABE_ITO["vermillion"],

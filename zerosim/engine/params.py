@@ -15,6 +15,12 @@ event on the all-gather stream for every parameter it waits on and, with more th
 A module's own fetch and each prefetch are one all-gather call over all their tensors
 (`__all_gather_params`); a call of several tensors is split out of its flat buffer at the
 first wait on it (`_Bundle`).
+
+Two streams: PyTorch runs every all-gather on the process group's NCCL stream
+(`Stream.ALLGATHER`, in issue order, each after what DeepSpeed's all-gather stream holds when
+it is issued); DeepSpeed's `__allgather_stream` (`Stream.FETCH_COPIES`) takes the waits and the
+copies out of a flat buffer, so a split waits for its own all-gather, not for the prefetches
+issued since.
 """
 
 from __future__ import annotations
@@ -148,6 +154,7 @@ class PartitionedParams:
         self.trace = [i for i in range(n) if plan.gathered_numel[i] > 0]
         self.forward_position = {m: pos for pos, m in enumerate(self.trace)}
         self.allgather = core.stream(Stream.ALLGATHER)
+        self.copies = core.stream(Stream.FETCH_COPIES)
         self.ongoing: deque[simpy.Event] = deque()
         self.waited = [True] * n
         """Whether the host has waited on the module's fetch since it was issued (DeepSpeed's
@@ -217,7 +224,8 @@ class PartitionedParams:
                                                    core.dtype_bytes * size, core.ranks)
 
         event = self.allgather.launch(f"all-gather {names}", body,
-                                      kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel)
+                                      kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel,
+                                      after=(self.copies.idle_event(),))
         if core.distributed and not self.per_tensor and len(tensors) > 1:
             bundle = _Bundle(len(tensors), core.dtype_bytes * numel, waiting=len(todo))
             for index in todo:
@@ -248,7 +256,8 @@ class PartitionedParams:
     def _split_bundle(self, index: int, ready: simpy.Event | None) -> Gen:
         """`AllGatherCoalescedHandle.wait`: an all-gather of several tensors lands in one flat
         buffer; the first wait on any of them copies every tensor out of it (one `torch.cat`
-        per tensor, on the all-gather stream), and the flat buffer is freed when the registry
+        per tensor, on DeepSpeed's all-gather stream once that call's all-gather has run: the
+        handle's wait), and the flat buffer is freed when the registry
         drops the handle, at the wait on its last module. Until then the bundle is held twice.
         """
         bundle = self.bundles.pop(index, None)
@@ -259,7 +268,7 @@ class PartitionedParams:
             yield from core.host_time(bundle.tensors * core.kernel_launch_s)
             bundle.extra = core.gpu.allocate(Category.PARAMS_GATHERED, bundle.nbytes,
                                              "all-gather flat buffer")
-            bundle.copies = core.hbm_op(self.allgather, "split all-gather", OpKind.GATHER_SPLIT,
+            bundle.copies = core.hbm_op(self.copies, "split all-gather", OpKind.GATHER_SPLIT,
                                         bundle.nbytes, after=(ready,))
         self._leave(bundle)
         return bundle.copies

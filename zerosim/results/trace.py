@@ -56,6 +56,7 @@ STREAM_NAMES: dict[str, str] = {
     PHASES_TRACK: "phases",
     Stream.COMPUTE: "compute",
     Stream.ALLGATHER: "all-gather",
+    Stream.FETCH_COPIES: "fetch copies",
     Stream.REDUCE: "reduce",
     Stream.PCIE_H2D: "PCIe H2D",
     Stream.PCIE_D2H: "PCIe D2H",
