@@ -255,6 +255,25 @@ def test_the_heap_reuse_size_is_read_in_mib_and_absent_means_every_temporary_is_
         parse_stack(tree, "s.yaml")
 
 
+def test_the_stacks_say_whether_gathers_and_reductions_share_one_process_group():
+    """Megatron-DeepSpeed hands ZeRO-3 one data-parallel group for both (one NCCL stream);
+    the HF stack's are two (the world group and DeepSpeed's clone of it); absent means two."""
+    assert load_stack(DEFAULT_STACK).one_process_group
+    assert not load_stack("hf-transformers").one_process_group
+    assert not parse_stack(toy_stack(), "s.yaml").one_process_group
+    for bad, expected in (
+            ({"params_and_gradients": {"value": "both", "source": "x"}},
+             r"params_and_gradients\.value: expected separate or same, got 'both'"),
+            ({"params_and_gradients": "same"},
+             r"process_groups\.params_and_gradients: expected \{value: same or separate"),
+            ({"grads": {"value": "same", "source": "x"}},
+             r"process_groups: expected \{params_and_gradients: ")):
+        tree = toy_stack()
+        tree["process_groups"] = bad
+        with pytest.raises(ScenarioError, match=expected):
+            parse_stack(tree, "s.yaml")
+
+
 def test_stack_values_are_overridden_like_profile_values():
     scenario = load_scenario("scenarios/llama13b_dp1.yaml", ["stack.host.fetch_hook_us=250"])
     assert scenario.stack.fetch_hook_s == pytest.approx(250e-6)

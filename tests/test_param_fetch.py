@@ -231,3 +231,36 @@ def test_what_no_hook_releases_is_held_from_the_backward_to_the_step(toy):
     assert external[Phase.BACKWARD] - external[Phase.UPDATE] == 65_536
     assert external[Phase.FORWARD] - plain[Phase.FORWARD] == 32_768
     assert external[Phase.UPDATE] == plain[Phase.UPDATE]
+
+
+@pytest.mark.parametrize("groups", ["separate", "same"])
+def test_one_process_group_runs_gathers_and_reductions_in_issue_order(toy, groups):
+    """Two GPUs, NVLink 10 MB/s, no latency. In the backward, layer 1's down_proj is gathered
+    (16,384 B: 8,192 B per GPU) and the first gradient bucket's reduce-scatter (32,896 B:
+    16,448 B per GPU) is issued a few nanoseconds later (`lead`: the bucket's last gradient
+    copy), on the reduce stream. On two process groups the two run at once, sharing the
+    link: the gather takes 2 x 819.2 us, less the sub-microsecond lead it had alone (the
+    bucket's copy and pre-divide). On one
+    (Megatron-DeepSpeed's), NCCL's stream runs them in issue order: the gather alone at the
+    full rate, 819.2 us, then the reduce-scatter, 1644.8 us. Either way the link is busy from
+    the gather's start until it has carried both: 2464 us."""
+    slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
+    stack = toy_stack()
+    stack["process_groups"] = {"params_and_gradients": {"value": groups, "source": "test"}}
+    result = toy.run({**zero(reduce_bucket_size=20000, stage3_max_reuse_distance=0,
+                             stage3_prefetch_bucket_size=0),
+                      "hardware": slow, "runtime": {"framework": stack}}, gpus=2)
+    spans = result.spans
+    backward = spans[(spans["rank"] == 0) & (spans.phase == Phase.BACKWARD)
+                     & (spans.micro_batch == 0)]
+    gather = backward[backward.op == "all-gather layers.1.mlp.down_proj"].iloc[0]
+    reduction = backward[backward.op_kind == OpKind.REDUCE_SCATTER].sort_values("start_s").iloc[0]
+    lead = reduction.start_s - gather.start_s
+    assert reduction.bytes == 32_896 and 0 < lead < 1e-8
+    gathered = gather.end_s - gather.start_s
+    if groups == "same":
+        assert gathered == pytest.approx(819.2e-6, rel=1e-9)
+        assert reduction.end_s - gather.end_s == pytest.approx(1644.8e-6, rel=1e-9)
+    else:
+        assert 1638.4e-6 - 1e-6 < gathered < 1638.4e-6
+    assert reduction.end_s - gather.start_s == pytest.approx(2464e-6, rel=1e-9)

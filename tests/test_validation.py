@@ -33,10 +33,15 @@ KNOWN_MISSES = {
         "gives -10.7%); a hook time of 1157 us, what the A100's wide micro-batch-1 forwards "
         "wanted before the syncs before each MLP were modelled, took 4 points off it"),
     ("Table 2", "DP=4", "backward_non_boundary"): (
-        "-11.1% (DP=1 -1.7%, DP=2 +4.5%): a host-bound backward, priced by the hook and the "
-        "per-collective time (626 us and 844 us, fitted on all three testbeds); it passed at "
-        "-9.3% until every module's hook prefetched up to DeepSpeed's live bound, which gathers "
-        "the backward in fewer calls (110 all-gathers against 117)"),
+        "-24.4% (DP=1 -1.7%, DP=2 -1.8%): bound by the reduce stream, each bucket's "
+        "reduce-scatter and then, on ranks 1 and 2 (GPU on one socket, host buffers on the "
+        "other), its D2H and H2D over the socket link at 40 GB/s: 18.6 ms a bucket where the "
+        "measured phase leaves about 25. DP=2, with one such rank, fits; at DP=4 two ranks "
+        "cross the link at once, in opposite directions, and each domain serves a local and a "
+        "remote copy stream, a limit this one cell cannot name (about 26 GB/s a crossing copy "
+        "would close it). It was -11.1% while the reductions shared NVLink with the all-gathers; "
+        "on Megatron-DeepSpeed's one process group they queue behind them on one NCCL stream "
+        "and run alone"),
     (POLARIS_GROUP, "polaris-11.32b-dp4-mb1-ga1-sg1e08 (x1)", "forward per step"): MB1_FORWARD,
     **{("collectives", "HGX H100 (XLA), 8 GPUs", f"{kind} busbw, {size:g} GiB"): reason
        for kind, sizes, reason in (

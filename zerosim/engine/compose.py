@@ -18,6 +18,8 @@ which ZeRO stage and offload target.
 | copy-back             | offload_param                | cast + H2D; cast into host params (and    |
 |                       |                              | swap out to NVMe)                         |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
+| NCCL queues           | stack `process_groups`       | one for the all-gathers and one for the   |
+|                       |                              | gradient reductions; one for both         |
 | model states          | stage; offloads              | `states.model_states`                     |
 """
 
@@ -46,6 +48,7 @@ from zerosim.engine.program import OptimizerStep, RankProgram
 from zerosim.engine.rank import RankCore, RunContext
 from zerosim.engine.sinks import BoundaryFlush, GpuPartitions, HostAccumulation, HostPartitions
 from zerosim.engine.states import model_states
+from zerosim.engine.streams import NcclQueue
 from zerosim.engine.swapping import (
     InMemoryStates,
     OptimizerSwapper,
@@ -59,17 +62,20 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     core = RankCore(ctx, rank)
     states = OptimizerSwapper(core) if core.plan.nvme_subgroups else InMemoryStates()
     gpu_gradients = GpuGradients(core) if core.plan.interleaved else None
-    return RankProgram(core, _params(core), _gradients(core, states, gpu_gradients),
+    gathers = NcclQueue(core.env)
+    reductions = gathers if ctx.scenario.stack.one_process_group else NcclQueue(core.env)
+    return RankProgram(core, _params(core, gathers),
+                       _gradients(core, states, gpu_gradients, reductions),
                        _optimizer(core, states, gpu_gradients),
                        model_states(core.ds, core.plan, core.profile, core.behaviours))
 
 
-def _params(core: RankCore) -> ParameterCoordinator:
+def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:
     if core.ds.stage < 3:
         return ReplicatedParams()
     sources = {"none": PartitionsInHbm, "cpu": PartitionsInHost, "nvme": PartitionsOnNvme}
     source = sources[core.ds.offload_param.device]()
-    return PartitionedParams(core, source, per_tensor=_per_tensor_collectives(core),
+    return PartitionedParams(core, source, nccl, per_tensor=_per_tensor_collectives(core),
                              bounded_fetches=core.behaviours.bounded_fetch_events)
 
 
@@ -79,7 +85,7 @@ def _per_tensor_collectives(core: RankCore) -> bool:
 
 
 def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
-               gpu_gradients: GpuGradients | None) -> GradientPath:
+               gpu_gradients: GpuGradients | None, nccl: NcclQueue) -> GradientPath:
     ds = core.ds
     if ds.stage == 0:
         return BoundaryAllReduce(core)
@@ -90,7 +96,7 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients))
     else:
         sink = HostAccumulation(core)
-    return IpgBuckets(core, sink, collective, per_tensor=_per_tensor_collectives(core))
+    return IpgBuckets(core, sink, collective, nccl, per_tensor=_per_tensor_collectives(core))
 
 
 def _post_step(core: RankCore) -> PostStep:

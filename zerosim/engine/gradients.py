@@ -20,7 +20,7 @@ import simpy
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
-from zerosim.engine.streams import Body
+from zerosim.engine.streams import Body, NcclQueue
 from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
@@ -79,11 +79,13 @@ class GradientPath(Protocol):
 
 
 class IpgBuckets:
-    def __init__(self, core: RankCore, sink: GradientSink, collective: Collective, *,
-                 per_tensor: bool = False):
+    def __init__(self, core: RankCore, sink: GradientSink, collective: Collective,
+                 nccl: NcclQueue, *, per_tensor: bool = False):
         self.core = core
         self.sink = sink
         self.collective = collective
+        self.nccl = nccl
+        """The process group's NCCL stream (`params.PartitionedParams.nccl`)."""
         self.per_tensor = per_tensor
         """DeepSpeed before `coalesced_collectives`: one reduction per gradient tensor."""
         self.store = GradientStore(core)
@@ -190,18 +192,22 @@ class IpgBuckets:
         out_bytes = core.comm_bytes * out_numel
         before_s, after_s = self.scaling_seconds(collective, out_numel, numel)
         held: dict[str, int] = {}
+        before, ran = self.nccl.issue()
 
         def reduce_body() -> Gen:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
                                             "reduce-scatter buffer")
             if before_s:
                 yield core.env.timeout(before_s)
+            if before is not None and not before.processed:
+                yield before
             if core.distributed:
                 for key, size in zip(keys, sizes, strict=True):
                     yield from core.machine.collective(core.rank, key, collective,
                                                        core.comm_bytes * size, core.ranks)
             elif not (before_s or after_s):
                 yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
+            ran.succeed()
             if after_s:
                 yield core.env.timeout(after_s)
             for entry in bucket:

@@ -35,6 +35,7 @@ from typing import Protocol
 import simpy
 
 from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.streams import NcclQueue
 from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
@@ -137,10 +138,13 @@ class PartitionedParams:
 
     module_hooks = True
 
-    def __init__(self, core: RankCore, source: ParamSource, *, per_tensor: bool = False,
-                 bounded_fetches: bool = True):
+    def __init__(self, core: RankCore, source: ParamSource, nccl: NcclQueue, *,
+                 per_tensor: bool = False, bounded_fetches: bool = True):
         self.core = core
         self.source = source
+        self.nccl = nccl
+        """The process group's NCCL stream: each all-gather runs after what was issued there
+        before it (gradient reductions too, where the stack puts them on the same group)."""
         self.per_tensor = per_tensor
         """DeepSpeed before `coalesced_collectives`: one all-gather per parameter tensor."""
         self.bounded_fetches = bounded_fetches
@@ -215,13 +219,17 @@ class PartitionedParams:
                 Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
                 plan.modules[index].name)
         names = " + ".join([plan.modules[index].name for index in todo])
+        before, ran = self.nccl.issue()
 
         def body() -> Gen:
             for index in todo:
                 yield from self.source.bring(core, index, self.partition_numel[index])
+            if before is not None and not before.processed:
+                yield before
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
                                                    core.dtype_bytes * size, core.ranks)
+            ran.succeed()
 
         event = self.allgather.launch(f"all-gather {names}", body,
                                       kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel,

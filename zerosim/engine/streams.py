@@ -60,3 +60,21 @@ class InOrderStream:
         if self.tail is None or self.tail.processed:
             return None
         return self.tail
+
+
+class NcclQueue:
+    """The order one process group's collectives run in on a GPU. PyTorch launches every
+    collective of a group on the group's NCCL stream, so each starts only once every
+    collective the host issued on that group before it has finished, whichever CUDA stream
+    the call was made from."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.tail: simpy.Event | None = None
+
+    def issue(self) -> tuple[simpy.Event | None, simpy.Event]:
+        """At the host's call: the collective to wait for (None when there is none) and the
+        event to succeed when this one has run."""
+        before, done = self.tail, self.env.event()
+        self.tail = done
+        return before, done

@@ -38,6 +38,11 @@ SYNCS_KEY = "modules.syncs_before_mlp"
 MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent)."""
 KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
               "loss")
+GROUPS_KEY = "process_groups.params_and_gradients"
+GROUP_CHOICES = ("separate", "same")
+"""Whether ZeRO-3's parameter all-gathers and its gradient reductions run on one process group
+(`same`: one NCCL communicator, one NCCL stream per GPU, so they run in the order the host
+issued them) or on two (`separate`, the default), as `{value: same, source: '...'}`."""
 HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
               "host.fetch_hook_us": ("fetch_hook_s", US),
               "host.collective_launch_us": ("collective_launch_s", US),
@@ -80,6 +85,10 @@ class SoftwareStack:
     """Host temporaries up to this size come from the C allocator's heap, on pages earlier
     temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
     first touch (0: every temporary is fresh)."""
+    one_process_group: bool = False
+    """The parameter all-gathers and the gradient reductions share one NCCL communicator
+    (`process_groups.params_and_gradients: same`), so each waits for every collective the host
+    issued before it, of either kind."""
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
@@ -139,7 +148,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
-             "loss_memory", "allocator"}
+             "loss_memory", "allocator", "process_groups"}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -195,7 +204,26 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     reference_Hz = _non_negative(reference, source, "host.reference_GHz", positive=True) * 1e9
     return SoftwareStack(name=name, description=str(tree.get("description", "")),
                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
-                         heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance), **times)
+                         heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance),
+                         one_process_group=_one_process_group(tree, source), **times)
+
+
+def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
+    """The optional `process_groups` section (see `GROUPS_KEY`): True for `same`."""
+    section = tree.get("process_groups")
+    if section is None:
+        return False
+    if not isinstance(section, Mapping) or set(section) != {"params_and_gradients"}:
+        raise ScenarioError(source, "process_groups",
+                            "{params_and_gradients: {value: same or separate, source: '...'}}",
+                            section)
+    raw = section["params_and_gradients"]
+    if not isinstance(raw, Mapping) or set(raw) != {"value", "source"}:
+        raise ScenarioError(source, GROUPS_KEY, "{value: same or separate, source: '...'}", raw)
+    if raw["value"] not in GROUP_CHOICES:
+        raise ScenarioError(source, f"{GROUPS_KEY}.value", " or ".join(GROUP_CHOICES),
+                            raw["value"])
+    return raw["value"] == "same"
 
 
 def _syncs_before_mlp(tree: Mapping[str, Any], source: str) -> int:
