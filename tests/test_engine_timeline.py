@@ -555,6 +555,29 @@ def test_interleaved_pages_send_half_of_a_copy_over_the_socket_link(toy, placeme
     assert list(accum.end_s - accum.start_s) == pytest.approx([ps * PS], rel=1e-9)
 
 
+@pytest.mark.parametrize(("total_GBps", "ps"), [
+    (0, 8192000),  # no shared limit: each direction 2 GB/s, 16384 B in 8.192 us
+    (2, 16384000),  # both directions share 2 GB/s: 1 GB/s each
+    (3, 10922667),  # 1.5 GB/s each
+    (4, 8192000),  # 2 GB/s each: the per-direction link binds again
+])
+def test_crossing_copies_in_opposite_directions_share_the_socket_links_total(toy, total_GBps,
+                                                                             ps):
+    """GPU 0 hangs off domain 1 and GPU 1 off domain 0, so under round_robin each rank's
+    pinned buffers sit on the other socket: at DP=2 both ranks copy lm_head's gradient
+    partition (8192 fp16 elements, 16384 B) D2H at the same moment, rank 0's from domain 1 to
+    0 and rank 1's from 0 to 1. Each direction of the link carries 2 GB/s; with
+    `host.socket_link_total_GBps` the two copies also share that total."""
+    host = TWO_SOCKETS | {"socket_link_total_GBps": {"value": total_GBps, "basis": "assumed",
+                                                      "source": "test"}}
+    spans = toy.run({"hardware": {"host": host, "gpu": {"numa_domain": [1, 0]}}},
+                    gpus=2).spans
+    accum = spans[spans.op == "grad → accum lm_head (pinned)"]
+    assert sorted(accum["rank"]) == [0, 1]
+    assert list(accum.start_s) == pytest.approx([accum.start_s.iloc[0]] * 2, rel=1e-12)
+    assert list(accum.end_s - accum.start_s) == pytest.approx([ps * PS] * 2, rel=1e-6)
+
+
 @pytest.mark.parametrize(("placement", "busiest_domain_bytes"), [
     ("gpu_local", 28),  # bound to socket 0: all 28 B of an element on domain 0
     ("round_robin", 20),  # fp32 param + grad (12 B) at home, exp_avg/_sq (16 B) half each

@@ -26,22 +26,6 @@ MB1_FORWARD = (
     "the sync than one module's hook (ParallelMLP's own hook, a parameter-less module the model "
     "folds into the average hook time, runs there too)")
 KNOWN_MISSES = {
-    ("Table 2", "DP=4", "backward_boundary"): (
-        "-12.5% (DP=1 +5.6%, DP=2 -2.3%): the boundary backward hangs on the host's page "
-        "zeroing of the flush's pageable temporaries (elasticity -0.59), fitted on the three "
-        "testbeds (2.88 GB/s, 4%; the profile keeps 3.00, within its error, with which the fit "
-        "gives -10.7%); a hook time of 1157 us, what the A100's wide micro-batch-1 forwards "
-        "wanted before the syncs before each MLP were modelled, took 4 points off it"),
-    ("Table 2", "DP=4", "backward_non_boundary"): (
-        "-24.4% (DP=1 -1.7%, DP=2 -1.8%): bound by the reduce stream, each bucket's "
-        "reduce-scatter and then, on ranks 1 and 2 (GPU on one socket, host buffers on the "
-        "other), its D2H and H2D over the socket link at 40 GB/s: 18.6 ms a bucket where the "
-        "measured phase leaves about 25. DP=2, with one such rank, fits; at DP=4 two ranks "
-        "cross the link at once, in opposite directions, and each domain serves a local and a "
-        "remote copy stream, a limit this one cell cannot name (about 26 GB/s a crossing copy "
-        "would close it). It was -11.1% while the reductions shared NVLink with the all-gathers; "
-        "on Megatron-DeepSpeed's one process group they queue behind them on one NCCL stream "
-        "and run alone"),
     (POLARIS_GROUP, "polaris-11.32b-dp4-mb1-ga1-sg1e08 (x1)", "forward per step"): MB1_FORWARD,
     **{("collectives", "HGX H100 (XLA), 8 GPUs", f"{kind} busbw, {size:g} GiB"): reason
        for kind, sizes, reason in (

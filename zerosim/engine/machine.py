@@ -209,6 +209,8 @@ class Machine:
         self.socket_link = {(n, a, b): add(f"host{n}.numa{a}->numa{b}", p.socket_link_Bps)
                             for n in nodes for a in range(p.numa_domains)
                             for b in range(p.numa_domains) if a != b}
+        self.socket_link_total = ({n: add(f"host{n}.socket-link", p.socket_link_total_Bps)
+                                   for n in nodes} if p.socket_link_total_Bps > 0 else {})
         self.cpu = {}
         for n in nodes:
             on_node = sum(1 for pl in self.placements if pl.node == n)
@@ -353,7 +355,8 @@ class Machine:
     def _remote_socket(self, pl: Placement, direction: Direction
                        ) -> dict[SharedResource, float]:
         """The share of a DMA between a GPU attached to one socket and home pages on another
-        crosses the inter-socket link (UPI) in the direction the data moves."""
+        crosses the inter-socket link (UPI) in the direction the data moves, and, where the
+        profile gives one, the limit both directions share (`host.socket_link_total_GBps`)."""
         attached = self.profile.gpu_domain(pl.gpu)
         usage: dict[SharedResource, float] = {}
         for domain, share in pl.home:
@@ -361,6 +364,9 @@ class Machine:
                 src, dst = ((attached, domain) if direction == "d2h"
                             else (domain, attached))
                 usage[self.socket_link[(pl.node, src, dst)]] = share
+                if self.socket_link_total:
+                    total = self.socket_link_total[pl.node]
+                    usage[total] = usage.get(total, 0.0) + share
         return usage
 
     # ------------------------------------------------------------------ CPU work

@@ -87,6 +87,9 @@ class HardwareProfile:
     memory_Bps_per_domain: float
     dma_memory_weight: float
     socket_link_Bps: float
+    socket_link_total_Bps: float
+    """What every DMA crossing between NUMA domains gets together, both directions counted
+    (0: no shared limit, each direction carries `socket_link_Bps`)."""
     remote_access_cost: float
     rank_memory_placement: str
     adam_params_per_s_per_thread: float
@@ -183,6 +186,9 @@ QUANTITIES: dict[str, Quantity] = {
     "host.dma_memory_weight": ("dma_memory_weight", 1.0, _positive, "a positive weight"),
     "host.socket_link_GBps": ("socket_link_Bps", GB, _positive,
                               "a positive bandwidth in GB/s per direction"),
+    "host.socket_link_total_GBps": ("socket_link_total_Bps", GB, _non_negative,
+                                    "a bandwidth >= 0 in GB/s, both directions together "
+                                    "(0: no shared limit)"),
     "host.remote_access_cost": ("remote_access_cost", 1.0, _at_least_one,
                                 "a cost factor >= 1 (1: remote bytes cost what local ones do)"),
     "cpu.adam_params_per_s_per_thread": ("adam_params_per_s_per_thread", 1.0, _positive,
@@ -241,6 +247,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.cuda_malloc_GBps": (CUDA_MALLOC_DEFAULT_GBPS, "no measurement of this GPU: the rate "
                              "fitted on the study's H100 node (h100-jlse), which only runs "
                              "that empty the CUDA cache at every phase pay"),
+    "host.socket_link_total_GBps": (0, "no limit shared by the two directions: profiles "
+                                    "written before the key existed let each direction carry "
+                                    "host.socket_link_GBps whatever the other did"),
     "host.remote_access_cost": (1.0, "a byte read or written from another NUMA domain costs "
                                 "its domain what a local byte costs: profiles written before "
                                 "the key existed charged no more for it"),

@@ -145,6 +145,8 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.host.memory_GiB": Plausible(1e-3, 1e8, "a memory size in GiB"),
     "hardware.host.dma_memory_weight": Plausible(1e-4, 1e4, "a weight"),
     "hardware.host.remote_access_cost": Plausible(1, 100, "a cost factor"),
+    "hardware.host.socket_link_total_GBps": Plausible(0, GBPS[1], "a bandwidth in GB/s "
+                                                      "(0: no shared limit)"),
     "hardware.nvme.capacity_GiB_per_drive": Plausible(1e-3, 1e8, "a capacity in GiB"),
     "hardware.cpu.adam_params_per_s_per_thread": Plausible(1, 1e13, "a rate in params/s"),
     "hardware.cpu.cast_threads": Plausible(1e-3, 1e6, "an effective thread count"),
