@@ -264,3 +264,26 @@ def test_one_process_group_runs_gathers_and_reductions_in_issue_order(toy, group
     else:
         assert 1638.4e-6 - 1e-6 < gathered < 1638.4e-6
     assert reduction.end_s - gather.start_s == pytest.approx(2464e-6, rel=1e-9)
+
+
+def test_offloaded_partitions_are_copied_in_while_an_earlier_all_gather_runs(toy):
+    """`offload_param: cpu`: `all_gather_coalesced` copies a partition to the GPU on
+    DeepSpeed's all-gather stream before the all-gather, which NCCL's stream then runs. Two
+    GPUs, PCIe 10 GB/s, NVLink 10 MB/s, no prefetch: the embedding's partition (8,192 of its
+    16,384 elements, 16,384 B) comes in 1.6384 us, its all-gather carries 16,384 B per GPU in
+    1638.4 us; input_layernorm's partition (32 elements, 64 B) is copied in meanwhile, right
+    after the embedding's (6.4 ns), not after that all-gather."""
+    slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
+    result = toy.run({**zero(offload_param={"device": "cpu", "pin_memory": True},
+                             stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0),
+                      "hardware": slow}, gpus=2)
+    spans = result.spans
+    forward = spans[(spans["rank"] == 0) & (spans.phase == Phase.FORWARD)
+                    & (spans.micro_batch == 0)].set_index("op")
+    us = 1e-6
+    for op, start, end in (("fetch embed_tokens (pinned)", 0.0, 1.6384),
+                           ("all-gather embed_tokens", 1.6384, 1.6384 + 1638.4),
+                           ("fetch layers.0.input_layernorm (pinned)", 1.6384, 1.6448)):
+        assert forward.loc[op, "start_s"] == pytest.approx(start * us, rel=1e-9, abs=1e-15)
+        assert forward.loc[op, "end_s"] == pytest.approx(end * us, rel=1e-9)
+    assert forward.loc["fetch layers.0.input_layernorm", "stream"] == Stream.FETCH_COPIES

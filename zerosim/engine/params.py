@@ -219,11 +219,11 @@ class PartitionedParams:
                 Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
                 plan.modules[index].name)
         names = " + ".join([plan.modules[index].name for index in todo])
+        if self.source.always_gathers:
+            self._bring(todo, names)
         before, ran = self.nccl.issue()
 
         def body() -> Gen:
-            for index in todo:
-                yield from self.source.bring(core, index, self.partition_numel[index])
             if before is not None and not before.processed:
                 yield before
             for key, size in zip(keys, sizes, strict=True):
@@ -240,6 +240,20 @@ class PartitionedParams:
                 self.bundles[index] = bundle
         for index in todo:
             self.gathered[index] = event
+
+    def _bring(self, todo: list[int], names: str) -> None:
+        """The partitions copied to the GPU (and read from NVMe first, where they live there)
+        on DeepSpeed's all-gather stream, where `all_gather_coalesced` makes them
+        (`ds_tensor.to(device)`), so the all-gather issued after them waits for them and they
+        do not wait for the all-gathers issued before."""
+        core = self.core
+
+        def body() -> Gen:
+            for index in todo:
+                yield from self.source.bring(core, index, self.partition_numel[index])
+
+        nbytes = core.dtype_bytes * sum([self.partition_numel[index] for index in todo])
+        self.copies.launch(f"fetch {names}", body, kind=OpKind.PARAM_FETCH, nbytes=nbytes)
 
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
         """The host's wait on a module's in-flight parameters: one event per parameter tensor
