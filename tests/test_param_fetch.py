@@ -287,3 +287,32 @@ def test_offloaded_partitions_are_copied_in_while_an_earlier_all_gather_runs(toy
         assert forward.loc[op, "start_s"] == pytest.approx(start * us, rel=1e-9, abs=1e-15)
         assert forward.loc[op, "end_s"] == pytest.approx(end * us, rel=1e-9)
     assert forward.loc["fetch layers.0.input_layernorm", "stream"] == Stream.FETCH_COPIES
+
+
+def test_a_module_waits_for_the_copies_in_queued_before_its_hook(toy):
+    """`fetch_sub_module` makes the compute stream wait for DeepSpeed's whole all-gather
+    stream, where `offload_param` copies the partitions in. PCIe 1 MB/s (NVLink fast),
+    prefetch bucket 4,096 elements: the embedding's hook fetches its partition (16,384 B,
+    16.384 ms), then prefetches input_layernorm + q_proj (4,160 B, to 20.544 ms);
+    input_layernorm's hook prefetches k_proj (4,096 B, to 24.640 ms). q_proj's parameters are
+    gathered and split out nanoseconds after 20.544 ms, but its hook's wait puts its kernels
+    behind k_proj's copy."""
+    slow = {"pcie": {"h2d_pinned_GBps": {"value": 0.001, "basis": "assumed",
+                                         "source": "test"}}}
+    result = toy.run({**zero(offload_param={"device": "cpu", "pin_memory": True},
+                             stage3_prefetch_bucket_size=4096, stage3_max_reuse_distance=0),
+                      "hardware": slow}, gpus=2)
+    spans = result.spans
+    forward = spans[(spans["rank"] == 0) & (spans.phase == Phase.FORWARD)
+                    & (spans.micro_batch == 0)]
+    ms = 1e-3
+    split = forward[forward.op_kind == OpKind.GATHER_SPLIT].iloc[0]
+    k_fetch = forward[forward.op == "fetch layers.0.self_attn.k_proj"].iloc[0]
+    q_proj = forward[forward.op == "forward layers.0.self_attn.q_proj"].iloc[0]
+    gathered = (16.384 + 4.160) * ms + 4160 / 100e9  # its all-gather: 4,160 B per GPU, 100 GB/s
+    assert split.start_s == pytest.approx(gathered, rel=1e-9)
+    split_s = 2 * 8320 / 1e12  # read and write the bundle's 8,320 B through HBM
+    assert split.end_s == pytest.approx(gathered + split_s, rel=1e-9)
+    # k_proj's copy queues behind the split on DeepSpeed's stream
+    assert k_fetch.end_s == pytest.approx(gathered + split_s + 4.096 * ms, rel=1e-9)
+    assert q_proj.start_s == k_fetch.end_s

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import simpy
 
+from zerosim.engine.conditions import AllDone
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.streams import NcclQueue
 from zerosim.vocabulary import Category, Collective, OpKind, Stream
@@ -263,6 +264,7 @@ class PartitionedParams:
             return ready
         self.waited[index] = True
         ready = yield from self._split_bundle(index, ready)
+        ready = self._behind_copies(ready)
         if ready is None or not self.bounded_fetches:
             return ready
         for param in self.core.plan.params[index]:
@@ -274,6 +276,15 @@ class PartitionedParams:
                 yield self.ongoing.popleft()
             self.ongoing.append(ready)
         return ready
+
+    def _behind_copies(self, ready: simpy.Event | None) -> simpy.Event | None:
+        """`fetch_sub_module` makes the compute stream wait for DeepSpeed's whole all-gather
+        stream (`wait_stream`), so with offloaded partitions a module's kernels also wait for
+        the copies in of the partitions prefetched since its own all-gather was issued."""
+        tail = self.copies.idle_event()
+        if ready is None or tail is None or tail is ready or not self.source.always_gathers:
+            return ready
+        return AllDone(self.core.env, [ready, tail])
 
     def _split_bundle(self, index: int, ready: simpy.Event | None) -> Gen:
         """`AllGatherCoalescedHandle.wait`: an all-gather of several tensors lands in one flat
