@@ -21,8 +21,9 @@ class Stream(StrEnum):
     """Where the all-gathers run: the process group's NCCL stream (PyTorch launches every
     collective on it, after the stream the call was made on)."""
     FETCH_COPIES = "allgather.copies"
-    """DeepSpeed's `__allgather_stream`: the parameter fetch's copies (the split of a
-    coalesced all-gather); a wait on an all-gather queues there, not behind later ones."""
+    """DeepSpeed's `__allgather_stream`: the parameter fetch's copies (offloaded partitions
+    copied in, the split of a coalesced all-gather); a wait on an all-gather queues there,
+    not behind later ones."""
     REDUCE = "reduce"
     PCIE_H2D = "pcie.h2d"
     PCIE_D2H = "pcie.d2h"

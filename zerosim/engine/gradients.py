@@ -192,22 +192,21 @@ class IpgBuckets:
         out_bytes = core.comm_bytes * out_numel
         before_s, after_s = self.scaling_seconds(collective, out_numel, numel)
         held: dict[str, int] = {}
-        before, ran = self.nccl.issue()
+        turn = self.nccl.issue()
 
         def reduce_body() -> Gen:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
                                             "reduce-scatter buffer")
             if before_s:
                 yield core.env.timeout(before_s)
-            if before is not None and not before.processed:
-                yield before
+            yield from turn.wait()
             if core.distributed:
                 for key, size in zip(keys, sizes, strict=True):
                     yield from core.machine.collective(core.rank, key, collective,
                                                        core.comm_bytes * size, core.ranks)
             elif not (before_s or after_s):
                 yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
-            ran.succeed()
+            turn.done()
             if after_s:
                 yield core.env.timeout(after_s)
             for entry in bucket:

@@ -222,15 +222,14 @@ class PartitionedParams:
         names = " + ".join([plan.modules[index].name for index in todo])
         if self.source.always_gathers:
             self._bring(todo, names)
-        before, ran = self.nccl.issue()
+        turn = self.nccl.issue()
 
         def body() -> Gen:
-            if before is not None and not before.processed:
-                yield before
+            yield from turn.wait()
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
                                                    core.dtype_bytes * size, core.ranks)
-            ran.succeed()
+            turn.done()
 
         event = self.allgather.launch(f"all-gather {names}", body,
                                       kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel,

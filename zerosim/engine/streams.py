@@ -62,6 +62,24 @@ class InOrderStream:
         return self.tail
 
 
+class NcclTurn:
+    """One collective's place in its `NcclQueue`."""
+
+    __slots__ = ("before", "ran")
+
+    def __init__(self, before: simpy.Event | None, ran: simpy.Event):
+        self.before = before
+        self.ran = ran
+
+    def wait(self) -> tuple[simpy.Event, ...]:
+        """What the collective waits for before it may start, to `yield from`."""
+        before = self.before
+        return (before,) if before is not None and not before.processed else ()
+
+    def done(self) -> None:
+        self.ran.succeed()
+
+
 class NcclQueue:
     """The order one process group's collectives run in on a GPU. PyTorch launches every
     collective of a group on the group's NCCL stream, so each starts only once every
@@ -72,9 +90,8 @@ class NcclQueue:
         self.env = env
         self.tail: simpy.Event | None = None
 
-    def issue(self) -> tuple[simpy.Event | None, simpy.Event]:
-        """At the host's call: the collective to wait for (None when there is none) and the
-        event to succeed when this one has run."""
-        before, done = self.tail, self.env.event()
-        self.tail = done
-        return before, done
+    def issue(self) -> NcclTurn:
+        """At the host's call: the collective's turn, after the one issued before it."""
+        turn = NcclTurn(self.tail, self.env.event())
+        self.tail = turn.ran
+        return turn
