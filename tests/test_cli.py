@@ -29,6 +29,19 @@ def test_check_json_has_defaults_filled_in():
     assert data["runtime"]["deepspeed_version"] == "0.19.5"
 
 
+def test_check_names_the_framework_s_structural_choices():
+    """What the stack decides beside its numbers: how a block is cut into modules, the syncs
+    before each MLP, and whether gathers and reductions share one process group."""
+    layout = json.loads(invoke("check", DP1, "--json").output)["runtime"]["framework"]["layout"]
+    assert layout == {"qkv": "fused", "gate_up": "fused", "output_weight": "external",
+                      "syncs_before_mlp": 2, "process_groups": "same"}
+    hf = invoke("check", DP1, "--json", "--set", "runtime.framework=hf-transformers")
+    assert json.loads(hf.output)["runtime"]["framework"]["layout"] == {
+        "qkv": "separate", "gate_up": "separate", "output_weight": "module",
+        "syncs_before_mlp": 0, "process_groups": "separate"}
+    assert "process_groups same" in " ".join(invoke("check", DP1).output.split())
+
+
 def test_check_with_a_typo_fails_naming_file_and_key(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.yaml"

@@ -43,6 +43,8 @@ def render_scenario(scenario: Scenario) -> None:
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank {_threads_text(scenario)}")
+    top.add_row("framework", f"{scenario.stack.name}: " + ", ".join(
+        f"{key} {value}" for key, value in scenario.stack.layout().items()))
     top.add_row("mode", _mode(scenario))
     behaviours = scenario.behaviours.describe()
     top.add_row("behaviours", ", ".join(f"{name} {'yes' if on else 'no'}"

@@ -163,7 +163,8 @@ class Scenario:
                            else {}),
                         **({"empty_cache_each_phase": True}
                            if self.runtime.empty_cache_each_phase else {}),
-                        "framework": {"name": self.stack.name, "values": {
+                        "framework": {"name": self.stack.name, "layout": self.stack.layout(),
+                                      "values": {
                             key: p.as_dict() for key, p in self.stack.provenance.items()}}},
             "what_if": self.what_if.model_dump(),
             "unmodelled_keys": list(self.unmodelled_keys),

@@ -90,6 +90,15 @@ class SoftwareStack:
     (`process_groups.params_and_gradients: same`), so each waits for every collective the host
     issued before it, of either kind."""
 
+    def layout(self) -> dict[str, Any]:
+        """The stack's structural choices, as its file spells them (for `zerosim check`)."""
+        r = self.recipe
+        return {"qkv": "fused" if r.fused_qkv else "separate",
+                "gate_up": "fused" if r.fused_gate_up else "separate",
+                "output_weight": "external" if r.external_output_weight else "module",
+                "syncs_before_mlp": r.syncs_before_mlp,
+                "process_groups": GROUP_CHOICES[self.one_process_group]}
+
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
         return seconds * self.reference_Hz / core_Hz
