@@ -93,9 +93,10 @@ class SoftwareStack:
     def layout(self) -> dict[str, Any]:
         """The stack's structural choices, as its file spells them (for `zerosim check`)."""
         r = self.recipe
-        return {"qkv": "fused" if r.fused_qkv else "separate",
-                "gate_up": "fused" if r.fused_gate_up else "separate",
-                "output_weight": "external" if r.external_output_weight else "module",
+        fused, separate = LAYOUTS["modules.qkv"]
+        return {"qkv": fused if r.fused_qkv else separate,
+                "gate_up": fused if r.fused_gate_up else separate,
+                "output_weight": OUTPUT_WEIGHTS[r.external_output_weight],
                 "syncs_before_mlp": r.syncs_before_mlp,
                 "process_groups": GROUP_CHOICES[self.one_process_group]}
 
