@@ -28,6 +28,15 @@ RUN_FILES = {"summary.json", "capacities.json", "scenario.json", "trace.json", "
              "memory.csv", "phases.csv", "links.csv"}
 
 
+@pytest.fixture(autouse=True)
+def interactive_signals():
+    """Each test starts as from a terminal, Ctrl-C not ignored: pytest itself may run under
+    nohup or as a script's background job, which start with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def toy_file(tmp_path) -> Path:
     path = tmp_path / "toy.yaml"
@@ -240,6 +249,27 @@ def test_a_signal_ends_a_run_with_one_line_and_its_status(tmp_path, toy_file, mo
     assert signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL)
 
 
+def test_a_signal_the_process_was_started_ignoring_stays_ignored(tmp_path, toy_file,
+                                                                  monkeypatch):
+    """Under nohup, or as a script's background job, SIGINT starts ignored: a run leaves it
+    so (as POSIX tools do) and still answers SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    during = []
+
+    def simulate(*args, **kwargs):
+        during.append(signal.getsignal(signal.SIGINT))
+        os.kill(os.getpid(), signal.SIGINT)
+        return _simulation_interrupted_by(signal.SIGTERM)()
+
+    monkeypatch.setattr("zerosim.api.simulate", simulate)
+    out = tmp_path / "out"
+    result = invoke("run", toy_file, "--out", out)
+    assert during == [signal.SIG_IGN]
+    assert result.exit_code == 143
+    assert result.output == f"interrupted by SIGTERM: {out} was left as it was\n"
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
 def test_an_error_raised_while_a_signal_unwinds_still_prints_one_line(toy_file, monkeypatch):
     """The flow solver once answered Ctrl-C with a ZeroDivisionError traceback."""
     def divide_by_zero():
@@ -256,6 +286,7 @@ def test_a_second_signal_during_clean_up_exits_at_once(tmp_path):
     script = textwrap.dedent("""
         import os, signal, time
         from zerosim.interrupts import handled_interrupts
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
         with handled_interrupts(last_words="stopped twice"):
             try:
                 os.kill(os.getpid(), signal.SIGTERM)

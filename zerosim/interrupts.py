@@ -3,9 +3,10 @@ half-written.
 
 `handled_interrupts()` (the command line wraps every command in it) turns SIGINT and SIGTERM
 into an `Interrupted` exception, so `finally` blocks remove temporary files on the way out. A
-second signal while that clean-up runs exits at once. `deferred_interrupts()` holds a signal
-back while a few renames publish an output folder, so a folder is either published whole or
-not at all.
+second signal while that clean-up runs exits at once. A signal the process was started
+ignoring (`nohup`, a background job of a script) stays ignored, as POSIX tools leave it.
+`deferred_interrupts()` holds a signal back while a few renames publish an output folder, so a
+folder is either published whole or not at all.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def _handle(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+def _listened_to() -> dict[int, object]:
+    """The handled signals this process does not ignore, with their current handlers (None:
+    installed from outside Python, which cannot be restored, so left alone)."""
+    current = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
+    return {s: h for s, h in current.items() if h is not None and h != signal.SIG_IGN}
+
+
 @contextlib.contextmanager
 def handled_interrupts(last_words: str = "interrupted") -> Iterator[None]:
     """SIGINT and SIGTERM raise `Interrupted` inside the block (main thread only; elsewhere the
@@ -73,10 +81,10 @@ def handled_interrupts(last_words: str = "interrupted") -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
+    previous = _listened_to()
     _State.received, _State.raised, _State.deferring = None, False, 0
     _State.last_words = last_words
-    for s in HANDLED_SIGNALS:
+    for s in previous:
         signal.signal(s, _handle)
     try:
         yield
@@ -92,7 +100,7 @@ def deferred_interrupts() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if signal.getsignal(signal.SIGINT) is _handle:
+    if any(signal.getsignal(s) is _handle for s in HANDLED_SIGNALS):
         with _deferred_by_handler():
             yield
         return
@@ -115,8 +123,7 @@ def _deferred_by_handler() -> Iterator[None]:
 @contextlib.contextmanager
 def _deferred_by_recorder() -> Iterator[None]:
     held: list[int] = []
-    previous = {s: signal.getsignal(s) for s in HANDLED_SIGNALS}
-    previous = {s: h for s, h in previous.items() if h is not None}
+    previous = _listened_to()
     for s in previous:
         signal.signal(s, lambda signum, frame: held.append(signum))
     try:
