@@ -526,6 +526,24 @@ def test_cpu_oversubscription_between_ranks(toy, penalty, threads_per_rank, over
                                                               rel=1e-9)
 
 
+@pytest.mark.parametrize(("threads_per_rank", "lost_ps"), [
+    (None, 3_000_000_000),  # 2 ranks x 4 threads on 4: oversubscribed x2, 3 ms x (2 - 1)
+    (2, 0),  # 2 threads per rank fill the 4 hardware threads: nothing lost
+])
+def test_a_parallel_region_on_an_oversubscribed_node_waits_at_its_join(toy, threads_per_rank,
+                                                                       lost_ps):
+    """The overflow check is one OpenMP region: 230016 B at 1 GB/s per thread over the 2
+    threads each rank gets either way (115008000 ps), then, when the node's pools oversubscribe
+    its hardware threads, the region's join waits `oversubscribed_region_ms` per extra pool."""
+    result = toy.run({"hardware": {"cpu": {"oversubscribed_region_ms": {
+                          "value": 3, "basis": "assumed", "source": "this test"}}},
+                      "runtime": {"cpu_threads_per_rank": threads_per_rank}}, gpus=2)
+    check = result.spans[result.spans.op == "overflow check"]
+    assert sorted(check["rank"]) == [0, 1]
+    assert list(check.end_s - check.start_s) == pytest.approx(
+        [(115008000 + lost_ps) * PS] * 2, rel=1e-9)
+
+
 def test_default_pool_is_one_thread_per_physical_core(toy):
     """PyTorch sizes its OpenMP pool to the physical cores, so two hardware threads per core
     do not double the pool: the overflow check reads 115008 fp32 grads (460032 B) at 1 GB/s

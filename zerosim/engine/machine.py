@@ -212,11 +212,14 @@ class Machine:
         self.socket_link_total = ({n: add(f"host{n}.socket-link", p.socket_link_total_Bps)
                                    for n in nodes} if p.socket_link_total_Bps > 0 else {})
         self.cpu = {}
+        self.region_s = {}
+        """Per node, what each parallel CPU region of its ranks loses to oversubscription."""
         for n in nodes:
             on_node = sum(1 for pl in self.placements if pl.node == n)
             factor = costs.cpu_oversubscription(on_node, self.threads_per_rank,
                                                 p.hardware_threads)
             self.cpu[n] = add(f"host{n}.cpu", costs.cpu_capacity_threads(p, factor))
+            self.region_s[n] = costs.oversubscribed_region_s(p, factor)
         # One resource per node for all its NICs: NCCL stripes its channels over every NIC of
         # the node (and a GPU's traffic is not tied to the NIC behind its PCIe switch), so the
         # NICs act as one pipe of nics_per_node x nic_GBps per direction.
@@ -373,8 +376,10 @@ class Machine:
 
     def cpu_kernel(self, rank: int, elements: float, *, host: costs.HostBytes,
                    elements_per_s_per_thread: float, threads: float | None = None,
-                   label: str = "") -> Generator[simpy.Event, Any, None]:
-        """A multi-threaded CPU kernel bounded by its threads and its share of memory bandwidth.
+                   regions: int = 1, label: str = "") -> Generator[simpy.Event, Any, None]:
+        """A multi-threaded CPU kernel bounded by its threads and its share of memory bandwidth,
+        run as `regions` OpenMP parallel regions, each of which loses the node's
+        `region_s` (oversubscription) at its join.
 
         Fairness is in host-memory bytes: a kernel touching 28 B per element gets the same
         bytes per second as a DMA when both saturate a NUMA domain.
@@ -391,6 +396,9 @@ class Machine:
                                        | self._host_memory(pl, host, pl.threads)),
                 max_rate=threads * elements_per_s_per_thread, weight=1.0 / host.total)
         yield self.flows.start_usage(elements, usage, label=label)
+        lost = self.region_s[self.placements[rank].node] * regions
+        if lost > 0:
+            yield self.env.timeout(lost)
 
     def elementwise(self, rank: int, elements: float, host: costs.HostBytes, *,
                     threads: float | None = None, label: str = ""

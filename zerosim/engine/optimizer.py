@@ -10,6 +10,7 @@ chosen by `compose.py`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -146,7 +147,9 @@ def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
     yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
                              m.cpu_kernel(core.rank, elements, host=costs.ADAM_HOST_BYTES,
                                           elements_per_s_per_thread=(
-                                              core.profile.adam_params_per_s_per_thread)))
+                                              core.profile.adam_params_per_s_per_thread),
+                                          regions=math.ceil(
+                                              elements / costs.CPU_ADAM_TILE_ELEMENTS)))
 
 
 def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:

@@ -223,10 +223,22 @@ def cpu_oversubscription(ranks_on_node: int, threads_per_rank: int, hardware_thr
     return max(1.0, ranks_on_node * threads_per_rank / hardware_threads)
 
 
+def oversubscribed_region_s(profile: HardwareProfile, oversubscription: float) -> float:
+    """What one OpenMP parallel region loses on a node whose pools oversubscribe its hardware
+    threads (`cpu_oversubscription` > 1): its join waits for team threads the other pools'
+    threads, spinning after their own regions, keep off the cores."""
+    return profile.oversubscribed_region_s * (oversubscription - 1)
+
+
 def cpu_capacity_threads(profile: HardwareProfile, oversubscription: float) -> float:
     """Useful thread-seconds per second on a node once oversubscription costs are paid."""
     return profile.hardware_threads / (1 + profile.oversubscription_penalty
                                        * (oversubscription - 1))
+
+
+CPU_ADAM_TILE_ELEMENTS = 128 * 1024 * 1024
+"""DeepSpeedCPUAdam steps a flat tensor tile by tile (csrc/includes/cpu_adam.h, TILE), one
+OpenMP parallel region per tile."""
 
 
 def model_flops_per_microbatch(modules: list[Module]) -> float:

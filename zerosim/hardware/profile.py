@@ -30,7 +30,7 @@ from zerosim.errors import ScenarioError
 from zerosim.hardware import cpus
 from zerosim.hardware.provenance import BASES, DERIVED, Provenance, parse_provenance
 from zerosim.inputs import check_plausible
-from zerosim.units import GB, GHZ, TFLOPS, US, GiB
+from zerosim.units import GB, GHZ, MS, TFLOPS, US, GiB
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 __all__ = ["BASES", "DERIVED", "HardwareProfile", "Provenance", "load_profile",
@@ -97,6 +97,9 @@ class HardwareProfile:
     page_zeroing_Bps: float
     cast_threads: float
     oversubscription_penalty: float
+    oversubscribed_region_s: float
+    """What each OpenMP parallel region of a rank loses while the node's pools oversubscribe
+    its hardware threads, per extra pool's worth (0: nothing beyond the shared throughput)."""
     nvme_drives_per_node: int
     nvme_read_Bps_per_drive: float
     nvme_write_Bps_per_drive: float
@@ -199,6 +202,8 @@ QUANTITIES: dict[str, Quantity] = {
     "cpu.cast_threads": ("cast_threads", 1.0, _positive, "a positive (effective) thread count"),
     "cpu.oversubscription_penalty": ("oversubscription_penalty", 1.0, _non_negative,
                                      "a number >= 0"),
+    "cpu.oversubscribed_region_ms": ("oversubscribed_region_s", MS, _non_negative,
+                                     "a time >= 0 in milliseconds"),
     "nvme.read_GBps_per_drive": ("nvme_read_Bps_per_drive", GB, _positive,
                                  "a positive bandwidth in GB/s"),
     "nvme.write_GBps_per_drive": ("nvme_write_Bps_per_drive", GB, _positive,
@@ -250,6 +255,10 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "host.socket_link_total_GBps": (0, "no limit shared by the two directions: profiles "
                                     "written before the key existed let each direction carry "
                                     "host.socket_link_GBps whatever the other did"),
+    "cpu.oversubscribed_region_ms": (0, "no time lost per parallel region when the node's "
+                                     "OpenMP pools oversubscribe its hardware threads beyond "
+                                     "the throughput cpu.oversubscription_penalty takes: "
+                                     "profiles written before the key existed charged none"),
     "host.remote_access_cost": (1.0, "a byte read or written from another NUMA domain costs "
                                 "its domain what a local byte costs: profiles written before "
                                 "the key existed charged no more for it"),
