@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from zerosim.behaviours import Behaviours
 from zerosim.engine.plan import Plan
-from zerosim.hardware import nvme
+from zerosim.hardware import costs, nvme
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.scenario import DeepSpeedConfig
 from zerosim.units import BYTES_PER_DTYPE, FP16_BYTES, FP32_BYTES
@@ -24,7 +24,7 @@ from zerosim.vocabulary import BufferKind, Category, DeviceKind, host_buffer
 
 ADAM_STATES = 2
 """exp_avg and exp_avg_sq, fp32 each."""
-CPU_ADAM_TILE_BUFFERS_BYTES = 2 * 128 * 1024 * 1024 * FP32_BYTES
+CPU_ADAM_TILE_BUFFERS_BYTES = 2 * costs.CPU_ADAM_TILE_ELEMENTS * FP32_BYTES
 """DeepSpeedCPUAdam's C++ optimizer before DeepSpeed 0.14.3, built with CUDA
 (csrc/includes/cpu_adam.h, `Adam_Optimizer`): two `cudaMallocHost` buffers of TILE floats
 (simd.h: TILE = 128 * 1024 * 1024), 1 GiB of pinned host memory per optimizer. Allocated by

@@ -237,7 +237,7 @@ def cpu_capacity_threads(profile: HardwareProfile, oversubscription: float) -> f
 
 
 CPU_ADAM_TILE_ELEMENTS = 128 * 1024 * 1024
-"""DeepSpeedCPUAdam steps a flat tensor tile by tile (csrc/includes/cpu_adam.h, TILE), one
+"""DeepSpeedCPUAdam steps a flat tensor tile by tile (csrc/includes/simd.h, TILE), one
 OpenMP parallel region per tile."""
 
 
