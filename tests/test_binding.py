@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from zerosim.behaviours import DEEP_OPTIMIZER_STATES_BUILDS, launched_bound
-from zerosim.engine.machine import bound_domains, default_threads_per_rank, place_ranks
+from zerosim.engine.machine import bound_domains, place_ranks
+from zerosim.hardware.costs import default_threads_per_rank
 from zerosim.hardware.profile import load_profile
 from zerosim.runs import read_runs_text
 from zerosim.scenario import load_scenario, scenario_from_dict

@@ -9,7 +9,7 @@ from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import PEAK_ALLOCATED
 from zerosim.scenario import Scenario
-from zerosim.units import GiB
+from zerosim.units import MS, GiB
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
@@ -43,6 +43,7 @@ def render_scenario(scenario: Scenario) -> None:
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank {_threads_text(scenario)}")
+    top.add_row("cpu pools", _pools_text(scenario.cpu_pools()))
     top.add_row("framework", f"{scenario.stack.name}: " + ", ".join(
         f"{key} {value}" for key, value in scenario.stack.layout().items()))
     top.add_row("mode", _mode(scenario))
@@ -432,6 +433,19 @@ def render_predictions(outcome) -> None:
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
     _print_files(console, outcome.files)
+
+
+def _pools_text(pools) -> str:
+    """The ranks' OpenMP pools against the node's hardware threads, and what oversubscribing
+    them costs."""
+    text = (f"{_count(pools.ranks_on_node, 'rank')} x {pools.threads_per_rank} OpenMP threads "
+            f"on {pools.hardware_threads} hardware threads")
+    if pools.oversubscription <= 1:
+        return text + ": not oversubscribed"
+    return (text + f": oversubscribed x{pools.oversubscription:.2f}, {pools.capacity_threads:.0f} "
+            f"threads' worth of throughput shared, each OpenMP region waits "
+            f"{pools.region_wait_s / MS:.2f} ms more (runtime.cpu_threads_per_rank "
+            f"{pools.hardware_threads // pools.ranks_on_node} would not oversubscribe)")
 
 
 def _threads_text(scenario: Scenario) -> str:

@@ -140,18 +140,6 @@ def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False
     return placements
 
 
-def default_threads_per_rank(profile: HardwareProfile, ranks_on_node: int, *,
-                             bound: bool = False) -> int:
-    """PyTorch's intra-op default, which the OpenMP pool of DeepSpeedCPUAdam inherits when
-    OMP_NUM_THREADS is unset (DeepSpeed's launcher leaves it unset unless it binds): one thread
-    per physical core (c10 TaskThreadPoolBase::defaultNumThreads), not per hardware thread.
-    A launcher that binds (`--bind_cores_to_rank`) sets OMP_NUM_THREADS to the rank's share of
-    the physical cores (deepspeed.utils.numa.get_numactl_cmd)."""
-    if bound:
-        return max(1, profile.physical_cores // ranks_on_node)
-    return profile.physical_cores
-
-
 class Machine:
     """The node(s) of a run as SimPy-facing resources.
 
@@ -179,7 +167,7 @@ class Machine:
         self.flows = FlowNetwork(env, record_rates=record_rates, keep_records=False,
                                  memo=shapes.reallocations)
         ranks_on_node = min(ranks, profile.gpus_per_node)
-        self.threads_per_rank = threads_per_rank or default_threads_per_rank(
+        self.threads_per_rank = threads_per_rank or costs.default_threads_per_rank(
             profile, ranks_on_node, bound=bound)
         self._usages = shapes.usages
         self._dma_shapes: dict[tuple[Any, ...], tuple[costs.HostBytes, Usage]] = {}
@@ -213,13 +201,12 @@ class Machine:
                                    for n in nodes} if p.socket_link_total_Bps > 0 else {})
         self.cpu = {}
         self.region_s = {}
-        """Per node, what each parallel CPU region of its ranks loses to oversubscription."""
+        """Per node, what each parallel CPU region of its ranks waits at its join."""
         for n in nodes:
             on_node = sum(1 for pl in self.placements if pl.node == n)
-            factor = costs.cpu_oversubscription(on_node, self.threads_per_rank,
-                                                p.hardware_threads)
-            self.cpu[n] = add(f"host{n}.cpu", costs.cpu_capacity_threads(p, factor))
-            self.region_s[n] = costs.oversubscribed_region_s(p, factor)
+            pools = costs.cpu_pools(p, on_node, self.threads_per_rank)
+            self.cpu[n] = add(f"host{n}.cpu", pools.capacity_threads)
+            self.region_s[n] = pools.region_wait_s
         # One resource per node for all its NICs: NCCL stripes its channels over every NIC of
         # the node (and a GPU's traffic is not tied to the NIC behind its PCIe switch), so the
         # NICs act as one pipe of nics_per_node x nic_GBps per direction.

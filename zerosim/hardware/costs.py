@@ -218,6 +218,45 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
                           tuple(1 / g for g in gpus_per_node), latency_s)
 
 
+def default_threads_per_rank(profile: HardwareProfile, ranks_on_node: int, *,
+                             bound: bool = False) -> int:
+    """PyTorch's intra-op default, which the OpenMP pool of DeepSpeedCPUAdam inherits when
+    OMP_NUM_THREADS is unset (DeepSpeed's launcher leaves it unset unless it binds): one thread
+    per physical core (c10 TaskThreadPoolBase::defaultNumThreads), not per hardware thread.
+    A launcher that binds (`--bind_cores_to_rank`) sets OMP_NUM_THREADS to the rank's share of
+    the physical cores (deepspeed.utils.numa.get_numactl_cmd)."""
+    if bound:
+        return max(1, profile.physical_cores // ranks_on_node)
+    return profile.physical_cores
+
+
+@dataclass(frozen=True)
+class CpuPools:
+    """The OpenMP pools of the ranks on a node: how far together they oversubscribe its
+    hardware threads, and what that costs (`zerosim check` prints it; the engine runs it)."""
+
+    ranks_on_node: int
+    threads_per_rank: int
+    hardware_threads: int
+    oversubscription: float
+    """Threads asked over hardware threads, at least 1."""
+    capacity_threads: float
+    """Useful thread-seconds per second the node's CPU gives them together."""
+    region_wait_s: float
+    """What each OpenMP parallel region waits at its join."""
+
+
+def cpu_pools(profile: HardwareProfile, ranks_on_node: int, threads_per_rank: int | None, *,
+              bound: bool = False) -> CpuPools:
+    """The pools of `ranks_on_node` ranks of `threads_per_rank` threads each (None: the
+    default, `default_threads_per_rank`)."""
+    threads = threads_per_rank or default_threads_per_rank(profile, ranks_on_node, bound=bound)
+    factor = cpu_oversubscription(ranks_on_node, threads, profile.hardware_threads)
+    return CpuPools(ranks_on_node, threads, profile.hardware_threads, factor,
+                    cpu_capacity_threads(profile, factor),
+                    oversubscribed_region_s(profile, factor))
+
+
 def cpu_oversubscription(ranks_on_node: int, threads_per_rank: int, hardware_threads: int) -> float:
     """How many times the ranks' OpenMP pools cover the node's hardware threads (>= 1)."""
     return max(1.0, ranks_on_node * threads_per_rank / hardware_threads)

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from zerosim.behaviours import Behaviours, empties_cache_each_phase, resolve_behaviours
 from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.hardware.costs import CpuPools, cpu_pools
 from zerosim.hardware.profile import (
     HardwareProfile,
     apply_overrides,
@@ -31,6 +32,7 @@ from zerosim.scenario.support import check_supported, warn_inert
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version, version_label
 from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
+from zerosim.units import MS
 from zerosim.yamlio import copy_tree, parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
@@ -139,6 +141,13 @@ class Scenario:
     stack: SoftwareStack = field(default_factory=lambda: load_stack(DEFAULT_STACK))
     """The software stack of `runtime.framework` (`zerosim.stacks`)."""
 
+    def cpu_pools(self) -> CpuPools:
+        """The OpenMP pools of the ranks on the fullest node: how far they oversubscribe its
+        hardware threads and what each parallel region then waits (`costs.cpu_pools`)."""
+        ranks_on_node = min(self.data_parallel, self.hardware.gpus_per_node)
+        return cpu_pools(self.hardware, ranks_on_node, self.runtime.cpu_threads_per_rank,
+                         bound=self.runtime.bind_cores_to_rank)
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario with every default filled in (what `zerosim check` prints)."""
         from dataclasses import asdict
@@ -163,6 +172,7 @@ class Scenario:
                            else {}),
                         **({"empty_cache_each_phase": True}
                            if self.runtime.empty_cache_each_phase else {}),
+                        "cpu_pools": _pools_dict(self.cpu_pools()),
                         "framework": {"name": self.stack.name, "layout": self.stack.layout(),
                                       "values": {
                             key: p.as_dict() for key, p in self.stack.provenance.items()}}},
@@ -171,6 +181,14 @@ class Scenario:
             "auto_filled": [fill.describe() for fill in self.auto_filled],
             "deepspeed_behaviours": self.behaviours.describe(),
         }
+
+
+def _pools_dict(pools: CpuPools) -> dict[str, Any]:
+    return {"ranks_on_node": pools.ranks_on_node, "threads_per_rank": pools.threads_per_rank,
+            "hardware_threads": pools.hardware_threads,
+            "oversubscription": pools.oversubscription,
+            "capacity_threads": pools.capacity_threads,
+            "region_wait_ms": pools.region_wait_s / MS}
 
 
 # ---------------------------------------------------------------- overrides
