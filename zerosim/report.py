@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import PEAK_ALLOCATED
@@ -435,7 +436,7 @@ def render_predictions(outcome) -> None:
     _print_files(console, outcome.files)
 
 
-def _pools_text(pools) -> str:
+def _pools_text(pools: CpuPools) -> str:
     """The ranks' OpenMP pools against the node's hardware threads, and what oversubscribing
     them costs."""
     text = (f"{_count(pools.ranks_on_node, 'rank')} x {pools.threads_per_rank} OpenMP threads "
