@@ -4,6 +4,7 @@ fixed knobs, and the ranked table."""
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ from zerosim.tune import (
     TuneError,
     as_given,
     candidates,
+    filling_threads,
     free_knobs,
     memory_floor,
     prune_reason,
@@ -22,6 +24,8 @@ from zerosim.tune import (
     tune,
     why_best,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture()
@@ -187,3 +191,26 @@ def test_binding_is_searched_on_a_node_of_several_numa_domains_for_offloaded_run
     bound = Config(3, "cpu", 1, 4, 5e8, 1e8, 1.0, "none", binding=True)
     assert bound.overrides()["runtime.bind_cores_to_rank"] is True
     assert bound.describe().endswith("cores bound")
+
+
+def test_threads_are_searched_where_the_default_pools_oversubscribe_for_offloaded_runs_only():
+    base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
+    assert {c.threads for c in candidates(base, free_knobs())} == {0}
+    found = candidates(base, free_knobs(), filling_threads=48)
+    assert {c.threads for c in found} == {0, 48}
+    assert all(c.offload != "none" for c in found if c.threads)
+    assert {c.threads for c in candidates(base, free_knobs(fix=["threads"]),
+                                          filling_threads=48)} == {0}
+    default = Config(3, "cpu", 1, 4, 5e8, 1e8, 1.0, "none")
+    assert default.overrides()["runtime.cpu_threads_per_rank"] is None
+    filled = Config(3, "cpu", 1, 4, 5e8, 1e8, 1.0, "none", threads=48)
+    assert filled.overrides()["runtime.cpu_threads_per_rank"] == 48
+    assert filled.describe().endswith("48 threads per rank")
+
+
+@pytest.mark.parametrize(("dp", "threads"), [(4, 48), (2, 0), (1, 0)])
+def test_filling_threads_fill_the_node_where_the_default_pools_oversubscribe_it(dp, threads):
+    """The study's node: 192 hardware threads; one per physical core (96) a rank by default,
+    so only four ranks oversubscribe it, and 48 each fill it."""
+    scenario = zerosim.load_scenario(ROOT / "scenarios" / f"llama13b_dp{dp}.yaml")
+    assert filling_threads(scenario) == threads

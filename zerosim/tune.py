@@ -3,8 +3,9 @@
 The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
 the Twin-Flow ratio, activation checkpointing, the interleaved update's gap on a build of the
-Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains and,
-when freed, the study's what-ifs), keeps
+Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains, the
+OpenMP threads per rank where the default pools oversubscribe the node and, when freed, the
+study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
@@ -31,9 +32,9 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "gap", "binding", "what_if")
+         "checkpointing", "gap", "binding", "threads", "what_if")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
-                   "ratio", "checkpointing", "gap", "binding")
+                   "ratio", "checkpointing", "gap", "binding", "threads")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory)."""
@@ -51,6 +52,11 @@ update); elsewhere the knob keeps 0."""
 BINDINGS = (False, True)
 """`runtime.bind_cores_to_rank`, searched on a node of several NUMA domains for the offloaded
 configurations (whose host work it moves); elsewhere the knob keeps the scenario's value."""
+DEFAULT_THREADS = 0
+"""The `threads` knob's value for the default pool (`runtime.cpu_threads_per_rank` unset): one
+thread per physical core, or the rank's share of them when bound. The knob also tries the count
+that fills the node's hardware threads without oversubscribing them (`OMP_NUM_THREADS`), for
+the offloaded configurations, where the default pools oversubscribe the node."""
 WHAT_IFS = ("none", "overlap_copy_back", "buffer_boundary_grads", "gpu_update_every")
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
@@ -59,7 +65,7 @@ MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
-           "what_if", "iteration_s",
+           "threads", "what_if", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -84,6 +90,8 @@ class Config:
     """The fork's interleaved update: every gap-th sub-group on the GPU (0: off)."""
     binding: bool = False
     """Each rank's threads and pages on its part of the node (`runtime.bind_cores_to_rank`)."""
+    threads: int = DEFAULT_THREADS
+    """OpenMP threads per rank (`runtime.cpu_threads_per_rank`; 0: the default pool)."""
 
     def overrides(self) -> dict[str, Any]:
         optimizer, _, params = self.offload.partition("+")
@@ -105,6 +113,7 @@ class Config:
             Z + "offload_optimizer.prefetch_optimizer": self.gap > 0,
             Z + "offload_optimizer.prefetch_optimizer_gap": self.gap,
             "runtime.bind_cores_to_rank": self.binding,
+            "runtime.cpu_threads_per_rank": self.threads or None,
         }
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
@@ -134,6 +143,8 @@ class Config:
             parts.append(f"interleaved update, gap {self.gap}")
         if self.binding:
             parts.append("cores bound")
+        if self.threads:
+            parts.append(f"{self.threads} threads per rank")
         if self.what_if != "none":
             parts.append(self.what_if)
         return ", ".join(parts)
@@ -176,7 +187,8 @@ def as_given(scenario: Scenario) -> Config:
                   float(ds.sub_group_size), o.ratio, chosen,
                   scenario.activation_checkpointing,
                   o.prefetch_optimizer_gap if o.prefetch_optimizer else 0,
-                  scenario.runtime.bind_cores_to_rank)
+                  scenario.runtime.bind_cores_to_rank,
+                  scenario.runtime.cpu_threads_per_rank or DEFAULT_THREADS)
 
 
 def _divisors(n: int) -> list[int]:
@@ -194,11 +206,13 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 
 
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
-               fork: bool = False, numa: bool = False) -> list[Config]:
+               fork: bool = False, numa: bool = False, filling_threads: int = 0
+               ) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
-    ranks when `numa` (the node has several NUMA domains)."""
+    ranks when `numa` (the node has several NUMA domains), the default pool and
+    `filling_threads` per rank when that is given (the default pools oversubscribe the node)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -215,21 +229,25 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                           else [base.checkpointing]),
         "gap": sorted({*GAPS, base.gap}) if "gap" in free and fork else [base.gap],
         "binding": list(BINDINGS) if "binding" in free and numa else [base.binding],
+        "threads": (sorted({DEFAULT_THREADS, filling_threads, base.threads})
+                    if "threads" in free and filling_threads else [base.threads]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding) in product(*values.values()):
+         gap, binding, threads) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap, binding)
+                        what_if, checkpointing, gap, binding, threads)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
 
 
 def _matters(config: Config, base: Config) -> bool:
-    """Sub-group size only changes an offloaded ZeRO-3 step, binding only an offloaded run's
-    host work: elsewhere keep the base value, so that equal runs are not simulated twice."""
-    if config.offload == "none" and config.binding != base.binding:
+    """Sub-group size only changes an offloaded ZeRO-3 step, binding and the threads per rank
+    only an offloaded run's host work: elsewhere keep the base value, so that equal runs are
+    not simulated twice."""
+    if config.offload == "none" and (config.binding, config.threads) != (base.binding,
+                                                                          base.threads):
         return False
     if not (config.stage == 3 and config.offload != "none"):
         return config.sub_group_size == base.sub_group_size
@@ -287,7 +305,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "reduce_bucket_size": config.reduce_bucket_size,
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
             "checkpointing": config.checkpointing, "gap": config.gap,
-            "binding": config.binding, "what_if": config.what_if,
+            "binding": config.binding, "threads": config.threads, "what_if": config.what_if,
             "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}}
@@ -332,7 +350,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     extra = nvme_overrides(scenario)
     searched = candidates(base, free_knobs(free, fix), nvme=scenario.hardware.has_nvme,
                           fork=scenario.behaviours.fork_options,
-                          numa=scenario.hardware.numa_domains > 1)
+                          numa=scenario.hardware.numa_domains > 1,
+                          filling_threads=filling_threads(scenario))
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (
@@ -373,6 +392,16 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     if out_dir is not None:
         outcome.files = [write_csv(outcome.rows, Path(out_dir) / "tune.csv")]
     return outcome
+
+
+def filling_threads(scenario: Scenario) -> int:
+    """The OpenMP threads per rank that fill the fullest node's hardware threads without
+    oversubscribing them, when its ranks' default pools do oversubscribe it (0 otherwise)."""
+    from zerosim.hardware.costs import cpu_pools
+
+    ranks_on_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
+    pools = cpu_pools(scenario.hardware, ranks_on_node, None)
+    return pools.hardware_threads // ranks_on_node if pools.oversubscription > 1 else 0
 
 
 def nvme_overrides(scenario: Scenario) -> dict[str, Any]:
