@@ -446,7 +446,7 @@ def _pools_text(pools: CpuPools) -> str:
     return (text + f": oversubscribed x{pools.oversubscription:.2f}, {pools.capacity_threads:.0f} "
             f"threads' worth of throughput shared, each OpenMP region waits "
             f"{pools.region_wait_s / MS:.2f} ms more (runtime.cpu_threads_per_rank "
-            f"{pools.hardware_threads // pools.ranks_on_node} would not oversubscribe)")
+            f"{pools.filling_threads} would not oversubscribe)")
 
 
 def _threads_text(scenario: Scenario) -> str:

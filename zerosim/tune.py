@@ -401,7 +401,7 @@ def filling_threads(scenario: Scenario) -> int:
 
     ranks_on_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
     pools = cpu_pools(scenario.hardware, ranks_on_node, None)
-    return pools.hardware_threads // ranks_on_node if pools.oversubscription > 1 else 0
+    return pools.filling_threads if pools.oversubscription > 1 else 0
 
 
 def nvme_overrides(scenario: Scenario) -> dict[str, Any]:

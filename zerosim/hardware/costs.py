@@ -245,6 +245,12 @@ class CpuPools:
     region_wait_s: float
     """What each OpenMP parallel region waits at its join."""
 
+    @property
+    def filling_threads(self) -> int:
+        """Threads per rank that fill the node's hardware threads without oversubscribing
+        them (what `OMP_NUM_THREADS` would be set to)."""
+        return max(1, self.hardware_threads // self.ranks_on_node)
+
 
 def cpu_pools(profile: HardwareProfile, ranks_on_node: int, threads_per_rank: int | None, *,
               bound: bool = False) -> CpuPools:
