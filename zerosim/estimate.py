@@ -443,7 +443,7 @@ def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num
 
 def cluster_of(scenario: Any) -> tuple[int, int, int]:
     """(stage, GPUs per node, nodes) of a scenario's data-parallel ranks, for the estimator."""
-    per_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
+    per_node = scenario.ranks_on_fullest_node
     return scenario.deepspeed.stage, per_node, -(-scenario.data_parallel // per_node)
 
 

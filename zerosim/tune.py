@@ -267,8 +267,7 @@ def memory_floor(scenario: Scenario) -> tuple[float, float]:
     gpu = sum(h.nbytes for h in states if h.device == DeviceKind.GPU)
     host = sum(h.nbytes for h in states if h.device == DeviceKind.HOST)
     activations = sum(m.saved_bytes for m in plan.modules)
-    ranks_per_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
-    return gpu + activations, host * ranks_per_node
+    return gpu + activations, host * scenario.ranks_on_fullest_node
 
 
 def prune_reason(scenario: Scenario) -> str:
@@ -399,8 +398,7 @@ def filling_threads(scenario: Scenario) -> int:
     oversubscribing them, when its ranks' default pools do oversubscribe it (0 otherwise)."""
     from zerosim.hardware.costs import cpu_pools
 
-    ranks_on_node = min(scenario.data_parallel, scenario.hardware.gpus_per_node)
-    pools = cpu_pools(scenario.hardware, ranks_on_node, None)
+    pools = cpu_pools(scenario.hardware, scenario.ranks_on_fullest_node, None)
     return pools.filling_threads if pools.oversubscription > 1 else 0
 
 

@@ -141,11 +141,16 @@ class Scenario:
     stack: SoftwareStack = field(default_factory=lambda: load_stack(DEFAULT_STACK))
     """The software stack of `runtime.framework` (`zerosim.stacks`)."""
 
+    @property
+    def ranks_on_fullest_node(self) -> int:
+        """Ranks on the fullest node: the data-parallel ranks fill nodes of `gpus_per_node`."""
+        return min(self.data_parallel, self.hardware.gpus_per_node)
+
     def cpu_pools(self) -> CpuPools:
         """The OpenMP pools of the ranks on the fullest node: how far they oversubscribe its
         hardware threads and what each parallel region then waits (`costs.cpu_pools`)."""
-        ranks_on_node = min(self.data_parallel, self.hardware.gpus_per_node)
-        return cpu_pools(self.hardware, ranks_on_node, self.runtime.cpu_threads_per_rank,
+        return cpu_pools(self.hardware, self.ranks_on_fullest_node,
+                         self.runtime.cpu_threads_per_rank,
                          bound=self.runtime.bind_cores_to_rank)
 
     def to_dict(self) -> dict[str, Any]:
