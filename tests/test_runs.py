@@ -146,6 +146,35 @@ def test_a_column_with_a_default_may_be_left_out_and_a_warning_says_so():
         read_runs_text(_rows([]), "t.csv")
 
 
+def test_the_models_built_from_the_shape_columns_have_the_tables_parameter_counts():
+    runs = read_runs(TABLE)
+    assert {r.model_params() for r in runs} == {r.params for r in runs} == {
+        5_898_506_240, 5_948_837_888, 9_142_717_440, 11_197_895_680, 11_315_860_480,
+        15_579_222_016}
+    assert all(r.model_params() == r.params for r in runs)
+
+
+def test_a_parameter_count_other_than_the_built_models_is_a_warning():
+    # Tied embeddings drop the output layer: 50,304 x 5,120 = 257,556,480 parameters.
+    with pytest.warns(ScenarioWarning, match=re.escape(
+            "t.csv: row(s) 1, 2: params_analytic_total is 11,197,895,680, the model zerosim "
+            "builds from the shape columns has 10,940,339,200 (-2.30%): the run's model is "
+            "not the one replayed")):
+        runs = read_runs_text(_rows([1, 2], untie_embeddings_and_output_weights="False"),
+                              "t.csv")
+    assert [r.model_params() for r in runs] == [10_940_339_200] * 2
+
+
+def test_a_column_zerosim_does_not_read_is_named_in_a_warning():
+    table = _rows([1]).replace("num_gpus,", "tensor_model_parallel_size,num_gpus,", 1)
+    table = table.replace("\n1,", "\n1,1,", 1)
+    with pytest.warns(ScenarioWarning, match=re.escape(
+            "t.csv: column(s) tensor_model_parallel_size not read: the predictions do not "
+            "depend on them")):
+        run, = read_runs_text(table, "t.csv")
+    assert run.gpus == 1
+
+
 def test_cli_prints_each_configuration_and_writes_the_table(tmp_path):
     table = tmp_path / "runs.csv"
     table.write_text(_rows([2, 7, 15]))

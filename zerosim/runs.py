@@ -65,6 +65,12 @@ BIND_COLUMN = "bind_cores_to_rank"
 """Optional column: True where the run was launched with `--bind_cores_to_rank` and a core
 list in GPU order (`runtime.bind_cores_to_rank`); when absent or empty, what the build says
 (`behaviours.launched_bound`: the Deep Optimizer States builds from c7da512a on)."""
+PARAMS_COLUMN = "params_analytic_total"
+"""Optional column: the table's parameter count of the model, checked against the model zerosim
+builds from the shape columns (a difference is a warning: the model replayed is not the run's)."""
+INFORMATIONAL_COLUMNS = ("n_iters_averaged",)
+"""Columns read as what they are, with no bearing on a prediction: how many iterations each
+measurement averages."""
 SUPPORTED = {"swiglu": ("True",), "normalization": ("rmsnorm",)}
 """Columns whose other values describe a model the stack does not build (a GELU MLP, a
 LayerNorm), with what is supported."""
@@ -188,16 +194,7 @@ class MeasuredRun:
         return {
             "name": f"{name_prefix}{self.name}",
             "description": description or f"run of table row {self.row}",
-            "model": {
-                "name": f"megatron-{self.size_text}", "family": "llama",
-                "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
-                "intermediate_size": self.ffn_hidden_size,
-                "num_attention_heads": self.num_attention_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "vocab_size": self.padded_vocab_size,
-                "tie_word_embeddings": not self.untied_embeddings,
-                "max_position_embeddings": self.seq_length,
-            },
+            "model": self.model_fields(),
             "sequence_length": self.seq_length,
             "activation_checkpointing": self.checkpoint_activations,
             "attention": "flash" if self.flash_attention else "eager",
@@ -226,6 +223,24 @@ class MeasuredRun:
 
     def _fork_options(self) -> dict[str, Any]:
         return fork_settings(self) if self.uses_fork_options else {}
+
+    def model_fields(self) -> dict[str, Any]:
+        """The model of the shape columns, as a scenario's `model` mapping (Megatron-DeepSpeed's
+        Llama-style GPT: the `llama` family)."""
+        return {"name": f"megatron-{self.size_text}", "family": "llama",
+                "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+                "intermediate_size": self.ffn_hidden_size,
+                "num_attention_heads": self.num_attention_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "vocab_size": self.padded_vocab_size,
+                "tie_word_embeddings": not self.untied_embeddings,
+                "max_position_embeddings": self.seq_length}
+
+    def model_params(self) -> int:
+        """Parameters of the model zerosim builds from the shape columns (pure: no SimPy)."""
+        from zerosim.models import ModelSpec, total_params
+
+        return total_params(ModelSpec(**self.model_fields()))
 
 
 def _is_file(hardware: str | Path) -> bool:
@@ -316,7 +331,7 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
             seconds[phase] = value / 1000
     gpu = _measured(source, row, GPU_MEMORY_COLUMN, r.get(GPU_MEMORY_COLUMN))
     host = _measured(source, row, HOST_MEMORY_COLUMN, r.get(HOST_MEMORY_COLUMN))
-    params = r.get("params_analytic_total")
+    params = r.get(PARAMS_COLUMN)
     fork = _fork_options(source, row, r)
     build = r["deepspeed_version"].strip()
     bound = (r.get(BIND_COLUMN) or "").strip()
@@ -336,7 +351,7 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
         zero_stage=int(stage), build=build,
         bind_cores_to_rank=(_flag(source, row, BIND_COLUMN, bound) if bound
                             else launched_bound(build)),
-        params=_count(source, row, "params_analytic_total", params) if params else None,
+        params=_count(source, row, PARAMS_COLUMN, params) if params else None,
         **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * GiB,
         peak_host_bytes=None if host is None else host * GiB)
 
@@ -353,17 +368,55 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
                             Described(f"no column {missing[0]!r}"))
     filled = {c: v for c, v in DEFAULTS.items() if c not in header}
     if filled:
-        import warnings
-
-        from zerosim.errors import ScenarioWarning
-
-        warnings.warn(f"{source}: no column {', '.join(filled)}; every run takes "
-                      + ", ".join(f"{c}={v}" for c, v in filled.items()), ScenarioWarning,
-                      stacklevel=2)
+        _warn(f"{source}: no column {', '.join(filled)}; every run takes "
+              + ", ".join(f"{c}={v}" for c, v in filled.items()))
     runs = [_run(source, row, filled | r) for row, r in enumerate(reader, start=1)]
     if not runs:
         raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
+    _warn_unread_columns(source, header)
+    _warn_other_models(source, runs)
     return runs
+
+
+def known_columns() -> frozenset[str]:
+    """Every column `read_runs_text` reads or knows to have no bearing on a prediction."""
+    return frozenset((*COUNT_COLUMNS, *FLAG_COLUMNS, *DEFAULTS, *SUPPORTED,
+                      *TIME_COLUMNS.values(), GPU_MEMORY_COLUMN, HOST_MEMORY_COLUMN,
+                      "data_parallel_size", PARAMS_COLUMN, BIND_COLUMN, *INFORMATIONAL_COLUMNS,
+                      *FORK_COLUMNS, *(OFFLOAD_PREFIX + c for c in FORK_COLUMNS)))
+
+
+def _warn_unread_columns(source: str, header: Sequence[str]) -> None:
+    """A column zerosim does not read cannot change a prediction: say so rather than let a
+    setting the table records (another parallelism, an option) pass unseen."""
+    unread = [c for c in header if c not in known_columns()]
+    if unread:
+        _warn(f"{source}: column(s) {', '.join(unread)} not read: the predictions do not "
+              "depend on them")
+
+
+def _warn_other_models(source: str, runs: Sequence[MeasuredRun]) -> None:
+    """Rows whose `params_analytic_total` differs from the parameters of the model zerosim
+    builds from their shape columns (one warning per shape)."""
+    rows_by_shape: dict[tuple[int, int], list[int]] = {}
+    for run in runs:
+        if run.params is not None:
+            built = run.model_params()
+            if built != run.params:
+                rows_by_shape.setdefault((run.params, built), []).append(run.row)
+    for (table, built), rows in rows_by_shape.items():
+        _warn(f"{source}: row(s) {', '.join(map(str, rows))}: {PARAMS_COLUMN} is {table:,}, "
+              f"the model zerosim builds from the shape columns has {built:,} "
+              f"({built / table - 1:+.2%}): the run's model is not the one replayed (biases, "
+              "tied embeddings or another MLP would differ so)")
+
+
+def _warn(message: str) -> None:
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
+
+    warnings.warn(message, ScenarioWarning, stacklevel=3)
 
 
 def read_runs(path: str | Path) -> list[MeasuredRun]:
