@@ -32,15 +32,18 @@ def test_check_json_has_defaults_filled_in():
 
 def test_check_names_the_framework_s_structural_choices():
     """What the stack decides beside its numbers: how a block is cut into modules, the syncs
-    before each MLP, and whether gathers and reductions share one process group."""
+    before each MLP, whether gathers and reductions share one process group, and how many
+    workers each rank's data loader forks."""
     layout = json.loads(invoke("check", DP1, "--json").output)["runtime"]["framework"]["layout"]
     assert layout == {"qkv": "fused", "gate_up": "fused", "output_weight": "external",
-                      "syncs_before_mlp": 2, "process_groups": "same"}
+                      "syncs_before_mlp": 2, "process_groups": "same",
+                      "dataloader_workers": 2}
     hf = invoke("check", DP1, "--json", "--set", "runtime.framework=hf-transformers")
     assert json.loads(hf.output)["runtime"]["framework"]["layout"] == {
         "qkv": "separate", "gate_up": "separate", "output_weight": "module",
-        "syncs_before_mlp": 0, "process_groups": "separate"}
-    assert "process_groups same" in " ".join(invoke("check", DP1).output.split())
+        "syncs_before_mlp": 0, "process_groups": "separate", "dataloader_workers": 0}
+    text = " ".join(invoke("check", DP1).output.split())
+    assert "process_groups same" in text and "dataloader_workers 2" in text
 
 
 def test_check_says_whether_the_ranks_pools_oversubscribe_the_node():

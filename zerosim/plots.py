@@ -116,6 +116,7 @@ MEMORY_COLORS: dict[Category, str] = {
     Category.GRAD_ACCUMULATION: TOL_MUTED[4],
     Category.SWAP_BUFFERS: TOL_MUTED[1],
     Category.CPU_ADAM_BUFFERS: TOL_MUTED[3],
+    Category.FORKED_PAGES: "#DDDDDD",
     Category.PAGEABLE_TEMPORARIES: OKABE_ITO["black"],
 }
 MEMORY_ORDER = tuple(MEMORY_COLORS)

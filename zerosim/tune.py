@@ -263,7 +263,8 @@ def memory_floor(scenario: Scenario) -> tuple[float, float]:
     from zerosim.vocabulary import DeviceKind
 
     plan = plan_of(scenario)
-    states = model_states(scenario.deepspeed, plan, scenario.hardware, scenario.behaviours)
+    states = model_states(scenario.deepspeed, plan, scenario.hardware, scenario.behaviours,
+                          dataloader_workers=scenario.stack.dataloader_workers)
     gpu = sum(h.nbytes for h in states if h.device == DeviceKind.GPU)
     host = sum(h.nbytes for h in states if h.device == DeviceKind.HOST)
     activations = sum(m.saved_bytes for m in plan.modules)

@@ -164,6 +164,9 @@ class Category(StrEnum):
     PREFETCHED_STATE = "prefetched optimizer state"
     SWAP_BUFFERS = "swap buffers"
     CPU_ADAM_BUFFERS = "CPU Adam buffers"
+    FORKED_PAGES = "pages kept by forked workers"
+    """Pre-fork pages of pageable host state the rank rewrote, still held by the worker
+    processes its data loader forked (copy-on-write)."""
 
     @property
     def is_static(self) -> bool:
@@ -177,6 +180,7 @@ STATIC_CATEGORIES = frozenset({
     Category.IPG_BUCKET, Category.FP32_MASTER, Category.OPTIMIZER_STATES, Category.FP32_GRADS,
     Category.GRAD_ACCUMULATION, Category.FP32_MASTER_GPU, Category.OPTIMIZER_STATES_GPU,
     Category.FP32_GRADS_GPU, Category.SWAP_BUFFERS, Category.CPU_ADAM_BUFFERS,
+    Category.FORKED_PAGES,
 })
 
 

@@ -67,7 +67,8 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     return RankProgram(core, _params(core, gathers),
                        _gradients(core, states, gpu_gradients, reductions),
                        _optimizer(core, states, gpu_gradients),
-                       model_states(core.ds, core.plan, core.profile, core.behaviours))
+                       model_states(core.ds, core.plan, core.profile, core.behaviours,
+                                    dataloader_workers=ctx.scenario.stack.dataloader_workers))
 
 
 def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:

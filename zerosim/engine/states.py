@@ -57,9 +57,20 @@ def _host_allocations(sizes: list[float], buffer: BufferKind) -> float:
     return float(sum(sizes))
 
 
+REWRITTEN_AFTER_FORK = frozenset({Category.FP32_MASTER})
+"""Host state DeepSpeed makes with the optimizer, before the framework's data loader forks its
+workers, and rewrites in place at every step: the fp32 master partition (stage3.py
+`_create_fp32_partitions`, stage_1_and_2.py `single_partition_of_fp32_groups`: `.float()`
+copies in pageable memory, which CPU Adam updates in place). DeepSpeedCPUAdam makes the Adam
+moments at its first step, after the fork (lazy state, DeepSpeed 0.13.3), and a pinned buffer
+is never copied: the NVIDIA driver maps pinned system memory `VM_SHARED`, 'to avoid any
+undesired copy-on-write effects' (open-gpu-kernel-modules, nv-mmap.c `nvidia_mmap_helper`)."""
+
+
 def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
-                 behaviours: Behaviours) -> list[Holding]:
-    """Every static allocation of one rank, in the order DeepSpeed makes them."""
+                 behaviours: Behaviours, *, dataloader_workers: int = 0) -> list[Holding]:
+    """Every static allocation of one rank, in the order DeepSpeed makes them, and the pages
+    its data loader's `dataloader_workers` keep (`forked_pages`)."""
     held = [Holding(DeviceKind.GPU, Category.RUNTIME_CONTEXT, profile.runtime_context_bytes,
                     "CUDA context"), *_framework_buffers(plan)]
     if ds.offload_optimizer.enabled:
@@ -67,7 +78,23 @@ def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
         states = _offloaded_stage3 if ds.stage == 3 else _offloaded_stage12
     else:
         states = _on_gpu
-    return held + states(ds, plan)
+    held += states(ds, plan)
+    return held + forked_pages(held, dataloader_workers)
+
+
+def forked_pages(held: list[Holding], workers: int) -> list[Holding]:
+    """What forked data-loader workers keep of a rank's host state: a forked child shares the
+    rank's pageable pages copy-on-write, so every page of `REWRITTEN_AFTER_FORK` state is held
+    twice once the rank has rewritten it, the rank's new copy and the workers' old one (one
+    old copy however many workers share it)."""
+    if workers <= 0:
+        return []
+    nbytes = sum(h.nbytes for h in held if h.device is DeviceKind.HOST
+                 and h.category in REWRITTEN_AFTER_FORK and h.buffer is not BufferKind.PINNED)
+    if nbytes <= 0:
+        return []
+    return [Holding(DeviceKind.HOST, Category.FORKED_PAGES, nbytes,
+                    "fp32 partition as it was before the fork, kept by the data loader's workers")]
 
 
 def _cpu_adam_buffers(behaviours: Behaviours) -> list[Holding]:

@@ -36,6 +36,10 @@ reading its weight from the model's own forward (`external`: a ZeRO-3 external p
 SYNCS_KEY = "modules.syncs_before_mlp"
 """The optional count of host-blocking synchronisations between a block's attention and its
 MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent)."""
+WORKERS_KEY = "processes.dataloader_workers"
+"""The optional count of worker processes each rank's data loader forks once the model and the
+optimizer are built (`SoftwareStack.dataloader_workers`), as `{count: N, source: '...'}` (0
+when absent)."""
 KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
               "loss")
 GROUPS_KEY = "process_groups.params_and_gradients"
@@ -89,6 +93,11 @@ class SoftwareStack:
     """The parameter all-gathers and the gradient reductions share one NCCL communicator
     (`process_groups.params_and_gradients: same`), so each waits for every collective the host
     issued before it, of either kind."""
+    dataloader_workers: int = 0
+    """Worker processes each rank's data loader forks after the optimizer is built. Forked
+    children share the rank's pages copy-on-write, so a page of pageable host state that
+    existed before the fork and that the rank writes afterwards is held twice: once by the rank
+    (its new copy), once by the workers (the old one)."""
 
     def layout(self) -> dict[str, Any]:
         """The stack's structural choices, as its file spells them (for `zerosim check`)."""
@@ -98,7 +107,8 @@ class SoftwareStack:
                 "gate_up": fused if r.fused_gate_up else separate,
                 "output_weight": OUTPUT_WEIGHTS[r.external_output_weight],
                 "syncs_before_mlp": r.syncs_before_mlp,
-                "process_groups": GROUP_CHOICES[self.one_process_group]}
+                "process_groups": GROUP_CHOICES[self.one_process_group],
+                "dataloader_workers": self.dataloader_workers}
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
@@ -158,7 +168,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
-             "loss_memory", "allocator", "process_groups"}
+             "loss_memory", "allocator", "process_groups", "processes"}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -188,7 +198,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     provenance[factor_key] = factor
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
                     external_output_weight=output_weight == "external",
-                    syncs_before_mlp=_syncs_before_mlp(tree, source),
+                    syncs_before_mlp=_count_leaf(tree, SYNCS_KEY, 16, source),
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=ScoreMemory(**_memory_section(
@@ -215,7 +225,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     return SoftwareStack(name=name, description=str(tree.get("description", "")),
                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
                          heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance),
-                         one_process_group=_one_process_group(tree, source), **times)
+                         one_process_group=_one_process_group(tree, source),
+                         dataloader_workers=_dataloader_workers(tree, source), **times)
 
 
 def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
@@ -236,17 +247,28 @@ def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
     return raw["value"] == "same"
 
 
-def _syncs_before_mlp(tree: Mapping[str, Any], source: str) -> int:
-    """The optional `modules.syncs_before_mlp`: `{count: N, source: '...'}`, N (0 when absent)."""
-    raw = dotted_leaf(tree, SYNCS_KEY)
+def _count_leaf(tree: Mapping[str, Any], key: str, most: int, source: str) -> int:
+    """An optional `{count: N, source: '...'}` leaf (`modules.syncs_before_mlp`,
+    `processes.dataloader_workers`): N, from 0 to `most` (0 when absent)."""
+    raw = dotted_leaf(tree, key)
     if raw is None:
         return 0
     if not isinstance(raw, Mapping) or set(raw) != {"count", "source"}:
-        raise ScenarioError(source, SYNCS_KEY, "{count: N, source: '...'}", raw)
+        raise ScenarioError(source, key, "{count: N, source: '...'}", raw)
     count = raw["count"]
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 16:
-        raise ScenarioError(source, f"{SYNCS_KEY}.count", "an integer from 0 to 16", count)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= most:
+        raise ScenarioError(source, f"{key}.count", f"an integer from 0 to {most}", count)
     return count
+
+
+def _dataloader_workers(tree: Mapping[str, Any], source: str) -> int:
+    """The optional `processes` section: `dataloader_workers` (0 when absent)."""
+    section = tree.get("processes")
+    if section is not None and (not isinstance(section, Mapping)
+                                or set(section) - {"dataloader_workers"}):
+        raise ScenarioError(source, "processes", "{dataloader_workers: {count: N, source: "
+                            "'...'}}", section)
+    return _count_leaf(tree, WORKERS_KEY, 64, source)
 
 
 def _heap_reuse_bytes(tree: Mapping[str, Any], source: str,

@@ -419,7 +419,8 @@ def seed003_cells() -> list[Cell]:
 POLARIS_GROUP = "Polaris (4x A100, Megatron-DeepSpeed, 0.13.3)"
 HOST_MEMORY_NOTE = ("reported, not judged: the run's host memory in use counts every process "
                     "and the OS; zerosim counts what DeepSpeed and the framework allocate "
-                    "for training (states, buffers, temporaries)")
+                    "for training (states, buffers, temporaries) and the pages the data "
+                    "loader's forked workers keep")
 
 
 def polaris_cells() -> list[Cell]:
