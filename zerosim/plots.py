@@ -117,6 +117,8 @@ MEMORY_COLORS: dict[Category, str] = {
     Category.SWAP_BUFFERS: TOL_MUTED[1],
     Category.CPU_ADAM_BUFFERS: TOL_MUTED[3],
     Category.FORKED_PAGES: "#DDDDDD",
+    Category.RANK_PROCESSES: "#C8C8C8",
+    Category.OS: "#B0B0B0",
     Category.PAGEABLE_TEMPORARIES: OKABE_ITO["black"],
 }
 MEMORY_ORDER = tuple(MEMORY_COLORS)

@@ -259,16 +259,17 @@ def memory_floor(scenario: Scenario) -> tuple[float, float]:
     and the micro-batch's saved activations) and in one node's host memory (every rank's
     model states)."""
     from zerosim.engine.plan import plan_of
-    from zerosim.engine.states import model_states
+    from zerosim.engine.states import model_states, node_holdings
     from zerosim.vocabulary import DeviceKind
 
     plan = plan_of(scenario)
     states = model_states(scenario.deepspeed, plan, scenario.hardware, scenario.behaviours,
-                          dataloader_workers=scenario.stack.dataloader_workers)
+                          scenario.stack)
     gpu = sum(h.nbytes for h in states if h.device == DeviceKind.GPU)
     host = sum(h.nbytes for h in states if h.device == DeviceKind.HOST)
+    node = sum(h.nbytes for h in node_holdings(scenario.hardware))
     activations = sum(m.saved_bytes for m in plan.modules)
-    return gpu + activations, host * scenario.ranks_on_fullest_node
+    return gpu + activations, host * scenario.ranks_on_fullest_node + node
 
 
 def prune_reason(scenario: Scenario) -> str:

@@ -167,6 +167,10 @@ class Category(StrEnum):
     FORKED_PAGES = "pages kept by forked workers"
     """Pre-fork pages of pageable host state the rank rewrote, still held by the worker
     processes its data loader forked (copy-on-write)."""
+    RANK_PROCESSES = "rank processes"
+    """What a rank's processes hold besides its tensors: interpreter, framework, workers."""
+    OS = "OS and services"
+    """What a node's OS and services hold whatever its ranks do."""
 
     @property
     def is_static(self) -> bool:
@@ -180,7 +184,7 @@ STATIC_CATEGORIES = frozenset({
     Category.IPG_BUCKET, Category.FP32_MASTER, Category.OPTIMIZER_STATES, Category.FP32_GRADS,
     Category.GRAD_ACCUMULATION, Category.FP32_MASTER_GPU, Category.OPTIMIZER_STATES_GPU,
     Category.FP32_GRADS_GPU, Category.SWAP_BUFFERS, Category.CPU_ADAM_BUFFERS,
-    Category.FORKED_PAGES,
+    Category.FORKED_PAGES, Category.RANK_PROCESSES, Category.OS,
 })
 
 

@@ -68,7 +68,7 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
                        _gradients(core, states, gpu_gradients, reductions),
                        _optimizer(core, states, gpu_gradients),
                        model_states(core.ds, core.plan, core.profile, core.behaviours,
-                                    dataloader_workers=ctx.scenario.stack.dataloader_workers))
+                                    ctx.scenario.stack))
 
 
 def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:

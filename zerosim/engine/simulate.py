@@ -20,6 +20,7 @@ from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
 from zerosim.engine.plan import Plan, plan_of
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
+from zerosim.engine.states import node_holdings
 from zerosim.engine.symmetry import rank_classes
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
@@ -308,6 +309,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
         observer(ctx)
     status, oom, events = "ok", None, None
     try:
+        _node_holdings(machine, pools, hold=True)
         events = run_until(env, AllDone(env, ranks))
     except OutOfMemory as err:
         status, oom = "oom", err.to_dict()
@@ -319,8 +321,21 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
                  copies=scenario.data_parallel // simulated, **_folding(machine))
     if status == "ok":
         machine.assert_idle()
+        _node_holdings(machine, pools, hold=False)
         raw.checks = check_invariants(raw, pools)
     return raw, pools
+
+
+def _node_holdings(machine: Machine, pools: dict[str, MemoryPool], *, hold: bool) -> None:
+    """What each simulated node's host memory holds for the whole run (`node_holdings`):
+    taken before the ranks start, given back after them so that the end-of-run check finds
+    every allocation freed."""
+    for host in dict.fromkeys(placement.host_device for placement in machine.simulated):
+        for held in node_holdings(machine.profile):
+            if hold:
+                pools[host].allocate(held.category, held.nbytes, held.what, held.buffer)
+            else:
+                pools[host].free(held.category, round(held.nbytes), held.buffer)
 
 
 def _folding(machine: Machine) -> dict[str, dict]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from zerosim.behaviours import Behaviours
 from zerosim.engine.plan import Plan
@@ -21,6 +22,9 @@ from zerosim.hardware.profile import HardwareProfile
 from zerosim.scenario import DeepSpeedConfig
 from zerosim.units import BYTES_PER_DTYPE, FP16_BYTES, FP32_BYTES
 from zerosim.vocabulary import BufferKind, Category, DeviceKind, host_buffer
+
+if TYPE_CHECKING:
+    from zerosim.stacks import SoftwareStack
 
 ADAM_STATES = 2
 """exp_avg and exp_avg_sq, fp32 each."""
@@ -68,9 +72,10 @@ undesired copy-on-write effects' (open-gpu-kernel-modules, nv-mmap.c `nvidia_mma
 
 
 def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
-                 behaviours: Behaviours, *, dataloader_workers: int = 0) -> list[Holding]:
-    """Every static allocation of one rank, in the order DeepSpeed makes them, and the pages
-    its data loader's `dataloader_workers` keep (`forked_pages`)."""
+                 behaviours: Behaviours, stack: SoftwareStack | None = None) -> list[Holding]:
+    """Every static allocation of one rank, in the order DeepSpeed makes them, then what the
+    framework's processes hold besides (`forked_pages`, `rank_processes`; none without a
+    `stack`)."""
     held = [Holding(DeviceKind.GPU, Category.RUNTIME_CONTEXT, profile.runtime_context_bytes,
                     "CUDA context"), *_framework_buffers(plan)]
     if ds.offload_optimizer.enabled:
@@ -79,7 +84,26 @@ def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
     else:
         states = _on_gpu
     held += states(ds, plan)
-    return held + forked_pages(held, dataloader_workers)
+    if stack is None:
+        return held
+    return held + forked_pages(held, stack.dataloader_workers) + rank_processes(stack)
+
+
+def rank_processes(stack: SoftwareStack) -> list[Holding]:
+    """What a rank's processes hold in host memory besides its tensors (the stack's
+    `processes.rank_resident_GiB`)."""
+    if stack.rank_resident_bytes <= 0:
+        return []
+    return [Holding(DeviceKind.HOST, Category.RANK_PROCESSES, stack.rank_resident_bytes,
+                    "the rank's processes besides its tensors")]
+
+
+def node_holdings(profile: HardwareProfile) -> list[Holding]:
+    """What a node's host memory holds whatever its ranks do (`host.os_resident_GiB`)."""
+    if profile.os_resident_bytes <= 0:
+        return []
+    return [Holding(DeviceKind.HOST, Category.OS, profile.os_resident_bytes,
+                    "the OS and the node's services")]
 
 
 def forked_pages(held: list[Holding], workers: int) -> list[Holding]:

@@ -84,6 +84,9 @@ class HardwareProfile:
     threads_per_core: int
     numa_domains: int
     host_memory_bytes: float
+    os_resident_bytes: float
+    """Host memory the OS and the node's services hold whatever the training does (the
+    kernel, its caches that cannot be reclaimed, daemons)."""
     memory_Bps_per_domain: float
     dma_memory_weight: float
     socket_link_Bps: float
@@ -183,6 +186,7 @@ QUANTITIES: dict[str, Quantity] = {
                          "a positive bandwidth in GB/s per NIC per direction"),
     "network.latency_us": ("network_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
     "host.memory_GiB": ("host_memory_bytes", GiB, _positive, "a positive number of GiB"),
+    "host.os_resident_GiB": ("os_resident_bytes", GiB, _non_negative, "GiB >= 0"),
     "host.cpu_boost_GHz": ("cpu_boost_Hz", GHZ, _positive, "a positive clock in GHz"),
     "host.memory_GBps_per_domain": ("memory_Bps_per_domain", GB, _positive,
                                     "a positive bandwidth in GB/s"),
@@ -259,6 +263,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
                                      "OpenMP pools oversubscribe its hardware threads beyond "
                                      "the throughput cpu.oversubscription_penalty takes: "
                                      "profiles written before the key existed charged none"),
+    "host.os_resident_GiB": (0, "nothing held by the OS and the node's services: profiles "
+                             "written before the key existed counted training's own memory "
+                             "alone"),
     "host.remote_access_cost": (1.0, "a byte read or written from another NUMA domain costs "
                                 "its domain what a local byte costs: profiles written before "
                                 "the key existed charged no more for it"),

@@ -129,6 +129,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "stack.kernels.*.kernels": _count(0, 10_000, "a kernel count"),
     "stack.attention_memory.*": Plausible(0, 64, "bytes per attention score"),
     "stack.allocator.heap_reuse_MiB": Plausible(0, 1024**2, "a size in MiB"),
+    "stack.processes.rank_resident_GiB": Plausible(0, 1e4, "a memory size in GiB"),
     # ---- hardware profile keys
     "hardware.description": PlausibleText(10_000),
     "hardware.nodes": _count(1, 1e6, "a node count"),
@@ -143,6 +144,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.gpu.peak_16bit_TFLOPS": Plausible(1e-3, 1e7, "a throughput in TFLOP/s"),
     "hardware.gpu.runtime_context_GiB": Plausible(0, 1e6, "a memory size in GiB"),
     "hardware.host.memory_GiB": Plausible(1e-3, 1e8, "a memory size in GiB"),
+    "hardware.host.os_resident_GiB": Plausible(0, 1e5, "a memory size in GiB"),
     "hardware.host.dma_memory_weight": Plausible(1e-4, 1e4, "a weight"),
     "hardware.host.remote_access_cost": Plausible(1, 100, "a cost factor"),
     "hardware.host.socket_link_total_GBps": Plausible(0, GBPS[1], "a bandwidth in GB/s "

@@ -22,7 +22,7 @@ from zerosim.errors import ScenarioError
 from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import Elementwise, LossMemory, Recipe, ScoreMemory
-from zerosim.units import MS, US, MiB
+from zerosim.units import MS, US, GiB, MiB
 from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
 
 DEFAULT_STACK = "megatron-deepspeed"
@@ -36,6 +36,9 @@ reading its weight from the model's own forward (`external`: a ZeRO-3 external p
 SYNCS_KEY = "modules.syncs_before_mlp"
 """The optional count of host-blocking synchronisations between a block's attention and its
 MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent)."""
+RESIDENT_KEY = "processes.rank_resident_GiB"
+"""The optional host memory each rank's processes hold besides its tensors
+(`SoftwareStack.rank_resident_bytes`), a `{value, basis, source}` leaf (0 when absent)."""
 WORKERS_KEY = "processes.dataloader_workers"
 """The optional count of worker processes each rank's data loader forks once the model and the
 optimizer are built (`SoftwareStack.dataloader_workers`), as `{count: N, source: '...'}` (0
@@ -93,6 +96,9 @@ class SoftwareStack:
     """The parameter all-gathers and the gradient reductions share one NCCL communicator
     (`process_groups.params_and_gradients: same`), so each waits for every collective the host
     issued before it, of either kind."""
+    rank_resident_bytes: float = 0.0
+    """Host memory each rank's processes hold besides the tensors zerosim tracks: the Python
+    interpreter, the framework's and CUDA's host state, the data loader's workers."""
     dataloader_workers: int = 0
     """Worker processes each rank's data loader forks after the optimizer is built. Forked
     children share the rank's pages copy-on-write, so a page of pageable host state that
@@ -226,7 +232,9 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
                          heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance),
                          one_process_group=_one_process_group(tree, source),
-                         dataloader_workers=_dataloader_workers(tree, source), **times)
+                         dataloader_workers=_dataloader_workers(tree, source),
+                         rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
+                         **times)
 
 
 def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
@@ -261,14 +269,32 @@ def _count_leaf(tree: Mapping[str, Any], key: str, most: int, source: str) -> in
     return count
 
 
-def _dataloader_workers(tree: Mapping[str, Any], source: str) -> int:
-    """The optional `processes` section: `dataloader_workers` (0 when absent)."""
+def _processes(tree: Mapping[str, Any], source: str) -> Mapping[str, Any]:
+    """The optional `processes` section: `dataloader_workers` and `rank_resident_GiB`."""
     section = tree.get("processes")
-    if section is not None and (not isinstance(section, Mapping)
-                                or set(section) - {"dataloader_workers"}):
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping) or set(section) - {"dataloader_workers",
+                                                           "rank_resident_GiB"}:
         raise ScenarioError(source, "processes", "{dataloader_workers: {count: N, source: "
+                            "'...'}, rank_resident_GiB: {value: GiB, basis: ..., source: "
                             "'...'}}", section)
+    return section
+
+
+def _dataloader_workers(tree: Mapping[str, Any], source: str) -> int:
+    _processes(tree, source)
     return _count_leaf(tree, WORKERS_KEY, 64, source)
+
+
+def _rank_resident_bytes(tree: Mapping[str, Any], source: str,
+                         provenance: dict[str, Provenance]) -> float:
+    if "rank_resident_GiB" not in _processes(tree, source):
+        return 0.0
+    prov = parse_provenance(dotted_leaf(tree, RESIDENT_KEY), source, RESIDENT_KEY,
+                            table="stack")
+    provenance[RESIDENT_KEY] = prov
+    return _non_negative(prov, source, RESIDENT_KEY) * GiB
 
 
 def _heap_reuse_bytes(tree: Mapping[str, Any], source: str,

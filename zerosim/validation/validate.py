@@ -419,8 +419,9 @@ def seed003_cells() -> list[Cell]:
 POLARIS_GROUP = "Polaris (4x A100, Megatron-DeepSpeed, 0.13.3)"
 HOST_MEMORY_NOTE = ("reported, not judged: the run's host memory in use counts every process "
                     "and the OS; zerosim counts what DeepSpeed and the framework allocate "
-                    "for training (states, buffers, temporaries) and the pages the data "
-                    "loader's forked workers keep")
+                    "for training (states, buffers, temporaries), the pages the data "
+                    "loader's forked workers keep, each rank's processes and the node's OS, "
+                    "the last two fitted on these cells")
 
 
 def polaris_cells() -> list[Cell]:
