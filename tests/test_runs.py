@@ -188,6 +188,9 @@ def test_cli_prints_each_configuration_and_writes_the_table(tmp_path):
     assert [r["rows"] for r in rows] == ["1 2", "3"]
     assert float(rows[0]["error_iteration"]) == pytest.approx(
         float(rows[0]["predicted_iteration_s"]) / float(rows[0]["measured_iteration_s"]) - 1)
+    assert float(rows[0]["measured_peak_host_GiB"]) == pytest.approx((287.51 + 284.9) / 2)
+    assert float(rows[0]["error_peak_host"]) == pytest.approx(
+        float(rows[0]["predicted_peak_host_GiB"]) / float(rows[0]["measured_peak_host_GiB"]) - 1)
 
 
 def test_cli_json_and_refusals(tmp_path):

@@ -614,7 +614,8 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
                       *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      "predicted_peak_host_GiB", "measured_peak_host_GiB", "error")
+                      "predicted_peak_host_GiB", "measured_peak_host_GiB", "error_peak_host",
+                      "error")
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
@@ -634,6 +635,8 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
     row["predicted_peak_host_GiB"] = (None if p.predicted_peak_host_bytes is None
                                       else p.predicted_peak_host_bytes / GiB)
     row["measured_peak_host_GiB"] = None if host is None else host / GiB
+    row["error_peak_host"] = (None if host is None or p.predicted_peak_host_bytes is None
+                              else p.predicted_peak_host_bytes / host - 1)
     return row
 
 
