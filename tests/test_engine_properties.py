@@ -509,7 +509,7 @@ def test_more_cpu_cores_never_slow_the_iteration(toy, config, cores):
 
 def test_pinned_allocations_round_up_to_a_power_of_two():
     """PyTorch's caching host allocator pins the next power of two of every request."""
-    from zerosim.engine.states import pinned_bytes
+    from zerosim.hardware.costs import pinned_bytes
     assert [pinned_bytes(n) for n in (0, 1, 3, 4, 5, 4e8, 2**29, 2**29 + 1)] == [
         0, 1, 4, 4, 8, 2**29, 2**29, 2**30]
 

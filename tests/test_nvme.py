@@ -259,17 +259,17 @@ def test_io_alignment():
 
 
 def test_optimizer_swap_buffers():
-    # 1e6 fp32 elements: 1e6 / 256 = 3906.25 -> 3907 x 256 = 1,000,192 elements;
-    # 4 buffers x 1,000,192 x 4 B = 16,003,072 B
+    # 1e6 fp32 elements: 1e6 / 256 = 3906.25 -> 3907 x 256 = 1,000,192 elements, 4,000,768 B,
+    # each pinned as the next power of two, 2^22 = 4,194,304 B: 4 buffers 16,777,216 B
     assert nvme.optimizer_swap_buffer_bytes(1_000_000, buffer_count=4, thread_count=1) \
-        == 16_003_072
+        == 16_777_216
 
 
 def test_param_swap_buffers():
     # buffer_size 1e8 16-bit elements: 1e8 / 512 = 195312.5 -> 195313 x 512 = 100,000,256;
-    # 5 buffers x 100,000,256 x 2 B = 1,000,002,560 B
+    # one tensor of 5 buffers x 100,000,256 x 2 B = 1,000,002,560 B, pinned as 2^30 B
     assert nvme.param_swap_buffer_bytes(buffer_count=5, buffer_size=10**8, thread_count=1) \
-        == 1_000_002_560
+        == 1_073_741_824
 
 
 @pytest.mark.parametrize(("sub_groups", "read", "write", "needed"), [
@@ -514,3 +514,21 @@ def test_a_prefetch_stops_at_a_partition_on_nvme_without_a_free_swap_buffer(
     assert calls[0] == "all-gather embed_tokens"
     assert calls[1].startswith("all-gather layers.0.input_layernorm + ")
     assert calls[1].endswith(" + lm_head") == head_in_first_prefetch
+
+
+def test_swap_buffers_are_pinned_as_pytorch_pins_them():
+    """Every swap buffer goes through `pin_memory()`, so PyTorch's caching host allocator pins
+    the next power of two. The optimizer's: 4 buffers of the largest swapped sub-group
+    (2097920 fp32, already aligned: 8,391,680 B), 2^24 B each. The parameters': one tensor of
+    5 x 100,000,256 16-bit elements, 2^30 B. The swap-out pool: the sub-group with the most
+    partition elements (group 1) at its parameters' whole sizes, each aligned to 512
+    elements (the three 256-element norms take 512): 3 x 512 + 4 x 65536 + 3 x 262144 +
+    1048576 = 2,098,688 elements, 4,197,376 B, pinned as 2^23 B."""
+    result = nvme_run(NVME_PARAM | {"offload_param": {"device": "nvme",
+                                                      "nvme_path": "/local_nvme",
+                                                      "max_in_cpu": 0,
+                                                      "pin_memory": True}})
+    memory = result.memory
+    start = memory[(memory.device == "host0") & (memory.t_s == 0)]
+    swap = start[start.category == "swap buffers (pinned)"].bytes.iloc[-1]
+    assert swap == 4 * 2**24 + 2**30 + 2**23

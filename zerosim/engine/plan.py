@@ -118,6 +118,18 @@ class Plan:
         return sum(p.partition_numel for p in self.all_params
                    if (p.module, p.index) in self.nvme_params)
 
+    def swap_out_pool_numel(self, element_bytes: int, thread_count: int) -> int:
+        """Elements of the pinned pool DeepSpeed reserves for swapping 16-bit parameters out
+        (stage3.py `_create_fp16_partitions_with_defragmentation`): the sub-group with the
+        most partition elements (the first such), whose parameters' whole, unpartitioned
+        sizes (`ds_numel`), each I/O-aligned, `reserve_partitioned_swap_space` adds up."""
+        if not self.subgroups:
+            return 0
+        largest = self.subgroups.index(max(self.subgroups))
+        return sum(nvme.io_aligned_numel(p.numel, element_bytes, thread_count)
+                   for p in self.all_params
+                   if self.subgroup_of[(p.module, p.index)] == largest)
+
     def subgroup_params_on_nvme(self, group: int) -> int:
         """Partition numel of the sub-group's 16-bit parameters that live on NVMe."""
         return sum(p.partition_numel for p in self.all_params

@@ -11,7 +11,6 @@ are tracked as `grads` while they live.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,20 +43,10 @@ class Holding:
     buffer: BufferKind = BufferKind.NONE
 
 
-def pinned_bytes(nbytes: float) -> int:
-    """What one pinned host allocation of `nbytes` takes: PyTorch's caching host allocator
-    (behind `tensor.pin_memory()` and `pin_memory=True`; ATen's CachingHostAllocator) rounds
-    every request up to the next power of two and pins all of it (`cudaHostAlloc` of the
-    rounded size), so a 4e8-byte buffer holds 2^29 = 536,870,912 bytes."""
-    if nbytes <= 0:
-        return 0
-    return 1 << (math.ceil(nbytes) - 1).bit_length()
-
-
 def _host_allocations(sizes: list[float], buffer: BufferKind) -> float:
     """Host bytes that allocations of `sizes` take: each rounded when pinned."""
     if buffer is BufferKind.PINNED:
-        return float(sum(pinned_bytes(n) for n in sizes))
+        return float(sum(costs.pinned_bytes(n) for n in sizes))
     return float(sum(sizes))
 
 
@@ -206,7 +195,8 @@ def _interleaved_states(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
                 "exp_avg, exp_avg_sq"),
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * fp32,
                 "exp_avg, exp_avg_sq copies for the GPU moves", pinned),
-        Holding(host, Category.SWAP_BUFFERS, (gap - 1) * pinned_bytes(FP16_BYTES * max(sizes)),
+        Holding(host, Category.SWAP_BUFFERS,
+                (gap - 1) * costs.pinned_bytes(FP16_BYTES * max(sizes)),
                 "pinned 16-bit buffers", pinned),
         Holding(gpu, Category.OPTIMIZER_STATES_GPU,
                 (1 + ADAM_STATES) * FP32_BYTES * max(on_gpu, default=0),
@@ -229,8 +219,7 @@ def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]
     held = [Holding(host, Category.PARAMS_16BIT, dtype * (part - on_nvme), "fp16 partition",
                     pinned)]
     if ds.offload_param.nvme:
-        largest = max((plan.subgroup_params_on_nvme(g) for g in range(len(plan.subgroups))),
-                      default=0)
+        pool = plan.swap_out_pool_numel(dtype, ds.aio.thread_count)
         held += [
             Holding(DeviceKind.NVME, Category.PARAMS_16BIT, dtype * on_nvme,
                     "fp16 partition swap files"),
@@ -238,7 +227,7 @@ def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]
                 buffer_count=ds.offload_param.buffer_count,
                 buffer_size=ds.offload_param.buffer_size, thread_count=ds.aio.thread_count,
                 element_bytes=dtype), "parameter swap buffers", BufferKind.PINNED),
-            Holding(host, Category.SWAP_BUFFERS, dtype * largest,
+            Holding(host, Category.SWAP_BUFFERS, costs.pinned_bytes(dtype * pool),
                     "16-bit swap-out pool of the largest sub-group", BufferKind.PINNED),
         ]
     return held

@@ -100,6 +100,17 @@ GPU_STATE_WRITEBACK_BYTES_PER_ELEMENT = 12
 """What goes back after it: fp32 param, exp_avg, exp_avg_sq."""
 
 
+def pinned_bytes(nbytes: float) -> int:
+    """What one pinned host allocation of `nbytes` takes: PyTorch's caching host allocator
+    (behind `tensor.pin_memory()` and `pin_memory=True`, which DeepSpeed's CUDA accelerator's
+    `pin_memory` calls; ATen's CachingHostAllocator) rounds every request up to the next power
+    of two and pins all of it (`cudaHostAlloc` of the rounded size), so a 4e8-byte buffer
+    holds 2^29 = 536,870,912 bytes."""
+    if nbytes <= 0:
+        return 0
+    return 1 << (math.ceil(nbytes) - 1).bit_length()
+
+
 def hbm_s(nbytes: float, profile: HardwareProfile) -> float:
     """Bytes streamed through HBM by a memory-bound kernel."""
     return nbytes / (profile.hbm_Bps * profile.memory_efficiency)

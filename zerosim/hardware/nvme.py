@@ -7,6 +7,8 @@ a tensor is small enough to stay in memory. Each function names the DeepSpeed co
 
 from __future__ import annotations
 
+from zerosim.hardware.costs import pinned_bytes
+
 MIN_AIO_BYTES = 1024**2
 """swap_tensor/utils.py MIN_AIO_BYTES: tensors under max(this, aio.block_size) are not swapped."""
 
@@ -87,10 +89,12 @@ def optimizer_swap_buffer_bytes(largest_sub_group_numel: int, *, buffer_count: i
     optimizer_utils.py OptimizerSwapper.__init__: `SwapBufferManager(num_elems=largest_numel,
     count=buffer_count, dtype=torch.float32)` with `largest_numel` the I/O-aligned size of the
     rank's largest sub-group partition (stage3.py passes max(fp16_partitioned_groups_flat_numel));
-    utils.py SwapBufferManager pins `count` tensors of that many fp32 elements.
+    utils.py SwapBufferManager pins `count` tensors of that many fp32 elements, each through
+    the CUDA accelerator's `pin_memory` (`tensor.pin_memory()`: PyTorch's caching host
+    allocator, which pins the next power of two, `costs.pinned_bytes`).
     """
     aligned = io_aligned_numel(largest_sub_group_numel, FP32_BYTES, thread_count)
-    return buffer_count * aligned * FP32_BYTES
+    return buffer_count * pinned_bytes(aligned * FP32_BYTES)
 
 
 def param_swap_buffer_bytes(*, buffer_count: int, buffer_size: int, thread_count: int,
@@ -99,10 +103,11 @@ def param_swap_buffer_bytes(*, buffer_count: int, buffer_size: int, thread_count
 
     partitioned_param_swapper.py AsyncPartitionedParameterSwapper._configure_aio: one pinned
     tensor of `aligned_elements_per_buffer x param_buffer_count` elements of the model dtype,
-    `aligned_elements_per_buffer` being `offload_param.buffer_size` I/O-aligned.
+    `aligned_elements_per_buffer` being `offload_param.buffer_size` I/O-aligned, pinned
+    through PyTorch's caching host allocator (the next power of two, `costs.pinned_bytes`).
     """
     aligned = io_aligned_numel(buffer_size, element_bytes, thread_count)
-    return buffer_count * aligned * element_bytes
+    return pinned_bytes(buffer_count * aligned * element_bytes)
 
 
 def param_partition_fits(partition_numel: int, *, buffer_size: int, element_bytes: int,

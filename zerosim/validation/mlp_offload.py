@@ -54,6 +54,8 @@ class NvmeRun:
     iteration after the first."""
     forward_peak_bytes: float
     """Rank 0's peak allocated bytes during a forward after the first step."""
+    node_host_bytes: float
+    """The node's host memory in use at its highest after the first step (every process)."""
     log: str
     hardware: str
     """The profile it is replayed on (the data file's `hardware`)."""
@@ -102,6 +104,7 @@ def load_runs() -> list[NvmeRun]:
             allocated_after_bytes={PHASE_AFTER[key]: value * GiB
                                    for key, value in r["rank0_MA_after_GiB"].items()},
             forward_peak_bytes=r["rank0_forward_Max_MA_GiB"] * GiB,
+            node_host_bytes=r["node_host_in_use_GiB"] * GiB,
             log=r["log"],
             hardware=data["hardware"]))
     return runs

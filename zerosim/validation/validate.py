@@ -464,6 +464,9 @@ def polaris_cells() -> list[Cell]:
 
 
 NVME_GROUP = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
+NVME_HOST_MEMORY_NOTE = ("every process and the OS (psutil); zerosim: training's pinned "
+                         "buffers, the ranks' processes and the node's OS (4 GiB, assumed "
+                         "from these logs' bare-node figure); nothing here is fitted")
 
 
 def nvme_h100_cells() -> list[Cell]:
@@ -502,6 +505,9 @@ def nvme_h100_cells() -> list[Cell]:
             quantity = f"rank 0 allocated GPU memory after the {phase}"
             cells.append(judge(NVME_GROUP, run.name, quantity, "GiB", measured / GiB,
                                (after[key] * GiB - context) / GiB, MEMORY_TOLERANCE))
+        cells.append(judge(NVME_GROUP, run.name, "node host memory in use, peak", "GiB",
+                           run.node_host_bytes / GiB, summary["peak_host_GiB"],
+                           MEMORY_TOLERANCE, note=NVME_HOST_MEMORY_NOTE))
     return cells
 
 
