@@ -8,7 +8,7 @@ from rich.table import Table
 from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
-from zerosim.runs import PEAK_ALLOCATED
+from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
 from zerosim.units import MS, GiB
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
@@ -378,14 +378,15 @@ pairs with their errors."""
 PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit",
                      "error": "could not be simulated"}
 PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
-                       "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GiB"}
+                       "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GiB",
+                       PEAK_HOST: "node host GiB"}
 """Column headings of `zerosim predict`'s table, by `zerosim.runs.QUANTITIES`."""
 
 
 def _prediction_cell(prediction, quantity: str) -> str:
     """'12.34/12.00 +2.8%': predicted, measured and the error; the prediction alone when
     the table has no measurement."""
-    scale, digits = (GiB, 1) if quantity == PEAK_ALLOCATED else (1.0, 2)
+    scale, digits = (GiB, 1) if quantity in MEMORY_QUANTITIES else (1.0, 2)
     predicted, measured = prediction.predicted.get(quantity), prediction.measured(quantity)
     if predicted is None:
         return "-"

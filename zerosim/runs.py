@@ -478,8 +478,14 @@ def per_step_seconds(phases_s: Mapping[str, float | None], grad_accum_steps: int
 PEAK_ALLOCATED = "peak allocated GPU memory"
 """Rank 0's peak of `torch.cuda.max_memory_allocated`, in bytes (the tables' `..._GB` column,
 which holds GiB)."""
-QUANTITIES = (*MEASURED_PHASES, PEAK_ALLOCATED)
-"""What a prediction is compared on: the times per optimizer step and rank 0's peak."""
+PEAK_HOST = "node host memory in use, peak"
+"""The node's host memory in use at its highest, every process and the OS, in bytes (the
+tables' `cpu_used_GB_peak_during_training`, which holds GiB)."""
+MEMORY_QUANTITIES = (PEAK_ALLOCATED, PEAK_HOST)
+"""Quantities in bytes (shown and written in GiB)."""
+QUANTITIES = (*MEASURED_PHASES, *MEMORY_QUANTITIES)
+"""What a prediction is compared on: the times per optimizer step, rank 0's peak allocated
+GPU memory and the node's peak host memory."""
 
 
 @dataclass(frozen=True)
@@ -494,12 +500,13 @@ class Prediction:
     """`ok`, `oom` (it does not fit: a result) or `error` (it could not be simulated)."""
     predicted: Mapping[str, float | None]
     """By `QUANTITIES`: seconds, or bytes for the memory."""
-    predicted_peak_host_bytes: float | None = None
     error: str = ""
 
     def measured(self, quantity: str) -> float | None:
         if quantity == PEAK_ALLOCATED:
             return self.configuration.peak_gpu_bytes
+        if quantity == PEAK_HOST:
+            return self.configuration.peak_host_bytes
         return self.configuration.measured(quantity)
 
     def rel_error(self, quantity: str) -> float | None:
@@ -539,9 +546,9 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
     predicted = {**steps, "iteration": summary["iteration_s"],
                  PEAK_ALLOCATED: summary["peak_hbm_GiB"] * GiB
-                 - summary["runtime_context_bytes"]}
-    return Prediction(configuration, name, nodes, "ok", predicted,
-                      predicted_peak_host_bytes=summary["peak_host_GiB"] * GiB)
+                 - summary["runtime_context_bytes"],
+                 PEAK_HOST: summary["peak_host_GiB"] * GiB}
+    return Prediction(configuration, name, nodes, "ok", predicted)
 
 
 @dataclass
@@ -607,14 +614,14 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
 
 
 COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "update_s",
-                "iteration": "iteration_s", PEAK_ALLOCATED: "peak_allocated_GiB"}
+                "iteration": "iteration_s", PEAK_ALLOCATED: "peak_allocated_GiB",
+                PEAK_HOST: "peak_host_GiB"}
 """Each quantity in a predictions table, with its unit (seconds per step; GiB, as the measured
 tables and DeepSpeed's `see_memory_usage` give memory)."""
 PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
                       *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      "predicted_peak_host_GiB", "measured_peak_host_GiB", "error_peak_host",
                       "error")
 
 
@@ -625,18 +632,12 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
                            "build": run.build, "status": p.status, "error": p.error}
     for q in QUANTITIES:
-        scale = GiB if q == PEAK_ALLOCATED else 1.0
+        scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]
         predicted, measured = p.predicted.get(q), p.measured(q)
         row[f"predicted_{column}"] = None if predicted is None else predicted / scale
         row[f"measured_{column}"] = None if measured is None else measured / scale
         row[f"error_{column.rpartition('_')[0]}"] = p.rel_error(q)
-    host = p.configuration.peak_host_bytes
-    row["predicted_peak_host_GiB"] = (None if p.predicted_peak_host_bytes is None
-                                      else p.predicted_peak_host_bytes / GiB)
-    row["measured_peak_host_GiB"] = None if host is None else host / GiB
-    row["error_peak_host"] = (None if host is None or p.predicted_peak_host_bytes is None
-                              else p.predicted_peak_host_bytes / host - 1)
     return row
 
 

@@ -40,13 +40,13 @@ class ResidentFit:
 def host_gaps(workers: int | None = 1) -> tuple[np.ndarray, np.ndarray]:
     """Per Polaris configuration with a host measurement: (ranks on the node, measured minus
     zerosim's peak host memory in GiB), zerosim run without the resident memory."""
-    from zerosim.runs import predict
+    from zerosim.runs import PEAK_HOST, predict
     from zerosim.validation.polaris import NAME_PREFIX, PROFILE, load_runs
 
     outcome = predict(load_runs(), PROFILE, overrides=RESIDENT_OFF, workers=workers,
                       source="Polaris CSV", name_prefix=NAME_PREFIX)
     rows = [(p.configuration.first.gpus,
-             (p.configuration.peak_host_bytes - p.predicted_peak_host_bytes) / GiB)
+             (p.configuration.peak_host_bytes - p.predicted[PEAK_HOST]) / GiB)
             for p in outcome.predictions
             if p.status == "ok" and p.configuration.peak_host_bytes is not None]
     ranks, gaps = (np.array(column, dtype=float) for column in zip(*rows, strict=True))

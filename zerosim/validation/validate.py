@@ -428,7 +428,7 @@ def polaris_cells() -> list[Cell]:
     """The 41 Polaris runs (29 configurations, repeats averaged) predicted as `zerosim
     predict` predicts a table of runs (`zerosim.runs.predict`, on `polaris-a100`): per-step
     forward, backward and update, the iteration, and rank 0's peak allocated GPU memory."""
-    from zerosim.runs import MEASURED_PHASES, PEAK_ALLOCATED, predict
+    from zerosim.runs import MEASURED_PHASES, PEAK_ALLOCATED, PEAK_HOST, predict
     from zerosim.validation.polaris import NAME_PREFIX, PROFILE, load_runs
 
     cells = []
@@ -458,7 +458,7 @@ def polaris_cells() -> list[Cell]:
                            MEMORY_TOLERANCE, note=note))
         cells.append(judge(POLARIS_GROUP, case, "node host memory in use, peak", "GiB",
                            configuration.peak_host_bytes / GiB,
-                           prediction.predicted_peak_host_bytes / GiB, None,
+                           prediction.predicted[PEAK_HOST] / GiB, None,
                            note=HOST_MEMORY_NOTE))
     return cells
 
