@@ -8,11 +8,11 @@ for a value the configuration never touches (the network of a single node). Rank
 beside each value's basis, it tells a user which values of a new machine to measure before
 trusting a prediction: an `assumed` value with a large elasticity is its weakest point.
 
-Capacities (HBM, host memory, NVMe, the CUDA context) decide whether a configuration fits,
-not how long it takes, and are left out. A value of 0 has no relative step and is listed as
-such. A side whose value leaves the key's valid range (a fraction above 1, a number outside
-its plausible range) or whose run does not fit is dropped, and the elasticity is taken
-one-sided, from the base run.
+Capacities (HBM, host memory and what the OS holds of it, NVMe, the CUDA context) decide
+whether a configuration fits, not how long it takes, and are left out. A value of 0 has no
+relative step and is listed as such. A side whose value leaves the key's valid range (a
+fraction above 1, a number outside its plausible range) or whose run does not fit is
+dropped, and the elasticity is taken one-sided, from the base run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from zerosim.vocabulary import PHASE_TIMES
 DEFAULT_STEP = 0.1
 """Relative step of the central differences: each value at x (1 - 0.1) and x (1 + 0.1)."""
 CAPACITY_KEYS = ("gpu.hbm_GiB", "gpu.runtime_context_GiB", "host.memory_GiB",
-                 "nvme.capacity_GiB_per_drive")
+                 "host.os_resident_GiB", "nvme.capacity_GiB_per_drive")
 """Profile quantities that decide whether a configuration fits, not how long it takes."""
 SHOWN_ELASTICITY = 0.005
 """Values whose elasticity of the iteration is smaller than this in magnitude (a 1% error
