@@ -389,7 +389,8 @@ def known_columns() -> frozenset[str]:
 def _warn_unread_columns(source: str, header: Sequence[str]) -> None:
     """A column zerosim does not read cannot change a prediction: say so rather than let a
     setting the table records (another parallelism, an option) pass unseen."""
-    unread = [c for c in header if c not in known_columns()]
+    known = known_columns()
+    unread = [c for c in header if c not in known]
     if unread:
         _warn(f"{source}: column(s) {', '.join(unread)} not read: the predictions do not "
               "depend on them")
