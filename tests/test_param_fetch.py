@@ -316,3 +316,24 @@ def test_a_module_waits_for_the_copies_in_queued_before_its_hook(toy):
     # k_proj's copy queues behind the split on DeepSpeed's stream
     assert k_fetch.end_s == pytest.approx(gathered + split_s + 4.096 * ms, rel=1e-9)
     assert q_proj.start_s == k_fetch.end_s
+
+
+def test_the_forward_is_timed_on_the_compute_stream_and_its_last_prefetches_fall_in_the_backward(
+        toy):
+    """DeepSpeed's `fwd` timer is a CUDA event pair on the compute stream: it stops when the
+    forward's kernels have run, not when the prefetches the forward issued for the backward
+    (slow all-gathers: 10 MB/s NVLink) have landed. The backward's timer starts there, and its
+    first kernels wait for those all-gathers."""
+    slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
+    result = toy.run({**zero(stage3_max_reuse_distance=0), "hardware": slow}, gpus=2)
+    spans = result.spans[(result.spans["rank"] == 0) & (result.spans.micro_batch == 0)]
+    phases = result.phases[result.phases["rank"] == 0].set_index("phase")
+    forward, backward = phases.loc[Phase.FORWARD], phases.loc[Phase.BACKWARD]
+    compute = spans[spans.stream == Stream.COMPUTE]
+    assert forward.end_s == compute[compute.phase == Phase.FORWARD].end_s.max()
+    in_flight = spans[(spans.phase == Phase.FORWARD) & (spans.op_kind == OpKind.ALL_GATHER)
+                      & (spans.end_s > forward.end_s)]
+    assert len(in_flight) > 0
+    assert backward.start_s == forward.end_s
+    first_backward = compute[compute.phase == Phase.BACKWARD].start_s.min()
+    assert first_backward >= in_flight.end_s.max() > forward.end_s

@@ -88,7 +88,7 @@ class RankProgram:
                                             backward=False)
             if not self.params.keep_after_forward(index):
                 self.params.release(index, backward=False)
-        yield from core.end()
+        yield from core.end(host_waits=False)
 
     def backward(self, micro: int, *, boundary: bool) -> Gen:
         core = self.core

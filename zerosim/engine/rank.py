@@ -92,6 +92,8 @@ class RankCore:
         self.phase, self.micro = Phase.SETUP.value, -1
         """The phase as records hold it: plain text (`records.Table`)."""
         self._phase_start = 0.0
+        self._timer_handover: tuple[float, float] | None = None
+        """(host time, timer stop) of the last phase's end (see `end`)."""
         self._seq: dict[str, int] = {}
         self.streams: dict[Stream, InOrderStream] = {}
         self.compute = self.stream(Stream.COMPUTE)
@@ -135,16 +137,42 @@ class RankCore:
 
     def begin(self, phase: Phase, micro: int) -> None:
         self.phase, self.micro = phase._value_, micro
-        self._phase_start = self.env.now
+        self._phase_start = self._timer_start()
         self.gpu.reset_window()
         if self.empties_cache:
             self.reserve = AllocatorReserve()
 
-    def end(self) -> Gen:
-        """Wait until every stream of this rank is idle, then record the phase."""
+    def end(self, *, host_waits: bool = True) -> Gen:
+        """Wait until every stream of this rank is idle, then record the phase as DeepSpeed's
+        timers measure it (`utils/timer.py`, 0.13.3: `Timer.start` and `stop` record a CUDA
+        event on the current stream; the CUDA accelerator keeps no host timers).
+
+        A phase whose host code ends by waiting for its work (`host_waits`: the backward's
+        epilogue, the step's last copies) ends when all of it is done. The forward's does not:
+        its timer stops when the compute stream has run the forward's kernels, and what is
+        still in flight on other streams (the last prefetches, which feed the backward) falls
+        in the next phase, whose timer starts then (`_timer_start`) and whose first kernels wait
+        for it."""
+        compute_done = None
+        if not host_waits:
+            if (pending := self.compute.idle_event()) is not None:
+                yield pending
+            compute_done = self.env.now
         yield from self.synchronize()
-        self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, self.env.now,
+        end_s = self.env.now if compute_done is None else compute_done
+        self._timer_handover = (self.env.now, end_s)
+        self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, end_s,
                              self.gpu.used, self.gpu.window_peak))
+
+    def _timer_start(self) -> float:
+        """When the phase's timer starts: where the last phase's timer stopped, when this phase
+        begins at once after it (the engine's host waited there for other streams, which
+        DeepSpeed's host would not have; the phase's compute waits for them instead); else
+        the host's time."""
+        handover, self._timer_handover = self._timer_handover, None
+        if handover is not None and handover[0] == self.env.now:
+            return handover[1]
+        return self.env.now
 
     def wait_for_stream(self, stream: InOrderStream, syncs: int) -> Gen:
         """`syncs` blocking copies on `stream` (a scalar made on the GPU from Python: PyTorch

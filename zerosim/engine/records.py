@@ -53,6 +53,7 @@ class PhaseSpan:
     micro_batch: int
     start_s: float
     end_s: float
+    """As DeepSpeed's phase timers measure them, on the compute stream (`RankCore.end`)."""
     allocated_end_bytes: int
     """What the rank's GPU holds allocated when the phase ends, its CUDA context included:
     the level DeepSpeed's `see_memory_usage` prints after each phase (`MA`), less the
