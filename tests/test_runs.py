@@ -81,6 +81,32 @@ def test_a_run_predicts_what_zerosim_run_gives_its_scenario_file():
     assert p.rel_error("iteration") == p.predicted["iteration"] / p.measured("iteration") - 1
 
 
+def test_repeated_runs_report_how_far_they_scatter():
+    """Rows 2, 7 and 11 measure the 11.2B DP=1 micro-batch-4 backward at 11,024.02,
+    10,241.10 and 14,065.66 ms: they differ by 3,824.56 ms, 32.5% of their mean; their peak
+    GPU memory does not differ; a configuration measured once has no spread."""
+    runs = read_runs_text(_rows([1, 2, 7, 11]), "t.csv")
+    single, triple = configurations(runs)
+    assert triple.values("backward") == pytest.approx([11.02402, 10.2411, 14.06566], rel=1e-15)
+    assert triple.spread("backward") == pytest.approx(
+        (14.06566 - 10.2411) / ((11.02402 + 10.2411 + 14.06566) / 3), rel=1e-12)
+    assert triple.spread("peak allocated GPU memory") == 0.0
+    assert single.spread("backward") is None
+    assert {"spread_backward", "spread_peak_host"} <= set(PREDICTION_COLUMNS)
+
+
+def test_the_predict_summary_names_the_widest_scatter():
+    runs = read_runs_text(_rows([1, 2, 7, 11]), "t.csv")
+    outcome = predict(runs, "polaris-a100", workers=1)
+    spread, widest = outcome.widest_spread("backward")
+    assert widest.scenario_name == "11.20b-dp1-mb4-ga1-sg1e08"
+    assert spread == widest.configuration.spread("backward")
+    from zerosim.report import _repeats_text
+
+    assert "1 configuration measured more than once" in _repeats_text(outcome)
+    assert "bwd 32.5% (11.20b-dp1-mb4-ga1-sg1e08)" in _repeats_text(outcome)
+
+
 def test_a_table_without_measurements_is_predicted_and_says_so():
     runs = read_runs_text(_rows([15], drop=MEASURED), "t.csv")
     outcome = predict(runs, "polaris-a100", workers=1)

@@ -434,7 +434,28 @@ def render_predictions(outcome) -> None:
                   f"{outcome.executor} in {outcome.wall_s:.1f} s)"
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
+    if (repeats := _repeats_text(outcome)):
+        console.print(repeats, markup=False, highlight=False)
     _print_files(console, outcome.files)
+
+
+def _repeats_text(outcome) -> str:
+    """How far the table's repeated runs scatter, quantity by quantity: the finest error a
+    prediction can be judged at ('' when no configuration was measured twice)."""
+    from zerosim.runs import QUANTITIES
+
+    repeated = [p for p in outcome.predictions if len(p.configuration.runs) > 1]
+    parts = []
+    for quantity in QUANTITIES:
+        widest = outcome.widest_spread(quantity)
+        if widest is not None:
+            spread, p = widest
+            parts.append(f"{PREDICTION_HEADINGS[quantity]} {spread:.1%} ({p.scenario_name})")
+    if not parts:
+        return ""
+    return (f"repeats: {_count(len(repeated), 'configuration')} measured more than once; "
+            f"their runs differ (largest - smallest, over the mean) by up to "
+            + ", ".join(parts) + ": errors within these are measurement noise")
 
 
 def _pools_text(pools: CpuPools) -> str:

@@ -436,21 +436,37 @@ class Configuration:
     def first(self) -> MeasuredRun:
         return self.runs[0]
 
-    def measured(self, phase: str) -> float | None:
-        values = [r.seconds[phase] for r in self.runs if phase in r.seconds]
+    def values(self, quantity: str) -> list[float]:
+        """What each run measured of `quantity` (`QUANTITIES`), where it did."""
+        if quantity == PEAK_ALLOCATED:
+            measured = [r.peak_gpu_bytes for r in self.runs]
+        elif quantity == PEAK_HOST:
+            measured = [r.peak_host_bytes for r in self.runs]
+        else:
+            measured = [r.seconds.get(quantity) for r in self.runs]
+        return [v for v in measured if v is not None]
+
+    def measured(self, quantity: str) -> float | None:
+        """The runs' mean of `quantity`, None where none measured it."""
+        values = self.values(quantity)
         return sum(values) / len(values) if values else None
 
-    def _mean(self, values: Sequence[float | None]) -> float | None:
-        known = [v for v in values if v is not None]
-        return sum(known) / len(known) if known else None
+    def spread(self, quantity: str) -> float | None:
+        """How far the runs' measurements of `quantity` scatter: (largest - smallest) / mean,
+        where two or more runs measured it; a prediction of the configuration cannot be
+        judged more finely."""
+        values = self.values(quantity)
+        if len(values) < 2:
+            return None
+        return (max(values) - min(values)) / (sum(values) / len(values))
 
     @property
     def peak_gpu_bytes(self) -> float | None:
-        return self._mean([r.peak_gpu_bytes for r in self.runs])
+        return self.measured(PEAK_ALLOCATED)
 
     @property
     def peak_host_bytes(self) -> float | None:
-        return self._mean([r.peak_host_bytes for r in self.runs])
+        return self.measured(PEAK_HOST)
 
 
 def configurations(runs: Iterable[MeasuredRun]) -> list[Configuration]:
@@ -504,10 +520,6 @@ class Prediction:
     error: str = ""
 
     def measured(self, quantity: str) -> float | None:
-        if quantity == PEAK_ALLOCATED:
-            return self.configuration.peak_gpu_bytes
-        if quantity == PEAK_HOST:
-            return self.configuration.peak_host_bytes
         return self.configuration.measured(quantity)
 
     def rel_error(self, quantity: str) -> float | None:
@@ -568,6 +580,13 @@ class PredictOutcome:
         errors = self.errors(quantity)
         return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else None
 
+    def widest_spread(self, quantity: str) -> tuple[float, Prediction] | None:
+        """The repeated configuration whose runs scatter most in `quantity`, with that
+        spread (`Configuration.spread`); None when no configuration was measured twice."""
+        spreads = [(spread, p) for p in self.predictions
+                   if (spread := p.configuration.spread(quantity)) is not None]
+        return max(spreads, key=lambda pair: pair[0]) if spreads else None
+
     def points(self) -> list[tuple[str, float, float, str]]:
         """(time, measured, predicted, DeepSpeed build) of every time a configuration both
         measured and predicted: what `plots.predicted_vs_measured` draws."""
@@ -623,6 +642,7 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
                       *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
+                      *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
                       "error")
 
 
@@ -639,6 +659,7 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
         row[f"predicted_{column}"] = None if predicted is None else predicted / scale
         row[f"measured_{column}"] = None if measured is None else measured / scale
         row[f"error_{column.rpartition('_')[0]}"] = p.rel_error(q)
+        row[f"spread_{column.rpartition('_')[0]}"] = p.configuration.spread(q)
     return row
 
 
