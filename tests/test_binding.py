@@ -104,7 +104,7 @@ def test_a_table_column_says_where_the_build_does_not(column, build, bound, name
         (run,) = read_runs_text(text, "<t>")
     assert run.bind_cores_to_rank is bound
     assert run.name.replace("+", "").endswith(name_ends.replace("+", ""))
-    scenario = run.scenario("polaris-a100", gpus_per_node=4)
+    scenario = run.scenario("polaris-a100", profile=load_profile("polaris-a100"))
     assert scenario["runtime"].get("bind_cores_to_rank", False) is bound
 
 

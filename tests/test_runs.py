@@ -14,6 +14,7 @@ from conftest import invoke_for_table
 import zerosim
 from zerosim.cli import main
 from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.hardware.profile import load_profile
 from zerosim.runs import (
     PREDICTION_COLUMNS,
     configurations,
@@ -30,11 +31,12 @@ MEASURED = ("fwd_ms_mean", "bwd_ms_mean", "step_ms_mean", "iter_ms_mean",
 
 
 def _rows(rows: list[int], drop: tuple[str, ...] = (), **changes: str) -> str:
-    """Rows of the shipped table (1 = first data row) as a new table, columns dropped or
-    changed in every row."""
+    """Rows of the shipped table (1 = first data row) as a new table, columns dropped, changed
+    or added in every row."""
     reader = csv.DictReader(io.StringIO(TABLE.read_text()))
     picked = [r for i, r in enumerate(reader, start=1) if i in rows]
-    columns = [c for c in reader.fieldnames if c not in drop]
+    columns = [c for c in reader.fieldnames if c not in drop] + [
+        c for c in changes if c not in reader.fieldnames]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
@@ -119,10 +121,38 @@ def test_a_table_without_measurements_is_predicted_and_says_so():
 def test_more_gpus_than_a_node_holds_spread_over_nodes():
     run, = read_runs_text(_rows([4], drop=MEASURED, num_gpus="8", data_parallel_size="8"),
                           "t.csv")
-    tree = run.scenario("polaris-a100", gpus_per_node=4)
+    tree = run.scenario("polaris-a100", profile=load_profile("polaris-a100"))
     assert tree["hardware"] == {"profile": "polaris-a100", "overrides": {"nodes": 2}}
     p, = predict([run], "polaris-a100", workers=1).predictions
     assert (p.status, p.nodes) == ("ok", 2)
+
+
+def test_a_node_count_column_spreads_the_gpus_as_the_table_says():
+    """8 GPUs over 4 nodes: 2 a node, the first two of each Polaris node (on NUMA domains 3
+    and 2); over 2 nodes, the default; over 1 node more GPUs than it holds; over 3 nodes not
+    evenly."""
+    polaris = load_profile("polaris-a100")
+    spread = dict(drop=MEASURED, num_gpus="8", data_parallel_size="8")
+    four, = read_runs_text(_rows([4], num_nodes="4", **spread), "t.csv")
+    assert four.nodes(4) == 4 and four.name == "11.20b-dp8-4n-mb4-ga1-sg1e08"
+    assert four.scenario("polaris-a100", profile=polaris)["hardware"] == {
+        "profile": "polaris-a100",
+        "overrides": {"nodes": 4, "gpu": {"per_node": 2, "numa_domain": [3, 2]}}}
+    two, = read_runs_text(_rows([4], nnodes="2", **spread), "t.csv")
+    default, = read_runs_text(_rows([4], **spread), "t.csv")
+    assert (two.scenario("polaris-a100", profile=polaris)["hardware"]
+            == default.scenario("polaris-a100", profile=polaris)["hardware"])
+    one, = read_runs_text(_rows([4], nnodes="1", **spread), "t.csv")
+    with pytest.raises(ScenarioError, match=r"t.csv: row 1.nnodes: expected at least 2 nodes "
+                                            r"\(polaris-a100 has 4 GPUs a node\)"):
+        one.scenario("polaris-a100", profile=polaris, source="t.csv")
+    with pytest.raises(ScenarioError, match=r"row 1.num_nodes: expected a divisor of "
+                                            r"num_gpus \(8\)"):
+        read_runs_text(_rows([4], num_nodes="3", **spread), "t.csv")
+    p, = predict([four], "polaris-a100", workers=1).predictions
+    q, = predict([two], "polaris-a100", workers=1).predictions
+    assert (p.status, p.nodes, q.nodes) == ("ok", 4, 2)
+    assert p.predicted["iteration"] != q.predicted["iteration"]
 
 
 def test_a_profile_file_and_overrides_for_every_row(tmp_path):
@@ -285,7 +315,7 @@ def test_the_fork_columns_replay_the_build_the_row_names():
     assert (flush.deepspeed_version, flush.name) == ("0.13.3+c7da512a",
                                                       "5.95b-dp4-mb1-ga1-sg1e08-async")
     assert both.name == "5.95b-dp4-mb1-ga1-sg1e08-async-gap3"
-    offload = both.scenario("polaris-a100", gpus_per_node=4)["deepspeed"][
+    offload = both.scenario("polaris-a100", profile=load_profile("polaris-a100"))["deepspeed"][
         "zero_optimization"]["offload_optimizer"]
     assert (offload["prefetch_optimizer"], offload["prefetch_optimizer_gap"]) == (True, 3)
     p_plain, p_flush, p_both = predict([plain, flush, both], "polaris-a100",

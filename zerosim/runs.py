@@ -22,11 +22,14 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zerosim.behaviours import FORK_KEYS, empties_cache_each_phase, fork_settings, launched_bound
 from zerosim.errors import Described, ScenarioError
 from zerosim.units import GiB
+
+if TYPE_CHECKING:
+    from zerosim.hardware.profile import HardwareProfile
 
 STACK = "megatron-deepspeed"
 MEASURED_PHASES = ("forward", "backward", "update", "iteration")
@@ -65,6 +68,9 @@ BIND_COLUMN = "bind_cores_to_rank"
 """Optional column: True where the run was launched with `--bind_cores_to_rank` and a core
 list in GPU order (`runtime.bind_cores_to_rank`); when absent or empty, what the build says
 (`behaviours.launched_bound`: the Deep Optimizer States builds from c7da512a on)."""
+NODES_COLUMNS = ("num_nodes", "nnodes")
+"""Optional column (either name): the nodes the run's GPUs were spread over, evenly; when
+absent or empty, as many of the profile's nodes as the GPUs fill (`MeasuredRun.nodes`)."""
 PARAMS_COLUMN = "params_analytic_total"
 """Optional column: the table's parameter count of the model, checked against the model zerosim
 builds from the shape columns (a difference is a warning: the model replayed is not the run's)."""
@@ -111,6 +117,10 @@ class MeasuredRun:
     bind_cores_to_rank: bool = False
     """Launched with each rank bound to its part of the node (`runtime.bind_cores_to_rank`;
     column `bind_cores_to_rank`, else what the build says: `behaviours.launched_bound`)."""
+    nodes_given: int | None = None
+    """The table's node count (`NODES_COLUMNS`), None where it gives none."""
+    nodes_column: str = NODES_COLUMNS[0]
+    """The column that gave it (for errors)."""
     seconds: Mapping[str, float] = field(default_factory=dict)
     """Measured seconds per optimizer step, by `MEASURED_PHASES`, where the table has them."""
     peak_gpu_bytes: float | None = None
@@ -158,7 +168,8 @@ class MeasuredRun:
 
     @property
     def name(self) -> str:
-        return (f"{self.size_text}-dp{self.gpus}-mb{self.micro_batch_size}"
+        nodes = f"-{self.nodes_given}n" if self.nodes_given is not None else ""
+        return (f"{self.size_text}-dp{self.gpus}{nodes}-mb{self.micro_batch_size}"
                 f"-ga{self.grad_accum_steps}-sg{self.sub_group_size:.0e}"
                 f"{self.fork_suffix}{self.launch_suffix}").replace("+", "")
 
@@ -173,23 +184,46 @@ class MeasuredRun:
                 self.bf16, self.checkpoint_activations, self.pin_memory, self.overlap_comm,
                 self.zero_stage, self.deepspeed_version, self.part_grads_async,
                 self.prefetch_optimizer, self.prefetch_optimizer_gap, self.bind_cores_to_rank,
-                self.empties_cache)
+                self.empties_cache, self.nodes_given)
 
     def nodes(self, gpus_per_node: int) -> int:
+        """The table's node count where it gives one, else as many nodes of `gpus_per_node`
+        GPUs as the run's GPUs fill."""
+        if self.nodes_given is not None:
+            return self.nodes_given
         return math.ceil(self.gpus / gpus_per_node)
 
-    def scenario(self, hardware: str | Path, *, gpus_per_node: int, name_prefix: str = "",
-                 description: str = "", keep_build: bool = False) -> dict[str, Any]:
+    def node_overrides(self, profile: HardwareProfile, source: str = "<runs>"
+                       ) -> dict[str, Any]:
+        """The profile overrides that spread the run over its nodes: the node count, and,
+        where the table puts fewer GPUs on a node than the profile's node holds, that many
+        GPUs per node, the first ones (a launcher's local ranks take GPUs 0, 1, ... in
+        order). More GPUs on a node than it holds is an error naming the row."""
+        nodes = self.nodes(profile.gpus_per_node)
+        per_node = self.gpus // nodes if self.nodes_given is not None else profile.gpus_per_node
+        if per_node > profile.gpus_per_node:
+            raise ScenarioError(
+                source, f"row {self.row}.{self.nodes_column}",
+                f"at least {math.ceil(self.gpus / profile.gpus_per_node)} nodes "
+                f"({profile.name} has {profile.gpus_per_node} GPUs a node)", self.nodes_given)
+        overrides: dict[str, Any] = {"nodes": nodes} if nodes > 1 else {}
+        if per_node < profile.gpus_per_node and self.nodes_given is not None:
+            overrides["gpu"] = {"per_node": per_node,
+                                "numa_domain": list(profile.gpu_numa_domain[:per_node])}
+        return overrides
+
+    def scenario(self, hardware: str | Path, *, profile: HardwareProfile,
+                 name_prefix: str = "", description: str = "", keep_build: bool = False,
+                 source: str = "<runs>") -> dict[str, Any]:
         """The run as a zerosim scenario mapping on the profile `hardware` (a built-in name or
-        a YAML file), spread over as many of its nodes as the run's GPUs need; on the build
-        itself rather than its release when `keep_build` (the fork's options come from
-        elsewhere, `--set`)."""
-        nodes = self.nodes(gpus_per_node)
+        a YAML file; `profile`, its loaded form), spread over its nodes (`node_overrides`); on
+        the build itself rather than its release when `keep_build` (the fork's options come
+        from elsewhere, `--set`)."""
         reference: dict[str, Any] = (
             {"file": str(Path(hardware).resolve())} if _is_file(hardware)
             else {"profile": str(hardware)})
-        if nodes > 1:
-            reference["overrides"] = {"nodes": nodes}
+        if overrides := self.node_overrides(profile, source):
+            reference["overrides"] = overrides
         precision = {"bf16": {"enabled": True}} if self.bf16 else {"fp16": {"enabled": True}}
         return {
             "name": f"{name_prefix}{self.name}",
@@ -198,7 +232,8 @@ class MeasuredRun:
             "sequence_length": self.seq_length,
             "activation_checkpointing": self.checkpoint_activations,
             "attention": "flash" if self.flash_attention else "eager",
-            "hardware": reference if nodes > 1 or "file" in reference else str(hardware),
+            "hardware": reference if len(reference) > 1 or "file" in reference
+            else str(hardware),
             "data_parallel": self.gpus,
             "deepspeed": {
                 "train_micro_batch_size_per_gpu": self.micro_batch_size,
@@ -332,6 +367,7 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
     gpu = _measured(source, row, GPU_MEMORY_COLUMN, r.get(GPU_MEMORY_COLUMN))
     host = _measured(source, row, HOST_MEMORY_COLUMN, r.get(HOST_MEMORY_COLUMN))
     params = r.get(PARAMS_COLUMN)
+    nodes = _nodes(source, row, r, counts["num_gpus"])
     fork = _fork_options(source, row, r)
     build = r["deepspeed_version"].strip()
     bound = (r.get(BIND_COLUMN) or "").strip()
@@ -352,8 +388,24 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
         bind_cores_to_rank=(_flag(source, row, BIND_COLUMN, bound) if bound
                             else launched_bound(build)),
         params=_count(source, row, PARAMS_COLUMN, params) if params else None,
-        **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * GiB,
+        **nodes, **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * GiB,
         peak_host_bytes=None if host is None else host * GiB)
+
+
+def _nodes(source: str, row: int, r: Mapping[str, str], gpus: int) -> dict[str, Any]:
+    """The row's node count and the column that gives it (`NODES_COLUMNS`, the first one
+    given), as `MeasuredRun` fields; it must split the GPUs evenly. Nothing where the table
+    gives none."""
+    for column in NODES_COLUMNS:
+        text = (r.get(column) or "").strip()
+        if text:
+            nodes = _count(source, row, column, text)
+            if gpus % nodes:
+                raise ScenarioError(source, f"row {row}.{column}",
+                                    f"a divisor of num_gpus ({gpus}): the GPUs spread evenly",
+                                    text)
+            return {"nodes_given": nodes, "nodes_column": column}
+    return {}
 
 
 def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
@@ -382,7 +434,8 @@ def known_columns() -> frozenset[str]:
     """Every column `read_runs_text` reads or knows to have no bearing on a prediction."""
     return frozenset((*COUNT_COLUMNS, *FLAG_COLUMNS, *DEFAULTS, *SUPPORTED,
                       *TIME_COLUMNS.values(), GPU_MEMORY_COLUMN, HOST_MEMORY_COLUMN,
-                      "data_parallel_size", PARAMS_COLUMN, BIND_COLUMN, *INFORMATIONAL_COLUMNS,
+                      "data_parallel_size", PARAMS_COLUMN, BIND_COLUMN, *NODES_COLUMNS,
+                      *INFORMATIONAL_COLUMNS,
                       *FORK_COLUMNS, *(OFFLOAD_PREFIX + c for c in FORK_COLUMNS)))
 
 
@@ -610,16 +663,17 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
     from zerosim.sweep.runner import open_executor
 
     started = time.perf_counter()
-    per_node = load_profile(hardware).gpus_per_node
+    profile = load_profile(hardware)
     groups = configurations(runs)
     keep_build = sets_fork_options(overrides or {})
     jobs = []
     for configuration in groups:
         run = configuration.first
         rows = ", ".join(str(r.row) for r in configuration.runs)
-        tree = run.scenario(hardware, gpus_per_node=per_node, name_prefix=name_prefix,
-                            description=f"{source}, row(s) {rows}", keep_build=keep_build)
-        jobs.append((configuration, tree["name"], run.nodes(per_node), tree))
+        tree = run.scenario(hardware, profile=profile, name_prefix=name_prefix,
+                            description=f"{source}, row(s) {rows}", keep_build=keep_build,
+                            source=source)
+        jobs.append((configuration, tree["name"], run.nodes(profile.gpus_per_node), tree))
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):
         futures = [executor.submit(simulate_tree, tree, dict(overrides or {}),

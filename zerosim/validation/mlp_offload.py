@@ -16,6 +16,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from zerosim.hardware.profile import load_profile
 from zerosim.runs import MeasuredRun
 from zerosim.units import GiB
 
@@ -61,7 +62,8 @@ class NvmeRun:
     """The profile it is replayed on (the data file's `hardware`)."""
 
     def scenario(self) -> dict[str, Any]:
-        tree = self.run.scenario(self.hardware, gpus_per_node=4, name_prefix=NAME_PREFIX,
+        tree = self.run.scenario(self.hardware, profile=load_profile(self.hardware),
+                                 name_prefix=NAME_PREFIX,
                                  description=f"MLP-Offload baseline run, {self.log}")
         zero = tree["deepspeed"]["zero_optimization"]
         zero["offload_optimizer"] = {**NVME_OFFLOAD, "buffer_count": self.buffer_count}

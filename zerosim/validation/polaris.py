@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from zerosim.hardware.profile import load_profile
 from zerosim.runs import MEASURED_PHASES, STACK, Configuration, MeasuredRun, read_runs_text
 from zerosim.runs import configurations as _configurations
 
@@ -49,7 +50,7 @@ def case_name(run: MeasuredRun) -> str:
 
 def scenario(run: MeasuredRun) -> dict:
     """The run as a zerosim scenario mapping on `polaris-a100` (one node: 4 GPUs)."""
-    return run.scenario(PROFILE, gpus_per_node=4, name_prefix=NAME_PREFIX,
+    return run.scenario(PROFILE, profile=load_profile(PROFILE), name_prefix=NAME_PREFIX,
                         description=f"Polaris run (CSV row {run.row}): {SOURCE}")
 
 
