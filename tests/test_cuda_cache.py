@@ -15,6 +15,7 @@ from zerosim.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_DP1 = ROOT / "scenarios" / "llama13b_dp1.yaml"
+STUDY_DP2 = ROOT / "scenarios" / "llama13b_dp2.yaml"
 POLARIS_RUN = (ROOT / "scenarios" / "calibration" / "polaris"
                / "polaris-5.90b-dp1-mb4-ga1-sg1e08.yaml")
 
@@ -51,17 +52,18 @@ def test_the_polaris_runs_and_the_study_empty_the_cache():
 
 
 def _first_s(phase: str, path: Path, overrides: list[str]) -> float:
-    """How long micro-batch 0's `phase` takes."""
-    phases = zerosim.simulate(path, overrides).phases.set_index(["phase", "micro_batch"])
+    """How long micro-batch 0's `phase` takes on rank 0."""
+    phases = zerosim.simulate(path, overrides).phases
+    phases = phases[phases["rank"] == 0].set_index(["phase", "micro_batch"])
     start, end = phases.loc[(phase, 0), ["start_s", "end_s"]]
     return end - start
 
 
-def _forward_high_water_bytes() -> float:
+def _forward_high_water_bytes(path: Path = STUDY_DP1) -> float:
     """What one forward holds at its highest beyond what it started with: each module's
     saved activations stay, its workspace only while it runs."""
     saved, highest = 0.0, 0.0
-    for module in plan_of(load_scenario(STUDY_DP1)).modules:
+    for module in plan_of(load_scenario(path)).modules:
         saved += module.saved_bytes
         highest = max(highest, saved + module.transient_bytes)
     return highest
@@ -75,6 +77,35 @@ def test_an_emptied_cache_makes_the_host_wait_for_the_forwards_high_water_growth
                   for rate in (0.002, 0.001))
     fresh = _forward_high_water_bytes()
     assert fresh / 1e9 == pytest.approx(27.0, rel=0.05)  # the study: "27 GB additional"
+    assert slow - fast == pytest.approx(fresh / 0.001e9 - fresh / 0.002e9, rel=1e-9)
+
+
+def _gathered_high_water_bytes(path: Path) -> float:
+    """How far rank 0's gathered parameters (and coalesced all-gathers' flat buffers) rise
+    during micro-batch 0's forward above their level when it starts."""
+    result = zerosim.simulate(path)
+    phases = result.phases[result.phases["rank"] == 0]
+    start, end = phases.set_index(["phase", "micro_batch"]).loc[
+        ("forward", 0), ["start_s", "end_s"]]
+    memory = result.memory
+    gathered = memory[(memory.device == "gpu0")
+                      & (memory.category.astype(str) == "params gathered")].sort_values(
+        "t_s", kind="stable")
+    before = gathered[gathered.t_s < start].bytes
+    level = before.iloc[-1] if len(before) else 0
+    return float(gathered[(gathered.t_s >= start) & (gathered.t_s <= end)].bytes.max() - level)
+
+
+def test_the_all_gather_stream_reserves_blocks_of_its_own():
+    """With data parallelism the gathered parameters come from DeepSpeed's all-gather stream,
+    whose freed blocks PyTorch's caching allocator keeps for that stream: an emptied cache
+    makes the host wait for both streams' high water, the activations' and the gathered
+    parameters', over the rate."""
+    fast, slow = (_first_s("forward", STUDY_DP2, [f"hardware.gpu.cuda_malloc_GBps={rate}"])
+                  for rate in (0.002, 0.001))
+    gathered = _gathered_high_water_bytes(STUDY_DP2)
+    fresh = _forward_high_water_bytes(STUDY_DP2) + gathered
+    assert gathered > 0
     assert slow - fast == pytest.approx(fresh / 0.001e9 - fresh / 0.002e9, rel=1e-9)
 
 

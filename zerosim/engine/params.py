@@ -219,6 +219,7 @@ class PartitionedParams:
             self.gathered_bytes[index] = core.gpu.allocate(
                 Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
                 plan.modules[index].name)
+            core.defer_reserve(self.gathered_bytes[index], Stream.FETCH_COPIES)
         names = " + ".join([plan.modules[index].name for index in todo])
         if self.source.always_gathers:
             self._bring(todo, names)
@@ -297,9 +298,10 @@ class PartitionedParams:
             return ready
         core = self.core
         if bundle.copies is None:
-            yield from core.host_time(bundle.tensors * core.kernel_launch_s)
             bundle.extra = core.gpu.allocate(Category.PARAMS_GATHERED, bundle.nbytes,
                                              "all-gather flat buffer")
+            yield from core.host_time(bundle.tensors * core.kernel_launch_s
+                                      + core._reserve_s(bundle.extra, Stream.FETCH_COPIES))
             bundle.copies = core.hbm_op(self.copies, "split all-gather", OpKind.GATHER_SPLIT,
                                         bundle.nbytes, after=(ready,))
         self._leave(bundle)
@@ -310,6 +312,7 @@ class PartitionedParams:
         bundle.waiting -= 1
         if bundle.waiting == 0 and bundle.extra:
             self.core.gpu.free(Category.PARAMS_GATHERED, bundle.extra)
+            self.core.release_device_memory(bundle.extra, Stream.FETCH_COPIES)
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         """`fetch_sub_module`'s prefetch, run by every module's pre-hook (a module without
@@ -379,6 +382,7 @@ class PartitionedParams:
         self.live_numel -= self.core.plan.gathered_numel[index]
         self.gathered[index] = None
         self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
+        self.core.release_device_memory(self.gathered_bytes[index], Stream.FETCH_COPIES)
         self.gathered_bytes[index] = 0
 
     def release_after_backward(self) -> None:

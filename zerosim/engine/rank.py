@@ -112,7 +112,12 @@ class RankCore:
         self.step_s = stack.on_core(stack.step_s, core_Hz)
         self.heap_reuse_bytes = stack.heap_reuse_bytes
         self.empties_cache = ctx.scenario.runtime.empty_cache_each_phase
-        self.reserve: AllocatorReserve | None = None
+        self.reserves: dict[Stream, AllocatorReserve] | None = None
+        """Per CUDA stream, what the caching allocator has reserved since the phase emptied
+        the cache (None when it did not: see `_reserve_s`)."""
+        self.deferred_host_s = 0.0
+        """Host time of allocations made where the host does not yield (an all-gather's
+        buffers), paid with the collective launches (`pay_launches`)."""
 
     def stream(self, name: Stream) -> InOrderStream:
         if name not in self.streams:
@@ -140,7 +145,7 @@ class RankCore:
         self._phase_start = self._timer_start()
         self.gpu.reset_window()
         if self.empties_cache:
-            self.reserve = AllocatorReserve()
+            self.reserves = {}
 
     def end(self, *, host_waits: bool = True) -> Gen:
         """Wait until every stream of this rank is idle, then record the phase as DeepSpeed's
@@ -277,19 +282,27 @@ class RankCore:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
         return self.host_time(self.fetch_hook_s)
 
-    def _reserve_s(self, nbytes: float) -> float:
-        """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache: none, except
-        in a phase that began by emptying it (`begin`), for the growth beyond what the phase
-        has already reserved. Without emptying, the cache holds the previous iteration's
-        reserve."""
-        if self.reserve is None:
+    def _reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:
+        """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache on `stream`:
+        none, except in a phase that began by emptying it (`begin`), for the growth beyond
+        what the phase has already reserved for that stream. PyTorch's caching allocator
+        serves a stream's requests only from blocks freed on that stream, so DeepSpeed's
+        all-gather stream (gathered parameters, flat all-gather buffers) reserves its own.
+        Without emptying, the cache holds the previous iteration's reserve."""
+        if self.reserves is None:
             return 0.0
-        return self.reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps
+        reserve = self.reserves.setdefault(stream, AllocatorReserve())
+        return reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps
 
-    def release_device_memory(self, nbytes: float) -> None:
-        """Device memory back to the CUDA cache (see `_reserve_s`)."""
-        if self.reserve is not None:
-            self.reserve.free(nbytes)
+    def release_device_memory(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> None:
+        """Device memory back to the CUDA cache of `stream` (see `_reserve_s`)."""
+        if self.reserves is not None:
+            self.reserves.setdefault(stream, AllocatorReserve()).free(nbytes)
+
+    def defer_reserve(self, nbytes: float, stream: Stream) -> None:
+        """`_reserve_s` of an allocation made where the host does not yield, paid with the
+        next collective launches."""
+        self.deferred_host_s += self._reserve_s(nbytes, stream)
 
     def issue_kernels(self, launches: int, device_bytes: float = 0.0) -> Waits:
         """Host time to launch a module's kernels (`launches` of them), with the `cudaMalloc`
@@ -298,9 +311,11 @@ class RankCore:
         return self.host_time(launches * self.kernel_launch_s + self._reserve_s(device_bytes))
 
     def pay_launches(self) -> Waits:
-        """Host time of the collectives launched since the last call."""
+        """Host time of the collectives launched since the last call, with the `cudaMalloc`
+        of their buffers (`defer_reserve`)."""
         launches, self.launches = self.launches, 0
-        return self.host_time(launches * self.collective_launch_s)
+        deferred, self.deferred_host_s = self.deferred_host_s, 0.0
+        return self.host_time(launches * self.collective_launch_s + deferred)
 
     # ------------------------------------------------------------------ compute
 
