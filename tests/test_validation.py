@@ -38,7 +38,7 @@ KNOWN_MISSES = {
     ("Table 2", "DP=1", "backward_boundary"): (
         "+5.6%: the model's boundary flush is per-rank work (each gradient partition's pageable "
         "16-bit D2H, the kernel zeroing its fresh pages, the cast on the CPU), so it falls x0.51 "
-        "from DP=1 to DP=2 (11.83 to 5.99 s), where no pool oversubscribes the CPU and one rank "
+        "from DP=1 to DP=2 (11.83 to 5.98 s), where no pool oversubscribes the CPU and one rank "
         "copies across the sockets; the measured one falls x0.55 (11.2 to 6.13 s), as if part of "
         "it did not shrink with DP; the study node's page zeroing, fitted on all three boundary "
         "backwards with the Polaris runs, sits between the two cells (DP=2 -2.4%)"),
