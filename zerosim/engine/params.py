@@ -301,7 +301,7 @@ class PartitionedParams:
             bundle.extra = core.gpu.allocate(Category.PARAMS_GATHERED, bundle.nbytes,
                                              "all-gather flat buffer")
             yield from core.host_time(bundle.tensors * core.kernel_launch_s
-                                      + core._reserve_s(bundle.extra, Stream.FETCH_COPIES))
+                                      + core.reserve_s(bundle.extra, Stream.FETCH_COPIES))
             bundle.copies = core.hbm_op(self.copies, "split all-gather", OpKind.GATHER_SPLIT,
                                         bundle.nbytes, after=(ready,))
         self._leave(bundle)

@@ -114,7 +114,7 @@ class RankCore:
         self.empties_cache = ctx.scenario.runtime.empty_cache_each_phase
         self.reserves: dict[Stream, AllocatorReserve] | None = None
         """Per CUDA stream, what the caching allocator has reserved since the phase emptied
-        the cache (None when it did not: see `_reserve_s`)."""
+        the cache (None when it did not: see `reserve_s`)."""
         self.deferred_host_s = 0.0
         """Host time of allocations made where the host does not yield (an all-gather's
         buffers), paid with the collective launches (`pay_launches`)."""
@@ -282,7 +282,7 @@ class RankCore:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
         return self.host_time(self.fetch_hook_s)
 
-    def _reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:
+    def reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:
         """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache on `stream`:
         none, except in a phase that began by emptying it (`begin`), for the growth beyond
         what the phase has already reserved for that stream. PyTorch's caching allocator
@@ -295,20 +295,20 @@ class RankCore:
         return reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps
 
     def release_device_memory(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> None:
-        """Device memory back to the CUDA cache of `stream` (see `_reserve_s`)."""
+        """Device memory back to the CUDA cache of `stream` (see `reserve_s`)."""
         if self.reserves is not None:
             self.reserves.setdefault(stream, AllocatorReserve()).free(nbytes)
 
     def defer_reserve(self, nbytes: float, stream: Stream) -> None:
-        """`_reserve_s` of an allocation made where the host does not yield, paid with the
+        """`reserve_s` of an allocation made where the host does not yield, paid with the
         next collective launches."""
-        self.deferred_host_s += self._reserve_s(nbytes, stream)
+        self.deferred_host_s += self.reserve_s(nbytes, stream)
 
     def issue_kernels(self, launches: int, device_bytes: float = 0.0) -> Waits:
         """Host time to launch a module's kernels (`launches` of them), with the `cudaMalloc`
-        of the device memory they ask for (`device_bytes`; `_reserve_s`), as PyTorch
+        of the device memory they ask for (`device_bytes`; `reserve_s`), as PyTorch
         allocates an op's outputs when it launches it; the GPU runs them once queued."""
-        return self.host_time(launches * self.kernel_launch_s + self._reserve_s(device_bytes))
+        return self.host_time(launches * self.kernel_launch_s + self.reserve_s(device_bytes))
 
     def pay_launches(self) -> Waits:
         """Host time of the collectives launched since the last call, with the `cudaMalloc`
