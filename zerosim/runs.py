@@ -232,7 +232,7 @@ class MeasuredRun:
             "sequence_length": self.seq_length,
             "activation_checkpointing": self.checkpoint_activations,
             "attention": "flash" if self.flash_attention else "eager",
-            "hardware": reference if len(reference) > 1 or "file" in reference
+            "hardware": reference if "overrides" in reference or "file" in reference
             else str(hardware),
             "data_parallel": self.gpus,
             "deepspeed": {
