@@ -216,10 +216,9 @@ class PartitionedParams:
         keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         for index in todo:
-            self.gathered_bytes[index] = core.gpu.allocate(
-                Category.PARAMS_GATHERED, core.dtype_bytes * plan.gathered_numel[index],
-                plan.modules[index].name)
-            core.defer_reserve(self.gathered_bytes[index], Stream.FETCH_COPIES)
+            self.gathered_bytes[index], reserve_s = self._hold(
+                core.dtype_bytes * plan.gathered_numel[index], plan.modules[index].name)
+            core.deferred_host_s += reserve_s
         names = " + ".join([plan.modules[index].name for index in todo])
         if self.source.always_gathers:
             self._bring(todo, names)
@@ -298,21 +297,32 @@ class PartitionedParams:
             return ready
         core = self.core
         if bundle.copies is None:
-            bundle.extra = core.gpu.allocate(Category.PARAMS_GATHERED, bundle.nbytes,
-                                             "all-gather flat buffer")
-            yield from core.host_time(bundle.tensors * core.kernel_launch_s
-                                      + core.reserve_s(bundle.extra, Stream.FETCH_COPIES))
+            bundle.extra, reserve_s = self._hold(bundle.nbytes, "all-gather flat buffer")
+            yield from core.host_time(bundle.tensors * core.kernel_launch_s + reserve_s)
             bundle.copies = core.hbm_op(self.copies, "split all-gather", OpKind.GATHER_SPLIT,
                                         bundle.nbytes, after=(ready,))
         self._leave(bundle)
         return bundle.copies
 
+    def _hold(self, nbytes: float, what: str) -> tuple[int, float]:
+        """Gathered parameters (or a flat all-gather buffer) allocated on DeepSpeed's
+        all-gather stream: the bytes held, and the host seconds `cudaMalloc` takes for them
+        where the phase emptied the CUDA cache (`RankCore.reserve_s`: that stream's own
+        pool)."""
+        core = self.core
+        held = core.gpu.allocate(Category.PARAMS_GATHERED, nbytes, what)
+        return held, core.reserve_s(held, Stream.FETCH_COPIES)
+
+    def _drop(self, held: int) -> None:
+        """What `_hold` allocated, freed back to the all-gather stream's pool."""
+        self.core.gpu.free(Category.PARAMS_GATHERED, held)
+        self.core.release_device_memory(held, Stream.FETCH_COPIES)
+
     def _leave(self, bundle: _Bundle) -> None:
         """One module of the bundle is done with the handle; the last frees the flat buffer."""
         bundle.waiting -= 1
         if bundle.waiting == 0 and bundle.extra:
-            self.core.gpu.free(Category.PARAMS_GATHERED, bundle.extra)
-            self.core.release_device_memory(bundle.extra, Stream.FETCH_COPIES)
+            self._drop(bundle.extra)
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         """`fetch_sub_module`'s prefetch, run by every module's pre-hook (a module without
@@ -381,8 +391,7 @@ class PartitionedParams:
         insort(self.not_gathered, self.forward_position[index])
         self.live_numel -= self.core.plan.gathered_numel[index]
         self.gathered[index] = None
-        self.core.gpu.free(Category.PARAMS_GATHERED, self.gathered_bytes[index])
-        self.core.release_device_memory(self.gathered_bytes[index], Stream.FETCH_COPIES)
+        self._drop(self.gathered_bytes[index])
         self.gathered_bytes[index] = 0
 
     def release_after_backward(self) -> None:

@@ -299,11 +299,6 @@ class RankCore:
         if self.reserves is not None:
             self.reserves.setdefault(stream, AllocatorReserve()).free(nbytes)
 
-    def defer_reserve(self, nbytes: float, stream: Stream) -> None:
-        """`reserve_s` of an allocation made where the host does not yield, paid with the
-        next collective launches."""
-        self.deferred_host_s += self.reserve_s(nbytes, stream)
-
     def issue_kernels(self, launches: int, device_bytes: float = 0.0) -> Waits:
         """Host time to launch a module's kernels (`launches` of them), with the `cudaMalloc`
         of the device memory they ask for (`device_bytes`; `reserve_s`), as PyTorch
@@ -312,7 +307,7 @@ class RankCore:
 
     def pay_launches(self) -> Waits:
         """Host time of the collectives launched since the last call, with the `cudaMalloc`
-        of their buffers (`defer_reserve`)."""
+        of their buffers (`deferred_host_s`)."""
         launches, self.launches = self.launches, 0
         deferred, self.deferred_host_s = self.deferred_host_s, 0.0
         return self.host_time(launches * self.collective_launch_s + deferred)
