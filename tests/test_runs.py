@@ -295,7 +295,8 @@ def test_cli_draws_predicted_against_measured(tmp_path):
                                        "--workers", "1", "--out", str(out), "--plots"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["predictions.csv", "predictions.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.csv", "predictions.png",
+                                                     "series.csv"]
     refused = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
                                         "--no-files", "--plots"])
     assert refused.exit_code == 2 and "--plots writes files" in refused.output

@@ -606,6 +606,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     from zerosim.runs import predict as run_predict
     from zerosim.runs import prediction_row, read_runs, write_predictions
     from zerosim.scenario.loader import parse_overrides
+    from zerosim.series import accumulation_series, series_rows, write_series
 
     _files_needed(no_files, plots)
     runs = _with_warnings(lambda: read_runs(runs_table))
@@ -615,7 +616,9 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     if not no_files:
         folder = out_dir or Path("results") / "predict" / (
             f"{runs_table.stem}-{Path(hardware).stem}")
-        outcome.files = [write_predictions(outcome, folder / "predictions.csv")]
+        outcome.files = [write_predictions(outcome, folder / "predictions.csv"),
+                         write_series(accumulation_series(outcome.predictions),
+                                      folder / "series.csv")]
         if plots:
             from zerosim.plots import predicted_vs_measured
 
@@ -624,7 +627,8 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
             outcome.files.append(folder / "predictions.png")
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,
-                     "rows": [prediction_row(p) for p in outcome.predictions]})
+                     "rows": [prediction_row(p) for p in outcome.predictions],
+                     "series": series_rows(accumulation_series(outcome.predictions))})
     else:
         render_predictions(outcome)
     if any(p.status == "error" for p in outcome.predictions):

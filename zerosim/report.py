@@ -436,7 +436,40 @@ def render_predictions(outcome) -> None:
                   markup=False, highlight=False)
     if (repeats := _repeats_text(outcome)):
         console.print(repeats, markup=False, highlight=False)
+    _print_series(console, outcome)
     _print_files(console, outcome.files)
+
+
+def _seconds(value: float, sign: str = "") -> str:
+    """Two decimals, a least-squares -0.00 shown as 0.00."""
+    return f"{round(value, 2) + 0.0:{sign}.2f}"
+
+
+def _print_series(console: Console, outcome) -> None:
+    """The table's gradient-accumulation series (`zerosim.series`), each time split into
+    what a micro-batch adds and what the step costs once, predicted against measured."""
+    from zerosim.series import accumulation_series
+
+    series = accumulation_series(outcome.predictions)
+    if not series:
+        return
+    table = Table(title="gradient-accumulation series: each time per optimizer step = per step "
+                        "+ per micro-batch x accumulation (least squares over the runs), "
+                        "predicted/measured", title_justify="left")
+    for heading in ("series", "runs", "time", "per micro-batch", "per step"):
+        table.add_column(heading, justify="left" if heading == "series" else "right",
+                         no_wrap=True)
+    for s in series:
+        for split in s.splits:
+            error = split.error_per_micro_batch
+            table.add_row(s.name, str(s.runs), PREDICTION_HEADINGS[split.quantity],
+                          f"{split.predicted.per_micro_batch_s:.3f}/"
+                          f"{split.measured.per_micro_batch_s:.3f}"
+                          + ("" if error is None else f" {error:+.1%}"),
+                          f"{_seconds(split.predicted.per_step_s)}/"
+                          f"{_seconds(split.measured.per_step_s)} "
+                          f"{_seconds(split.difference_per_step_s, '+')} s")
+    console.print(table)
 
 
 def _repeats_text(outcome) -> str:

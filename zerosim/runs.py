@@ -20,7 +20,7 @@ import csv
 import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -168,9 +168,14 @@ class MeasuredRun:
 
     @property
     def name(self) -> str:
+        return self.name_with_accumulation(str(self.grad_accum_steps))
+
+    def name_with_accumulation(self, steps: str) -> str:
+        """The configuration's name with `steps` as its accumulation (`1..16` names a
+        series: `series.AccumulationSeries`)."""
         nodes = f"-{self.nodes_given}n" if self.nodes_given is not None else ""
         return (f"{self.size_text}-dp{self.gpus}{nodes}-mb{self.micro_batch_size}"
-                f"-ga{self.grad_accum_steps}-sg{self.sub_group_size:.0e}"
+                f"-ga{steps}-sg{self.sub_group_size:.0e}"
                 f"{self.fork_suffix}{self.launch_suffix}").replace("+", "")
 
     @property
@@ -185,6 +190,12 @@ class MeasuredRun:
                 self.zero_stage, self.deepspeed_version, self.part_grads_async,
                 self.prefetch_optimizer, self.prefetch_optimizer_gap, self.bind_cores_to_rank,
                 self.empties_cache, self.nodes_given)
+
+    @property
+    def series_key(self) -> tuple[Any, ...]:
+        """`config_key` but the accumulation: the runs of one gradient-accumulation series
+        (`series.accumulation_series`) share it."""
+        return replace(self, grad_accum_steps=0).config_key
 
     def nodes(self, gpus_per_node: int) -> int:
         """The table's node count where it gives one, else as many nodes of `gpus_per_node`
@@ -717,11 +728,17 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
     return row
 
 
-def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
+def write_table(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]
+                ) -> Path:
+    """A CSV of `rows` under `columns` (None as an empty cell), its folder made."""
     from zerosim.sweep.store import write_csv
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(path, list(PREDICTION_COLUMNS),
-              ({k: "" if v is None else str(v) for k, v in prediction_row(p).items()}
-               for p in outcome.predictions))
+    write_csv(path, list(columns),
+              ({k: "" if v is None else str(v) for k, v in row.items()} for row in rows))
     return path
+
+
+def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
+    return write_table(path, PREDICTION_COLUMNS,
+                       (prediction_row(p) for p in outcome.predictions))
