@@ -440,7 +440,7 @@ def render_predictions(outcome) -> None:
     _print_files(console, outcome.files)
 
 
-def _seconds(value: float, sign: str = "") -> str:
+def _two_decimals(value: float, sign: str = "") -> str:
     """Two decimals, a least-squares -0.00 shown as 0.00."""
     return f"{round(value, 2) + 0.0:{sign}.2f}"
 
@@ -466,9 +466,9 @@ def _print_series(console: Console, outcome) -> None:
                           f"{split.predicted.per_micro_batch_s:.3f}/"
                           f"{split.measured.per_micro_batch_s:.3f}"
                           + ("" if error is None else f" {error:+.1%}"),
-                          f"{_seconds(split.predicted.per_step_s)}/"
-                          f"{_seconds(split.measured.per_step_s)} "
-                          f"{_seconds(split.difference_per_step_s, '+')} s")
+                          f"{_two_decimals(split.predicted.per_step_s)}/"
+                          f"{_two_decimals(split.measured.per_step_s)} "
+                          f"{_two_decimals(split.difference_per_step_s, '+')} s")
     console.print(table)
 
 
