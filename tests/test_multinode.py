@@ -247,6 +247,21 @@ def test_gemm_latency_defaults_to_none_and_says_so(toy):
     assert prov.basis == "assumed" and prov.source.startswith("default:")
 
 
+def test_gemm_streaming_rate_defaults_to_the_stream_rate_and_says_so(toy):
+    """A profile written before the key streams a GEMM's bytes as a copy kernel's; one that
+    overrides the copy rate moves the GEMM's with it, unless it states its own."""
+    profile = toy.scenario(gpus=1).hardware
+    assert profile.gemm_memory_efficiency == profile.memory_efficiency == 1.0
+    prov = profile.provenance["gpu.gemm_memory_efficiency"]
+    assert prov.basis == "assumed" and prov.source.startswith("default:")
+    slower = toy.scenario({"hardware": {"gpu": {"memory_efficiency": q(0.5)}}}, gpus=1).hardware
+    assert slower.gemm_memory_efficiency == 0.5
+    own = toy.scenario({"hardware": {"gpu": {"memory_efficiency": q(0.5),
+                                             "gemm_memory_efficiency": q(0.4)}}},
+                       gpus=1).hardware
+    assert (own.memory_efficiency, own.gemm_memory_efficiency) == (0.5, 0.4)
+
+
 def test_nics_per_node_must_be_a_positive_count(toy):
     tree = toy.profile(1)
     tree["network"]["nics_per_node"] = 0

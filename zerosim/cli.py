@@ -298,14 +298,16 @@ def validate(out_dir: Path, as_json: bool) -> None:
               help="The GPU's profile (a shipped name or a YAML file): its peak, SMs, tiles "
                    "and HBM are kept, its GEMM values fitted.")
 @click.option("--hold", "held", multiple=True, metavar="KEY",
-              help="Keep this value (gemm_efficiency, gemm_k_overhead or gemm_latency_us) at "
-                   "the profile's (repeatable): for a table that cannot pin it, say one without "
-                   "small shapes for the latency.")
+              help="Keep this value (gemm_efficiency, gemm_k_overhead, gemm_latency_us or "
+                   "gemm_memory_efficiency) at the profile's (repeatable): for a table that "
+                   "cannot pin it, say one without small shapes for the latency. A value no "
+                   "shape of the table is bound by is held without asking.")
 def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
-    """Fit gpu.gemm_efficiency, gpu.gemm_k_overhead and gpu.gemm_latency_us to TABLE, a CSV of
-    measured GEMMs (columns m, n, k, TFLOPS and optionally batch: a cuBLAS or cuBLASLt
-    benchmark of several shapes, large squares, a short K and small shapes among them), and
-    print the values to put in the profile."""
+    """Fit gpu.gemm_efficiency, gpu.gemm_k_overhead, gpu.gemm_latency_us and
+    gpu.gemm_memory_efficiency to TABLE, a CSV of measured GEMMs (columns m, n, k, TFLOPS and
+    optionally batch: a cuBLAS or cuBLASLt benchmark of several shapes, large squares, a short K,
+    small shapes and memory-bound ones among them), and print the values to put in the
+    profile."""
     from zerosim.hardware.profile import load_profile
     from zerosim.validation.gemm_rates import RATES, fit_gemm_rates, read_gemm_table
 
@@ -324,7 +326,8 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
     for rate, spec in zip(fit.rates, RATES, strict=True):
         digits = spec.digits
         relative = not rate.held and round(rate.value, digits)
-        note = ("held at the profile's value" if rate.held else
+        note = ("held at the profile's value: no shape of the table is bound by it"
+                if rate.unbound else "held at the profile's value" if rate.held else
                 f"standard error {rate.std:.{digits}f} ({rate.rel_std:.0%})"
                 if relative else f"standard error {rate.std:.{digits}f}")
         stderr = f"stderr_pct: {100 * rate.rel_std:.2g}, " if relative and rate.rel_std > 0 else ""

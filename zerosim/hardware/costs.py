@@ -145,12 +145,14 @@ def k_loop_fraction(gemm: Gemm, profile: HardwareProfile) -> float:
 
 def gemm_s(gemm: Gemm, profile: HardwareProfile) -> float:
     """Roofline time of a GEMM: its FLOPs at the achievable fraction of dense peak, reduced by
-    wave quantisation and by the fixed cost of each tile, or its minimum HBM traffic, whichever
-    takes longer; plus the kernel's fixed time outside its waves of tiles (`gemm_latency_s`:
-    ramping up to the first tiles and draining the last, which no other tile hides)."""
+    wave quantisation and by the fixed cost of each tile, or its minimum HBM traffic at the
+    rate a GEMM streams (`gemm_memory_efficiency`), whichever takes longer; plus the kernel's
+    fixed time outside its waves of tiles (`gemm_latency_s`: ramping up to the first tiles and
+    draining the last, which no other tile hides)."""
     rate = (profile.peak_16bit_flops * profile.gemm_efficiency
             * wave_quantisation(gemm, profile) * k_loop_fraction(gemm, profile))
-    return max(gemm.flops / rate, hbm_s(gemm.nbytes, profile)) + profile.gemm_latency_s
+    streaming = gemm.nbytes / (profile.hbm_Bps * profile.gemm_memory_efficiency)
+    return max(gemm.flops / rate, streaming) + profile.gemm_latency_s
 
 
 def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:

@@ -60,6 +60,10 @@ class HardwareProfile:
     gemm_latency_s: float
     flash_attention_efficiency: float
     memory_efficiency: float
+    gemm_memory_efficiency: float
+    """Fraction of HBM peak a GEMM kernel streams its operands and output at where they, not
+    its arithmetic, bound it (eager attention's short-K products): below `memory_efficiency`,
+    a STREAM kernel's rate, on the H100 measured."""
     kernel_gap_s: float
     runtime_context_bytes: float
     cuda_malloc_Bps: float
@@ -171,6 +175,8 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.flash_attention_efficiency": ("flash_attention_efficiency", 1.0, _fraction,
                                        "a fraction in (0, 1]"),
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
+    "gpu.gemm_memory_efficiency": ("gemm_memory_efficiency", 1.0, _fraction,
+                                   "a fraction in (0, 1]"),
     "gpu.kernel_gap_us": ("kernel_gap_s", US, _non_negative, "a time >= 0 in microseconds"),
     "gpu.runtime_context_GiB": ("runtime_context_bytes", GiB, _non_negative, "GiB >= 0"),
     "gpu.cuda_malloc_GBps": ("cuda_malloc_Bps", GB, _positive,
@@ -284,9 +290,17 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
 """Keys a profile may leave out: key -> (value in the key's unit, why that default). A resource
 added to zerosim gets a default here, so profiles written before it keep loading; what a
 default fills in is recorded with basis `assumed` and its reason."""
+DEFAULTS_FROM: dict[str, tuple[str, str]] = {
+    "gpu.gemm_memory_efficiency": (
+        "gpu.memory_efficiency", "no measurement of memory-bound GEMMs on this GPU: they stream "
+        "at the STREAM rate (gpu.memory_efficiency), as profiles written before the key existed "
+        "priced them"),
+}
+"""Keys a profile may leave out whose default is another key's value: key -> (that key, why)."""
 
 
-OPTIONAL_KEYS = {*DEFAULTS, *cpus.SUPPLIED_KEYS, cpus.NAME_KEY, "host.cpu_model"}
+OPTIONAL_KEYS = {*DEFAULTS, *DEFAULTS_FROM, *cpus.SUPPLIED_KEYS, cpus.NAME_KEY,
+                 "host.cpu_model"}
 """Keys a profile may leave out (a default, or its CPU model, fills them in)."""
 
 
@@ -299,6 +313,11 @@ def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
             filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
         else:
             filled[key] = value
+    for key, (origin, why) in DEFAULTS_FROM.items():
+        given = filled.get(origin)
+        if key not in filled and given is not None:
+            value = given.get("value") if isinstance(given, Mapping) else given
+            filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
     return filled
 
 

@@ -1,13 +1,16 @@
 """`zerosim fit-gemm`: a GPU's GEMM rates fitted to a measured table of GEMM throughputs.
 
-The GEMM model (`hardware.costs.gemm_s`) has three values a datasheet does not give:
+The GEMM model (`hardware.costs.gemm_s`) has four values a datasheet does not give:
 `gpu.gemm_efficiency`, the fraction of dense peak a long K loop reaches on full waves,
-`gpu.gemm_k_overhead`, each output tile's fixed cost in steps of K, and `gpu.gemm_latency_us`,
-each kernel's fixed time outside its waves of tiles. A cuBLAS(Lt) benchmark of several shapes
-pins them: large squares against each other (4096^3 runs below 8192^3 by the tile cost), a
-short K, and small shapes (a few microseconds each, where the latency shows). This fits them by
-least squares on log(modelled / measured) with the rest of the profile (peak, SMs, tiles, HBM)
-as it is; a value the table cannot pin is held at the profile's. Pure: no SimPy.
+`gpu.gemm_k_overhead`, each output tile's fixed cost in steps of K, `gpu.gemm_latency_us`,
+each kernel's fixed time outside its waves of tiles, and `gpu.gemm_memory_efficiency`, the
+fraction of HBM peak a GEMM streams at where its bytes bound it. A cuBLAS(Lt) benchmark of
+several shapes pins them: large squares against each other (4096^3 runs below 8192^3 by the
+tile cost), a short K, small shapes (a few microseconds each, where the latency shows) and
+memory-bound ones (eager attention's batched products of a short K). This fits them by least
+squares on log(modelled / measured) with the rest of the profile (peak, SMs, tiles, HBM) as it
+is; a value the table cannot pin is held at the profile's, by `--hold` or because no shape of
+the table is bound by it. Pure: no SimPy.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ RATES = (
     GemmRate("gemm_efficiency", "gemm_efficiency", 1.0, 1e-4, 1.0, 0.1, 3),
     GemmRate("gemm_k_overhead", "gemm_k_overhead", 1.0, 0.0, 1e5, 100.0, 0),
     GemmRate("gemm_latency_us", "gemm_latency_s", 1e-6, 0.0, 100.0, 1.0, 2),
+    GemmRate("gemm_memory_efficiency", "gemm_memory_efficiency", 1.0, 0.05, 1.0, 0.1, 3),
 )
 """The GEMM model's values a datasheet does not give (bounds: their plausible ranges)."""
 RATE_KEYS = tuple(rate.key for rate in RATES)
@@ -89,6 +93,9 @@ class FittedRate:
     std: float
     """Standard error from the Jacobian at the optimum, in the key's unit (0 when held)."""
     held: bool
+    unbound: bool = False
+    """Held because no row of the table is bound by it (a memory-bound rate on a table of
+    compute-bound shapes): the table cannot pin it."""
 
     @property
     def rel_std(self) -> float:
@@ -172,6 +179,13 @@ def _with(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile
                                for key, value in values.items()})
 
 
+def _binds_a_row(rate: GemmRate, rows: list[GemmRow], profile: HardwareProfile) -> bool:
+    """Whether some row's modelled rate moves when `rate` moves by 1% at the profile's value."""
+    value = getattr(profile, rate.field) / rate.scale
+    moved = _with(profile, {rate.key: value * 1.01 if value else rate.step * 0.01})
+    return any(modelled_tflops(r, moved) != modelled_tflops(r, profile) for r in rows)
+
+
 def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
                    held: tuple[str, ...] = (), source: str = "GEMM table") -> GemmFit:
     """Least squares on log(modelled / measured) over the GEMM values not `held` (those keep
@@ -183,7 +197,9 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
     if unknown:
         raise ScenarioError(source, "--hold", f"one of {', '.join(RATE_KEYS)}",
                             ", ".join(unknown))
-    free = [rate for rate in RATES if rate.key not in held]
+    unbound = {rate.key for rate in RATES
+               if rate.key not in held and not _binds_a_row(rate, rows, profile)}
+    free = [rate for rate in RATES if rate.key not in held and rate.key not in unbound]
     if len(rows) <= len(free):
         raise ScenarioError(source, "rows", f"more than {len(free)} measured GEMMs "
                             f"({len(free)} values are fitted)", len(rows))
@@ -207,7 +223,8 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
     stds = {rate.key: float(e) for rate, e in zip(free, std, strict=True)}
     rates = tuple(FittedRate(rate.key, values.get(rate.key, getattr(profile, rate.field)
                                                   / rate.scale),
-                             stds.get(rate.key, 0.0), rate.key in held) for rate in RATES)
+                             stds.get(rate.key, 0.0), rate.key not in values,
+                             rate.key in unbound) for rate in RATES)
     fitted = _with(profile, values)
     return GemmFit(rates, tuple(tuple(float(c) for c in row) for row in correlations),
                    tuple(modelled_tflops(r, fitted) for r in rows))
