@@ -18,9 +18,13 @@ Measures, on one Linux box with a CUDA GPU (needs only torch, numpy and the stdl
   g. One Megatron-style Llama block's forward (no DeepSpeed) at micro-batch 1 and 4 for the
      Polaris runs' three widths: per-layer GPU time, host issue time, each GEMM alone, and the
      part that does not grow with the batch, per parameter.
+  h. Eager attention's batched GEMMs (Q K^T of a short K, P V) alone, and the host wait of a
+     Python scalar made on the GPU behind queued work.
+  i. A block stack's forward right after the GPU idled 0.5-8 s (host asleep or busy) against
+     the same forward back to back: what a step's first forward costs more than the others.
 
 Usage:
-  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdefg]
+  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdefghi]
 
 Every figure is written to the JSON with value, unit, method (sizes, repetitions,
 statistic) and the raw samples. Units: GB = 1e9 bytes, GiB/MiB = 2**30 / 2**20 bytes.
@@ -954,6 +958,64 @@ def section_h(P: Probe):
                      f"queued 8192^3 GEMMs, median of {r}", samples_s=waits)
 
 
+IDLE_S = (0.5, 2.0, 8.0)
+"""Section i's idle gaps: the GPU's idle time before a step's first forward is the optimizer
+step's, 2-8 s on the Polaris runs (the CPU updates while the GPU waits)."""
+
+
+def _busy_host(seconds):
+    """Keep every host thread busy for `seconds`, as CPU Adam keeps the node during the step."""
+    a = torch.randn(4 * Mi)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a.mul_(1.0001).add_(1e-6)
+
+
+def section_i(P: Probe):
+    """A block stack's forward right after the GPU idled against the same forward back to back:
+    the Polaris runs' first forward of an optimizer step costs 20-60 ms more than the others
+    (`zerosim predict`'s accumulation series), which zerosim does not replay. Idle with the
+    host asleep and with the host's threads busy; CUDA-event time of one forward each."""
+    S = "i_forward_after_idle"
+    print("\n[i] a forward after the GPU idled", flush=True)
+    hidden, ffn, heads, kv_heads = BLOCKS[1]
+    layers, mb, r = (2, 1, 2) if P.quick else (8, 4, 3)
+    mask = torch.ones(SEQUENCE, SEQUENCE, device="cuda", dtype=torch.bool).triu_(1)
+    weights = [_block_weights(hidden, ffn, heads, kv_heads) for _ in range(layers)]
+    x = torch.randn(SEQUENCE, mb, hidden, device="cuda", dtype=torch.bfloat16)
+
+    def forward():
+        with torch.no_grad():
+            y = x
+            for w in weights:
+                y = _block_forward(y, w, heads, kv_heads, mask)
+        return y
+
+    with P.attempt(S, "warm"):
+        warm = statistics.median(time_events(forward, 5, warmup=2))
+        P.record(S, "warm_forward_ms", warm * 1e3, "ms",
+                 f"CUDA events around {layers} blocks of hidden {hidden} at micro-batch {mb}, "
+                 "back to back, median of 5 after 2 warm-ups")
+    for idle in IDLE_S[:1] if P.quick else IDLE_S:
+        for host in ("asleep", "busy"):
+            with P.attempt(S, f"idle_{idle}s_host_{host}"):
+                extra = []
+                for _ in range(r):
+                    torch.cuda.synchronize()
+                    if host == "busy":
+                        _busy_host(idle)
+                    else:
+                        time.sleep(idle)
+                    extra.append(time_events(forward, 1, warmup=0)[0] - warm)
+                P.record(S, f"idle_{idle:g}s_host_{host}_extra_ms",
+                         statistics.median(extra) * 1e3, "ms",
+                         f"one forward's CUDA-event time after {idle:g} s with the GPU idle and "
+                         f"the host {host}, minus the warm forward; median of {r}",
+                         samples_s=extra)
+    weights = None
+    torch.cuda.empty_cache()
+
+
 # ----------------------------------------------------------------------------------
 # d. CPU kernels of the offloaded optimizer step
 # ----------------------------------------------------------------------------------
@@ -1362,7 +1424,8 @@ def main(argv=None):
         "--quick", action="store_true", help="small sizes, few repetitions (about a minute)"
     )
     ap.add_argument("--out", default="node_probe.json", help="JSON output path")
-    ap.add_argument("--sections", default="abcdefgh", help="subset of sections to run, e.g. 'ae'")
+    ap.add_argument("--sections", default="abcdefghi",
+                    help="subset of sections to run, e.g. 'ae'")
     ap.add_argument(
         "--duration",
         type=float,
@@ -1385,8 +1448,8 @@ def main(argv=None):
         args.sections = "".join(s for s in args.sections if s in "cd")
     if not torch.cuda.is_available() and not args.cpu_only:
         print(
-            "CUDA is not available: sections a, b, e, f, g, h need a CUDA GPU; use --cpu-only to "
-            "run the host sections (c, d) alone",
+            "CUDA is not available: sections a, b, e, f, g, h, i need a CUDA GPU; use "
+            "--cpu-only to run the host sections (c, d) alone",
             file=sys.stderr,
         )
         return 2
@@ -1441,6 +1504,7 @@ def main(argv=None):
         "f": section_f,
         "g": section_g,
         "h": section_h,
+        "i": section_i,
     }
     timings = {}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
