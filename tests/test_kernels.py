@@ -60,7 +60,7 @@ def test_gemm_time_is_its_roofline_plus_the_kernel_gap():
     assert costs.kernel_s(g, A100) == pytest.approx(compute + A100.kernel_gap_s, rel=1e-12)
     # a thin projection (1M rows onto 32 columns over a K of 4096): its bytes take longer
     thin = Gemm(1_048_576, 32, 4096)
-    memory = thin.nbytes / (1555e9 * A100.memory_efficiency)
+    memory = thin.nbytes / (1555e9 * A100.gemm_memory_efficiency)
     fill = costs.wave_quantisation(thin, A100)
     assert (thin.flops / (312e12 * A100.gemm_efficiency * fill * 4096 / (4096 + 498))
             < memory)

@@ -18,21 +18,21 @@ TABLE = (Path(__file__).resolve().parent.parent / "zerosim" / "validation" / "da
          / "polaris_zero3_offload_runs.csv")
 
 
-def _table(rows: list[dict[str, str]]) -> str:
-    """The shipped table's 5.9B DP=1 micro-batch-4 row (row 15) once per entry of `rows`,
-    with that entry's columns changed."""
+def _table(rows: list[tuple[int, dict[str, str]]]) -> str:
+    """A table of the shipped table's rows (1 = first data row), each with its changes."""
     reader = csv.DictReader(io.StringIO(TABLE.read_text()))
-    base = next(r for i, r in enumerate(reader, start=1) if i == 15)
+    shipped = dict(enumerate(reader, start=1))
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=reader.fieldnames)
     writer.writeheader()
-    for changes in rows:
-        writer.writerow(base | changes)
+    for row, changes in rows:
+        writer.writerow(shipped[row] | changes)
     return out.getvalue()
 
 
-def _run(ga: int, backward_ms: float, **changes: str) -> dict[str, str]:
-    return {"grad_accum_steps": str(ga), "bwd_ms_mean": str(backward_ms), **changes}
+def _run(ga: int, backward_ms: float, **changes: str) -> tuple[int, dict[str, str]]:
+    """Row 15 (5.9B, DP=1, micro-batch 4) at accumulation `ga`, measuring `backward_ms`."""
+    return 15, {"grad_accum_steps": str(ga), "bwd_ms_mean": str(backward_ms), **changes}
 
 
 def _predicted(table: str, backward) -> list[Prediction]:
@@ -81,14 +81,9 @@ def test_predict_prints_and_writes_the_series_of_a_table(tmp_path):
     """Rows 34, 30 and 31 of the shipped table are the 5.9B DP=1 runs at accumulation 2, 4
     and 8: `zerosim predict` simulates them and splits each time, measured and predicted,
     as numpy's least squares does."""
-    reader = csv.DictReader(io.StringIO(TABLE.read_text()))
-    picked = [r for i, r in enumerate(reader, start=1) if i in (34, 30, 31)]
     table = tmp_path / "runs.csv"
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=reader.fieldnames)
-    writer.writeheader()
-    writer.writerows(picked)
-    table.write_text(out.getvalue())
+    table.write_text(_table([(34, {}), (30, {}), (31, {})]))
+    picked = list(csv.DictReader(io.StringIO(table.read_text())))
     result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
                                        "--workers", "1", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
