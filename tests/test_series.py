@@ -104,3 +104,11 @@ def test_predict_prints_and_writes_the_series_of_a_table(tmp_path):
     assert as_json.exit_code == 0, as_json.output
     assert [s["quantity"] for s in json.loads(as_json.output)["series"]] == [
         "forward", "backward", "iteration"]
+
+
+def test_times_proportional_to_the_accumulation_cost_nothing_per_step():
+    """A subtraction's rounding is not a per-step cost: exactly 0.661 s a micro-batch gives a
+    per-step cost of exactly zero."""
+    line = fit_line([1, 1, 2, 4, 8, 16], [0.661 * ga for ga in (1, 1, 2, 4, 8, 16)])
+    assert line.per_step_s == 0.0
+    assert line.per_micro_batch_s == pytest.approx(0.661, rel=1e-12)

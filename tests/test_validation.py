@@ -249,3 +249,22 @@ def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path)
         assert len(list(csv.DictReader(f))) == len(found)
     assert image.stat().st_size > 0 and polaris.name == "polaris.png"
     assert len(polaris_points(found)) == 29 * 4
+
+
+def test_the_accumulation_series_are_reported_as_predict_splits_them(cells):
+    """The Polaris runs' two accumulation series, each time split into what each micro-batch
+    adds and what the step adds once: reported (not judged, the runs are the cells above), with
+    the values `zerosim.series` gives on the same predictions."""
+    series = {key: c for key, c in cells.items()
+              if key[0] == POLARIS_GROUP and ": what " in key[2]}
+    assert {c.status for c in series.values()} == {"reported"}
+    assert sorted({key[1] for key in series}) == [
+        "polaris-11.20b-dp1-mb4-ga1..16-sg1e08 (7 runs)",
+        "polaris-5.90b-dp1-mb4-ga1..16-sg1e08 (8 runs)"]
+    assert len(series) == 12
+    forward = series[(POLARIS_GROUP, "polaris-5.90b-dp1-mb4-ga1..16-sg1e08 (8 runs)",
+                      "forward: what the step adds once")]
+    assert forward.simulated == 0.0 and forward.measured == pytest.approx(0.0308, abs=5e-5)
+    backward = series[(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga1..16-sg1e08 (7 runs)",
+                       "backward: what each micro-batch adds")]
+    assert backward.measured == pytest.approx(3.3287, abs=5e-5)

@@ -440,9 +440,6 @@ def render_predictions(outcome) -> None:
     _print_files(console, outcome.files)
 
 
-def _two_decimals(value: float, sign: str = "") -> str:
-    """Two decimals, a least-squares -0.00 shown as 0.00."""
-    return f"{round(value, 2) + 0.0:{sign}.2f}"
 
 
 def _print_series(console: Console, outcome) -> None:
@@ -466,9 +463,8 @@ def _print_series(console: Console, outcome) -> None:
                           f"{split.predicted.per_micro_batch_s:.3f}/"
                           f"{split.measured.per_micro_batch_s:.3f}"
                           + ("" if error is None else f" {error:+.1%}"),
-                          f"{_two_decimals(split.predicted.per_step_s)}/"
-                          f"{_two_decimals(split.measured.per_step_s)} "
-                          f"{_two_decimals(split.difference_per_step_s, '+')} s")
+                          f"{split.predicted.per_step_s:.2f}/{split.measured.per_step_s:.2f} "
+                          f"{split.difference_per_step_s:+.2f} s")
     console.print(table)
 
 

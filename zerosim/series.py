@@ -71,13 +71,21 @@ class AccumulationSeries:
     splits: tuple[SeriesSplit, ...]
 
 
+ROUNDING = 1e-9
+"""An intercept below this fraction of the mean time is the subtraction's rounding (times
+exactly proportional to the accumulation): it is zero."""
+
+
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Split:
     """Least-squares line of `ys` on `xs` (at least two distinct xs)."""
     n = len(xs)
     mean_x, mean_y = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mean_x) ** 2 for x in xs)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
-    return Split(per_micro_batch_s=slope, per_step_s=mean_y - slope * mean_x)
+    intercept = mean_y - slope * mean_x
+    if abs(intercept) < ROUNDING * abs(mean_y):
+        intercept = 0.0
+    return Split(per_micro_batch_s=slope, per_step_s=intercept)
 
 
 def accumulation_series(predictions: Sequence[Prediction]) -> list[AccumulationSeries]:

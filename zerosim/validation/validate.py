@@ -460,6 +460,29 @@ def polaris_cells() -> list[Cell]:
                            configuration.peak_host_bytes / GiB,
                            prediction.predicted[PEAK_HOST] / GiB, None,
                            note=HOST_MEMORY_NOTE))
+    return cells + series_cells(outcome.predictions, NAME_PREFIX)
+
+
+SERIES_NOTE = ("reported, not judged: the same runs as the cells above, each time split by "
+               "least squares into what every micro-batch adds and what the step costs once "
+               "(zerosim.series)")
+
+
+def series_cells(predictions, name_prefix: str = "") -> list[Cell]:
+    """`zerosim predict`'s gradient-accumulation series as reported cells: per micro-batch
+    and per step, measured against predicted, in seconds."""
+    from zerosim.series import accumulation_series
+
+    cells = []
+    for series in accumulation_series(predictions):
+        case = f"{name_prefix}{series.name} ({series.runs} runs)"
+        for split in series.splits:
+            for part, measured, predicted in (
+                    ("each micro-batch adds", split.measured.per_micro_batch_s,
+                     split.predicted.per_micro_batch_s),
+                    ("the step adds once", split.measured.per_step_s, split.predicted.per_step_s)):
+                cells.append(judge(POLARIS_GROUP, case, f"{split.quantity}: what {part}", "s",
+                                   measured, predicted, None, note=SERIES_NOTE))
     return cells
 
 
