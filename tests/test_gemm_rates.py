@@ -18,8 +18,8 @@ AZURE_A100 = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]
 XLA_H100 = reference_data("xla_h100_gemm_bf16.yaml")
 AZURE_ROWS = [GemmRow.from_record(r) for r in AZURE_A100["gemm_fp16"]]
 XLA_ROWS = [GemmRow.from_record(r) for r in XLA_H100["rows"]]
-BATCHED_ROWS = [GemmRow.from_record(r)
-                for r in reference_data("h100_batched_gemms.yaml")["rows"]]
+PYTORCH_ROWS = [GemmRow.from_record(r)
+                for r in reference_data("h100_pytorch_gemms.yaml")["rows"]]
 
 
 def _table(tmp_path: Path, text: str) -> Path:
@@ -51,40 +51,45 @@ def test_the_shipped_a100_gemm_rates_are_what_the_fit_gives_on_azures_table(name
 
 
 @pytest.mark.parametrize("name", ["h100-jlse", "dgx-h100"])
-def test_the_shipped_h100_gemm_rates_are_what_the_fit_gives_on_xlas_table(name):
-    """375 shapes, from 256^3 (a few microseconds) to four 4096^3 products, with the streaming
-    rate held at the batched products' (below): the three values are pinned (standard errors
-    1%, 7%, 1%) and the model follows the table within 10.0% rms. Free, the streaming rate
-    comes out at XLA's own 0.87 (its memory-bound rows are thin products read at 2.6-2.9
-    TB/s), and the rms at 9.5%."""
+def test_the_shipped_h100_gemm_rates_are_what_the_fit_gives_on_pytorchs_gemms(name):
+    """The node probe's 30 GEMMs as PyTorch runs them on an H100 (a Llama block's projections
+    at 2048 and 8192 tokens, eager attention's batched products), the latency held at XLA's:
+    efficiency, tile cost and streaming rate pinned (standard errors 2%, 22%, 4%), rms 7.0%,
+    28 of 30 within 8% (the two outside: the micro-batch-1 products of the 3072-wide block,
+    which PyTorch runs 18% and 28% below the model's best tile). At the STREAM rate (0.87)
+    the two attention products of K = 64 and 128, bound by their bytes, come out 19-20% fast."""
     profile = load_profile(name)
-    fit = fit_gemm_rates(XLA_ROWS, profile, held=("gemm_memory_efficiency",))
+    fit = fit_gemm_rates(PYTORCH_ROWS, profile, held=("gemm_latency_us",))
     assert fit.efficiency == pytest.approx(profile.gemm_efficiency, abs=0.001)
     assert fit.k_overhead == pytest.approx(profile.gemm_k_overhead, abs=1)
-    assert fit.latency_us == pytest.approx(profile.gemm_latency_s * 1e6, abs=0.01)
-    assert [round(fit.rate(key).rel_std, 2) for key in RATE_KEYS[:3]] == [0.01, 0.07, 0.01]
-    assert fit.rms(XLA_ROWS) == pytest.approx(0.100, abs=0.002)
-    free = fit_gemm_rates(XLA_ROWS, profile)
-    assert free.rate("gemm_memory_efficiency").value == pytest.approx(0.867, abs=0.002)
-    assert free.rms(XLA_ROWS) == pytest.approx(0.095, abs=0.002)
+    memory = fit.rate("gemm_memory_efficiency")
+    assert memory.value == pytest.approx(profile.gemm_memory_efficiency, abs=0.001)
+    assert [round(fit.rate(key).rel_std, 2) for key in RATE_KEYS] == [0.02, 0.22, 0.0, 0.04]
+    assert fit.rms(PYTORCH_ROWS) == pytest.approx(0.070, abs=0.001)
+    assert [round(e, 3) for e in fit.errors(PYTORCH_ROWS) if abs(e) > 0.08] == [0.178, 0.276]
+    batched = PYTORCH_ROWS[24:]
+    stream = fit_gemm_rates(batched, replace(profile, gemm_memory_efficiency=0.87),
+                            held=RATE_KEYS)
+    assert [round(e, 2) for e in stream.errors(batched)[:2]] == [0.19, 0.20]
 
 
 @pytest.mark.parametrize("name", ["h100-jlse", "dgx-h100"])
-def test_the_shipped_h100_streaming_rate_is_what_the_batched_attention_products_give(name):
-    """PyTorch's batched Q K^T and P V on an H100 (the node probe's section h): with the other
-    three values held, they stream at 0.732 of HBM peak (standard error 2%) and the model
-    follows all six within -3% to +7%, where at the STREAM rate (0.87) the two of K = 64 and
-    128, bound by their bytes, come out 20% fast."""
+def test_xlas_autotuned_kernels_run_faster_than_pytorchs(name):
+    """XLA's table of 375 shapes, every value free: its kernels reach 0.924 of peak with 216
+    steps of tile cost and stream at 0.87 (rms 9.5%), and its latency is the profiles' (the
+    only H100 table with small shapes). With PyTorch's values the model runs XLA's 20 large
+    products 8-14% slower than XLA did."""
     profile = load_profile(name)
-    fit = fit_gemm_rates(BATCHED_ROWS, profile, held=RATE_KEYS[:3])
-    memory = fit.rate("gemm_memory_efficiency")
-    assert memory.value == pytest.approx(profile.gemm_memory_efficiency, abs=0.001)
-    assert round(memory.rel_std, 2) == 0.02
-    assert [round(e, 3) for e in fit.errors(BATCHED_ROWS)] == [
-        0.013, 0.017, -0.029, -0.014, 0.017, 0.071]
-    stream = fit_gemm_rates(BATCHED_ROWS, replace(profile, gemm_memory_efficiency=0.87),
-                            held=RATE_KEYS)
-    assert [round(e, 2) for e in stream.errors(BATCHED_ROWS)[:2]] == [0.20, 0.20]
+    fit = fit_gemm_rates(XLA_ROWS, profile)
+    assert (round(fit.efficiency, 3), round(fit.k_overhead)) == (0.924, 216)
+    assert fit.latency_us == pytest.approx(profile.gemm_latency_s * 1e6, abs=0.005)
+    assert fit.rate("gemm_memory_efficiency").value == pytest.approx(0.867, abs=0.001)
+    assert [round(fit.rate(key).rel_std, 2) for key in RATE_KEYS] == [0.01, 0.07, 0.01, 0.02]
+    assert fit.rms(XLA_ROWS) == pytest.approx(0.095, abs=0.001)
+    shipped = fit_gemm_rates(XLA_ROWS, profile, held=RATE_KEYS)
+    large = [e for e, row in zip(shipped.errors(XLA_ROWS), XLA_ROWS, strict=True)
+             if row.batch == 1 and row.gemm.flops >= 16e9]
+    assert len(large) == 20 and -0.15 < min(large) < max(large) < -0.07
 
 
 def test_the_gh200_takes_the_h100s_gemm_rates():
@@ -104,16 +109,6 @@ def test_a_table_no_shape_of_which_is_bound_by_its_bytes_holds_the_streaming_rat
     memory = fit.rate("gemm_memory_efficiency")
     assert (memory.held, memory.unbound, memory.std) == (True, True, 0.0)
     assert not fit.rate("gemm_efficiency").held
-
-
-def test_on_xlas_table_the_large_shapes_are_within_12_percent():
-    """The rows of at least 16 GFLOP (about 20 us and up: a transformer's projections are
-    larger still) fit far better than the table's small shapes: rms 4.5%."""
-    fit = fit_gemm_rates(XLA_ROWS, load_profile("dgx-h100"))
-    large = [abs(e) for e, row in zip(fit.errors(XLA_ROWS), XLA_ROWS, strict=True)
-             if row.gemm.flops >= 16e9]
-    assert len(large) == 108
-    assert max(large) < 0.12
 
 
 def test_holding_an_unknown_value_is_refused_with_what_it_could_be(tmp_path):
@@ -154,7 +149,7 @@ def test_fit_gemm_reads_a_batch_column_and_holds_what_it_is_told(tmp_path):
                                        "--hold", "gemm_latency_us"])
     assert result.exit_code == 0, result.output
     assert "4x4096x4096x4096     788.7" in result.output
-    assert ('gemm_latency_us: {value: 4.53, basis: assumed, source: "zerosim fit-gemm '
+    assert ('gemm_latency_us: {value: 4.78, basis: assumed, source: "zerosim fit-gemm '
             'gemms.csv; held at the profile\'s value"}') in result.output
 
 

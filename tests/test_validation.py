@@ -42,6 +42,17 @@ KNOWN_MISSES = {
         "copies across the sockets; the measured one falls x0.55 (11.2 to 6.13 s), as if part of "
         "it did not shrink with DP; the study node's page zeroing, fitted on all three boundary "
         "backwards with the Polaris runs, sits between the two cells (DP=2 -2.4%)"),
+    **{("GPU kernels (H100)", f"GEMM {shape}", "PyTorch BF16 throughput"): reason
+       for shape, reason in (
+           ("2048x3840x3072", "+17.9%: PyTorch runs the 3072-wide block's micro-batch-1 "
+            "projections below the model's best tile; one efficiency and one tile cost fitted "
+            "on the 30 products cannot follow its kernel choice on both these and the "
+            "largest ones"),
+           ("2048x3072x3072", "+27.6%: as the 2048x3840x3072 product"),
+           ("8192x22016x4096", "-5.6% (5% for a product of K >= 4096 and more): PyTorch runs "
+            "the widest micro-batch-4 projections above the fitted efficiency"),
+           ("8192x4096x11008", "-7.6%: as the 8192x22016x4096 product"),
+           ("8192x27648x5120", "-6.9%: as the 8192x22016x4096 product"))},
     **{("collectives", "HGX H100 (XLA), 8 GPUs", f"{kind} busbw, {size:g} GiB"): reason
        for kind, sizes, reason in (
            ("all_gather", (0.25, 0.5), "+5.3% and +6.9%: the ring at dgx-h100's nccl-tests "
@@ -185,7 +196,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 291
+    assert len(judged) == 301
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])
@@ -243,8 +254,8 @@ def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path)
     judged = [c for c in found if c.status in ("pass", "fail")]
     passed = sum(c.status == "pass" for c in judged)
     assert f"Judged cells: {passed} of {len(judged)} within tolerance." in text
-    assert "XLA's BF16 GEMMs of an H100 SXM (`dgx-h100`)" in text
-    assert sum(line.startswith("| GPU kernels (H100) |") for line in text.splitlines()) == 20
+    assert "PyTorch's BF16 GEMMs of the replayed transformers on an H100 SXM" in text
+    assert sum(line.startswith("| GPU kernels (H100) |") for line in text.splitlines()) == 50
     with table.open() as f:
         assert len(list(csv.DictReader(f))) == len(found)
     assert image.stat().st_size > 0 and polaris.name == "polaris.png"

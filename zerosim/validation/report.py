@@ -60,9 +60,11 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "update within 15%, the iteration within 10%, rank 0's peak allocated GPU memory within "
         "10%; repeated runs averaged.",
         "",
-        "Also: published GPU-kernel and collective tables. Azure's cuBLASLt GEMMs of an A100 "
-        "(`dgx-a100`) and XLA's BF16 GEMMs of an H100 SXM (`dgx-h100`): the GEMM values are "
-        "fitted to these tables, so their cells check the model's shape. nccl-tests bus "
+        "Also: GPU-kernel and collective tables. Azure's cuBLASLt GEMMs of an A100 "
+        "(`dgx-a100`) and PyTorch's BF16 GEMMs of the replayed transformers on an H100 SXM "
+        "(`dgx-h100`, the node probe): the GEMM values are fitted to these tables, so their "
+        "cells check the model's shape; XLA's autotuned H100 GEMMs, faster than PyTorch's, are "
+        "reported beside them. nccl-tests bus "
         "bandwidths of Polaris, a DGX A100 and a p4d, and XLA's collectives over an HGX H100 "
         "board, through the engine's ring with each machine's profile.",
         "",

@@ -226,35 +226,42 @@ def bus_factor(kind: str, ranks: int) -> float:
 
 
 XLA_LARGE_GEMM_FLOPS = 16e9
-"""The rows of XLA's H100 table `zerosim validate` judges: single products of at least this
+"""The rows of XLA's H100 table `zerosim validate` reports: single products of at least this
 many FLOPs (about 20 us and up), the sizes of a transformer's projections."""
 
 
 def _gemm_cell(group: str, row: GemmRow, measured_what: str, profile: HardwareProfile,
-               note: str) -> Cell:
+               note: str, judged: bool = True) -> Cell:
     gemm = row.gemm
     large = min(gemm.m, gemm.n, gemm.k) >= 4096
+    tolerance = LARGE_GEMM_TOLERANCE if large else GEMM_TOLERANCE
     return judge(group, f"GEMM {row.shape}", measured_what, "TFLOPS", row.tflops,
-                 modelled_tflops(row, profile),
-                 LARGE_GEMM_TOLERANCE if large else GEMM_TOLERANCE, note=note)
+                 modelled_tflops(row, profile), tolerance if judged else None, note=note)
 
 
 def gemm_cells() -> list[Cell]:
-    """Published GEMM tables against the GEMM model with each GPU's profile values, which are
-    fitted to these tables (a check of the model's shape, not a prediction): Azure's cuBLASLt
-    table of an A100-SXM4-80GB, and the large single products of XLA's H100 SXM table."""
+    """Measured GEMM tables against the GEMM model with each GPU's profile values, which are
+    fitted to the judged tables (a check of the model's shape, not a prediction): Azure's
+    cuBLASLt table of an A100-SXM4-80GB and PyTorch's GEMMs of the replayed transformers on an
+    H100 SXM (the node probe); the large single products of XLA's H100 table are reported, not
+    judged: XLA autotunes its kernels, PyTorch, which zerosim's frameworks run, does not."""
     azure = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]["gemm_fp16"]
     a100 = load_profile("dgx-a100")
     cells = [_gemm_cell("GPU kernels (A100)", GemmRow.from_record(r),
                         "cuBLASLt FP16 throughput", a100,
                         "Azure ND A100 v4; the three GEMM values are fitted to these eight rows")
              for r in azure]
-    xla = reference_data("xla_h100_gemm_bf16.yaml")["rows"]
     h100 = load_profile("dgx-h100")
-    rows = [GemmRow.from_record(r) for r in xla]
+    cells += [_gemm_cell("GPU kernels (H100)", GemmRow.from_record(r),
+                         "PyTorch BF16 throughput", h100,
+                         "node probe, sections g and h; the efficiency, tile cost and streaming "
+                         "rate are fitted to these 30 rows")
+              for r in reference_data("h100_pytorch_gemms.yaml")["rows"]]
+    rows = [GemmRow.from_record(r) for r in reference_data("xla_h100_gemm_bf16.yaml")["rows"]]
     cells += [_gemm_cell("GPU kernels (H100)", row, "XLA BF16 kernel throughput", h100,
-                         "openxla/xla sm_90 table; the three GEMM values are fitted to its "
-                         "375 shapes")
+                         "openxla/xla sm_90 table: XLA's autotuned kernels, faster than "
+                         "PyTorch's choice, which the profile prices; its latency comes from "
+                         "this table", judged=False)
               for row in rows if row.batch == 1 and row.gemm.flops >= XLA_LARGE_GEMM_FLOPS]
     return cells
 
