@@ -616,12 +616,12 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     load_profile(hardware)
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
                           workers=workers, source=str(runs_table))
+    series = accumulation_series(outcome.predictions)
     if not no_files:
         folder = out_dir or Path("results") / "predict" / (
             f"{runs_table.stem}-{Path(hardware).stem}")
         outcome.files = [write_predictions(outcome, folder / "predictions.csv"),
-                         write_series(accumulation_series(outcome.predictions),
-                                      folder / "series.csv")]
+                         write_series(series, folder / "series.csv")]
         if plots:
             from zerosim.plots import predicted_vs_measured
 
@@ -631,9 +631,9 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,
                      "rows": [prediction_row(p) for p in outcome.predictions],
-                     "series": series_rows(accumulation_series(outcome.predictions))})
+                     "series": series_rows(series)})
     else:
-        render_predictions(outcome)
+        render_predictions(outcome, series)
     if any(p.status == "error" for p in outcome.predictions):
         sys.exit(EXIT_POINTS_NOT_RUN)
 

@@ -396,9 +396,10 @@ def _prediction_cell(prediction, quantity: str) -> str:
     return f"{text}/{measured / scale:.{digits}f} {prediction.rel_error(quantity):+.1%}"
 
 
-def render_predictions(outcome) -> None:
+def render_predictions(outcome, series=()) -> None:
     """`zerosim predict`: each configuration predicted against its measurements, then the
-    rms and largest error of each quantity."""
+    rms and largest error of each quantity, the repeats' scatter and the accumulation series
+    (`series`, from `zerosim.series.accumulation_series`)."""
     from zerosim.runs import QUANTITIES
 
     console = _console(PREDICTIONS_WIDTH)
@@ -436,18 +437,16 @@ def render_predictions(outcome) -> None:
                   markup=False, highlight=False)
     if (repeats := _repeats_text(outcome)):
         console.print(repeats, markup=False, highlight=False)
-    _print_series(console, outcome)
+    _print_series(console, series)
     _print_files(console, outcome.files)
 
 
 
 
-def _print_series(console: Console, outcome) -> None:
-    """The table's gradient-accumulation series (`zerosim.series`), each time split into
-    what a micro-batch adds and what the step costs once, predicted against measured."""
-    from zerosim.series import accumulation_series
-
-    series = accumulation_series(outcome.predictions)
+def _print_series(console: Console, series) -> None:
+    """The table's gradient-accumulation series (`zerosim.series.accumulation_series`), each
+    time split into what a micro-batch adds and what the step costs once, predicted against
+    measured."""
     if not series:
         return
     table = Table(title="gradient-accumulation series: each time per optimizer step = per step "
