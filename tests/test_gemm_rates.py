@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -50,27 +49,56 @@ def test_the_shipped_a100_gemm_rates_are_what_the_fit_gives_on_azures_table(name
     assert held.rms(AZURE_ROWS) == pytest.approx(0.07, abs=0.005)
 
 
+PYTORCH = reference_data("h100_pytorch_gemms.yaml")
+
+
 @pytest.mark.parametrize("name", ["h100-jlse", "dgx-h100"])
 def test_the_shipped_h100_gemm_rates_are_what_the_fit_gives_on_pytorchs_gemms(name):
     """The node probe's 30 GEMMs as PyTorch runs them on an H100 (a Llama block's projections
-    at 2048 and 8192 tokens, eager attention's batched products), the latency held at XLA's:
-    efficiency, tile cost and streaming rate pinned (standard errors 2%, 22%, 4%), rms 7.0%,
-    28 of 30 within 8% (the two outside: the micro-batch-1 products of the 3072-wide block,
-    which PyTorch runs 18% and 28% below the model's best tile). At the STREAM rate (0.87)
-    the two attention products of K = 64 and 128, bound by their bytes, come out 19-20% fast."""
+    at 2048 and 8192 tokens, eager attention's batched products), each one call timed between
+    CUDA events on an idle GPU, so each time holds the host's launch of the call: fitted with
+    that launch (16.8 us, 13%) and the latency held at XLA's, the efficiency, tile cost and
+    streaming rate are pinned (standard errors 1%, 14%, 3%), rms 3.7%, every product within
+    9.3%; the data file's launch delay is the fit's."""
     profile = load_profile(name)
-    fit = fit_gemm_rates(PYTORCH_ROWS, profile, held=("gemm_latency_us",))
+    fit = fit_gemm_rates(PYTORCH_ROWS, profile, launch_in_timing=True)
     assert fit.efficiency == pytest.approx(profile.gemm_efficiency, abs=0.001)
     assert fit.k_overhead == pytest.approx(profile.gemm_k_overhead, abs=1)
     memory = fit.rate("gemm_memory_efficiency")
     assert memory.value == pytest.approx(profile.gemm_memory_efficiency, abs=0.001)
-    assert [round(fit.rate(key).rel_std, 2) for key in RATE_KEYS] == [0.02, 0.22, 0.0, 0.04]
+    latency = fit.rate("gemm_latency_us")
+    assert (latency.held, latency.beside_launch, latency.value) == (True, True, 4.78)
+    assert fit.launch_delay.value == pytest.approx(PYTORCH["launch_delay_us"]["value"],
+                                                   abs=0.01)
+    assert [round(fit.rate(key).rel_std, 2) for key in RATE_KEYS] == [0.01, 0.14, 0.0, 0.03]
+    assert round(fit.launch_delay.rel_std, 2) == 0.13
+    assert fit.rms(PYTORCH_ROWS) == pytest.approx(0.037, abs=0.001)
+    assert max(abs(e) for e in fit.errors(PYTORCH_ROWS)) == pytest.approx(0.093, abs=0.001)
+
+
+def test_fitted_without_the_launch_the_short_calls_come_out_fast_and_the_long_ones_slow():
+    """What the profiles carried before the launch was fitted: the latency held at XLA's and
+    nothing added, the launch went into the rates (0.763 of peak, 129 steps, 0.734 of HBM),
+    and the residuals kept its shape: the calls of about 150 us (the 3072-wide block's
+    micro-batch-1 projections) 18% and 28% fast, the widest micro-batch-4 ones 6-8% slow."""
+    fit = fit_gemm_rates(PYTORCH_ROWS, load_profile("dgx-h100"), held=("gemm_latency_us",))
+    assert (round(fit.efficiency, 3), round(fit.k_overhead),
+            round(fit.rate("gemm_memory_efficiency").value, 3)) == (0.763, 129, 0.734)
     assert fit.rms(PYTORCH_ROWS) == pytest.approx(0.070, abs=0.001)
     assert [round(e, 3) for e in fit.errors(PYTORCH_ROWS) if abs(e) > 0.08] == [0.178, 0.276]
-    batched = PYTORCH_ROWS[24:]
-    stream = fit_gemm_rates(batched, replace(profile, gemm_memory_efficiency=0.87),
-                            held=RATE_KEYS)
-    assert [round(e, 2) for e in stream.errors(batched)[:2]] == [0.19, 0.20]
+    assert fit.launch_delay is None
+
+
+def test_a_launch_is_only_told_from_the_latency_with_the_latency_held():
+    """The two add up: fitted together they are one constant, so --launch-in-timing holds the
+    latency (at XLA's kernel-only 4.78 us) and fits the rest; with the latency free and no
+    launch the constant lands in the latency, 21.6 us, with the same rates."""
+    profile = load_profile("dgx-h100")
+    free = fit_gemm_rates(PYTORCH_ROWS, profile)
+    launched = fit_gemm_rates(PYTORCH_ROWS, profile, launch_in_timing=True)
+    assert free.latency_us == pytest.approx(4.78 + launched.launch_delay.value, abs=0.01)
+    assert free.efficiency == pytest.approx(launched.efficiency, abs=1e-4)
+    assert free.modelled_tflops == pytest.approx(launched.modelled_tflops, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["h100-jlse", "dgx-h100"])
@@ -78,7 +106,7 @@ def test_xlas_autotuned_kernels_run_faster_than_pytorchs(name):
     """XLA's table of 375 shapes, every value free: its kernels reach 0.924 of peak with 216
     steps of tile cost and stream at 0.87 (rms 9.5%), and its latency is the profiles' (the
     only H100 table with small shapes). With PyTorch's values the model runs XLA's 20 large
-    products 8-14% slower than XLA did."""
+    products 2-9% slower than XLA did."""
     profile = load_profile(name)
     fit = fit_gemm_rates(XLA_ROWS, profile)
     assert (round(fit.efficiency, 3), round(fit.k_overhead)) == (0.924, 216)
@@ -89,7 +117,7 @@ def test_xlas_autotuned_kernels_run_faster_than_pytorchs(name):
     shipped = fit_gemm_rates(XLA_ROWS, profile, held=RATE_KEYS)
     large = [e for e, row in zip(shipped.errors(XLA_ROWS), XLA_ROWS, strict=True)
              if row.batch == 1 and row.gemm.flops >= 16e9]
-    assert len(large) == 20 and -0.15 < min(large) < max(large) < -0.07
+    assert len(large) == 20 and -0.10 < min(large) < max(large) < -0.015
 
 
 def test_the_gh200_takes_the_h100s_gemm_rates():
@@ -138,6 +166,22 @@ def test_fit_gemm_prints_the_values_to_put_in_the_profile(tmp_path):
     assert ('gemm_memory_efficiency: {value: 0.790, basis: assumed, source: "zerosim fit-gemm '
             'gemms.csv; held at the profile\'s value: no shape of the table is bound by it"}'
             ) in result.output
+
+
+def test_fit_gemm_fits_the_launch_of_a_table_timed_one_call_at_a_time(tmp_path):
+    lines = ["batch,m,n,k,TFLOPS"] + [f"{r.batch},{r.m},{r.n},{r.k},{r.tflops}"
+                                      for r in PYTORCH_ROWS]
+    path = _table(tmp_path, "\n".join(lines) + "\n")
+    result = CliRunner().invoke(main, ["fit-gemm", str(path), "--profile", "dgx-h100",
+                                       "--launch-in-timing"])
+    assert result.exit_code == 0, result.output
+    assert "2048x3072x3072     506.5     528.5   +4.4%" in result.output
+    assert "gemm_efficiency / launch_delay_us +0.59" in result.output
+    assert ('gemm_latency_us: {value: 4.78, basis: assumed, source: "zerosim fit-gemm '
+            'gemms.csv; held at the profile\'s value: the launch in the table\'s times adds to '
+            'it"}') in result.output
+    assert ("launch of each call in the table's times (a value of the measurement, not of the "
+            "GPU): 16.81 us, standard error 2.16 (13%)") in result.output
 
 
 def test_fit_gemm_reads_a_batch_column_and_holds_what_it_is_told(tmp_path):

@@ -302,7 +302,13 @@ def validate(out_dir: Path, as_json: bool) -> None:
                    "gemm_memory_efficiency) at the profile's (repeatable): for a table that "
                    "cannot pin it, say one without small shapes for the latency. A value no "
                    "shape of the table is bound by is held without asking.")
-def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
+@click.option("--launch-in-timing", is_flag=True,
+              help="Each time is of one call between CUDA events on an idle GPU (PyTorch's "
+                   "eager timing of a single matmul), so it holds the host launching the call: "
+                   "fit that delay too, as a value of the measurement (printed, not a profile "
+                   "value), and hold gemm_latency_us, which it adds to.")
+def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...],
+             launch_in_timing: bool) -> None:
     """Fit gpu.gemm_efficiency, gpu.gemm_k_overhead, gpu.gemm_latency_us and
     gpu.gemm_memory_efficiency to TABLE, a CSV of measured GEMMs (columns m, n, k, TFLOPS and
     optionally batch: a cuBLAS or cuBLASLt benchmark of several shapes, large squares, a short K,
@@ -313,12 +319,13 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
 
     rows = read_gemm_table(table)
     profile = load_profile(profile_name)
-    fit = fit_gemm_rates(rows, profile, held, source=str(table))
+    fit = fit_gemm_rates(rows, profile, held, source=str(table),
+                         launch_in_timing=launch_in_timing)
     click.echo(f"{'shape':>24}  measured  modelled  error")
     for row, modelled in zip(rows, fit.modelled_tflops, strict=True):
         click.echo(f"{row.shape:>24}  {row.tflops:8.1f}  {modelled:8.1f}  "
                    f"{modelled / row.tflops - 1:+6.1%}")
-    free = [rate.key for rate in fit.rates if not rate.held]
+    free = fit.free_keys
     pairs = [f"{a} / {b} {fit.correlations[i][j]:+.2f}" for i, a in enumerate(free)
              for j, b in enumerate(free) if i < j]
     click.echo(f"rms log error {fit.rms(rows):.1%} over {len(rows)} shapes"
@@ -327,13 +334,20 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...]) -> None:
         digits = spec.digits
         relative = not rate.held and round(rate.value, digits)
         note = ("held at the profile's value: no shape of the table is bound by it"
-                if rate.unbound else "held at the profile's value" if rate.held else
+                if rate.unbound else "held at the profile's value: the launch in the "
+                "table's times adds to it" if rate.beside_launch else
+                "held at the profile's value" if rate.held else
                 f"standard error {rate.std:.{digits}f} ({rate.rel_std:.0%})"
                 if relative else f"standard error {rate.std:.{digits}f}")
         stderr = f"stderr_pct: {100 * rate.rel_std:.2g}, " if relative and rate.rel_std > 0 else ""
         click.echo(f"  {rate.key}: {{value: {rate.value:.{digits}f}, basis: "
                    f"{'assumed' if rate.held else 'fitted'}, {stderr}source: "
                    f'"zerosim fit-gemm {table.name}; {note}"}}')
+    if fit.launch_delay:
+        delay = fit.launch_delay
+        click.echo(f"launch of each call in the table's times (a value of the measurement, not "
+                   f"of the GPU): {delay.value:.2f} us, standard error {delay.std:.2f} "
+                   f"({delay.rel_std:.0%})")
 
 
 @main.command()

@@ -10,7 +10,10 @@ tile cost), a short K, small shapes (a few microseconds each, where the latency 
 memory-bound ones (eager attention's batched products of a short K). This fits them by least
 squares on log(modelled / measured) with the rest of the profile (peak, SMs, tiles, HBM) as it
 is; a value the table cannot pin is held at the profile's, by `--hold` or because no shape of
-the table is bound by it. Pure: no SimPy.
+the table is bound by it. A table timed one call at a time between CUDA events on an idle
+GPU (PyTorch's eager way of timing a matmul) holds in every time the host launching that call,
+a constant the fit takes as a value of the measurement (`launch_delay_us`), not of the GPU: the
+kernel's own latency, which it adds to, is then held. Pure: no SimPy.
 """
 
 from __future__ import annotations
@@ -96,19 +99,37 @@ class FittedRate:
     unbound: bool = False
     """Held because no row of the table is bound by it (a memory-bound rate on a table of
     compute-bound shapes): the table cannot pin it."""
+    beside_launch: bool = False
+    """Held because the table's times hold the launch of each call (`launch_in_timing`), a
+    constant this value adds to: the table cannot tell the two apart."""
 
     @property
     def rel_std(self) -> float:
         return self.std / self.value if self.value else math.inf
 
 
+LAUNCH_DELAY_KEY = "launch_delay_us"
+"""The measurement's value a table timed one call at a time adds to every row: the host's
+launch of the call, which the CUDA events around it enclose when the GPU waits for it."""
+LAUNCH_DELAY = GemmRate(LAUNCH_DELAY_KEY, "", 1e-6, 0.0, 1000.0, 1.0, 2)
+
+
 @dataclass(frozen=True)
 class GemmFit:
     rates: tuple[FittedRate, ...]
     correlations: tuple[tuple[float, ...], ...]
-    """Between the free values, in `rates` order (held ones left out)."""
+    """Between the free values (`free_keys`: the free rates in `rates` order, then the launch
+    delay where the table's times hold one)."""
     modelled_tflops: tuple[float, ...]
-    """Per row of the table, with the fitted values."""
+    """Per row of the table, with the fitted values (and the launch delay, as measured)."""
+    launch_delay: FittedRate | None = None
+    """In microseconds, where the table's times hold the launch of each call (not a profile
+    value: what the measurement adds to the kernel's time)."""
+
+    @property
+    def free_keys(self) -> list[str]:
+        return ([r.key for r in self.rates if not r.held]
+                + ([self.launch_delay.key] if self.launch_delay else []))
 
     def rate(self, key: str) -> FittedRate:
         return next(r for r in self.rates if r.key == key)
@@ -167,9 +188,11 @@ def read_gemm_table(path: str | Path) -> list[GemmRow]:
     return rows
 
 
-def modelled_tflops(row: GemmRow, profile: HardwareProfile) -> float:
+def modelled_tflops(row: GemmRow, profile: HardwareProfile, launch_s: float = 0.0) -> float:
+    """The modelled rate of `row`'s GEMM, as a measurement whose time holds `launch_s` of
+    launch besides the kernel would give it."""
     gemm = row.gemm
-    return gemm.flops / gemm_s(gemm, profile) / 1e12
+    return gemm.flops / (gemm_s(gemm, profile) + launch_s) / 1e12
 
 
 def _with(profile: HardwareProfile, values: dict[str, float]) -> HardwareProfile:
@@ -187,44 +210,57 @@ def _binds_a_row(rate: GemmRate, rows: list[GemmRow], profile: HardwareProfile) 
 
 
 def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
-                   held: tuple[str, ...] = (), source: str = "GEMM table") -> GemmFit:
+                   held: tuple[str, ...] = (), source: str = "GEMM table", *,
+                   launch_in_timing: bool = False) -> GemmFit:
     """Least squares on log(modelled / measured) over the GEMM values not `held` (those keep
     the profile's), within their plausible ranges, from the profile's values; standard errors
-    from the Jacobian at the optimum."""
+    from the Jacobian at the optimum. `launch_in_timing`: each row's time holds the host's
+    launch of the call (one call timed between CUDA events on an idle GPU), fitted as one more
+    value, `launch_delay_us`, with the kernel latency held (the two add up)."""
     from scipy.optimize import least_squares
 
     unknown = sorted(set(held) - set(RATE_KEYS))
     if unknown:
         raise ScenarioError(source, "--hold", f"one of {', '.join(RATE_KEYS)}",
                             ", ".join(unknown))
+    beside_launch = {"gemm_latency_us"} - set(held) if launch_in_timing else set()
+    held = (*held, *beside_launch)
     unbound = {rate.key for rate in RATES
                if rate.key not in held and not _binds_a_row(rate, rows, profile)}
     free = [rate for rate in RATES if rate.key not in held and rate.key not in unbound]
-    if len(rows) <= len(free):
-        raise ScenarioError(source, "rows", f"more than {len(free)} measured GEMMs "
-                            f"({len(free)} values are fitted)", len(rows))
+    fitted_values = free + ([LAUNCH_DELAY] if launch_in_timing else [])
+    if len(rows) <= len(fitted_values):
+        raise ScenarioError(source, "rows", f"more than {len(fitted_values)} measured GEMMs "
+                            f"({len(fitted_values)} values are fitted)", len(rows))
+
+    def split(x: np.ndarray) -> tuple[HardwareProfile, float]:
+        values = {rate.key: float(v) for rate, v in zip(free, x, strict=False)}
+        launch_s = float(x[-1]) * LAUNCH_DELAY.scale if launch_in_timing else 0.0
+        return _with(profile, values), launch_s
 
     def residuals(x: np.ndarray) -> list[float]:
-        fitted = _with(profile, {rate.key: float(v) for rate, v in zip(free, x, strict=True)})
-        return [math.log(modelled_tflops(r, fitted) / r.tflops) for r in rows]
+        fitted, launch_s = split(x)
+        return [math.log(modelled_tflops(r, fitted, launch_s) / r.tflops) for r in rows]
 
     start = [min(max(getattr(profile, rate.field) / rate.scale, rate.low + 0.5 * rate.step),
-                 rate.high) for rate in free]
-    result = least_squares(residuals, start, bounds=([r.low for r in free],
-                                                     [r.high for r in free]),
-                           x_scale=[r.step for r in free])
-    dof = max(len(rows) - len(free), 1)
+                 rate.high) for rate in free] + ([LAUNCH_DELAY.step] if launch_in_timing else [])
+    result = least_squares(residuals, start, bounds=([r.low for r in fitted_values],
+                                                     [r.high for r in fitted_values]),
+                           x_scale=[r.step for r in fitted_values])
+    dof = max(len(rows) - len(fitted_values), 1)
     variance = float(np.sum(result.fun ** 2)) / dof
     covariance = np.linalg.pinv(result.jac.T @ result.jac) * variance
     std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
     scale = np.where(std > 0, std, 1.0)
     correlations = covariance / np.outer(scale, scale)
-    values = {rate.key: float(v) for rate, v in zip(free, result.x, strict=True)}
-    stds = {rate.key: float(e) for rate, e in zip(free, std, strict=True)}
+    values = {rate.key: float(v) for rate, v in zip(free, result.x, strict=False)}
+    stds = {rate.key: float(e) for rate, e in zip(free, std, strict=False)}
     rates = tuple(FittedRate(rate.key, values.get(rate.key, getattr(profile, rate.field)
                                                   / rate.scale),
                              stds.get(rate.key, 0.0), rate.key not in values,
-                             rate.key in unbound) for rate in RATES)
-    fitted = _with(profile, values)
+                             rate.key in unbound, rate.key in beside_launch) for rate in RATES)
+    fitted, launch_s = split(result.x)
+    launch = (FittedRate(LAUNCH_DELAY_KEY, float(result.x[-1]), float(std[-1]), False)
+              if launch_in_timing else None)
     return GemmFit(rates, tuple(tuple(float(c) for c in row) for row in correlations),
-                   tuple(modelled_tflops(r, fitted) for r in rows))
+                   tuple(modelled_tflops(r, fitted, launch_s) for r in rows), launch)

@@ -231,12 +231,15 @@ many FLOPs (about 20 us and up), the sizes of a transformer's projections."""
 
 
 def _gemm_cell(group: str, row: GemmRow, measured_what: str, profile: HardwareProfile,
-               note: str, judged: bool = True) -> Cell:
+               note: str, judged: bool = True, launch_s: float = 0.0) -> Cell:
+    """`launch_s`: what the measurement adds to each kernel's time (a table timed one call at
+    a time holds the host's launch of it)."""
     gemm = row.gemm
     large = min(gemm.m, gemm.n, gemm.k) >= 4096
     tolerance = LARGE_GEMM_TOLERANCE if large else GEMM_TOLERANCE
     return judge(group, f"GEMM {row.shape}", measured_what, "TFLOPS", row.tflops,
-                 modelled_tflops(row, profile), tolerance if judged else None, note=note)
+                 modelled_tflops(row, profile, launch_s), tolerance if judged else None,
+                 note=note)
 
 
 def gemm_cells() -> list[Cell]:
@@ -252,11 +255,15 @@ def gemm_cells() -> list[Cell]:
                         "Azure ND A100 v4; the three GEMM values are fitted to these eight rows")
              for r in azure]
     h100 = load_profile("dgx-h100")
+    pytorch = reference_data("h100_pytorch_gemms.yaml")
+    launch_s = pytorch["launch_delay_us"]["value"] * 1e-6
     cells += [_gemm_cell("GPU kernels (H100)", GemmRow.from_record(r),
                          "PyTorch BF16 throughput", h100,
-                         "node probe, sections g and h; the efficiency, tile cost and streaming "
-                         "rate are fitted to these 30 rows")
-              for r in reference_data("h100_pytorch_gemms.yaml")["rows"]]
+                         "node probe, sections g and h, one call timed at a time; the "
+                         "efficiency, tile cost and streaming rate are fitted to these 30 rows "
+                         f"with the launch each time holds ({launch_s * 1e6:.1f} us)",
+                         launch_s=launch_s)
+              for r in pytorch["rows"]]
     rows = [GemmRow.from_record(r) for r in reference_data("xla_h100_gemm_bf16.yaml")["rows"]]
     cells += [_gemm_cell("GPU kernels (H100)", row, "XLA BF16 kernel throughput", h100,
                          "openxla/xla sm_90 table: XLA's autotuned kernels, faster than "
