@@ -1,0 +1,127 @@
+"""A plain PyTorch block's forward on a GPU against the kernel model, per layer.
+
+The node probe's section g times a Llama block written in plain PyTorch ops
+(`zerosim/validation/data/h100_block_forward.yaml`); the data file describes that block as a
+software stack (the hf-transformers stack with overrides). This prices one layer of it the way
+the engine prices a module (`engine.plan.module_costs`: each kernel on the profile, GEMMs on
+their roofline, memory-bound kernels at `gpu.memory_efficiency`), and finds the streaming rate
+of the memory-bound kernels that would make the model meet the measured layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from zerosim.hardware.profile import HardwareProfile
+from zerosim.validation.reference import reference_data
+
+DATA_FILE = "h100_block_forward.yaml"
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    """One measured block: its shape, micro-batch and forward time per layer."""
+
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    micro_batch: int
+    layer_s: float
+    host_issue_s: float
+
+    @classmethod
+    def from_record(cls, record: dict) -> BlockRow:
+        return cls(record["hidden"], record["ffn"], record["heads"], record["kv_heads"],
+                   record["micro_batch"], record["layer_ms"] * 1e-3,
+                   record["host_issue_ms"] * 1e-3)
+
+    @property
+    def case(self) -> str:
+        return f"plain block h{self.hidden} mb{self.micro_batch}"
+
+
+def block_data() -> dict[str, Any]:
+    return reference_data(DATA_FILE)
+
+
+def block_rows(data: dict[str, Any] | None = None) -> list[BlockRow]:
+    return [BlockRow.from_record(r) for r in (data or block_data())["rows"]]
+
+
+def _scenario_tree(row: BlockRow, data: dict[str, Any]) -> dict[str, Any]:
+    """A one-layer model of the block's shape with the data file's stack, on its profile."""
+    return {
+        "name": row.case.replace(" ", "-"),
+        "model": {"name": "probe-block", "family": "llama", "hidden_size": row.hidden,
+                  "num_hidden_layers": 1, "intermediate_size": row.ffn,
+                  "num_attention_heads": row.heads, "num_key_value_heads": row.kv_heads,
+                  "vocab_size": 32000, "tie_word_embeddings": False,
+                  "max_position_embeddings": data["sequence_length"]},
+        "sequence_length": data["sequence_length"],
+        "activation_checkpointing": False,
+        "attention": "eager",
+        "hardware": data["profile"],
+        "data_parallel": 1,
+        "deepspeed": {"train_micro_batch_size_per_gpu": row.micro_batch,
+                      "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+                      "optimizer": {"type": "Adam"},
+                      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+        "runtime": {"deepspeed_version": "0.13.3", "framework": data["stack"]},
+    }
+
+
+def modelled_layer_s(row: BlockRow, data: dict[str, Any] | None = None,
+                     profile: HardwareProfile | None = None) -> float:
+    """The GPU seconds of the block's layer as the engine prices its modules, on the data
+    file's profile or on `profile`."""
+    from zerosim.engine.plan import module_costs, plan_of
+    from zerosim.scenario.loader import scenario_from_dict
+
+    data = data or block_data()
+    scenario = scenario_from_dict(_scenario_tree(row, data), source=DATA_FILE)
+    if profile is not None:
+        scenario = replace(scenario, hardware=profile)
+    modules = plan_of(scenario).modules
+    forward_s = module_costs(scenario).forward_s
+    return sum(s for m, s in zip(modules, forward_s, strict=True) if m.layer == 0)
+
+
+@dataclass(frozen=True)
+class StreamingFit:
+    """`gpu.memory_efficiency` that makes the modelled layers meet the measured ones, the GEMMs
+    priced as the profile has them."""
+
+    value: float
+    std: float
+    errors: tuple[float, ...]
+    """modelled / measured - 1 per row at `value`."""
+
+
+def fit_memory_efficiency(rows: list[BlockRow], profile: HardwareProfile,
+                          data: dict[str, Any] | None = None) -> StreamingFit:
+    """Least squares on log(modelled / measured) over the memory-bound kernels' streaming rate
+    alone; its standard error from the Jacobian at the optimum."""
+    from scipy.optimize import least_squares
+
+    data = data or block_data()
+
+    def modelled(value: float) -> list[float]:
+        moved = replace(profile, memory_efficiency=value)
+        return [modelled_layer_s(r, data, moved) for r in rows]
+
+    def residuals(x: np.ndarray) -> list[float]:
+        return [math.log(m / r.layer_s) for m, r in zip(modelled(float(x[0])), rows,
+                                                       strict=True)]
+
+    result = least_squares(residuals, [profile.memory_efficiency], bounds=([0.05], [1.0]),
+                           x_scale=[0.1])
+    variance = float(np.sum(result.fun ** 2)) / max(len(rows) - 1, 1)
+    std = math.sqrt(float(np.linalg.pinv(result.jac.T @ result.jac)[0, 0]) * variance)
+    value = float(result.x[0])
+    return StreamingFit(value, std, tuple(m / r.layer_s - 1
+                                          for m, r in zip(modelled(value), rows, strict=True)))
