@@ -22,9 +22,11 @@ Measures, on one Linux box with a CUDA GPU (needs only torch, numpy and the stdl
      Python scalar made on the GPU behind queued work.
   i. A block stack's forward right after the GPU idled 0.5-8 s (host asleep or busy) against
      the same forward back to back: what a step's first forward costs more than the others.
+  j. Section g's memory-bound ops one at a time (the fp32 RMSNorm chain, K/V expand, masked
+     fill, softmax, context copy, SwiGLU, residual) against a contiguous copy, in GB/s.
 
 Usage:
-  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdefghi]
+  python3 probe_node.py [--quick] [--out FILE.json] [--sections abcdefghij]
 
 Every figure is written to the JSON with value, unit, method (sizes, repetitions,
 statistic) and the raw samples. Units: GB = 1e9 bytes, GiB/MiB = 2**30 / 2**20 bytes.
@@ -1029,6 +1031,61 @@ def section_i(P: Probe):
     torch.cuda.empty_cache()
 
 
+def _block_memory_ops(hidden, ffn, heads, kv_heads, mb):
+    """Each memory-bound op of `_block_forward` on its own, with the bytes zerosim's stack
+    description counts for it (`zerosim/validation/data/h100_block_forward.yaml`): (name,
+    callable, bytes, what the bytes are)."""
+    s, d, group = SEQUENCE, hidden // heads, heads // kv_heads
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    tokens = s * mb
+    x = torch.randn(s, mb, hidden, **bf16)
+    y = torch.randn(s, mb, hidden, **bf16)
+    g = torch.ones(hidden, **bf16)
+    qkv = torch.randn(s, mb, hidden + 2 * kv_heads * d, **bf16)
+    k = qkv[..., hidden:hidden + kv_heads * d]
+    scores = torch.randn(mb * heads, s, s, **bf16)
+    mask = torch.ones(s, s, device="cuda", dtype=torch.bool).triu_(1)
+    context = torch.randn(mb * heads, s, d, **bf16)
+    gate_up = torch.randn(s, mb, 2 * ffn, **bf16)
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = torch.empty_like(x)
+    n_h, n_s, n_f = tokens * hidden, mb * heads * s * s, tokens * ffn
+    return (
+        ("copy", lambda: out.copy_(x), 4 * n_h, "contiguous bf16 copy, 2 + 2 B per element"),
+        ("rms_chain", lambda: _rms(x, g), 42 * n_h, "_rms: 9 kernels, 42 B per element"),
+        ("kv_expand", lambda: k.reshape(s, mb, kv_heads, 1, d).expand(s, mb, kv_heads, group, d)
+         .reshape(s, mb * heads, d), 2.2 * n_h, "one of K, V to every head: 2.2 B per element"),
+        ("masked_fill", lambda: scores.masked_fill_(mask, float("-inf")), 5 * n_s,
+         "in place with the broadcast bool mask: 2 + 1 + 2 B per score"),
+        ("softmax", lambda: torch.softmax(scores, dim=-1), 4 * n_s, "bf16: 2 + 2 B per score"),
+        ("context_copy", lambda: context.transpose(0, 1).reshape(s, mb, hidden), 4 * n_h,
+         "(b*heads, s, d) to (s, b, h): 2 + 2 B per element"),
+        ("swiglu", lambda: torch.nn.functional.silu(gate) * up, 10 * n_f,
+         "silu of the strided half, times the other: 10 B per ffn element"),
+        ("residual", lambda: x + y, 6 * n_h, "2 + 2 read, 2 written per element"),
+    )
+
+
+def section_j(P: Probe):
+    """The memory-bound ops of section g's block one at a time, at the rate zerosim's byte
+    counts give them, beside a contiguous copy: which of them stream below a copy's rate (the
+    whole block runs as if they streamed at 0.52 of HBM peak on an H100, where a STREAM copy
+    reaches 0.87: `zerosim validate`'s plain-block cells)."""
+    S = "j_block_memory_ops"
+    print("\n[j] the block's memory-bound ops one at a time", flush=True)
+    r = 3 if P.quick else 10
+    for hidden, ffn, heads, kv_heads in BLOCKS[-1:] if P.quick else BLOCKS:
+        for mb in (1, 4):
+            for name, op, nbytes, what in _block_memory_ops(hidden, ffn, heads, kv_heads, mb):
+                key = f"h{hidden}_mb{mb}_{name}"
+                with P.attempt(S, key):
+                    ts = time_events(op, r, calls=BACK_TO_BACK)
+                    P.record(S, key + "_GBps", nbytes / statistics.median(ts) / 1e9, "GB/s",
+                             f"{what}; CUDA events around {BACK_TO_BACK} calls behind a lead "
+                             f"call, median of {r}", bytes=nbytes, samples_s=ts)
+            torch.cuda.empty_cache()
+
+
 # ----------------------------------------------------------------------------------
 # d. CPU kernels of the offloaded optimizer step
 # ----------------------------------------------------------------------------------
@@ -1437,7 +1494,7 @@ def main(argv=None):
         "--quick", action="store_true", help="small sizes, few repetitions (about a minute)"
     )
     ap.add_argument("--out", default="node_probe.json", help="JSON output path")
-    ap.add_argument("--sections", default="abcdefghi",
+    ap.add_argument("--sections", default="abcdefghij",
                     help="subset of sections to run, e.g. 'ae'")
     ap.add_argument(
         "--duration",
@@ -1518,6 +1575,7 @@ def main(argv=None):
         "g": section_g,
         "h": section_h,
         "i": section_i,
+        "j": section_j,
     }
     timings = {}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
