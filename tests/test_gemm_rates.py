@@ -213,3 +213,12 @@ def test_a_bad_table_is_refused_with_where_and_what(tmp_path, text, message):
     assert str(error.value) == f"{path}: {message}"
     result = CliRunner().invoke(main, ["fit-gemm", str(path), "--profile", "dgx-a100"])
     assert result.exit_code == 2
+
+
+def test_a_launch_is_one_more_value_the_rows_must_outnumber():
+    """Three projections bound by their arithmetic: the streaming rate is held (unbound), so
+    the efficiency, the tile cost and the launch are fitted, and three rows are too few."""
+    with pytest.raises(ScenarioError) as error:
+        fit_gemm_rates(PYTORCH_ROWS[:3], load_profile("dgx-h100"), launch_in_timing=True)
+    assert "rows: expected more than 3 measured GEMMs (3 values are fitted), got 3" in str(
+        error.value)
