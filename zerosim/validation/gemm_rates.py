@@ -234,7 +234,7 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
                             f"({len(fitted_values)} values are fitted)", len(rows))
 
     def split(x: np.ndarray) -> tuple[HardwareProfile, float]:
-        values = {rate.key: float(v) for rate, v in zip(free, x, strict=False)}
+        values = {rate.key: float(v) for rate, v in zip(free, x[:len(free)], strict=True)}
         launch_s = float(x[-1]) * LAUNCH_DELAY.scale if launch_in_timing else 0.0
         return _with(profile, values), launch_s
 
@@ -253,8 +253,8 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
     std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
     scale = np.where(std > 0, std, 1.0)
     correlations = covariance / np.outer(scale, scale)
-    values = {rate.key: float(v) for rate, v in zip(free, result.x, strict=False)}
-    stds = {rate.key: float(e) for rate, e in zip(free, std, strict=False)}
+    values = {rate.key: float(v) for rate, v in zip(free, result.x[:len(free)], strict=True)}
+    stds = {rate.key: float(e) for rate, e in zip(free, std[:len(free)], strict=True)}
     rates = tuple(FittedRate(rate.key, values.get(rate.key, getattr(profile, rate.field)
                                                   / rate.scale),
                              stds.get(rate.key, 0.0), rate.key not in values,

@@ -256,7 +256,8 @@ def gemm_cells() -> list[Cell]:
              for r in azure]
     h100 = load_profile("dgx-h100")
     pytorch = reference_data("h100_pytorch_gemms.yaml")
-    launch_s = pytorch["launch_delay_us"]["value"] * 1e-6
+    launch_s = (pytorch["launch_delay_us"]["value"] * 1e-6 if pytorch["launch_in_timing"]
+                else 0.0)
     cells += [_gemm_cell("GPU kernels (H100)", GemmRow.from_record(r),
                          "PyTorch BF16 throughput", h100,
                          "node probe, sections g and h, one call timed at a time; the "
