@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,13 @@ from click.testing import CliRunner
 from zerosim.cli import main
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import load_profile
-from zerosim.validation.gemm_rates import RATE_KEYS, GemmRow, fit_gemm_rates, read_gemm_table
+from zerosim.validation.gemm_rates import (
+    RATE_KEYS,
+    GemmRow,
+    fit_gemm_rates,
+    load_gemm_table,
+    read_gemm_table,
+)
 from zerosim.validation.reference import reference_data
 
 AZURE_A100 = reference_data("azure_nd_gpu_benchmarks.yaml")["a100_sxm4_80gb"]
@@ -222,3 +229,68 @@ def test_a_launch_is_one_more_value_the_rows_must_outnumber():
         fit_gemm_rates(PYTORCH_ROWS[:3], load_profile("dgx-h100"), launch_in_timing=True)
     assert "rows: expected more than 3 measured GEMMs (3 values are fitted), got 3" in str(
         error.value)
+
+
+PROBE_JSON = Path(__file__).parents[1] / "benchmarks" / "node_probe" / "h100_2026-11-28_gh.json"
+
+
+def _shape(row: GemmRow) -> tuple[int, int, int, int]:
+    return row.batch, row.m, row.n, row.k
+
+
+def test_the_node_probes_json_holds_the_30_gemms_of_the_reference_table():
+    """Read off the probe's records (their operands written in the method text, as that run
+    wrote them), one call timed at a time: the same shapes and rates as the shipped table."""
+    table = load_gemm_table(PROBE_JSON)
+    assert table.launch_in_timing
+    read, shipped = sorted(table.rows, key=_shape), sorted(PYTORCH_ROWS, key=_shape)
+    assert [_shape(r) for r in read] == [_shape(r) for r in shipped]
+    assert [r.tflops for r in read] == pytest.approx([r.tflops for r in shipped], abs=0.001)
+
+
+def test_fit_gemm_fits_a_node_probe_json_with_its_launch(tmp_path):
+    result = CliRunner().invoke(main, ["fit-gemm", str(PROBE_JSON), "--profile", "dgx-h100"])
+    assert result.exit_code == 0, result.output
+    assert ("the probe timed these GEMMs one call at a time: fitting the launch each time "
+            "holds (as --launch-in-timing)") in result.output
+    assert "gemm_efficiency: {value: 0.810, basis: fitted, stderr_pct: 1.2" in result.output
+    assert "gemm_memory_efficiency: {value: 0.826, basis: fitted" in result.output
+    assert "16.81 us, standard error 2.16 (13%)" in result.output
+
+
+def _probe_json(tmp_path: Path, records: dict) -> Path:
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps({"results": {"g_block_forward": records}}))
+    return path
+
+
+def test_a_probe_that_timed_its_gemms_back_to_back_holds_no_launch(tmp_path):
+    """Records that carry their operands and their calls per timing, as the probe now writes
+    them; other results (a layer in ms) are not GEMMs."""
+    records = {f"g{i}_TFLOPS": {"value": 700.0 + i, "unit": "TFLOP/s", "method": "alone",
+                                "m": 2048 * (1 + i), "n": 4096, "k": 4096, "batch": 1,
+                                "calls": 10} for i in range(5)}
+    records["layer_ms"] = {"value": 3.5, "unit": "ms", "method": "a block"}
+    table = load_gemm_table(_probe_json(tmp_path, records))
+    assert not table.launch_in_timing
+    assert [(r.m, r.tflops) for r in table.rows] == [(2048 * (1 + i), 700.0 + i)
+                                                     for i in range(5)]
+
+
+@pytest.mark.parametrize(("records", "message"), [
+    ({"a_TFLOPS": {"value": 500, "unit": "TFLOP/s", "method": "alone", "m": "big", "n": 4,
+                   "k": 5}},
+     "results.g_block_forward.a_TFLOPS.m: expected a positive integer, got 'big'"),
+    ({"a_TFLOPS": {"value": -1, "unit": "TFLOP/s", "method": "(8 x 4) @ (4 x 2) alone"}},
+     "results.g_block_forward.a_TFLOPS.value: expected a positive number, got '-1'"),
+    ({"layer_ms": {"value": 3.5, "unit": "ms", "method": "a block"}},
+     "results: expected the node probe's GEMM results (sections g and h: TFLOP/s with their "
+     "operands), got 'none'"),
+])
+def test_a_bad_probe_json_is_refused_with_where_and_what(tmp_path, records, message):
+    path = _probe_json(tmp_path, records)
+    with pytest.raises(ScenarioError) as error:
+        load_gemm_table(path)
+    assert str(error.value) == f"{path}: {message}"
+    result = CliRunner().invoke(main, ["fit-gemm", str(path), "--profile", "dgx-h100"])
+    assert result.exit_code == 2

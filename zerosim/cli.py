@@ -312,15 +312,20 @@ def fit_gemm(table: Path, profile_name: str, held: tuple[str, ...],
     """Fit gpu.gemm_efficiency, gpu.gemm_k_overhead, gpu.gemm_latency_us and
     gpu.gemm_memory_efficiency to TABLE, a CSV of measured GEMMs (columns m, n, k, TFLOPS and
     optionally batch: a cuBLAS or cuBLASLt benchmark of several shapes, large squares, a short K,
-    small shapes and memory-bound ones among them), and print the values to put in the
-    profile."""
+    small shapes and memory-bound ones among them) or the JSON the node probe writes
+    (benchmarks/node_probe/probe_node.py: its GEMMs of sections g and h), and print the values
+    to put in the profile."""
     from zerosim.hardware.profile import load_profile
-    from zerosim.validation.gemm_rates import RATES, fit_gemm_rates, read_gemm_table
+    from zerosim.validation.gemm_rates import RATES, fit_gemm_rates, load_gemm_table
 
-    rows = read_gemm_table(table)
+    measured = load_gemm_table(table)
+    rows = measured.rows
     profile = load_profile(profile_name)
+    if measured.launch_in_timing and not launch_in_timing:
+        click.echo("the probe timed these GEMMs one call at a time: fitting the launch each "
+                   "time holds (as --launch-in-timing)")
     fit = fit_gemm_rates(rows, profile, held, source=str(table),
-                         launch_in_timing=launch_in_timing)
+                         launch_in_timing=launch_in_timing or measured.launch_in_timing)
     click.echo(f"{'shape':>24}  measured  modelled  error")
     for row, modelled in zip(rows, fit.modelled_tflops, strict=True):
         click.echo(f"{row.shape:>24}  {row.tflops:8.1f}  {modelled:8.1f}  "

@@ -916,7 +916,8 @@ def section_g(P: Probe):
                     P.record(S, f"{key}_{name}_TFLOPS", flops / statistics.median(g_ts) / 1e12,
                              "TFLOP/s", f"({M} x {k_in}) @ ({k_in} x {n_out}) alone, CUDA "
                              f"events around {BACK_TO_BACK} calls behind a lead call (kernel "
-                             f"time, no launch), median of {r}", samples_s=g_ts)
+                             f"time, no launch), median of {r}", m=M, n=n_out, k=k_in, batch=1,
+                             calls=BACK_TO_BACK, samples_s=g_ts)
         if 1 in per_layer and 4 in per_layer:
             c = (4 * per_layer[1] - per_layer[4]) / 3
             P.record(S, f"h{hidden}_fixed_ps_per_param", c / params * 1e12, "ps/param",
@@ -952,7 +953,8 @@ def section_h(P: Probe):
                 P.record(S, f"{name}_b{b}_{m}x{n}x{kk}_TFLOPS", tflops, "TFLOP/s",
                          f"torch.bmm ({b} x {m} x {kk}) @ ({b} x {kk} x {n}), bf16, "
                          f"CUDA events around {BACK_TO_BACK} calls behind a lead call (kernel "
-                         f"time, no launch), median of {r}", samples_s=ts)
+                         f"time, no launch), median of {r}", m=m, n=n, k=kk, batch=b,
+                         calls=BACK_TO_BACK, samples_s=ts)
     with P.attempt(S, "scalar_sync"):
         a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
         for make in ("tensor", "zeros"):

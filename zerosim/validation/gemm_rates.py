@@ -21,14 +21,17 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from zerosim.errors import ScenarioError
 from zerosim.hardware.costs import gemm_s
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.inputs.documents import parse_json
 from zerosim.inputs.files import read_input_text
 from zerosim.models.kernels import Gemm
 
@@ -186,6 +189,70 @@ def read_gemm_table(path: str | Path) -> list[GemmRow]:
                                   integer=False)
         rows.append(GemmRow(m, n, k, tflops, batch))
     return rows
+
+
+@dataclass(frozen=True)
+class GemmTable:
+    """The measured GEMMs of a table, and whether each time holds the launch of its call."""
+
+    rows: list[GemmRow]
+    launch_in_timing: bool = False
+
+
+PROBE_OPERANDS = (
+    re.compile(r"\((?P<m>\d+) x (?P<k>\d+)\) @ \((?P=k) x (?P<n>\d+)\)"),
+    re.compile(r"\((?P<batch>\d+) x (?P<m>\d+) x (?P<k>\d+)\) @ "
+               r"\((?P=batch) x (?P=k) x (?P<n>\d+)\)"),
+)
+"""How the node probe's methods wrote a GEMM's operands before its records carried m, n, k
+and batch: `(m x k) @ (k x n)` and `torch.bmm (batch x m x k) @ (batch x k x n)`."""
+BACK_TO_BACK_MARK = "behind a lead call"
+"""The node probe's method text for a GEMM timed over back-to-back calls (no launch in it)."""
+
+
+def _probe_row(record: dict[str, Any], source: str, key_path: str
+               ) -> tuple[GemmRow, bool] | None:
+    """A node-probe GEMM record as a row, and whether its time is of one call; None for a
+    record that is not a GEMM's."""
+    method = str(record.get("method", ""))
+    if all(key in record for key in ("m", "n", "k")):
+        shape = {key: record[key] for key in ("m", "n", "k")} | {"batch": record.get("batch", 1)}
+    else:
+        found = next((m for m in (p.search(method) for p in PROBE_OPERANDS) if m), None)
+        if found is None:
+            return None
+        shape = {"batch": 1} | found.groupdict()
+    m, n, k, batch = (int(_positive_number(str(shape[key]), source, f"{key_path}.{key}",
+                                           integer=True)) for key in ("m", "n", "k", "batch"))
+    tflops = _positive_number(str(record.get("value")), source, f"{key_path}.value",
+                              integer=False)
+    one_call = record.get("calls", 1) == 1 and BACK_TO_BACK_MARK not in method
+    return GemmRow(m, n, k, tflops, batch), one_call
+
+
+def read_probe_gemms(path: str | Path) -> GemmTable:
+    """The GEMMs of a node probe's JSON (`benchmarks/node_probe/probe_node.py`, sections g and
+    h: every result in TFLOP/s with its operands), timed one call at a time if any was."""
+    source = str(path)
+    document = parse_json(read_input_text(path, what="node probe JSON"), source)
+    results = document.get("results") if isinstance(document, dict) else None
+    parsed = [_probe_row(record, source, f"results.{name}.{key}")
+              for name, section in (results if isinstance(results, dict) else {}).items()
+              if isinstance(section, dict) for key, record in section.items()
+              if isinstance(record, dict) and record.get("unit") == "TFLOP/s"]
+    found = [p for p in parsed if p is not None]
+    if not found:
+        raise ScenarioError(source, "results", "the node probe's GEMM results (sections g and "
+                            "h: TFLOP/s with their operands)", "none")
+    return GemmTable([row for row, _ in found], any(one for _, one in found))
+
+
+def load_gemm_table(path: str | Path) -> GemmTable:
+    """A CSV of measured GEMMs (`read_gemm_table`) or a node probe's JSON
+    (`read_probe_gemms`), by the file's suffix."""
+    if Path(path).suffix.lower() == ".json":
+        return read_probe_gemms(path)
+    return GemmTable(read_gemm_table(path))
 
 
 def modelled_tflops(row: GemmRow, profile: HardwareProfile, launch_s: float = 0.0) -> float:
