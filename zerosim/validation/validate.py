@@ -288,7 +288,8 @@ def block_cells() -> list[Cell]:
 
     data = block_data()
     return [judge("GPU kernels (H100)", row.case, "forward per layer", "ms",
-                  row.layer_s * 1e3, modelled_layer_s(row, data) * 1e3, None, note=BLOCK_NOTE)
+                  round(row.layer_s * 1e3, 9), modelled_layer_s(row, data) * 1e3, None,
+                  note=BLOCK_NOTE)
             for row in block_rows(data)]
 
 
