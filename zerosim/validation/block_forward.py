@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.validation.leastsq import covariance
 from zerosim.validation.reference import reference_data
 
 DATA_FILE = "h100_block_forward.yaml"
@@ -120,8 +121,7 @@ def fit_memory_efficiency(rows: list[BlockRow], profile: HardwareProfile,
 
     result = least_squares(residuals, [profile.memory_efficiency], bounds=([0.05], [1.0]),
                            x_scale=[0.1])
-    variance = float(np.sum(result.fun ** 2)) / max(len(rows) - 1, 1)
-    std = math.sqrt(float(np.linalg.pinv(result.jac.T @ result.jac)[0, 0]) * variance)
+    std = math.sqrt(float(covariance(result.jac, result.fun)[0, 0]))
     value = float(result.x[0])
     return StreamingFit(value, std, tuple(m / r.layer_s - 1
                                           for m, r in zip(modelled(value), rows, strict=True)))

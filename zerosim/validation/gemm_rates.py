@@ -34,6 +34,7 @@ from zerosim.hardware.profile import HardwareProfile
 from zerosim.inputs.documents import parse_json
 from zerosim.inputs.files import read_input_text
 from zerosim.models.kernels import Gemm
+from zerosim.validation.leastsq import covariance
 
 COLUMNS = ("m", "n", "k", "TFLOPS")
 BATCH = "batch"
@@ -314,12 +315,10 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
     result = least_squares(residuals, start, bounds=([r.low for r in fitted_values],
                                                      [r.high for r in fitted_values]),
                            x_scale=[r.step for r in fitted_values])
-    dof = max(len(rows) - len(fitted_values), 1)
-    variance = float(np.sum(result.fun ** 2)) / dof
-    covariance = np.linalg.pinv(result.jac.T @ result.jac) * variance
-    std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
+    values_covariance = covariance(result.jac, result.fun)
+    std = np.sqrt(np.clip(np.diag(values_covariance), 0.0, None))
     scale = np.where(std > 0, std, 1.0)
-    correlations = covariance / np.outer(scale, scale)
+    correlations = values_covariance / np.outer(scale, scale)
     values = {rate.key: float(v) for rate, v in zip(free, result.x[:len(free)], strict=True)}
     stds = {rate.key: float(e) for rate, e in zip(free, std[:len(free)], strict=True)}
     rates = tuple(FittedRate(rate.key, values.get(rate.key, getattr(profile, rate.field)
