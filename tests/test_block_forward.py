@@ -8,7 +8,12 @@ from dataclasses import replace
 import pytest
 
 from zerosim.hardware.profile import load_profile
-from zerosim.validation.block_forward import block_rows, fit_memory_efficiency, modelled_layer_s
+from zerosim.validation.block_forward import (
+    block_rows,
+    fit_memory_efficiency,
+    fit_scores_efficiency,
+    modelled_layer_s,
+)
 from zerosim.validation.validate import block_cells
 
 ROWS = block_rows()
@@ -30,6 +35,19 @@ def test_one_streaming_rate_of_the_memory_bound_kernels_meets_all_six_layers():
     assert fit.value == pytest.approx(0.519, abs=0.001)
     assert fit.std / fit.value == pytest.approx(0.01, abs=0.005)
     assert max(abs(e) for e in fit.errors) < 0.02
+
+
+def test_the_mask_and_softmax_alone_at_a_lower_rate_meet_them_as_well():
+    """The other reading of the same layers: every kernel at the profile's rates but the two
+    over the s x s scores (masked_fill and softmax), which would stream at 0.388 of HBM peak
+    (standard error 1.5%): every layer within 2.3%. The score bytes per layer grow with the
+    heads and the rest with the width, which differ between the rows (32 heads at 3072 and
+    4096 wide), yet both readings fit: section j of the node probe, which times each op
+    alone, tells them apart."""
+    fit = fit_scores_efficiency(ROWS, load_profile("dgx-h100"))
+    assert fit.value == pytest.approx(0.388, abs=0.001)
+    assert fit.std / fit.value == pytest.approx(0.015, abs=0.005)
+    assert max(abs(e) for e in fit.errors) < 0.023
 
 
 def test_a_layer_is_what_its_modules_cost_on_the_profile():

@@ -10,7 +10,9 @@ of the memory-bound kernels that would make the model meet the measured layers.
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -94,8 +96,8 @@ def modelled_layer_s(row: BlockRow, data: dict[str, Any] | None = None,
 
 @dataclass(frozen=True)
 class StreamingFit:
-    """`gpu.memory_efficiency` that makes the modelled layers meet the measured ones, the GEMMs
-    priced as the profile has them."""
+    """A streaming rate (a fraction of HBM peak) that makes the modelled layers meet the
+    measured ones, the GEMMs priced as the profile has them."""
 
     value: float
     std: float
@@ -103,25 +105,48 @@ class StreamingFit:
     """modelled / measured - 1 per row at `value`."""
 
 
-def fit_memory_efficiency(rows: list[BlockRow], profile: HardwareProfile,
-                          data: dict[str, Any] | None = None) -> StreamingFit:
-    """Least squares on log(modelled / measured) over the memory-bound kernels' streaming rate
-    alone; its standard error from the Jacobian at the optimum."""
+def _fit_rate(rows: list[BlockRow], modelled: Callable[[float], list[float]],
+              start: float) -> StreamingFit:
+    """Least squares on log(modelled / measured) over one streaming rate; its standard error
+    from the Jacobian at the optimum."""
     from scipy.optimize import least_squares
-
-    data = data or block_data()
-
-    def modelled(value: float) -> list[float]:
-        moved = replace(profile, memory_efficiency=value)
-        return [modelled_layer_s(r, data, moved) for r in rows]
 
     def residuals(x: np.ndarray) -> list[float]:
         return [math.log(m / r.layer_s) for m, r in zip(modelled(float(x[0])), rows,
                                                        strict=True)]
 
-    result = least_squares(residuals, [profile.memory_efficiency], bounds=([0.05], [1.0]),
-                           x_scale=[0.1])
+    result = least_squares(residuals, [start], bounds=([0.05], [1.0]), x_scale=[0.1])
     std = math.sqrt(float(covariance(result.jac, result.fun)[0, 0]))
     value = float(result.x[0])
     return StreamingFit(value, std, tuple(m / r.layer_s - 1
                                           for m, r in zip(modelled(value), rows, strict=True)))
+
+
+def fit_memory_efficiency(rows: list[BlockRow], profile: HardwareProfile,
+                          data: dict[str, Any] | None = None) -> StreamingFit:
+    """`gpu.memory_efficiency` for every memory-bound kernel of the block."""
+    data = data or block_data()
+    return _fit_rate(rows, lambda value: [
+        modelled_layer_s(r, data, replace(profile, memory_efficiency=value)) for r in rows],
+        profile.memory_efficiency)
+
+
+def with_scores_rate(data: dict[str, Any], rate: float, profile: HardwareProfile
+                     ) -> dict[str, Any]:
+    """The data file with the score kernels (mask and softmax) streaming at `rate` of HBM
+    peak, the block's other memory-bound kernels at the profile's: their bytes scaled."""
+    moved = copy.deepcopy(data)
+    scores = moved["stack"]["overrides"]["kernels.scores"]
+    scores["bytes_per_element"] *= profile.memory_efficiency / rate
+    return moved
+
+
+def fit_scores_efficiency(rows: list[BlockRow], profile: HardwareProfile,
+                          data: dict[str, Any] | None = None) -> StreamingFit:
+    """The streaming rate of the score kernels alone (masked_fill and softmax, over the
+    s x s scores) that meets the layers, every other kernel as the profile prices it: the
+    other reading of the same six layers."""
+    data = data or block_data()
+    return _fit_rate(rows, lambda value: [
+        modelled_layer_s(r, with_scores_rate(data, value, profile), profile) for r in rows],
+        profile.memory_efficiency)

@@ -64,8 +64,8 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "(`dgx-a100`) and PyTorch's BF16 GEMMs of the replayed transformers on an H100 SXM "
         "(`dgx-h100`, the node probe): the GEMM values are fitted to these tables, so their "
         "cells check the model's shape; XLA's autotuned H100 GEMMs, faster than PyTorch's, are "
-        "reported beside them, and so is the node probe's plain PyTorch block, per layer. "
-        "nccl-tests bus "
+        "reported beside them, and so are the node probe's plain PyTorch block, per layer, and "
+        "a published eager attention on an A100 80GB. nccl-tests bus "
         "bandwidths of Polaris, a DGX A100 and a p4d, and XLA's collectives over an HGX H100 "
         "board, through the engine's ring with each machine's profile.",
         "",
