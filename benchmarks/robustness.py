@@ -8,7 +8,8 @@ fork divides by gap - 1), with and without the asynchronous flush, on four model
 models on 2 to 16 Polaris nodes at micro-batch 1 and 4; the MLP-Offload runs on the H100 node
 (optimizer on NVMe) and four Polaris models with ZeRO-3's gradients reduce-scattered and
 all-reduced (`reduce_scatter`). It prints how many ran, how many did
-not fit (a result, not a failure), every clear refusal grouped by its message, and every crash
+not fit (a result, not a failure) grouped by the device, kind of allocation and module that
+did not fit, every clear refusal grouped by its message, and every crash
 or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
 asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import time
 import traceback
@@ -72,6 +74,13 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
     return out
 
 
+def _misfit(oom: dict) -> str:
+    """Where a configuration ran out of memory, whatever the layer: the device, the kind of
+    allocation and the module that did not fit."""
+    allocation = re.sub(r"layers\.\d+\.", "", oom["allocation"])
+    return f"{oom['device']} {oom['category']} ({allocation})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a quarter of the cases")
@@ -80,6 +89,7 @@ def main() -> int:
     todo = cases(args.quick)
     statuses: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
+    misfits: dict[str, list[str]] = {}
     crashes: list[str] = []
     started = time.perf_counter()
     for path, overrides in todo:
@@ -93,6 +103,8 @@ def main() -> int:
             crashes.append(f"{label}\n{traceback.format_exc(limit=4)}")
             continue
         statuses[summary["status"]] += 1
+        if summary["status"] == "oom":
+            misfits.setdefault(_misfit(summary["oom"]), []).append(label)
         times = [v for v in summary["phases_s"].values() if v is not None]
         if summary["status"] == "ok" and not all(math.isfinite(v) and v >= 0 for v in times):
             crashes.append(f"{label}\nnon-finite or negative phase time: {summary['phases_s']}")
@@ -101,6 +113,8 @@ def main() -> int:
           + f", {sum(refusals.values())} refused, {len(crashes)} crashed")
     for message, n in refusals.most_common():
         print(f"  refused x{n}: {message}")
+    for where, labels in sorted(misfits.items(), key=lambda item: -len(item[1])):
+        print(f"  did not fit x{len(labels)}: {where}; first: {labels[0]}")
     for crash in crashes:
         print(f"CRASH {crash}")
     return 1 if crashes else 0
