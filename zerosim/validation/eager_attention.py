@@ -1,11 +1,13 @@
-"""Eager attention's forward on an A100, as a PyTorch user timed it, against the kernel model.
+"""Eager attention's forward as PyTorch users timed it on an A100 and an H100, against the kernel
+model.
 
-`zerosim/validation/data/a100_eager_attention.yaml` holds the float16 baseline of a published
-attention benchmark on an A100 80GB: F.normalize of q and k, the score product (a batched GEMM
-whose K is the head dimension, 64), a scale, softmax, the context product. This prices those
-kernels the way the engine prices a module's (`zerosim.hardware.costs.kernels_s`), and says
-what the other reading of the table would need: with the score product bound only by its bytes
-(no per-tile cost), the softmax's streaming rate that makes up the measured time.
+Each data file (`EAGER_ATTENTION_FILES`) holds a published benchmark of unfused attention: the
+score product (a batched GEMM whose K is the head dimension), softmax over the scores, the
+context product, and whatever copies or elementwise ops its code adds, with the times it
+measured per sequence length. This prices those kernels the way the engine prices a module's
+(`zerosim.hardware.costs.kernels_s`), and says what streaming rate the softmax would need for
+the measured time, the other kernels priced on a given profile: that separates the score
+product's share of the time from the softmax's only as far as the profile's GEMM values hold.
 """
 
 from __future__ import annotations
@@ -14,65 +16,77 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerosim.hardware import costs
-from zerosim.hardware.profile import HardwareProfile
+from zerosim.hardware.profile import HardwareProfile, load_profile
 from zerosim.models.kernels import Gemm, Kernel, MemoryPass
 from zerosim.validation.reference import reference_data
 
-DATA_FILE = "a100_eager_attention.yaml"
+EAGER_ATTENTION_FILES = ("a100_eager_attention.yaml", "h100_pcie_eager_attention.yaml")
+SOFTMAX = "softmax"
 
 
 @dataclass(frozen=True)
 class AttentionRow:
-    """One measured sequence length and its forward time."""
+    """One measured call: its sequence length, batch and forward time."""
 
     seq: int
+    batch: int
     forward_s: float
 
     @property
     def case(self) -> str:
-        return f"eager attention s{self.seq}"
+        return f"eager attention s{self.seq} b{self.batch}"
 
 
-def attention_data() -> dict[str, Any]:
-    return reference_data(DATA_FILE)
+def attention_table(name: str) -> dict[str, Any]:
+    return reference_data(name)
 
 
-def attention_rows(data: dict[str, Any] | None = None) -> list[AttentionRow]:
-    return [AttentionRow(r["seq"], r["forward_ms"] * 1e-3)
-            for r in (data or attention_data())["rows"]]
+def attention_rows(table: dict[str, Any]) -> list[AttentionRow]:
+    return [AttentionRow(r["seq"], r["batch"], r["forward_ms"] * 1e-3) for r in table["rows"]]
 
 
-def _pass(data: dict[str, Any], name: str, elements: int) -> MemoryPass:
-    spec = data["kernels"][name]
-    return MemoryPass(spec["bytes_per_element"] * elements, count=spec["kernels"])
+def table_profile(table: dict[str, Any]) -> HardwareProfile:
+    """The profile the table is priced on, with the measured part's own values."""
+    return load_profile(table["profile"], overrides=table.get("profile_overrides"))
 
 
-def attention_kernels(row: AttentionRow, data: dict[str, Any] | None = None
-                      ) -> dict[str, Kernel]:
-    """The baseline's kernels in issue order, by name."""
-    data = data or attention_data()
-    products, d, s = data["batch"] * data["heads"], data["head_dim"], row.seq
-    scores = products * s * s
-    return {"normalize": _pass(data, "normalize", 2 * products * s * d),
-            "scores": Gemm(s, s, d, products, data["dtype_bytes"]),
-            "scale": _pass(data, "scale", scores),
-            "softmax": _pass(data, "softmax", scores),
-            "context": Gemm(s, d, s, products, data["dtype_bytes"])}
+def _product(kind: str, row: AttentionRow, table: dict[str, Any]) -> Gemm:
+    products, d, s = row.batch * table["heads"], table["head_dim"], row.seq
+    if kind == "scores":
+        return Gemm(s, s, d, products, table["dtype_bytes"])
+    return Gemm(s, d, s, products, table["dtype_bytes"])
 
 
-def modelled_forward_s(row: AttentionRow, profile: HardwareProfile,
-                       data: dict[str, Any] | None = None) -> float:
-    """The GPU seconds of the baseline's kernels on `profile`, priced as the engine prices
-    a module's kernels."""
-    return costs.kernels_s(tuple(attention_kernels(row, data).values()), profile)
+def _memory_pass(spec: dict[str, Any], row: AttentionRow, table: dict[str, Any]) -> MemoryPass:
+    products, s = row.batch * table["heads"], row.seq
+    per_tensor = {"scores": products * s * s, "head_elements": products * s * table["head_dim"]}
+    tensors = spec.get("tensors", 1)
+    return MemoryPass(spec["bytes_per_element"] * tensors * per_tensor[spec["over"]],
+                      count=spec["kernels"] * tensors)
 
 
-def softmax_rate_needed(row: AttentionRow, profile: HardwareProfile,
-                        data: dict[str, Any] | None = None) -> float:
+def attention_kernels(row: AttentionRow, table: dict[str, Any]) -> dict[str, Kernel]:
+    """The benchmark's kernels in issue order, by name."""
+    return {spec["name"]: (_product(spec["product"], row, table) if "product" in spec
+                           else _memory_pass(spec, row, table))
+            for spec in table["kernels"]}
+
+
+def modelled_forward_s(row: AttentionRow, table: dict[str, Any],
+                       profile: HardwareProfile | None = None) -> float:
+    """The GPU seconds of the benchmark's kernels, priced as the engine prices a module's
+    kernels, on the table's profile or on `profile`."""
+    return costs.kernels_s(tuple(attention_kernels(row, table).values()),
+                           profile or table_profile(table))
+
+
+def softmax_rate_needed(row: AttentionRow, table: dict[str, Any],
+                        profile: HardwareProfile | None = None) -> float:
     """The fraction of HBM peak the softmax would have to stream at for the measured time,
-    the other kernels priced on `profile`."""
-    kernels = attention_kernels(row, data)
-    softmax = kernels.pop("softmax")
+    the other kernels priced on the table's profile or on `profile`."""
+    profile = profile or table_profile(table)
+    kernels = attention_kernels(row, table)
+    softmax = kernels.pop(SOFTMAX)
     others_s = costs.kernels_s(tuple(kernels.values()), profile)
     softmax_s = row.forward_s - others_s - softmax.count * profile.kernel_gap_s
     return softmax.nbytes / (softmax_s * profile.hbm_Bps)

@@ -65,7 +65,7 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "(`dgx-h100`, the node probe): the GEMM values are fitted to these tables, so their "
         "cells check the model's shape; XLA's autotuned H100 GEMMs, faster than PyTorch's, are "
         "reported beside them, and so are the node probe's plain PyTorch block, per layer, and "
-        "a published eager attention on an A100 80GB. nccl-tests bus "
+        "published eager attentions on an A100 80GB and an H100 PCIe. nccl-tests bus "
         "bandwidths of Polaris, a DGX A100 and a p4d, and XLA's collectives over an HGX H100 "
         "board, through the engine's ring with each machine's profile.",
         "",

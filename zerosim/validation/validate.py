@@ -281,12 +281,20 @@ BLOCK_NOTE = (
     "copy's 0.87, to meet all six within 2%, or its mask and softmax alone 0.39 "
     "(tests/test_block_forward.py)")
 
-ATTENTION_NOTE = (
-    "lucidrains/flash-cosine-sim-attention issue #4, float16 baseline (normalize, QK^T with K "
-    "64, scale, softmax, PV) on an A100 80GB, priced on dgx-a100; reported, not judged: the "
-    "score product at the A100's per-tile cost and the softmax at STREAM meet it within 6%, "
-    "and so would the product bound by its bytes alone with the softmax at 0.32-0.35 of HBM "
-    "peak (tests/test_eager_attention.py)")
+ATTENTION_NOTES = {
+    "a100_eager_attention.yaml": (
+        "lucidrains/flash-cosine-sim-attention issue #4, float16 baseline (normalize, QK^T with "
+        "K 64, scale, softmax, PV) on an A100 80GB, priced on dgx-a100; reported, not judged: "
+        "the score product at the A100's per-tile cost and the softmax at STREAM meet it within "
+        "6%, and so would the product bound by its bytes alone with the softmax at 0.32-0.35 of "
+        "HBM peak (tests/test_eager_attention.py)"),
+    "h100_pcie_eager_attention.yaml": (
+        "flash-attention pull request #1075, FlashAttention's PyTorch reference (q, k, v "
+        "copies, baddbmm with K 128, softmax, einsum) on an H100 PCIe, float16, priced on "
+        "dgx-h100 with the PCIe part's HBM, peak and SMs; reported, not judged: every product "
+        "is bound by its bytes, and the softmax would stream at 0.41-0.52 of HBM peak, not "
+        "STREAM's 0.87 (tests/test_eager_attention.py)"),
+}
 
 
 def block_cells() -> list[Cell]:
@@ -302,19 +310,26 @@ def block_cells() -> list[Cell]:
 
 
 def attention_cells() -> list[Cell]:
-    """A published eager attention's forward on an A100 against the kernel model: reported,
-    as it cannot tell the score product's time from the softmax's."""
+    """Published eager attentions' forwards on an A100 and an H100 PCIe against the kernel
+    model: reported, as a time alone cannot tell the score product's share from the
+    softmax's."""
     from zerosim.validation.eager_attention import (
-        attention_data,
+        EAGER_ATTENTION_FILES,
         attention_rows,
+        attention_table,
         modelled_forward_s,
+        table_profile,
     )
 
-    data = attention_data()
-    profile = load_profile(data["profile"])
-    return [judge("GPU kernels (A100)", row.case, "forward", "ms", round(row.forward_s * 1e3, 9),
-                  modelled_forward_s(row, profile, data) * 1e3, None, note=ATTENTION_NOTE)
-            for row in attention_rows(data)]
+    cells = []
+    for name in EAGER_ATTENTION_FILES:
+        table = attention_table(name)
+        profile = table_profile(table)
+        cells += [judge(table["group"], row.case, "forward", "ms", round(row.forward_s * 1e3, 9),
+                        modelled_forward_s(row, table, profile) * 1e3, None,
+                        note=ATTENTION_NOTES[name])
+                  for row in attention_rows(table)]
+    return cells
 
 
 def _bus_bandwidth_cell(case: str, kind: str, size_bytes: int, measured_GBps: float,
