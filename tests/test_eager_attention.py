@@ -87,8 +87,9 @@ def test_on_the_h100_pcie_the_products_stream_and_the_softmax_runs_at_half_of_hb
     """Every product is bound by its bytes (the H100's per-tile cost is 113 steps, and a K
     of 128 leaves the score product under its streaming time), so the per-tile question does
     not arise: priced with the softmax at STREAM the model is 21-33% fast, and the softmax
-    would have to stream at 0.41-0.52 of HBM peak, the plain block's score kernels' rate on
-    the H100 SXM in its second reading (0.39, tests/test_block_forward.py)."""
+    would have to stream at 0.41-0.52 of HBM peak. Both readings of the plain block on the
+    H100 SXM have it slow (0.52 for every memory-bound kernel, or 0.39 for the score
+    kernels alone, tests/test_block_forward.py), and this fits either."""
     for row in H100_ROWS:
         for kind in ("scores", "context"):
             product = attention_kernels(row, H100_TABLE)[kind]

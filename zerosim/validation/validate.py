@@ -293,7 +293,8 @@ ATTENTION_NOTES = {
         "copies, baddbmm with K 128, softmax, einsum) on an H100 PCIe, float16, priced on "
         "dgx-h100 with the PCIe part's HBM, peak and SMs; reported, not judged: every product "
         "is bound by its bytes, and the softmax would stream at 0.41-0.52 of HBM peak, not "
-        "STREAM's 0.87 (tests/test_eager_attention.py)"),
+        "STREAM's 0.87, as both readings of the plain block have it "
+        "(tests/test_eager_attention.py)"),
 }
 
 
