@@ -41,12 +41,14 @@ def _azure_csv(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", ["polaris-a100", "p4d-24xlarge", "dgx-a100"])
-def test_the_shipped_a100_gemm_rates_are_what_the_fit_gives_on_azures_table(name):
+def test_azures_table_alone_gives_its_own_efficiency_and_the_shipped_tile_cost(name):
     """All three free: the latency runs to its lower bound (the 1024^3 row leaves no room for
-    one) and the other two are the two-value fit's."""
+    one), which the profiles hold; the tile cost is the shipped one and the efficiency 0.855,
+    6% below the shipped 0.910, which PyTorch's Llama MLPs pull up with Azure's rows at a
+    sustained clock of their own (tests/test_pytorch_ops.py)."""
     profile = load_profile(name)
     fit = fit_gemm_rates(AZURE_ROWS, profile)
-    assert fit.efficiency == pytest.approx(profile.gemm_efficiency, abs=0.001)
+    assert fit.efficiency == pytest.approx(0.855, abs=0.001)
     assert fit.k_overhead == pytest.approx(profile.gemm_k_overhead, abs=1)
     assert fit.latency_us == pytest.approx(profile.gemm_latency_s * 1e6, abs=0.005) == 0
     assert fit.rate("gemm_latency_us").std == pytest.approx(2.2, abs=0.05)

@@ -353,13 +353,14 @@ AZURE = reference_data("azure_nd_gpu_benchmarks.yaml")
                          ids=lambda r: f"{r['m']}x{r['n']}x{r['k']}")
 def test_gemm_model_against_published_cublaslt_on_an_a100(row):
     """The GEMM roofline (best-filling tile, per-tile K overhead) with the A100 profiles'
-    values against the published cuBLASLt table of an A100-SXM4-80GB (Azure ND A100 v4): every
-    shape within 15%, the large ones (every side >= 4096) within 5%. With one 256x128 tile and
-    no per-tile cost (the model before) the 1024^3 shape came out 38% slow and the thin
-    802816x192x768 one 56% fast."""
+    values, at the sustained clock of Azure's runs (0.940 of a burst's), against the published
+    cuBLASLt table of an A100-SXM4-80GB (Azure ND A100 v4): every shape within 15%, the large
+    ones (every side >= 4096) within 5%. With one 256x128 tile and no per-tile cost (the model
+    before) the 1024^3 shape came out 38% slow and the thin 802816x192x768 one 56% fast."""
     profile = load_profile("dgx-a100")
     gemm = Gemm(row["m"], row["n"], row["k"])
-    tflops = gemm.flops / costs.gemm_s(gemm, profile) / 1e12
+    clock = AZURE["a100_sxm4_80gb"]["gemm_sustained_clock_ratio"]["value"]
+    tflops = gemm.flops / costs.gemm_s(gemm, profile) / 1e12 * clock
     large = min(row["m"], row["n"], row["k"]) >= 4096
     assert tflops == pytest.approx(row["TFLOPS"], rel=0.05 if large else 0.15)
 
@@ -390,16 +391,17 @@ MAMF = reference_data("mamf_bf16.yaml")
 
 
 @pytest.mark.parametrize("name, accelerator, error", [
-    ("dgx-a100", "NVIDIA A100 SXM", -0.115),
+    ("dgx-a100", "NVIDIA A100 SXM", -0.058),
     ("h100-jlse", "NVIDIA H100 SXM", -0.061),
     ("dgx-h100", "NVIDIA H100 SXM", -0.061),
     ("gh200", "NVIDIA GH200 SXM", -0.112)])
 def test_the_gemm_model_against_pytorchs_best_matmul_on_each_gpu(name, accelerator, error):
-    """The GEMM values come from a cuBLASLt table (A100) and PyTorch's own GEMMs of the
-    replayed transformers (H100); PyTorch's best matmul of a shape search (mamf-finder)
-    checks them: the A100 11.5% and the H100 6.1% below it (a search's best is biased upward:
-    the luckiest kernel of many shapes), the GH200 (the H100's die, at 900 W and higher clocks
-    than the 700 W H100 the values come from) 11.2% below."""
+    """The GEMM values come from PyTorch's own GEMMs: a Llama MLP's with a cuBLASLt table at
+    its sustained clock (A100) and those of the replayed transformers (H100); PyTorch's best
+    matmul of a shape search (mamf-finder) checks them: the A100 5.8% and the H100 6.1% below
+    it (a search's best is biased upward: the luckiest kernel of many shapes; the A100 was
+    11.5% below while its values came from the cuBLASLt table alone), the GH200 (the H100's
+    die, at 900 W and higher clocks than the 700 W H100 the values come from) 11.2% below."""
     row = next(r for r in MAMF["rows"] if r["accelerator"] == accelerator)
     gemm = Gemm(row["m"], row["n"], row["k"])
     modelled = gemm.flops / costs.gemm_s(gemm, load_profile(name)) / 1e12

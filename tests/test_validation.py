@@ -21,20 +21,22 @@ ROOT = Path(__file__).resolve().parent.parent
 GA2_OUTLIER = (
     "this run sits above its model's other runs: the GA=1 runs' mean backward (11.78 s over "
     "three repeats spanning 10.2-14.1 s) plus one non-boundary micro-batch as the GA=4, 8 and "
-    "16 runs give it (3.1-3.7 s) makes about 15.2 s against its 16.89 s, and the model's 14.2 s "
-    "is 7% under that; it passed (-14.0%, -8.8%) while Polaris's page zeroing was held at an "
+    "16 runs give it (3.1-3.7 s) makes about 15.2 s against its 16.89 s, and the model's 14.0 s "
+    "is 8% under that; it passed (-14.0%, -8.8%) while Polaris's page zeroing was held at an "
     "earlier model's 5.03 GB/s, which the current fit (5.45, 3%) replaces")
 KNOWN_MISSES = {
     (POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", "backward per step"):
-        f"-16.1%: {GA2_OUTLIER}",
+        f"-17.3%: {GA2_OUTLIER}",
     (POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", "iteration per step"):
-        f"-10.1%: {GA2_OUTLIER}",
-    ("Table 2", "DP=1", "forward"): (
-        "-7.3%: one hook time and one per-collective time (619 us, 782 us) are fitted on three "
-        "testbeds; the model's forward grows from DP=1 to DP=2 by the collectives' host time "
-        "and the all-gather stream's cudaMalloc (+3.8%), and hardly from DP=2 to DP=4 (-1.5%), "
-        "where the table grows 19% then 5% (and the study's text says 23% and 48%): no one "
-        "hook time fits all three"),
+        f"-11.1%: {GA2_OUTLIER}",
+    (POLARIS_GROUP, "polaris-11.20b-dp1-mb1-ga1-sg1e08 (x1)", "forward per step"): (
+        "-16.0%: a micro-batch-1 forward of 5120-wide layers, where the host waits at each "
+        "block's two syncs and the GPU idles through the MLP's hook; its GEMMs are priced at "
+        "PyTorch's burst rate (0.910 of peak, Liger-Kernel's Llama MLPs), where the cuBLASLt "
+        "table's sustained 0.855 left it at -13.8%; the other micro-batch-1 forwards of wide "
+        "layers are -14.8% (11.32B, DP=4) and, of 4096-wide ones, -9.7% and -5.9% (5.95B): one "
+        "hook time fitted on three testbeds leaves the A100's micro-batch-1 forwards 6-16% "
+        "short"),
     ("Table 2", "DP=1", "backward_boundary"): (
         "+5.7%: the model's boundary flush is per-rank work (each gradient partition's pageable "
         "16-bit D2H, the kernel zeroing its fresh pages, the cast on the CPU), so it falls x0.51 "
@@ -190,7 +192,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 301
+    assert len(judged) == 317
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])
@@ -249,7 +251,7 @@ def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path)
     passed = sum(c.status == "pass" for c in judged)
     assert f"Judged cells: {passed} of {len(judged)} within tolerance." in text
     assert "PyTorch's BF16 GEMMs of the replayed transformers on an H100 SXM" in text
-    assert sum(line.startswith("| GPU kernels (H100) |") for line in text.splitlines()) == 56
+    assert sum(line.startswith("| GPU kernels (H100) |") for line in text.splitlines()) == 64
     with table.open() as f:
         assert len(list(csv.DictReader(f))) == len(found)
     assert image.stat().st_size > 0 and polaris.name == "polaris.png"

@@ -111,9 +111,11 @@ def pinned_bytes(nbytes: float) -> int:
     return 1 << (math.ceil(nbytes) - 1).bit_length()
 
 
-def hbm_s(nbytes: float, profile: HardwareProfile) -> float:
-    """Bytes streamed through HBM by a memory-bound kernel."""
-    return nbytes / (profile.hbm_Bps * profile.memory_efficiency)
+def hbm_s(nbytes: float, profile: HardwareProfile, strided_nbytes: float = 0.0) -> float:
+    """Bytes streamed through HBM by memory-bound kernels, `strided_nbytes` of them by kernels
+    on strided or broadcast views (PyTorch's non-vectorized path, `MemoryPass`)."""
+    return ((nbytes - strided_nbytes) / (profile.hbm_Bps * profile.memory_efficiency)
+            + strided_nbytes / (profile.hbm_Bps * profile.strided_memory_efficiency))
 
 
 def gemm_tiles(profile: HardwareProfile) -> tuple[tuple[int, int], ...]:
@@ -163,7 +165,8 @@ def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:
         rate = profile.peak_16bit_flops * profile.flash_attention_efficiency
         return max(kernel.flops / rate, hbm_s(kernel.nbytes, profile)) + profile.kernel_gap_s
     arithmetic = kernel.flops / (profile.peak_16bit_flops * profile.gemm_efficiency)
-    return max(arithmetic, hbm_s(kernel.nbytes, profile)) + kernel.count * profile.kernel_gap_s
+    return (max(arithmetic, hbm_s(kernel.nbytes, profile, kernel.strided_nbytes))
+            + kernel.count * profile.kernel_gap_s)
 
 
 def kernels_s(kernels: Sequence[Kernel], profile: HardwareProfile) -> float:

@@ -64,6 +64,9 @@ class HardwareProfile:
     """Fraction of HBM peak a GEMM kernel streams its operands and output at where they, not
     its arithmetic, bound it (eager attention's short-K products): below `memory_efficiency`,
     a STREAM kernel's rate, on the H100 measured."""
+    strided_memory_efficiency: float
+    """Fraction of HBM peak PyTorch's 16-bit elementwise kernels reach when an operand is a
+    strided or broadcast view (their non-vectorized path): below `memory_efficiency`."""
     kernel_gap_s: float
     runtime_context_bytes: float
     cuda_malloc_Bps: float
@@ -177,6 +180,8 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
     "gpu.gemm_memory_efficiency": ("gemm_memory_efficiency", 1.0, _fraction,
                                    "a fraction in (0, 1]"),
+    "gpu.strided_memory_efficiency": ("strided_memory_efficiency", 1.0, _fraction,
+                                      "a fraction in (0, 1]"),
     "gpu.kernel_gap_us": ("kernel_gap_s", US, _non_negative, "a time >= 0 in microseconds"),
     "gpu.runtime_context_GiB": ("runtime_context_bytes", GiB, _non_negative, "GiB >= 0"),
     "gpu.cuda_malloc_GBps": ("cuda_malloc_Bps", GB, _positive,
@@ -295,6 +300,10 @@ DEFAULTS_FROM: dict[str, tuple[str, str]] = {
         "gpu.memory_efficiency", "no measurement of memory-bound GEMMs on this GPU: they stream "
         "at the STREAM rate (gpu.memory_efficiency), as profiles written before the key existed "
         "priced them"),
+    "gpu.strided_memory_efficiency": (
+        "gpu.memory_efficiency", "no measurement of PyTorch's elementwise kernels on strided "
+        "views on this GPU: they stream at the STREAM rate (gpu.memory_efficiency), as profiles "
+        "written before the key existed priced them"),
 }
 """Keys a profile may leave out whose default is another key's value: key -> (that key, why)."""
 

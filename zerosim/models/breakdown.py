@@ -56,10 +56,12 @@ class Workload:
 @dataclass(frozen=True)
 class Elementwise:
     """Memory-bound kernels a stack launches for one op: how many, and the forward HBM bytes
-    per element of the tensor they act on (for 16-bit activations)."""
+    per element of the tensor they act on (for 16-bit activations), of which
+    `strided_bytes_per_element` by kernels on strided or broadcast views (see `MemoryPass`)."""
 
     kernels: int = 0
     bytes_per_element: float = 0.0
+    strided_bytes_per_element: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,9 @@ def _pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
           ) -> tuple[MemoryPass, ...]:
     if op.kernels == 0:
         return ()
-    return (MemoryPass(op.bytes_per_element * w.dtype_bytes / 2 * elements, op.kernels, flops),)
+    scale = w.dtype_bytes / 2 * elements
+    return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops,
+                       op.strided_bytes_per_element * scale),)
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,21 @@ class Gemm:
 @dataclass(frozen=True)
 class MemoryPass:
     """`count` elementwise kernels moving `nbytes` through HBM together and doing `flops` of
-    arithmetic (a few per element: on a real GPU the bytes always take longer)."""
+    arithmetic (a few per element: on a real GPU the bytes always take longer).
+
+    `strided_nbytes` of those bytes are moved by kernels with an operand that is a strided or
+    broadcast view (a chunk's half, a permuted tensor, an expanded one): PyTorch's
+    elementwise kernels take their vectorized path only when every operand is contiguous, and
+    otherwise load one 16-bit element at a time, below the STREAM rate."""
 
     nbytes: float
     count: int = 1
     flops: float = 0.0
+    strided_nbytes: float = 0.0
 
     def scaled(self, factor: float) -> MemoryPass:
-        return MemoryPass(self.nbytes * factor, self.count, self.flops * factor)
+        return MemoryPass(self.nbytes * factor, self.count, self.flops * factor,
+                          self.strided_nbytes * factor)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
 TUNABLE_KEYS = (*HOST_TIMES, "kernels.backward_bytes_factor")
 """The stack's numeric values a fit or a sensitivity study may move (the host times and the
 elementwise backward's traffic factor); the rest are read off the framework's code."""
+STRIDED_KEY = "strided_bytes_per_element"
+"""The optional key of a `kernels` entry: its bytes moved by kernels on strided or broadcast
+views, which stream at the GPU's `gpu.strided_memory_efficiency`."""
 HEAP_REUSE_KEY = "allocator.heap_reuse_MiB"
 """The optional allocator key: host temporaries up to this size reuse heap pages."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
@@ -135,16 +138,22 @@ def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = F
 def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     key = f"kernels.{op}"
     raw = dotted_leaf(tree, key)
-    if not isinstance(raw, Mapping) or set(raw) != {"kernels", "bytes_per_element", "source"}:
-        raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, source: '...'}",
-                            raw)
+    required = {"kernels", "bytes_per_element", "source"}
+    if not isinstance(raw, Mapping) or not required <= set(raw) <= {*required, STRIDED_KEY}:
+        raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
+                            f"[{STRIDED_KEY}: S,] source: '...'}}", raw)
     count, nbytes = raw["kernels"], raw["bytes_per_element"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)
     check_plausible("stack.kernels.*.kernels", count, source=source, key_path=f"{key}.kernels")
     if isinstance(nbytes, bool) or not isinstance(nbytes, int | float) or not 0 <= nbytes < 1e3:
         raise ScenarioError(source, f"{key}.bytes_per_element", "a number in [0, 1000)", nbytes)
-    return Elementwise(count, float(nbytes))
+    strided = raw.get(STRIDED_KEY, 0)
+    if (isinstance(strided, bool) or not isinstance(strided, int | float)
+            or not 0 <= strided <= nbytes):
+        raise ScenarioError(source, f"{key}.{STRIDED_KEY}",
+                            f"a number in [0, bytes_per_element = {nbytes}]", strided)
+    return Elementwise(count, float(nbytes), float(strided))
 
 
 def _memory_section(tree: Mapping[str, Any], section: str, keys: tuple[str, ...], source: str,

@@ -11,15 +11,12 @@ of the memory-bound kernels that would make the model meet the measured layers.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from zerosim.hardware.profile import HardwareProfile
-from zerosim.validation.leastsq import covariance
+from zerosim.validation.leastsq import StreamingFit, fit_rate
 from zerosim.validation.reference import reference_data
 
 DATA_FILE = "h100_block_forward.yaml"
@@ -94,59 +91,40 @@ def modelled_layer_s(row: BlockRow, data: dict[str, Any] | None = None,
     return sum(s for m, s in zip(modules, forward_s, strict=True) if m.layer == 0)
 
 
-@dataclass(frozen=True)
-class StreamingFit:
-    """A streaming rate (a fraction of HBM peak) that makes the modelled layers meet the
-    measured ones, the GEMMs priced as the profile has them."""
-
-    value: float
-    std: float
-    errors: tuple[float, ...]
-    """modelled / measured - 1 per row at `value`."""
-
-
 def _fit_rate(rows: list[BlockRow], modelled: Callable[[float], list[float]],
               start: float) -> StreamingFit:
-    """Least squares on log(modelled / measured) over one streaming rate; its standard error
-    from the Jacobian at the optimum."""
-    from scipy.optimize import least_squares
-
-    def residuals(x: np.ndarray) -> list[float]:
-        return [math.log(m / r.layer_s) for m, r in zip(modelled(float(x[0])), rows,
-                                                       strict=True)]
-
-    result = least_squares(residuals, [start], bounds=([0.05], [1.0]), x_scale=[0.1])
-    std = math.sqrt(float(covariance(result.jac, result.fun)[0, 0]))
-    value = float(result.x[0])
-    return StreamingFit(value, std, tuple(m / r.layer_s - 1
-                                          for m, r in zip(modelled(value), rows, strict=True)))
+    return fit_rate([r.layer_s for r in rows], modelled, start)
 
 
 def fit_memory_efficiency(rows: list[BlockRow], profile: HardwareProfile,
                           data: dict[str, Any] | None = None) -> StreamingFit:
-    """`gpu.memory_efficiency` for every memory-bound kernel of the block."""
+    """`gpu.memory_efficiency` for every memory-bound kernel of the block whose operands are
+    contiguous, the strided ones at the profile's `gpu.strided_memory_efficiency`."""
     data = data or block_data()
     return _fit_rate(rows, lambda value: [
         modelled_layer_s(r, data, replace(profile, memory_efficiency=value)) for r in rows],
         profile.memory_efficiency)
 
 
-def with_scores_rate(data: dict[str, Any], rate: float, profile: HardwareProfile
-                     ) -> dict[str, Any]:
-    """The data file with the score kernels (mask and softmax) streaming at `rate` of HBM
-    peak, the block's other memory-bound kernels at the profile's: their bytes scaled."""
+def with_softmax_rate(data: dict[str, Any], rate: float, profile: HardwareProfile
+                      ) -> dict[str, Any]:
+    """The data file with the softmax (the score kernels' contiguous bytes; the mask's are
+    strided) streaming at `rate` of HBM peak, every other kernel at the profile's rates: its
+    bytes scaled."""
     moved = copy.deepcopy(data)
     scores = moved["stack"]["overrides"]["kernels.scores"]
-    scores["bytes_per_element"] *= profile.memory_efficiency / rate
+    strided = scores.get("strided_bytes_per_element", 0)
+    scores["bytes_per_element"] = (strided + (scores["bytes_per_element"] - strided)
+                                   * profile.memory_efficiency / rate)
     return moved
 
 
-def fit_scores_efficiency(rows: list[BlockRow], profile: HardwareProfile,
-                          data: dict[str, Any] | None = None) -> StreamingFit:
-    """The streaming rate of the score kernels alone (masked_fill and softmax, over the
-    s x s scores) that meets the layers, every other kernel as the profile prices it: the
-    other reading of the same six layers."""
+def fit_softmax_efficiency(rows: list[BlockRow], profile: HardwareProfile,
+                           data: dict[str, Any] | None = None) -> StreamingFit:
+    """The streaming rate of PyTorch's softmax over the s x s scores that meets the layers,
+    every other kernel as the profile prices it (the strided ones, the mask among them, at
+    `gpu.strided_memory_efficiency`)."""
     data = data or block_data()
     return _fit_rate(rows, lambda value: [
-        modelled_layer_s(r, with_scores_rate(data, value, profile), profile) for r in rows],
+        modelled_layer_s(r, with_softmax_rate(data, value, profile), profile) for r in rows],
         profile.memory_efficiency)

@@ -60,9 +60,10 @@ def _product(kind: str, row: AttentionRow, table: dict[str, Any]) -> Gemm:
 def _memory_pass(spec: dict[str, Any], row: AttentionRow, table: dict[str, Any]) -> MemoryPass:
     products, s = row.batch * table["heads"], row.seq
     per_tensor = {"scores": products * s * s, "head_elements": products * s * table["head_dim"]}
-    tensors = spec.get("tensors", 1)
-    return MemoryPass(spec["bytes_per_element"] * tensors * per_tensor[spec["over"]],
-                      count=spec["kernels"] * tensors)
+    elements = spec.get("tensors", 1) * per_tensor[spec["over"]]
+    return MemoryPass(spec["bytes_per_element"] * elements, count=spec["kernels"]
+                      * spec.get("tensors", 1),
+                      strided_nbytes=spec.get("strided_bytes_per_element", 0) * elements)
 
 
 def attention_kernels(row: AttentionRow, table: dict[str, Any]) -> dict[str, Kernel]:
