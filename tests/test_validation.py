@@ -38,12 +38,12 @@ KNOWN_MISSES = {
         "hook time fitted on three testbeds leaves the A100's micro-batch-1 forwards 6-16% "
         "short"),
     ("Table 2", "DP=1", "backward_boundary"): (
-        "+5.7%: the model's boundary flush is per-rank work (each gradient partition's pageable "
+        "+5.9%: the model's boundary flush is per-rank work (each gradient partition's pageable "
         "16-bit D2H, the kernel zeroing its fresh pages, the cast on the CPU), so it falls x0.51 "
-        "from DP=1 to DP=2 (11.83 to 5.98 s), where no pool oversubscribes the CPU and one rank "
+        "from DP=1 to DP=2 (11.86 to 5.99 s), where no pool oversubscribes the CPU and one rank "
         "copies across the sockets; the measured one falls x0.55 (11.2 to 6.13 s), as if part of "
         "it did not shrink with DP; the study node's page zeroing, fitted on all three boundary "
-        "backwards with the Polaris runs, sits between the two cells (DP=2 -2.4%)"),
+        "backwards with the Polaris runs, sits between the two cells (DP=2 -2.3%)"),
     ("GPU kernels (H100)", "GEMM 8192x5120x13824", "PyTorch BF16 throughput"): (
         "+8.8% (5% for a product of K >= 4096 and more): PyTorch runs the 5120-wide block's "
         "micro-batch-4 down projection 5.7% below its micro-batch-1 one (716 against 760 "
