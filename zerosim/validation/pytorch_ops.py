@@ -23,7 +23,7 @@ import numpy as np
 
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile, load_profile
-from zerosim.models.breakdown import Elementwise
+from zerosim.models.breakdown import Elementwise, Recipe
 from zerosim.models.kernels import Gemm, Kernel, MemoryPass
 from zerosim.stacks import load_stack
 from zerosim.validation.gemm_rates import GemmRow
@@ -48,11 +48,18 @@ class OpRow:
                         if k in (*table.elements, "tokens"))
 
 
+PASSES = {"forward": (False,), "backward": (True,), "forward_and_backward": (False, True)}
+"""What an elementwise table's time holds, pass by pass (True: a backward): the forward's
+kernels, the backward's (each pass scaled by the stack's `backward_bytes_factor`, as the
+engine derives a module's backward), or both one after the other."""
+
+
 @dataclass(frozen=True)
 class OpTable:
     """One op timed at several sizes on one GPU: `elementwise` (one pass over the product of
     the `elements` sizes) or `mlp` (a Llama MLP: gate and up projections, the activation pass
-    over tokens x ffn, the down projection)."""
+    over tokens x ffn, the down projection); `timed` says which passes its times hold
+    (`PASSES`), `backward_bytes_factor` is its stack's."""
 
     name: str
     gpu: str
@@ -65,27 +72,39 @@ class OpTable:
     """Why the table is reported, not judged (None: judged)."""
     code: str
     rows: tuple[OpRow, ...]
+    timed: str = "forward"
+    backward_bytes_factor: float = 2.0
 
     @property
     def profile(self) -> HardwareProfile:
         return load_profile(self.profile_name)
 
 
-def _elementwise(spec: Mapping[str, Any]) -> Elementwise:
-    """A table's pass: a stack's kernel entry by name, or the counts written in the table."""
+def _elementwise(spec: Mapping[str, Any]) -> tuple[Elementwise, float]:
+    """A table's pass and its backward's traffic factor: a stack's kernel entry by name, or
+    the counts written in the table (with the stacks' default factor)."""
     if "stack" in spec:
-        return getattr(load_stack(spec["stack"]).recipe, spec["op"])
-    return Elementwise(spec["kernels"], spec["bytes_per_element"],
-                       spec.get("strided_bytes_per_element", 0.0))
+        recipe = load_stack(spec["stack"]).recipe
+        return getattr(recipe, spec["op"]), recipe.backward_bytes_factor
+    return (Elementwise(spec["kernels"], spec["bytes_per_element"],
+                        spec.get("strided_bytes_per_element", 0.0)),
+            Recipe().backward_bytes_factor)
+
+
+def _table(t: Mapping[str, Any]) -> OpTable:
+    elementwise, factor = _elementwise(t["pass"])
+    if t["kind"] != "elementwise" and t.get("timed", "forward") != "forward":
+        raise ValueError(f"{DATA_FILE}: table {t['name']}: only elementwise tables time a "
+                         "backward")
+    return OpTable(t["name"], t["gpu"], t["profile"], t["kind"], elementwise,
+                   tuple(t.get("elements", ())), t.get("fits"), t.get("reported"), t["code"],
+                   tuple(OpRow({k: v for k, v in r.items() if k != "ms"}, r["ms"] * 1e-3)
+                         for r in t["rows"]),
+                   t.get("timed", "forward"), factor)
 
 
 def op_tables() -> list[OpTable]:
-    data = reference_data(DATA_FILE)
-    return [OpTable(t["name"], t["gpu"], t["profile"], t["kind"], _elementwise(t["pass"]),
-                    tuple(t.get("elements", ())), t.get("fits"), t.get("reported"), t["code"],
-                    tuple(OpRow({k: v for k, v in r.items() if k != "ms"}, r["ms"] * 1e-3)
-                          for r in t["rows"]))
-            for t in data["tables"]]
+    return [_table(t) for t in reference_data(DATA_FILE)["tables"]]
 
 
 def op_table(name: str) -> OpTable:
@@ -97,12 +116,20 @@ def _pass(op: Elementwise, elements: float) -> MemoryPass:
                       op.strided_bytes_per_element * elements)
 
 
-def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
-    """The kernels one call launches, in order."""
+def forward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
+    """The kernels one forward launches, in order."""
     if table.kind == "mlp":
         t, h, f = row.sizes["tokens"], row.sizes["hidden"], row.sizes["ffn"]
         return (Gemm(t, f, h), Gemm(t, f, h), _pass(table.elementwise, t * f), Gemm(t, h, f))
     return (_pass(table.elementwise, math.prod(row.sizes[k] for k in table.elements)),)
+
+
+def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
+    """The kernels the timed call launches: its forward's, its backward's (each elementwise
+    pass scaled by the backward's traffic factor), or both (`OpTable.timed`)."""
+    forward = forward_kernels(table, row)
+    return tuple(kernel.scaled(table.backward_bytes_factor) if backward else kernel
+                 for backward in PASSES[table.timed] for kernel in forward)
 
 
 def modelled_s(table: OpTable, row: OpRow, profile: HardwareProfile | None = None) -> float:
