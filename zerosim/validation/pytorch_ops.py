@@ -32,13 +32,11 @@ from zerosim.validation.reference import reference_data
 
 DATA_FILE = "liger_pytorch_ops.yaml"
 AZURE_FILE = "azure_nd_gpu_benchmarks.yaml"
-STRIDED_KEY = "gpu.strided_memory_efficiency"
-A100_GEMM_KEYS = ("gpu.gemm_efficiency", "gpu.gemm_k_overhead")
 
 
 @dataclass(frozen=True)
 class OpRow:
-    """One timed call: its shape (the table's named sizes) and its forward time."""
+    """One timed call: its shape (the table's named sizes) and its time."""
 
     sizes: Mapping[str, int]
     measured_s: float
@@ -48,10 +46,10 @@ class OpRow:
                         if k in (*table.elements, "tokens"))
 
 
-PASSES = {"forward": (False,), "backward": (True,), "forward_and_backward": (False, True)}
+PASSES = {"forward": (False,), "forward_and_backward": (False, True)}
 """What an elementwise table's time holds, pass by pass (True: a backward): the forward's
-kernels, the backward's (each pass scaled by the stack's `backward_bytes_factor`, as the
-engine derives a module's backward), or both one after the other."""
+kernels, or those and then the backward's (each pass scaled by the stack's
+`backward_bytes_factor`, as the engine derives a module's backward)."""
 
 
 @dataclass(frozen=True)
@@ -125,8 +123,8 @@ def forward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
 
 
 def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
-    """The kernels the timed call launches: its forward's, its backward's (each elementwise
-    pass scaled by the backward's traffic factor), or both (`OpTable.timed`)."""
+    """The kernels the timed call launches: its forward's, then its backward's where the
+    table times both (each elementwise pass scaled by the backward's traffic factor)."""
     forward = forward_kernels(table, row)
     return tuple(kernel.scaled(table.backward_bytes_factor) if backward else kernel
                  for backward in PASSES[table.timed] for kernel in forward)
