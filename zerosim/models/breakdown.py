@@ -137,13 +137,21 @@ class Recipe:
     loss_memory: LossMemory = LossMemory()
 
 
+STRIDED_DTYPE_BYTES = 2
+"""The element size the strided path's rate is of: PyTorch's non-vectorized elementwise path
+loads one element at a time, so 16-bit elements stream at `gpu.strided_memory_efficiency`, and
+32-bit ones near STREAM's rate (HF's float32 add and RMSNorm, whose products broadcast, on an
+H100: zerosim/validation/data/liger_pytorch_ops.yaml); an fp32 run's strided bytes are
+priced as contiguous."""
+
+
 def _pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
           ) -> tuple[MemoryPass, ...]:
     if op.kernels == 0:
         return ()
     scale = w.dtype_bytes / 2 * elements
-    return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops,
-                       op.strided_bytes_per_element * scale),)
+    strided = op.strided_bytes_per_element if w.dtype_bytes == STRIDED_DTYPE_BYTES else 0.0
+    return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale),)
 
 
 @dataclass(frozen=True)
