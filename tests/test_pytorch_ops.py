@@ -75,10 +75,10 @@ def test_the_stacks_mark_the_kernels_on_strided_views():
 def test_an_fp32_run_prices_its_strided_bytes_as_contiguous():
     """The strided rate is of 16-bit elements: with fp32 activations the same kernels move
     twice the bytes, all of them at STREAM's rate."""
-    from zerosim.models.breakdown import Workload, _pass
+    from zerosim.models.breakdown import Workload, elementwise_pass
     swiglu = load_stack("megatron-deepspeed").recipe.activation
-    (bf16,) = _pass(swiglu, 1000, Workload(sequence_length=1))
-    (fp32,) = _pass(swiglu, 1000, Workload(sequence_length=1, dtype_bytes=4))
+    (bf16,) = elementwise_pass(swiglu, 1000, Workload(sequence_length=1))
+    (fp32,) = elementwise_pass(swiglu, 1000, Workload(sequence_length=1, dtype_bytes=4))
     assert (bf16.nbytes, bf16.strided_nbytes) == (10_000, 10_000)
     assert (fp32.nbytes, fp32.strided_nbytes) == (20_000, 0.0)
 

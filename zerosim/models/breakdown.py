@@ -145,8 +145,10 @@ H100: zerosim/validation/data/liger_pytorch_ops.yaml); an fp32 run's strided byt
 priced as contiguous."""
 
 
-def _pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
-          ) -> tuple[MemoryPass, ...]:
+def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
+                     ) -> tuple[MemoryPass, ...]:
+    """A stack's op over `elements` elements as the kernels it launches (none if it launches
+    none): its bytes at the workload's element size, the strided ones only in 16-bit runs."""
     if op.kernels == 0:
         return ()
     scale = w.dtype_bytes / 2 * elements
@@ -234,22 +236,23 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
     module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
                     param_numels=numels)
-    return _with_backward(module, _pass(r.norm, elements, w, flops), r)
+    return _with_backward(module, elementwise_pass(r.norm, elements, w, flops), r)
 
 
 def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
     q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
-    rotary = _pass(r.rotary, t * (q + hkv), w) if spec.position_embedding == "rotary" else ()
-    context = _pass(r.context, t * q, w)
+    rotary = (elementwise_pass(r.rotary, t * (q + hkv), w)
+              if spec.position_embedding == "rotary" else ())
+    context = elementwise_pass(r.context, t * q, w)
     if w.attention == "flash":
         io = w.dtype_bytes * t * (2 * q + 2 * hkv)
         return (*rotary, FusedAttention(2.0 * t * s * q, io), *context)
-    repeat = _pass(r.kv_repeat, 2 * t * q, w) if hkv < q else ()
+    repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if hkv < q else ()
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
-    return (*rotary, *repeat, scores, *_pass(r.scores, a * s * t, w), mix, *context)
+    return (*rotary, *repeat, scores, *elementwise_pass(r.scores, a * s * t, w), mix, *context)
 
 
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
@@ -288,7 +291,7 @@ def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload,
     # The recipe prices a gated activation (two inputs, one output): an ungated one moves
     # two elements where a gated one moves three.
     moved = elements * (inputs + 1) / 3
-    return _with_backward(module, _pass(r.activation, moved, w, module.fwd_flops), r)
+    return _with_backward(module, elementwise_pass(r.activation, moved, w, module.fwd_flops), r)
 
 
 def _dropout_mask(name: str, layer: int | None, h: int, w: Workload, r: Recipe) -> Module:
@@ -392,7 +395,7 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     h, names = spec.hidden_size, NAMES[spec.family]
     p = f"layers.{layer}"
     norm_bias = spec.norm == "layer"
-    residual = _pass(r.residual, h * w.tokens, w)
+    residual = elementwise_pass(r.residual, h * w.tokens, w)
     yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
     yield from _attention_projections(spec, p, layer, w, r)
     yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
@@ -455,7 +458,7 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
                   0.0, 0.0, memory.saved_bytes(w.dtype_bytes) * logits,
                   transient_bytes=memory.transient * logits,
                   backward_transient_bytes=memory.backward * logits)
-    yield _with_backward(loss, _pass(r.loss, logits, w, loss.fwd_flops), r)
+    yield _with_backward(loss, elementwise_pass(r.loss, logits, w, loss.fwd_flops), r)
 
 
 def _block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> list[Module]:

@@ -23,8 +23,8 @@ import numpy as np
 
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile, load_profile
-from zerosim.models.breakdown import Elementwise, Recipe
-from zerosim.models.kernels import Gemm, Kernel, MemoryPass
+from zerosim.models.breakdown import Elementwise, Recipe, Workload, elementwise_pass
+from zerosim.models.kernels import Gemm, Kernel
 from zerosim.stacks import load_stack
 from zerosim.validation.gemm_rates import GemmRow
 from zerosim.validation.leastsq import StreamingFit, covariance, fit_rate
@@ -109,17 +109,18 @@ def op_table(name: str) -> OpTable:
     return next(t for t in op_tables() if t.name == name)
 
 
-def _pass(op: Elementwise, elements: float) -> MemoryPass:
-    return MemoryPass(op.bytes_per_element * elements, op.kernels, 0.0,
-                      op.strided_bytes_per_element * elements)
+BF16 = Workload(sequence_length=1)
+"""Every table times 16-bit tensors: its passes are priced as a 16-bit run's."""
 
 
 def forward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
     """The kernels one forward launches, in order."""
     if table.kind == "mlp":
         t, h, f = row.sizes["tokens"], row.sizes["hidden"], row.sizes["ffn"]
-        return (Gemm(t, f, h), Gemm(t, f, h), _pass(table.elementwise, t * f), Gemm(t, h, f))
-    return (_pass(table.elementwise, math.prod(row.sizes[k] for k in table.elements)),)
+        return (Gemm(t, f, h), Gemm(t, f, h), *elementwise_pass(table.elementwise, t * f, BF16),
+                Gemm(t, h, f))
+    return elementwise_pass(table.elementwise,
+                            math.prod(row.sizes[k] for k in table.elements), BF16)
 
 
 def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
