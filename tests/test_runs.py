@@ -4,6 +4,7 @@ read, turned into scenarios and predicted through the same code path as `zerosim
 import csv
 import io
 import json
+import math
 import re
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from zerosim.runs import (
     predict,
     read_runs,
     read_runs_text,
+    run_to_run_sd,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +97,34 @@ def test_repeated_runs_report_how_far_they_scatter():
     assert triple.spread("peak allocated GPU memory") == 0.0
     assert single.spread("backward") is None
     assert {"spread_backward", "spread_peak_host"} <= set(PREDICTION_COLUMNS)
+
+
+def test_one_runs_scatter_is_pooled_over_the_repeated_configurations():
+    """Rows 2, 7, 11 (11.2B DP=1 micro-batch 4: backward 11,024.02, 10,241.10 and 14,065.66
+    ms) and rows 3, 12 (11.2B DP=2: 7,459.76 and 7,031.55 ms): the relative deviations from
+    each mean, squared and summed, over 3 + 2 runs less 2 means; row 1, measured once, adds
+    nothing."""
+    runs = read_runs_text(_rows([1, 2, 3, 7, 11, 12]), "t.csv")
+    triple_mean = (11.02402 + 10.2411 + 14.06566) / 3
+    pair_mean = (7.45976 + 7.03155) / 2
+    squares = (sum((v / triple_mean - 1) ** 2 for v in (11.02402, 10.2411, 14.06566))
+               + sum((v / pair_mean - 1) ** 2 for v in (7.45976, 7.03155)))
+    assert run_to_run_sd(configurations(runs), "backward") == pytest.approx(
+        math.sqrt(squares / 3), rel=1e-12)
+    assert run_to_run_sd(configurations(runs), "peak allocated GPU memory") == 0.0
+    assert run_to_run_sd(configurations(read_runs_text(_rows([1, 2]), "t.csv")),
+                         "backward") is None
+
+
+def test_a_miss_is_set_against_the_tables_own_scatter():
+    """-17.3% for one run of a table whose runs scatter by 7.5%: 2.3 standard errors; the
+    same error for the mean of four runs is twice as many."""
+    from zerosim.validation.validate import measurement_noise_note
+
+    assert measurement_noise_note(-0.173, 0.075, 1).startswith(
+        "2.3 standard errors of a mean of 1 run (one run scatters by 7.5%")
+    assert measurement_noise_note(-0.173, 0.075, 4).startswith(
+        "4.6 standard errors of a mean of 4 runs")
 
 
 def test_the_predict_summary_names_the_widest_scatter():
@@ -257,6 +287,7 @@ def test_cli_json_and_refusals(tmp_path):
     assert ok.exit_code == 0, ok.output
     row, = json.loads(ok.output)["rows"]
     assert row["status"] == "ok" and row["measured_iteration_s"] is None
+    assert json.loads(ok.output)["run_to_run_sd"]["backward"] is None
     unknown = CliRunner().invoke(main, ["predict", str(table), "--hardware", "no-such-node",
                                         "--no-files"])
     assert unknown.exit_code == 2 and "no-such-node" in unknown.output

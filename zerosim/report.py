@@ -481,9 +481,12 @@ def _repeats_text(outcome) -> str:
             parts.append(f"{PREDICTION_HEADINGS[quantity]} {spread:.1%} ({p.scenario_name})")
     if not parts:
         return ""
+    scatter = ", ".join(f"{PREDICTION_HEADINGS[q]} {sd:.1%}" for q in QUANTITIES
+                        if (sd := outcome.run_to_run_sd(q)) is not None)
     return (f"repeats: {_count(len(repeated), 'configuration')} measured more than once; "
             f"their runs differ (largest - smallest, over the mean) by up to "
-            + ", ".join(parts) + ": errors within these are measurement noise")
+            + ", ".join(parts) + ": errors within these are measurement noise; one run "
+            f"scatters about its configuration's mean by (standard deviation, pooled) {scatter}")
 
 
 def _pools_text(pools: CpuPools) -> str:

@@ -524,6 +524,14 @@ class Configuration:
             return None
         return (max(values) - min(values)) / (sum(values) / len(values))
 
+    def deviations(self, quantity: str) -> list[float]:
+        """Each run's `quantity` relative to the runs' mean (empty below two runs)."""
+        values = self.values(quantity)
+        if len(values) < 2:
+            return []
+        mean = sum(values) / len(values)
+        return [value / mean - 1 for value in values]
+
     @property
     def peak_gpu_bytes(self) -> float | None:
         return self.measured(PEAK_ALLOCATED)
@@ -531,6 +539,19 @@ class Configuration:
     @property
     def peak_host_bytes(self) -> float | None:
         return self.measured(PEAK_HOST)
+
+
+def run_to_run_sd(configurations: Iterable[Configuration], quantity: str) -> float | None:
+    """How far one run scatters about its configuration's mean in `quantity`: the relative
+    standard deviation pooled over the configurations measured more than once, each losing one
+    degree of freedom to its own mean (None without such a configuration). A prediction of a
+    configuration of n runs cannot be judged more finely than this over sqrt(n)."""
+    squares, freedom = 0.0, 0
+    for configuration in configurations:
+        deviations = configuration.deviations(quantity)
+        squares += sum(d * d for d in deviations)
+        freedom += max(len(deviations) - 1, 0)
+    return math.sqrt(squares / freedom) if freedom else None
 
 
 def configurations(runs: Iterable[MeasuredRun]) -> list[Configuration]:
@@ -651,6 +672,10 @@ class PredictOutcome:
                    if (spread := p.configuration.spread(quantity)) is not None]
         return max(spreads, key=lambda pair: pair[0]) if spreads else None
 
+    def run_to_run_sd(self, quantity: str) -> float | None:
+        """The table's pooled scatter of one run in `quantity` (`runs.run_to_run_sd`)."""
+        return run_to_run_sd((p.configuration for p in self.predictions), quantity)
+
     def points(self) -> list[tuple[str, float, float, str]]:
         """(time, measured, predicted, DeepSpeed build) of every time a configuration both
         measured and predicted: what `plots.predicted_vs_measured` draws."""
@@ -726,6 +751,12 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
         row[f"error_{column.rpartition('_')[0]}"] = p.rel_error(q)
         row[f"spread_{column.rpartition('_')[0]}"] = p.configuration.spread(q)
     return row
+
+
+def run_to_run_sd_row(outcome: PredictOutcome) -> dict[str, float | None]:
+    """The table's pooled scatter of one run (`PredictOutcome.run_to_run_sd`) per quantity,
+    under the quantity's short name (`forward`, `peak_allocated`)."""
+    return {COLUMN_NAMES[q].rpartition("_")[0]: outcome.run_to_run_sd(q) for q in QUANTITIES}
 
 
 def write_table(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]

@@ -8,9 +8,11 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.runs import MEASURED_PHASES, run_to_run_sd
 from zerosim.stacks import DEFAULT_STACK
 from zerosim.validation.polaris import PROFILE as POLARIS_PROFILE
 from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
+from zerosim.validation.polaris import configurations as polaris_configurations
 from zerosim.validation.reference import Study, load_estimator_tables
 from zerosim.validation.validate import POLARIS_GROUP, Cell, cells_frame
 
@@ -42,6 +44,18 @@ def _fitted_values(profile: HardwareProfile) -> list[str]:
     return lines
 
 
+def polaris_scatter_text() -> str:
+    """How far one Polaris run scatters about its configuration's mean, phase by phase: the
+    finest a cell of one run can be judged."""
+    configurations = polaris_configurations()
+    repeated = sum(len(c.runs) > 1 for c in configurations)
+    scatter = ", ".join(f"{phase} {sd:.1%}" for phase in MEASURED_PHASES
+                        if (sd := run_to_run_sd(configurations, phase)) is not None)
+    return (f"One run scatters about its configuration's mean by (standard deviation pooled "
+            f"over the {repeated} configurations measured more than once) {scatter}: a cell of "
+            "n runs cannot be judged finer than that over sqrt(n).")
+
+
 def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
     estimator_source = load_estimator_tables()[0].source
     judged = [c for c in cells if c.status in ("pass", "fail")]
@@ -58,7 +72,7 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "",
         f"Also: the Polaris runs ({POLARIS_SOURCE}): per optimizer step, forward, backward and "
         "update within 15%, the iteration within 10%, rank 0's peak allocated GPU memory within "
-        "10%; repeated runs averaged.",
+        f"10%; repeated runs averaged. {polaris_scatter_text()}",
         "",
         "Also: GPU-kernel and collective tables. Azure's cuBLASLt GEMMs of an A100 "
         "(`dgx-a100`) and PyTorch's BF16 GEMMs of the replayed transformers on an H100 SXM "

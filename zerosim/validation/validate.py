@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
@@ -539,6 +540,7 @@ def polaris_cells() -> list[Cell]:
     cells = []
     outcome = predict(load_runs(), PROFILE, workers=1, source="Polaris CSV",
                       name_prefix=NAME_PREFIX)
+    scatter = {phase: outcome.run_to_run_sd(phase) for phase in MEASURED_PHASES}
     for prediction in outcome.predictions:
         configuration = prediction.configuration
         note = f"DeepSpeed {configuration.first.build}"
@@ -552,11 +554,13 @@ def polaris_cells() -> list[Cell]:
         for phase in MEASURED_PHASES:
             tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
                          else POLARIS_PHASE_TOLERANCE)
-            cells.append(replace(
-                judge(POLARIS_GROUP, case, f"{phase} per step", "s",
-                      configuration.measured(phase), prediction.predicted[phase], tolerance,
-                      note=note),
-                measure=phase, series=configuration.first.build))
+            cell = judge(POLARIS_GROUP, case, f"{phase} per step", "s",
+                         configuration.measured(phase), prediction.predicted[phase],
+                         tolerance, note=note)
+            if cell.status == "fail" and scatter[phase]:
+                cell = replace(cell, note=note + "; " + measurement_noise_note(
+                    cell.rel_error, scatter[phase], len(configuration.runs)))
+            cells.append(replace(cell, measure=phase, series=configuration.first.build))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GiB",
                            configuration.peak_gpu_bytes / GiB,
                            prediction.predicted[PEAK_ALLOCATED] / GiB,
@@ -566,6 +570,15 @@ def polaris_cells() -> list[Cell]:
                            prediction.predicted[PEAK_HOST] / GiB, None,
                            note=HOST_MEMORY_NOTE))
     return cells + series_cells(outcome.predictions, NAME_PREFIX)
+
+
+def measurement_noise_note(error: float, run_sd: float, runs: int) -> str:
+    """How a miss compares with the table's own scatter: the error in standard errors of a
+    mean of `runs` runs, one run scattering by `run_sd` (pooled over the table's repeats)."""
+    standard_error = run_sd / math.sqrt(runs)
+    return (f"{abs(error) / standard_error:.1f} standard errors of a mean of "
+            f"{runs} run{'s' if runs > 1 else ''} (one run scatters by {run_sd:.1%} about its "
+            "configuration's mean, pooled over the table's repeated configurations)")
 
 
 SERIES_NOTE = ("reported, not judged: the same runs as the cells above, each time split by "
