@@ -127,10 +127,69 @@ def test_eager_attention_is_two_batched_gemms_and_the_stack_s_passes():
                                                          (2048, 128, 2048, 80)]
     scores = 40 * 2048 * 4096  # heads x s x tokens
     passes = [k for k in core.kernels if isinstance(k, MemoryPass)]
-    assert [p.count for p in passes] == [5, 4, 1]  # rotary, scores, context (no GQA repeat)
+    # rotary (Q, then K), scores, context; no GQA repeat
+    assert [p.count for p in passes] == [10, 4, 1]
     assert passes[1].nbytes == 21 * scores
     assert len([k for k in core.backward_kernels if isinstance(k, Gemm)]) == 4
-    assert kernel_count(core.kernels) == 12
+    assert kernel_count(core.kernels) == 17
+
+
+def test_megatron_expands_k_and_v_before_the_rotary_embedding():
+    """Llama-2-70B (64 query heads, 8 K/V heads, head 128) at micro-batch 1, s = 2048, on
+    Megatron-DeepSpeed as the Deep Optimizer States runs ran it (1df5712): Q and the fused K
+    and V are two projections (two modules), K and V are expanded to every head (2.2 B per
+    repeated element), then the rotary embedding acts on Q and the expanded K (24 B per
+    element, 2 x 8192 per token, 20 kernels), before the score product; the causal softmax
+    reads half its scores and writes all (3 B each), and its backward moves 4 B per score,
+    not twice the forward's. With flash attention the same come first and the kernel reads
+    the expanded K and V. HF rotates K's own 8 heads."""
+    spec, t = CATALOG["llama2-70b"], 2048
+    q, scores = 8192, 64 * 2048 * 2048
+    recipe = load_stack("megatron-deepspeed").recipe
+    modules = [m for m in build_modules(spec, Workload(sequence_length=2048), recipe)
+               if m.layer == 0]
+    assert [m.name.rsplit(".", 1)[1] for m in modules if m.kind == "linear"][:2] == [
+        "q_proj", "kv_proj"]
+    core = next(m for m in modules if m.kind == "attention")
+    repeat, rotary, product, softmax = core.kernels[:4]
+    assert repeat.nbytes == pytest.approx(2.2 * 2 * t * q)
+    assert (rotary.nbytes, rotary.strided_nbytes, rotary.count) == (
+        24 * t * 2 * q, 24 * t * 2 * q, 20)
+    assert isinstance(product, Gemm)
+    assert (softmax.nbytes, softmax.backward(2.0).nbytes) == (3 * scores, 4 * scores)
+    assert rotary.backward(2.0).nbytes == 2 * rotary.nbytes
+    flash = next(m for m in build_modules(spec, Workload(sequence_length=2048,
+                                                         attention="flash"), recipe)
+                 if m.kind == "attention")
+    assert flash.kernels[:2] == core.kernels[:2]
+    assert flash.kernels[2].nbytes == 2 * t * 4 * q
+    hf = next(m for m in build_modules(spec, Workload(sequence_length=2048),
+                                       load_stack("hf-transformers").recipe)
+              if m.kind == "attention")
+    assert hf.kernels[0].nbytes == 20 * t * (q + 1024)
+
+
+def test_the_later_megatron_fuses_grouped_qkv_and_copies_q_out():
+    """Megatron-DeepSpeed's dist_nvme_opt (the MLP-Offload runs, their data file's
+    stack_overrides): one fused QKV projection, Q copied out of it (4 B per element of Q,
+    strided), the rotary embedding's 5 kernels a call on cached tables (20 B)."""
+    from zerosim.stacks import apply_stack_overrides, builtin_stack_tree
+    from zerosim.validation.mlp_offload import load_data
+
+    tree = apply_stack_overrides(builtin_stack_tree("megatron-deepspeed"),
+                                 load_data()["stack_overrides"], source="t", key_path="o")
+    recipe = parse_stack(tree, "t").recipe
+    spec, t, q = CATALOG["llama2-70b"], 2048, 8192
+    modules = [m for m in build_modules(spec, Workload(sequence_length=2048), recipe)
+               if m.layer == 0]
+    assert next(m.name.rsplit(".", 1)[1] for m in modules if m.kind == "linear") == "qkv_proj"
+    split, _, rotary = next(m for m in modules if m.kind == "attention").kernels[:3]
+    assert (split.nbytes, split.strided_nbytes, split.count) == (4 * t * q, 4 * t * q, 1)
+    assert (rotary.nbytes, rotary.count) == (20 * t * 2 * q, 10)
+    # Llama-2-13B has no grouped heads: Q is a view, the rotary embedding comes first
+    mha = next(m for m in build_modules(LLAMA13, Workload(sequence_length=2048), recipe)
+               if m.kind == "attention")
+    assert (mha.kernels[0].nbytes, mha.kernels[0].count) == (20 * t * 2 * 5120, 10)
 
 
 @pytest.mark.parametrize(("stack", "saved", "forward", "backward", "buffer"), [
@@ -208,30 +267,42 @@ def test_stacks_ship_and_the_default_is_the_study_s():
     assert stack.on_core(1e-3, 1.5e9) == pytest.approx(2e-3)
 
 
-def test_bad_stacks_are_clear_errors():
+BACKWARD_TOO_STRIDED = {"kernels": 1, "bytes_per_element": 3, "backward_bytes_per_element": 4,
+                        "backward_strided_bytes_per_element": 5, "source": "x"}
+STRIDED_WITHOUT_BACKWARD_STRIDED = {"kernels": 1, "bytes_per_element": 3,
+                                    "strided_bytes_per_element": 1,
+                                    "backward_bytes_per_element": 4, "source": "x"}
+BACKWARD_STRIDED_ALONE = {"kernels": 1, "bytes_per_element": 3,
+                          "backward_strided_bytes_per_element": 0, "source": "x"}
+
+
+@pytest.mark.parametrize(("section", "key", "value", "expected"), [
+    ("modules", "qkv", "merged", r"modules\.qkv: expected one of fused, separate"),
+    ("modules", "output_weight", "tied", r"modules\.output_weight: expected one of module, ext"),
+    ("modules", "lm_head", "external", r"modules\.lm_head: expected qkv, gate_up, grouped_q"),
+    ("modules", "grouped_qkv", {"value": "kv_q", "source": "x"},
+     r"modules\.grouped_qkv\.value: expected as_qkv or fused or q_kv or separate, got 'kv_q'"),
+    ("modules", "kv_repeat", "before_rotary",
+     r"modules\.kv_repeat: expected \{value: in_attention"),
+    ("kernels", "scores", BACKWARD_TOO_STRIDED,
+     r"kernels\.scores\.backward_strided_bytes_per_element: expected a number in \[0, "
+     r"backward_bytes_per_element = 4\], got 5"),
+    ("kernels", "scores", STRIDED_WITHOUT_BACKWARD_STRIDED,
+     r"kernels\.scores\.backward_strided_bytes_per_element: expected given, as the forward "
+     r"moves strided"),
+    ("kernels", "scores", BACKWARD_STRIDED_ALONE,
+     r"kernels\.scores\.backward_bytes_per_element: expected given with backward_strided"),
+    ("kernels", "softmax", {"kernels": 1, "bytes_per_element": 4, "source": "x"},
+     r"kernels\.softmax"),
+    ("attention_memory", "scratch", {"value": 2, "basis": "assumed", "source": "x"},
+     r"attention_memory\.scratch: expected one of saved"),
+    ("host", "fetch_hook_us", {"value": float("inf"), "basis": "fitted", "source": "x"},
+     r"host\.fetch_hook_us\.value: expected a finite"),
+])
+def test_bad_stacks_are_clear_errors(section, key, value, expected):
     tree = toy_stack()
-    tree["modules"]["qkv"] = "merged"
-    with pytest.raises(ScenarioError, match=r"modules\.qkv: expected one of fused, separate"):
-        parse_stack(tree, "s.yaml")
-    tree = toy_stack()
-    tree["modules"]["output_weight"] = "tied"
-    with pytest.raises(ScenarioError, match=r"modules\.output_weight: expected one of module, ext"):
-        parse_stack(tree, "s.yaml")
-    tree = toy_stack()
-    tree["modules"]["lm_head"] = "external"
-    with pytest.raises(ScenarioError, match=r"modules\.lm_head: expected qkv, gate_up, output_w"):
-        parse_stack(tree, "s.yaml")
-    tree = toy_stack()
-    tree["kernels"]["softmax"] = tree["kernels"]["scores"]
-    with pytest.raises(ScenarioError, match=r"kernels\.softmax"):
-        parse_stack(tree, "s.yaml")
-    tree = toy_stack()
-    tree["attention_memory"] = {"scratch": {"value": 2, "basis": "assumed", "source": "x"}}
-    with pytest.raises(ScenarioError, match=r"attention_memory\.scratch: expected one of saved"):
-        parse_stack(tree, "s.yaml")
-    tree = toy_stack()
-    tree["host"]["fetch_hook_us"]["value"] = float("inf")
-    with pytest.raises(ScenarioError, match=r"host\.fetch_hook_us\.value: expected a finite"):
+    tree.setdefault(section, {})[key] = value
+    with pytest.raises(ScenarioError, match=expected):
         parse_stack(tree, "s.yaml")
 
 
@@ -283,7 +354,7 @@ def test_the_stacks_say_whether_gathers_and_reductions_share_one_process_group()
             ({"params_and_gradients": {"value": "both", "source": "x"}},
              r"params_and_gradients\.value: expected separate or same, got 'both'"),
             ({"params_and_gradients": "same"},
-             r"process_groups\.params_and_gradients: expected \{value: same or separate"),
+             r"process_groups\.params_and_gradients: expected \{value: separate or same"),
             ({"grads": {"value": "same", "source": "x"}},
              r"process_groups: expected \{params_and_gradients: ")):
         tree = toy_stack()

@@ -57,11 +57,15 @@ class Workload:
 class Elementwise:
     """Memory-bound kernels a stack launches for one op: how many, and the forward HBM bytes
     per element of the tensor they act on (for 16-bit activations), of which
-    `strided_bytes_per_element` by kernels on strided or broadcast views (see `MemoryPass`)."""
+    `strided_bytes_per_element` by kernels on strided or broadcast views (see `MemoryPass`).
+    `backward_bytes_per_element` (and its strided part), where the op's backward is read off
+    its code; None: the recipe's `backward_bytes_factor` times the forward's."""
 
     kernels: int = 0
     bytes_per_element: float = 0.0
     strided_bytes_per_element: float = 0.0
+    backward_bytes_per_element: float | None = None
+    backward_strided_bytes_per_element: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,12 +113,23 @@ class Recipe:
     `syncs_before_mlp`: host-blocking synchronisations a block's forward makes between its
     attention and its MLP (Megatron-DeepSpeed creates two scalars on the GPU there, each a
     blocking copy), so the host waits for the attention to finish before it calls the MLP.
-    Elementwise ops, each per element of: `norm` its input; `rotary` Q and K; `kv_repeat` the
-    repeated K and V (grouped-query attention, eager only); `scores` the attention scores
-    (eager only, besides the two batched GEMMs); `context` the attention output (the layout copy
-    before the output projection); `activation` the MLP's intermediate; `residual` the hidden
-    state (twice per block); `loss` the logits. A memory-bound kernel's backward moves
-    `backward_bytes_factor` times its forward bytes in as many kernels. `score_memory` is what
+    `grouped_qkv`: how a model with grouped-query attention has its Q, K and V projections
+    cut where the stack cuts them otherwise than `fused_qkv` says (`QKV_LAYOUTS`; None: as
+    `fused_qkv` says): Megatron-DeepSpeed as the Deep Optimizer States study ran it (early
+    2024) made Q one projection and K and V another.
+    `kv_repeat_before_rotary`: grouped-query attention's K and V are expanded to every head
+    right after the QKV split, whatever the attention kernel, and the rotary embedding acts on
+    the expanded K (Megatron-DeepSpeed); otherwise they are expanded inside eager attention,
+    after the rotary embedding (transformers).
+    Elementwise ops, each per element of: `norm` its input; `query_split` Q (the copy out of
+    the fused QKV output, grouped-query attention in the fused layout only); `rotary` Q and K
+    (or the expanded K); `kv_repeat` the repeated K and V (grouped-query attention); `scores`
+    the attention scores (eager only, besides the two batched GEMMs); `context` the attention
+    output (the layout copy before the output projection); `activation` the MLP's
+    intermediate; `residual` the hidden state (twice per block); `loss` the logits. A
+    memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
+    reads it off the code, else
+    `backward_bytes_factor` times its forward bytes, in as many kernels. `score_memory` is what
     eager attention keeps per score, `loss_memory` what the loss keeps per logit.
 
     The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
@@ -124,7 +139,10 @@ class Recipe:
     fused_gate_up: bool = False
     external_output_weight: bool = False
     syncs_before_mlp: int = 0
+    grouped_qkv: str | None = None
+    kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
+    query_split: Elementwise = Elementwise()
     rotary: Elementwise = Elementwise()
     kv_repeat: Elementwise = Elementwise()
     scores: Elementwise = Elementwise()
@@ -135,6 +153,19 @@ class Recipe:
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
     loss_memory: LossMemory = LossMemory()
+
+
+QKV_LAYOUTS = ("fused", "q_kv", "separate")
+"""How Q, K and V are projected: one projection, Q apart from a fused K and V, or three."""
+
+
+def qkv_layout(spec: ModelSpec, r: Recipe) -> str:
+    """The model's Q/K/V projections under the stack (`QKV_LAYOUTS`): the stack's grouped
+    layout for grouped-query attention where it has one, else fused where the stack or the
+    model's own code fuses them (Megatron's `query_key_value`, GPT-2's `c_attn`)."""
+    if spec.kv_hidden_size < spec.q_size and r.grouped_qkv is not None:
+        return r.grouped_qkv
+    return "fused" if r.fused_qkv or spec.fused_qkv else "separate"
 
 
 STRIDED_DTYPE_BYTES = 2
@@ -152,8 +183,13 @@ def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float
     if op.kernels == 0:
         return ()
     scale = w.dtype_bytes / 2 * elements
-    strided = op.strided_bytes_per_element if w.dtype_bytes == STRIDED_DTYPE_BYTES else 0.0
-    return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale),)
+    sixteen_bit = w.dtype_bytes == STRIDED_DTYPE_BYTES
+    strided = op.strided_bytes_per_element if sixteen_bit else 0.0
+    if op.backward_bytes_per_element is None:
+        return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale),)
+    backward_strided = op.backward_strided_bytes_per_element if sixteen_bit else 0.0
+    return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale,
+                       op.backward_bytes_per_element * scale, backward_strided * scale),)
 
 
 @dataclass(frozen=True)
@@ -197,8 +233,8 @@ class Module:
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
     """Attach forward kernels and derive the backward's: two GEMMs per linear GEMM, four
-    batched GEMMs for eager attention's two, 2.5x a fused attention kernel's FLOPs, and
-    `backward_bytes_factor` x each memory-bound pass."""
+    batched GEMMs for eager attention's two, 2.5x a fused attention kernel's FLOPs, and each
+    memory-bound pass's backward (`MemoryPass.backward`)."""
     backward: list[Kernel] = []
     for kernel in kernels:
         if isinstance(kernel, Gemm):
@@ -207,7 +243,7 @@ def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Mo
             backward.append(FusedAttention(FLASH_BACKWARD_FLOPS_FACTOR * kernel.flops,
                                            2 * kernel.nbytes))
         else:
-            backward.append(kernel.scaled(r.backward_bytes_factor))
+            backward.append(kernel.backward(r.backward_bytes_factor))
     traffic = sum(k.nbytes for k in kernels)
     return replace(module, kernels=kernels, backward_kernels=tuple(backward),
                    fwd_hbm_bytes=traffic)
@@ -240,19 +276,31 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
 
 
 def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
+    """The attention core's kernels in issue order. With grouped-query attention, a stack
+    that expands K and V before the rotary embedding (`Recipe.kv_repeat_before_rotary`)
+    copies Q out of the fused QKV output and expands K and V whatever the attention kernel,
+    and its rotary embedding then acts on the expanded K; otherwise only eager attention
+    expands them, after the rotary embedding."""
     q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
-    rotary = (elementwise_pass(r.rotary, t * (q + hkv), w)
+    grouped = hkv < q
+    early = grouped and r.kv_repeat_before_rotary
+    split = (elementwise_pass(r.query_split, t * q, w)
+             if grouped and qkv_layout(spec, r) == "fused" else ())
+    early_repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if early else ()
+    key_width = q if early else hkv
+    rotary = (elementwise_pass(r.rotary, t * (q + key_width), w)
               if spec.position_embedding == "rotary" else ())
+    before = (*split, *early_repeat, *rotary)
     context = elementwise_pass(r.context, t * q, w)
     if w.attention == "flash":
-        io = w.dtype_bytes * t * (2 * q + 2 * hkv)
-        return (*rotary, FusedAttention(2.0 * t * s * q, io), *context)
-    repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if hkv < q else ()
+        io = w.dtype_bytes * t * (2 * q + 2 * key_width)
+        return (*before, FusedAttention(2.0 * t * s * q, io), *context)
+    repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if grouped and not early else ()
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
-    return (*rotary, *repeat, scores, *elementwise_pass(r.scores, a * s * t, w), mix, *context)
+    return (*before, *repeat, scores, *elementwise_pass(r.scores, a * s * t, w), mix, *context)
 
 
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
@@ -317,14 +365,17 @@ NAMES = {"llama": _Names("input_layernorm", "post_attention_layernorm", "self_at
 
 def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload,
                            r: Recipe) -> Iterator[Module]:
-    """Q, K and V as three projections, or one where the stack or the model's own code fuses
-    them (Megatron's `query_key_value`, GPT-2's `c_attn`)."""
+    """Q, K and V as one projection, as Q and a fused K and V, or as three (`qkv_layout`)."""
     h, q, hkv, bias = spec.hidden_size, spec.q_size, spec.kv_hidden_size, spec.qkv_bias
     attention = f"{p}.{NAMES[spec.family].attention}"
-    if r.fused_qkv or spec.fused_qkv:
+    layout = qkv_layout(spec, r)
+    if layout == "fused":
         yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r)
         return
     yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r)
+    if layout == "q_kv":
+        yield _linear(f"{attention}.kv_proj", layer, h, 2 * hkv, bias, w, False, r)
+        return
     yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r)
     yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r)
 

@@ -50,10 +50,20 @@ class MemoryPass:
     count: int = 1
     flops: float = 0.0
     strided_nbytes: float = 0.0
+    backward_nbytes: float | None = None
+    """What the kernels' backward moves, where it is read off their code (None: a factor of
+    the forward's bytes, `backward`)."""
+    backward_strided_nbytes: float = 0.0
 
-    def scaled(self, factor: float) -> MemoryPass:
-        return MemoryPass(self.nbytes * factor, self.count, self.flops * factor,
-                          self.strided_nbytes * factor)
+    def backward(self, factor: float) -> MemoryPass:
+        """The kernels' backward, as many kernels: the bytes read off their code where known,
+        else `factor` times the forward's bytes (and arithmetic)."""
+        if self.backward_nbytes is None:
+            return MemoryPass(self.nbytes * factor, self.count, self.flops * factor,
+                              self.strided_nbytes * factor)
+        ratio = self.backward_nbytes / self.nbytes if self.nbytes else 0.0
+        return MemoryPass(self.backward_nbytes, self.count, self.flops * ratio,
+                          self.backward_strided_nbytes)
 
 
 @dataclass(frozen=True)

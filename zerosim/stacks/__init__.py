@@ -21,7 +21,7 @@ from typing import Any
 from zerosim.errors import ScenarioError
 from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
-from zerosim.models.breakdown import Elementwise, LossMemory, Recipe, ScoreMemory
+from zerosim.models.breakdown import QKV_LAYOUTS, Elementwise, LossMemory, Recipe, ScoreMemory
 from zerosim.units import MS, US, GiB, MiB
 from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
 
@@ -43,8 +43,22 @@ WORKERS_KEY = "processes.dataloader_workers"
 """The optional count of worker processes each rank's data loader forks once the model and the
 optimizer are built (`SoftwareStack.dataloader_workers`), as `{count: N, source: '...'}` (0
 when absent)."""
-KERNEL_OPS = ("norm", "rotary", "kv_repeat", "scores", "context", "activation", "residual",
-              "loss")
+GROUPED_QKV_KEY = "modules.grouped_qkv"
+GROUPED_QKV_CHOICES = ("as_qkv", *QKV_LAYOUTS)
+"""How a model with grouped-query attention has its Q, K and V projections cut, as `{value:
+..., source: '...'}` (`as_qkv`, the default: as `modules.qkv` says; `fused`, `q_kv`: Q apart,
+K and V in one projection; `separate`; `Recipe.grouped_qkv`)."""
+KV_REPEAT_KEY = "modules.kv_repeat"
+KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
+"""Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
+source: '...'}` (`in_attention`, the default: inside eager attention, after the rotary
+embedding, as transformers does; `before_rotary`: right after the QKV split, whatever the
+attention kernel, so the rotary embedding acts on the expanded K, as Megatron-DeepSpeed does;
+`Recipe.kv_repeat_before_rotary`)."""
+KERNEL_OPS = ("norm", "query_split", "rotary", "kv_repeat", "scores", "context", "activation",
+              "residual", "loss")
+OPTIONAL_KERNEL_OPS = ("query_split",)
+"""Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
 """Whether ZeRO-3's parameter all-gathers and its gradient reductions run on one process group
@@ -62,6 +76,11 @@ elementwise backward's traffic factor); the rest are read off the framework's co
 STRIDED_KEY = "strided_bytes_per_element"
 """The optional key of a `kernels` entry: its bytes moved by kernels on strided or broadcast
 views, which stream at the GPU's `gpu.strided_memory_efficiency`."""
+BACKWARD_KEY = "backward_bytes_per_element"
+BACKWARD_STRIDED_KEY = "backward_strided_bytes_per_element"
+"""The optional keys of a `kernels` entry whose backward is read off its code: the bytes its
+backward moves per element, and of those the strided ones (required when the forward has
+strided bytes); without them the backward moves `backward_bytes_factor` times the forward's."""
 HEAP_REUSE_KEY = "allocator.heap_reuse_MiB"
 """The optional allocator key: host temporaries up to this size reuse heap pages."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
@@ -116,6 +135,8 @@ class SoftwareStack:
                 "gate_up": fused if r.fused_gate_up else separate,
                 "output_weight": OUTPUT_WEIGHTS[r.external_output_weight],
                 "syncs_before_mlp": r.syncs_before_mlp,
+                "grouped_qkv": r.grouped_qkv or GROUPED_QKV_CHOICES[0],
+                "kv_repeat": KV_REPEAT_CHOICES[r.kv_repeat_before_rotary],
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "dataloader_workers": self.dataloader_workers}
 
@@ -135,25 +156,51 @@ def _non_negative(prov: Provenance, source: str, key: str, *, positive: bool = F
     return float(value)
 
 
+def _bytes(raw: Mapping[str, Any], key: str, field_name: str, source: str,
+           most: tuple[float, str] | None = None) -> float:
+    """A `kernels` entry's bytes per element: in [0, 1000), and at most `most` (the value
+    and its name) where another of the entry's bytes bounds it."""
+    value = raw[field_name]
+    highest = 1e3 if most is None else most[0]
+    expected = ("a number in [0, 1000)" if most is None
+                else f"a number in [0, {most[1]} = {most[0]:g}]")
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not 0 <= value < 1e3 or value > highest):
+        raise ScenarioError(source, f"{key}.{field_name}", expected, value)
+    return float(value)
+
+
 def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     key = f"kernels.{op}"
     raw = dotted_leaf(tree, key)
+    if raw is None and op in OPTIONAL_KERNEL_OPS:
+        return Elementwise()
     required = {"kernels", "bytes_per_element", "source"}
-    if not isinstance(raw, Mapping) or not required <= set(raw) <= {*required, STRIDED_KEY}:
+    optional = {STRIDED_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY}
+    if not isinstance(raw, Mapping) or not required <= set(raw) <= required | optional:
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
-                            f"[{STRIDED_KEY}: S,] source: '...'}}", raw)
-    count, nbytes = raw["kernels"], raw["bytes_per_element"]
+                            f"[{STRIDED_KEY}: S, {BACKWARD_KEY}: BB, "
+                            f"{BACKWARD_STRIDED_KEY}: BS,] source: '...'}}", raw)
+    count = raw["kernels"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)
     check_plausible("stack.kernels.*.kernels", count, source=source, key_path=f"{key}.kernels")
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int | float) or not 0 <= nbytes < 1e3:
-        raise ScenarioError(source, f"{key}.bytes_per_element", "a number in [0, 1000)", nbytes)
-    strided = raw.get(STRIDED_KEY, 0)
-    if (isinstance(strided, bool) or not isinstance(strided, int | float)
-            or not 0 <= strided <= nbytes):
-        raise ScenarioError(source, f"{key}.{STRIDED_KEY}",
-                            f"a number in [0, bytes_per_element = {nbytes}]", strided)
-    return Elementwise(count, float(nbytes), float(strided))
+    nbytes = _bytes(raw, key, "bytes_per_element", source)
+    strided = (_bytes(raw, key, STRIDED_KEY, source, (nbytes, "bytes_per_element"))
+               if STRIDED_KEY in raw else 0.0)
+    if BACKWARD_KEY not in raw:
+        if BACKWARD_STRIDED_KEY in raw:
+            raise ScenarioError(source, f"{key}.{BACKWARD_KEY}",
+                                f"given with {BACKWARD_STRIDED_KEY}", "absent")
+        return Elementwise(count, nbytes, strided)
+    backward = _bytes(raw, key, BACKWARD_KEY, source)
+    if strided and BACKWARD_STRIDED_KEY not in raw:
+        raise ScenarioError(source, f"{key}.{BACKWARD_STRIDED_KEY}",
+                            f"given, as the forward moves {STRIDED_KEY}", "absent")
+    backward_strided = (_bytes(raw, key, BACKWARD_STRIDED_KEY, source,
+                               (backward, BACKWARD_KEY))
+                        if BACKWARD_STRIDED_KEY in raw else 0.0)
+    return Elementwise(count, nbytes, strided, backward, backward_strided)
 
 
 def _memory_section(tree: Mapping[str, Any], section: str, keys: tuple[str, ...], source: str,
@@ -202,11 +249,12 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if output_weight not in OUTPUT_WEIGHTS:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
-    extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.")
-                                              for k in (*LAYOUTS, OUTPUT_WEIGHT_KEY, SYNCS_KEY)}
+    module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY)
+    extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
-                            "qkv, gate_up, output_weight or syncs_before_mlp", sorted(extra)[0])
+                            ", ".join(k.removeprefix("modules.") for k in module_keys),
+                            sorted(extra)[0])
     provenance: dict[str, Provenance] = {}
     factor_key = "kernels.backward_bytes_factor"
     factor = parse_provenance(dotted_leaf(tree, factor_key), source, factor_key, table="stack")
@@ -214,6 +262,9 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     recipe = Recipe(fused_qkv=layout["modules.qkv"], fused_gate_up=layout["modules.gate_up"],
                     external_output_weight=output_weight == "external",
                     syncs_before_mlp=_count_leaf(tree, SYNCS_KEY, 16, source),
+                    grouped_qkv=_grouped_qkv(tree, source),
+                    kv_repeat_before_rotary=_choice_leaf(
+                        tree, KV_REPEAT_KEY, KV_REPEAT_CHOICES, source) == "before_rotary",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=ScoreMemory(**_memory_section(
@@ -246,6 +297,28 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                          **times)
 
 
+def _choice_leaf(tree: Mapping[str, Any], key: str, choices: tuple[str, ...],
+                 source: str) -> str:
+    """An optional `{value: CHOICE, source: '...'}` leaf (a scenario's override adds
+    `basis: override`): its value, one of `choices` (the first when the leaf is absent)."""
+    raw = dotted_leaf(tree, key)
+    if raw is None:
+        return choices[0]
+    expected = " or ".join(choices)
+    if not isinstance(raw, Mapping) or not {"value", "source"} <= set(raw) <= {
+            "value", "basis", "source"}:
+        raise ScenarioError(source, key, f"{{value: {expected}, source: '...'}}", raw)
+    if raw["value"] not in choices:
+        raise ScenarioError(source, f"{key}.value", expected, raw["value"])
+    return raw["value"]
+
+
+def _grouped_qkv(tree: Mapping[str, Any], source: str) -> str | None:
+    """`modules.grouped_qkv` as `Recipe.grouped_qkv` (None: as `modules.qkv` says)."""
+    choice = _choice_leaf(tree, GROUPED_QKV_KEY, GROUPED_QKV_CHOICES, source)
+    return None if choice == GROUPED_QKV_CHOICES[0] else choice
+
+
 def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
     """The optional `process_groups` section (see `GROUPS_KEY`): True for `same`."""
     section = tree.get("process_groups")
@@ -255,13 +328,7 @@ def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
         raise ScenarioError(source, "process_groups",
                             "{params_and_gradients: {value: same or separate, source: '...'}}",
                             section)
-    raw = section["params_and_gradients"]
-    if not isinstance(raw, Mapping) or set(raw) != {"value", "source"}:
-        raise ScenarioError(source, GROUPS_KEY, "{value: same or separate, source: '...'}", raw)
-    if raw["value"] not in GROUP_CHOICES:
-        raise ScenarioError(source, f"{GROUPS_KEY}.value", " or ".join(GROUP_CHOICES),
-                            raw["value"])
-    return raw["value"] == "same"
+    return _choice_leaf(tree, GROUPS_KEY, GROUP_CHOICES, source) == "same"
 
 
 def _count_leaf(tree: Mapping[str, Any], key: str, most: int, source: str) -> int:

@@ -10,6 +10,7 @@ bound to their socket. Each is replayed on `h100-jlse` as a Polaris run is on `p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -60,6 +61,9 @@ class NvmeRun:
     log: str
     hardware: str
     """The profile it is replayed on (the data file's `hardware`)."""
+    stack_overrides: Mapping[str, Any]
+    """The stack keys the framework's revision these runs ran changes (the data file's
+    `stack_overrides`: Megatron-DeepSpeed's dist_nvme_opt branch)."""
 
     def scenario(self) -> dict[str, Any]:
         tree = self.run.scenario(self.hardware, profile=load_profile(self.hardware),
@@ -69,6 +73,8 @@ class NvmeRun:
         zero["offload_optimizer"] = {**NVME_OFFLOAD, "buffer_count": self.buffer_count}
         zero.update(ZERO_SET_UP)
         tree["deepspeed"]["aio"] = dict(AIO)
+        tree["runtime"]["framework"] = {"stack": tree["runtime"]["framework"],
+                                        "overrides": dict(self.stack_overrides)}
         return tree
 
 
@@ -108,7 +114,7 @@ def load_runs() -> list[NvmeRun]:
             forward_peak_bytes=r["rank0_forward_Max_MA_GiB"] * GiB,
             node_host_bytes=r["node_host_in_use_GiB"] * GiB,
             log=r["log"],
-            hardware=data["hardware"]))
+            hardware=data["hardware"], stack_overrides=data["stack_overrides"]))
     return runs
 
 

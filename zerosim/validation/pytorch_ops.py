@@ -127,7 +127,7 @@ def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
     """The kernels the timed call launches: its forward's, then its backward's where the
     table times both (each elementwise pass scaled by the backward's traffic factor)."""
     forward = forward_kernels(table, row)
-    return tuple(kernel.scaled(table.backward_bytes_factor) if backward else kernel
+    return tuple(kernel.backward(table.backward_bytes_factor) if backward else kernel
                  for backward in PASSES[table.timed] for kernel in forward)
 
 
