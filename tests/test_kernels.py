@@ -134,6 +134,36 @@ def test_eager_attention_is_two_batched_gemms_and_the_stack_s_passes():
     assert kernel_count(core.kernels) == 17
 
 
+def test_hf_softmax_in_bfloat16_casts_apart_and_its_backward_is_read_off_autograd():
+    """transformers' eager scores (s = 2048, micro-batch 2, 40 heads): float16 fuses
+    softmax's up-cast (4 kernels, 21 B per score forward, 20 B backward), bfloat16 casts
+    first and runs softmax on float32 (5 kernels, 29 B forward, 28 B backward); the mask
+    add's strided bytes are forward only."""
+    recipe = load_stack("hf-transformers").recipe
+    scores = 40 * 2048 * 4096
+    for bfloat16, count, forward, backward in ((False, 4, 21, 20), (True, 5, 29, 28)):
+        w = Workload(sequence_length=2048, micro_batch_size=2, bfloat16=bfloat16)
+        core = next(m for m in build_modules(LLAMA13, w, recipe) if m.kind == "attention")
+        softmax = [k for k in core.kernels if isinstance(k, MemoryPass)][1]
+        assert (softmax.count, softmax.nbytes, softmax.strided_nbytes) == (
+            count, forward * scores, 5 * scores)
+        assert softmax.backward(2.0) == MemoryPass(backward * scores, count,
+                                                   softmax.flops * backward / forward, 0.0)
+
+
+def test_a_bf16_variant_is_checked_like_its_entry():
+    tree = toy_stack()
+    tree["kernels"]["scores"] = {"kernels": 1, "bytes_per_element": 4, "source": "x",
+                                 "bf16": {"kernels": 2, "bytes_per_element": -1, "source": "y"}}
+    with pytest.raises(ScenarioError, match=r"kernels\.scores\.bf16\.bytes_per_element: "
+                                            r"expected a number in \[0, 1000\)"):
+        parse_stack(tree, "s.yaml")
+    tree["kernels"]["scores"]["bf16"] = {"kernels": 2, "bytes_per_element": 6, "source": "y",
+                                         "bf16": {}}
+    with pytest.raises(ScenarioError, match=r"kernels\.scores\.bf16: expected \{kernels"):
+        parse_stack(tree, "s.yaml")
+
+
 def test_megatron_expands_k_and_v_before_the_rotary_embedding():
     """Llama-2-70B (64 query heads, 8 K/V heads, head 128) at micro-batch 1, s = 2048, on
     Megatron-DeepSpeed as the Deep Optimizer States runs ran it (1df5712): Q and the fused K

@@ -259,6 +259,7 @@ def workload_of(scenario: Scenario) -> Workload:
         attention=scenario.attention,
         activation_checkpointing=scenario.activation_checkpointing,
         dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
+        bfloat16=scenario.deepspeed.dtype == "bf16",
     )
 
 

@@ -47,6 +47,9 @@ class Workload:
     attention: Attention = "eager"
     activation_checkpointing: bool = False
     dtype_bytes: int = 2
+    bfloat16: bool = False
+    """16-bit activations in bfloat16 (PyTorch runs some ops differently than in float16: it
+    fuses softmax's up-cast for float16 only)."""
 
     @property
     def tokens(self) -> int:
@@ -59,13 +62,15 @@ class Elementwise:
     per element of the tensor they act on (for 16-bit activations), of which
     `strided_bytes_per_element` by kernels on strided or broadcast views (see `MemoryPass`).
     `backward_bytes_per_element` (and its strided part), where the op's backward is read off
-    its code; None: the recipe's `backward_bytes_factor` times the forward's."""
+    its code; None: the recipe's `backward_bytes_factor` times the forward's. `bf16`: the
+    op's kernels in bfloat16 runs, where they differ (None: the same)."""
 
     kernels: int = 0
     bytes_per_element: float = 0.0
     strided_bytes_per_element: float = 0.0
     backward_bytes_per_element: float | None = None
     backward_strided_bytes_per_element: float = 0.0
+    bf16: Elementwise | None = None
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,10 @@ priced as contiguous."""
 def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
                      ) -> tuple[MemoryPass, ...]:
     """A stack's op over `elements` elements as the kernels it launches (none if it launches
-    none): its bytes at the workload's element size, the strided ones only in 16-bit runs."""
+    none; its `bf16` variant in bfloat16 runs): its bytes at the workload's element size, the
+    strided ones only in 16-bit runs."""
+    if w.bfloat16 and op.bf16 is not None:
+        op = op.bf16
     if op.kernels == 0:
         return ()
     scale = w.dtype_bytes / 2 * elements

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,9 @@ elementwise backward's traffic factor); the rest are read off the framework's co
 STRIDED_KEY = "strided_bytes_per_element"
 """The optional key of a `kernels` entry: its bytes moved by kernels on strided or broadcast
 views, which stream at the GPU's `gpu.strided_memory_efficiency`."""
+BF16_KEY = "bf16"
+"""The optional key of a `kernels` entry: the op's kernels and bytes in bfloat16 runs, where
+they differ from float16's (an entry of the same keys, `Elementwise.bf16`)."""
 BACKWARD_KEY = "backward_bytes_per_element"
 BACKWARD_STRIDED_KEY = "backward_strided_bytes_per_element"
 """The optional keys of a `kernels` entry whose backward is read off its code: the bytes its
@@ -175,12 +178,21 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     raw = dotted_leaf(tree, key)
     if raw is None and op in OPTIONAL_KERNEL_OPS:
         return Elementwise()
+    entry = _kernel_entry(raw, key, source, (BF16_KEY,))
+    if BF16_KEY not in raw:
+        return entry
+    return replace(entry, bf16=_kernel_entry(raw[BF16_KEY], f"{key}.{BF16_KEY}", source, ()))
+
+
+def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> Elementwise:
+    """One `kernels` entry (or its `bf16` variant): counts and bytes, checked."""
     required = {"kernels", "bytes_per_element", "source"}
-    optional = {STRIDED_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY}
+    optional = {STRIDED_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY, *nested}
     if not isinstance(raw, Mapping) or not required <= set(raw) <= required | optional:
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
                             f"[{STRIDED_KEY}: S, {BACKWARD_KEY}: BB, "
-                            f"{BACKWARD_STRIDED_KEY}: BS,] source: '...'}}", raw)
+                            f"{BACKWARD_STRIDED_KEY}: BS,"
+                            f"{' bf16: {...},' if nested else ''}] source: '...'}}", raw)
     count = raw["kernels"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)

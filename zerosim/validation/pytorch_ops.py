@@ -109,7 +109,7 @@ def op_table(name: str) -> OpTable:
     return next(t for t in op_tables() if t.name == name)
 
 
-BF16 = Workload(sequence_length=1)
+BF16 = Workload(sequence_length=1, bfloat16=True)
 """Every table times 16-bit tensors: its passes are priced as a 16-bit run's."""
 
 
