@@ -133,9 +133,9 @@ class Recipe:
     output (the layout copy before the output projection); `activation` the MLP's
     intermediate; `residual` the hidden state (twice per block); `loss` the logits. A
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
-    reads it off the code, else
-    `backward_bytes_factor` times its forward bytes, in as many kernels. `score_memory` is what
-    eager attention keeps per score, `loss_memory` what the loss keeps per logit.
+    reads it off the code, else `backward_bytes_factor` times its forward bytes, in as many
+    kernels. `score_memory` is what eager attention keeps per score, `loss_memory` what the
+    loss keeps per logit.
 
     The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
     """
@@ -193,11 +193,11 @@ def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float
     scale = w.dtype_bytes / 2 * elements
     sixteen_bit = w.dtype_bytes == STRIDED_DTYPE_BYTES
     strided = op.strided_bytes_per_element if sixteen_bit else 0.0
-    if op.backward_bytes_per_element is None:
-        return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale),)
     backward_strided = op.backward_strided_bytes_per_element if sixteen_bit else 0.0
+    backward = (None if op.backward_bytes_per_element is None
+                else op.backward_bytes_per_element * scale)
     return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale,
-                       op.backward_bytes_per_element * scale, backward_strided * scale),)
+                       backward, backward_strided * scale),)
 
 
 @dataclass(frozen=True)
@@ -284,11 +284,11 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
 
 
 def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
-    """The attention core's kernels in issue order. With grouped-query attention, a stack
-    that expands K and V before the rotary embedding (`Recipe.kv_repeat_before_rotary`)
-    copies Q out of the fused QKV output and expands K and V whatever the attention kernel,
-    and its rotary embedding then acts on the expanded K; otherwise only eager attention
-    expands them, after the rotary embedding."""
+    """The attention core's kernels in issue order. With grouped-query attention, Q is
+    copied out of a fused QKV output (`query_split`), and a stack that expands K and V before
+    the rotary embedding (`Recipe.kv_repeat_before_rotary`) does so whatever the attention
+    kernel, its rotary embedding then acting on the expanded K; otherwise only eager
+    attention expands them, after the rotary embedding."""
     q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
