@@ -222,17 +222,21 @@ def test_the_later_megatron_fuses_grouped_qkv_and_copies_q_out():
     assert (mha.kernels[0].nbytes, mha.kernels[0].count) == (20 * t * 2 * 5120, 10)
 
 
-@pytest.mark.parametrize(("stack", "saved", "forward", "backward", "buffer"), [
+@pytest.mark.parametrize(("stack", "bfloat16", "saved", "forward", "backward", "buffer"), [
     # Megatron: the fused softmax's 16-bit output saved; raw scores in the global buffer;
     # the probabilities' gradient in backward, the softmax backward in place.
-    ("megatron-deepspeed", 2, 0, 2, 2),
-    # HF eager: fp32 softmax output + its 16-bit copy saved; masked scores + fp32 upcast while
-    # softmax runs; fp32 gradients in and out of softmax's backward.
-    ("hf-transformers", 6, 6, 6, 0),
+    ("megatron-deepspeed", False, 2, 0, 2, 2),
+    ("megatron-deepspeed", True, 2, 0, 2, 2),
+    # HF eager in float16: fp32 softmax output + its 16-bit copy saved; the masked scores
+    # while the fused up-casting softmax runs; an fp32 gradient in, a float16 one out.
+    ("hf-transformers", False, 6, 2, 4, 0),
+    # in bfloat16: the fp32 up-cast of the masked scores is a tensor of its own; fp32
+    # gradients in and out of the float32 softmax's backward.
+    ("hf-transformers", True, 6, 6, 6, 0),
 ])
-def test_each_stack_holds_its_own_bytes_per_attention_score(stack, saved, forward, backward,
-                                                            buffer):
-    w = Workload(sequence_length=2048, micro_batch_size=2)
+def test_each_stack_holds_its_own_bytes_per_attention_score(stack, bfloat16, saved, forward,
+                                                            backward, buffer):
+    w = Workload(sequence_length=2048, micro_batch_size=2, bfloat16=bfloat16)
     core = next(m for m in build_modules(LLAMA13, w, load_stack(stack).recipe)
                 if m.kind == "attention")
     scores, tokens = 40 * 2048 * 4096, 4096
@@ -326,6 +330,8 @@ BACKWARD_STRIDED_ALONE = {"kernels": 1, "bytes_per_element": 3,
      r"kernels\.softmax"),
     ("attention_memory", "scratch", {"value": 2, "basis": "assumed", "source": "x"},
      r"attention_memory\.scratch: expected one of saved"),
+    ("attention_memory", "bf16", {"scratch": {"value": 2, "basis": "assumed", "source": "x"}},
+     r"attention_memory\.bf16\.scratch: expected one of saved"),
     ("host", "fetch_hook_us", {"value": float("inf"), "basis": "fitted", "source": "x"},
      r"host\.fetch_hook_us\.value: expected a finite"),
 ])

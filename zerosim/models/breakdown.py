@@ -81,12 +81,14 @@ class ScoreMemory:
     backward runs besides what is saved, and `buffer` in a persistent buffer every layer reuses.
 
     The default is the textbook count: 16-bit probabilities saved, an fp32 softmax output
-    while the forward runs."""
+    while the forward runs. `bf16`: what it holds in bfloat16 runs, where that differs (None:
+    the same)."""
 
     saved: float = 2.0
     forward_workspace: float = 4.0
     backward_workspace: float = 0.0
     buffer: float = 0.0
+    bf16: ScoreMemory | None = None
 
 
 @dataclass(frozen=True)
@@ -322,6 +324,8 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     if w.attention == "eager":
         scores = a * s * t
         memory, scale = r.score_memory, w.dtype_bytes / 2 * scores
+        if w.bfloat16 and memory.bf16 is not None:
+            memory = memory.bf16
         saved = qkv_saved + memory.saved * scale
         if dropout:
             saved += MASK_BYTES * scores + w.dtype_bytes * scores

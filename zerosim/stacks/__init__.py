@@ -216,18 +216,20 @@ def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> E
 
 
 def _memory_section(tree: Mapping[str, Any], section: str, keys: tuple[str, ...], source: str,
-                    provenance: dict[str, Provenance]) -> dict[str, float]:
+                    provenance: dict[str, Provenance], *, nested: tuple[str, ...] = ()
+                    ) -> dict[str, float]:
     """An optional section of `{value, basis, source}` leaves in bytes (`attention_memory`,
-    `loss_memory`): the values it gives, by key; what it leaves out keeps the default."""
-    given = tree.get(section)
+    `loss_memory`, `attention_memory.bf16`): the values it gives, by key; what it leaves out
+    keeps the default; `nested` names sub-sections it may hold besides."""
+    given = dotted_leaf(tree, section)
     if given is None:
         return {}
     if not isinstance(given, Mapping):
         raise ScenarioError(source, section, "a mapping", type(given).__name__)
-    extra = set(given) - set(keys)
+    extra = set(given) - set(keys) - set(nested)
     if extra:
-        raise ScenarioError(source, f"{section}.{sorted(extra)[0]}", f"one of {', '.join(keys)}",
-                            sorted(extra)[0])
+        raise ScenarioError(source, f"{section}.{sorted(extra)[0]}",
+                            f"one of {', '.join((*keys, *nested))}", sorted(extra)[0])
     values = {}
     for name in keys:
         if name in given:
@@ -279,8 +281,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                         tree, KV_REPEAT_KEY, KV_REPEAT_CHOICES, source) == "before_rotary",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
-                    score_memory=ScoreMemory(**_memory_section(
-                        tree, "attention_memory", SCORE_MEMORY, source, provenance)),
+                    score_memory=_score_memory(tree, source, provenance),
                     loss_memory=LossMemory(**_memory_section(
                         tree, "loss_memory", LOSS_MEMORY, source, provenance)))
     extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
@@ -307,6 +308,17 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                          dataloader_workers=_dataloader_workers(tree, source),
                          rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
                          **times)
+
+
+def _score_memory(tree: Mapping[str, Any], source: str, provenance: dict[str, Provenance]
+                  ) -> ScoreMemory:
+    """`attention_memory`, with its optional `bf16` sub-section: what bfloat16 runs hold
+    where it differs."""
+    memory = ScoreMemory(**_memory_section(tree, "attention_memory", SCORE_MEMORY, source,
+                                           provenance, nested=(BF16_KEY,)))
+    bf16 = _memory_section(tree, f"attention_memory.{BF16_KEY}", SCORE_MEMORY, source,
+                           provenance)
+    return replace(memory, bf16=replace(memory, **bf16)) if bf16 else memory
 
 
 def _choice_leaf(tree: Mapping[str, Any], key: str, choices: tuple[str, ...],
