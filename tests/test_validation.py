@@ -277,3 +277,21 @@ def test_the_accumulation_series_are_reported_as_predict_splits_them(cells):
     backward = series[(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga1..16-sg1e08 (7 runs)",
                        "backward: what each micro-batch adds")]
     assert backward.measured == pytest.approx(3.3287, abs=5e-5)
+
+
+def test_the_report_sums_each_group_up():
+    """Two judged cells of group A (+10% passing at 15%, -20% failing), one reported; one
+    absolute cell of group B: A's rms is sqrt((0.01 + 0.04) / 2), its largest -20%; B has no
+    relative error to sum."""
+    from zerosim.validation.report import GroupSummary, group_summaries, summary_table
+
+    cells = [judge("A", "x", "t", "s", 1.0, 1.1, 0.15), judge("A", "y", "t", "s", 1.0, 0.8, 0.15),
+             judge("A", "z", "t", "s", 1.0, 3.0, None),
+             judge("B", "w", "m", "GB", 2.0, 2.004, 0.005, absolute=True)]
+    a, b = group_summaries(cells)
+    assert (a.group, a.judged, a.passed, a.reported) == ("A", 2, 1, 1)
+    assert a.rms == pytest.approx(((0.1 ** 2 + 0.2 ** 2) / 2) ** 0.5, rel=1e-9)
+    assert a.largest == pytest.approx(-0.2, rel=1e-9)
+    assert b == GroupSummary("B", 1, 1, 0, None, None)
+    assert summary_table(cells)[2:] == ["| A | 2 | 1 | 1 | 15.8% | -20.0% |",
+                                        "| B | 1 | 1 | 0 |  |  |"]

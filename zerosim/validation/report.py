@@ -3,6 +3,8 @@ the Polaris runs' predicted-vs-measured plot."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -56,6 +58,49 @@ def polaris_scatter_text() -> str:
             "n runs cannot be judged finer than that over sqrt(n).")
 
 
+@dataclass(frozen=True)
+class GroupSummary:
+    """One group of cells at a glance: how many are judged and pass, how many are reported,
+    and the judged relative errors' rms and largest (None where every judged cell has an
+    absolute tolerance)."""
+
+    group: str
+    judged: int
+    passed: int
+    reported: int
+    rms: float | None
+    largest: float | None
+
+
+def group_summaries(cells: list[Cell]) -> list[GroupSummary]:
+    """Every group of `cells`, in the order the cells first name it."""
+    groups: dict[str, list[Cell]] = {}
+    for cell in cells:
+        groups.setdefault(cell.group, []).append(cell)
+    summaries = []
+    for group, members in groups.items():
+        judged = [c for c in members if c.status in ("pass", "fail")]
+        errors = [c.rel_error for c in judged if not c.absolute]
+        summaries.append(GroupSummary(
+            group, len(judged), sum(c.status == "pass" for c in judged),
+            sum(c.status == "reported" for c in members),
+            math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else None,
+            max(errors, key=abs) if errors else None))
+    return summaries
+
+
+def summary_table(cells: list[Cell]) -> list[str]:
+    """The report's table of groups at a glance (markdown lines)."""
+    lines = ["| group | judged | pass | reported | rms error (judged) | largest |",
+             "|---|---|---|---|---|---|"]
+    for s in group_summaries(cells):
+        rms = "" if s.rms is None else f"{s.rms:.1%}"
+        largest = "" if s.largest is None else f"{s.largest:+.1%}"
+        lines.append(f"| {s.group} | {s.judged} | {s.passed} | {s.reported} | {rms} | "
+                     f"{largest} |")
+    return lines
+
+
 def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
     estimator_source = load_estimator_tables()[0].source
     judged = [c for c in cells if c.status in ("pass", "fail")]
@@ -87,6 +132,8 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "Polaris runs; one software stack for both (`runtime.framework`, default "
         f"`{DEFAULT_STACK}`); no per-cell factors.",
         f"Judged cells: {passed} of {len(judged)} within tolerance.",
+        "",
+        *summary_table(cells),
         "",
         "| group | case | quantity | measured | simulated | error | tolerance | status | note |",
         "|---|---|---|---|---|---|---|---|---|",
