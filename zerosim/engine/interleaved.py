@@ -16,9 +16,10 @@ Sub-groups are stepped in order; every gap-th one on the GPU (`plan.interleaved_
   fp32 params to 16 bits (`.half()` into a fresh tensor, then into one of gap - 1 pinned
   buffers) and queues each H2D on a fourth copier.
 
-After the loop the thread waits for the 16-bit copies queued so far. zerosim ends the step
-when every stream is idle, so the helper's last run counts in the step (the fork returns
-while it may still be casting; its copies then overlap the next forward).
+After the loop the thread waits for the 16-bit copies queued so far, and nothing else of the
+helper's: the future of its last job is never awaited. The step's timer therefore stops while
+the helper may still be casting the last run; that cast and the copies it queues run on past
+the step, over the next iteration's forward (`HELPER_STREAMS`, left running by `core.end`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ from zerosim.vocabulary import Category, OpKind, Stream, UpdateDevice
 STATE_COPIERS = {Stream.COPIER_PARAMS: "params", Stream.COPIER_EXP_AVG: "exp_avg",
                  Stream.COPIER_EXP_AVG_SQ: "exp_avg_sq"}
 """One copier per fp32 tensor a GPU sub-group brings in and sends back, and that tensor."""
+
+HELPER_STREAMS = frozenset({Stream.CPU_DOWNSCALE, Stream.COPIER_FP16})
+"""What the helper thread does and queues, which the step does not wait for after its last
+wait on the 16-bit copier."""
 
 
 class GpuGradients:
@@ -106,7 +111,7 @@ class InterleavedStep:
         yield from self._wait((Stream.COPIER_FP16,))
         self.gradients.release_all()
         self.post_step(core)
-        yield from core.end()
+        yield from core.end(left_running=HELPER_STREAMS)
 
     def _wait(self, streams: Iterable[Stream]) -> Gen:
         """`async_copier.wait()`: the thread blocks until what the copier has queued is done."""

@@ -34,6 +34,9 @@ class RankProgram:
         back in the cache when the next block is recomputed."""
 
     def run(self) -> Gen:
+        """The iteration's phases; then what the step left running past its timer (the
+        interleaved step's helper thread, which overlaps the next iteration's forward)
+        finishes before the model states are let go."""
         self.hold_model_states()
         steps = self.core.ds.gradient_accumulation_steps
         yield from self.core.host_time(self.core.step_s)
@@ -43,6 +46,7 @@ class RankProgram:
             yield from self.backward(micro, boundary=micro == steps - 1)
         self.params.release_all()
         yield from self.optimizer.run()
+        yield from self.core.synchronize()
         self.release_model_states()
 
     def _pool(self, holding: Holding):

@@ -147,7 +147,8 @@ class RankCore:
         if self.empties_cache:
             self.reserves = {}
 
-    def end(self, *, host_waits: bool = True) -> Gen:
+    def end(self, *, host_waits: bool = True, left_running: frozenset[Stream] = frozenset()
+            ) -> Gen:
         """Wait until every stream of this rank is idle, then record the phase as DeepSpeed's
         timers measure it (`utils/timer.py`, 0.13.3: `Timer.start` and `stop` record a CUDA
         event on the current stream; the CUDA accelerator keeps no host timers).
@@ -157,13 +158,14 @@ class RankCore:
         its timer stops when the compute stream has run the forward's kernels, and what is
         still in flight on other streams (the last prefetches, which feed the backward) falls
         in the next phase, whose timer starts then (`_timer_start`) and whose first kernels wait
-        for it."""
+        for it. Streams in `left_running` are work the host neither waited for nor queued
+        before the timer stopped (a helper thread's): it runs on past the phase's end."""
         compute_done = None
         if not host_waits:
             if (pending := self.compute.idle_event()) is not None:
                 yield pending
             compute_done = self.env.now
-        yield from self.synchronize()
+        yield from self.synchronize(left_running)
         end_s = self.env.now if compute_done is None else compute_done
         self._timer_handover = (self.env.now, end_s)
         self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, end_s,
@@ -187,9 +189,10 @@ class RankCore:
             yield pending
         yield from self.issue_kernels(syncs)
 
-    def synchronize(self) -> Gen:
+    def synchronize(self, left_running: frozenset[Stream] = frozenset()) -> Gen:
         while True:
-            pending = [e for s in self.streams.values() if (e := s.idle_event()) is not None]
+            pending = [e for name, s in self.streams.items()
+                       if name not in left_running and (e := s.idle_event()) is not None]
             if not pending:
                 return
             yield AllDone(self.env, pending)
