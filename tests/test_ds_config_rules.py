@@ -362,7 +362,7 @@ def test_a_release_newer_than_zerosim_knows_warns_naming_the_behaviours_used():
 
 
 @pytest.mark.parametrize(("name", "replayed"), [
-    ("sdpa", "flash"), ("flash_attention_2", "flash"), ("eager", "eager")])
+    ("sdpa", "sdpa"), ("flash_attention_2", "flash"), ("eager", "eager")])
 def test_hugging_face_attention_names(name, replayed):
     scenario, _ = hf_scenario(precision="fp16", attention=name)
     assert scenario.attention == replayed

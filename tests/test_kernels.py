@@ -199,6 +199,78 @@ def test_megatron_expands_k_and_v_before_the_rotary_embedding():
     assert hf.kernels[0].nbytes == 20 * t * (q + 1024)
 
 
+def _attention(stack: str, spec_name: str, attention: str, micro_batch: int):
+    return next(m for m in build_modules(
+        CATALOG[spec_name], Workload(sequence_length=2048, micro_batch_size=micro_batch,
+                                     attention=attention), load_stack(stack).recipe)
+        if m.kind == "attention")
+
+
+def test_megatron_flash_attention_copies_its_layout_only_at_a_micro_batch_above_one():
+    """Megatron-DeepSpeed's flash path (1df5712, --use-flash-attn-v2) on Llama-2-70B (64
+    heads, 8 K/V heads): K and V expanded, the rotary embedding, then Q, K and V copied from
+    [s, b] into [b, s] order and the output back, copies that are views at micro-batch 1.
+    At micro-batch 4 (t = 8192 tokens): three copies of 4 B per element of Q, K and V at
+    every head (3 x 8192 per token), strided, whose backward passes the gradient through
+    (0 B), and the output's copy (4 B per element of Q) with one copy back (4 B)."""
+    q = 8192
+    one = _attention("megatron-deepspeed", "llama2-70b", "flash", 1)
+    assert [type(k) for k in one.kernels] == [MemoryPass, MemoryPass, FusedAttention]
+    four = _attention("megatron-deepspeed", "llama2-70b", "flash", 4)
+    t = 4 * 2048
+    _repeat, _rotary, inputs, kernel, context = four.kernels
+    assert (inputs.nbytes, inputs.strided_nbytes, inputs.count) == (4 * t * 3 * q,
+                                                                     4 * t * 3 * q, 3)
+    assert inputs.backward(2.0) == MemoryPass(0.0, 3, 0.0, 0.0)
+    assert kernel.nbytes == 2 * t * 4 * q
+    assert (context.nbytes, context.strided_nbytes, context.count) == (4 * t * q, 4 * t * q, 1)
+    assert context.backward(2.0) == MemoryPass(4 * t * q, 1, 0.0, 4 * t * q)
+    eager = _attention("megatron-deepspeed", "llama2-70b", "eager", 1)
+    assert eager.kernels[-1] == MemoryPass(4 * 2048 * q, 1, 0.0, 4 * 2048 * q)
+
+
+@pytest.mark.parametrize(("attention", "kinds", "kv_width"), [
+    ("eager", [MemoryPass, MemoryPass, Gemm, MemoryPass, Gemm, MemoryPass], 8192),
+    ("sdpa", [MemoryPass, MemoryPass, FusedAttention, MemoryPass], 8192),
+    ("flash", [MemoryPass, FusedAttention], 1024),
+])
+def test_hf_attention_paths_differ_in_what_they_copy(attention, kinds, kv_width):
+    """transformers on Llama-2-70B (8 K/V heads of 128): the rotary embedding on Q and K's
+    own heads; eager attention and LlamaSdpaAttention expand K and V (repeat_kv, 2 kernels)
+    and copy the output out of [b, heads, s, d]; LlamaFlashAttention2 does neither, and its
+    kernel reads and saves K and V with their own 8 heads: 2 B x 2048 x (8192 + 2 x 1024)
+    saved for Q, K and V, against 2 x 3 x 8192 for the others (besides the probabilities
+    eager attention saves, and the fused kernels' fp32 log-sum-exp per head and token)."""
+    core = _attention("hf-transformers", "llama2-70b", attention, 1)
+    assert [type(k) for k in core.kernels] == kinds
+    q, t = 8192, 2048
+    if attention != "eager":
+        kernel = next(k for k in core.kernels if isinstance(k, FusedAttention))
+        assert kernel.nbytes == 2 * t * (2 * q + 2 * kv_width)
+    per_score = load_stack("hf-transformers").recipe.score_memory.saved
+    probabilities = per_score * 64 * 2048 * t if attention == "eager" else 4 * 64 * t
+    assert core.saved_bytes == 2 * t * (q + 2 * kv_width) + probabilities
+
+
+def test_a_flash_variant_is_checked_like_its_entry_and_may_hold_a_bf16_one():
+    tree = toy_stack()
+    tree["kernels"]["context"] = {
+        "kernels": 1, "bytes_per_element": 4, "source": "x",
+        "flash": {"kernels": 1, "bytes_per_element": 4, "transposes_batch": "yes",
+                  "source": "y"}}
+    with pytest.raises(ScenarioError, match=r"kernels\.context\.flash\.transposes_batch: "
+                                            r"expected true or false, got 'yes'"):
+        parse_stack(tree, "s.yaml")
+    flash = {"kernels": 1, "bytes_per_element": 4, "transposes_batch": True, "source": "y",
+             "bf16": {"kernels": 2, "bytes_per_element": 6, "source": "z"}}
+    tree["kernels"]["context"]["flash"] = flash
+    context = parse_stack(tree, "s.yaml").recipe.context
+    assert (context.flash.transposes_batch, context.flash.bf16.kernels) == (True, 2)
+    flash["bf16"]["flash"] = {}
+    with pytest.raises(ScenarioError, match=r"kernels\.context\.flash\.bf16: expected "):
+        parse_stack(tree, "s.yaml")
+
+
 def test_the_later_megatron_fuses_grouped_qkv_and_copies_q_out():
     """Megatron-DeepSpeed's dist_nvme_opt (the MLP-Offload runs, their data file's
     stack_overrides): one fused QKV projection, Q copied out of it (4 B per element of Q,

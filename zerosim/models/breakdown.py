@@ -31,7 +31,12 @@ from zerosim.models.spec import ModelSpec
 OpClass = Literal["matmul", "attention", "elementwise", "embedding"]
 EMBEDDING_KIND = "embedding"
 """`Module.kind` of a lookup table (token or position embeddings), whose input is indices."""
-Attention = Literal["eager", "flash"]
+Attention = Literal["eager", "sdpa", "flash"]
+"""How attention runs: `eager` (the two batched GEMMs with the softmax between them, its
+probabilities stored), `sdpa` (PyTorch's scaled_dot_product_attention, which picks a fused
+kernel for 16-bit causal attention, called on K and V expanded to every head) or `flash`
+(flash-attn's kernel, which takes grouped K and V as they are). The two fused paths differ
+only in the copies around the kernel, which the stack's `kernels.<op>.flash` entries give."""
 
 FP32_BYTES = 4
 MASK_BYTES = 1
@@ -52,6 +57,11 @@ class Workload:
     fuses softmax's up-cast for float16 only)."""
 
     @property
+    def fused_attention(self) -> bool:
+        """Attention as one fused kernel (flash or SDPA's), which stores no probabilities."""
+        return self.attention != "eager"
+
+    @property
     def tokens(self) -> int:
         return self.sequence_length * self.micro_batch_size
 
@@ -63,7 +73,11 @@ class Elementwise:
     `strided_bytes_per_element` by kernels on strided or broadcast views (see `MemoryPass`).
     `backward_bytes_per_element` (and its strided part), where the op's backward is read off
     its code; None: the recipe's `backward_bytes_factor` times the forward's. `bf16`: the
-    op's kernels in bfloat16 runs, where they differ (None: the same)."""
+    op's kernels in bfloat16 runs, where they differ (None: the same); `flash`: with
+    flash-attn's kernel, where they differ (a layout it takes as it is, grouped K and V).
+    `transposes_batch`: the op copies a tensor into the layout with the sequence and batch
+    dimensions swapped, which at micro-batch 1 is already contiguous: it launches nothing
+    there."""
 
     kernels: int = 0
     bytes_per_element: float = 0.0
@@ -71,6 +85,8 @@ class Elementwise:
     backward_bytes_per_element: float | None = None
     backward_strided_bytes_per_element: float = 0.0
     bf16: Elementwise | None = None
+    flash: Elementwise | None = None
+    transposes_batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,7 +146,9 @@ class Recipe:
     after the rotary embedding (transformers).
     Elementwise ops, each per element of: `norm` its input; `query_split` Q (the copy out of
     the fused QKV output, grouped-query attention in the fused layout only); `rotary` Q and K
-    (or the expanded K); `kv_repeat` the repeated K and V (grouped-query attention); `scores`
+    (or the expanded K); `kv_repeat` the repeated K and V (grouped-query attention);
+    `attention_inputs` Q, K and V (K and V as the kernel reads them) copied into the layout a
+    fused attention kernel takes; `scores`
     the attention scores (eager only, besides the two batched GEMMs); `context` the attention
     output (the layout copy before the output projection); `activation` the MLP's
     intermediate; `residual` the hidden state (twice per block); `loss` the logits. A
@@ -152,6 +170,7 @@ class Recipe:
     query_split: Elementwise = Elementwise()
     rotary: Elementwise = Elementwise()
     kv_repeat: Elementwise = Elementwise()
+    attention_inputs: Elementwise = Elementwise()
     scores: Elementwise = Elementwise()
     context: Elementwise = Elementwise()
     activation: Elementwise = Elementwise(1, 6)
@@ -183,14 +202,22 @@ H100: zerosim/validation/data/liger_pytorch_ops.yaml); an fp32 run's strided byt
 priced as contiguous."""
 
 
+def op_for(op: Elementwise, w: Workload) -> Elementwise:
+    """The variant of a stack's op that the workload runs."""
+    if w.attention == "flash" and op.flash is not None:
+        op = op.flash
+    if w.bfloat16 and op.bf16 is not None:
+        op = op.bf16
+    return op
+
+
 def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
                      ) -> tuple[MemoryPass, ...]:
     """A stack's op over `elements` elements as the kernels it launches (none if it launches
-    none; its `bf16` variant in bfloat16 runs): its bytes at the workload's element size, the
-    strided ones only in 16-bit runs."""
-    if w.bfloat16 and op.bf16 is not None:
-        op = op.bf16
-    if op.kernels == 0:
+    none; its `flash` variant with flash-attn's kernel, its `bf16` one in bfloat16 runs): its
+    bytes at the workload's element size, the strided ones only in 16-bit runs."""
+    op = op_for(op, w)
+    if op.kernels == 0 or (op.transposes_batch and w.micro_batch_size == 1):
         return ()
     scale = w.dtype_bytes / 2 * elements
     sixteen_bit = w.dtype_bytes == STRIDED_DTYPE_BYTES
@@ -285,12 +312,24 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
     return _with_backward(module, elementwise_pass(r.norm, elements, w, flops), r)
 
 
+def kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:
+    """The width per token of K (and of V) as the attention kernels read and save them:
+    grouped-query attention's K and V expanded to every head where the stack expands them
+    before the rotary embedding, or inside the attention where the path launches the copies
+    (eager attention, SDPA; not flash-attn's kernel, which takes the groups as they are)."""
+    q, hkv = spec.q_size, spec.kv_hidden_size
+    if hkv < q and (r.kv_repeat_before_rotary or op_for(r.kv_repeat, w).kernels):
+        return q
+    return hkv
+
+
 def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
     """The attention core's kernels in issue order. With grouped-query attention, Q is
     copied out of a fused QKV output (`query_split`), and a stack that expands K and V before
     the rotary embedding (`Recipe.kv_repeat_before_rotary`) does so whatever the attention
-    kernel, its rotary embedding then acting on the expanded K; otherwise only eager
-    attention expands them, after the rotary embedding."""
+    kernel, its rotary embedding then acting on the expanded K; otherwise the attention path
+    expands them after the rotary embedding (or, flash-attn, not at all). A fused kernel may
+    need its inputs copied into its layout first (`attention_inputs`)."""
     q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
     t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
@@ -302,24 +341,25 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     key_width = q if early else hkv
     rotary = (elementwise_pass(r.rotary, t * (q + key_width), w)
               if spec.position_embedding == "rotary" else ())
-    before = (*split, *early_repeat, *rotary)
-    context = elementwise_pass(r.context, t * q, w)
-    if w.attention == "flash":
-        io = w.dtype_bytes * t * (2 * q + 2 * key_width)
-        return (*before, FusedAttention(2.0 * t * s * q, io), *context)
     repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if grouped and not early else ()
+    before = (*split, *early_repeat, *rotary, *repeat)
+    context = elementwise_pass(r.context, t * q, w)
+    if w.fused_attention:
+        kv = kv_width(spec, w, r)
+        inputs = elementwise_pass(r.attention_inputs, t * (q + 2 * kv), w)
+        io = w.dtype_bytes * t * (2 * q + 2 * kv)
+        return (*before, *inputs, FusedAttention(2.0 * t * s * q, io), *context)
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
-    return (*before, *repeat, scores, *elementwise_pass(r.scores, a * s * t, w), mix, *context)
+    return (*before, scores, *elementwise_pass(r.scores, a * s * t, w), mix, *context)
 
 
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                     r: Recipe) -> Module:
-    q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
-        w.sequence_length
+    q, a, s = spec.q_size, spec.num_attention_heads, w.sequence_length
     t = w.tokens
     dense_flops = 4.0 * t * s * q
-    qkv_saved = w.dtype_bytes * t * (q + 2 * hkv)
+    qkv_saved = w.dtype_bytes * t * (q + 2 * kv_width(spec, w, r))
     per_score = {"transient_bytes": 0.0}
     if w.attention == "eager":
         scores = a * s * t

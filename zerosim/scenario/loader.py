@@ -53,10 +53,11 @@ class AutoDefaultWarning(ScenarioWarning):
     """An "auto" filled from a Hugging Face Trainer default the scenario did not state."""
 
 
-# Hugging Face `attn_implementation` names and the attention zerosim replays for each: PyTorch's
-# SDPA picks the flash or memory-efficient kernel for 16-bit causal attention, and neither
-# stores the softmax probabilities.
-ATTENTION_NAMES = {"eager": "eager", "flash": "flash", "sdpa": "flash",
+# Hugging Face `attn_implementation` names and the attention path zerosim replays for each
+# (`models.breakdown.Attention`): PyTorch's SDPA picks the flash or memory-efficient kernel for
+# 16-bit causal attention, and neither stores the softmax probabilities; the stack says what
+# each path copies around its kernel.
+ATTENTION_NAMES = {"eager": "eager", "flash": "flash", "sdpa": "sdpa",
                    "flash_attention_2": "flash"}
 
 

@@ -55,9 +55,9 @@ source: '...'}` (`in_attention`, the default: inside eager attention, after the 
 embedding, as transformers does; `before_rotary`: right after the QKV split, whatever the
 attention kernel, so the rotary embedding acts on the expanded K, as Megatron-DeepSpeed does;
 `Recipe.kv_repeat_before_rotary`)."""
-KERNEL_OPS = ("norm", "query_split", "rotary", "kv_repeat", "scores", "context", "activation",
-              "residual", "loss")
-OPTIONAL_KERNEL_OPS = ("query_split",)
+KERNEL_OPS = ("norm", "query_split", "rotary", "kv_repeat", "attention_inputs", "scores",
+              "context", "activation", "residual", "loss")
+OPTIONAL_KERNEL_OPS = ("query_split", "attention_inputs")
 """Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
@@ -79,6 +79,13 @@ views, which stream at the GPU's `gpu.strided_memory_efficiency`."""
 BF16_KEY = "bf16"
 """The optional key of a `kernels` entry: the op's kernels and bytes in bfloat16 runs, where
 they differ from float16's (an entry of the same keys, `Elementwise.bf16`)."""
+FLASH_KEY = "flash"
+"""The optional key of a `kernels` entry: the op's kernels and bytes with flash-attn's kernel
+(`attention: flash`), where they differ from the other paths' (`Elementwise.flash`; it may
+hold its own `bf16`)."""
+TRANSPOSES_BATCH_KEY = "transposes_batch"
+"""The optional flag of a `kernels` entry: a copy into the layout with the sequence and batch
+dimensions swapped, which launches nothing at micro-batch 1 (`Elementwise.transposes_batch`)."""
 BACKWARD_KEY = "backward_bytes_per_element"
 BACKWARD_STRIDED_KEY = "backward_strided_bytes_per_element"
 """The optional keys of a `kernels` entry whose backward is read off its code: the bytes its
@@ -178,21 +185,33 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     raw = dotted_leaf(tree, key)
     if raw is None and op in OPTIONAL_KERNEL_OPS:
         return Elementwise()
-    entry = _kernel_entry(raw, key, source, (BF16_KEY,))
-    if BF16_KEY not in raw:
-        return entry
-    return replace(entry, bf16=_kernel_entry(raw[BF16_KEY], f"{key}.{BF16_KEY}", source, ()))
+    return _kernel_entry(raw, key, source, (FLASH_KEY, BF16_KEY))
 
 
 def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> Elementwise:
-    """One `kernels` entry (or its `bf16` variant): counts and bytes, checked."""
+    """One `kernels` entry (or one of its variants, which may nest the variants after
+    theirs: `flash` may hold a `bf16`): counts and bytes, checked."""
     required = {"kernels", "bytes_per_element", "source"}
-    optional = {STRIDED_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY, *nested}
+    optional = {STRIDED_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY, TRANSPOSES_BATCH_KEY, *nested}
     if not isinstance(raw, Mapping) or not required <= set(raw) <= required | optional:
+        variants = "".join(f" {name}: {{...}}," for name in nested)
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
                             f"[{STRIDED_KEY}: S, {BACKWARD_KEY}: BB, "
-                            f"{BACKWARD_STRIDED_KEY}: BS,"
-                            f"{' bf16: {...},' if nested else ''}] source: '...'}}", raw)
+                            f"{BACKWARD_STRIDED_KEY}: BS, {TRANSPOSES_BATCH_KEY}: true,"
+                            f"{variants}] source: '...'}}", raw)
+    entry = _counts_and_bytes(raw, key, source)
+    transposes = raw.get(TRANSPOSES_BATCH_KEY, False)
+    if not isinstance(transposes, bool):
+        raise ScenarioError(source, f"{key}.{TRANSPOSES_BATCH_KEY}", "true or false",
+                            transposes)
+    variants = {name: _kernel_entry(raw[name], f"{key}.{name}", source,
+                                    nested[nested.index(name) + 1:])
+                for name in nested if name in raw}
+    return replace(entry, transposes_batch=transposes, **variants)
+
+
+def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementwise:
+    """A `kernels` entry's kernel count and its bytes forward and backward, checked."""
     count = raw["kernels"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)
