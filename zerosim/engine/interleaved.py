@@ -10,7 +10,8 @@ Sub-groups are stepped in order; every gap-th one on the GPU (`plan.interleaved_
   its 16-bit partition is written from the GPU fp32 params on the GPU. The rank's thread then
   waits for the 16-bit copies queued so far (below) and steps the sub-group on the CPU;
 - a GPU sub-group waits for the three copiers, then runs FusedAdam on the GPU: its fp32
-  gradient never left HBM (the boundary backward copied it into a GPU buffer);
+  gradient never left HBM (the boundary backward copied it into a GPU buffer), and its 16-bit
+  partition is written by the next `CPU_PREFETCH` sub-group, not by its step;
 - a CPU sub-group is unscaled and stepped by DeepSpeedCPUAdam with no copy-back; after the
   last CPU sub-group before a GPU one (or the last of all), a helper thread casts the run's
   fp32 params to 16 bits (`.half()` into a fresh tensor, then into one of gap - 1 pinned
@@ -98,7 +99,7 @@ class InterleavedStep:
             device = self.devices[group]
             if device is UpdateDevice.GPU:
                 yield from self._wait(STATE_COPIERS)
-                launch_gpu_adam(core, group, elements)
+                launch_gpu_adam(core, group, elements, casts=False)
                 continue
             if device is UpdateDevice.CPU_PREFETCH:
                 self._move_states(group)

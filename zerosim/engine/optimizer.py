@@ -28,10 +28,13 @@ reads them."""
 PostStep = Callable[[RankCore], None]
 
 
-def launch_gpu_adam(core: RankCore, group: int, elements: int) -> simpy.Event:
-    """Unscale, Adam and the fp32 -> 16-bit cast of a group whose state is in HBM: GPU
-    kernels the host launches without waiting."""
-    nbytes = costs.GPU_STEP_BYTES_PER_ELEMENT * elements
+def launch_gpu_adam(core: RankCore, group: int, elements: int, *, casts: bool = True
+                    ) -> simpy.Event:
+    """Unscale, Adam and (`casts`) the fp32 -> 16-bit cast of a group whose state is in HBM:
+    GPU kernels the host launches without waiting."""
+    per_element = (costs.GPU_STEP_BYTES_PER_ELEMENT if casts
+                   else costs.GPU_ADAM_BYTES_PER_ELEMENT)
+    nbytes = per_element * elements
     return core.compute.launch(f"gpu adam sub-group {group}",
                                core.gpu_time(core.hbm_seconds(nbytes, passes=1.0)),
                                kind=OpKind.OPTIMIZER_STEP, nbytes=nbytes)

@@ -90,7 +90,10 @@ def fp64_norm_hbm_bytes(elements: float, source_bytes: int) -> float:
     return (source_bytes + 2 * FP64_BYTES) * elements
 
 
-GPU_STEP_BYTES_PER_ELEMENT = UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total + 6
+GPU_ADAM_BYTES_PER_ELEMENT = UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total
+"""A sub-group's unscale and Adam on the GPU."""
+
+GPU_STEP_BYTES_PER_ELEMENT = GPU_ADAM_BYTES_PER_ELEMENT + 6
 """A sub-group stepped on the GPU: unscale, Adam, then the fp32 -> 16-bit cast (4 B + 2 B)."""
 
 GPU_STATE_BYTES_PER_ELEMENT = 16
