@@ -271,6 +271,60 @@ def test_a_flash_variant_is_checked_like_its_entry_and_may_hold_a_bf16_one():
         parse_stack(tree, "s.yaml")
 
 
+@pytest.mark.parametrize(("sequence", "micro_batch", "heads", "fused"), [
+    (4096, 1, 40, True), (8192, 1, 40, False), (2048, 1, 42, False), (2048, 2, 42, True),
+    (16, 4, 40, False), (2050, 2, 40, False)])
+def test_megatron_s_fused_softmax_serves_its_shapes_and_pytorch_s_the_rest(sequence,
+                                                                         micro_batch, heads,
+                                                                         fused):
+    """FusedScaleMaskSoftmax.is_kernel_available (1df5712): 16 < keys <= 4096, keys and
+    micro-batch x heads multiples of 4. Elsewhere masked_fill_ and torch's softmax: 9 B per
+    score in 2 kernels (5 strided, the broadcast mask), 13 B backward, and 4 B per score
+    held in the backward besides the saved probabilities, where the fused kernel works in
+    place (2)."""
+    from dataclasses import replace as with_fields
+
+    spec = with_fields(LLAMA13, num_attention_heads=heads, num_key_value_heads=heads,
+                       hidden_size=128 * heads, max_position_embeddings=sequence)
+    w = Workload(sequence_length=sequence, micro_batch_size=micro_batch)
+    core = next(m for m in build_modules(spec, w, load_stack("megatron-deepspeed").recipe)
+                if m.kind == "attention")
+    scores = heads * sequence * sequence * micro_batch
+    softmax = core.kernels[2]
+    if fused:
+        assert (softmax.nbytes, softmax.count, softmax.backward(2.0).nbytes) == (
+            3 * scores, 1, 4 * scores)
+        assert core.backward_transient_bytes == 2 * scores
+    else:
+        assert softmax == MemoryPass(9 * scores, 2, 0.0, 5 * scores, 13 * scores, 5 * scores)
+        assert core.backward_transient_bytes == 4 * scores
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"modules": {"fused_softmax": {"min_keys": 17, "max_keys": 4096, "multiple_of": 4,
+                                    "source": "x"}}},
+     r"kernels\.scores\.unfused: expected given with modules\.fused_softmax, got 'absent'"),
+    ({"kernels": {"scores": {"kernels": 1, "bytes_per_element": 3, "source": "x",
+                             "unfused": {"kernels": 2, "bytes_per_element": 9,
+                                         "source": "y"}}}},
+     r"modules\.fused_softmax: expected given with kernels\.scores\.unfused"),
+    ({"attention_memory": {"unfused": {"backward_workspace": {
+        "value": 4, "basis": "spec", "source": "x"}}}},
+     r"modules\.fused_softmax: expected given with attention_memory\.unfused"),
+    ({"modules": {"fused_softmax": {"min_keys": 17, "max_keys": 16, "multiple_of": 4,
+                                    "source": "x"}}},
+     r"modules\.fused_softmax\.max_keys: expected at least min_keys = 17, got 16"),
+    ({"modules": {"fused_softmax": {"min_keys": 17, "max_keys": 4096, "source": "x"}}},
+     r"modules\.fused_softmax: expected \{min_keys"),
+])
+def test_a_fused_softmax_and_its_unfused_path_come_together(change, expected):
+    tree = toy_stack()
+    for section, entries in change.items():
+        tree.setdefault(section, {}).update(entries)
+    with pytest.raises(ScenarioError, match=expected):
+        parse_stack(tree, "s.yaml")
+
+
 def test_the_later_megatron_fuses_grouped_qkv_and_copies_q_out():
     """Megatron-DeepSpeed's dist_nvme_opt (the MLP-Offload runs, their data file's
     stack_overrides): one fused QKV projection, Q copied out of it (4 B per element of Q,

@@ -87,6 +87,9 @@ class Elementwise:
     bf16: Elementwise | None = None
     flash: Elementwise | None = None
     transposes_batch: bool = False
+    unfused: Elementwise | None = None
+    """The scores' kernels where the stack's fused softmax kernel does not serve the shape
+    (`Recipe.fused_softmax`; None: the same)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ class ScoreMemory:
     backward_workspace: float = 0.0
     buffer: float = 0.0
     bf16: ScoreMemory | None = None
+    unfused: ScoreMemory | None = None
+    """What it holds where the fused softmax kernel does not serve the shape (None: the
+    same)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,8 @@ class Recipe:
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
     reads it off the code, else `backward_bytes_factor` times its forward bytes, in as many
     kernels. `score_memory` is what eager attention keeps per score, `loss_memory` what the
-    loss keeps per logit.
+    loss keeps per logit. `fused_softmax`: the shapes the stack's fused softmax kernel
+    serves, where `scores` and `score_memory` have an `unfused` variant for the others.
 
     The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
     """
@@ -179,6 +186,24 @@ class Recipe:
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
     loss_memory: LossMemory = LossMemory()
+    fused_softmax: FusedSoftmax | None = None
+
+
+@dataclass(frozen=True)
+class FusedSoftmax:
+    """The shapes a stack's fused softmax kernel serves: key lengths from `min_keys` to
+    `max_keys`, query and key lengths and attention batches (micro-batch x heads) multiples
+    of `multiple_of` (Megatron's `FusedScaleMaskSoftmax.is_kernel_available`); other shapes
+    take the framework's unfused path (`kernels.scores.unfused`)."""
+
+    min_keys: int
+    max_keys: int
+    multiple_of: int = 1
+
+    def serves(self, sequence_length: int, attention_batches: int) -> bool:
+        s, m = sequence_length, self.multiple_of
+        return (self.min_keys <= s <= self.max_keys and s % m == 0
+                and attention_batches % m == 0)
 
 
 QKV_LAYOUTS = ("fused", "q_kv", "separate")
@@ -351,7 +376,29 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
         return (*before, *inputs, FusedAttention(2.0 * t * s * q, io), *context)
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
-    return (*before, scores, *elementwise_pass(r.scores, a * s * t, w), mix, *context)
+    softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
+    return (*before, scores, *softmax, mix, *context)
+
+
+def _softmax_unfused(spec: ModelSpec, w: Workload, r: Recipe) -> bool:
+    """Eager attention's softmax takes the framework's unfused path: the stack's fused kernel
+    does not serve this sequence length or batch of heads."""
+    fused = r.fused_softmax
+    return fused is not None and not fused.serves(
+        w.sequence_length, w.micro_batch_size * spec.num_attention_heads)
+
+
+def _scores_op(spec: ModelSpec, w: Workload, r: Recipe) -> Elementwise:
+    if _softmax_unfused(spec, w, r) and r.scores.unfused is not None:
+        return r.scores.unfused
+    return r.scores
+
+
+def _score_memory(spec: ModelSpec, w: Workload, r: Recipe) -> ScoreMemory:
+    memory = r.score_memory
+    if _softmax_unfused(spec, w, r) and memory.unfused is not None:
+        memory = memory.unfused
+    return memory.bf16 if w.bfloat16 and memory.bf16 is not None else memory
 
 
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
@@ -363,9 +410,7 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     per_score = {"transient_bytes": 0.0}
     if w.attention == "eager":
         scores = a * s * t
-        memory, scale = r.score_memory, w.dtype_bytes / 2 * scores
-        if w.bfloat16 and memory.bf16 is not None:
-            memory = memory.bf16
+        memory, scale = _score_memory(spec, w, r), w.dtype_bytes / 2 * scores
         saved = qkv_saved + memory.saved * scale
         if dropout:
             saved += MASK_BYTES * scores + w.dtype_bytes * scores

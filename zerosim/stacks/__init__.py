@@ -21,7 +21,14 @@ from typing import Any
 from zerosim.errors import ScenarioError
 from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
-from zerosim.models.breakdown import QKV_LAYOUTS, Elementwise, LossMemory, Recipe, ScoreMemory
+from zerosim.models.breakdown import (
+    QKV_LAYOUTS,
+    Elementwise,
+    FusedSoftmax,
+    LossMemory,
+    Recipe,
+    ScoreMemory,
+)
 from zerosim.units import MS, US, GiB, MiB
 from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
 
@@ -79,6 +86,12 @@ views, which stream at the GPU's `gpu.strided_memory_efficiency`."""
 BF16_KEY = "bf16"
 """The optional key of a `kernels` entry: the op's kernels and bytes in bfloat16 runs, where
 they differ from float16's (an entry of the same keys, `Elementwise.bf16`)."""
+FUSED_SOFTMAX_KEY = "modules.fused_softmax"
+"""The optional shapes a stack's fused softmax kernel serves, as `{min_keys: N, max_keys: N,
+multiple_of: N, source: '...'}` (`Recipe.fused_softmax`); given, `kernels.scores.unfused`
+prices the framework's path for the other shapes (and `attention_memory.unfused` what it
+holds where that differs)."""
+UNFUSED_KEY = "unfused"
 FLASH_KEY = "flash"
 """The optional key of a `kernels` entry: the op's kernels and bytes with flash-attn's kernel
 (`attention: flash`), where they differ from the other paths' (`Elementwise.flash`; it may
@@ -185,7 +198,8 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     raw = dotted_leaf(tree, key)
     if raw is None and op in OPTIONAL_KERNEL_OPS:
         return Elementwise()
-    return _kernel_entry(raw, key, source, (FLASH_KEY, BF16_KEY))
+    nested = (UNFUSED_KEY, BF16_KEY) if op == "scores" else (FLASH_KEY, BF16_KEY)
+    return _kernel_entry(raw, key, source, nested)
 
 
 def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> Elementwise:
@@ -282,7 +296,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if output_weight not in OUTPUT_WEIGHTS:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
-    module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY)
+    module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
+                   FUSED_SOFTMAX_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -302,7 +317,9 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
                     loss_memory=LossMemory(**_memory_section(
-                        tree, "loss_memory", LOSS_MEMORY, source, provenance)))
+                        tree, "loss_memory", LOSS_MEMORY, source, provenance)),
+                    fused_softmax=_fused_softmax(tree, source))
+    _check_unfused_path(recipe, source)
     extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
     if extra:
         raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",
@@ -331,13 +348,47 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
 
 def _score_memory(tree: Mapping[str, Any], source: str, provenance: dict[str, Provenance]
                   ) -> ScoreMemory:
-    """`attention_memory`, with its optional `bf16` sub-section: what bfloat16 runs hold
-    where it differs."""
+    """`attention_memory`, with its optional `bf16` and `unfused` sub-sections: what
+    bfloat16 runs hold, and what the unfused softmax holds, where it differs."""
     memory = ScoreMemory(**_memory_section(tree, "attention_memory", SCORE_MEMORY, source,
-                                           provenance, nested=(BF16_KEY,)))
-    bf16 = _memory_section(tree, f"attention_memory.{BF16_KEY}", SCORE_MEMORY, source,
-                           provenance)
-    return replace(memory, bf16=replace(memory, **bf16)) if bf16 else memory
+                                           provenance, nested=(BF16_KEY, UNFUSED_KEY)))
+    variants = {name: _memory_section(tree, f"attention_memory.{name}", SCORE_MEMORY, source,
+                                      provenance)
+                for name in (BF16_KEY, UNFUSED_KEY)}
+    return replace(memory, **{name: replace(memory, **values)
+                              for name, values in variants.items() if values})
+
+
+def _fused_softmax(tree: Mapping[str, Any], source: str) -> FusedSoftmax | None:
+    """`modules.fused_softmax` (None when absent)."""
+    raw = dotted_leaf(tree, FUSED_SOFTMAX_KEY)
+    if raw is None:
+        return None
+    fields = ("min_keys", "max_keys", "multiple_of")
+    if not isinstance(raw, Mapping) or set(raw) != {*fields, "source"}:
+        raise ScenarioError(source, FUSED_SOFTMAX_KEY, "{min_keys: N, max_keys: N, "
+                            "multiple_of: N, source: '...'}", raw)
+    for name in fields:
+        value = raw[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScenarioError(source, f"{FUSED_SOFTMAX_KEY}.{name}", "an integer >= 1",
+                                value)
+    if raw["max_keys"] < raw["min_keys"]:
+        raise ScenarioError(source, f"{FUSED_SOFTMAX_KEY}.max_keys",
+                            f"at least min_keys = {raw['min_keys']}", raw["max_keys"])
+    return FusedSoftmax(*(raw[name] for name in fields))
+
+
+def _check_unfused_path(recipe: Recipe, source: str) -> None:
+    """A fused softmax's shapes and the unfused path's price come together."""
+    unfused = recipe.scores.unfused is not None
+    if recipe.fused_softmax is not None and not unfused:
+        raise ScenarioError(source, f"kernels.scores.{UNFUSED_KEY}",
+                            f"given with {FUSED_SOFTMAX_KEY}", "absent")
+    if recipe.fused_softmax is None and (unfused or recipe.score_memory.unfused is not None):
+        what = "kernels.scores" if unfused else "attention_memory"
+        raise ScenarioError(source, FUSED_SOFTMAX_KEY, f"given with {what}.{UNFUSED_KEY}",
+                            "absent")
 
 
 def _choice_leaf(tree: Mapping[str, Any], key: str, choices: tuple[str, ...],
