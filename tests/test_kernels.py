@@ -167,8 +167,10 @@ def test_a_bf16_variant_is_checked_like_its_entry():
 def test_megatron_expands_k_and_v_before_the_rotary_embedding():
     """Llama-2-70B (64 query heads, 8 K/V heads, head 128) at micro-batch 1, s = 2048, on
     Megatron-DeepSpeed as the Deep Optimizer States runs ran it (1df5712): Q and the fused K
-    and V are two projections (two modules), K and V are expanded to every head (2.2 B per
-    repeated element), then the rotary embedding acts on Q and the expanded K (24 B per
+    and V are two projections (two modules), K and V are expanded to every head (2 B written
+    per repeated element and 2 B read per element of K or V: 2.25 B per repeated element at 8
+    groups, strided; its backward sums the gradient over the repeats, as many bytes, over
+    contiguous memory), then the rotary embedding acts on Q and the expanded K (24 B per
     element, 2 x 8192 per token, 20 kernels), before the score product; the causal softmax
     reads half its scores and writes all (3 B each), and its backward moves 4 B per score,
     not twice the forward's. With flash attention the same come first and the kernel reads
@@ -182,7 +184,8 @@ def test_megatron_expands_k_and_v_before_the_rotary_embedding():
         "q_proj", "kv_proj"]
     core = next(m for m in modules if m.kind == "attention")
     repeat, rotary, product, softmax = core.kernels[:4]
-    assert repeat.nbytes == pytest.approx(2.2 * 2 * t * q)
+    assert (repeat.nbytes, repeat.strided_nbytes) == (2.25 * 2 * t * q, 2.25 * 2 * t * q)
+    assert repeat.backward(2.0) == MemoryPass(2.25 * 2 * t * q, 2, 0.0, 0.0)
     assert (rotary.nbytes, rotary.strided_nbytes, rotary.count) == (
         24 * t * 2 * q, 24 * t * 2 * q, 20)
     assert isinstance(product, Gemm)

@@ -87,6 +87,10 @@ class Elementwise:
     bf16: Elementwise | None = None
     flash: Elementwise | None = None
     transposes_batch: bool = False
+    source_bytes_per_element: float = 0.0
+    """Bytes per element of the op's source where it is smaller than what the op writes (a
+    broadcast copy reads each source element once; its backward, a sum, writes each once),
+    forward and backward besides the per-element bytes, strided in the same share."""
     unfused: Elementwise | None = None
     """The scores' kernels where the stack's fused softmax kernel does not serve the shape
     (`Recipe.fused_softmax`; None: the same)."""
@@ -236,22 +240,32 @@ def op_for(op: Elementwise, w: Workload) -> Elementwise:
     return op
 
 
-def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0
-                     ) -> tuple[MemoryPass, ...]:
-    """A stack's op over `elements` elements as the kernels it launches (none if it launches
-    none; its `flash` variant with flash-attn's kernel, its `bf16` one in bfloat16 runs): its
-    bytes at the workload's element size, the strided ones only in 16-bit runs."""
+def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float = 0.0,
+                     source_elements: float = 0.0) -> tuple[MemoryPass, ...]:
+    """A stack's op over `elements` elements (read from `source_elements`, where it reads a
+    smaller tensor once: `Elementwise.source_bytes_per_element`) as the kernels it launches
+    (none if it launches none; its `flash` variant with flash-attn's kernel, its `bf16` one in
+    bfloat16 runs): its bytes at the workload's element size, the strided ones only in 16-bit
+    runs."""
     op = op_for(op, w)
     if op.kernels == 0 or (op.transposes_batch and w.micro_batch_size == 1):
         return ()
-    scale = w.dtype_bytes / 2 * elements
+    size = w.dtype_bytes / 2
+    source = op.source_bytes_per_element * size * source_elements
     sixteen_bit = w.dtype_bytes == STRIDED_DTYPE_BYTES
-    strided = op.strided_bytes_per_element if sixteen_bit else 0.0
-    backward_strided = op.backward_strided_bytes_per_element if sixteen_bit else 0.0
-    backward = (None if op.backward_bytes_per_element is None
-                else op.backward_bytes_per_element * scale)
-    return (MemoryPass(op.bytes_per_element * scale, op.kernels, flops, strided * scale,
-                       backward, backward_strided * scale),)
+
+    def moved(per_element: float, strided_per_element: float) -> tuple[float, float]:
+        """Bytes and strided bytes: the source's in the same strided share as the rest."""
+        strided = strided_per_element if sixteen_bit else 0.0
+        share = strided / per_element if per_element else 0.0
+        return (per_element * size * elements + source,
+                strided * size * elements + share * source)
+
+    nbytes, strided = moved(op.bytes_per_element, op.strided_bytes_per_element)
+    backward, backward_strided = (
+        (None, 0.0) if op.backward_bytes_per_element is None
+        else moved(op.backward_bytes_per_element, op.backward_strided_bytes_per_element))
+    return (MemoryPass(nbytes, op.kernels, flops, strided, backward, backward_strided),)
 
 
 @dataclass(frozen=True)
@@ -362,11 +376,12 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     early = grouped and r.kv_repeat_before_rotary
     split = (elementwise_pass(r.query_split, t * q, w)
              if grouped and qkv_layout(spec, r) == "fused" else ())
-    early_repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if early else ()
+    repeated = {"elements": 2 * t * q, "w": w, "source_elements": 2 * t * hkv}
+    early_repeat = elementwise_pass(r.kv_repeat, **repeated) if early else ()
     key_width = q if early else hkv
     rotary = (elementwise_pass(r.rotary, t * (q + key_width), w)
               if spec.position_embedding == "rotary" else ())
-    repeat = elementwise_pass(r.kv_repeat, 2 * t * q, w) if grouped and not early else ()
+    repeat = elementwise_pass(r.kv_repeat, **repeated) if grouped and not early else ()
     before = (*split, *early_repeat, *rotary, *repeat)
     context = elementwise_pass(r.context, t * q, w)
     if w.fused_attention:

@@ -99,6 +99,9 @@ hold its own `bf16`)."""
 TRANSPOSES_BATCH_KEY = "transposes_batch"
 """The optional flag of a `kernels` entry: a copy into the layout with the sequence and batch
 dimensions swapped, which launches nothing at micro-batch 1 (`Elementwise.transposes_batch`)."""
+SOURCE_KEY = "source_bytes_per_element"
+"""The optional key of a `kernels` entry: bytes per element of a smaller source the op reads
+once (`Elementwise.source_bytes_per_element`)."""
 BACKWARD_KEY = "backward_bytes_per_element"
 BACKWARD_STRIDED_KEY = "backward_strided_bytes_per_element"
 """The optional keys of a `kernels` entry whose backward is read off its code: the bytes its
@@ -206,11 +209,12 @@ def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> E
     """One `kernels` entry (or one of its variants, which may nest the variants after
     theirs: `flash` may hold a `bf16`): counts and bytes, checked."""
     required = {"kernels", "bytes_per_element", "source"}
-    optional = {STRIDED_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY, TRANSPOSES_BATCH_KEY, *nested}
+    optional = {STRIDED_KEY, SOURCE_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY,
+                TRANSPOSES_BATCH_KEY, *nested}
     if not isinstance(raw, Mapping) or not required <= set(raw) <= required | optional:
         variants = "".join(f" {name}: {{...}}," for name in nested)
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
-                            f"[{STRIDED_KEY}: S, {BACKWARD_KEY}: BB, "
+                            f"[{STRIDED_KEY}: S, {SOURCE_KEY}: SB, {BACKWARD_KEY}: BB, "
                             f"{BACKWARD_STRIDED_KEY}: BS, {TRANSPOSES_BATCH_KEY}: true,"
                             f"{variants}] source: '...'}}", raw)
     entry = _counts_and_bytes(raw, key, source)
@@ -221,7 +225,9 @@ def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> E
     variants = {name: _kernel_entry(raw[name], f"{key}.{name}", source,
                                     nested[nested.index(name) + 1:])
                 for name in nested if name in raw}
-    return replace(entry, transposes_batch=transposes, **variants)
+    source_bytes = _bytes(raw, key, SOURCE_KEY, source) if SOURCE_KEY in raw else 0.0
+    return replace(entry, transposes_batch=transposes, source_bytes_per_element=source_bytes,
+                   **variants)
 
 
 def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementwise:
