@@ -215,7 +215,9 @@ def test_megatron_flash_attention_copies_its_layout_only_at_a_micro_batch_above_
     [s, b] into [b, s] order and the output back, copies that are views at micro-batch 1.
     At micro-batch 4 (t = 8192 tokens): three copies of 4 B per element of Q, K and V at
     every head (3 x 8192 per token), strided, whose backward passes the gradient through
-    (0 B), and the output's copy (4 B per element of Q) with one copy back (4 B)."""
+    (0 B), and the output's copy (4 B per element of Q) with one copy back (4 B); the
+    kernel's own output, saved for its backward, is then held apart from the copy the output
+    projection saves."""
     q = 8192
     one = _attention("megatron-deepspeed", "llama2-70b", "flash", 1)
     assert [type(k) for k in one.kernels] == [MemoryPass, MemoryPass, FusedAttention]
@@ -225,6 +227,7 @@ def test_megatron_flash_attention_copies_its_layout_only_at_a_micro_batch_above_
     assert (inputs.nbytes, inputs.strided_nbytes, inputs.count) == (4 * t * 3 * q,
                                                                      4 * t * 3 * q, 3)
     assert inputs.backward(2.0) == MemoryPass(0.0, 3, 0.0, 0.0)
+    assert four.saved_bytes - one.saved_bytes * 4 == 2 * t * q  # the kernel's output apart
     assert kernel.nbytes == 2 * t * 4 * q
     assert (context.nbytes, context.strided_nbytes, context.count) == (4 * t * q, 4 * t * q, 1)
     assert context.backward(2.0) == MemoryPass(4 * t * q, 1, 0.0, 4 * t * q)
@@ -232,18 +235,20 @@ def test_megatron_flash_attention_copies_its_layout_only_at_a_micro_batch_above_
     assert eager.kernels[-1] == MemoryPass(4 * 2048 * q, 1, 0.0, 4 * 2048 * q)
 
 
-@pytest.mark.parametrize(("attention", "kinds", "kv_width"), [
-    ("eager", [MemoryPass, MemoryPass, Gemm, MemoryPass, Gemm, MemoryPass], 8192),
-    ("sdpa", [MemoryPass, MemoryPass, FusedAttention, MemoryPass], 8192),
-    ("flash", [MemoryPass, FusedAttention], 1024),
+@pytest.mark.parametrize(("attention", "kinds", "kv_width", "output"), [
+    ("eager", [MemoryPass, MemoryPass, Gemm, MemoryPass, Gemm, MemoryPass], 8192, 0),
+    ("sdpa", [MemoryPass, MemoryPass, FusedAttention, MemoryPass], 8192, 2 * 2048 * 8192),
+    ("flash", [MemoryPass, FusedAttention], 1024, 0),
 ])
-def test_hf_attention_paths_differ_in_what_they_copy(attention, kinds, kv_width):
+def test_hf_attention_paths_differ_in_what_they_copy(attention, kinds, kv_width, output):
     """transformers on Llama-2-70B (8 K/V heads of 128): the rotary embedding on Q and K's
     own heads; eager attention and LlamaSdpaAttention expand K and V (repeat_kv, 2 kernels)
     and copy the output out of [b, heads, s, d]; LlamaFlashAttention2 does neither, and its
     kernel reads and saves K and V with their own 8 heads: 2 B x 2048 x (8192 + 2 x 1024)
     saved for Q, K and V, against 2 x 3 x 8192 for the others (besides the probabilities
-    eager attention saves, and the fused kernels' fp32 log-sum-exp per head and token)."""
+    eager attention saves, and the fused kernels' fp32 log-sum-exp per head and token). SDPA
+    also keeps its own output for its backward, apart from the copy o_proj saves; flash-attn's
+    output is what o_proj reads."""
     core = _attention("hf-transformers", "llama2-70b", attention, 1)
     assert [type(k) for k in core.kernels] == kinds
     q, t = 8192, 2048
@@ -252,7 +257,7 @@ def test_hf_attention_paths_differ_in_what_they_copy(attention, kinds, kv_width)
         assert kernel.nbytes == 2 * t * (2 * q + 2 * kv_width)
     per_score = load_stack("hf-transformers").recipe.score_memory.saved
     probabilities = per_score * 64 * 2048 * t if attention == "eager" else 4 * 64 * t
-    assert core.saved_bytes == 2 * t * (q + 2 * kv_width) + probabilities
+    assert core.saved_bytes == 2 * t * (q + 2 * kv_width) + probabilities + output
 
 
 def test_a_flash_variant_is_checked_like_its_entry_and_may_hold_a_bf16_one():

@@ -395,6 +395,14 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     return (*before, scores, *softmax, mix, *context)
 
 
+def _fused_output_kept_apart(spec: ModelSpec, w: Workload, r: Recipe) -> float:
+    """A fused attention kernel saves its output for its backward; where the stack copies
+    that output into another layout (`context`) the output projection saves the copy, so the
+    kernel's own is held besides (none where the projection reads it as it is)."""
+    t, q = w.tokens, spec.q_size
+    return w.dtype_bytes * t * q if elementwise_pass(r.context, t * q, w) else 0.0
+
+
 def _softmax_unfused(spec: ModelSpec, w: Workload, r: Recipe) -> bool:
     """Eager attention's softmax takes the framework's unfused path: the stack's fused kernel
     does not serve this sequence length or batch of heads."""
@@ -434,7 +442,7 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                      "buffer_bytes": memory.buffer * scale}
         flops = dense_flops
     else:
-        saved = qkv_saved + FP32_BYTES * a * t
+        saved = qkv_saved + FP32_BYTES * a * t + _fused_output_kept_apart(spec, w, r)
         flops = dense_flops / 2
     module = Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
                     dense_flops, 0.0, saved, **per_score)
