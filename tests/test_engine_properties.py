@@ -93,11 +93,16 @@ def _assert_clean(result: zerosim.Result) -> None:
     assert result.summary["checks"] == CHECKS
     last = _last_levels(result.memory)
     assert (last == 0).all(), last[last != 0].to_dict()
-    # every span lies inside its rank's phase
+    # every span lies inside its rank's phase; the forward's timer stops when its compute is
+    # done, so what it launched on other streams (the last prefetches) may run on into the
+    # backward that follows, whose first kernels wait for it (`RankCore.end`)
     phases = result.phases.set_index(["rank", "phase", "micro_batch"])
     for (rank, phase, micro), group in result.spans.groupby(["rank", "phase", "micro_batch"]):
         start, end = phases.loc[(rank, phase, micro), ["start_s", "end_s"]]
         assert group.start_s.min() >= start - 1e-15
+        if phase == "forward":
+            assert group[group.stream == "compute"].end_s.max() <= end + 1e-15
+            end = phases.loc[(rank, "backward", micro), "end_s"]
         assert group.end_s.max() <= end + 1e-15
     # phases follow one another, per rank, with only the framework's host time per
     # micro-batch (the stack's micro_batch_ms) before each forward
