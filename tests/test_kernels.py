@@ -138,17 +138,22 @@ def test_hf_softmax_in_bfloat16_casts_apart_and_its_backward_is_read_off_autogra
     """transformers' eager scores (s = 2048, micro-batch 2, 40 heads): float16 fuses
     softmax's up-cast (4 kernels, 21 B per score forward, 20 B backward), bfloat16 casts
     first and runs softmax on float32 (5 kernels, 29 B forward, 28 B backward); the mask
-    add's strided bytes are forward only."""
+    add's strided bytes are forward only. Of them, ATen's softmax kernels move 6 and 10 B
+    (float16: the fused up-cast's read of 2 and write of 4; backward 4 + 4 read, 2 written),
+    8 and 12 B (bfloat16: float32 in and out), at the GPU's softmax rate."""
     recipe = load_stack("hf-transformers").recipe
     scores = 40 * 2048 * 4096
-    for bfloat16, count, forward, backward in ((False, 4, 21, 20), (True, 5, 29, 28)):
+    for bfloat16, count, forward, backward, softmax_bytes in ((False, 4, 21, 20, (6, 10)),
+                                                               (True, 5, 29, 28, (8, 12))):
         w = Workload(sequence_length=2048, micro_batch_size=2, bfloat16=bfloat16)
         core = next(m for m in build_modules(LLAMA13, w, recipe) if m.kind == "attention")
         softmax = [k for k in core.kernels if isinstance(k, MemoryPass)][1]
-        assert (softmax.count, softmax.nbytes, softmax.strided_nbytes) == (
-            count, forward * scores, 5 * scores)
-        assert softmax.backward(2.0) == MemoryPass(backward * scores, count,
-                                                   softmax.flops * backward / forward, 0.0)
+        assert (softmax.count, softmax.nbytes, softmax.strided_nbytes,
+                softmax.softmax_nbytes) == (count, forward * scores, 5 * scores,
+                                            softmax_bytes[0] * scores)
+        assert softmax.backward(2.0) == MemoryPass(
+            backward * scores, count, softmax.flops * backward / forward, 0.0,
+            softmax_nbytes=softmax_bytes[1] * scores)
 
 
 def test_a_bf16_variant_is_checked_like_its_entry():
@@ -304,7 +309,8 @@ def test_megatron_s_fused_softmax_serves_its_shapes_and_pytorch_s_the_rest(seque
             3 * scores, 1, 4 * scores)
         assert core.backward_transient_bytes == 2 * scores
     else:
-        assert softmax == MemoryPass(9 * scores, 2, 0.0, 5 * scores, 13 * scores, 5 * scores)
+        assert softmax == MemoryPass(9 * scores, 2, 0.0, 5 * scores, 13 * scores, 5 * scores,
+                                     4 * scores, 8 * scores)
         assert core.backward_transient_bytes == 4 * scores
 
 

@@ -114,11 +114,15 @@ def pinned_bytes(nbytes: float) -> int:
     return 1 << (math.ceil(nbytes) - 1).bit_length()
 
 
-def hbm_s(nbytes: float, profile: HardwareProfile, strided_nbytes: float = 0.0) -> float:
+def hbm_s(nbytes: float, profile: HardwareProfile, strided_nbytes: float = 0.0,
+          softmax_nbytes: float = 0.0) -> float:
     """Bytes streamed through HBM by memory-bound kernels, `strided_nbytes` of them by kernels
-    on strided or broadcast views (PyTorch's non-vectorized path, `MemoryPass`)."""
-    return ((nbytes - strided_nbytes) / (profile.hbm_Bps * profile.memory_efficiency)
-            + strided_nbytes / (profile.hbm_Bps * profile.strided_memory_efficiency))
+    on strided or broadcast views (PyTorch's non-vectorized path, `MemoryPass`) and
+    `softmax_nbytes` by PyTorch's softmax over attention scores."""
+    contiguous = nbytes - strided_nbytes - softmax_nbytes
+    return (contiguous / (profile.hbm_Bps * profile.memory_efficiency)
+            + strided_nbytes / (profile.hbm_Bps * profile.strided_memory_efficiency)
+            + softmax_nbytes / (profile.hbm_Bps * profile.softmax_memory_efficiency))
 
 
 def gemm_tiles(profile: HardwareProfile) -> tuple[tuple[int, int], ...]:
@@ -168,7 +172,8 @@ def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:
         rate = profile.peak_16bit_flops * profile.flash_attention_efficiency
         return max(kernel.flops / rate, hbm_s(kernel.nbytes, profile)) + profile.kernel_gap_s
     arithmetic = kernel.flops / (profile.peak_16bit_flops * profile.gemm_efficiency)
-    return (max(arithmetic, hbm_s(kernel.nbytes, profile, kernel.strided_nbytes))
+    return (max(arithmetic, hbm_s(kernel.nbytes, profile, kernel.strided_nbytes,
+                                  kernel.softmax_nbytes))
             + kernel.count * profile.kernel_gap_s)
 
 

@@ -67,6 +67,10 @@ class HardwareProfile:
     strided_memory_efficiency: float
     """Fraction of HBM peak PyTorch's 16-bit elementwise kernels reach when an operand is a
     strided or broadcast view (their non-vectorized path): below `memory_efficiency`."""
+    softmax_memory_efficiency: float
+    """Fraction of HBM peak PyTorch's softmax kernels (ATen's `cunn_SoftMax*`, one block a
+    row) reach over the rows of attention scores: bound by each SM's work on its rows, not
+    by HBM, below `memory_efficiency` on an H100."""
     kernel_gap_s: float
     runtime_context_bytes: float
     cuda_malloc_Bps: float
@@ -181,6 +185,8 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.gemm_memory_efficiency": ("gemm_memory_efficiency", 1.0, _fraction,
                                    "a fraction in (0, 1]"),
     "gpu.strided_memory_efficiency": ("strided_memory_efficiency", 1.0, _fraction,
+                                      "a fraction in (0, 1]"),
+    "gpu.softmax_memory_efficiency": ("softmax_memory_efficiency", 1.0, _fraction,
                                       "a fraction in (0, 1]"),
     "gpu.kernel_gap_us": ("kernel_gap_s", US, _non_negative, "a time >= 0 in microseconds"),
     "gpu.runtime_context_GiB": ("runtime_context_bytes", GiB, _non_negative, "GiB >= 0"),
@@ -304,6 +310,10 @@ DEFAULTS_FROM: dict[str, tuple[str, str]] = {
         "gpu.memory_efficiency", "no measurement of PyTorch's elementwise kernels on strided "
         "views on this GPU: they stream at the STREAM rate (gpu.memory_efficiency), as profiles "
         "written before the key existed priced them"),
+    "gpu.softmax_memory_efficiency": (
+        "gpu.memory_efficiency", "no measurement of PyTorch's softmax over attention scores on "
+        "this GPU: it streams at the STREAM rate (gpu.memory_efficiency), as profiles written "
+        "before the key existed priced it"),
 }
 """Keys a profile may leave out whose default is another key's value: key -> (that key, why)."""
 

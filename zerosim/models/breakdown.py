@@ -87,6 +87,9 @@ class Elementwise:
     bf16: Elementwise | None = None
     flash: Elementwise | None = None
     transposes_batch: bool = False
+    softmax_bytes_per_element: float = 0.0
+    """Of the contiguous bytes, those PyTorch's softmax kernel moves (`MemoryPass`)."""
+    backward_softmax_bytes_per_element: float = 0.0
     source_bytes_per_element: float = 0.0
     """Bytes per element of the op's source where it is smaller than what the op writes (a
     broadcast copy reads each source element once; its backward, a sum, writes each once),
@@ -265,7 +268,9 @@ def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float
     backward, backward_strided = (
         (None, 0.0) if op.backward_bytes_per_element is None
         else moved(op.backward_bytes_per_element, op.backward_strided_bytes_per_element))
-    return (MemoryPass(nbytes, op.kernels, flops, strided, backward, backward_strided),)
+    return (MemoryPass(nbytes, op.kernels, flops, strided, backward, backward_strided,
+                       op.softmax_bytes_per_element * size * elements,
+                       op.backward_softmax_bytes_per_element * size * elements),)
 
 
 @dataclass(frozen=True)

@@ -54,16 +54,22 @@ class MemoryPass:
     """What the kernels' backward moves, where it is read off their code (None: a factor of
     the forward's bytes, `backward`)."""
     backward_strided_nbytes: float = 0.0
+    softmax_nbytes: float = 0.0
+    """Of the contiguous bytes, those PyTorch's softmax kernel moves over attention scores
+    (priced at the GPU's `softmax_memory_efficiency`)."""
+    backward_softmax_nbytes: float = 0.0
 
     def backward(self, factor: float) -> MemoryPass:
         """The kernels' backward, as many kernels: the bytes read off their code where known,
         else `factor` times the forward's bytes (and arithmetic)."""
         if self.backward_nbytes is None:
             return MemoryPass(self.nbytes * factor, self.count, self.flops * factor,
-                              self.strided_nbytes * factor)
+                              self.strided_nbytes * factor,
+                              softmax_nbytes=self.softmax_nbytes * factor)
         ratio = self.backward_nbytes / self.nbytes if self.nbytes else 0.0
         return MemoryPass(self.backward_nbytes, self.count, self.flops * ratio,
-                          self.backward_strided_nbytes)
+                          self.backward_strided_nbytes,
+                          softmax_nbytes=self.backward_softmax_nbytes)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,11 @@ hold its own `bf16`)."""
 TRANSPOSES_BATCH_KEY = "transposes_batch"
 """The optional flag of a `kernels` entry: a copy into the layout with the sequence and batch
 dimensions swapped, which launches nothing at micro-batch 1 (`Elementwise.transposes_batch`)."""
+SOFTMAX_KEY = "softmax_bytes_per_element"
+BACKWARD_SOFTMAX_KEY = "backward_softmax_bytes_per_element"
+"""The optional keys of a `kernels` entry: of its contiguous bytes (forward, backward), those
+PyTorch's softmax kernel moves over attention scores, priced at the GPU's
+`gpu.softmax_memory_efficiency`."""
 SOURCE_KEY = "source_bytes_per_element"
 """The optional key of a `kernels` entry: bytes per element of a smaller source the op reads
 once (`Elementwise.source_bytes_per_element`)."""
@@ -209,13 +214,14 @@ def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> E
     """One `kernels` entry (or one of its variants, which may nest the variants after
     theirs: `flash` may hold a `bf16`): counts and bytes, checked."""
     required = {"kernels", "bytes_per_element", "source"}
-    optional = {STRIDED_KEY, SOURCE_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY,
-                TRANSPOSES_BATCH_KEY, *nested}
+    optional = {STRIDED_KEY, SOURCE_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY, SOFTMAX_KEY,
+                BACKWARD_SOFTMAX_KEY, TRANSPOSES_BATCH_KEY, *nested}
     if not isinstance(raw, Mapping) or not required <= set(raw) <= required | optional:
         variants = "".join(f" {name}: {{...}}," for name in nested)
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
                             f"[{STRIDED_KEY}: S, {SOURCE_KEY}: SB, {BACKWARD_KEY}: BB, "
-                            f"{BACKWARD_STRIDED_KEY}: BS, {TRANSPOSES_BATCH_KEY}: true,"
+                            f"{BACKWARD_STRIDED_KEY}: BS, {SOFTMAX_KEY}: M, "
+                            f"{BACKWARD_SOFTMAX_KEY}: BM, {TRANSPOSES_BATCH_KEY}: true,"
                             f"{variants}] source: '...'}}", raw)
     entry = _counts_and_bytes(raw, key, source)
     transposes = raw.get(TRANSPOSES_BATCH_KEY, False)
@@ -227,7 +233,23 @@ def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> E
                 for name in nested if name in raw}
     source_bytes = _bytes(raw, key, SOURCE_KEY, source) if SOURCE_KEY in raw else 0.0
     return replace(entry, transposes_batch=transposes, source_bytes_per_element=source_bytes,
-                   **variants)
+                   **_softmax_bytes(raw, key, source, entry), **variants)
+
+
+def _softmax_bytes(raw: Mapping[str, Any], key: str, source: str, entry: Elementwise
+                   ) -> dict[str, float]:
+    """The entry's softmax bytes, forward and backward (the keys are `Elementwise`'s field
+    names): at most its contiguous ones."""
+    backward = entry.backward_bytes_per_element
+    if BACKWARD_SOFTMAX_KEY in raw and backward is None:
+        raise ScenarioError(source, f"{key}.{BACKWARD_KEY}", f"given with {BACKWARD_SOFTMAX_KEY}",
+                            "absent")
+    bounds = {SOFTMAX_KEY: (entry.bytes_per_element - entry.strided_bytes_per_element,
+                            "the contiguous bytes_per_element"),
+              BACKWARD_SOFTMAX_KEY: ((backward or 0.0) - entry.backward_strided_bytes_per_element,
+                                     "the contiguous backward_bytes_per_element")}
+    return {name: _bytes(raw, key, name, source, bounds[name])
+            for name in (SOFTMAX_KEY, BACKWARD_SOFTMAX_KEY) if name in raw}
 
 
 def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementwise:

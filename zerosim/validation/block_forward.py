@@ -10,7 +10,6 @@ of the memory-bound kernels that would make the model meet the measured layers.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -106,25 +105,12 @@ def fit_memory_efficiency(rows: list[BlockRow], profile: HardwareProfile,
         profile.memory_efficiency)
 
 
-def with_softmax_rate(data: dict[str, Any], rate: float, profile: HardwareProfile
-                      ) -> dict[str, Any]:
-    """The data file with the softmax (the score kernels' contiguous bytes; the mask's are
-    strided) streaming at `rate` of HBM peak, every other kernel at the profile's rates: its
-    bytes scaled."""
-    moved = copy.deepcopy(data)
-    scores = moved["stack"]["overrides"]["kernels.scores"]
-    strided = scores.get("strided_bytes_per_element", 0)
-    scores["bytes_per_element"] = (strided + (scores["bytes_per_element"] - strided)
-                                   * profile.memory_efficiency / rate)
-    return moved
-
-
 def fit_softmax_efficiency(rows: list[BlockRow], profile: HardwareProfile,
                            data: dict[str, Any] | None = None) -> StreamingFit:
-    """The streaming rate of PyTorch's softmax over the s x s scores that meets the layers,
-    every other kernel as the profile prices it (the strided ones, the mask among them, at
-    `gpu.strided_memory_efficiency`)."""
+    """`gpu.softmax_memory_efficiency`: the rate PyTorch's softmax over the s x s scores
+    streams at that meets the layers, every other kernel as the profile prices it (the
+    strided ones, the mask among them, at `gpu.strided_memory_efficiency`)."""
     data = data or block_data()
     return _fit_rate(rows, lambda value: [
-        modelled_layer_s(r, with_softmax_rate(data, value, profile), profile) for r in rows],
-        profile.memory_efficiency)
+        modelled_layer_s(r, data, replace(profile, softmax_memory_efficiency=value))
+        for r in rows], profile.memory_efficiency)

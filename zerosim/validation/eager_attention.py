@@ -12,12 +12,13 @@ product's share of the time from the softmax's only as far as the profile's GEMM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile, load_profile
 from zerosim.models.kernels import Gemm, Kernel, MemoryPass
+from zerosim.validation.leastsq import StreamingFit, fit_rate
 from zerosim.validation.reference import reference_data
 
 EAGER_ATTENTION_FILES = ("a100_eager_attention.yaml", "h100_pcie_eager_attention.yaml")
@@ -63,7 +64,8 @@ def _memory_pass(spec: dict[str, Any], row: AttentionRow, table: dict[str, Any])
     elements = spec.get("tensors", 1) * per_tensor[spec["over"]]
     return MemoryPass(spec["bytes_per_element"] * elements, count=spec["kernels"]
                       * spec.get("tensors", 1),
-                      strided_nbytes=spec.get("strided_bytes_per_element", 0) * elements)
+                      strided_nbytes=spec.get("strided_bytes_per_element", 0) * elements,
+                      softmax_nbytes=spec.get("softmax_bytes_per_element", 0) * elements)
 
 
 def attention_kernels(row: AttentionRow, table: dict[str, Any]) -> dict[str, Kernel]:
@@ -91,3 +93,14 @@ def softmax_rate_needed(row: AttentionRow, table: dict[str, Any],
     others_s = costs.kernels_s(tuple(kernels.values()), profile)
     softmax_s = row.forward_s - others_s - softmax.count * profile.kernel_gap_s
     return softmax.nbytes / (softmax_s * profile.hbm_Bps)
+
+
+def fit_softmax_efficiency(table: dict[str, Any], profile: HardwareProfile | None = None
+                           ) -> StreamingFit:
+    """`gpu.softmax_memory_efficiency` that meets the table's forward times, every other
+    kernel priced on the table's profile or on `profile`."""
+    profile = profile or table_profile(table)
+    rows = attention_rows(table)
+    return fit_rate([r.forward_s for r in rows], lambda value: [
+        modelled_forward_s(r, table, replace(profile, softmax_memory_efficiency=value))
+        for r in rows], profile.memory_efficiency)

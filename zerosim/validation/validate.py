@@ -285,23 +285,25 @@ def gemm_cells() -> list[Cell]:
 BLOCK_NOTE = (
     "node probe section g: a Llama block in plain PyTorch ops (fp32 RMSNorm chain, eager "
     "attention), GPU-bound; reported, not judged: priced as the engine prices modules, its "
-    "strided kernels at the H100's measured 0.523, it runs 11-14% fast, which PyTorch's bf16 "
-    "softmax at 0.343 of HBM peak (1.15 TB/s) would make up, every layer within 2% "
+    "strided kernels at the H100's measured 0.523 and PyTorch's bf16 softmax at the 0.343 of "
+    "HBM peak (1.15 TB/s) fitted to these six layers (gpu.softmax_memory_efficiency), every "
+    "layer within 2%; with the softmax at STREAM it ran 11-14% fast "
     "(tests/test_block_forward.py)")
 
 ATTENTION_NOTES = {
     "a100_eager_attention.yaml": (
         "lucidrains/flash-cosine-sim-attention issue #4, float16 baseline (normalize, QK^T with "
         "K 64, scale, softmax, PV) on an A100 80GB, priced on dgx-a100; reported, not judged: "
-        "the score product at the A100's per-tile cost and the softmax at STREAM meet it within "
-        "8%, and so would the product bound by its bytes alone with the softmax at 0.33-0.36 of "
-        "HBM peak (tests/test_eager_attention.py)"),
+        "the softmax's rate, 0.640 of HBM peak (1.30 TB/s), is fitted to these rows "
+        "(gpu.softmax_memory_efficiency), the score product at the A100's per-tile cost; bound "
+        "by its bytes alone, the product would leave the softmax at 0.33-0.35 "
+        "(tests/test_eager_attention.py)"),
     "h100_pcie_eager_attention.yaml": (
         "flash-attention pull request #1075, FlashAttention's PyTorch reference (q, k, v "
         "copies, baddbmm with K 128, softmax, einsum) on an H100 PCIe, float16, priced on "
         "dgx-h100 with the PCIe part's HBM, peak and SMs; reported, not judged: every product "
-        "is bound by its bytes, and the softmax would stream at 0.43-0.60 of HBM peak (0.87-1.23 "
-        "TB/s), not STREAM's 0.87, as the plain block on the H100 SXM has it (1.15 TB/s) "
+        "is bound by its bytes, and the softmax runs at the SXM part's 1.15 TB/s (fitted to the "
+        "node probe's plain block), where these rows alone would put it at 1.05 TB/s (5%) "
         "(tests/test_eager_attention.py)"),
 }
 
