@@ -92,6 +92,9 @@ multiple_of: N, source: '...'}` (`Recipe.fused_softmax`); given, `kernels.scores
 prices the framework's path for the other shapes (and `attention_memory.unfused` what it
 holds where that differs)."""
 UNFUSED_KEY = "unfused"
+"""The optional key of the `scores` entry (and of `attention_memory`): the kernels and bytes
+(what is held) where the fused softmax kernel does not serve the shape (`Elementwise.unfused`,
+`ScoreMemory.unfused`)."""
 FLASH_KEY = "flash"
 """The optional key of a `kernels` entry: the op's kernels and bytes with flash-attn's kernel
 (`attention: flash`), where they differ from the other paths' (`Elementwise.flash`; it may
