@@ -176,9 +176,13 @@ def test_megatron_expands_k_and_v_before_the_rotary_embedding():
     per repeated element and 2 B read per element of K or V: 2.25 B per repeated element at 8
     groups, strided; its backward sums the gradient over the repeats, as many bytes, over
     contiguous memory), then the rotary embedding acts on Q and the expanded K (24 B per
-    element, 2 x 8192 per token, 20 kernels), before the score product; the causal softmax
+    element, 14 of them strided, 2 x 8192 per token, 20 kernels; its backward, read off
+    autograd, 26 B, 20 strided, in 14 kernels), before the score product; the causal softmax
     reads half its scores and writes all (3 B each), and its backward moves 4 B per score,
-    not twice the forward's. With flash attention the same come first and the kernel reads
+    not twice the forward's. Backward only: the K/V split's concatenation (4 B per element of
+    the K/V projection's output, 2 x 1024 per token) and the score product's scaled operand
+    gradients (4 B per element of Q and the expanded K, 2 kernels); the context copy's
+    backward launches nothing. With flash attention the same come first and the kernel reads
     the expanded K and V. HF rotates K's own 8 heads."""
     spec, t = CATALOG["llama2-70b"], 2048
     q, scores = 8192, 64 * 2048 * 2048
@@ -188,23 +192,31 @@ def test_megatron_expands_k_and_v_before_the_rotary_embedding():
     assert [m.name.rsplit(".", 1)[1] for m in modules if m.kind == "linear"][:2] == [
         "q_proj", "kv_proj"]
     core = next(m for m in modules if m.kind == "attention")
-    repeat, rotary, product, softmax = core.kernels[:4]
+    split, repeat, rotary, product, operands, softmax, _mix, context = core.kernels
+    assert split == MemoryPass(0.0, 0, 0.0, 0.0, 4 * t * 2 * 1024, backward_count=1)
+    assert split.backward(2.0) == MemoryPass(4 * t * 2 * 1024, 1)
     assert (repeat.nbytes, repeat.strided_nbytes) == (2.25 * 2 * t * q, 2.25 * 2 * t * q)
     assert repeat.backward(2.0) == MemoryPass(2.25 * 2 * t * q, 2, 0.0, 0.0)
     assert (rotary.nbytes, rotary.strided_nbytes, rotary.count) == (
-        24 * t * 2 * q, 24 * t * 2 * q, 20)
+        24 * t * 2 * q, 14 * t * 2 * q, 20)
     assert isinstance(product, Gemm)
+    assert operands.backward(2.0) == MemoryPass(4 * t * 2 * q, 2)
     assert (softmax.nbytes, softmax.backward(2.0).nbytes) == (3 * scores, 4 * scores)
-    assert rotary.backward(2.0).nbytes == 2 * rotary.nbytes
+    assert rotary.backward(2.0) == MemoryPass(26 * t * 2 * q, 14, 0.0, 20 * t * 2 * q)
+    assert context.backward(2.0) == MemoryPass(0.0, 0)
+    assert kernel_count(core.kernels) == 2 + 20 + 1 + 1 + 1 + 1
+    assert kernel_count(core.backward_kernels) == 1 + 2 + 14 + 2 + 2 + 1 + 2
     flash = next(m for m in build_modules(spec, Workload(sequence_length=2048,
                                                          attention="flash"), recipe)
                  if m.kind == "attention")
-    assert flash.kernels[:2] == core.kernels[:2]
-    assert flash.kernels[2].nbytes == 2 * t * 4 * q
+    assert flash.kernels[:3] == core.kernels[:3]
+    assert flash.kernels[3].nbytes == 2 * t * 4 * q
     hf = next(m for m in build_modules(spec, Workload(sequence_length=2048),
                                        load_stack("hf-transformers").recipe)
               if m.kind == "attention")
     assert hf.kernels[0].nbytes == 20 * t * (q + 1024)
+    assert hf.kernels[0].backward(2.0) == MemoryPass(30 * t * (q + 1024), 18, 0.0,
+                                                     14 * t * (q + 1024))
 
 
 def _attention(stack: str, spec_name: str, attention: str, micro_batch: int):
@@ -220,24 +232,25 @@ def test_megatron_flash_attention_copies_its_layout_only_at_a_micro_batch_above_
     [s, b] into [b, s] order and the output back, copies that are views at micro-batch 1.
     At micro-batch 4 (t = 8192 tokens): three copies of 4 B per element of Q, K and V at
     every head (3 x 8192 per token), strided, whose backward passes the gradient through
-    (0 B), and the output's copy (4 B per element of Q) with one copy back (4 B); the
+    (no kernel), and the output's copy (4 B per element of Q) with one copy back (4 B); the
     kernel's own output, saved for its backward, is then held apart from the copy the output
     projection saves."""
     q = 8192
     one = _attention("megatron-deepspeed", "llama2-70b", "flash", 1)
-    assert [type(k) for k in one.kernels] == [MemoryPass, MemoryPass, FusedAttention]
+    assert [type(k) for k in one.kernels] == [MemoryPass] * 3 + [FusedAttention]
     four = _attention("megatron-deepspeed", "llama2-70b", "flash", 4)
     t = 4 * 2048
-    _repeat, _rotary, inputs, kernel, context = four.kernels
+    _split, _repeat, _rotary, inputs, kernel, context = four.kernels
     assert (inputs.nbytes, inputs.strided_nbytes, inputs.count) == (4 * t * 3 * q,
                                                                      4 * t * 3 * q, 3)
-    assert inputs.backward(2.0) == MemoryPass(0.0, 3, 0.0, 0.0)
+    assert inputs.backward(2.0) == MemoryPass(0.0, 0, 0.0, 0.0)
     assert four.saved_bytes - one.saved_bytes * 4 == 2 * t * q  # the kernel's output apart
     assert kernel.nbytes == 2 * t * 4 * q
     assert (context.nbytes, context.strided_nbytes, context.count) == (4 * t * q, 4 * t * q, 1)
     assert context.backward(2.0) == MemoryPass(4 * t * q, 1, 0.0, 4 * t * q)
     eager = _attention("megatron-deepspeed", "llama2-70b", "eager", 1)
-    assert eager.kernels[-1] == MemoryPass(4 * 2048 * q, 1, 0.0, 4 * 2048 * q)
+    assert eager.kernels[-1] == MemoryPass(4 * 2048 * q, 1, 0.0, 4 * 2048 * q, 0.0,
+                                           backward_count=0)
 
 
 @pytest.mark.parametrize(("attention", "kinds", "kv_width", "output"), [
@@ -303,7 +316,7 @@ def test_megatron_s_fused_softmax_serves_its_shapes_and_pytorch_s_the_rest(seque
     core = next(m for m in build_modules(spec, w, load_stack("megatron-deepspeed").recipe)
                 if m.kind == "attention")
     scores = heads * sequence * sequence * micro_batch
-    softmax = core.kernels[2]
+    _split, _rotary, _product, _operands, softmax = core.kernels[:5]
     if fused:
         assert (softmax.nbytes, softmax.count, softmax.backward(2.0).nbytes) == (
             3 * scores, 1, 4 * scores)
@@ -342,7 +355,11 @@ def test_a_fused_softmax_and_its_unfused_path_come_together(change, expected):
 def test_the_later_megatron_fuses_grouped_qkv_and_copies_q_out():
     """Megatron-DeepSpeed's dist_nvme_opt (the MLP-Offload runs, their data file's
     stack_overrides): one fused QKV projection, Q copied out of it (4 B per element of Q,
-    strided), the rotary embedding's 5 kernels a call on cached tables (20 B)."""
+    strided), the rotary embedding's 5 kernels a call on cached tables (20 B, 14 strided),
+    and a backward without the slice's and the pass-through cat's (20 B in 5 kernels, all
+    strided: eager attention's gradient arrives permuted); the Q copy's backward launches
+    nothing, the split's concatenates the gradients of the whole fused output (4 B per
+    element of Q, K and V: 8192 + 2 x 1024 per token)."""
     from zerosim.stacks import apply_stack_overrides, builtin_stack_tree
     from zerosim.validation.mlp_offload import load_data
 
@@ -353,13 +370,18 @@ def test_the_later_megatron_fuses_grouped_qkv_and_copies_q_out():
     modules = [m for m in build_modules(spec, Workload(sequence_length=2048), recipe)
                if m.layer == 0]
     assert next(m.name.rsplit(".", 1)[1] for m in modules if m.kind == "linear") == "qkv_proj"
-    split, _, rotary = next(m for m in modules if m.kind == "attention").kernels[:3]
+    fused, split, _, rotary = next(m for m in modules if m.kind == "attention").kernels[:4]
+    assert fused.backward(2.0) == MemoryPass(4 * t * (q + 2 * 1024), 1)
     assert (split.nbytes, split.strided_nbytes, split.count) == (4 * t * q, 4 * t * q, 1)
+    assert split.backward(2.0) == MemoryPass(0.0, 0)
     assert (rotary.nbytes, rotary.count) == (20 * t * 2 * q, 10)
-    # Llama-2-13B has no grouped heads: Q is a view, the rotary embedding comes first
+    assert rotary.backward(2.0) == MemoryPass(20 * t * 2 * q, 10, 0.0, 20 * t * 2 * q)
+    # Llama-2-13B has no grouped heads: Q is a view, the rotary embedding comes after the
+    # fused projection's split
     mha = next(m for m in build_modules(LLAMA13, Workload(sequence_length=2048), recipe)
                if m.kind == "attention")
-    assert (mha.kernels[0].nbytes, mha.kernels[0].count) == (20 * t * 2 * 5120, 10)
+    assert mha.kernels[0].backward(2.0) == MemoryPass(4 * t * 3 * 5120, 1)
+    assert (mha.kernels[1].nbytes, mha.kernels[1].count) == (20 * t * 2 * 5120, 10)
 
 
 @pytest.mark.parametrize(("stack", "bfloat16", "saved", "forward", "backward", "buffer"), [
@@ -448,6 +470,11 @@ STRIDED_WITHOUT_BACKWARD_STRIDED = {"kernels": 1, "bytes_per_element": 3,
                                     "backward_bytes_per_element": 4, "source": "x"}
 BACKWARD_STRIDED_ALONE = {"kernels": 1, "bytes_per_element": 3,
                           "backward_strided_bytes_per_element": 0, "source": "x"}
+BACKWARD_KERNELS_ALONE = {"kernels": 1, "bytes_per_element": 3, "backward_kernels": 2,
+                          "source": "x"}
+NO_BACKWARD_KERNEL_FOR_BYTES = {"kernels": 1, "bytes_per_element": 3,
+                                "backward_bytes_per_element": 4, "backward_kernels": 0,
+                                "source": "x"}
 
 
 @pytest.mark.parametrize(("section", "key", "value", "expected"), [
@@ -466,6 +493,13 @@ BACKWARD_STRIDED_ALONE = {"kernels": 1, "bytes_per_element": 3,
      r"moves strided"),
     ("kernels", "scores", BACKWARD_STRIDED_ALONE,
      r"kernels\.scores\.backward_bytes_per_element: expected given with backward_strided"),
+    ("kernels", "scores", BACKWARD_KERNELS_ALONE,
+     r"kernels\.scores\.backward_bytes_per_element: expected given with backward_kernels"),
+    ("kernels", "scores", NO_BACKWARD_KERNEL_FOR_BYTES,
+     r"kernels\.scores\.backward_kernels: expected an integer >= 1, as "
+     r"backward_bytes_per_element is 4, got 0"),
+    ("kernels", "scores", {**NO_BACKWARD_KERNEL_FOR_BYTES, "backward_kernels": 1.5},
+     r"kernels\.scores\.backward_kernels: expected an integer >= 0, got 1\.5"),
     ("kernels", "softmax", {"kernels": 1, "bytes_per_element": 4, "source": "x"},
      r"kernels\.softmax"),
     ("attention_memory", "scratch", {"value": 2, "basis": "assumed", "source": "x"},

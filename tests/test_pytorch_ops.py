@@ -55,14 +55,15 @@ def test_a_profile_without_the_key_prices_strided_views_at_stream():
 
 
 def test_the_stacks_mark_the_kernels_on_strided_views():
-    """Megatron-DeepSpeed: rotary (broadcast cos/sin, the head dimension's halves), the K/V
+    """Megatron-DeepSpeed: rotary (broadcast cos/sin, the head dimension's halves; its add and
+    last copy read contiguous tensors, and its backward reads the permuted gradient), the K/V
     expansion, the permuted context copy and swiglu on the chunk's halves are strided; its
     fused norm, softmax, residual and loss are not. HF:
     the weight product of RMSNorm, rotary, repeat_kv, the broadcast mask and the transposed
     context copy."""
     megatron = load_stack("megatron-deepspeed").recipe
     assert megatron.activation == Elementwise(2, 10, 10)
-    assert megatron.rotary == Elementwise(20, 24, 24)
+    assert megatron.rotary == Elementwise(20, 24, 14, 26, 20, 14)
     assert (megatron.kv_repeat.strided_bytes_per_element,
             megatron.context.strided_bytes_per_element) == (2, 4)
     assert {op.strided_bytes_per_element for op in (megatron.norm, megatron.scores,
@@ -103,7 +104,8 @@ def test_the_tables_price_the_stacks_own_entries():
         MemoryPass(10 * 8192 * 32768, 2, 0.0, 10 * 8192 * 32768),)
     rotary = op_table("a100_hf_rotary")
     assert row_kernels(rotary, rotary.rows[0]) == (
-        MemoryPass(20 * 1024 * 10240, 10, 0.0, 20 * 1024 * 10240),)
+        MemoryPass(20 * 1024 * 10240, 10, 0.0, 20 * 1024 * 10240, 30 * 1024 * 10240,
+                   14 * 1024 * 10240, backward_count=18),)
     mlp = op_table("a100_hf_llama_mlp")
     assert row_kernels(mlp, mlp.rows[0]) == (
         Gemm(4096, 11008, 4096), Gemm(4096, 11008, 4096), MemoryPass(10 * 4096 * 11008, 2),

@@ -72,7 +72,9 @@ class Elementwise:
     per element of the tensor they act on (for 16-bit activations), of which
     `strided_bytes_per_element` by kernels on strided or broadcast views (see `MemoryPass`).
     `backward_bytes_per_element` (and its strided part), where the op's backward is read off
-    its code; None: the recipe's `backward_bytes_factor` times the forward's. `bf16`: the
+    its code; None: the recipe's `backward_bytes_factor` times the forward's;
+    `backward_kernels`, how many kernels that backward launches (None: as many as the
+    forward). `bf16`: the
     op's kernels in bfloat16 runs, where they differ (None: the same); `flash`: with
     flash-attn's kernel, where they differ (a layout it takes as it is, grouped K and V).
     `transposes_batch`: the op copies a tensor into the layout with the sequence and batch
@@ -84,6 +86,7 @@ class Elementwise:
     strided_bytes_per_element: float = 0.0
     backward_bytes_per_element: float | None = None
     backward_strided_bytes_per_element: float = 0.0
+    backward_kernels: int | None = None
     bf16: Elementwise | None = None
     flash: Elementwise | None = None
     transposes_batch: bool = False
@@ -157,19 +160,25 @@ class Recipe:
     right after the QKV split, whatever the attention kernel, and the rotary embedding acts on
     the expanded K (Megatron-DeepSpeed); otherwise they are expanded inside eager attention,
     after the rotary embedding (transformers).
-    Elementwise ops, each per element of: `norm` its input; `query_split` Q (the copy out of
+    Elementwise ops, each per element of: `norm` its input; `projection_split` the output of
+    a projection that makes more than one of Q, K and V (`qkv_layout` fused: Q, K and V; q_kv:
+    K and V), split into them by views, whose backward gathers their gradients back into one
+    tensor; `query_split` Q (the copy out of
     the fused QKV output, grouped-query attention in the fused layout only); `rotary` Q and K
     (or the expanded K); `kv_repeat` the repeated K and V (grouped-query attention);
     `attention_inputs` Q, K and V (K and V as the kernel reads them) copied into the layout a
-    fused attention kernel takes; `scores`
+    fused attention kernel takes; `score_operands` Q and K as eager attention's score
+    product reads them (what the product does to them besides the GEMM, a scale folded into
+    it: Megatron's `baddbmm(alpha=...)` scales both gradients in its backward); `scores`
     the attention scores (eager only, besides the two batched GEMMs); `context` the attention
     output (the layout copy before the output projection); `activation` the MLP's
     intermediate; `residual` the hidden state (twice per block); `loss` the logits. A
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
-    reads it off the code, else `backward_bytes_factor` times its forward bytes, in as many
-    kernels. `score_memory` is what eager attention keeps per score, `loss_memory` what the
-    loss keeps per logit. `fused_softmax`: the shapes the stack's fused softmax kernel
-    serves, where `scores` and `score_memory` have an `unfused` variant for the others.
+    reads it off the code (in its `backward_kernels`), else `backward_bytes_factor` times its
+    forward bytes, in as many kernels. `score_memory` is what eager attention keeps per
+    score, `loss_memory` what the loss keeps per logit. `fused_softmax`: the shapes the
+    stack's fused softmax kernel serves, where `scores` and `score_memory` have an `unfused`
+    variant for the others.
 
     The default is the bare arithmetic: one-pass norms, activation and loss, nothing else.
     """
@@ -181,10 +190,12 @@ class Recipe:
     grouped_qkv: str | None = None
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
+    projection_split: Elementwise = Elementwise()
     query_split: Elementwise = Elementwise()
     rotary: Elementwise = Elementwise()
     kv_repeat: Elementwise = Elementwise()
     attention_inputs: Elementwise = Elementwise()
+    score_operands: Elementwise = Elementwise()
     scores: Elementwise = Elementwise()
     context: Elementwise = Elementwise()
     activation: Elementwise = Elementwise(1, 6)
@@ -251,7 +262,8 @@ def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float
     bfloat16 runs): its bytes at the workload's element size, the strided ones only in 16-bit
     runs."""
     op = op_for(op, w)
-    if op.kernels == 0 or (op.transposes_batch and w.micro_batch_size == 1):
+    if (not (op.kernels or op.backward_kernels)
+            or (op.transposes_batch and w.micro_batch_size == 1)):
         return ()
     size = w.dtype_bytes / 2
     source = op.source_bytes_per_element * size * source_elements
@@ -270,7 +282,8 @@ def elementwise_pass(op: Elementwise, elements: float, w: Workload, flops: float
         else moved(op.backward_bytes_per_element, op.backward_strided_bytes_per_element))
     return (MemoryPass(nbytes, op.kernels, flops, strided, backward, backward_strided,
                        op.softmax_bytes_per_element * size * elements,
-                       op.backward_softmax_bytes_per_element * size * elements),)
+                       op.backward_softmax_bytes_per_element * size * elements,
+                       op.backward_kernels),)
 
 
 @dataclass(frozen=True)
@@ -367,6 +380,13 @@ def kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:
     return hkv
 
 
+def split_width(spec: ModelSpec, r: Recipe) -> int:
+    """The width per token of what a fused projection makes that the attention splits into
+    Q, K and V (`projection_split`): all three in the fused layout, K and V in `q_kv`."""
+    layout, q, hkv = qkv_layout(spec, r), spec.q_size, spec.kv_hidden_size
+    return {"fused": q + 2 * hkv, "q_kv": 2 * hkv}.get(layout, 0)
+
+
 def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel, ...]:
     """The attention core's kernels in issue order. With grouped-query attention, Q is
     copied out of a fused QKV output (`query_split`), and a stack that expands K and V before
@@ -379,6 +399,8 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
     grouped = hkv < q
     early = grouped and r.kv_repeat_before_rotary
+    width = split_width(spec, r)
+    projection = elementwise_pass(r.projection_split, t * width, w) if width else ()
     split = (elementwise_pass(r.query_split, t * q, w)
              if grouped and qkv_layout(spec, r) == "fused" else ())
     repeated = {"elements": 2 * t * q, "w": w, "source_elements": 2 * t * hkv}
@@ -387,7 +409,7 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     rotary = (elementwise_pass(r.rotary, t * (q + key_width), w)
               if spec.position_embedding == "rotary" else ())
     repeat = elementwise_pass(r.kv_repeat, **repeated) if grouped and not early else ()
-    before = (*split, *early_repeat, *rotary, *repeat)
+    before = (*projection, *split, *early_repeat, *rotary, *repeat)
     context = elementwise_pass(r.context, t * q, w)
     if w.fused_attention:
         kv = kv_width(spec, w, r)
@@ -395,9 +417,10 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
         io = w.dtype_bytes * t * (2 * q + 2 * kv)
         return (*before, *inputs, FusedAttention(2.0 * t * s * q, io), *context)
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
+    operands = elementwise_pass(r.score_operands, t * (q + kv_width(spec, w, r)), w)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
     softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
-    return (*before, scores, *softmax, mix, *context)
+    return (*before, scores, *operands, *softmax, mix, *context)
 
 
 def _fused_output_kept_apart(spec: ModelSpec, w: Workload, r: Recipe) -> float:

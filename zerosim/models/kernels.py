@@ -58,6 +58,8 @@ class MemoryPass:
     """Of the contiguous bytes, those PyTorch's softmax kernel moves over attention scores
     (priced at the GPU's `softmax_memory_efficiency`)."""
     backward_softmax_nbytes: float = 0.0
+    backward_count: int | None = None
+    """How many kernels the backward launches, where read off its code (None: `count`)."""
 
     def backward(self, factor: float) -> MemoryPass:
         """The kernels' backward, as many kernels: the bytes read off their code where known,
@@ -67,7 +69,8 @@ class MemoryPass:
                               self.strided_nbytes * factor,
                               softmax_nbytes=self.softmax_nbytes * factor)
         ratio = self.backward_nbytes / self.nbytes if self.nbytes else 0.0
-        return MemoryPass(self.backward_nbytes, self.count, self.flops * ratio,
+        count = self.count if self.backward_count is None else self.backward_count
+        return MemoryPass(self.backward_nbytes, count, self.flops * ratio,
                           self.backward_strided_nbytes,
                           softmax_nbytes=self.backward_softmax_nbytes)
 

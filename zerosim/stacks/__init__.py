@@ -62,9 +62,10 @@ source: '...'}` (`in_attention`, the default: inside eager attention, after the 
 embedding, as transformers does; `before_rotary`: right after the QKV split, whatever the
 attention kernel, so the rotary embedding acts on the expanded K, as Megatron-DeepSpeed does;
 `Recipe.kv_repeat_before_rotary`)."""
-KERNEL_OPS = ("norm", "query_split", "rotary", "kv_repeat", "attention_inputs", "scores",
-              "context", "activation", "residual", "loss")
-OPTIONAL_KERNEL_OPS = ("query_split", "attention_inputs")
+KERNEL_OPS = ("norm", "projection_split", "query_split", "rotary", "kv_repeat",
+              "attention_inputs", "score_operands", "scores", "context", "activation",
+              "residual", "loss")
+OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "score_operands")
 """Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
@@ -112,9 +113,11 @@ SOURCE_KEY = "source_bytes_per_element"
 once (`Elementwise.source_bytes_per_element`)."""
 BACKWARD_KEY = "backward_bytes_per_element"
 BACKWARD_STRIDED_KEY = "backward_strided_bytes_per_element"
+BACKWARD_KERNELS_KEY = "backward_kernels"
 """The optional keys of a `kernels` entry whose backward is read off its code: the bytes its
-backward moves per element, and of those the strided ones (required when the forward has
-strided bytes); without them the backward moves `backward_bytes_factor` times the forward's."""
+backward moves per element, of those the strided ones (required when the forward has strided
+bytes), and how many kernels it launches (absent: as many as the forward); without them the
+backward moves `backward_bytes_factor` times the forward's in as many kernels."""
 HEAP_REUSE_KEY = "allocator.heap_reuse_MiB"
 """The optional allocator key: host temporaries up to this size reuse heap pages."""
 SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
@@ -217,13 +220,15 @@ def _kernel_entry(raw: Any, key: str, source: str, nested: tuple[str, ...]) -> E
     """One `kernels` entry (or one of its variants, which may nest the variants after
     theirs: `flash` may hold a `bf16`): counts and bytes, checked."""
     required = {"kernels", "bytes_per_element", "source"}
-    optional = {STRIDED_KEY, SOURCE_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY, SOFTMAX_KEY,
-                BACKWARD_SOFTMAX_KEY, TRANSPOSES_BATCH_KEY, *nested}
+    optional = {STRIDED_KEY, SOURCE_KEY, BACKWARD_KEY, BACKWARD_STRIDED_KEY,
+                BACKWARD_KERNELS_KEY, SOFTMAX_KEY, BACKWARD_SOFTMAX_KEY, TRANSPOSES_BATCH_KEY,
+                *nested}
     if not isinstance(raw, Mapping) or not required <= set(raw) <= required | optional:
         variants = "".join(f" {name}: {{...}}," for name in nested)
         raise ScenarioError(source, key, "{kernels: N, bytes_per_element: B, "
                             f"[{STRIDED_KEY}: S, {SOURCE_KEY}: SB, {BACKWARD_KEY}: BB, "
-                            f"{BACKWARD_STRIDED_KEY}: BS, {SOFTMAX_KEY}: M, "
+                            f"{BACKWARD_STRIDED_KEY}: BS, {BACKWARD_KERNELS_KEY}: BN, "
+                            f"{SOFTMAX_KEY}: M, "
                             f"{BACKWARD_SOFTMAX_KEY}: BM, {TRANSPOSES_BATCH_KEY}: true,"
                             f"{variants}] source: '...'}}", raw)
     entry = _counts_and_bytes(raw, key, source)
@@ -255,19 +260,26 @@ def _softmax_bytes(raw: Mapping[str, Any], key: str, source: str, entry: Element
             for name in (SOFTMAX_KEY, BACKWARD_SOFTMAX_KEY) if name in raw}
 
 
-def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementwise:
-    """A `kernels` entry's kernel count and its bytes forward and backward, checked."""
-    count = raw["kernels"]
+def _kernel_count(raw: Mapping[str, Any], key: str, field_name: str, source: str) -> int:
+    count = raw[field_name]
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ScenarioError(source, f"{key}.kernels", "an integer >= 0", count)
-    check_plausible("stack.kernels.*.kernels", count, source=source, key_path=f"{key}.kernels")
+        raise ScenarioError(source, f"{key}.{field_name}", "an integer >= 0", count)
+    check_plausible("stack.kernels.*.kernels", count, source=source,
+                    key_path=f"{key}.{field_name}")
+    return count
+
+
+def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementwise:
+    """A `kernels` entry's kernel counts and its bytes forward and backward, checked."""
+    count = _kernel_count(raw, key, "kernels", source)
     nbytes = _bytes(raw, key, "bytes_per_element", source)
     strided = (_bytes(raw, key, STRIDED_KEY, source, (nbytes, "bytes_per_element"))
                if STRIDED_KEY in raw else 0.0)
     if BACKWARD_KEY not in raw:
-        if BACKWARD_STRIDED_KEY in raw:
-            raise ScenarioError(source, f"{key}.{BACKWARD_KEY}",
-                                f"given with {BACKWARD_STRIDED_KEY}", "absent")
+        for name in (BACKWARD_STRIDED_KEY, BACKWARD_KERNELS_KEY):
+            if name in raw:
+                raise ScenarioError(source, f"{key}.{BACKWARD_KEY}", f"given with {name}",
+                                    "absent")
         return Elementwise(count, nbytes, strided)
     backward = _bytes(raw, key, BACKWARD_KEY, source)
     if strided and BACKWARD_STRIDED_KEY not in raw:
@@ -276,7 +288,12 @@ def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementw
     backward_strided = (_bytes(raw, key, BACKWARD_STRIDED_KEY, source,
                                (backward, BACKWARD_KEY))
                         if BACKWARD_STRIDED_KEY in raw else 0.0)
-    return Elementwise(count, nbytes, strided, backward, backward_strided)
+    backward_count = (_kernel_count(raw, key, BACKWARD_KERNELS_KEY, source)
+                      if BACKWARD_KERNELS_KEY in raw else None)
+    if backward_count == 0 and backward:
+        raise ScenarioError(source, f"{key}.{BACKWARD_KERNELS_KEY}",
+                            f"an integer >= 1, as {BACKWARD_KEY} is {backward:g}", 0)
+    return Elementwise(count, nbytes, strided, backward, backward_strided, backward_count)
 
 
 def _memory_section(tree: Mapping[str, Any], section: str, keys: tuple[str, ...], source: str,
