@@ -697,3 +697,25 @@ def test_gh200_copy_and_memory_rates_are_the_published_microbenchmarks():
     assert gh200.d2h_pinned_Bps / 1e9 == pytest.approx(copies["device_to_host"], abs=0.5)
     assert gh200.memory_Bps_per_domain / 1e6 == pytest.approx(data["stream_MBps"]["copy"],
                                                               rel=0.002)
+
+
+def test_norm_and_residual_backwards_are_read_off_their_code():
+    """Megatron-DeepSpeed's block on Llama-2-13B (5120 wide, 2048 tokens): apex's RMSNorm
+    backward reads the gradient and the input twice (the weight's partial sums, then the
+    input's gradient) and writes the input's gradient: 10 B per element in 3 kernels, against
+    its forward's 4 B in 1; a residual add hands its gradient on as it is, and the tensor it
+    forks from sums its two gradients once: 6 B in 1 kernel, as its forward. The HF stack's
+    residual is the same; its RMSNorm of plain ops keeps twice its forward."""
+    t, h = 2048, 5120
+    recipe = load_stack("megatron-deepspeed").recipe
+    layer = [m for m in build_modules(LLAMA13, Workload(sequence_length=t), recipe)
+             if m.layer == 0]
+    norm = next(m for m in layer if m.kind == "norm")
+    assert norm.kernels == (MemoryPass(4 * t * h, 1, 5 * t * h, 0.0, 10 * t * h, 0.0,
+                                       backward_count=3),)
+    assert norm.backward_kernels == (MemoryPass(10 * t * h, 3, 12.5 * t * h),)
+    out_proj = next(m for m in layer if m.name.endswith("o_proj"))
+    assert out_proj.backward_kernels[2:] == (MemoryPass(6 * t * h, 1),)
+    hf = load_stack("hf-transformers").recipe
+    assert (hf.residual.backward_bytes_per_element, hf.residual.backward_kernels) == (6, 1)
+    assert (hf.norm.backward_bytes_per_element, hf.norm.backward_kernels) == (None, None)
