@@ -719,3 +719,19 @@ def test_norm_and_residual_backwards_are_read_off_their_code():
     hf = load_stack("hf-transformers").recipe
     assert (hf.residual.backward_bytes_per_element, hf.residual.backward_kernels) == (6, 1)
     assert (hf.norm.backward_bytes_per_element, hf.norm.backward_kernels) == (None, None)
+
+
+@pytest.mark.parametrize(("stack", "forward", "backward", "kernels"), [
+    # Megatron: the saved softmax is the gradient, scaled in place by the loss's gradient
+    # (8 B), then the fp32 cast's backward (6 B); 8 kernels with the per-token ones.
+    ("megatron-deepspeed", 38, 14, 8),
+    # HF: nll_loss's zero fill, log_softmax's backward, the shifted slice's zero fill and
+    # copy, the cast's backward.
+    ("hf-transformers", 22, 34, 6),
+])
+def test_the_loss_backward_is_read_off_its_code(stack, forward, backward, kernels):
+    logits = 2048 * LLAMA13.vocab_size
+    modules = build_modules(LLAMA13, Workload(sequence_length=2048), load_stack(stack).recipe)
+    (loss,) = next(m for m in modules if m.kind == "loss").kernels
+    assert (loss.nbytes, loss.backward(2.0).nbytes, loss.backward(2.0).count) == (
+        forward * logits, backward * logits, kernels)
