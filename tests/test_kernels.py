@@ -498,6 +498,10 @@ NO_BACKWARD_KERNEL_FOR_BYTES = {"kernels": 1, "bytes_per_element": 3,
     ("kernels", "scores", NO_BACKWARD_KERNEL_FOR_BYTES,
      r"kernels\.scores\.backward_kernels: expected an integer >= 1, as "
      r"backward_bytes_per_element is 4, got 0"),
+    ("kernels", "scores", {"kernels": 0, "bytes_per_element": 0,
+                           "backward_bytes_per_element": 4, "source": "x"},
+     r"kernels\.scores\.backward_kernels: expected an integer >= 1, as "
+     r"backward_bytes_per_element is 4, got 'absent'"),
     ("kernels", "scores", {**NO_BACKWARD_KERNEL_FOR_BYTES, "backward_kernels": 1.5},
      r"kernels\.scores\.backward_kernels: expected an integer >= 0, got 1\.5"),
     ("kernels", "softmax", {"kernels": 1, "bytes_per_element": 4, "source": "x"},

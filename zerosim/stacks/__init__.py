@@ -290,9 +290,10 @@ def _counts_and_bytes(raw: Mapping[str, Any], key: str, source: str) -> Elementw
                         if BACKWARD_STRIDED_KEY in raw else 0.0)
     backward_count = (_kernel_count(raw, key, BACKWARD_KERNELS_KEY, source)
                       if BACKWARD_KERNELS_KEY in raw else None)
-    if backward_count == 0 and backward:
+    if backward and not (count if backward_count is None else backward_count):
         raise ScenarioError(source, f"{key}.{BACKWARD_KERNELS_KEY}",
-                            f"an integer >= 1, as {BACKWARD_KEY} is {backward:g}", 0)
+                            f"an integer >= 1, as {BACKWARD_KEY} is {backward:g}",
+                            raw.get(BACKWARD_KERNELS_KEY, "absent"))
     return Elementwise(count, nbytes, strided, backward, backward_strided, backward_count)
 
 
