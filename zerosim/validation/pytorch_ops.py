@@ -46,10 +46,11 @@ class OpRow:
                         if k in (*table.elements, "tokens"))
 
 
-PASSES = {"forward": (False,), "forward_and_backward": (False, True)}
+PASSES = {"forward": (False,), "forward_and_backward": (False, True), "backward": (True,)}
 """What an elementwise table's time holds, pass by pass (True: a backward): the forward's
-kernels, or those and then the backward's (each pass scaled by the stack's
-`backward_bytes_factor`, as the engine derives a module's backward)."""
+kernels, those and then the backward's, or the backward's alone (each derived as the engine
+derives a module's backward: read off the code where the stack's entry has it, else its
+`backward_bytes_factor` times the forward)."""
 
 
 @dataclass(frozen=True)

@@ -327,7 +327,8 @@ def pytorch_op_cells() -> list[Cell]:
                      LARGE_GEMM_TOLERANCE if table.kind == "mlp" else GEMM_TOLERANCE)
         for row in table.rows:
             cells.append(judge(f"GPU kernels ({gpu})", f"{table.name} {row.label(table)}",
-                               "forward", "ms", round(row.measured_s * 1e3, 9),
+                               table.timed.replace("_", " "), "ms",
+                               round(row.measured_s * 1e3, 9),
                                modelled_s(table, row) * 1e3, tolerance, note=note))
     return cells
 
