@@ -16,7 +16,9 @@ Toy model (Llama, h=64, 2 layers, i=128, 4 heads, vocab 256) at 8 tokens, fp16 (
   lm_head (64x256) 2*64*256*8 = 262144       2*(16384 + 8*(64+256)) = 37888     262144
   loss (v=256)     5*256*8 = 10240           (2+4+4)*256*8 = 20480              20480
 
-Backward = 2 x forward. Parameters (numel): embed 256*64 = 16384, each norm 64, q/k/v/o
+Backward = 2 x forward, and after q_proj's, k_proj's and gate_proj's backward the sum of their
+input gradient into the later projections' (autograd's InputBuffer: read 2, write 1 element of
+8 x 64 at 2 B = 3072 B, 3072 ps). Parameters (numel): embed 256*64 = 16384, each norm 64, q/k/v/o
 64*64 = 4096, gate/up/down 64*128 = 8192, lm_head 16384; total 16384 + 2*41088 + 64 + 16384
 = 115008 (41088 per layer = 2*64 + 4*4096 + 3*8192).
 """
@@ -49,6 +51,12 @@ FORWARD_PS = (
 )
 FORWARD_TOTAL_PS = 1024 + 2 * 683008 + 2560 + 262144 + 20480  # layer: 683008 ps
 assert sum(ps for _, ps in FORWARD_PS) == FORWARD_TOTAL_PS == 1652224
+GRADIENT_SUM_PS = 3 * 2 * 64 * 8  # 3072: read 2, write 1 16-bit element of 8 tokens x 64
+SUMS_INPUT_GRADIENT = ("self_attn.q_proj", "self_attn.k_proj", "mlp.gate_proj")
+BACKWARD_PS = [(name, 2 * ps + (GRADIENT_SUM_PS if name.endswith(SUMS_INPUT_GRADIENT) else 0))
+               for name, ps in reversed(FORWARD_PS)]
+BACKWARD_TOTAL_PS = 2 * FORWARD_TOTAL_PS + 6 * GRADIENT_SUM_PS  # two layers of three sums
+assert sum(ps for _, ps in BACKWARD_PS) == BACKWARD_TOTAL_PS == 3322880
 
 LAYER_PARAMS = {
     "input_layernorm": 64, "self_attn.q_proj": 4096, "self_attn.k_proj": 4096,
@@ -113,11 +121,11 @@ def test_forward_and_backward_compute_run_back_to_back(dp1_ga1):
     forward = _compute_timeline("forward", FORWARD_PS, 0)
     _assert_timeline(_ops(spans, "compute", "forward"), forward)
     # DP=1 gathers nothing and the host never waits during backward (pinned, one bucket
-    # reduced in the epilogue): backward is the modules reversed at 2x, from 1652224 ps.
-    backward = _compute_timeline("backward", [(n, 2 * ps) for n, ps in reversed(FORWARD_PS)],
-                                 FORWARD_TOTAL_PS)
+    # reduced in the epilogue): backward is the modules reversed at 2x with the input-gradient
+    # sums, from 1652224 ps.
+    backward = _compute_timeline("backward", BACKWARD_PS, FORWARD_TOTAL_PS)
     _assert_timeline(_ops(spans, "compute", "backward"), backward)
-    assert backward[-1][2] == 3 * FORWARD_TOTAL_PS == 4956672
+    assert backward[-1][2] == FORWARD_TOTAL_PS + BACKWARD_TOTAL_PS == 4975104
     phases = dp1_ga1.phases.set_index("phase")
     assert phases.loc["forward", "end_s"] == pytest.approx(FORWARD_TOTAL_PS * PS, rel=1e-9)
 
@@ -125,8 +133,7 @@ def test_forward_and_backward_compute_run_back_to_back(dp1_ga1):
 def _bucket_copies_end(start_ps: int) -> int:
     """Each grad is copied into the IPG bucket (2 passes over 2n B = 4n ps) on the reduce
     stream once its module's backward is done; the stream is in order."""
-    backward = _compute_timeline("backward", [(n, 2 * ps) for n, ps in reversed(FORWARD_PS)],
-                                 start_ps)
+    backward = _compute_timeline("backward", BACKWARD_PS, start_ps)
     grad_ready = {op.removeprefix("backward "): end for op, _, end in backward}
     t = 0
     for name in GRAD_ORDER:
@@ -137,9 +144,9 @@ def _bucket_copies_end(start_ps: int) -> int:
 def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     spans = dp1_ga1.spans
     copies_end = _bucket_copies_end(FORWARD_TOTAL_PS)
-    # embed_tokens is the last grad: ready at 4956672, but the chain of copies lags: the
-    # lm_head copy alone is 65536 ps. Worked out: 5031680 ps.
-    assert copies_end == 5031680
+    # embed_tokens is the last grad: ready at 4975104, but the chain of copies lags: the
+    # lm_head copy alone is 65536 ps. Worked out: 5050112 ps.
+    assert copies_end == 5050112
     # DP=1 reduce-scatter: `reduce_scatter_coalesced` concatenates the gradients into its flat
     # buffer and pre-divides it, each 2 passes over 2 x 115008 B; the one-rank collective then
     # moves nothing.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import toy_stack
 
@@ -739,3 +741,37 @@ def test_the_loss_backward_is_read_off_its_code(stack, forward, backward, kernel
     (loss,) = next(m for m in modules if m.kind == "loss").kernels
     assert (loss.nbytes, loss.backward(2.0).nbytes, loss.backward(2.0).count) == (
         forward * logits, backward * logits, kernels)
+
+
+def _input_gradient_sums(spec, recipe: Recipe, t: int = 2048) -> dict[str, float]:
+    """Layer 0's projections whose backward ends with an input-gradient sum, and its bytes."""
+    layer = [m for m in build_modules(spec, Workload(sequence_length=t), recipe)
+             if m.layer == 0 and m.kind == "linear"]
+    return {m.name.split(".", 2)[2]: m.backward_kernels[-1].nbytes for m in layer
+            if m.backward_kernels[-1] == MemoryPass(m.backward_kernels[-1].nbytes, 1,
+                                                    m.backward_kernels[-1].nbytes / 6)}
+
+
+def test_projections_sharing_an_input_sum_their_input_gradients():
+    """Autograd adds each later gradient of a tensor that feeds several ops into the first
+    (`InputBuffer::add`: read 2, write 1): Q, K and V read the normalised input, and so do the
+    gate and up projections. The backward runs the later projection first, so the sums come
+    after K's and Q's backward (V's gradient arrives first) and after the gate's: 6 B per
+    element of the 2048 x 5120 input each. A fused QKV or gate/up projection sums nothing;
+    Megatron-DeepSpeed's grouped-query Q and K/V (1df5712) sum once."""
+    t, h = 2048, 5120
+    six = 6 * t * h
+    assert _input_gradient_sums(LLAMA13, Recipe()) == {
+        "self_attn.q_proj": six, "self_attn.k_proj": six, "mlp.gate_proj": six}
+    assert _input_gradient_sums(LLAMA13, Recipe(fused_qkv=True, fused_gate_up=True)) == {}
+    megatron = load_stack("megatron-deepspeed").recipe
+    assert _input_gradient_sums(CATALOG["llama2-70b"], megatron) == {
+        "self_attn.q_proj": 6 * t * 8192}
+
+
+def test_one_normalised_input_for_attention_and_mlp_sums_once_more():
+    """GPT-J's block feeds attention and MLP one normalised input: the fused QKV projection,
+    whose backward runs after the MLP's, sums its input gradient into the MLP's."""
+    spec = replace(LLAMA13, norms_per_block=1)
+    sums = _input_gradient_sums(spec, Recipe(fused_qkv=True, fused_gate_up=True))
+    assert sums == {"self_attn.qkv_proj": 6 * 2048 * 5120}

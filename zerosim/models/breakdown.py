@@ -343,11 +343,23 @@ def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Mo
                    fwd_hbm_bytes=traffic)
 
 
+GRADIENT_SUM_ELEMENTS = 3
+"""Elements autograd's InputBuffer moves per element of a tensor that feeds several ops, for
+each gradient after the first: `old + new` (or its in-place form), read 2, write 1."""
+
+
+def input_gradient_sum(elements: float, w: Workload) -> MemoryPass:
+    """The sum of one more gradient into a shared input's (torch/csrc/autograd/input_buffer.cpp
+    `InputBuffer::add`): one kernel, when the later gradient arrives."""
+    return MemoryPass(GRADIENT_SUM_ELEMENTS * w.dtype_bytes * elements, 1, elements)
+
+
 def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: Workload,
             saves_input: bool, r: Recipe, after: tuple[MemoryPass, ...] = (), *,
-            tokens: float | None = None) -> Module:
+            tokens: float | None = None, sums_input_gradient: bool = False) -> Module:
     """A linear layer over `tokens` rows (the micro-batch's tokens unless an expert sees
-    fewer)."""
+    fewer). `sums_input_gradient`: its input feeds a projection later in the forward too,
+    whose backward runs first, so autograd adds this one's input gradient to that one's."""
     t = w.tokens if tokens is None else tokens
     numels = (d_in * d_out, d_out) if bias else (d_in * d_out,)
     params = sum(numels)
@@ -356,7 +368,11 @@ def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: 
     module = Module(name, "linear", "matmul", layer, params, flops, flops, 0.0, saved,
                     param_numels=numels)
     gemm = Gemm(t, d_out, d_in, dtype_bytes=w.dtype_bytes)
-    return _with_backward(module, (gemm, *after), r)
+    module = _with_backward(module, (gemm, *after), r)
+    if not sums_input_gradient:
+        return module
+    return replace(module, backward_kernels=(*module.backward_kernels,
+                                             input_gradient_sum(d_in * t, w)))
 
 
 def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Recipe) -> Module:
@@ -511,21 +527,28 @@ NAMES = {"llama": _Names("input_layernorm", "post_attention_layernorm", "self_at
          "gpt": _Names("ln_1", "ln_2", "attn", "out_proj")}
 
 
-def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload,
-                           r: Recipe) -> Iterator[Module]:
-    """Q, K and V as one projection, as Q and a fused K and V, or as three (`qkv_layout`)."""
+def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe, *,
+                           input_shared_later: bool) -> Iterator[Module]:
+    """Q, K and V as one projection, as Q and a fused K and V, or as three (`qkv_layout`).
+    Each but the last sums its input gradient into the later ones' (`_linear`); the last
+    too where the MLP reads the same normalised input (`input_shared_later`)."""
     h, q, hkv, bias = spec.hidden_size, spec.q_size, spec.kv_hidden_size, spec.qkv_bias
     attention = f"{p}.{NAMES[spec.family].attention}"
     layout = qkv_layout(spec, r)
     if layout == "fused":
-        yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r)
+        yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r,
+                      sums_input_gradient=input_shared_later)
         return
-    yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r)
+    yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r,
+                  sums_input_gradient=True)
     if layout == "q_kv":
-        yield _linear(f"{attention}.kv_proj", layer, h, 2 * hkv, bias, w, False, r)
+        yield _linear(f"{attention}.kv_proj", layer, h, 2 * hkv, bias, w, False, r,
+                      sums_input_gradient=input_shared_later)
         return
-    yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r)
-    yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r)
+    yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r,
+                  sums_input_gradient=True)
+    yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r,
+                  sums_input_gradient=input_shared_later)
 
 
 def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: Recipe, *,
@@ -543,7 +566,8 @@ def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
         yield _linear(f"{p}.gate_up_proj", layer, h, 2 * width, bias, w, saves_input, r,
                       tokens=tokens)
     else:
-        yield _linear(f"{p}.gate_proj", layer, h, width, bias, w, saves_input, r, tokens=tokens)
+        yield _linear(f"{p}.gate_proj", layer, h, width, bias, w, saves_input, r, tokens=tokens,
+                      sums_input_gradient=True)
         yield _linear(f"{p}.up_proj", layer, h, width, bias, w, False, r, tokens=tokens)
     yield _mlp_activation(f"{p}.act_fn", layer, width, True, w, r, tokens)
     yield _linear(f"{p}.down_proj", layer, width, h, bias, w, True, r, after, tokens=tokens)
@@ -596,7 +620,8 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     norm_bias = spec.norm == "layer"
     residual = elementwise_pass(r.residual, h * w.tokens, w)
     yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
-    yield from _attention_projections(spec, p, layer, w, r)
+    yield from _attention_projections(spec, p, layer, w, r,
+                                      input_shared_later=spec.norms_per_block == 1)
     yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
     yield _linear(f"{p}.{names.attention}.{names.out}", layer, spec.q_size, h,
                   spec.attention_out_bias, w, True, r, after=residual)
