@@ -23,8 +23,14 @@ import numpy as np
 
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile, load_profile
-from zerosim.models.breakdown import Elementwise, Recipe, Workload, elementwise_pass
-from zerosim.models.kernels import Gemm, Kernel
+from zerosim.models.breakdown import (
+    Elementwise,
+    Recipe,
+    Workload,
+    elementwise_pass,
+    input_gradient_sum,
+)
+from zerosim.models.kernels import Gemm, Kernel, MemoryPass, linear_backward
 from zerosim.stacks import load_stack
 from zerosim.validation.gemm_rates import GemmRow
 from zerosim.validation.leastsq import StreamingFit, covariance, fit_rate
@@ -47,10 +53,10 @@ class OpRow:
 
 
 PASSES = {"forward": (False,), "forward_and_backward": (False, True), "backward": (True,)}
-"""What an elementwise table's time holds, pass by pass (True: a backward): the forward's
-kernels, those and then the backward's, or the backward's alone (each derived as the engine
-derives a module's backward: read off the code where the stack's entry has it, else its
-`backward_bytes_factor` times the forward)."""
+"""What a table's time holds, pass by pass (True: a backward): the forward's kernels, those and
+then the backward's, or the backward's alone (each derived as the engine derives a module's
+backward: a projection's input and weight gradients; a memory-bound pass read off the code
+where the stack's entry has it, else its `backward_bytes_factor` times the forward)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ class OpTable:
     rows: tuple[OpRow, ...]
     timed: str = "forward"
     backward_bytes_factor: float = 2.0
+    accumulates_weight_gradients: bool = False
+    """The timed backward adds the projections' weight gradients into the `.grad` the earlier
+    calls left (do_bench clears the input's gradient only): AccumulateGrad's in-place add."""
 
     @property
     def profile(self) -> HardwareProfile:
@@ -92,14 +101,12 @@ def _elementwise(spec: Mapping[str, Any]) -> tuple[Elementwise, float]:
 
 def _table(t: Mapping[str, Any]) -> OpTable:
     elementwise, factor = _elementwise(t["pass"])
-    if t["kind"] != "elementwise" and t.get("timed", "forward") != "forward":
-        raise ValueError(f"{DATA_FILE}: table {t['name']}: only elementwise tables time a "
-                         "backward")
     return OpTable(t["name"], t["gpu"], t["profile"], t["kind"], elementwise,
                    tuple(t.get("elements", ())), t.get("fits"), t.get("reported"), t["code"],
                    tuple(OpRow({k: v for k, v in r.items() if k != "ms"}, r["ms"] * 1e-3)
                          for r in t["rows"]),
-                   t.get("timed", "forward"), factor)
+                   t.get("timed", "forward"), factor,
+                   "weight_gradients" in t and t["weight_gradients"]["value"] == "accumulated")
 
 
 def op_tables() -> list[OpTable]:
@@ -124,12 +131,29 @@ def forward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
                             math.prod(row.sizes[k] for k in table.elements), BF16)
 
 
+def backward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
+    """The kernels one backward launches: each forward kernel's backward, as the engine
+    derives a module's; an MLP's input, read by the gate and the up projections, sums its two
+    gradients; and the benchmark's AccumulateGrad adds each weight gradient into the one the
+    earlier calls left (read 2 + 2, write 2 B per weight), where it keeps them."""
+    kernels: list[Kernel] = []
+    for kernel in forward_kernels(table, row):
+        kernels += (linear_backward(kernel) if isinstance(kernel, Gemm)
+                    else (kernel.backward(table.backward_bytes_factor),))
+    if table.kind == "mlp":
+        t, h, f = row.sizes["tokens"], row.sizes["hidden"], row.sizes["ffn"]
+        kernels.append(input_gradient_sum(t * h, BF16))
+        if table.accumulates_weight_gradients:
+            weights = 3 * h * f
+            kernels.append(MemoryPass(3 * BF16.dtype_bytes * weights, 3))
+    return tuple(kernels)
+
+
 def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
-    """The kernels the timed call launches: its forward's, then its backward's where the
-    table times both (each elementwise pass scaled by the backward's traffic factor)."""
-    forward = forward_kernels(table, row)
-    return tuple(kernel.backward(table.backward_bytes_factor) if backward else kernel
-                 for backward in PASSES[table.timed] for kernel in forward)
+    """The kernels the timed call launches: its forward's, its backward's, or both in turn."""
+    return tuple(kernel for backward in PASSES[table.timed]
+                 for kernel in (backward_kernels(table, row) if backward
+                                else forward_kernels(table, row)))
 
 
 def modelled_s(table: OpTable, row: OpRow, profile: HardwareProfile | None = None) -> float:
@@ -187,7 +211,9 @@ class A100GemmFit:
 
 
 def a100_mlp_tables() -> list[OpTable]:
-    return [t for t in op_tables() if t.kind == "mlp" and t.profile_name == "dgx-a100"]
+    """The A100 MLP tables the GEMM values are fitted to (their forwards)."""
+    return [t for t in op_tables()
+            if t.kind == "mlp" and t.profile_name == "dgx-a100" and t.fits]
 
 
 def fit_a100_gemm_rates(profile: HardwareProfile | None = None) -> A100GemmFit:
