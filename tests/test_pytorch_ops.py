@@ -63,7 +63,7 @@ def test_the_stacks_mark_the_kernels_on_strided_views():
     the weight product of RMSNorm, rotary, repeat_kv, the broadcast mask and the transposed
     context copy."""
     megatron = load_stack("megatron-deepspeed").recipe
-    assert megatron.activation == Elementwise(2, 10, 10)
+    assert megatron.activation == Elementwise(2, 10, 10, 26, 12, 4)
     assert megatron.rotary == Elementwise(20, 24, 14, 26, 20, 14)
     assert (megatron.kv_repeat.strided_bytes_per_element,
             megatron.context.strided_bytes_per_element) == (2, 4)
@@ -102,7 +102,8 @@ def test_the_tables_price_the_stacks_own_entries():
     activation."""
     swiglu = op_table("h100_megatron_swiglu")
     assert row_kernels(swiglu, swiglu.rows[-1]) == (
-        MemoryPass(10 * 8192 * 32768, 2, 0.0, 10 * 8192 * 32768),)
+        MemoryPass(10 * 8192 * 32768, 2, 0.0, 10 * 8192 * 32768, 26 * 8192 * 32768,
+                   12 * 8192 * 32768, backward_count=4),)
     rotary = op_table("a100_hf_rotary")
     assert row_kernels(rotary, rotary.rows[0]) == (
         MemoryPass(20 * 1024 * 10240, 10, 0.0, 20 * 1024 * 10240, 30 * 1024 * 10240,
@@ -124,22 +125,29 @@ def test_contiguous_kernels_stream_at_stream_on_the_h100():
     assert [round(e, 3) for e in errors] == [-0.059, -0.018, 0.015]
 
 
-def test_megatrons_swiglu_backward_moves_twice_its_forward_bytes():
-    """The script times the forward and the backward together: the stack's activation entry
-    forward, then its backward at the stack's factor of 2, both strided, meet them within
-    -7.1% to +0.7%; the backward alone (the row less the forward's) takes 2.02-2.06 times the
-    forward."""
+def test_megatrons_swiglu_backward_read_off_autograd_meets_its_timing():
+    """The script times the forward (silu and the product on the chunk's halves, 10 B
+    strided, and the sum, 2 B) and the backward together; the backward, read off autograd for
+    the gradient the sum hands on (one value expanded: each product's gradient reads only its
+    saved operand), moves 22 B in 4 kernels, 14 of them strided, the cat of the two
+    half-gradients on dense operands at STREAM's rate. That meets the rows within -5.2% to
+    +0.9%, the backward alone (the row less the forward's) 2.00-2.02 times the forward
+    against 2.02-2.06 measured; with the cat at the strided rate it came to 2.32."""
     table = op_table("h100_megatron_swiglu_backward")
     forward = op_table("h100_megatron_swiglu")
     elements = 8192 * 32768
     assert row_kernels(table, table.rows[-1]) == (
-        MemoryPass(10 * elements, 2, 0.0, 10 * elements),
-        MemoryPass(20 * elements, 2, 0.0, 20 * elements))
+        MemoryPass(12 * elements, 3, 0.0, 10 * elements, 22 * elements, 14 * elements,
+                   backward_count=4),
+        MemoryPass(22 * elements, 4, 0.0, 14 * elements))
     errors = [modelled_s(table, r) / r.measured_s - 1 for r in table.rows]
-    assert [round(e, 3) for e in errors] == [-0.071, -0.034, -0.011, 0.004, 0.007]
+    assert [round(e, 3) for e in errors] == [-0.052, -0.024, -0.005, 0.007, 0.009]
     ratios = [(b.measured_s - f.measured_s) / f.measured_s
               for f, b in zip(forward.rows, table.rows, strict=True)]
     assert (round(min(ratios), 2), round(max(ratios), 2)) == (2.02, 2.06)
+    modelled = [(modelled_s(table, b) - modelled_s(forward, f)) / modelled_s(forward, f)
+                for f, b in zip(forward.rows, table.rows, strict=True)]
+    assert (round(min(modelled), 2), round(max(modelled), 2)) == (2.0, 2.02)
 
 
 def test_one_fused_kernel_on_the_same_halves_streams_at_the_strided_rate_too():

@@ -90,12 +90,16 @@ class OpTable:
 
 def _elementwise(spec: Mapping[str, Any]) -> tuple[Elementwise, float]:
     """A table's pass and its backward's traffic factor: a stack's kernel entry by name, or
-    the counts written in the table (with the stacks' default factor)."""
+    the counts written in the table, its backward's too where it has them (else the stacks'
+    default factor)."""
     if "stack" in spec:
         recipe = load_stack(spec["stack"]).recipe
         return getattr(recipe, spec["op"]), recipe.backward_bytes_factor
     return (Elementwise(spec["kernels"], spec["bytes_per_element"],
-                        spec.get("strided_bytes_per_element", 0.0)),
+                        spec.get("strided_bytes_per_element", 0.0),
+                        spec.get("backward_bytes_per_element"),
+                        spec.get("backward_strided_bytes_per_element", 0.0),
+                        spec.get("backward_kernels")),
             Recipe().backward_bytes_factor)
 
 
