@@ -152,6 +152,17 @@ def k_loop_fraction(gemm: Gemm, profile: HardwareProfile) -> float:
     return gemm.k / (gemm.k + profile.gemm_k_overhead)
 
 
+def flash_fraction(kernel: FusedAttention, profile: HardwareProfile) -> float:
+    """Share of a fused attention kernel's time spent at its long-loop rate: each block of
+    queries also pays a fixed cost (loading it, the last rescale and write of its output)
+    worth `flash_attention_block_keys` keys of its loop, and each score a softmax step (max,
+    exp, sum, rescale, outside the tensor cores) worth `flash_attention_softmax_dims` of the
+    head dimension's products, so short sequences and small heads run further below it."""
+    keys = kernel.keys / (kernel.keys + profile.flash_attention_block_keys)
+    dims = kernel.head_dim / (kernel.head_dim + profile.flash_attention_softmax_dims)
+    return keys * dims
+
+
 def gemm_s(gemm: Gemm, profile: HardwareProfile) -> float:
     """Roofline time of a GEMM: its FLOPs at the achievable fraction of dense peak, reduced by
     wave quantisation and by the fixed cost of each tile, or its minimum HBM traffic at the
@@ -169,7 +180,8 @@ def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:
     if isinstance(kernel, Gemm):
         return gemm_s(kernel, profile) + profile.kernel_gap_s
     if isinstance(kernel, FusedAttention):
-        rate = profile.peak_16bit_flops * profile.flash_attention_efficiency
+        rate = (profile.peak_16bit_flops * profile.flash_attention_efficiency
+                * flash_fraction(kernel, profile))
         return max(kernel.flops / rate, hbm_s(kernel.nbytes, profile)) + profile.kernel_gap_s
     arithmetic = kernel.flops / (profile.peak_16bit_flops * profile.gemm_efficiency)
     return (max(arithmetic, hbm_s(kernel.nbytes, profile, kernel.strided_nbytes,

@@ -59,6 +59,8 @@ class HardwareProfile:
     gemm_k_overhead: float
     gemm_latency_s: float
     flash_attention_efficiency: float
+    flash_attention_block_keys: float
+    flash_attention_softmax_dims: float
     memory_efficiency: float
     gemm_memory_efficiency: float
     """Fraction of HBM peak a GEMM kernel streams its operands and output at where they, not
@@ -181,6 +183,10 @@ QUANTITIES: dict[str, Quantity] = {
                             "a time >= 0 in microseconds"),
     "gpu.flash_attention_efficiency": ("flash_attention_efficiency", 1.0, _fraction,
                                        "a fraction in (0, 1]"),
+    "gpu.flash_attention_block_keys": ("flash_attention_block_keys", 1.0, _non_negative,
+                                       "a number of keys >= 0"),
+    "gpu.flash_attention_softmax_dims": ("flash_attention_softmax_dims", 1.0, _non_negative,
+                                         "a number of head dimensions >= 0"),
     "gpu.memory_efficiency": ("memory_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
     "gpu.gemm_memory_efficiency": ("gemm_memory_efficiency", 1.0, _fraction,
                                    "a fraction in (0, 1]"),
@@ -267,6 +273,13 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_k_overhead": (0, "no fixed cost per output tile: profiles written before the "
                             "key existed priced a GEMM by its FLOPs and wave quantisation "
                             "alone"),
+    "gpu.flash_attention_block_keys": (0, "no fixed cost per block of queries: profiles "
+                                       "written before the key existed priced a fused "
+                                       "attention kernel at one rate whatever its sequence"),
+    "gpu.flash_attention_softmax_dims": (0, "no softmax work per score beside the products: "
+                                         "profiles written before the key existed priced a "
+                                         "fused attention kernel at one rate whatever its "
+                                         "head dimension"),
     "gpu.gemm_latency_us": (0, "no fixed time per GEMM kernel beyond its waves of tiles: "
                             "profiles written before the key existed priced a GEMM by its "
                             "tiles alone"),

@@ -19,11 +19,12 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from zerosim.models.kernels import (
-    FLASH_BACKWARD_FLOPS_FACTOR,
     FusedAttention,
     Gemm,
     Kernel,
     MemoryPass,
+    flash_attention,
+    flash_backward,
     linear_backward,
 )
 from zerosim.models.spec import ModelSpec
@@ -334,8 +335,7 @@ def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Mo
         if isinstance(kernel, Gemm):
             backward.extend(linear_backward(kernel))
         elif isinstance(kernel, FusedAttention):
-            backward.append(FusedAttention(FLASH_BACKWARD_FLOPS_FACTOR * kernel.flops,
-                                           2 * kernel.nbytes))
+            backward.append(flash_backward(kernel))
         else:
             backward.append(kernel.backward(r.backward_bytes_factor))
     traffic = sum(k.nbytes for k in kernels)
@@ -430,8 +430,8 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     if w.fused_attention:
         kv = kv_width(spec, w, r)
         inputs = elementwise_pass(r.attention_inputs, t * (q + 2 * kv), w)
-        io = w.dtype_bytes * t * (2 * q + 2 * kv)
-        return (*before, *inputs, FusedAttention(2.0 * t * s * q, io), *context)
+        fused = flash_attention(t, s, q, kv, d, w.dtype_bytes)
+        return (*before, *inputs, fused, *context)
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     operands = elementwise_pass(r.score_operands, t * (q + kv_width(spec, w, r)), w)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)

@@ -77,13 +77,35 @@ class MemoryPass:
 
 @dataclass(frozen=True)
 class FusedAttention:
-    """One fused (flash) attention kernel: the FLOPs it executes and its HBM input/output."""
+    """One fused (flash) attention kernel: the FLOPs it executes, its HBM input/output, how
+    many keys each query's loop visits on average (`keys`: half the sequence under a causal
+    mask) and the head dimension (`head_dim`), which set how far below its long-loop rate it
+    runs (`zerosim.hardware.costs.flash_fraction`)."""
 
     flops: float
     nbytes: float
+    keys: float
+    head_dim: float
 
 
 Kernel = Gemm | MemoryPass | FusedAttention
+
+
+def flash_attention(tokens: float, sequence: int, q_width: int, kv_width: int, head_dim: int,
+                    dtype_bytes: int) -> FusedAttention:
+    """flash-attn's causal forward over `tokens` tokens of `sequence`: the two products of the
+    queries' `q_width` with the keys up to each query, half the full score matrix's FLOPs;
+    Q, K, V and the output through HBM once."""
+    return FusedAttention(2.0 * tokens * sequence * q_width,
+                          dtype_bytes * tokens * (2 * q_width + 2 * kv_width),
+                          keys=sequence / 2, head_dim=head_dim)
+
+
+def flash_backward(forward: FusedAttention) -> FusedAttention:
+    """Its backward: `FLASH_BACKWARD_FLOPS_FACTOR` times the forward's FLOPs, twice its bytes
+    (the inputs, the output and its gradient in, the three gradients out), the same loops."""
+    return FusedAttention(FLASH_BACKWARD_FLOPS_FACTOR * forward.flops, 2 * forward.nbytes,
+                          forward.keys, forward.head_dim)
 
 
 def linear_backward(forward: Gemm) -> tuple[Gemm, Gemm]:

@@ -378,6 +378,25 @@ def attention_cells() -> list[Cell]:
     return cells
 
 
+FLASH_NOTE = (
+    "FlashAttention-2's release figures, its own kernel, causal, forward and backward, "
+    "float16, 16384 tokens of hidden 2048 (fa2_flash_attention.yaml); the GPU's three "
+    "flash-attention values (the long-loop rate, each query block's cost in keys, the "
+    "softmax's share in head dimensions) are fitted to these bars, so this checks the "
+    "model's shape across sequence and head dimension (tests/test_flash_attention.py)")
+
+
+def flash_attention_cells() -> list[Cell]:
+    """flash-attn's causal kernel as FlashAttention-2's release timed it on an A100 and an
+    H100, judged within the large GEMMs' 5% (`validation.flash_attention`)."""
+    from zerosim.validation.flash_attention import flash_tables, modelled_tflops
+
+    return [judge(table.group, row.case, "forward and backward throughput", "TFLOPS",
+                  row.tflops, modelled_tflops(table, row), LARGE_GEMM_TOLERANCE,
+                  note=FLASH_NOTE)
+            for table in flash_tables() for row in table.rows]
+
+
 def _bus_bandwidth_cell(case: str, kind: str, size_bytes: int, measured_GBps: float,
                         profile: HardwareProfile, ranks: int, note: str) -> Cell:
     return judge("collectives", case, f"{kind} busbw, {size_bytes / GiB:g} GiB", "GB/s",
@@ -681,6 +700,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
                        probe, RATIO_TOLERANCE))
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
     cells += gemm_cells() + pytorch_op_cells() + block_cells() + attention_cells()
+    cells += flash_attention_cells()
     cells += collective_cells() + xla_h100_collective_cells()
     if polaris:
         cells += polaris_cells() + nvme_h100_cells()
