@@ -21,12 +21,11 @@ import numpy as np
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile, load_profile
 from zerosim.models.kernels import FusedAttention, flash_attention, flash_backward
+from zerosim.validation.eager_attention import FORWARD_AND_BACKWARD_FLOPS
 from zerosim.validation.leastsq import covariance
 from zerosim.validation.reference import reference_data
 
 DATA_FILE = "fa2_flash_attention.yaml"
-FORWARD_AND_BACKWARD_FLOPS = 3.5
-"""FlashAttention's benchmark counts a forward and a backward as 3.5 forwards."""
 FITTED = ("flash_attention_efficiency", "flash_attention_block_keys",
           "flash_attention_softmax_dims")
 """The profile fields `fit_flash_rates` fits, in order."""
