@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
@@ -117,10 +116,3 @@ def fit_flash_rates(table: FlashTable) -> FlashFit:
 
 def flash_table(gpu_prefix: str) -> FlashTable:
     return next(t for t in flash_tables() if t.gpu.startswith(gpu_prefix))
-
-
-def describe(table: FlashTable) -> dict[str, Any]:
-    """The fit in the profile's units, for a provenance string or a report."""
-    fit = fit_flash_rates(table)
-    return {name: (value, std / value if value else math.nan)
-            for name, value, std in zip(FITTED, fit.values, fit.std, strict=True)}
