@@ -141,11 +141,41 @@ def test_eager_attention_is_two_batched_gemms_and_the_stack_s_passes():
                                                          (2048, 128, 2048, 80)]
     scores = 40 * 2048 * 4096  # heads x s x tokens
     passes = [k for k in core.kernels if isinstance(k, MemoryPass)]
-    # rotary (Q, then K), scores, context; no GQA repeat
-    assert [p.count for p in passes] == [10, 4, 1]
-    assert passes[1].nbytes == 21 * scores
+    # rotary (Q, then K), Q's and K's copies for matmul, scores, V's copy, context; no GQA
+    # repeat
+    assert [p.count for p in passes] == [10, 1, 1, 4, 1, 1]
+    assert passes[3].nbytes == 21 * scores
     assert len([k for k in core.backward_kernels if isinstance(k, Gemm)]) == 4
-    assert kernel_count(core.kernels) == 17
+    assert kernel_count(core.kernels) == 20
+
+
+@pytest.mark.parametrize(("model", "forward_copies"), [("llama2-13b", 3), ("llama2-70b", 1)])
+def test_hf_eager_attention_copies_q_k_and_v_into_its_products_layout(model, forward_copies):
+    """transformers' eager attention hands torch.matmul Q, K and V as views of the
+    projections' [b, s, heads, d] output, which it reshapes to [b * heads, s, d]: a strided
+    copy (read 2, write 2) of Q, and of K and V unless repeat_kv already copied them
+    (grouped-query attention, Llama-2-70B's 8 K/V heads). In the backward each gradient is
+    copied again before its projection (view's backward), K's and V's with their own heads,
+    grouped or not. Llama-2-13B: 5120 wide, 40 heads; Llama-2-70B: Q 8192, K/V 1024 wide."""
+    w = Workload(sequence_length=2048, micro_batch_size=2)
+    spec = CATALOG[model]
+    core = next(m for m in build_modules(spec, w, load_stack("hf-transformers").recipe)
+                if m.kind == "attention")
+    t, q, kv = 4096, spec.q_size, spec.kv_hidden_size
+    gemms = [i for i, k in enumerate(core.kernels) if isinstance(k, Gemm)]
+    before_scores = core.kernels[gemms[0] - 2:gemms[0]]
+    before_mix = core.kernels[gemms[1] - 1]
+    assert before_scores[0] == MemoryPass(4 * t * q, 1, 0.0, 4 * t * q, 4 * t * q, 4 * t * q,
+                                          backward_count=1)
+    if forward_copies == 3:
+        copy = MemoryPass(4 * t * kv, 1, 0.0, 4 * t * kv, 4 * t * kv, 4 * t * kv,
+                          backward_count=1)
+    else:
+        copy = MemoryPass(0.0, 0, 0.0, 0.0, 4 * t * kv, 4 * t * kv, backward_count=1)
+    assert (before_scores[1], before_mix) == (copy, copy)
+    copies = (*before_scores, before_mix)
+    assert sum(p.count for p in copies) == forward_copies
+    assert sum(p.backward(2.0).nbytes for p in copies) == 4 * t * (q + 2 * kv)
 
 
 def test_hf_softmax_in_bfloat16_casts_apart_and_its_backward_is_read_off_autograd():
@@ -161,7 +191,7 @@ def test_hf_softmax_in_bfloat16_casts_apart_and_its_backward_is_read_off_autogra
                                                                (True, 5, 29, 28, (8, 12))):
         w = Workload(sequence_length=2048, micro_batch_size=2, bfloat16=bfloat16)
         core = next(m for m in build_modules(LLAMA13, w, recipe) if m.kind == "attention")
-        softmax = [k for k in core.kernels if isinstance(k, MemoryPass)][1]
+        softmax = [k for k in core.kernels if isinstance(k, MemoryPass)][3]
         assert (softmax.count, softmax.nbytes, softmax.strided_nbytes,
                 softmax.softmax_nbytes) == (count, forward * scores, 5 * scores,
                                             softmax_bytes[0] * scores)
@@ -268,19 +298,21 @@ def test_megatron_flash_attention_copies_its_layout_only_at_a_micro_batch_above_
 
 
 @pytest.mark.parametrize(("attention", "kinds", "kv_width", "output"), [
-    ("eager", [MemoryPass, MemoryPass, Gemm, MemoryPass, Gemm, MemoryPass], 8192, 0),
+    ("eager", [MemoryPass, MemoryPass, MemoryPass, MemoryPass, Gemm, MemoryPass, MemoryPass,
+               Gemm, MemoryPass], 8192, 0),
     ("sdpa", [MemoryPass, MemoryPass, FusedAttention, MemoryPass], 8192, 2 * 2048 * 8192),
     ("flash", [MemoryPass, FusedAttention], 1024, 0),
 ])
 def test_hf_attention_paths_differ_in_what_they_copy(attention, kinds, kv_width, output):
     """transformers on Llama-2-70B (8 K/V heads of 128): the rotary embedding on Q and K's
     own heads; eager attention and LlamaSdpaAttention expand K and V (repeat_kv, 2 kernels)
-    and copy the output out of [b, heads, s, d]; LlamaFlashAttention2 does neither, and its
-    kernel reads and saves K and V with their own 8 heads: 2 B x 2048 x (8192 + 2 x 1024)
-    saved for Q, K and V, against 2 x 3 x 8192 for the others (besides the probabilities
-    eager attention saves, and the fused kernels' fp32 log-sum-exp per head and token). SDPA
-    also keeps its own output for its backward, apart from the copy o_proj saves; flash-attn's
-    output is what o_proj reads."""
+    and copy the output out of [b, heads, s, d], and eager attention copies Q, K and V into
+    its products' layout (K's and V's only in the backward, repeat_kv having copied them);
+    LlamaFlashAttention2 does neither, and its kernel reads and saves K and V with their own
+    8 heads: 2 B x 2048 x (8192 + 2 x 1024) saved for Q, K and V, against 2 x 3 x 8192 for
+    the others (besides the probabilities eager attention saves, and the fused kernels' fp32
+    log-sum-exp per head and token). SDPA also keeps its own output for its backward, apart
+    from the copy o_proj saves; flash-attn's output is what o_proj reads."""
     core = _attention("hf-transformers", "llama2-70b", attention, 1)
     assert [type(k) for k in core.kernels] == kinds
     q, t = 8192, 2048

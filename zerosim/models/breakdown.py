@@ -168,7 +168,12 @@ class Recipe:
     the fused QKV output, grouped-query attention in the fused layout only); `rotary` Q and K
     (or the expanded K); `kv_repeat` the repeated K and V (grouped-query attention);
     `attention_inputs` Q, K and V (K and V as the kernel reads them) copied into the layout a
-    fused attention kernel takes; `score_operands` Q and K as eager attention's score
+    fused attention kernel takes; `matmul_inputs` Q, K and V (K and V with their own heads)
+    copied into the `[batch x heads, s, d]` layout eager attention's batched products take,
+    where the stack's attention holds them as views of the projections' output, and each
+    gradient copied back through the projection's view (K and V that a `kv_repeat` copy
+    expanded are already in that layout: only their gradients' copies); `score_operands` Q
+    and K as eager attention's score
     product reads them (what the product does to them besides the GEMM, a scale folded into
     it: Megatron's `baddbmm(alpha=...)` scales both gradients in its backward); `scores`
     the attention scores (eager only, besides the two batched GEMMs); `context` the attention
@@ -196,6 +201,7 @@ class Recipe:
     rotary: Elementwise = Elementwise()
     kv_repeat: Elementwise = Elementwise()
     attention_inputs: Elementwise = Elementwise()
+    matmul_inputs: Elementwise = Elementwise()
     score_operands: Elementwise = Elementwise()
     scores: Elementwise = Elementwise()
     context: Elementwise = Elementwise()
@@ -432,11 +438,35 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
         inputs = elementwise_pass(r.attention_inputs, t * (q + 2 * kv), w)
         fused = flash_attention(t, s, q, kv, d, w.dtype_bytes)
         return (*before, *inputs, fused, *context)
+    query, key, value = _matmul_inputs(spec, w, r)
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     operands = elementwise_pass(r.score_operands, t * (q + kv_width(spec, w, r)), w)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
     softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
-    return (*before, scores, *operands, *softmax, mix, *context)
+    return (*before, *query, *key, scores, *operands, *softmax, *value, mix, *context)
+
+
+def _matmul_inputs(spec: ModelSpec, w: Workload, r: Recipe
+                   ) -> tuple[tuple[MemoryPass, ...], ...]:
+    """Eager attention's copies of Q, K and V into its batched products' layout
+    (`Recipe.matmul_inputs`), each over its own heads: Q's before the score product, K's with
+    it, V's before the product with the probabilities. K and V that grouped-query attention
+    expanded with a copy (`kv_repeat`) reach the products in their layout, so only their
+    gradients are copied, on their way back through the projections' views."""
+    t, q, hkv = w.tokens, spec.q_size, spec.kv_hidden_size
+    query = elementwise_pass(r.matmul_inputs, t * q, w)
+    grouped = elementwise_pass(r.matmul_inputs, t * hkv, w)
+    expanded = kv_width(spec, w, r) != hkv
+    key = tuple(_backward_only(p, r.backward_bytes_factor) for p in grouped) if expanded \
+        else grouped
+    return query, key, key
+
+
+def _backward_only(forward: MemoryPass, factor: float) -> MemoryPass:
+    """A pass whose forward launches nothing and whose backward is `forward`'s."""
+    backward = forward.backward(factor)
+    return MemoryPass(0.0, 0, 0.0, 0.0, backward.nbytes, backward.strided_nbytes,
+                      backward_count=backward.count)
 
 
 def _fused_output_kept_apart(spec: ModelSpec, w: Workload, r: Recipe) -> float:

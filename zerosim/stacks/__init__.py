@@ -63,9 +63,10 @@ embedding, as transformers does; `before_rotary`: right after the QKV split, wha
 attention kernel, so the rotary embedding acts on the expanded K, as Megatron-DeepSpeed does;
 `Recipe.kv_repeat_before_rotary`)."""
 KERNEL_OPS = ("norm", "projection_split", "query_split", "rotary", "kv_repeat",
-              "attention_inputs", "score_operands", "scores", "context", "activation",
-              "residual", "loss")
-OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "score_operands")
+              "attention_inputs", "matmul_inputs", "score_operands", "scores", "context",
+              "activation", "residual", "loss")
+OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "matmul_inputs",
+                       "score_operands")
 """Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")

@@ -285,9 +285,9 @@ def gemm_cells() -> list[Cell]:
 BLOCK_NOTE = (
     "node probe section g: a Llama block in plain PyTorch ops (fp32 RMSNorm chain, eager "
     "attention), GPU-bound; reported, not judged: priced as the engine prices modules, its "
-    "strided kernels at the H100's measured 0.523 and PyTorch's bf16 softmax at the 0.343 of "
-    "HBM peak (1.15 TB/s) fitted to these six layers (gpu.softmax_memory_efficiency), every "
-    "layer within 2%; with the softmax at STREAM it ran 11-14% fast "
+    "strided kernels at the H100's measured 0.523 and PyTorch's bf16 softmax at the 0.350 of "
+    "HBM peak (1.17 TB/s) fitted to these six layers (gpu.softmax_memory_efficiency), every "
+    "layer within 2.3%; with the softmax at STREAM it ran 10-14% fast "
     "(tests/test_block_forward.py)")
 
 ATTENTION_NOTES = {
@@ -302,7 +302,7 @@ ATTENTION_NOTES = {
         "flash-attention pull request #1075, FlashAttention's PyTorch reference (q, k, v "
         "copies, baddbmm with K 128, softmax, einsum) on an H100 PCIe, float16, priced on "
         "dgx-h100 with the PCIe part's HBM, peak and SMs; reported, not judged: every product "
-        "is bound by its bytes, and the softmax runs at the SXM part's 1.15 TB/s (fitted to the "
+        "is bound by its bytes, and the softmax runs at the SXM part's 1.17 TB/s (fitted to the "
         "node probe's plain block), where these rows alone would put it at 1.05 TB/s (5%) "
         "(tests/test_eager_attention.py)"),
     "fa2_eager_attention.yaml": (
