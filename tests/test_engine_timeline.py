@@ -116,37 +116,54 @@ def dp1_ga1(toy):
     return toy.run()
 
 
-def test_forward_and_backward_compute_run_back_to_back(dp1_ga1):
+def _backward_and_bucket_copies(start_ps: int
+                                ) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    """The backward's compute ops from `start_ps`, and each gradient's copy into the IPG bucket
+    (2 passes over 2n B = 4n ps) on the reduce stream as its module's backward ends. The copy
+    takes the SMs from the next module's backward, which starts with it and so ends 4n ps
+    later (`SharedSMs`); the copies never queue, as each ends before the next module does."""
+    compute, copies, t, held = [], [], start_ps, 0
+    for name, ps in BACKWARD_PS:
+        compute.append((f"backward {name}", t, t + held + ps))
+        t += held + ps
+        held = 4 * PARAMS.get(name, 0)
+        if name in PARAMS:
+            copies.append((name, t, t + held))
+    return compute, copies
+
+
+COPIED_PS = 4 * (TOTAL_PARAMS - PARAMS["embed_tokens"])
+"""What the bucket copies hold the backward back: every gradient's but the last's (embed_tokens',
+which no backward follows): 4 x 98624 = 394496 ps."""
+
+
+def test_forward_runs_back_to_back_and_each_bucket_copy_holds_back_the_next_backward(dp1_ga1):
     spans = dp1_ga1.spans
     forward = _compute_timeline("forward", FORWARD_PS, 0)
     _assert_timeline(_ops(spans, "compute", "forward"), forward)
     # DP=1 gathers nothing and the host never waits during backward (pinned, one bucket
     # reduced in the epilogue): backward is the modules reversed at 2x with the input-gradient
-    # sums, from 1652224 ps.
-    backward = _compute_timeline("backward", BACKWARD_PS, FORWARD_TOTAL_PS)
+    # sums, from 1652224 ps, each after a module with parameters held back by its copy.
+    backward, copies = _backward_and_bucket_copies(FORWARD_TOTAL_PS)
     _assert_timeline(_ops(spans, "compute", "backward"), backward)
-    assert backward[-1][2] == FORWARD_TOTAL_PS + BACKWARD_TOTAL_PS == 4975104
+    assert backward[-1][2] == FORWARD_TOTAL_PS + BACKWARD_TOTAL_PS + COPIED_PS == 5369600
+    # e.g. lm_head's gradient (65536 ps) is copied from 2217472 ps, as norm's backward starts:
+    # norm (5120 ps) ends at 2288128 ps; then norm's (256 ps) holds back down_proj (262144 ps).
+    assert copies[0] == ("lm_head", 2217472, 2283008)
+    assert backward[2] == ("backward norm", 2217472, 2288128)
+    assert backward[3] == ("backward layers.1.mlp.down_proj", 2288128, 2550528)
+    bucket = _ops(spans, "reduce", "backward")
+    bucket = bucket[bucket.op_kind == "grad_to_bucket"]
+    _assert_timeline(bucket, [(f"copy grad {name}", s, e) for name, s, e in copies])
     phases = dp1_ga1.phases.set_index("phase")
     assert phases.loc["forward", "end_s"] == pytest.approx(FORWARD_TOTAL_PS * PS, rel=1e-9)
 
 
-def _bucket_copies_end(start_ps: int) -> int:
-    """Each grad is copied into the IPG bucket (2 passes over 2n B = 4n ps) on the reduce
-    stream once its module's backward is done; the stream is in order."""
-    backward = _compute_timeline("backward", BACKWARD_PS, start_ps)
-    grad_ready = {op.removeprefix("backward "): end for op, _, end in backward}
-    t = 0
-    for name in GRAD_ORDER:
-        t = max(t, grad_ready[name]) + 4 * PARAMS[name]
-    return t
-
-
 def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     spans = dp1_ga1.spans
-    copies_end = _bucket_copies_end(FORWARD_TOTAL_PS)
-    # embed_tokens is the last grad: ready at 4975104, but the chain of copies lags: the
-    # lm_head copy alone is 65536 ps. Worked out: 5050112 ps.
-    assert copies_end == 5050112
+    copies_end = _backward_and_bucket_copies(FORWARD_TOTAL_PS)[1][-1][2]
+    # embed_tokens is the last grad: ready at 5369600 ps, copied by 5435136 ps.
+    assert copies_end == 5369600 + 4 * 16384 == 5435136
     # DP=1 reduce-scatter: `reduce_scatter_coalesced` concatenates the gradients into its flat
     # buffer and pre-divides it, each 2 passes over 2 x 115008 B; the one-rank collective then
     # moves nothing.
@@ -383,12 +400,18 @@ def test_flush_0_17_0_is_gpu_cast_then_pinned_fp32_d2h(by_version):
         assert by_version[version].spans.query("stream == 'cpu' and phase == 'backward'").empty
 
 
+NORM_BACKWARD_END_PS = FORWARD_TOTAL_PS + 2 * (20480 + 262144 + 2560) + 2 * 65536  # 2353664
+"""With the small bucket, norm's backward (from 2217472 ps) is held back by lm_head's copy
+into the bucket (65536 ps, from 2217472) and then by the bucket's DP=1 reduce-scatter, which
+concatenates and pre-divides it (2 x 2 passes over 32768 B: 65536 ps, from 2283008)."""
+
+
 @pytest.mark.parametrize(("version", "resume_ps"), [
     # the host waits for the whole bucket, flush included: 97670656 and 15848960 ps
     ("0.13.3", 9197056 + (2000 + 400 + 3000) * 16384),
     ("0.17.0", 9197056 + (6 + 400) * 16384),
     # non-blocking: down_proj's backward follows norm's on the compute stream
-    ("0.19.5", FORWARD_TOTAL_PS + 2 * (20480 + 262144 + 2560)),
+    ("0.19.5", NORM_BACKWARD_END_PS),
 ])
 def test_blocking_flush_holds_back_the_backward(by_version, version, resume_ps):
     """Layer 1's down_proj backward is launched by the host after it reduced the first
@@ -396,8 +419,7 @@ def test_blocking_flush_holds_back_the_backward(by_version, version, resume_ps):
     compute = _ops(by_version[version].spans, "compute", "backward")
     down = compute[compute.op == "backward layers.1.mlp.down_proj"].iloc[0]
     norm = compute[compute.op == "backward norm"].iloc[0]
-    assert norm.end_s == pytest.approx((FORWARD_TOTAL_PS + 2 * (20480 + 262144 + 2560)) * PS,
-                                       rel=1e-9)
+    assert norm.end_s == pytest.approx(NORM_BACKWARD_END_PS * PS, rel=1e-9)
     assert down.start_s == pytest.approx(resume_ps * PS, rel=1e-9)
     if version != "0.19.5":
         assert down.start_s == pytest.approx(_lm_head_flush(by_version[version]).end_s.max(),

@@ -18,7 +18,7 @@ N = 115008  # toy parameters
 FORWARD_END = 1652224  # the forward of the toy at 8 tokens (test_engine_timeline.py)
 BACKWARD_END = 3 * FORWARD_END + 6 * 3072  # 4975104: twice the forward, and six input-gradient
 # sums of 3072 ps (test_engine_timeline.py)
-COPIES_END = 5050112  # the last gradient copied into the IPG bucket (test_engine_timeline.py)
+COPIES_END = 5435136  # the last gradient copied into the IPG bucket (test_engine_timeline.py)
 GROUPS = (57472, 57536)  # ZeRO-3 sub-groups at sub_group_size 50000
 GPU_ADAM_PS = 42  # per element: unscale 8 B + Adam 28 B + cast to 16 bits 6 B, 1 pass each
 OVERFLOW_CHECK_PS = 4  # one read of the 4 B fp32 gradient
@@ -63,17 +63,17 @@ def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
     fp64 norms (18N ps), then per sub-group its fp32 gradient (10 ps/element) and its fused
     Adam (42 ps/element)."""
     result = toy.run(_no_offload(3))
-    reduced = COPIES_END + 8 * N  # 5970176
-    partitioned = reduced + 4 * N  # 6430208
+    reduced = COPIES_END + 8 * N  # 6355200
+    partitioned = reduced + 4 * N  # 6815232
     _assert_ops(_ops(result, Stream.REDUCE, "backward")[-2:], [
         ("reduce-scatter 0M", COPIES_END, reduced),
         ("partition grads 21 params", reduced, partitioned)])
-    checked = partitioned + OVERFLOW_CHECK_PS * N  # 6890240
-    normed = checked + NORM_PS * N  # 8960384
-    cast0 = normed + FP32_GRAD_PS * GROUPS[0]  # 9535104
-    first = cast0 + GPU_ADAM_PS * GROUPS[0]  # 11948928
-    cast1 = first + FP32_GRAD_PS * GROUPS[1]  # 12524288
-    second = cast1 + GPU_ADAM_PS * GROUPS[1]  # 14940800
+    checked = partitioned + OVERFLOW_CHECK_PS * N  # 7275264
+    normed = checked + NORM_PS * N  # 9345408
+    cast0 = normed + FP32_GRAD_PS * GROUPS[0]  # 9920128
+    first = cast0 + GPU_ADAM_PS * GROUPS[0]  # 12333952
+    cast1 = first + FP32_GRAD_PS * GROUPS[1]  # 12909312
+    second = cast1 + GPU_ADAM_PS * GROUPS[1]  # 15325824
     _assert_ops(_ops(result, Stream.COMPUTE, "update"), [
         ("overflow check", partitioned, checked),
         ("gradient norms", checked, normed),
@@ -83,7 +83,7 @@ def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
         ("gpu adam sub-group 1", cast1, second)])
     assert _phase_ends(result) == pytest.approx({"forward 0": FORWARD_END,
                                                  "backward 0": partitioned,
-                                                 "update 0": 14940800})
+                                                 "update 0": 15325824})
     assert result.spans[result.spans.stream.isin([Stream.PCIE_H2D, Stream.PCIE_D2H])].empty
     assert result.summary["pcie_GB"] == {"h2d": 0.0, "d2h": 0.0}
 
@@ -93,14 +93,15 @@ def test_zero2_without_offload_steps_its_whole_partition_at_once(toy):
     (2 passes over 2N B = 460032 ps) instead of ZeRO-3's concatenation and pre-divide; the
     norms, then one fp32 gradient and one Adam over all N elements."""
     result = toy.run(_no_offload(2))
-    start = 5970176 + OVERFLOW_CHECK_PS * N  # 6430208
-    normed = start + NORM_PS * N  # 8500352
-    cast = normed + FP32_GRAD_PS * N  # 9650432
+    partitioned = COPIES_END + 4 * N + 4 * N  # the pre-divide, then the partition copy: 6355200
+    start = partitioned + OVERFLOW_CHECK_PS * N  # 6815232
+    normed = start + NORM_PS * N  # 8885376
+    cast = normed + FP32_GRAD_PS * N  # 10035456
     _assert_ops(_ops(result, Stream.COMPUTE, "update")[1:], [
         ("gradient norms", start, normed),
         ("fp32 gradient sub-group 0", normed, cast),
-        ("gpu adam sub-group 0", cast, cast + GPU_ADAM_PS * N)])  # to 14480768
-    assert result.summary["iteration_s"] == pytest.approx(14480768 * PS, rel=1e-12)
+        ("gpu adam sub-group 0", cast, cast + GPU_ADAM_PS * N)])  # to 14865792
+    assert result.summary["iteration_s"] == pytest.approx(14865792 * PS, rel=1e-12)
 
 
 def test_zero0_reduces_nothing_during_the_backward(toy):
@@ -146,7 +147,7 @@ def test_zero12_offload_sends_the_fp32_gradient_per_parameter(toy, stage):
     result = toy.run({"deepspeed": {"zero_optimization": {"stage": stage}}})
     flush = result.spans[result.spans.op_kind == OpKind.GRAD_FLUSH]
     assert list(flush.bytes) == [4 * n for n in _grad_order_numels()]
-    backward_end = COPIES_END + 4 * N + 424 * N  # 54273536
+    backward_end = COPIES_END + 4 * N + 424 * N  # 54658560
     assert flush.end_s.max() / PS == pytest.approx(backward_end)
     # The update: overflow check (1 ns/element), then unscale 2000, Adam 2500, zero + cast
     # 4000 and the pageable H2D 400 ps per element, for the whole partition at once.

@@ -21,7 +21,7 @@ from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
 from zerosim.engine.streams import Body, NcclQueue
-from zerosim.vocabulary import Category, Collective, OpKind, Stream
+from zerosim.vocabulary import Category, Collective, OpKind
 
 
 class BucketEntry(NamedTuple):
@@ -92,8 +92,7 @@ class IpgBuckets:
         self.bucket: list[BucketEntry] = []
         self.bucket_numel = 0
         self.outstanding: deque[simpy.Event] = deque()
-        # Without overlap_comm DeepSpeed reduces on the default stream, in line with compute.
-        self.stream = core.stream(Stream.REDUCE) if core.ds.overlap_comm else core.compute
+        self.stream = core.reduction_stream
         self.names = {c: (c.value.replace("_", "-"), OpKind(c.value))
                       for c in (collective, Collective.REDUCE_SCATTER)}
         """How each reduction's op is named, and its kind (`Enum.value` is slow on the hot
@@ -114,7 +113,7 @@ class IpgBuckets:
                                OpKind.GRAD_TO_BUCKET, nbytes, after=(produced,))
             core.when_done(copy, lambda: self.store.free(param))
         else:
-            self.stream.launch("wait grad", core.gpu_time(0.0), kind=OpKind.GRAD_WAIT,
+            self.stream.launch("wait grad", core.gpu_time(0.0, self.stream), kind=OpKind.GRAD_WAIT,
                                after=(produced,))
         self.bucket.append(BucketEntry(param, in_bucket))
         self.bucket_numel += param.numel
@@ -198,17 +197,18 @@ class IpgBuckets:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
                                             "reduce-scatter buffer")
             if before_s:
-                yield core.env.timeout(before_s)
+                yield from core.gpu_kernel(before_s, self.stream)
             yield from turn.wait()
             if core.distributed:
                 for key, size in zip(keys, sizes, strict=True):
                     yield from core.machine.collective(core.rank, key, collective,
                                                        core.comm_bytes * size, core.ranks)
             elif not (before_s or after_s):
-                yield core.env.timeout(core.hbm_seconds(core.comm_bytes * numel))
+                yield from core.gpu_kernel(core.hbm_seconds(core.comm_bytes * numel),
+                                           self.stream)
             turn.done()
             if after_s:
-                yield core.env.timeout(after_s)
+                yield from core.gpu_kernel(after_s, self.stream)
             for entry in bucket:
                 if not entry.in_bucket:
                     self.store.free(entry.param)

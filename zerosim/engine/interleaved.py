@@ -66,8 +66,9 @@ class GpuGradients:
             self.held[group] = core.gpu.allocate(
                 Category.BOUNDARY_GRAD_BUFFER, FP32_BYTES * core.plan.subgroups[group],
                 f"fp32 grads of GPU sub-group {group}")
-        yield core.env.timeout(core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements,
-                                                passes=1.0))
+        yield from core.gpu_kernel(
+            core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements, passes=1.0),
+            core.reduction_stream)
 
     def release(self, group: int) -> None:
         if group in self.held:

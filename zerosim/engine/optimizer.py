@@ -36,7 +36,7 @@ def launch_gpu_adam(core: RankCore, group: int, elements: int, *, casts: bool = 
                    else costs.GPU_ADAM_BYTES_PER_ELEMENT)
     nbytes = per_element * elements
     return core.compute.launch(f"gpu adam sub-group {group}",
-                               core.gpu_time(core.hbm_seconds(nbytes, passes=1.0)),
+                               core.gpu_time(core.hbm_seconds(nbytes, passes=1.0), core.compute),
                                kind=OpKind.OPTIMIZER_STEP, nbytes=nbytes)
 
 
@@ -96,8 +96,9 @@ class CpuStep:
                                 kind=OpKind.STATE_TO_GPU)
 
         def update_and_copy_out() -> Gen:
-            yield core.env.timeout(core.hbm_seconds(
-                costs.GPU_STEP_BYTES_PER_ELEMENT * elements, passes=1.0))
+            yield from core.gpu_kernel(
+                core.hbm_seconds(costs.GPU_STEP_BYTES_PER_ELEMENT * elements, passes=1.0),
+                core.stream(Stream.OPTIMIZER_GPU))
             yield from core.dma("d2h", back, pinned=core.pinned, op=f"state sub-group {group}",
                                 kind=OpKind.STATE_TO_HOST)
             core.gpu.free(Category.PREFETCHED_STATE, held.pop())
@@ -237,7 +238,7 @@ class GpuStep:
         def body() -> Gen:
             copy = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * largest,
                                      "fp64 norm copy")
-            yield core.env.timeout(seconds)
+            yield from core.sms.compute(seconds)
             core.gpu.free(Category.GRAD_PARTITIONS, copy)
 
         yield core.compute.launch("gradient norms", body, kind=OpKind.GRAD_NORM,
@@ -257,7 +258,7 @@ class GpuStep:
                                      f"flat gradient sub-group {group}")
             held["fp32"] = core.gpu.allocate(Category.FP32_GRADS, FP32_BYTES * elements,
                                              f"fp32 gradient sub-group {group}")
-            yield core.env.timeout(seconds)
+            yield from core.sms.compute(seconds)
             core.gpu.free(Category.GRAD_PARTITIONS, flat)
 
         core.compute.launch(f"fp32 gradient sub-group {group}", body, kind=OpKind.CAST,

@@ -7,7 +7,7 @@ model states: see `compose.py`) each hold the core and act through it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -19,7 +19,7 @@ from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import AllocatorReserve, MemoryPool, shared
 from zerosim.engine.plan import Plan, module_costs
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
-from zerosim.engine.streams import Body, InOrderStream
+from zerosim.engine.streams import Body, InOrderStream, SharedSMs
 from zerosim.hardware import costs
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
@@ -97,6 +97,7 @@ class RankCore:
         self._seq: dict[str, int] = {}
         self.streams: dict[Stream, InOrderStream] = {}
         self.compute = self.stream(Stream.COMPUTE)
+        self.sms = SharedSMs(self.env)
         self.dtype_bytes = BYTES_PER_DTYPE[self.ds.dtype]
         self.comm_bytes = BYTES_PER_DTYPE[self.ds.communication_dtype]
         self.accum_bytes = BYTES_PER_DTYPE[self.ds.grad_accum_dtype]
@@ -209,10 +210,22 @@ class RankCore:
         else:
             event.callbacks.append(lambda done: action() if done.ok else None)
 
-    def gpu_time(self, seconds: float) -> Body:
-        """An op's body that keeps its stream busy for `seconds` (a tuple of its timeout, as
-        `host_time` gives one)."""
-        return lambda: (self.env.timeout(seconds),)
+    @property
+    def reduction_stream(self) -> InOrderStream:
+        """Where gradients are bucketed, reduced and partitioned: DeepSpeed's reduction stream
+        with `overlap_comm`, else the default stream, in line with compute."""
+        return self.stream(Stream.REDUCE) if self.ds.overlap_comm else self.compute
+
+    def gpu_kernel(self, seconds: float, stream: InOrderStream) -> Iterable[simpy.Event]:
+        """A GPU kernel of `seconds` (alone on the GPU) run by an op on `stream`, to
+        `yield from`: the SMs are shared between streams (`SharedSMs`)."""
+        if stream is self.compute:
+            return self.sms.compute(seconds)
+        return self.sms.side(seconds)
+
+    def gpu_time(self, seconds: float, stream: InOrderStream) -> Body:
+        """An op's body that runs one GPU kernel of `seconds` on `stream`."""
+        return lambda: self.gpu_kernel(seconds, stream)
 
     def hbm_seconds(self, nbytes: float, passes: float = 2.0) -> float:
         return costs.hbm_copy_s(nbytes, self.profile, passes=passes)
@@ -221,7 +234,8 @@ class RankCore:
                passes: float = 2.0, after: tuple[simpy.Event | None, ...] = ()
                ) -> simpy.Event:
         """A device-local copy or elementwise kernel on `stream`."""
-        return stream.launch(op, self.gpu_time(self.hbm_seconds(nbytes, passes)), kind=kind,
+        return stream.launch(op, self.gpu_time(self.hbm_seconds(nbytes, passes), stream),
+                             kind=kind,
                              after=after, nbytes=nbytes)
 
     def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str, kind: OpKind,
@@ -327,7 +341,7 @@ class RankCore:
             self.activations[index] = self.activations.get(index, 0) + saved
             workspace = self.gpu.allocate(Category.WORKSPACE, module.transient_bytes,
                                           module.name)
-            yield self.env.timeout(seconds)
+            yield from self.sms.compute(seconds)
             self.gpu.free(Category.WORKSPACE, workspace)
         return body
 
@@ -340,7 +354,7 @@ class RankCore:
         def body() -> Gen:
             workspace = self.gpu.allocate(Category.WORKSPACE, module.backward_transient_bytes,
                                           module.name)
-            yield self.env.timeout(seconds)
+            yield from self.sms.compute(seconds)
             self.gpu.free(Category.WORKSPACE, workspace)
             self.gpu.free(Category.ACTIVATIONS, self.activations.pop(index, 0))
             if on_end is not None:

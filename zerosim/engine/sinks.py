@@ -88,7 +88,7 @@ class HostPartitions:
             buffer = core.gpu.allocate(Category.GRAD_PARTITIONS, acc, f"grad buffer {name}")
             yield from core.dma("h2d", acc, pinned=pinned, op=f"accum → GPU {name}",
                                 kind=OpKind.GRAD_FROM_HOST)
-            yield core.env.timeout(core.hbm_seconds(acc, ADD_PASSES))
+            yield from core.gpu_kernel(core.hbm_seconds(acc, ADD_PASSES), core.reduction_stream)
             yield from core.dma("d2h", acc, pinned=pinned, op=f"accum → host {name}",
                                 kind=OpKind.GRAD_TO_HOST)
         if boundary:
@@ -153,8 +153,8 @@ class BoundaryFlush:
         if self.gpu_gradients is not None and core.plan.interleaved_on_gpu(group):
             yield from self.gpu_gradients.receive(group, elements)
         elif core.plan.on_gpu(param):
-            yield core.env.timeout(core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements,
-                                                    passes=1.0))
+            seconds = core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
+            yield from core.gpu_kernel(seconds, core.reduction_stream)
         elif buffered:
             yield from self._buffer_and_flush_async(elements, name)
         elif self.swap.swaps(param):
@@ -175,7 +175,7 @@ class BoundaryFlush:
         nbytes = core.accum_bytes * elements
         buffered = core.gpu.allocate(Category.BOUNDARY_GRAD_BUFFER, nbytes,
                                      f"buffered grad {name}")
-        yield core.env.timeout(core.hbm_seconds(nbytes))
+        yield from core.gpu_kernel(core.hbm_seconds(nbytes), core.reduction_stream)
 
         def flush() -> Gen:
             yield from core.dma("d2h", nbytes, pinned=core.pinned, op=f"async flush {name}",
@@ -227,8 +227,8 @@ def fp64_grad_norm(core: RankCore, elements: int, name: str, *, source_bytes: in
     partition."""
     temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp64_norm_bytes(elements, chunked),
                              f"fp64 norm {name}")
-    yield core.env.timeout(core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, source_bytes),
-                                            passes=1.0))
+    seconds = core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, source_bytes), passes=1.0)
+    yield from core.gpu_kernel(seconds, core.reduction_stream)
     core.gpu.free(Category.GRAD_PARTITIONS, temp)
 
 
@@ -237,7 +237,7 @@ def gpu_cast(core: RankCore, elements: int, name: str) -> Gen:
     temporary's allocation, for `free_fp32_cast`."""
     fp32 = FP32_BYTES * elements
     temp = core.gpu.allocate(Category.GRAD_PARTITIONS, fp32, f"fp32 cast {name}")
-    yield core.env.timeout(core.hbm_seconds(fp32, passes=1.5))
+    yield from core.gpu_kernel(core.hbm_seconds(fp32, passes=1.5), core.reduction_stream)
     return temp
 
 
@@ -295,7 +295,8 @@ class HostAccumulation:
             else:
                 yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
                                     kind=OpKind.GRAD_FROM_HOST)
-                yield core.env.timeout(core.hbm_seconds(acc, ADD_PASSES))
+                yield from core.gpu_kernel(core.hbm_seconds(acc, ADD_PASSES),
+                                           core.reduction_stream)
                 yield from core.dma("d2h", acc, pinned=core.pinned, op=f"accum → host {name}",
                                     kind=OpKind.GRAD_TO_HOST)
         if boundary:
@@ -324,5 +325,5 @@ class GpuPartitions:
         core = self.core
         nbytes = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
         passes = 2.0 if micro == 0 or core.ds.stage == 1 else ADD_PASSES
-        return core.gpu_time(core.hbm_seconds(nbytes, passes)), False
+        return core.gpu_time(core.hbm_seconds(nbytes, passes), core.reduction_stream), False
 

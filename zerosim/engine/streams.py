@@ -62,6 +62,57 @@ class InOrderStream:
         return self.tail
 
 
+class SharedSMs:
+    """A GPU's streaming multiprocessors, shared by the kernels its streams run at once.
+
+    The compute stream's kernels fill the SMs. A kernel on another stream (the reduction
+    stream's bucket copies, concatenations, scalings and adds; the all-gather stream's
+    splits; a side optimizer's) takes SM time from them, as the block scheduler hands its
+    blocks the SMs that the compute kernel's blocks leave: the GPU's time is conserved. To
+    first order, a side kernel runs as it would alone and the compute kernel running meanwhile
+    is held back for as long (one started during a side kernel waits for its end); a side
+    kernel that runs while the compute stream is idle costs it nothing. Two side kernels at
+    once hold it back for the union of their times. Collectives (NCCL's kernels, on a few SMs,
+    bound by their links) and DMA copies (the copy engines) do not count.
+    """
+
+    __slots__ = ("busy", "env", "started", "until")
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.until = 0.0
+        """When the side kernels started so far end."""
+        self.busy = 0.0
+        """The union of their times."""
+        self.started = 0
+        """How many have started."""
+
+    def side(self, seconds: float) -> tuple[simpy.Event, ...]:
+        """A kernel of `seconds` on a stream other than the compute stream, to `yield from`."""
+        now = self.env.now
+        end = now + seconds
+        if end > self.until:
+            self.busy += end - max(now, self.until)
+            self.until = end
+        self.started += 1
+        return (self.env.timeout(seconds),)
+
+    def compute(self, seconds: float):
+        """A compute-stream kernel of `seconds` alone, to `yield from`: it ends later by the
+        side kernels' time from its start to its end."""
+        env, start = self.env, self.env.now
+        busy_at_start, seen = self.busy, self.started
+        held_at_start = max(0.0, self.until - start)
+        held = held_at_start
+        yield env.timeout(seconds + held)
+        while self.started != seen:
+            seen = self.started
+            extra = held_at_start + self.busy - busy_at_start - held
+            held += extra
+            if extra > 0:
+                yield env.timeout(extra)
+
+
 class NcclTurn:
     """One collective's place in its `NcclQueue`."""
 
