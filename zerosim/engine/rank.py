@@ -235,8 +235,7 @@ class RankCore:
                ) -> simpy.Event:
         """A device-local copy or elementwise kernel on `stream`."""
         return stream.launch(op, self.gpu_time(self.hbm_seconds(nbytes, passes), stream),
-                             kind=kind,
-                             after=after, nbytes=nbytes)
+                             kind=kind, after=after, nbytes=nbytes)
 
     def dma(self, direction: Direction, nbytes: float, *, pinned: bool, op: str, kind: OpKind,
             buffer: costs.HostBytes = costs.HOME_PAGES) -> Gen:
