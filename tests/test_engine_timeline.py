@@ -157,6 +157,12 @@ def test_forward_runs_back_to_back_and_each_bucket_copy_holds_back_the_next_back
     _assert_timeline(bucket, [(f"copy grad {name}", s, e) for name, s, e in copies])
     phases = dp1_ga1.phases.set_index("phase")
     assert phases.loc["forward", "end_s"] == pytest.approx(FORWARD_TOTAL_PS * PS, rel=1e-9)
+    # The summary reports the holds: none in the forward, the copies' in the backward.
+    held = dp1_ga1.summary["compute_held_s"]
+    assert held["backward_non_boundary"] is None  # GA=1: every backward is the boundary's
+    assert [held["forward"], held["backward_boundary"], held["update"]] == pytest.approx(
+        [0.0, COPIED_PS * PS, 0.0], rel=1e-9)
+    assert phases.loc["backward", "compute_held_s"] == pytest.approx(COPIED_PS * PS, rel=1e-9)
 
 
 def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):

@@ -411,12 +411,13 @@ def test_the_phase_table_adds_up_to_the_iteration(tmp_path, toy):
     output = invoke("run", path, "--no-files").output
     header = output.index("per iteration: the phases of rank 0, the last to finish; they add "
                           "up to the iteration\nmean per micro-batch: the slowest rank's\n"
-                          "phase times in seconds")
+                          "compute held: per micro-batch, how long other streams' kernels "
+                          "kept compute off the SMs\nphase times in seconds")
     memory = output.index("rank 0's HBM by phase, GiB")
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
             for line in output[header:memory].splitlines() if line.startswith("│")}
     assert rows["forward"] == ["3", f"{totals['forward']:.3f}",
-                               f"{result.summary['phases_s']['forward']:.3f}"]
+                               f"{result.summary['phases_s']['forward']:.3f}", "0.000"]
     assert rows["iteration"][1] == f"{result.summary['iteration_s']:.3f}"
     rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
             for line in output[memory:].splitlines() if line.startswith("│")}

@@ -137,13 +137,18 @@ def _phase_table(summary: dict, totals: dict[str, float], counts: dict[str, int]
     table.add_column("count", justify="right")
     table.add_column("per iteration", justify="right")
     table.add_column("mean per micro-batch", justify="right")
+    held = summary.get("compute_held_s")
+    if held is not None:
+        table.add_column("compute held", justify="right")
     for key, label in PHASE_ROWS.items():
-        table.add_row(label, str(counts.get(key, "-")), _seconds(totals.get(key)),
-                      _seconds(summary["phases_s"].get(key)))
+        cells = [label, str(counts.get(key, "-")), _seconds(totals.get(key)),
+                 _seconds(summary["phases_s"].get(key))]
+        table.add_row(*cells, *([] if held is None else [_seconds(held.get(key))]))
+    blank = [] if held is None else [""]
     if abs(totals.get(BETWEEN_PHASES, 0.0)) > 5e-4:
-        table.add_row(BETWEEN_PHASES, "", _seconds(totals[BETWEEN_PHASES]), "")
+        table.add_row(BETWEEN_PHASES, "", _seconds(totals[BETWEEN_PHASES]), "", *blank)
     table.add_row("[bold]iteration[/bold]", "",
-                  f"[bold]{_seconds(summary['iteration_s'])}[/bold]", "")
+                  f"[bold]{_seconds(summary['iteration_s'])}[/bold]", "", *blank)
     return table
 
 
@@ -180,8 +185,9 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     rank, totals, counts = iteration_totals(phases, accumulation_steps)
     if rank is not None:
         console.print(f"per iteration: the phases of rank {rank}, the last to finish; they add "
-                      "up to the iteration\nmean per micro-batch: the slowest rank's",
-                      highlight=False)
+                      "up to the iteration\nmean per micro-batch: the slowest rank's\n"
+                      "compute held: per micro-batch, how long other streams' kernels kept "
+                      "compute off the SMs", highlight=False)
     console.print(_phase_table(summary, totals, counts))
     memory = _memory_table(summary)
     if memory is not None:

@@ -92,6 +92,8 @@ class RankCore:
         self.phase, self.micro = Phase.SETUP.value, -1
         """The phase as records hold it: plain text (`records.Table`)."""
         self._phase_start = 0.0
+        self._held_at_start = 0.0
+        """The SMs' `held` when the phase began."""
         self._timer_handover: tuple[float, float] | None = None
         """(host time, timer stop) of the last phase's end (see `end`)."""
         self._seq: dict[str, int] = {}
@@ -144,6 +146,7 @@ class RankCore:
     def begin(self, phase: Phase, micro: int) -> None:
         self.phase, self.micro = phase._value_, micro
         self._phase_start = self._timer_start()
+        self._held_at_start = self.sms.held
         self.gpu.reset_window()
         if self.empties_cache:
             self.reserves = {}
@@ -170,7 +173,8 @@ class RankCore:
         end_s = self.env.now if compute_done is None else compute_done
         self._timer_handover = (self.env.now, end_s)
         self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, end_s,
-                             self.gpu.used, self.gpu.window_peak))
+                             self.gpu.used, self.gpu.window_peak,
+                             self.sms.held - self._held_at_start))
 
     def _timer_start(self) -> float:
         """When the phase's timer starts: where the last phase's timer stopped, when this phase

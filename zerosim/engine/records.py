@@ -61,6 +61,9 @@ class PhaseSpan:
     allocated_peak_bytes: int
     """The most the rank's GPU held allocated during the phase, its CUDA context included
     (`Max_MA` after the phase, the peak statistics reset at its start)."""
+    compute_held_s: float
+    """How long kernels on other streams held the phase's compute kernels back on the SMs
+    (`streams.SharedSMs`)."""
 
 
 class Table(Generic[R]):

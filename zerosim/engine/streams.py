@@ -76,7 +76,7 @@ class SharedSMs:
     bound by their links) and DMA copies (the copy engines) do not count.
     """
 
-    __slots__ = ("busy", "env", "started", "until")
+    __slots__ = ("busy", "env", "held", "started", "until")
 
     def __init__(self, env: simpy.Environment):
         self.env = env
@@ -86,6 +86,8 @@ class SharedSMs:
         """The union of their times."""
         self.started = 0
         """How many have started."""
+        self.held = 0.0
+        """How long they have held compute kernels back, in all."""
 
     def side(self, seconds: float) -> tuple[simpy.Event, ...]:
         """A kernel of `seconds` on a stream other than the compute stream, to `yield from`."""
@@ -111,6 +113,7 @@ class SharedSMs:
             held += extra
             if extra > 0:
                 yield env.timeout(extra)
+        self.held += held
 
 
 class NcclTurn:

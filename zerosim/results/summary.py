@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -72,18 +73,33 @@ def phase_time(phase: str, micro: int, last: int) -> PhaseTime | None:
 def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int
                   ) -> dict[str, float | None]:
     """Mean per micro-batch on each rank, then the slowest rank."""
+    return _per_phase(phases, accumulation_steps, lambda row: row[4] - row[3])
+
+
+def compute_held_seconds(phases: Table[PhaseSpan], accumulation_steps: int
+                         ) -> dict[str, float | None]:
+    """How long kernels on other streams held the compute kernels back on the SMs: mean per
+    micro-batch on each rank, then the rank held longest."""
+    column = [f.name for f in fields(PhaseSpan)].index("compute_held_s")
+    return _per_phase(phases, accumulation_steps, lambda row: row[column])
+
+
+def _per_phase(phases: Table[PhaseSpan], accumulation_steps: int,
+               value: Callable[[tuple], float]) -> dict[str, float | None]:
+    """`value` of each phase record: its mean per micro-batch on each rank, then the
+    largest over the ranks, per kind of phase."""
     if not len(phases):
         return dict.fromkeys(PHASE_TIMES)
     last = accumulation_steps - 1
     chosen: dict[PhaseTime, tuple[list[int], list[float]]] = {k: ([], []) for k in PhaseTime}
-    for rank, phase, micro, start_s, end_s, *_ in phases.rows:
-        key = phase_time(phase, micro, last)
+    for row in phases.rows:
+        key = phase_time(row[1], row[2], last)
         if key is None:
             continue
-        chosen[key][0].append(rank)
-        chosen[key][1].append(end_s - start_s)
-    return {key.value: max(grouped_means(ranks, durations)) if ranks else None
-            for key, (ranks, durations) in chosen.items()}
+        chosen[key][0].append(row[0])
+        chosen[key][1].append(value(row))
+    return {key.value: max(grouped_means(ranks, values)) if ranks else None
+            for key, (ranks, values) in chosen.items()}
 
 
 def rank0_phase_memory(phases: Table[PhaseSpan], accumulation_steps: int, field: str
@@ -177,6 +193,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "deepspeed_version": scenario.runtime.version_text,
         "iteration_s": iteration,
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
+        "compute_held_s": compute_held_seconds(phases, ds.gradient_accumulation_steps),
         "tflops_per_gpu": tflops,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
         "hbm_after_GiB": rank0_phase_memory(phases, ds.gradient_accumulation_steps,
