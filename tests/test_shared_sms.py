@@ -84,3 +84,26 @@ def test_a_side_kernel_straddling_two_compute_kernels_holds_each_once():
     env.process(side())
     env.run()
     assert ends == [14.0, 19.0]
+
+
+def test_a_side_kernel_that_starts_as_a_compute_kernel_ends_does_not_hold_it():
+    """A 10 s GEMM from 0 and a side copy launched at 10 s (its process scheduled before the
+    GEMM's resumes): the GEMM ends at 10 s all the same; the next kernel, launched then, waits
+    for the copy (10-13 s) and ends at 15 s."""
+    env = simpy.Environment()
+    sms = SharedSMs(env)
+    ends: list[float] = []
+
+    def side():
+        yield env.timeout(10.0)
+        yield from sms.side(3.0)
+
+    def stream():
+        for seconds in (10.0, 2.0):
+            yield from sms.compute(seconds)
+            ends.append(env.now)
+
+    env.process(side())
+    env.process(stream())
+    env.run()
+    assert ends == [10.0, 15.0]

@@ -76,7 +76,7 @@ class SharedSMs:
     bound by their links) and DMA copies (the copy engines) do not count.
     """
 
-    __slots__ = ("busy", "env", "held", "started", "until")
+    __slots__ = ("busy", "env", "held", "instant", "started", "until", "up_to_instant")
 
     def __init__(self, env: simpy.Environment):
         self.env = env
@@ -86,12 +86,18 @@ class SharedSMs:
         """The union of their times."""
         self.started = 0
         """How many have started."""
+        self.instant = -1.0
+        """When the last of them started."""
+        self.up_to_instant = (0.0, 0)
+        """(`busy`, `started`) before the side kernels that started at `instant`."""
         self.held = 0.0
         """How long they have held compute kernels back, in all."""
 
     def side(self, seconds: float) -> tuple[simpy.Event, ...]:
         """A kernel of `seconds` on a stream other than the compute stream, to `yield from`."""
         now = self.env.now
+        if now != self.instant:
+            self.instant, self.up_to_instant = now, (self.busy, self.started)
         end = now + seconds
         if end > self.until:
             self.busy += end - max(now, self.until)
@@ -99,19 +105,27 @@ class SharedSMs:
         self.started += 1
         return (self.env.timeout(seconds),)
 
+    def _before(self, now: float) -> tuple[float, int]:
+        """(`busy`, `started`) of the side kernels that started before `now`."""
+        return self.up_to_instant if now == self.instant else (self.busy, self.started)
+
     def compute(self, seconds: float):
         """A compute-stream kernel of `seconds` alone, to `yield from`: it ends later by the
-        side kernels' time from its start to its end."""
+        side kernels' time from its start to its end (one that starts as it ends does not
+        hold it)."""
         env, start = self.env, self.env.now
         busy_at_start, seen = self.busy, self.started
         held_at_start = max(0.0, self.until - start)
         held = held_at_start
         yield env.timeout(seconds + held)
-        while self.started != seen:
-            seen = self.started
-            extra = held_at_start + self.busy - busy_at_start - held
-            held += extra
+        while True:
+            busy, started = self._before(env.now)
+            if started == seen:
+                break
+            seen = started
+            extra = held_at_start + busy - busy_at_start - held
             if extra > 0:
+                held += extra
                 yield env.timeout(extra)
         self.held += held
 
