@@ -97,15 +97,23 @@ def test_part_grads_async_casts_on_the_gpu_and_does_not_block_the_backward(toy):
 
 
 def test_the_gpu_sub_groups_gradients_stay_in_hbm(toy):
-    """Sub-group 1's gradients are copied into a GPU fp32 buffer (4 B x N1), which the step
-    frees; only sub-group 0's go to the host (a 2 B pageable temporary each)."""
+    """Sub-group 1's gradients are copied into a GPU buffer in the accumulation dtype (the
+    fork's `prefetch_optimizer_gpu_fp32_grads`, 16-bit here: 2 B x N1); only sub-group 0's go
+    to the host (a 2 B pageable temporary each). The step's first move casts the buffer into
+    sub-group 1's fp32 gradient (4 B x N1 beside the one the model states keep from the last
+    step) and frees it once cast; the step's end frees that gradient."""
     result = toy.run(_fork(prefetch_optimizer=True, prefetch_optimizer_gap=2))
     spans = result.spans
     flushes = spans[(spans.stream == "pcie.d2h") & spans.op.str.startswith("fp32 flush")]
     assert flushes.bytes.sum() == 2 * N0
     memory = result.memory
     held = memory[memory.category == "boundary grad buffer"]
-    assert held.bytes.max() == 4 * N1 and held.bytes.iloc[-1] == 0
+    assert list(held.bytes) == [2 * N1, 0]
+    fp32 = memory[memory.category == "fp32 grads (GPU)"]
+    assert list(fp32.bytes) == [4 * N1, 8 * N1, 4 * N1, 0]
+    cast = spans[spans.op == "grads→fp32 sub-group 1"]
+    assert list(cast.stream) == ["compute"] and list(cast.phase) == ["update"]
+    assert held.t_s.iloc[1] == cast.end_s.iloc[0] and fp32.t_s.iloc[1] == cast.start_s.iloc[0]
 
 
 def test_the_interleaved_update_by_hand(toy):

@@ -9,9 +9,11 @@ Sub-groups are stepped in order; every gap-th one on the GPU (`plan.interleaved_
   one's come H2D, each on its own copier stream (three `async_copier`s, pinned host memory);
   its 16-bit partition is written from the GPU fp32 params on the GPU. The rank's thread then
   waits for the 16-bit copies queued so far (below) and steps the sub-group on the CPU;
-- a GPU sub-group waits for the three copiers, then runs FusedAdam on the GPU: its fp32
-  gradient never left HBM (the boundary backward copied it into a GPU buffer), and its 16-bit
-  partition is written by the next `CPU_PREFETCH` sub-group, not by its step;
+- a GPU sub-group waits for the three copiers, then runs its Adam on the GPU (the fork's
+  `torch.optim.AdamW`, priced as one fused pass): its gradient never left HBM (the boundary
+  backward copied it into a GPU buffer in the accumulation dtype, which the `CPU_PREFETCH`
+  sub-group before it cast to fp32), and its 16-bit partition is written by the next
+  `CPU_PREFETCH` sub-group, not by its step;
 - a CPU sub-group is unscaled and stepped by DeepSpeedCPUAdam with no copy-back; after the
   last CPU sub-group before a GPU one (or the last of all), a helper thread casts the run's
   fp32 params to 16 bits (`.half()` into a fresh tensor, then into one of gap - 1 pinned
@@ -50,37 +52,65 @@ wait on the 16-bit copier."""
 
 
 class GpuGradients:
-    """The boundary's fp32 gradients of the GPU-stepped sub-groups, kept in HBM from the
-    backward (stage3.py `partition_grads`: `prefetch_optimizer_gpu_fp32_grads`) until the
-    sub-group's state goes back to the host."""
+    """The boundary's gradients of the GPU-stepped sub-groups, kept in HBM from the backward
+    to the step (stage3.py `partition_grads`: `prefetch_optimizer_gpu_fp32_grads`, despite its
+    name allocated in the gradient accumulation dtype, 16-bit unless `grad_accum_dtype` says
+    fp32), then cast to fp32 as the sub-group's gradient for its Adam (`opt_transfers`)."""
 
     def __init__(self, core: RankCore):
         self.core = core
-        self.held: dict[int, int] = {}
+        self.accumulated: dict[int, int] = {}
+        """Per GPU sub-group, its buffer in the accumulation dtype (the backward's copies)."""
+        self.fp32: dict[int, int] = {}
+        """Per GPU sub-group, its fp32 gradient (from the cast until the next one replaces
+        it)."""
 
     def receive(self, group: int, elements: int) -> Gen:
-        """`gpu_fp32_grad_tensor.copy_(grad_buffer)`: a cast copy within HBM; the first
-        gradient of a sub-group allocates the sub-group's buffer."""
+        """`gpu_fp32_grad_tensor.copy_(grad_buffer)`: a copy within HBM, both sides in the
+        accumulation dtype; the first gradient of a sub-group allocates the sub-group's
+        buffer."""
         core = self.core
-        if group not in self.held:
-            self.held[group] = core.gpu.allocate(
-                Category.BOUNDARY_GRAD_BUFFER, FP32_BYTES * core.plan.subgroups[group],
-                f"fp32 grads of GPU sub-group {group}")
-        yield from core.gpu_kernel(
-            core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements, passes=1.0),
-            core.reduction_stream)
+        if group not in self.accumulated:
+            self.accumulated[group] = core.gpu.allocate(
+                Category.BOUNDARY_GRAD_BUFFER, core.accum_bytes * core.plan.subgroups[group],
+                f"grads of GPU sub-group {group}")
+        yield from core.gpu_kernel(core.hbm_seconds(core.accum_bytes * elements),
+                                   core.reduction_stream)
+
+    def to_fp32(self, group: int) -> None:
+        """`.grad = prefetch_optimizer_gpu_fp32_grads[group].to(torch.float32)`, then `del`
+        of the buffer: a cast on the default stream into a new fp32 tensor, the buffer freed
+        once it has run; an fp32 buffer is the gradient as it is (`.to` returns it)."""
+        core = self.core
+        if group not in self.accumulated:
+            return
+        elements = core.plan.subgroups[group]
+        if core.accum_bytes == FP32_BYTES:
+            self.fp32[group] = self.accumulated.pop(group)
+            return
+        self.fp32[group] = core.gpu.allocate(Category.FP32_GRADS_GPU, FP32_BYTES * elements,
+                                             f"fp32 grads of GPU sub-group {group}")
+        cast = core.hbm_op(core.compute, f"grads→fp32 sub-group {group}", OpKind.CAST,
+                           (core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
+        buffer = self.accumulated.pop(group)
+        core.when_done(cast, lambda: core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, buffer))
 
     def release(self, group: int) -> None:
-        if group in self.held:
-            self.core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, self.held.pop(group))
+        """`prefetch_optimizer_gpu_fp32_params.grad = None`: the sub-group's fp32 gradient."""
+        if group in self.fp32:
+            category = (Category.BOUNDARY_GRAD_BUFFER if self.core.accum_bytes == FP32_BYTES
+                        else Category.FP32_GRADS_GPU)
+            self.core.gpu.free(category, self.fp32.pop(group))
 
     def release_all(self) -> None:
-        """The last GPU sub-group's gradient outlives the step in the fork (no later
+        """The last GPU sub-group's fp32 gradient outlives the step in the fork (no later
         sub-group sends its state back; the next step's first move replaces it). zerosim
-        frees it here and counts one such buffer among the model states instead
+        frees it here and counts one such gradient among the model states instead
         (`states.model_states`)."""
-        for group in list(self.held):
+        for group in list(self.fp32):
             self.release(group)
+        for group in list(self.accumulated):
+            self.core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, self.accumulated.pop(group))
 
 
 class InterleavedStep:
@@ -138,12 +168,13 @@ class InterleavedStep:
         previous = self._neighbour_on_gpu(group, -1)
         following = self._neighbour_on_gpu(group, +1)
         if previous is not None:
+            self.gradients.release(previous)
             size = self.groups[previous]
             core.hbm_op(core.compute, f"fp32→16-bit sub-group {previous}", OpKind.CAST,
                         (FP32_BYTES + core.dtype_bytes) * size, passes=1.0)
             self._copy_each("d2h", previous, OpKind.STATE_TO_HOST)
-            self.gradients.release(previous)
         if following is not None:
+            self.gradients.to_fp32(following)
             self._copy_each("h2d", following, OpKind.STATE_TO_GPU)
 
     def _copy_each(self, direction: str, group: int, kind: OpKind) -> None:
