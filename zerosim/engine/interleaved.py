@@ -198,20 +198,27 @@ class InterleavedStep:
                 kind=OpKind.CAST, nbytes=FP16_BYTES * elements)
 
     def _downscale_one(self, group: int) -> Gen:
+        """Each of the helper's statements (the `.half()`, the copy into the pinned buffer,
+        the copier's `copy`) starts only when the rank's thread is not inside CPU Adam,
+        which holds the GIL (`RankCore.gil`); once started, PyTorch's op runs on with the GIL
+        released."""
         core, m = self.core, self.core.machine
         elements = self.groups[group]
         threads = core.profile.cast_threads
         temp_bytes = FP16_BYTES * elements
+        yield from core.gil.acquire()
         temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
                                   f"sub-group {group} .half()")
         yield from core.zero_fresh_pages(temp_bytes, threads=threads, where=costs.SPREAD_PAGES)
         yield from m.elementwise(core.rank, elements,
                                  costs.HostBytes(home=FP32_BYTES, spread=FP16_BYTES),
                                  threads=threads)
+        yield from core.gil.acquire()
         yield from m.elementwise(core.rank, elements,
                                  costs.HostBytes(home=FP16_BYTES, spread=FP16_BYTES),
                                  threads=threads)
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
+        yield from core.gil.acquire()
         core.stream(Stream.COPIER_FP16).launch(
             f"16-bit h2d sub-group {group}",
             lambda: core.dma("h2d", temp_bytes, pinned=True, op=f"params sub-group {group}",

@@ -144,16 +144,18 @@ def check_overflow_on_host(core: RankCore) -> Gen:
 
 def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
     """`unscale_and_clip_grads` on the fp32 gradient, then DeepSpeedCPUAdam, on the rank's
-    thread."""
+    thread; `adam_update` holds the GIL throughout (`RankCore.gil`)."""
     m = core.machine
     yield from core.cpu_work(f"unscale sub-group {group}", OpKind.UNSCALE,
                              m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
+    core.gil.hold()
     yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
                              m.cpu_kernel(core.rank, elements, host=costs.ADAM_HOST_BYTES,
                                           elements_per_s_per_thread=(
                                               core.profile.adam_params_per_s_per_thread),
                                           regions=math.ceil(
                                               elements / costs.CPU_ADAM_TILE_ELEMENTS)))
+    core.gil.release()
 
 
 def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:

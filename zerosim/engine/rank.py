@@ -46,6 +46,33 @@ _DMA_SUFFIX = {pinned: f" ({text})" for pinned, text in _HOST_BUFFER.items()}
 _PCIE_TRACK = {direction: stream.value for direction, stream in PCIE_STREAMS.items()}
 
 
+class Gil:
+    """CPython's global interpreter lock in a rank's process, where it times anything: a
+    call into C++ bound without `gil_scoped_release` (DeepSpeedCPUAdam's `adam_update`,
+    csrc/adam/cpu_adam.cpp) holds it until it returns, so another Python thread cannot
+    start its next statement meanwhile; PyTorch's ops release it while they run."""
+
+    __slots__ = ("env", "released")
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.released: simpy.Event | None = None
+        """Fires when the call holding the lock returns (None while nothing holds it)."""
+
+    def hold(self) -> None:
+        self.released = self.env.event()
+
+    def release(self) -> None:
+        released, self.released = self.released, None
+        if released is not None:
+            released.succeed()
+
+    def acquire(self) -> Waits:
+        """What another thread waits for before its next statement, to `yield from`."""
+        released = self.released
+        return (released,) if released is not None else ()
+
+
 @dataclass
 class RunContext:
     """Everything the ranks of one run share."""
@@ -100,6 +127,7 @@ class RankCore:
         self.streams: dict[Stream, InOrderStream] = {}
         self.compute = self.stream(Stream.COMPUTE)
         self.sms = SharedSMs(self.env)
+        self.gil = Gil(self.env)
         self.dtype_bytes = BYTES_PER_DTYPE[self.ds.dtype]
         self.comm_bytes = BYTES_PER_DTYPE[self.ds.communication_dtype]
         self.accum_bytes = BYTES_PER_DTYPE[self.ds.grad_accum_dtype]
