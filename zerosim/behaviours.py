@@ -138,9 +138,13 @@ DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
               "through a work-in-progress version of the interleaved update", fixed_gap=3),
     ForkBuild("8074cd62", "2024-03-28", "Working version of deep optimizer states",
               "reads prefetch_optimizer only, with the gap fixed at 4; its boundary copy is "
-              "always non_blocking", fixed_gap=4),
+              "always non_blocking; its step moves the GPU sub-groups' state on one copier "
+              "stream, runs their Adam on a stream of its own that the host synchronizes on, "
+              "and writes the CPU sub-groups' 16-bit partitions by a raw H2D of their fp32 "
+              "bytes", fixed_gap=4),
     ForkBuild("c7da512a", "2024-04-08", "Stash pipline parallel code",
-              "moves the GPU sub-groups' state on one copier stream and writes the CPU "
+              "moves the GPU sub-groups' state on one copier stream, runs their Adam on a "
+              "stream of its own that the host synchronizes on, and writes the CPU "
               "sub-groups' 16-bit partitions by a raw H2D of their fp32 bytes",
               binds_cores=True),
     ForkBuild("d8048a5e", "2024-04-13", "Async downscaling of CPU-updated subgroups",
