@@ -234,3 +234,38 @@ def test_model_states_without_offload_equal_what_zerosim_estimate_says(states_at
         assert fp32_grads_peak == 4 * 1_006_672_896 and partition == 1_006_672_896 + 677_931_008
         held += 4 * largest + 2 * partition
     assert held == expected
+
+
+@pytest.mark.parametrize(("version", "waits"), [("0.13.3", False), ("0.14.3", True)])
+def test_zero12_from_0_14_3_the_backward_waits_for_the_last_buckets_reduction(toy, version,
+                                                                              waits):
+    """ZeRO-2 with overlap_comm on two GPUs, one gradient of lm_head per bucket (16384
+    elements): from 0.14.3, `average_tensor` makes the default stream wait for what the
+    reduction stream holds when each bucket is reduced, the bucket before's reduction and
+    partition copies included, so each wait after the first ends no earlier than the
+    partition copies of the bucket before; 0.13.3 only makes the reduction stream wait for
+    the default stream. The gradients are copied into the bucket on the default stream."""
+    def backward(version: str):
+        result = toy.run({"runtime": {"deepspeed_version": version}, "deepspeed": {
+            "zero_optimization": {"stage": 2, "reduce_bucket_size": 16384}}}, gpus=2)
+        spans = result.spans
+        return result, spans[(spans["rank"] == 0) & (spans.phase == "backward")]
+
+    result, spans = backward(version)
+    compute = spans[spans.stream == Stream.COMPUTE]
+    stream_waits = compute[compute.op_kind == OpKind.STREAM_WAIT].sort_values("start_s")
+    partitions = spans[spans.op_kind == OpKind.PARTITION_GRADS].sort_values("start_s")
+    assert len(partitions) > 2
+    if not waits:
+        assert stream_waits.empty
+        return
+    assert len(stream_waits) == len(partitions)  # one per bucket, the epilogue's included
+    for k in range(1, len(stream_waits)):
+        assert stream_waits.end_s.iloc[k] >= partitions.end_s.iloc[k - 1]
+    # The compute stream's last kernel ends later than 0.13.3's; the phase itself ends with
+    # the reduction stream's partition copies (the toy's PCIe bounds them) in both.
+    _, earlier = backward("0.13.3")
+    assert compute.end_s.max() > earlier[earlier.stream == Stream.COMPUTE].end_s.max()
+    phases = result.phases
+    end = phases[(phases["rank"] == 0) & (phases.phase == "backward")].end_s.iloc[0]
+    assert end == pytest.approx(partitions.end_s.max(), rel=1e-12)

@@ -75,6 +75,16 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "DeepSpeedCPUAdam no longer pins two tile buffers (before: its C++ optimizer, "
               "built with CUDA, cudaMallocHost'ed 2 x TILE floats, TILE = 128 Mi elements: "
               "1 GiB of pinned host memory per optimizer, one per rank)"),
+    Behaviour("zero12_compute_waits_for_reduction", (0, 14, 3),
+              "PR #5606 'Fix overlap communication of ZeRO stage 1 and 2' (a41729f6, first in "
+              "v0.14.3): stage_1_and_2.py average_tensor, "
+              "get_accelerator().current_stream().wait_stream(stream); still there at v0.19.5 "
+              "(DeepSpeed issue #8364)",
+              "ZeRO-1/2 with overlap_comm: each bucket's reduction makes the default stream "
+              "wait for everything queued on the reduction stream before it (the previous "
+              "bucket's reduction and its partition copies), so the backward overlaps one "
+              "bucket's reduction at most (before: only the reduction stream waited for the "
+              "default stream)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -97,6 +107,7 @@ class Behaviours:
     zero_config_model: bool
     hjson_config_files: bool
     autotp_training: bool
+    zero12_compute_waits_for_reduction: bool
     cpu_adam_without_pinned_tiles: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""

@@ -92,6 +92,8 @@ class OpKind(StrEnum):
     """A parameter partition brought to the GPU before its all-gather (offload_param)."""
     GRAD_TO_BUCKET = "grad_to_bucket"
     GRAD_WAIT = "grad_wait"
+    STREAM_WAIT = "stream_wait"
+    """The compute stream waiting for what is queued on another stream (`wait_stream`)."""
     PARTITION_GRADS = "partition_grads"
     GRAD_TO_HOST = "grad_to_host"
     """A gradient partition moved into the host accumulation buffer."""

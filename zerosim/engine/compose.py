@@ -97,7 +97,16 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients))
     else:
         sink = HostAccumulation(core)
-    return IpgBuckets(core, sink, collective, nccl, per_tensor=_per_tensor_collectives(core))
+    return IpgBuckets(core, sink, collective, nccl, per_tensor=_per_tensor_collectives(core),
+                      compute_waits=_compute_waits_for_reduction(core),
+                      copies_on_compute=ds.stage in (1, 2))
+
+
+def _compute_waits_for_reduction(core: RankCore) -> bool:
+    """ZeRO-1/2's `average_tensor` makes the default stream wait for the reduction stream
+    from DeepSpeed 0.14.3 (`zero12_compute_waits_for_reduction`); ZeRO-3 never does."""
+    return (core.ds.stage in (1, 2) and core.ds.overlap_comm
+            and core.behaviours.zero12_compute_waits_for_reduction)
 
 
 def _post_step(core: RankCore) -> PostStep:

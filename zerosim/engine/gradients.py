@@ -80,7 +80,8 @@ class GradientPath(Protocol):
 
 class IpgBuckets:
     def __init__(self, core: RankCore, sink: GradientSink, collective: Collective,
-                 nccl: NcclQueue, *, per_tensor: bool = False):
+                 nccl: NcclQueue, *, per_tensor: bool = False, compute_waits: bool = False,
+                 copies_on_compute: bool = False):
         self.core = core
         self.sink = sink
         self.collective = collective
@@ -88,11 +89,19 @@ class IpgBuckets:
         """The process group's NCCL stream (`params.PartitionedParams.nccl`)."""
         self.per_tensor = per_tensor
         """DeepSpeed before `coalesced_collectives`: one reduction per gradient tensor."""
+        self.compute_waits = compute_waits
+        """Each reduction first makes the compute stream wait for what the reduction stream
+        holds (ZeRO-1/2's `average_tensor` from 0.14.3: `current_stream().wait_stream`)."""
         self.store = GradientStore(core)
         self.bucket: list[BucketEntry] = []
         self.bucket_numel = 0
         self.outstanding: deque[simpy.Event] = deque()
         self.stream = core.reduction_stream
+        self.copies = core.compute if copies_on_compute else self.stream
+        """Where each gradient is copied into the bucket: ZeRO-3 on the reduction stream
+        (`__add_grad_to_ipg_bucket`), ZeRO-1/2 on the default stream
+        (`reduce_independent_p_g_buckets_and_remove_grads`), the reduction then waiting for
+        it (`average_tensor`: `stream.wait_stream(current_stream)`)."""
         self.names = {c: (c.value.replace("_", "-"), OpKind(c.value))
                       for c in (collective, Collective.REDUCE_SCATTER)}
         """How each reduction's op is named, and its kind (`Enum.value` is slow on the hot
@@ -109,11 +118,11 @@ class IpgBuckets:
         in_bucket = core.ds.contiguous_gradients and self.bucket_numel + param.numel <= size
         if in_bucket:
             nbytes = core.comm_bytes * param.numel
-            copy = core.hbm_op(self.stream, f"copy grad {core.plan.modules[param.module].name}",
+            copy = core.hbm_op(self.copies, f"copy grad {core.plan.modules[param.module].name}",
                                OpKind.GRAD_TO_BUCKET, nbytes, after=(produced,))
             core.when_done(copy, lambda: self.store.free(param))
         else:
-            self.stream.launch("wait grad", core.gpu_time(0.0, self.stream), kind=OpKind.GRAD_WAIT,
+            self.stream.launch("wait grad", core.no_kernel, kind=OpKind.GRAD_WAIT,
                                after=(produced,))
         self.bucket.append(BucketEntry(param, in_bucket))
         self.bucket_numel += param.numel
@@ -214,8 +223,12 @@ class IpgBuckets:
                     self.store.free(entry.param)
 
         label, kind = self.names[collective]
+        copied = self.copies.idle_event() if self.copies is not self.stream else None
+        if self.compute_waits:
+            core.compute.launch("wait for the reduction stream", core.no_kernel,
+                                kind=OpKind.STREAM_WAIT, after=(self.stream.idle_event(),))
         self.stream.launch(f"{label} {numel / 1e6:.0f}M", reduce_body, kind=kind,
-                           nbytes=core.comm_bytes * numel)
+                           after=(copied,), nbytes=core.comm_bytes * numel)
         body, host_waits = self.sink.partition(bucket, micro, boundary)
         moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
         done = self.stream.launch(f"partition grads {len(bucket)} params", body,

@@ -52,25 +52,30 @@ class Gil:
     csrc/adam/cpu_adam.cpp) holds it until it returns, so another Python thread cannot
     start its next statement meanwhile; PyTorch's ops release it while they run."""
 
-    __slots__ = ("env", "released")
+    __slots__ = ("env", "held", "released")
 
     def __init__(self, env: simpy.Environment):
         self.env = env
+        self.held = False
         self.released: simpy.Event | None = None
-        """Fires when the call holding the lock returns (None while nothing holds it)."""
+        """Fires when the call holding the lock returns: made by the first thread that waits
+        for it (none is made while no other thread waits)."""
 
     def hold(self) -> None:
-        self.released = self.env.event()
+        self.held = True
 
     def release(self) -> None:
-        released, self.released = self.released, None
+        released, self.released, self.held = self.released, None, False
         if released is not None:
             released.succeed()
 
     def acquire(self) -> Waits:
         """What another thread waits for before its next statement, to `yield from`."""
-        released = self.released
-        return (released,) if released is not None else ()
+        if not self.held:
+            return ()
+        if self.released is None:
+            self.released = self.env.event()
+        return (self.released,)
 
 
 @dataclass
@@ -254,6 +259,12 @@ class RankCore:
         if stream is self.compute:
             return self.sms.compute(seconds)
         return self.sms.side(seconds)
+
+    @staticmethod
+    def no_kernel() -> tuple[simpy.Event, ...]:
+        """The body of an op that only orders its stream (a wait on other events): nothing
+        runs on the SMs."""
+        return ()
 
     def gpu_time(self, seconds: float, stream: InOrderStream) -> Body:
         """An op's body that runs one GPU kernel of `seconds` on `stream`."""
