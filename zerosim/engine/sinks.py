@@ -280,11 +280,14 @@ class HostAccumulation:
         def move(param: Param) -> Gen:
             return self._move(param, micro, boundary)
 
-        return _per_param(bucket, move), not self.core.pinned
+        return _per_param(bucket, move), not self.core.pinned or boundary
 
     def _move(self, param: Param, micro: int, boundary: bool) -> Gen:
         """At the boundary, `set_norm_for_param_grad_in_gpu` (the partition's fp64 norm),
-        then `async_inplace_copy_grad_to_fp32_buffer_from_gpu`."""
+        `update_overflow_tracker_for_param_grad` (`_has_inf_or_nan` over the parameter's
+        gradient, whose result `if` turns into a blocking copy: the host waits for the
+        reduction stream at every parameter, `partition`), then
+        `async_inplace_copy_grad_to_fp32_buffer_from_gpu`."""
         core = self.core
         name = core.plan.modules[param.module].name
         acc = core.accum_bytes * param.partition_numel
@@ -303,6 +306,10 @@ class HostAccumulation:
             elements = param.partition_numel
             yield from fp64_grad_norm(core, elements, name, source_bytes=core.dtype_bytes,
                                       chunked=False)
+            checked = param.numel if elements else 0
+            yield from core.gpu_kernel(
+                core.hbm_seconds((core.dtype_bytes + costs.INF_OR_NAN_GPU_BYTES_PER_ELEMENT)
+                                 * checked, passes=1.0), core.reduction_stream)
             yield from gpu_cast_then_d2h(core, elements, name)
 
 

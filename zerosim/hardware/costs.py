@@ -47,6 +47,11 @@ UNSCALE_HOST_BYTES = HostBytes(home=8)
 OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4)
 """The fp16 overflow check reads every fp32 gradient once."""
 
+INF_OR_NAN_GPU_BYTES_PER_ELEMENT = 4 + 5 + 5 + 3 + 5 + 4
+"""stage_1_and_2.py `_has_inf_or_nan` on a gradient, besides reading it: `x.float()` writes 4
+B, `isnan` and `isinf` each read 4 and write 1, `logical_or` reads 2 and writes 1, `.float()`
+reads 1 and writes 4, `max` reads 4; 6 kernels."""
+
 HOME_PAGES = HostBytes(home=1)
 """A buffer on the rank's home pages, per byte (where a pageable buffer lives by default)."""
 
