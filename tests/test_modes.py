@@ -276,3 +276,24 @@ def test_zero12_from_0_14_3_the_backward_waits_for_the_last_buckets_reduction(to
     end = phases[(phases["rank"] == 0) & (phases.phase == "backward")
                  & (phases.micro_batch == 0)].end_s.iloc[0]
     assert end == pytest.approx(partitions.end_s.max(), rel=1e-12)
+
+
+@pytest.mark.parametrize(("version", "sent_back"), [
+    ("0.13.3", [True, False]),  # every micro-batch but the boundary's sends the sum back
+    ("0.15.2", [False, False]),  # PR #6550: none does
+    ("0.19.0", [True, True]),  # PR #7967: every one does
+])
+def test_zero2_offload_accumulation_by_version(toy, version, sent_back):
+    """ZeRO-2 offload, GA=3: micro-batch 0 copies each partition to the host accumulator;
+    micro-batches 1 and 2 bring it back H2D and add, and send the sum back D2H as the
+    release's `async_accumulate_grad_in_cpu_via_gpu` does."""
+    result = toy.run({"runtime": {"deepspeed_version": version}, "deepspeed": {
+        "gradient_accumulation_steps": 3, "zero_optimization": {"stage": 2}}})
+    spans = result.spans[result.spans.phase == "backward"]
+    params = len(_grad_order_numels())
+    for micro, sends in zip((1, 2), sent_back, strict=True):
+        mine = spans[spans.micro_batch == micro]
+        assert (mine.op_kind == OpKind.GRAD_FROM_HOST).sum() == params
+        assert (mine.op_kind == OpKind.GRAD_TO_HOST).sum() == (params if sends else 0)
+    first = spans[spans.micro_batch == 0]
+    assert (first.op_kind == OpKind.GRAD_TO_HOST).sum() == params

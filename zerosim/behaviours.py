@@ -85,6 +85,19 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "bucket's reduction and its partition copies), so the backward overlaps one "
               "bucket's reduction at most (before: only the reduction stream waited for the "
               "default stream)"),
+    Behaviour("zero2_accumulator_stays_on_gpu", (0, 15, 2),
+              "PR #6550 'Fix gradient accumulation for Z2+offload' (c85c8703, first in "
+              "v0.15.2): stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu",
+              "ZeRO-2 offload with gradient accumulation: only the first micro-batch copies "
+              "its gradient to the host accumulator; later ones bring it back and add, "
+              "without sending the sum back (before: every micro-batch but the boundary's "
+              "sent it back)"),
+    Behaviour("zero2_accumulator_sent_back_always", (0, 19, 0),
+              "PR #7967 'Fix zero 1 and 2 CPU-offloaded gradient norm' (9d632f10, first in "
+              "v0.19.0): stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu",
+              "ZeRO-2 offload with gradient accumulation: every micro-batch after the first "
+              "brings the host accumulator back, adds and sends the sum back, the boundary's "
+              "included"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -108,6 +121,8 @@ class Behaviours:
     hjson_config_files: bool
     autotp_training: bool
     zero12_compute_waits_for_reduction: bool
+    zero2_accumulator_stays_on_gpu: bool
+    zero2_accumulator_sent_back_always: bool
     cpu_adam_without_pinned_tiles: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""

@@ -282,6 +282,15 @@ class HostAccumulation:
 
         return _per_param(bucket, move), not self.core.pinned or boundary
 
+    def _sends_sum_back(self, boundary: bool) -> bool:
+        """Whether a micro-batch after the first sends the accumulated gradient back to the
+        host, as `async_accumulate_grad_in_cpu_via_gpu` does in each release: every one from
+        0.19.0, none from 0.15.2, all but the boundary's before."""
+        behaviours = self.core.behaviours
+        if behaviours.zero2_accumulator_sent_back_always:
+            return True
+        return not behaviours.zero2_accumulator_stays_on_gpu and not boundary
+
     def _move(self, param: Param, micro: int, boundary: bool) -> Gen:
         """At the boundary, `set_norm_for_param_grad_in_gpu` (the partition's fp64 norm),
         `update_overflow_tracker_for_param_grad` (`_has_inf_or_nan` over the parameter's
@@ -300,8 +309,9 @@ class HostAccumulation:
                                     kind=OpKind.GRAD_FROM_HOST)
                 yield from core.gpu_kernel(core.hbm_seconds(acc, ADD_PASSES),
                                            core.reduction_stream)
-                yield from core.dma("d2h", acc, pinned=core.pinned, op=f"accum → host {name}",
-                                    kind=OpKind.GRAD_TO_HOST)
+                if self._sends_sum_back(boundary):
+                    yield from core.dma("d2h", acc, pinned=core.pinned,
+                                        op=f"accum → host {name}", kind=OpKind.GRAD_TO_HOST)
         if boundary:
             elements = param.partition_numel
             yield from fp64_grad_norm(core, elements, name, source_bytes=core.dtype_bytes,
