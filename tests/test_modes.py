@@ -7,11 +7,15 @@ HBM bytes/s). At DP=1 the partition of every parameter is the parameter (115008 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import zerosim
+from zerosim.engine.plan import plan_of
+from zerosim.engine.states import model_states
 from zerosim.estimate import estimate_model_states
-from zerosim.vocabulary import Category, OpKind, Stream
+from zerosim.vocabulary import BufferKind, Category, DeviceKind, OpKind, Stream
 
 PS = 1e-12
 N = 115008  # toy parameters
@@ -297,3 +301,72 @@ def test_zero2_offload_accumulation_by_version(toy, version, sent_back):
         assert (mine.op_kind == OpKind.GRAD_TO_HOST).sum() == (params if sends else 0)
     first = spans[spans.micro_batch == 0]
     assert (first.op_kind == OpKind.GRAD_TO_HOST).sum() == params
+
+
+@pytest.mark.parametrize(("version", "pinned", "ops", "update_ps"), [
+    # up to 0.14.0: zero the pageable temporary's pages (2 B at 1 GB/s on 2 threads) and cast
+    # (read 4 B, write 2 B at 1 GB/s per thread on 2) = 4000, then a 2 B pageable H2D = 400
+    ("0.13.3", True, [("cpu", "cast fp32→16-bit sub-group 0", 5500, 9500),
+                      ("pcie.h2d", "params sub-group 0 (pageable)", 9500, 9900)], 9900),
+    # 0.14.1 (PR #5301): the fp32 partition, pinned whatever pin_memory says, H2D whole
+    # (4 B at 10 GB/s = 400), then the GPU casts it (read 4 B, write 2 B at 1e12 B/s = 6)
+    ("0.14.1", False, [("pcie.h2d", "fp32 params sub-group 0 (pinned)", 5500, 5900),
+                       ("compute", "cast fp32→16-bit sub-group 0", 5900, 5906)], 5906),
+    # 0.17.0 (PR #7309): a CPU cast into the start-up 16-bit buffer (no fresh pages: 3000),
+    # then its H2D, 2 B at the pinned 10 GB/s (200) or the pageable 5 GB/s (400)
+    ("0.17.0", True, [("cpu", "cast fp32→16-bit sub-group 0", 5500, 8500),
+                      ("pcie.h2d", "params sub-group 0 (pinned)", 8500, 8700)], 8700),
+    ("0.18.3", False, [("cpu", "cast fp32→16-bit sub-group 0", 5500, 8500),
+                       ("pcie.h2d", "params sub-group 0 (pageable)", 8500, 8900)], 8900),
+])
+def test_zero12_offload_copy_back_by_version(toy, version, pinned, ops, update_ps):
+    """ZeRO-2 offload, DP=1 (the partition is all N elements), times in ps per element from
+    the update's start: the overflow check (1000), unscale (2000) and CPU Adam (2500) as in
+    every release, then the copy-back as the release's `step` does it."""
+    result = toy.run({"runtime": {"deepspeed_version": version}, "deepspeed": {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"pin_memory": pinned}}}})
+    update = result.phases.set_index("phase").loc["update"]
+    assert (update.end_s - update.start_s) / PS / N == pytest.approx(update_ps)
+    spans = result.spans[(result.spans.phase == "update") & (result.spans["rank"] == 0)]
+    found = []
+    for stream, op, _, _ in ops:
+        row = spans[(spans.stream == stream) & (spans.op == op)].iloc[0]
+        found.append((stream, op, (row.start_s - update.start_s) / PS / N,
+                      (row.end_s - update.start_s) / PS / N))
+    assert [f[:2] for f in found] == [o[:2] for o in ops]
+    assert [t for f in found for t in f[2:]] == pytest.approx(
+        [t for o in ops for t in o[2:]], rel=1e-9)
+    gpu = result.memory[(result.memory.device == "gpu0")
+                        & (result.memory.category == Category.WORKSPACE)]
+    in_update = gpu[(gpu.t_s >= update.start_s) & (gpu.t_s < update.end_s)]
+    fp32_temporary = 4 * N if version == "0.14.1" else 0
+    assert max(in_update.bytes, default=0) == fp32_temporary
+
+
+@pytest.mark.parametrize(("version", "pin_memory", "master", "buffer"), [
+    ("0.13.3", True, BufferKind.NONE, None),
+    ("0.14.1", False, BufferKind.PINNED, None),
+    ("0.17.0", True, BufferKind.PINNED, BufferKind.PINNED),
+    ("0.18.3", False, BufferKind.NONE, BufferKind.PAGEABLE),
+    ("0.18.3", True, BufferKind.PINNED, BufferKind.PINNED),
+])
+def test_zero12_offload_host_states_by_version(version, pin_memory, master, buffer):
+    """Where stage_1_and_2.py puts the fp32 master partition (pinned always from 0.14.1,
+    PR #5301; as pin_memory says from 0.18.3, PR #7689) and the 16-bit copy-back buffer of
+    0.17.0 on (PR #7309); a pinned one is rounded up to a power of two, as PyTorch's caching
+    host allocator pins it."""
+    scenario = zerosim.load_scenario("scenarios/llama13b_dp4.yaml", {
+        "runtime.deepspeed_version": version, "deepspeed.zero_optimization.stage": 2,
+        "deepspeed.zero_optimization.offload_optimizer.pin_memory": pin_memory})
+    plan = plan_of(scenario)
+    held = model_states(scenario.deepspeed, plan, scenario.hardware, scenario.behaviours)
+    host = {(h.category, h.what): h for h in held if h.device is DeviceKind.HOST}
+    part = plan.partition_numel
+    fp32 = host[(Category.FP32_MASTER, "fp32 partition")]
+    assert fp32.buffer is master
+    assert fp32.nbytes == (2 ** math.ceil(math.log2(4 * part)) if master is BufferKind.PINNED
+                           else 4 * part)
+    copy_back = host.get((Category.PARAMS_16BIT, "16-bit copy-back buffer"))
+    assert (copy_back.buffer if copy_back else None) is buffer
+    if buffer is BufferKind.PAGEABLE:
+        assert copy_back.nbytes == 2 * part

@@ -98,6 +98,28 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "ZeRO-2 offload with gradient accumulation: every micro-batch after the first "
               "brings the host accumulator back, adds and sends the sum back, the boundary's "
               "included"),
+    Behaviour("zero12_copy_back_fp32_to_gpu", (0, 14, 1),
+              "PR #5301 'fix pagable h2d memcpy' (7b5b0660, first in v0.14.1): "
+              "stage_1_and_2.py __init__ (the fp32 partition pinned) and step, "
+              "bit16_partitions[partition_id].data.copy_(fp32_partition.to(device).data)",
+              "ZeRO-1/2 offload: the fp32 master partition is pinned whatever pin_memory "
+              "says, and the step's copy-back sends it H2D whole into a fp32 GPU temporary "
+              "(the host waits), which the GPU casts into the 16-bit partition (before: a "
+              "CPU cast into a pageable 16-bit temporary, then a pageable H2D)"),
+    Behaviour("zero12_copy_back_via_16bit_host_buffer", (0, 17, 0),
+              "PR #7309 'Fix the GPU memory usage of ZeRO-Offload (only update "
+              "stage_1_and_2.py)' (17c8be07, first in v0.17.0): stage_1_and_2.py __init__ "
+              "param_buffer_of_bit16_for_cpu_offload_groups and step",
+              "ZeRO-1/2 offload: the step casts the fp32 partition on the CPU into a 16-bit "
+              "host buffer made at start-up (pinned when pin_memory), then copies it H2D "
+              "with non_blocking=True: the host waits only when the buffer is pageable "
+              "(before: the fp32 GPU temporary of zero12_copy_back_fp32_to_gpu, 'about 3x "
+              "params_FP16' of GPU memory)"),
+    Behaviour("zero12_master_pinned_only_with_pin_memory", (0, 18, 3),
+              "PR #7689 'stage 1-2: don't pin memory if not configured' (c502d3ac, first in "
+              "v0.18.3): stage_1_and_2.py __init__",
+              "ZeRO-1/2 offload: the fp32 master partition is pinned only when "
+              "offload_optimizer.pin_memory is true (0.14.1-0.18.2: always)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -124,6 +146,9 @@ class Behaviours:
     zero2_accumulator_stays_on_gpu: bool
     zero2_accumulator_sent_back_always: bool
     cpu_adam_without_pinned_tiles: bool
+    zero12_copy_back_fp32_to_gpu: bool
+    zero12_copy_back_via_16bit_host_buffer: bool
+    zero12_master_pinned_only_with_pin_memory: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

@@ -15,8 +15,11 @@ which ZeRO stage and offload target.
 |                       |                              | interleaved CPU/GPU (Deep Optimizer       |
 |                       |                              | States `prefetch_optimizer`)              |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
-| copy-back             | offload_param                | cast + H2D; cast into host params (and    |
-|                       |                              | swap out to NVMe)                         |
+| copy-back             | offload_param; stage;        | CPU cast + H2D; fp32 H2D + GPU cast       |
+|                       | DeepSpeed behaviours         | (ZeRO-1/2 0.14.1-0.16); CPU cast into a   |
+|                       |                              | 16-bit host buffer + H2D (ZeRO-1/2 from   |
+|                       |                              | 0.17.0); cast into host params (and swap  |
+|                       |                              | out to NVMe)                              |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
 | NCCL queues           | stack `process_groups`       | one for the all-gathers and one for the   |
 |                       |                              | gradient reductions; one for both         |
@@ -28,14 +31,17 @@ from __future__ import annotations
 from zerosim.engine.gradients import BoundaryAllReduce, GradientPath, IpgBuckets
 from zerosim.engine.interleaved import GpuGradients, InterleavedStep
 from zerosim.engine.optimizer import (
+    CopyBack,
     CpuStep,
     GpuStep,
     PostStep,
     allgather_updated,
+    cast_into_16bit_buffer_then_upload,
     cast_into_host_params,
     cast_then_upload,
     nothing_to_gather,
     regather_persistent,
+    upload_fp32_then_cast_on_gpu,
 )
 from zerosim.engine.params import (
     ParameterCoordinator,
@@ -126,6 +132,20 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         return GpuStep(core, groups, _post_step(core))
     if gpu_gradients is not None:
         return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
-    copy_backs = {"none": cast_then_upload, "cpu": cast_into_host_params,
-                  "nvme": cast_into_host_or_swap_out}
-    return CpuStep(core, groups, copy_backs[ds.offload_param.device], _post_step(core), states)
+    return CpuStep(core, groups, _copy_back(core), _post_step(core), states)
+
+
+def _copy_back(core: RankCore) -> CopyBack:
+    """How a stepped group's 16-bit params reach where the GPU reads them: into the host
+    partition with `offload_param`; ZeRO-1/2 as its DeepSpeed release does it; else (ZeRO-3,
+    and ZeRO-1/2 up to 0.14.0) a CPU cast into a pageable temporary and a blocking H2D."""
+    offloaded = {"cpu": cast_into_host_params, "nvme": cast_into_host_or_swap_out}
+    if core.ds.offload_param.device in offloaded:
+        return offloaded[core.ds.offload_param.device]
+    behaviours = core.behaviours
+    if core.ds.stage in (1, 2):
+        if behaviours.zero12_copy_back_via_16bit_host_buffer:
+            return cast_into_16bit_buffer_then_upload
+        if behaviours.zero12_copy_back_fp32_to_gpu:
+            return upload_fp32_then_cast_on_gpu
+    return cast_then_upload

@@ -186,6 +186,59 @@ def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -
     core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
 
+def upload_fp32_then_cast_on_gpu(core: RankCore, group: int, elements: int, track: Stream
+                                 ) -> Gen:
+    """ZeRO-1/2 from DeepSpeed 0.14.1 to 0.16.x (`zero12_copy_back_fp32_to_gpu`):
+    `bit16.copy_(fp32_partition.to(device))`. `.to` copies the pinned fp32 partition H2D into
+    a fp32 GPU temporary, the host waiting for it; the compute stream then casts it into the
+    16-bit partition and the temporary goes. Nothing runs on the host's pool (`track`
+    unused)."""
+    fp32 = FP32_BYTES * elements
+    temp = core.gpu.allocate(Category.WORKSPACE, fp32, f"sub-group {group} fp32 params")
+
+    def upload() -> Gen:
+        yield from core.dma("h2d", fp32, pinned=True, op=f"fp32 params sub-group {group}",
+                            kind=OpKind.PARAM_COPY_BACK)
+
+    def cast() -> Gen:
+        yield from core.gpu_kernel(
+            core.hbm_seconds((FP32_BYTES + core.dtype_bytes) * elements, passes=1.0),
+            core.compute)
+        core.gpu.free(Category.WORKSPACE, temp)
+
+    yield core.compute.launch(f"H2D fp32 params sub-group {group}", upload,
+                              kind=OpKind.PARAM_COPY_BACK, nbytes=fp32)
+    core.compute.launch(f"cast fp32→16-bit sub-group {group}", cast, kind=OpKind.CAST,
+                        nbytes=fp32)
+
+
+def cast_into_16bit_buffer_then_upload(core: RankCore, group: int, elements: int,
+                                       track: Stream) -> Gen:
+    """ZeRO-1/2 from DeepSpeed 0.17.0 (`zero12_copy_back_via_16bit_host_buffer`):
+    `bit16_buffer.copy_(fp32_partition)`, a CPU cast into the 16-bit host buffer made at
+    start-up (its pages faulted in then: pinned ones by the rank's thread, pageable ones by
+    `torch.full`'s pool), then `bit16.copy_(bit16_buffer, non_blocking=True)`: from a pinned
+    buffer the H2D is queued on the compute stream and the host goes on, from a pageable one
+    the host waits for it."""
+    nbytes = core.dtype_bytes * elements
+    buffer = costs.HOME_PAGES if core.pinned else costs.SPREAD_PAGES
+    cast = costs.HostBytes(home=FP32_BYTES + buffer.home * core.dtype_bytes,
+                           spread=buffer.spread * core.dtype_bytes)
+    yield from core.cpu_work(f"cast fp32→16-bit sub-group {group}", OpKind.CAST,
+                             core.machine.elementwise(core.rank, elements, cast,
+                                                      threads=core.profile.cast_threads),
+                             track=track)
+
+    def upload() -> Gen:
+        yield from core.dma("h2d", nbytes, pinned=core.pinned, buffer=buffer,
+                            op=f"params sub-group {group}", kind=OpKind.PARAM_COPY_BACK)
+
+    uploaded = core.compute.launch(f"H2D params sub-group {group}", upload,
+                                   kind=OpKind.PARAM_COPY_BACK, nbytes=nbytes)
+    if not core.pinned:
+        yield uploaded
+
+
 def cast_into_host_params(core: RankCore, group: int, elements: int, track: Stream) -> Gen:
     """With `offload_param` the 16-bit partition lives in host memory: the cast writes it
     there and nothing crosses PCIe until the next fetch."""

@@ -69,10 +69,10 @@ def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
                     "CUDA context"), *_framework_buffers(plan)]
     if ds.offload_optimizer.enabled:
         held += _cpu_adam_buffers(behaviours)
-        states = _offloaded_stage3 if ds.stage == 3 else _offloaded_stage12
+        held += (_offloaded_stage3(ds, plan) if ds.stage == 3
+                 else _offloaded_stage12(ds, plan, behaviours))
     else:
-        states = _on_gpu
-    held += states(ds, plan)
+        held += _on_gpu(ds, plan)
     if stack is None:
         return held
     return held + forked_pages(held, stack.dataloader_workers) + rank_processes(stack)
@@ -258,20 +258,40 @@ def ipg_buffers(ds: DeepSpeedConfig) -> int:
     return 2 if ds.overlap_comm else 1
 
 
-def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
+def stage12_master_pinned(ds: DeepSpeedConfig, behaviours: Behaviours) -> bool:
+    """Whether ZeRO-1/2's fp32 master partition is pinned: always from DeepSpeed 0.14.1
+    (`zero12_copy_back_fp32_to_gpu`), as `pin_memory` says from 0.18.3, never before."""
+    if behaviours.zero12_master_pinned_only_with_pin_memory:
+        return ds.offload_optimizer.pin_memory
+    return behaviours.zero12_copy_back_fp32_to_gpu
+
+
+def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
+                       ) -> list[Holding]:
+    """stage_1_and_2.py `__init__`: the fp32 master partition (pinned as
+    `stage12_master_pinned` says), the Adam moments CPU Adam makes, the fp32 gradient
+    partition (pinned when `pin_memory`), from DeepSpeed 0.17.0 a 16-bit copy-back buffer
+    of the partition (pinned when `pin_memory`), and ZeRO-2's host accumulator."""
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
     dtype, comm, accum, total = _sizes(ds, plan)
     part = plan.partition_numel
     kind = host_buffer(ds.offload_optimizer.pin_memory)
+    master = BufferKind.PINNED if stage12_master_pinned(ds, behaviours) else BufferKind.NONE
     held = [
         Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params"),
         Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * comm * ds.reduce_bucket_size,
                 "IPG bucket buffers"),
-        Holding(host, Category.FP32_MASTER, FP32_BYTES * part, "fp32 partition"),
+        Holding(host, Category.FP32_MASTER, _host_allocations([FP32_BYTES * part], master),
+                "fp32 partition", master),
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * part,
                 "exp_avg, exp_avg_sq"),
-        Holding(host, Category.FP32_GRADS, FP32_BYTES * part, "fp32 gradients", kind),
+        Holding(host, Category.FP32_GRADS, _host_allocations([FP32_BYTES * part], kind),
+                "fp32 gradients", kind),
     ]
+    if behaviours.zero12_copy_back_via_16bit_host_buffer:
+        held.append(Holding(host, Category.PARAMS_16BIT,
+                            _host_allocations([dtype * part], kind),
+                            "16-bit copy-back buffer", kind))
     if ds.stage == 2 and ds.gradient_accumulation_steps > 1:
         held.append(Holding(host, Category.GRAD_ACCUMULATION, accum * part,
                             "accumulated_grads_in_cpu", kind))
