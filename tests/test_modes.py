@@ -370,3 +370,30 @@ def test_zero12_offload_host_states_by_version(version, pin_memory, master, buff
     assert (copy_back.buffer if copy_back else None) is buffer
     if buffer is BufferKind.PAGEABLE:
         assert copy_back.nbytes == 2 * part
+
+
+@pytest.mark.parametrize(("version", "each_bucket"), [("0.17.4", False), ("0.17.5", True),
+                                                      ("0.18.4", True), ("0.18.5", False)])
+def test_zero12_from_0_17_5_to_0_18_4_compute_waits_for_each_bucket(toy, version, each_bucket):
+    """The setting of the 0.14.3 test above. From 0.17.5 (PR #7371) to 0.18.4 (PR #7805 took
+    it out), once a full bucket's reduction is issued the default stream waits for the
+    reduction stream, so no backward kernel issued after that runs before the bucket's
+    partition copies end: one more wait per bucket but the epilogue's."""
+    result = toy.run({"runtime": {"deepspeed_version": version}, "deepspeed": {
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": {"stage": 2, "reduce_bucket_size": 16384}}}, gpus=2)
+    spans = result.spans
+    spans = spans[(spans["rank"] == 0) & (spans.phase == "backward") & (spans.micro_batch == 0)]
+    compute = spans[spans.stream == Stream.COMPUTE].sort_values("start_s", kind="stable")
+    waits = compute[compute.op_kind == OpKind.STREAM_WAIT]
+    partitions = spans[spans.op_kind == OpKind.PARTITION_GRADS].sort_values("start_s")
+    buckets = len(partitions)
+    assert buckets > 2
+    assert len(waits) == (2 * buckets - 1 if each_bucket else buckets)
+    kernels = compute[compute.op_kind != OpKind.STREAM_WAIT]
+    during = sum(int(kernels.start_s.between(start, end, inclusive="neither").sum())
+                 for start, end in zip(partitions.start_s, partitions.end_s, strict=True))
+    if each_bucket:
+        assert during == 0  # no backward kernel starts while a bucket is reduced/partitioned
+    else:
+        assert during > 0

@@ -85,6 +85,18 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "bucket's reduction and its partition copies), so the backward overlaps one "
               "bucket's reduction at most (before: only the reduction stream waited for the "
               "default stream)"),
+    Behaviour("zero12_compute_waits_for_each_bucket", (0, 17, 5),
+              "PR #7371 'fix #7188' (f897b673, first in v0.17.5): stage_1_and_2.py "
+              "reduce_independent_p_g_buckets_and_remove_grads",
+              "ZeRO-1/2 with overlap_comm and contiguous_gradients: once a full bucket's "
+              "reduction is issued, the default stream waits for the reduction stream, that "
+              "bucket's reduction and partition copies included, so the backward overlaps no "
+              "reduction (the fix for a buffer-index bug of PR #6993, 0.17.2)"),
+    Behaviour("zero12_bucket_wait_removed", (0, 18, 5),
+              "PR #7805 'Fix ping-pong buffer index reset and removing redundant stream "
+              "sync' (15ad92b4, first in v0.18.5): stage_1_and_2.py",
+              "the wait of zero12_compute_waits_for_each_bucket is gone again: the "
+              "backward overlaps the reductions as before 0.17.5"),
     Behaviour("zero2_accumulator_stays_on_gpu", (0, 15, 2),
               "PR #6550 'Fix gradient accumulation for Z2+offload' (c85c8703, first in "
               "v0.15.2): stage_1_and_2.py async_accumulate_grad_in_cpu_via_gpu",
@@ -143,6 +155,8 @@ class Behaviours:
     hjson_config_files: bool
     autotp_training: bool
     zero12_compute_waits_for_reduction: bool
+    zero12_compute_waits_for_each_bucket: bool
+    zero12_bucket_wait_removed: bool
     zero2_accumulator_stays_on_gpu: bool
     zero2_accumulator_sent_back_always: bool
     cpu_adam_without_pinned_tiles: bool

@@ -105,6 +105,7 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         sink = HostAccumulation(core)
     return IpgBuckets(core, sink, collective, nccl, per_tensor=_per_tensor_collectives(core),
                       compute_waits=_compute_waits_for_reduction(core),
+                      waits_for_each_bucket=_compute_waits_for_each_bucket(core),
                       copies_on_compute=ds.stage in (1, 2))
 
 
@@ -113,6 +114,16 @@ def _compute_waits_for_reduction(core: RankCore) -> bool:
     from DeepSpeed 0.14.3 (`zero12_compute_waits_for_reduction`); ZeRO-3 never does."""
     return (core.ds.stage in (1, 2) and core.ds.overlap_comm
             and core.behaviours.zero12_compute_waits_for_reduction)
+
+
+def _compute_waits_for_each_bucket(core: RankCore) -> bool:
+    """ZeRO-1/2's default stream waits for each full bucket's reduction from DeepSpeed
+    0.17.5 to 0.18.4 (PR #7371, removed by PR #7805), with `overlap_comm` and
+    `contiguous_gradients`."""
+    behaviours, ds = core.behaviours, core.ds
+    return (ds.stage in (1, 2) and ds.overlap_comm and ds.contiguous_gradients
+            and behaviours.zero12_compute_waits_for_each_bucket
+            and not behaviours.zero12_bucket_wait_removed)
 
 
 def _post_step(core: RankCore) -> PostStep:

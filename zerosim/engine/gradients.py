@@ -81,7 +81,7 @@ class GradientPath(Protocol):
 class IpgBuckets:
     def __init__(self, core: RankCore, sink: GradientSink, collective: Collective,
                  nccl: NcclQueue, *, per_tensor: bool = False, compute_waits: bool = False,
-                 copies_on_compute: bool = False):
+                 waits_for_each_bucket: bool = False, copies_on_compute: bool = False):
         self.core = core
         self.sink = sink
         self.collective = collective
@@ -92,6 +92,9 @@ class IpgBuckets:
         self.compute_waits = compute_waits
         """Each reduction first makes the compute stream wait for what the reduction stream
         holds (ZeRO-1/2's `average_tensor` from 0.14.3: `current_stream().wait_stream`)."""
+        self.waits_for_each_bucket = waits_for_each_bucket
+        """Once a full bucket's reduction and partition copies are issued, the compute stream
+        waits for them (ZeRO-1/2, 0.17.5 to 0.18.4)."""
         self.store = GradientStore(core)
         self.bucket: list[BucketEntry] = []
         self.bucket_numel = 0
@@ -114,7 +117,10 @@ class IpgBuckets:
             return
         core, size = self.core, self.core.ds.reduce_bucket_size
         if self.bucket and self.bucket_numel + param.numel > size:
-            yield from self.reduce(micro, boundary)
+            done = yield from self.reduce(micro, boundary)
+            if self.waits_for_each_bucket:
+                core.compute.launch("wait for the reduction stream", core.no_kernel,
+                                    kind=OpKind.STREAM_WAIT, after=(done,))
         in_bucket = core.ds.contiguous_gradients and self.bucket_numel + param.numel <= size
         if in_bucket:
             nbytes = core.comm_bytes * param.numel
@@ -183,7 +189,8 @@ class IpgBuckets:
 
     def reduce(self, micro: int, boundary: bool) -> Gen:
         """Reduce the bucket, then hand its partitions to the sink; at most
-        `MAX_PARAM_REDUCE_EVENTS` reductions stay outstanding."""
+        `MAX_PARAM_REDUCE_EVENTS` reductions stay outstanding. Returns the event of the
+        partition copies."""
         core = self.core
         while self.outstanding and self.outstanding[0].processed:
             self.outstanding.popleft()
@@ -237,6 +244,7 @@ class IpgBuckets:
         self.outstanding.append(done)
         if host_waits:
             yield done
+        return done
 
     def epilogue(self, micro: int, boundary: bool) -> Gen:
         """`independent_gradient_partition_epilogue`: the last bucket, then synchronize."""
