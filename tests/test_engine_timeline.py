@@ -406,6 +406,35 @@ def test_flush_0_17_0_is_gpu_cast_then_pinned_fp32_d2h(by_version):
         assert by_version[version].spans.query("stream == 'cpu' and phase == 'backward'").empty
 
 
+@pytest.mark.parametrize("version", ["0.15.4", "0.16.2"])
+def test_flush_0_15_4_to_0_16_2_stages_through_a_pinned_buffer(toy, version):
+    """PR #6670 to PR #6962: the GPU cast, a blocking D2H into the pinned staging buffer (pinned
+    though pin_memory is false here; the accumulation moves before it are pageable, 2n B at
+    5 GB/s = 400n ps each), a device synchronize (the compute stream has run out by then),
+    then the host copies it into the fp32 gradient (read 4 B, write 4 B per element on 2
+    threads of 1 GB/s: 4000n ps). The host held for all of it, down_proj's backward resumes
+    after the copy. The staging buffer, fp32 of the largest partition (lm_head's), is pinned
+    host memory the whole run."""
+    result = toy.run({"deepspeed": {"zero_optimization": {
+        "reduce_bucket_size": 16384, "offload_optimizer": {"pin_memory": False}}},
+        "runtime": {"deepspeed_version": version}})
+    n = 16384
+    moved = 2348544 + 2 * 400 * n + GRAD_NORM_PS * n
+    cast = moved + GPU_CAST_FP32_PS * n
+    copied = cast + D2H_FP32_PINNED_PS * n
+    staged = copied + 4000 * n
+    flush = _lm_head_flush(result)
+    _assert_timeline(flush, [("fp32 grad lm_head (pinned)", cast, copied),
+                             ("copy staged fp32 grad lm_head", copied, staged)])
+    assert list(flush.stream) == ["pcie.d2h", "cpu"]
+    compute = _ops(result.spans, "compute", "backward")
+    down = compute[compute.op == "backward layers.1.mlp.down_proj"].iloc[0]
+    assert down.start_s == pytest.approx(staged * PS, rel=1e-9)
+    host = result.memory[result.memory.device == "host0"]
+    staging = host[host.category == "fp32 grads (pinned)"]
+    assert staging.bytes.iloc[0] == 4 * n  # 65536 B, a power of two already
+
+
 NORM_BACKWARD_END_PS = FORWARD_TOTAL_PS + 2 * (20480 + 262144 + 2560) + 2 * 65536  # 2353664
 """With the small bucket, norm's backward (from 2217472 ps) is held back by lm_head's copy
 into the bucket (65536 ps, from 2217472) and then by the bucket's DP=1 reduce-scatter, which

@@ -35,6 +35,21 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "stage3.py partition_grads, read at v0.15.3 and v0.15.4",
               "the boundary's fp32 gradient is cast on the GPU, then copied to the host "
               "(before: a cross-dtype copy_ into a pageable 16-bit temporary, cast on the CPU)"),
+    Behaviour("boundary_flush_pinned_staging", (0, 15, 4),
+              "PR #6670 'fix memcpy issue on backward for zero-infinity' (ff1c5435, first in "
+              "v0.15.4): stage3.py partition_grads and _create_fp32_partitions "
+              "(pinned_grad_buffer)",
+              "ZeRO-3 offload: the boundary's fp32 gradient goes D2H into one pinned staging "
+              "buffer of the largest partition (pinned whatever pin_memory says), then "
+              "get_accelerator().synchronize() waits for every stream, the compute stream's "
+              "queued backward included, then the host copies it into the sub-group's fp32 "
+              "gradient"),
+    Behaviour("boundary_flush_staging_removed", (0, 16, 3),
+              "PR #6962 'Using explicit GPU upcast for ZeRO-Offload' (c17dc33c, first in "
+              "v0.16.3): stage3.py partition_grads",
+              "the staging of boundary_flush_pinned_staging is gone: the GPU-cast fp32 "
+              "gradient is copied D2H straight into the sub-group's fp32 gradient, the host "
+              "waiting for the reduction stream only"),
     Behaviour("gradient_clipping_default_one", (0, 19, 3),
               "runtime/config.py GRADIENT_CLIPPING_DEFAULT, read at v0.19.3",
               "gradient_clipping defaults to 1.0 instead of 0"),
@@ -146,6 +161,8 @@ class Behaviours:
 
     zero2_estimator_16bit_params: bool
     boundary_flush_cast_on_gpu: bool
+    boundary_flush_pinned_staging: bool
+    boundary_flush_staging_removed: bool
     gradient_clipping_default_one: bool
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
@@ -165,6 +182,19 @@ class Behaviours:
     zero12_master_pinned_only_with_pin_memory: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
+
+    @property
+    def boundary_flush_stages_in_pinned_buffer(self) -> bool:
+        """ZeRO-3's boundary flush goes through one pinned staging buffer (0.15.4 to 0.16.2:
+        added by one row, taken out by the next)."""
+        return self.boundary_flush_pinned_staging and not self.boundary_flush_staging_removed
+
+    @property
+    def zero12_waits_for_each_bucket(self) -> bool:
+        """ZeRO-1/2's default stream waits for each full bucket's reduction (0.17.5 to
+        0.18.4)."""
+        return (self.zero12_compute_waits_for_each_bucket
+                and not self.zero12_bucket_wait_removed)
 
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

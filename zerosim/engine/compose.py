@@ -120,10 +120,9 @@ def _compute_waits_for_each_bucket(core: RankCore) -> bool:
     """ZeRO-1/2's default stream waits for each full bucket's reduction from DeepSpeed
     0.17.5 to 0.18.4 (PR #7371, removed by PR #7805), with `overlap_comm` and
     `contiguous_gradients`."""
-    behaviours, ds = core.behaviours, core.ds
+    ds = core.ds
     return (ds.stage in (1, 2) and ds.overlap_comm and ds.contiguous_gradients
-            and behaviours.zero12_compute_waits_for_each_bucket
-            and not behaviours.zero12_bucket_wait_removed)
+            and core.behaviours.zero12_waits_for_each_bucket)
 
 
 def _post_step(core: RankCore) -> PostStep:

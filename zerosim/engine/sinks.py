@@ -118,6 +118,8 @@ class BoundaryFlush:
         """What casting the accumulated gradient into the fp32 buffer touches per element."""
         self.cast_16bit = costs.HostBytes(home=core.dtype_bytes + FP32_BYTES)
         """What casting a 16-bit temporary into the fp32 buffer touches per element."""
+        self.copy_staged = costs.HostBytes(home=2 * FP32_BYTES)
+        """What copying the pinned staging buffer into the fp32 buffer touches per element."""
 
     def can_buffer(self, bucket: list[BucketEntry]) -> bool:
         """What-if: buffer a boundary bucket on the GPU only if it fits in free HBM now, with
@@ -164,6 +166,8 @@ class BoundaryFlush:
                                 kind=OpKind.GRAD_FLUSH)
         elif not core.behaviours.boundary_flush_cast_on_gpu and not self.non_blocking():
             yield from self._via_cpu_cast(elements, name)
+        elif core.behaviours.boundary_flush_stages_in_pinned_buffer and not self.non_blocking():
+            yield from self._via_pinned_staging(elements, name)
         else:
             yield from gpu_cast_then_d2h(core, elements, name)
 
@@ -190,6 +194,23 @@ class BoundaryFlush:
 
         core.stream(Stream.FLUSH).launch(f"async flush {name}", flush, kind=OpKind.GRAD_FLUSH,
                                          nbytes=nbytes)
+
+    def _via_pinned_staging(self, elements: int, name: str) -> Gen:
+        """DeepSpeed 0.15.4 to 0.16.2 (`boundary_flush_pinned_staging`): the GPU casts the
+        gradient to fp32, a blocking D2H puts it in the pinned staging buffer,
+        `get_accelerator().synchronize()` holds the host until the compute stream has run
+        what it queued, then the host copies the staging buffer into the sub-group's fp32
+        gradient (read 4 B, write 4 B per element)."""
+        core = self.core
+        yield from gpu_cast_then_d2h(core, elements, name, pinned=True)
+        drained = core.compute.idle_event()
+        if drained is not None:
+            yield drained
+        yield from core.cpu_work(
+            f"copy staged fp32 grad {name}", OpKind.GRAD_FLUSH,
+            core.machine.elementwise(core.rank, elements, self.copy_staged,
+                                     threads=core.profile.cast_threads),
+            nbytes=FP32_BYTES * elements)
 
     def _via_cpu_cast(self, elements: int, name: str) -> Gen:
         """PyTorch's blocking cross-dtype D2H: a D2H into a pageable 16-bit temporary (its
@@ -254,10 +275,12 @@ def fp32_d2h(core: RankCore, elements: int, name: str, *, pinned: bool | None = 
                         op=f"fp32 grad {name}", kind=OpKind.GRAD_FLUSH)
 
 
-def gpu_cast_then_d2h(core: RankCore, elements: int, name: str) -> Gen:
-    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of it."""
+def gpu_cast_then_d2h(core: RankCore, elements: int, name: str, *, pinned: bool | None = None
+                      ) -> Gen:
+    """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of it (into the
+    optimizer's host buffer, pinned or not, unless told)."""
     temp = yield from gpu_cast(core, elements, name)
-    yield from fp32_d2h(core, elements, name)
+    yield from fp32_d2h(core, elements, name, pinned=pinned)
     free_fp32_cast(core, temp)
 
 

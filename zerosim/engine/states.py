@@ -69,7 +69,7 @@ def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
                     "CUDA context"), *_framework_buffers(plan)]
     if ds.offload_optimizer.enabled:
         held += _cpu_adam_buffers(behaviours)
-        held += (_offloaded_stage3(ds, plan) if ds.stage == 3
+        held += (_offloaded_stage3(ds, plan, behaviours) if ds.stage == 3
                  else _offloaded_stage12(ds, plan, behaviours))
     else:
         held += _on_gpu(ds, plan)
@@ -137,7 +137,8 @@ def _sizes(ds: DeepSpeedConfig, plan: Plan) -> tuple[int, int, int, int]:
     return dtype, comm, accum, total
 
 
-def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
+def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
+                      ) -> list[Holding]:
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
     dtype, comm, accum, _ = _sizes(ds, plan)
     part = plan.partition_numel
@@ -160,6 +161,13 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
         Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accum * part], kind),
                 "host gradient accumulation buffer", kind),
     ]
+    if behaviours.boundary_flush_stages_in_pinned_buffer:
+        # stage3.py _create_fp32_partitions (0.15.4-0.16.2): pinned_grad_buffer, fp32 of the
+        # largest parameter partition, pinned whatever pin_memory says
+        largest = max((p.partition_numel for p in plan.all_params), default=0)
+        gradients.append(Holding(host, Category.FP32_GRADS,
+                                 _host_allocations([FP32_BYTES * largest], BufferKind.PINNED),
+                                 "pinned gradient staging buffer", BufferKind.PINNED))
     if plan.interleaved:
         return [*held, *_interleaved_states(ds, plan), *gradients]
     return [
