@@ -233,6 +233,67 @@ def test_what_no_hook_releases_is_held_from_the_backward_to_the_step(toy):
     assert external[Phase.UPDATE] == plain[Phase.UPDATE]
 
 
+def _peaks_by_micro_batch(toy, version: str, patch_of) -> list[int]:
+    """Rank 0's gathered peak in each forward and backward of two micro-batches."""
+    patch = patch_of(stage3_max_reuse_distance=0, stage3_max_live_parameters=1e4)
+    patch["deepspeed"]["gradient_accumulation_steps"] = 2
+    patch["runtime"] = {**patch.get("runtime", {}), "deepspeed_version": version}
+    result = toy.run(patch, gpus=2)
+    levels = gathered_levels(result)
+    peaks = []
+    for row in result.phases[result.phases["rank"] == 0].itertuples():
+        if row.phase in (Phase.FORWARD, Phase.BACKWARD):
+            inside = levels[(levels.t_s >= row.start_s) & (levels.t_s < row.end_s)]
+            peaks.append(int(inside.bytes.max()))
+    return peaks
+
+
+@pytest.mark.parametrize(("version", "drifts"), [
+    ("0.15.3", [True, True]),  # zeroed at each backward's end: every forward starts below
+    ("0.15.4", [False, True]),  # PR #6662, zeroed at each forward's start
+    ("0.16.0", [False, False]),  # PR #6726, zeroed by the step only: exact
+    ("0.16.8", [False, True]),  # PR #7258 rolls #6726 back
+])
+def test_where_the_live_count_is_zeroed_by_release(toy, version, drifts):
+    """The knobs of the last case above, two micro-batches: a micro-batch whose forward starts
+    with DeepSpeed's live count below what is gathered (by the embedding's 16,384 elements)
+    peaks as 0.15.3's does in both its phases; one whose count is exact peaks lower, as
+    0.16.0's do."""
+    peaks = _peaks_by_micro_batch(toy, version, zero)
+    drifting = _peaks_by_micro_batch(toy, "0.15.3", zero)
+    exact = _peaks_by_micro_batch(toy, "0.16.0", zero)
+    assert all(d > e for d, e in zip(drifting, exact, strict=True))
+    for micro, drifts_here in enumerate(drifts):
+        expected = drifting if drifts_here else exact
+        assert peaks[2 * micro:2 * micro + 2] == expected[2 * micro:2 * micro + 2]
+
+
+def test_from_0_19_3_the_backward_releases_the_embedding_not_an_external_head(toy):
+    """PR #8148: the end of each backward releases what a module whose post-backward hook
+    never fired holds (the embedding), not external params. With no reuse and no prefetch
+    each backward gathers it again; on 0.19.2 the second forward finds it gathered from the
+    first backward and does not fetch it; on 0.19.3 it gathers it again, and
+    the second micro-batch's count drifts by the external head alone, as an exact count
+    would with the head held: its peaks are 0.19.2's less the embedding's budget."""
+    def embedding_gathers(version: str) -> list[tuple[str, int]]:
+        patch = external_head(stage3_max_reuse_distance=0, stage3_prefetch_bucket_size=0)
+        patch["deepspeed"]["gradient_accumulation_steps"] = 2
+        patch["runtime"] = {**patch.get("runtime", {}), "deepspeed_version": version}
+        spans = toy.run(patch, gpus=2).spans
+        gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
+                        & spans.op.str.contains("embed_tokens")]
+        return list(zip(gathers.phase, gathers.micro_batch, strict=True))
+
+    backwards = [(Phase.BACKWARD, 0), (Phase.BACKWARD, 1)]
+    assert embedding_gathers("0.19.2") == [(Phase.FORWARD, 0), *backwards]
+    assert embedding_gathers("0.19.3") == [(Phase.FORWARD, 0), backwards[0], (Phase.FORWARD, 1),
+                                           backwards[1]]
+    before = _peaks_by_micro_batch(toy, "0.19.2", external_head)
+    after = _peaks_by_micro_batch(toy, "0.19.3", external_head)
+    assert after[:2] == before[:2]
+    assert after[2] < before[2]
+
+
 @pytest.mark.parametrize("groups", ["separate", "same"])
 def test_one_process_group_runs_gathers_and_reductions_in_issue_order(toy, groups):
     """Two GPUs, NVLink 10 MB/s, no latency. In the backward, layer 1's down_proj is gathered

@@ -50,6 +50,28 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "the staging of boundary_flush_pinned_staging is gone: the GPU-cast fp32 "
               "gradient is copied D2H straight into the sub-group's fp32 gradient, the host "
               "waiting for the reduction stream only"),
+    Behaviour("live_count_reset_at_forward", (0, 15, 4),
+              "PR #6662 'Use one param coordinator for both train/inference scenarios' "
+              "(351569dd, first in v0.15.4): parameter_offload.py _start_of_forward_hook, "
+              "stage3.py backward",
+              "ZeRO-3: reset_step, which zeroes the coordinator's live-parameter count, runs "
+              "at the start of each forward instead of the end of each backward, so the "
+              "first micro-batch after a step counts what is gathered exactly"),
+    Behaviour("live_count_reset_by_step_only", (0, 16, 0),
+              "PR #6726 'Fix potential memory issues when use deepspeed Z3' (cd20a3bb, first "
+              "in v0.16.0): partitioned_param_coordinator.py reset_step, "
+              "release_and_reset_all",
+              "ZeRO-3: reset_step no longer zeroes the live count; the step does, after "
+              "releasing every parameter, so the count never drifts"),
+    Behaviour("live_count_reset_by_step_only_rolled_back", (0, 16, 8),
+              "PR #7258 'rollback #6726' (f4595025, first in v0.16.8)",
+              "reset_step zeroes the live count again, at the start of each forward"),
+    Behaviour("backward_leftovers_released", (0, 19, 3),
+              "PR #8148 'Z3: Support for activation ckpt with frozen params' (a31eb316, "
+              "first in v0.19.3): stage3.py backward, partitioned_param_coordinator.py "
+              "release_backward_leftovers",
+              "ZeRO-3: the end of each backward releases what modules whose post-backward "
+              "hook never fired still hold (the embeddings), external parameters excepted"),
     Behaviour("gradient_clipping_default_one", (0, 19, 3),
               "runtime/config.py GRADIENT_CLIPPING_DEFAULT, read at v0.19.3",
               "gradient_clipping defaults to 1.0 instead of 0"),
@@ -163,6 +185,10 @@ class Behaviours:
     boundary_flush_cast_on_gpu: bool
     boundary_flush_pinned_staging: bool
     boundary_flush_staging_removed: bool
+    live_count_reset_at_forward: bool
+    live_count_reset_by_step_only: bool
+    live_count_reset_by_step_only_rolled_back: bool
+    backward_leftovers_released: bool
     gradient_clipping_default_one: bool
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
@@ -188,6 +214,17 @@ class Behaviours:
         """ZeRO-3's boundary flush goes through one pinned staging buffer (0.15.4 to 0.16.2:
         added by one row, taken out by the next)."""
         return self.boundary_flush_pinned_staging and not self.boundary_flush_staging_removed
+
+    @property
+    def live_count_reset(self) -> str:
+        """When ZeRO-3's coordinator zeroes its live-parameter count: at the end of each
+        backward ("backward", up to 0.15.3), at the start of each forward ("forward", 0.15.4
+        to 0.15.x and from 0.16.8), or only in the step, after releasing everything ("step",
+        0.16.0 to 0.16.7)."""
+        if (self.live_count_reset_by_step_only
+                and not self.live_count_reset_by_step_only_rolled_back):
+            return "step"
+        return "forward" if self.live_count_reset_at_forward else "backward"
 
     @property
     def zero12_waits_for_each_bucket(self) -> bool:

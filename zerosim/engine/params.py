@@ -44,6 +44,7 @@ class ParameterCoordinator(Protocol):
     module_hooks: bool
     """Whether DeepSpeed hooks every module's forward and backward (ZeRO-3's coordinator)."""
 
+    def reset_step(self, micro: int) -> None: ...
     def fetch_external(self) -> Gen: ...
     def fetch(self, index: int) -> simpy.Event | None: ...
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
@@ -58,6 +59,9 @@ class ReplicatedParams:
     """Stages 0-2: the 16-bit parameters are resident on every GPU."""
 
     module_hooks = False
+
+    def reset_step(self, micro: int) -> None:
+        return
 
     def fetch_external(self) -> Gen:
         return
@@ -174,6 +178,27 @@ class PartitionedParams:
         self.not_gathered = list(range(len(self.trace)))
         """Forward-trace positions of the modules not gathered, ascending (what a prefetch may
         take, without walking past the gathered ones)."""
+        behaviours = core.behaviours
+        self.kept_after_backward = (plan.external if behaviours.backward_leftovers_released
+                                    else plan.unreleased_modules)
+        """What is still gathered when a backward ends: what no module hook releases, less
+        the embeddings from DeepSpeed 0.19.3 (`backward_leftovers_released`)."""
+        self.kept_numel = sum(plan.gathered_numel[i] for i in self.kept_after_backward)
+        self.live_count_reset = behaviours.live_count_reset
+        self.drift = 0
+        """How far DeepSpeed's live count is below what is gathered (`reset_step`)."""
+
+    def reset_step(self, micro: int) -> None:
+        """Where DeepSpeed's live count stands as micro-batch `micro`'s forward starts.
+        Zeroed at each backward's end (up to 0.15.3) while `kept_after_backward` is still
+        gathered, then, after the step has released it and taken it off the count, it is
+        that far below zero at every forward; zeroed at each forward's start (0.15.4 on,
+        but 0.16.0-0.16.7), it is exact after a step and that far below on later
+        micro-batches; zeroed only by the step's release of everything (0.16.0-0.16.7), it
+        is exact. The prefetcher may hold `stage3_max_live_parameters` plus the drift."""
+        drift = {"backward": self.kept_numel, "forward": self.kept_numel if micro else 0,
+                 "step": 0}
+        self.drift = drift[self.live_count_reset]
 
     def keep_after_forward(self, index: int) -> bool:
         return self.core.plan.keep_after_forward[index]
@@ -329,16 +354,15 @@ class PartitionedParams:
         parameters too): fetch ahead in trace order while fewer than
         min(`stage3_prefetch_bucket_size`, live budget) numel are issued, in one all-gather
         call; as in DeepSpeed, the module that crosses the bound is still fetched. The live
-        budget is `stage3_max_live_parameters` less the gathered numel, plus
-        `Plan.unreleased_numel`, which DeepSpeed's count leaves out. The forward's trace goes
+        budget is `stage3_max_live_parameters` less the gathered numel, plus the count's
+        drift (`reset_step`), which DeepSpeed's count leaves out. The forward's trace goes
         on into the backward's, which takes the modules in reverse. A module whose partition
         is on NVMe needs one of `offload_param.buffer_count` swap buffers, held until its
         release: with none free the prefetch stops there (DeepSpeed keeps the trace's
         order)."""
         ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
-                     ds.stage3_max_live_parameters + self.core.plan.unreleased_numel
-                     - self.live_numel)
+                     ds.stage3_max_live_parameters + self.drift - self.live_numel)
         if budget <= 0:
             return
         pending = self.not_gathered
@@ -396,11 +420,10 @@ class PartitionedParams:
 
     def release_after_backward(self) -> None:
         """Free what is still gathered when a backward ends (prefetched, never used), but not
-        what no module hook releases (`Plan.unreleased_modules`): the next micro-batch and
-        the step find the embeddings and the external params gathered."""
-        unreleased = self.core.plan.unreleased_modules
+        `kept_after_backward`: the next micro-batch and the step find the external params
+        gathered, and up to 0.19.2 the embeddings too."""
         for index in self.trace:
-            if index not in unreleased:
+            if index not in self.kept_after_backward:
                 self._free(index)
 
     def release_all(self) -> None:

@@ -75,10 +75,11 @@ class Plan:
 
     @cached_property
     def unreleased_numel(self) -> int:
-        """Gathered numel of `unreleased_modules`. `reset_step` zeroes the coordinator's live
-        count at the end of a backward while they are still gathered; the step then releases
-        them and takes them off it, so every later forward starts that far below zero and the
-        prefetcher may hold this much beyond `stage3_max_live_parameters`."""
+        """Gathered numel of `unreleased_modules`. Up to DeepSpeed 0.15.3 `reset_step` zeroes
+        the coordinator's live count at the end of a backward while they are still gathered;
+        the step then releases them and takes them off it, so every later forward starts
+        that far below zero and the prefetcher may hold this much beyond
+        `stage3_max_live_parameters` (later releases: `PartitionedParams.reset_step`)."""
         return sum(self.gathered_numel[i] for i in self.unreleased_modules)
 
     @property

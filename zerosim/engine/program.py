@@ -85,6 +85,7 @@ class RankProgram:
     def forward(self, micro: int) -> Gen:
         core = self.core
         core.begin(Phase.FORWARD, micro)
+        self.params.reset_step(micro)
         yield from self.params.fetch_external()
         yield from core.pay_launches()
         for index, module in enumerate(core.plan.modules):
