@@ -397,3 +397,33 @@ def test_zero12_from_0_17_5_to_0_18_4_compute_waits_for_each_bucket(toy, version
         assert during == 0  # no backward kernel starts while a bucket is reduced/partitioned
     else:
         assert during > 0
+
+
+@pytest.mark.parametrize(("version", "checkpointing", "counts"), [
+    ("0.18.4", False, 0),
+    ("0.18.5", False, 21),  # PR #7780: at each of the 21 parameters' gradient hooks
+    ("0.18.5", True, 21),
+    ("0.18.7", False, 1),  # PR #7886: at the backward's first hook
+    ("0.18.7", True, 3),  # ... and at the first after each of the two blocks' recomputes
+])
+def test_gradient_hooks_count_the_used_parameters_by_version(toy, version, checkpointing,
+                                                             counts):
+    """ZeRO-2 without offload, at 1 us per parameter inspected: a count over the toy's 21
+    parameter tensors holds the host 21 us, so the backward takes at least that many counts'
+    time and at most that plus the backward of 0.18.4, which counts nothing."""
+    from conftest import q, toy_stack
+
+    stack = toy_stack()
+    stack["host"]["used_param_check_us"] = q(1.0)
+
+    def backward_s(version: str) -> float:
+        result = toy.run({"activation_checkpointing": checkpointing,
+                          "runtime": {"deepspeed_version": version, "framework": stack},
+                          **_no_offload(2)})
+        row = result.phases.set_index("phase").loc["backward"]
+        return row.end_s - row.start_s
+
+    plain = backward_s("0.18.4")
+    assert plain < 21e-6
+    hooks_s = counts * 21e-6
+    assert hooks_s <= backward_s(version) <= hooks_s + plain

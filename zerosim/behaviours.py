@@ -169,6 +169,17 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "v0.18.3): stage_1_and_2.py __init__",
               "ZeRO-1/2 offload: the fp32 master partition is pinned only when "
               "offload_optimizer.pin_memory is true (0.14.1-0.18.2: always)"),
+    Behaviour("grad_hooks_count_used_params", (0, 18, 5),
+              "PR #7780 'Fix gradient checkpointing with use_reentrant=True / PyTorch-style "
+              "backward / ZeRO-3' (311674ff, first in v0.18.5): stage_1_and_2.py and "
+              "stage3.py gradient hooks, runtime/utils.py count_used_parameters_in_backward",
+              "ZeRO-1/2/3: every parameter's gradient hook counts the model's parameters "
+              "the running backward uses, a Python loop over all of them"),
+    Behaviour("grad_hooks_count_once_per_phase", (0, 18, 7),
+              "PR #7886 'Fix hook count performance regression from v0.18.5' (6c59d544, "
+              "first in v0.18.7): base_optimizer.py should_refresh_expected_hook_count",
+              "the count of grad_hooks_count_used_params runs at a backward phase's first "
+              "hook only (the backward's, and each reentrant checkpoint's recompute)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -200,6 +211,8 @@ class Behaviours:
     zero12_compute_waits_for_reduction: bool
     zero12_compute_waits_for_each_bucket: bool
     zero12_bucket_wait_removed: bool
+    grad_hooks_count_used_params: bool
+    grad_hooks_count_once_per_phase: bool
     zero2_accumulator_stays_on_gpu: bool
     zero2_accumulator_sent_back_always: bool
     cpu_adam_without_pinned_tiles: bool
@@ -225,6 +238,15 @@ class Behaviours:
                 and not self.live_count_reset_by_step_only_rolled_back):
             return "step"
         return "forward" if self.live_count_reset_at_forward else "backward"
+
+    @property
+    def used_params_counted(self) -> str:
+        """When ZeRO's gradient hooks count the parameters the backward uses: never ("never",
+        up to 0.18.4), at every hook ("every_hook", 0.18.5 and 0.18.6), at a backward
+        phase's first hook ("per_phase", from 0.18.7)."""
+        if not self.grad_hooks_count_used_params:
+            return "never"
+        return "per_phase" if self.grad_hooks_count_once_per_phase else "every_hook"
 
     @property
     def zero12_waits_for_each_bucket(self) -> bool:

@@ -100,10 +100,13 @@ class RankProgram:
         core.begin(Phase.BACKWARD, micro)
         self.recomputed_bytes = 0.0
         modules = core.plan.modules
+        counting = core.behaviours.used_params_counted if core.ds.stage > 0 else "never"
+        phase_starts = True
         for index in range(len(modules) - 1, -1, -1):
             module = modules[index]
             if core.ctx.scenario.activation_checkpointing and self._last_of_block(index):
                 yield from self.recompute_block(module.layer)
+                phase_starts = True
             ready = yield from self._pre_hook(index, backward=True)
             yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
             done = core.compute.launch(
@@ -112,6 +115,9 @@ class RankProgram:
                                    on_end=lambda i=index: self.gradients.store.produce(i)),
                 kind=OpKind.BACKWARD, after=(ready,))
             for param in core.plan.params[index]:
+                if counting == "every_hook" or (counting == "per_phase" and phase_starts):
+                    yield from core.host_time(core.count_used_params_s)
+                    phase_starts = False
                 yield from self.gradients.add(param, done, micro, boundary)
             self.params.release(index, backward=True)
         yield from self.gradients.epilogue(micro, boundary)

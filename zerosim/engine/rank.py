@@ -146,6 +146,9 @@ class RankCore:
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
+        self.count_used_params_s = (stack.on_core(stack.used_param_check_s, core_Hz)
+                                    * len(self.plan.all_params))
+        """One `count_used_parameters_in_backward` over the model's parameters."""
         self.heap_reuse_bytes = stack.heap_reuse_bytes
         self.empties_cache = ctx.scenario.runtime.empty_cache_each_phase
         self.reserves: dict[Stream, AllocatorReserve] | None = None

@@ -43,6 +43,9 @@ reading its weight from the model's own forward (`external`: a ZeRO-3 external p
 SYNCS_KEY = "modules.syncs_before_mlp"
 """The optional count of host-blocking synchronisations between a block's attention and its
 MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent)."""
+USED_PARAM_CHECK_KEY = "host.used_param_check_us"
+"""The optional host time DeepSpeed's `count_used_parameters_in_backward` spends per model
+parameter it inspects (`SoftwareStack.used_param_check_s`; 0 when absent)."""
 RESIDENT_KEY = "processes.rank_resident_GiB"
 """The optional host memory each rank's processes hold besides its tensors
 (`SoftwareStack.rank_resident_bytes`), a `{value, basis, source}` leaf (0 when absent)."""
@@ -148,6 +151,9 @@ class SoftwareStack:
     step_s: float
     """Host time per optimizer step outside the phases (zeroing, timers, logging)."""
     provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
+    used_param_check_s: float = 0.0
+    """Host time per model parameter DeepSpeed's `count_used_parameters_in_backward` inspects
+    (the gradient hooks of 0.18.5 on: `Behaviours.used_params_counted`)."""
     heap_reuse_bytes: float = 0.0
     """Host temporaries up to this size come from the C allocator's heap, on pages earlier
     temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
@@ -382,7 +388,13 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
         provenance[key] = prov
         times[attr] = _non_negative(prov, source, key) * scale
-    extra = set(dotted_leaf(tree, "host") or {}) - {"reference_GHz", *(k[5:] for k in HOST_TIMES)}
+    if dotted_leaf(tree, USED_PARAM_CHECK_KEY) is not None:
+        prov = parse_provenance(dotted_leaf(tree, USED_PARAM_CHECK_KEY), source,
+                                USED_PARAM_CHECK_KEY, table="stack")
+        provenance[USED_PARAM_CHECK_KEY] = prov
+        times["used_param_check_s"] = _non_negative(prov, source, USED_PARAM_CHECK_KEY) * US
+    known = {"reference_GHz", USED_PARAM_CHECK_KEY[5:], *(k[5:] for k in HOST_TIMES)}
+    extra = set(dotted_leaf(tree, "host") or {}) - known
     if extra:
         raise ScenarioError(source, f"host.{sorted(extra)[0]}", "a known host key",
                             sorted(extra)[0])
