@@ -95,8 +95,9 @@ def test_zero3_without_offload_keeps_partitions_and_steps_on_the_gpu(toy):
 def test_zero2_without_offload_steps_its_whole_partition_at_once(toy):
     """The backward of ZeRO-3 at DP=1 but for the reduction: one pre-divide of the bucket
     (2 passes over 2N B = 460032 ps) instead of ZeRO-3's concatenation and pre-divide; the
-    norms, then one fp32 gradient and one Adam over all N elements."""
-    result = toy.run(_no_offload(2))
+    norms, then one fp32 gradient and one Adam over all N elements. The bucket is the model
+    (`reduce_bucket_size` N): DeepSpeed 0.13.3 divides the whole IPG buffer."""
+    result = toy.run(_no_offload(2, reduce_bucket_size=N))
     partitioned = COPIES_END + 4 * N + 4 * N  # the pre-divide, then the partition copy: 6355200
     start = partitioned + OVERFLOW_CHECK_PS * N  # 6815232
     normed = start + NORM_PS * N  # 8885376
@@ -149,8 +150,10 @@ def test_zero12_offload_sends_the_fp32_gradient_per_parameter(toy, stage):
     its overflow check (`_has_inf_or_nan`: the 2n B gradient read, 26n B more over its six
     kernels = 28n ps), is cast to fp32 on the GPU (1.5 passes over 4n B = 6n ps) and copied
     D2H into pinned memory (4n B at 10 GB/s = 400n ps), one after another: 452 ps x 115008 =
-    51983616 ps."""
-    result = toy.run({"deepspeed": {"zero_optimization": {"stage": stage}}})
+    51983616 ps. The bucket is the model (`reduce_bucket_size` N), which DeepSpeed 0.13.3
+    divides whole."""
+    result = toy.run({"deepspeed": {"zero_optimization": {"stage": stage,
+                                                          "reduce_bucket_size": N}}})
     flush = result.spans[result.spans.op_kind == OpKind.GRAD_FLUSH]
     assert list(flush.bytes) == [4 * n for n in _grad_order_numels()]
     backward_end = COPIES_END + 4 * N + 452 * N  # 57878784
@@ -427,3 +430,30 @@ def test_gradient_hooks_count_the_used_parameters_by_version(toy, version, check
     assert plain < 21e-6
     hooks_s = counts * 21e-6
     assert hooks_s <= backward_s(version) <= hooks_s + plain
+
+
+@pytest.mark.parametrize("reduce_scatter", [True, False])
+def test_zero12_up_to_0_14_0_averages_the_whole_ipg_buffer(toy, reduce_scatter):
+    """ZeRO-2 without offload on two GPUs, a 2N-element IPG buffer holding the model's N
+    gradient elements. Up to 0.14.0 `average_tensor` takes the whole buffer: with
+    reduce_scatter it divides all 2N elements in place (2 passes over 2 B each: 4 ps per
+    element) before reduce-scattering the filled part, N more elements than 0.14.1 (PR #5268)
+    divides; without, it all-reduces the whole buffer (4N B against 2N)."""
+    def reduction(version: str):
+        result = toy.run({"runtime": {"deepspeed_version": version},
+                          **_no_offload(2, reduce_bucket_size=2 * N,
+                                        reduce_scatter=reduce_scatter)}, gpus=2)
+        spans = result.spans
+        kind = OpKind.REDUCE_SCATTER if reduce_scatter else OpKind.ALL_REDUCE
+        chosen = spans[(spans["rank"] == 0) & (spans.phase == "backward")
+                       & (spans.stream == Stream.REDUCE) & (spans.op_kind == kind)]
+        assert len(chosen) == 1
+        return chosen.iloc[0]
+
+    before, after = reduction("0.14.0"), reduction("0.14.1")
+    if reduce_scatter:
+        assert before.bytes == after.bytes == 2 * N
+        assert (before.end_s - before.start_s) - (after.end_s - after.start_s) == pytest.approx(
+            4 * N * PS, rel=1e-9)
+    else:
+        assert (before.bytes, after.bytes) == (4 * N, 2 * N)

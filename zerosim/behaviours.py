@@ -147,6 +147,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "ZeRO-2 offload with gradient accumulation: every micro-batch after the first "
               "brings the host accumulator back, adds and sends the sum back, the boundary's "
               "included"),
+    Behaviour("zero12_averages_filled_part", (0, 14, 1),
+              "PR #5268 'Average only valid part of the ipg buffer' (75e579e7, first in "
+              "v0.14.1): stage_1_and_2.py reduce_ipg_grads",
+              "ZeRO-1/2 with contiguous_gradients: average_tensor gets the filled part of the "
+              "IPG buffer (before: the whole buffer, reduce_bucket_size elements however "
+              "full, divided in place and, without reduce_scatter, all-reduced whole)"),
     Behaviour("zero12_copy_back_fp32_to_gpu", (0, 14, 1),
               "PR #5301 'fix pagable h2d memcpy' (7b5b0660, first in v0.14.1): "
               "stage_1_and_2.py __init__ (the fp32 partition pinned) and step, "
@@ -216,6 +222,7 @@ class Behaviours:
     zero2_accumulator_stays_on_gpu: bool
     zero2_accumulator_sent_back_always: bool
     cpu_adam_without_pinned_tiles: bool
+    zero12_averages_filled_part: bool
     zero12_copy_back_fp32_to_gpu: bool
     zero12_copy_back_via_16bit_host_buffer: bool
     zero12_master_pinned_only_with_pin_memory: bool

@@ -165,6 +165,18 @@ class IpgBuckets:
             return Collective.REDUCE_SCATTER
         return self.collective
 
+    def averaged_numel(self, bucket: list[BucketEntry], numel: int) -> int:
+        """What ZeRO-1/2's `average_tensor` divides in place (and, without `reduce_scatter`,
+        all-reduces) for a bucket of `numel` gradient elements: up to DeepSpeed 0.14.0 the
+        whole IPG buffer, `reduce_bucket_size` elements however full, from 0.14.1 its filled
+        part (`zero12_averages_filled_part`); a gradient larger than the buffer is reduced
+        as itself."""
+        ds = self.core.ds
+        whole_buffer = (ds.stage in (1, 2) and ds.contiguous_gradients
+                        and not self.core.behaviours.zero12_averages_filled_part
+                        and all(entry.in_bucket for entry in bucket))
+        return max(numel, int(ds.reduce_bucket_size)) if whole_buffer else numel
+
     def scaling_seconds(self, collective: Collective, out_numel: int, numel: int
                         ) -> tuple[float, float]:
         """GPU time of what a bucket's reduction does on its stream besides the collective,
@@ -198,14 +210,16 @@ class IpgBuckets:
             yield self.outstanding.popleft()
         bucket, numel = self.bucket, self.bucket_numel
         self.bucket, self.bucket_numel = [], 0
-        sizes = [e.param.numel for e in bucket] if self.per_tensor else [numel]
         collective = self.collective_for(bucket)
+        averaged = self.averaged_numel(bucket, numel)
+        reduced = averaged if collective == Collective.ALL_REDUCE else numel
+        sizes = [e.param.numel for e in bucket] if self.per_tensor else [reduced]
         keys = [core.next_key(collective) for _ in sizes]
         core.launches += core.distributed * len(sizes)
         yield from core.pay_launches()
         out_numel = self.output_numel(bucket, collective)
         out_bytes = core.comm_bytes * out_numel
-        before_s, after_s = self.scaling_seconds(collective, out_numel, numel)
+        before_s, after_s = self.scaling_seconds(collective, out_numel, averaged)
         held: dict[str, int] = {}
         turn = self.nccl.issue()
 
@@ -220,7 +234,7 @@ class IpgBuckets:
                     yield from core.machine.collective(core.rank, key, collective,
                                                        core.comm_bytes * size, core.ranks)
             elif not (before_s or after_s):
-                yield from core.gpu_kernel(core.hbm_seconds(core.comm_bytes * numel),
+                yield from core.gpu_kernel(core.hbm_seconds(core.comm_bytes * reduced),
                                            self.stream)
             turn.done()
             if after_s:
@@ -234,8 +248,8 @@ class IpgBuckets:
         if self.compute_waits:
             core.compute.launch("wait for the reduction stream", core.no_kernel,
                                 kind=OpKind.STREAM_WAIT, after=(self.stream.idle_event(),))
-        self.stream.launch(f"{label} {numel / 1e6:.0f}M", reduce_body, kind=kind,
-                           after=(copied,), nbytes=core.comm_bytes * numel)
+        self.stream.launch(f"{label} {reduced / 1e6:.0f}M", reduce_body, kind=kind,
+                           after=(copied,), nbytes=core.comm_bytes * reduced)
         body, host_waits = self.sink.partition(bucket, micro, boundary)
         moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
         done = self.stream.launch(f"partition grads {len(bucket)} params", body,
