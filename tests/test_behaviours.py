@@ -38,3 +38,26 @@ def test_the_scenario_carries_its_release_behaviours_and_check_prints_them():
     assert scenario.to_dict()["deepspeed_behaviours"]["boundary_flush_non_blocking"] is True
     assert scenario.deepspeed.offload_optimizer.pin_memory is True  # the 0.19.5 default
     assert {r["since"] for r in behaviour_table()} >= {"0.15.4", "0.19.5", "0.6.0"}
+
+
+@pytest.mark.parametrize(("version", "dtype", "stage", "stated", "checks"), [
+    ("0.17.0", "bf16", 2, None, False),  # before PR #6976: fp16 only
+    ("0.17.0", "fp16", 2, None, True),
+    ("0.17.1", "bf16", 2, None, False),  # the key's default: false
+    ("0.17.1", "bf16", 2, True, True),
+    ("0.19.3", "bf16", 2, None, True),  # PR #8035: default true
+    ("0.19.3", "bf16", 2, False, False),
+    ("0.19.3", "bf16", 3, True, False),  # ZeRO-3 checks fp16 only
+])
+def test_which_steps_check_the_gradients_for_overflow(version, dtype, stage, stated, checks):
+    overrides = {"runtime.deepspeed_version": version, "deepspeed.zero_optimization.stage": stage,
+                 "deepspeed.fp16.enabled": dtype == "fp16",
+                 "deepspeed.bf16.enabled": dtype == "bf16"}
+    if stated is not None:
+        overrides["deepspeed.bf16.check_grad_overflow"] = stated
+    scenario = zerosim.load_scenario(ROOT, overrides)
+    assert scenario.deepspeed.check_grad_overflow is checks
+    result = zerosim.simulate(ROOT, {**overrides, "model": "llama2-7b"})
+    spans = result.spans
+    checked = spans[(spans.phase == "update") & (spans.op == "overflow check")]
+    assert (not checked.empty) is checks

@@ -72,6 +72,17 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "release_backward_leftovers",
               "ZeRO-3: the end of each backward releases what modules whose post-backward "
               "hook never fired still hold (the embeddings), external parameters excepted"),
+    Behaviour("zero12_check_grad_overflow_key", (0, 17, 1),
+              "PR #6976 'Improve overflow handling in ZeRO' (e440506b, first in v0.17.1): "
+              "engine.py _configure_zero_optimizer, stage_1_and_2.py step, "
+              "precision_config.py DeepSpeedBF16Config",
+              "ZeRO-1/2 with bf16: the step checks the gradients for overflow when "
+              "bf16.check_grad_overflow says so (before: only fp16 runs checked; ZeRO-3 "
+              "still checks fp16 only)"),
+    Behaviour("bf16_check_grad_overflow_default_true", (0, 19, 3),
+              "PR #8035 'Enable bf16 check_grad_overflow by default (matching fp16)' "
+              "(f0253c86, first in v0.19.3): precision_config.py",
+              "bf16.check_grad_overflow defaults to true (0.17.1-0.19.2: false)"),
     Behaviour("gradient_clipping_default_one", (0, 19, 3),
               "runtime/config.py GRADIENT_CLIPPING_DEFAULT, read at v0.19.3",
               "gradient_clipping defaults to 1.0 instead of 0"),
@@ -207,6 +218,8 @@ class Behaviours:
     live_count_reset_by_step_only_rolled_back: bool
     backward_leftovers_released: bool
     gradient_clipping_default_one: bool
+    zero12_check_grad_overflow_key: bool
+    bf16_check_grad_overflow_default_true: bool
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
     coalesced_collectives: bool

@@ -331,10 +331,11 @@ class GpuStep:
 
 def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
                norms: Callable[[], Gen] | None = None) -> Gen:
-    """The update phase opens with fp16's overflow check and its all-reduced flag, then the
-    gradient norms (where the step takes them) and their all-reduce."""
+    """The update phase opens with the overflow check (`DeepSpeedConfig.check_grad_overflow`:
+    fp16, and bf16 ZeRO-1/2 where the release and the config say so) and its all-reduced flag,
+    then the gradient norms (where the step takes them) and their all-reduce."""
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
-    if core.ds.dtype == "fp16":
+    if core.ds.check_grad_overflow:
         yield from check_overflow()
         yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
     if norms is not None:

@@ -60,6 +60,10 @@ class _Precision(_Open):
     enabled: bool = False
 
 
+class _Bf16(_Precision):
+    check_grad_overflow: bool | None = None
+
+
 def _whole(value: Any) -> Any:
     """DeepSpeed's int fields take 1e8 from JSON as 100000000; 1.5 is refused."""
     if isinstance(value, float) and value.is_integer():
@@ -147,7 +151,7 @@ class _DeepSpeedRaw(_Open):
     gradient_accumulation_steps: int | None = Field(None, ge=1)
     train_batch_size: int | None = Field(None, ge=1)
     fp16: _Precision = _Precision()
-    bf16: _Precision = _Precision()
+    bf16: _Bf16 = _Bf16()
     gradient_clipping: float | None = Field(None, ge=0)
     optimizer: _Optimizer = _Optimizer()
     data_types: _DataTypes = _DataTypes()
@@ -222,6 +226,7 @@ class DeepSpeedConfig:
     communication_dtype: str
     gradient_clipping: float
     optimizer: str
+    check_grad_overflow: bool
     stage: int
     overlap_comm: bool
     contiguous_gradients: bool
@@ -263,7 +268,9 @@ class DeepSpeedConfig:
             "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "fp16": {"enabled": self.dtype == "fp16"},
-            "bf16": {"enabled": self.dtype == "bf16"},
+            "bf16": {"enabled": self.dtype == "bf16",
+                     **({"check_grad_overflow": self.check_grad_overflow}
+                        if self.dtype == "bf16" else {})},
             "gradient_clipping": self.gradient_clipping,
             "optimizer": {"type": self.optimizer},
             "data_types": {"grad_accum_dtype": self.grad_accum_dtype},
@@ -350,6 +357,19 @@ def _dtype(raw: _DeepSpeedRaw, source: str) -> str:
     if raw.fp16.enabled:
         return "fp16"
     return "fp32"
+
+
+def _checks_grad_overflow(raw: _DeepSpeedRaw, dtype: str, stage: int,
+                          behaviours: Behaviours) -> bool:
+    """Whether the step checks the gradients for overflow: fp16 runs always; bf16 runs of
+    ZeRO-1/2 as `bf16.check_grad_overflow` says from DeepSpeed 0.17.1 (default false, true
+    from 0.19.3), never before; ZeRO-3 checks fp16 only in every release."""
+    if dtype == "fp16":
+        return True
+    if dtype != "bf16" or stage not in (1, 2) or not behaviours.zero12_check_grad_overflow_key:
+        return False
+    stated = raw.bf16.check_grad_overflow
+    return behaviours.bf16_check_grad_overflow_default_true if stated is None else stated
 
 
 ZERO_KEY = "deepspeed.zero_optimization"
@@ -529,6 +549,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         gradient_clipping=clip_default if raw.gradient_clipping is None
         else raw.gradient_clipping,
         optimizer=raw.optimizer.type,
+        check_grad_overflow=_checks_grad_overflow(raw, dtype, zero.stage, behaviours),
         stage=zero.stage,
         overlap_comm=(zero.stage == 3) if zero.overlap_comm is None else zero.overlap_comm,
         contiguous_gradients=zero.contiguous_gradients,
