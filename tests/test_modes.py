@@ -457,3 +457,21 @@ def test_zero12_up_to_0_14_0_averages_the_whole_ipg_buffer(toy, reduce_scatter):
             4 * N * PS, rel=1e-9)
     else:
         assert (before.bytes, after.bytes) == (4 * N, 2 * N)
+
+
+@pytest.mark.parametrize(("version", "sent_back"), [("0.13.3", False), ("0.19.0", True)])
+def test_zero1_offload_with_accumulation_goes_through_the_host_accumulator(toy, version,
+                                                                             sent_back):
+    """ZeRO-1 offload, GA=3: only the boundary reduces, and its `copy_grads_in_partition`
+    runs `async_accumulate_grad_in_cpu_via_gpu` (gradient accumulation is on) past the first
+    micro-batch: each parameter's accumulator comes back H2D and is added (from 0.19.0 the sum
+    is sent back too); the earlier micro-batches move nothing."""
+    result = toy.run({"runtime": {"deepspeed_version": version}, "deepspeed": {
+        "gradient_accumulation_steps": 3, "zero_optimization": {"stage": 1}}})
+    spans = result.spans[result.spans.phase == "backward"]
+    params = len(_grad_order_numels())
+    moves = spans.op_kind.isin([OpKind.GRAD_FROM_HOST, OpKind.GRAD_TO_HOST])
+    assert spans[moves].micro_batch.unique().tolist() == [2]
+    boundary = spans[spans.micro_batch == 2]
+    assert (boundary.op_kind == OpKind.GRAD_FROM_HOST).sum() == params
+    assert (boundary.op_kind == OpKind.GRAD_TO_HOST).sum() == (params if sent_back else 0)

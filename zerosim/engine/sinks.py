@@ -289,7 +289,11 @@ class HostAccumulation:
 
     def __init__(self, core: RankCore):
         self.core = core
-        self.accumulates = core.ds.stage == 2 and core.ds.gradient_accumulation_steps > 1
+        self.accumulates = core.ds.gradient_accumulation_steps > 1
+        """`copy_grads_in_partition` runs `async_accumulate_grad_in_cpu_via_gpu` whenever
+        gradient accumulation is on: stage 2 at every micro-batch, stage 1 at the boundary
+        only (its one reduction), where, not being the first micro-batch, it brings the host
+        accumulator back and adds it, as every release does."""
 
     def reduces_at(self, micro: int, boundary: bool) -> bool:
         """Stage 1 keeps accumulating full gradients on the GPU and reduces at the boundary."""

@@ -279,7 +279,8 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     """stage_1_and_2.py `__init__`: the fp32 master partition (pinned as
     `stage12_master_pinned` says), the Adam moments CPU Adam makes, the fp32 gradient
     partition (pinned when `pin_memory`), from DeepSpeed 0.17.0 a 16-bit copy-back buffer
-    of the partition (pinned when `pin_memory`), and ZeRO-2's host accumulator."""
+    of the partition (pinned when `pin_memory`), and with gradient accumulation the host
+    accumulator (stage 1 too: its boundary reduction goes through it)."""
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
     dtype, comm, accum, total = _sizes(ds, plan)
     part = plan.partition_numel
@@ -300,7 +301,7 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
         held.append(Holding(host, Category.PARAMS_16BIT,
                             _host_allocations([dtype * part], kind),
                             "16-bit copy-back buffer", kind))
-    if ds.stage == 2 and ds.gradient_accumulation_steps > 1:
+    if ds.gradient_accumulation_steps > 1:
         held.append(Holding(host, Category.GRAD_ACCUMULATION, accum * part,
                             "accumulated_grads_in_cpu", kind))
     return held
