@@ -7,9 +7,10 @@ and unbound; the fork's options on three of its builds, gaps 0 to 4 (gap 1 is re
 fork divides by gap - 1), with and without the asynchronous flush, on four models; and three
 models on 2 to 16 Polaris nodes at micro-batch 1 and 4; the MLP-Offload runs on the H100 node
 (optimizer on NVMe) and four Polaris models with ZeRO-3's gradients reduce-scattered and
-all-reduced (`reduce_scatter`). It prints how many ran, how many did
-not fit (a result, not a failure) grouped by the device, kind of allocation and module that
-did not fit, every clear refusal grouped by its message, and every crash
+all-reduced (`reduce_scatter`); and ZeRO-1/2/3 with and without offload and gradient
+accumulation at every release where a DeepSpeed behaviour changes. It prints how many ran,
+how many did not fit (a result, not a failure) grouped by the device, kind of allocation
+and module that did not fit, every clear refusal grouped by its message, and every crash
 or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
 asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
 """
@@ -27,6 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from zerosim.api import simulate_summary
+from zerosim.behaviours import BEHAVIOURS, format_version
 from zerosim.errors import ZerosimError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +66,14 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
         out += [(path, {REDUCE_SCATTER: reduce_scatter}) for reduce_scatter in (True, False)]
     out += [(POLARIS / f"{name}.yaml", {REDUCE_SCATTER: False})
             for name in (FORK_MODELS[:2] if quick else FORK_MODELS)]
+    releases = sorted({row.since for row in BEHAVIOURS if row.since >= (0, 13, 3)})
+    for since in releases[::3] if quick else releases:
+        for stage, device in ((1, "cpu"), (2, "cpu"), (2, "none"), (3, "cpu")):
+            for accumulation in (1, 2):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "runtime.deepspeed_version": format_version(since),
+                    "deepspeed.zero_optimization.stage": stage, OFFLOAD + "device": device,
+                    "deepspeed.gradient_accumulation_steps": accumulation}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
