@@ -61,3 +61,16 @@ def test_which_steps_check_the_gradients_for_overflow(version, dtype, stage, sta
     spans = result.spans
     checked = spans[(spans.phase == "update") & (spans.op == "overflow check")]
     assert (not checked.empty) is checks
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ((0, 15, 3), (False, False, "backward", "never")),
+    ((0, 16, 2), (True, False, "step", "never")),
+    ((0, 18, 4), (False, True, "forward", "never")),
+    ((0, 18, 5), (False, False, "forward", "every_hook")),
+    ((0, 19, 5), (False, False, "forward", "per_phase")),
+])
+def test_rows_added_then_taken_out_come_to_their_window(version, expected):
+    """Behaviours one release adds and a later one takes out are in effect in between only,
+    as `zerosim check` prints them."""
+    assert tuple(resolve_behaviours(version).in_effect().values()) == expected

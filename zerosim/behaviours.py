@@ -275,6 +275,15 @@ class Behaviours:
         return (self.zero12_compute_waits_for_each_bucket
                 and not self.zero12_bucket_wait_removed)
 
+    def in_effect(self) -> dict[str, bool | str]:
+        """What the rows that one release adds and a later one takes out come to (the
+        properties above), for `zerosim check`."""
+        return {"boundary_flush_stages_in_pinned_buffer":
+                self.boundary_flush_stages_in_pinned_buffer,
+                "zero12_waits_for_each_bucket": self.zero12_waits_for_each_bucket,
+                "live_count_reset": self.live_count_reset,
+                "used_params_counted": self.used_params_counted}
+
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

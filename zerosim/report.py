@@ -49,8 +49,10 @@ def render_scenario(scenario: Scenario) -> None:
         f"{key} {value}" for key, value in scenario.stack.layout().items()))
     top.add_row("mode", _mode(scenario))
     behaviours = scenario.behaviours.describe()
-    top.add_row("behaviours", ", ".join(f"{name} {'yes' if on else 'no'}"
+    top.add_row("behaviours", ", ".join(f"{name} {_yes_no(on)}"
                                         for name, on in behaviours.items()))
+    top.add_row("in effect", ", ".join(f"{name} {_yes_no(value)}" for name, value
+                                       in scenario.behaviours.in_effect().items()))
     console.print(top)
     table = Table(title="deepspeed (resolved, defaults filled in)", title_justify="left")
     table.add_column("key")
@@ -515,3 +517,9 @@ def _threads_text(scenario: Scenario) -> str:
         return str(runtime.cpu_threads_per_rank or "one per physical core")
     chosen = runtime.cpu_threads_per_rank or "the rank's share of the physical cores"
     return f"{chosen}, cores and memory bound per rank (bind_cores_to_rank)"
+
+
+def _yes_no(value: bool | str) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return value
