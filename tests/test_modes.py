@@ -475,3 +475,40 @@ def test_zero1_offload_with_accumulation_goes_through_the_host_accumulator(toy, 
     boundary = spans[spans.micro_batch == 2]
     assert (boundary.op_kind == OpKind.GRAD_FROM_HOST).sum() == params
     assert (boundary.op_kind == OpKind.GRAD_TO_HOST).sum() == (params if sent_back else 0)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_communication_dtype_other_than_the_gradients_adds_two_casts(toy, stage):
+    """fp16 training with `communication_data_type: fp32`, DP=1, one bucket of the model's N
+    gradient elements: the IPG buffers stay in fp16 (DeepSpeed makes them in the training
+    dtype: 2 B per element of `reduce_bucket_size`, not 4), the gradients are copied into the
+    bucket as fp16, and the bucket's reduction casts all N elements to fp32 and back (read
+    2 B, write 4 B, then the reverse: 12 ps per element at the toy's 1e12 B/s), holding the
+    fp32 copy (4N B) meanwhile. ZeRO-3's concatenation and pre-divide then run on fp32 (2
+    passes over 2 more bytes each: 8 ps more); ZeRO-2's `div_` stays on its fp16 buffer."""
+    zero = {"stage": stage, "reduce_bucket_size": N, "offload_optimizer": {"device": "none"}}
+
+    def run(comm: str | None):
+        patch = {"deepspeed": {"zero_optimization": zero}}
+        if comm:
+            patch["deepspeed"]["communication_data_type"] = comm
+        return toy.run(patch)
+
+    same, fp32 = run(None), run("fp32")
+    memory = fp32.memory[fp32.memory.device == "gpu0"]
+    buffers = 2 if stage == 2 else 1  # ZeRO-1/2's second IPG buffer with overlap_comm
+    assert memory[memory.category == "ipg bucket"].bytes.iloc[0] == buffers * 2 * N
+
+    def reduction(result):
+        spans = result.spans
+        chosen = spans[(spans.stream == Stream.REDUCE) & (spans.phase == "backward")
+                       & spans.op_kind.isin([OpKind.REDUCE_SCATTER, OpKind.ALL_REDUCE])]
+        assert len(chosen) == 1
+        return chosen.iloc[0]
+
+    longer = ((reduction(fp32).end_s - reduction(fp32).start_s)
+              - (reduction(same).end_s - reduction(same).start_s))
+    scaling = 8 if stage == 3 else 0  # ZeRO-3 concatenates and divides after the cast
+    assert longer == pytest.approx((12 + scaling) * N * PS, rel=1e-9)
+    partitions = memory[memory.category == "grad partitions"]
+    assert partitions.bytes.max() >= 4 * N

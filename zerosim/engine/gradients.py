@@ -123,7 +123,7 @@ class IpgBuckets:
                                     kind=OpKind.STREAM_WAIT, after=(done,))
         in_bucket = core.ds.contiguous_gradients and self.bucket_numel + param.numel <= size
         if in_bucket:
-            nbytes = core.comm_bytes * param.numel
+            nbytes = core.dtype_bytes * param.numel
             copy = core.hbm_op(self.copies, f"copy grad {core.plan.modules[param.module].name}",
                                OpKind.GRAD_TO_BUCKET, nbytes, after=(produced,))
             core.when_done(copy, lambda: self.store.free(param))
@@ -177,6 +177,23 @@ class IpgBuckets:
                         and all(entry.in_bucket for entry in bucket))
         return max(numel, int(ds.reduce_bucket_size)) if whole_buffer else numel
 
+    def cast_seconds(self, bucket: list[BucketEntry], collective: Collective, numel: int
+                     ) -> tuple[float, float]:
+        """GPU time of the casts around a reduction in a `communication_data_type` other than
+        the gradients' (before, after it), each a read of one dtype and a write of the other:
+        the bucket's `numel` elements into the communication dtype (stage3.py
+        `__avg_scatter_grads` / `__avg_scatter_contiguous_grads`, stage_1_and_2.py
+        `average_tensor`), and back: ZeRO-3's reduce-scatter casts only this rank's
+        partitions, an all-reduce and ZeRO-1/2 the whole buffer."""
+        core = self.core
+        if core.comm_bytes == core.dtype_bytes:
+            return 0.0, 0.0
+        both = core.comm_bytes + core.dtype_bytes
+        back = (sum(e.param.partition_numel for e in bucket)
+                if core.ds.stage == 3 and collective == Collective.REDUCE_SCATTER else numel)
+        return (core.hbm_seconds(both * numel, passes=1.0),
+                core.hbm_seconds(both * back, passes=1.0))
+
     def scaling_seconds(self, collective: Collective, out_numel: int, numel: int
                         ) -> tuple[float, float]:
         """GPU time of what a bucket's reduction does on its stream besides the collective,
@@ -186,18 +203,21 @@ class IpgBuckets:
         buffer (`out_numel` elements; none when one tensor is used in place), then the
         pre-divide `div_(world_size)` over that buffer, before the collective; its all-reduce
         (`__avg_scatter_contiguous_grads`) pre-divides the bucket in place. ZeRO-1/2
-        (`average_tensor`): the pre-divide `div_` of the bucket before its reduces, or, for
-        an all-reduce (`gradient_reduction_w_predivide` with `postscale_gradients`), the
-        `mul_` that scales it after. With one rank the collective has nothing to move.
-        Per-tensor reductions (before `coalesced_collectives`): nothing is timed here."""
+        (`average_tensor`): the pre-divide `div_` of the bucket before its reduces, in the
+        IPG buffer's training dtype, or, for an all-reduce (`gradient_reduction_w_predivide`
+        with `postscale_gradients`), the `mul_` that scales it after, in the communication
+        dtype. ZeRO-3 scales in the communication dtype. With one rank the collective has
+        nothing to move. Per-tensor reductions (before `coalesced_collectives`): nothing is
+        timed here."""
         if self.per_tensor:
             return 0.0, 0.0
         core = self.core
         if core.ds.stage == 3:
             flat = out_numel or numel
             return core.hbm_seconds(core.comm_bytes * (out_numel + flat)), 0.0
-        scale = core.hbm_seconds(core.comm_bytes * numel)
-        return (scale, 0.0) if collective == Collective.REDUCE_SCATTER else (0.0, scale)
+        if collective == Collective.REDUCE_SCATTER:
+            return core.hbm_seconds(core.dtype_bytes * numel), 0.0
+        return 0.0, core.hbm_seconds(core.comm_bytes * numel)
 
     def reduce(self, micro: int, boundary: bool) -> Gen:
         """Reduce the bucket, then hand its partitions to the sink; at most
@@ -220,12 +240,17 @@ class IpgBuckets:
         out_numel = self.output_numel(bucket, collective)
         out_bytes = core.comm_bytes * out_numel
         before_s, after_s = self.scaling_seconds(collective, out_numel, averaged)
+        cast_in_s, cast_out_s = self.cast_seconds(bucket, collective, averaged)
+        before_s, after_s = before_s + cast_in_s, after_s + cast_out_s
+        cast_bytes = core.comm_bytes * averaged if cast_in_s else 0
         held: dict[str, int] = {}
         turn = self.nccl.issue()
 
         def reduce_body() -> Gen:
             held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
                                             "reduce-scatter buffer")
+            cast = core.gpu.allocate(Category.GRAD_PARTITIONS, cast_bytes,
+                                     "gradients in the communication dtype")
             if before_s:
                 yield from core.gpu_kernel(before_s, self.stream)
             yield from turn.wait()
@@ -239,6 +264,7 @@ class IpgBuckets:
             turn.done()
             if after_s:
                 yield from core.gpu_kernel(after_s, self.stream)
+            core.gpu.free(Category.GRAD_PARTITIONS, cast)
             for entry in bucket:
                 if not entry.in_bucket:
                     self.store.free(entry.param)

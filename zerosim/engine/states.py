@@ -129,24 +129,26 @@ def _framework_buffers(plan: Plan) -> list[Holding]:
     return [Holding(DeviceKind.GPU, Category.FRAMEWORK_BUFFERS, largest, "attention scores")]
 
 
-def _sizes(ds: DeepSpeedConfig, plan: Plan) -> tuple[int, int, int, int]:
+def _sizes(ds: DeepSpeedConfig, plan: Plan) -> tuple[int, int, int]:
+    """Bytes per element of the training dtype (the 16-bit params and the IPG buckets, which
+    DeepSpeed makes in it whatever `communication_data_type` says) and of the gradient
+    accumulation dtype; the model's parameter count."""
     dtype = BYTES_PER_DTYPE[ds.dtype]
-    comm = BYTES_PER_DTYPE[ds.communication_dtype]
     accum = BYTES_PER_DTYPE[ds.grad_accum_dtype]
     total = sum(p.numel for p in plan.all_params)
-    return dtype, comm, accum, total
+    return dtype, accum, total
 
 
 def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                       ) -> list[Holding]:
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
-    dtype, comm, accum, _ = _sizes(ds, plan)
+    dtype, accum, _ = _sizes(ds, plan)
     part = plan.partition_numel
     held = _stage3_params(ds, plan, dtype)
     held.append(Holding(gpu, Category.PARAMS_PERSISTENT, dtype * plan.persistent_numel,
                         "persistent params"))
     if ds.contiguous_gradients:
-        held.append(Holding(gpu, Category.IPG_BUCKET, comm * ds.reduce_bucket_size,
+        held.append(Holding(gpu, Category.IPG_BUCKET, dtype * ds.reduce_bucket_size,
                             "IPG bucket buffer"))
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     on_cpu, on_gpu = plan.numel_on("cpu"), plan.numel_on("gpu")
@@ -282,13 +284,13 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     of the partition (pinned when `pin_memory`), and with gradient accumulation the host
     accumulator (stage 1 too: its boundary reduction goes through it)."""
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
-    dtype, comm, accum, total = _sizes(ds, plan)
+    dtype, accum, total = _sizes(ds, plan)
     part = plan.partition_numel
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     master = BufferKind.PINNED if stage12_master_pinned(ds, behaviours) else BufferKind.NONE
     held = [
         Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params"),
-        Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * comm * ds.reduce_bucket_size,
+        Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * dtype * ds.reduce_bucket_size,
                 "IPG bucket buffers"),
         Holding(host, Category.FP32_MASTER, _host_allocations([FP32_BYTES * part], master),
                 "fp32 partition", master),
@@ -309,20 +311,20 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
 
 def _on_gpu(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     gpu = DeviceKind.GPU
-    dtype, comm, accum, total = _sizes(ds, plan)
+    dtype, accum, total = _sizes(ds, plan)
     stepped = plan.partition_numel if ds.stage > 0 else total
     if ds.stage == 3:
         held = [Holding(gpu, Category.PARAMS_16BIT, dtype * stepped, "fp16 partition"),
                 Holding(gpu, Category.PARAMS_PERSISTENT, dtype * plan.persistent_numel,
                         "persistent params")]
         if ds.contiguous_gradients:
-            held.append(Holding(gpu, Category.IPG_BUCKET, comm * ds.reduce_bucket_size,
+            held.append(Holding(gpu, Category.IPG_BUCKET, dtype * ds.reduce_bucket_size,
                                 "IPG bucket buffer"))
     else:
         held = [Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params")]
         if ds.stage > 0:
             held.append(Holding(gpu, Category.IPG_BUCKET,
-                                ipg_buffers(ds) * comm * ds.reduce_bucket_size,
+                                ipg_buffers(ds) * dtype * ds.reduce_bucket_size,
                                 "IPG bucket buffers"))
     held += [Holding(gpu, Category.FP32_MASTER, FP32_BYTES * stepped, "fp32 master params"),
              Holding(gpu, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * stepped,
