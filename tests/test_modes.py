@@ -512,3 +512,24 @@ def test_a_communication_dtype_other_than_the_gradients_adds_two_casts(toy, stag
     assert longer == pytest.approx((12 + scaling) * N * PS, rel=1e-9)
     partitions = memory[memory.category == "grad partitions"]
     assert partitions.bytes.max() >= 4 * N
+
+
+def test_from_0_19_2_zero3_keeps_fp32_reduced_gradients_for_fp32_accumulation(toy):
+    """ZeRO-3, fp16 training, fp32 communication and fp32 accumulation, DP=2: up to 0.19.1
+    each reduce-scattered partition is cast back to fp16 (read 4 B, write 2 B: 6 ps per
+    element of the rank's partitions); from 0.19.2 (PR #8056) to the accumulation dtype,
+    fp32 already: no cast, the reduction that much shorter."""
+    def reduction_s(version: str) -> float:
+        result = toy.run({"runtime": {"deepspeed_version": version}, "deepspeed": {
+            "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"},
+            "zero_optimization": {"reduce_bucket_size": N,
+                                  "offload_optimizer": {"device": "none"}}}}, gpus=2)
+        spans = result.spans
+        chosen = spans[(spans["rank"] == 0) & (spans.stream == Stream.REDUCE)
+                       & (spans.phase == "backward") & (spans.op_kind == OpKind.REDUCE_SCATTER)]
+        assert len(chosen) == 1
+        return chosen.end_s.iloc[0] - chosen.start_s.iloc[0]
+
+    partition = sum(-(-n // 2) for n in _grad_order_numels())
+    assert reduction_s("0.19.1") - reduction_s("0.19.2") == pytest.approx(
+        6 * partition * PS, rel=1e-9)

@@ -83,6 +83,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "PR #8035 'Enable bf16 check_grad_overflow by default (matching fp16)' "
               "(f0253c86, first in v0.19.3): precision_config.py",
               "bf16.check_grad_overflow defaults to true (0.17.1-0.19.2: false)"),
+    Behaviour("zero3_reduced_grads_in_accumulation_dtype", (0, 19, 2),
+              "PR #8056 'Consistent fp32 grads flow' (56e7e0c5, first in v0.19.2): stage3.py "
+              "__avg_scatter_contiguous_grads, __avg_scatter_grads",
+              "ZeRO-3: a reduction in a communication_data_type other than the model dtype is "
+              "cast back to the gradient accumulation dtype, not the model dtype (none when "
+              "the two are the same, as with fp32 communication and fp32 accumulation)"),
     Behaviour("gradient_clipping_default_one", (0, 19, 3),
               "runtime/config.py GRADIENT_CLIPPING_DEFAULT, read at v0.19.3",
               "gradient_clipping defaults to 1.0 instead of 0"),
@@ -218,6 +224,7 @@ class Behaviours:
     live_count_reset_by_step_only_rolled_back: bool
     backward_leftovers_released: bool
     gradient_clipping_default_one: bool
+    zero3_reduced_grads_in_accumulation_dtype: bool
     zero12_check_grad_overflow_key: bool
     bf16_check_grad_overflow_default_true: bool
     boundary_flush_non_blocking: bool

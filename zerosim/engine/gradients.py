@@ -21,6 +21,7 @@ from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
 from zerosim.engine.streams import Body, NcclQueue
+from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import Category, Collective, OpKind
 
 
@@ -184,15 +185,23 @@ class IpgBuckets:
         the bucket's `numel` elements into the communication dtype (stage3.py
         `__avg_scatter_grads` / `__avg_scatter_contiguous_grads`, stage_1_and_2.py
         `average_tensor`), and back: ZeRO-3's reduce-scatter casts only this rank's
-        partitions, an all-reduce and ZeRO-1/2 the whole buffer."""
-        core = self.core
-        if core.comm_bytes == core.dtype_bytes:
+        partitions, an all-reduce and ZeRO-1/2 the whole buffer. ZeRO-3 casts back to the
+        model dtype, from DeepSpeed 0.19.2 to the accumulation dtype
+        (`zero3_reduced_grads_in_accumulation_dtype`), not at all when that is the
+        communication dtype."""
+        core, ds = self.core, self.core.ds
+        if ds.communication_dtype == ds.dtype:
             return 0.0, 0.0
-        both = core.comm_bytes + core.dtype_bytes
+        target = ds.dtype
+        if ds.stage == 3 and core.behaviours.zero3_reduced_grads_in_accumulation_dtype:
+            target = ds.grad_accum_dtype
         back = (sum(e.param.partition_numel for e in bucket)
-                if core.ds.stage == 3 and collective == Collective.REDUCE_SCATTER else numel)
-        return (core.hbm_seconds(both * numel, passes=1.0),
-                core.hbm_seconds(both * back, passes=1.0))
+                if ds.stage == 3 and collective == Collective.REDUCE_SCATTER else numel)
+        cast_in = core.hbm_seconds((core.comm_bytes + core.dtype_bytes) * numel, passes=1.0)
+        if target == ds.communication_dtype:
+            return cast_in, 0.0
+        target_bytes = BYTES_PER_DTYPE[target]
+        return cast_in, core.hbm_seconds((core.comm_bytes + target_bytes) * back, passes=1.0)
 
     def scaling_seconds(self, collective: Collective, out_numel: int, numel: int
                         ) -> tuple[float, float]:
