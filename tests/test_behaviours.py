@@ -74,3 +74,15 @@ def test_rows_added_then_taken_out_come_to_their_window(version, expected):
     """Behaviours one release adds and a later one takes out are in effect in between only,
     as `zerosim check` prints them."""
     assert tuple(resolve_behaviours(version).in_effect().values()) == expected
+
+
+def test_the_versions_page_lists_every_row_as_the_table_holds_it():
+    """docs/deepspeed_versions.md holds `behaviour_markdown_rows()` after its header; after a
+    change to the table, paste them in again."""
+    from pathlib import Path
+
+    from zerosim.behaviours import behaviour_markdown_rows
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "deepspeed_versions.md"
+    rows = [line for line in page.read_text().splitlines() if line.startswith("| 0.")]
+    assert rows == behaviour_markdown_rows()

@@ -426,6 +426,13 @@ def resolve_behaviours(version: Version, label: str = "") -> Behaviours:
                       fork_options=bool(label))
 
 
+def behaviour_markdown_rows() -> list[str]:
+    """The table as the markdown rows of docs/deepspeed_versions.md, oldest release first."""
+    rows = sorted(BEHAVIOURS, key=lambda row: (row.since, row.name))
+    return [f"| {format_version(row.since)} | `{row.name}` | {row.what} | {row.source} |"
+            for row in rows]
+
+
 def behaviour_table() -> list[dict[str, str]]:
     """The table as rows (for docs and `zerosim check`)."""
     return [{"behaviour": row.name, "since": format_version(row.since), "source": row.source,
