@@ -18,6 +18,7 @@ import simpy
 
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import DEVICE_SCALAR_BYTES
+from zerosim.engine.states import stage12_master_pinned
 from zerosim.hardware import costs
 from zerosim.units import FP32_BYTES, FP64_BYTES
 from zerosim.vocabulary import Category, Collective, OpKind, Phase, Stream
@@ -189,15 +190,17 @@ def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -
 def upload_fp32_then_cast_on_gpu(core: RankCore, group: int, elements: int, track: Stream
                                  ) -> Gen:
     """ZeRO-1/2 from DeepSpeed 0.14.1 to 0.16.x (`zero12_copy_back_fp32_to_gpu`):
-    `bit16.copy_(fp32_partition.to(device))`. `.to` copies the pinned fp32 partition H2D into
-    a fp32 GPU temporary, the host waiting for it; the compute stream then casts it into the
-    16-bit partition and the temporary goes. Nothing runs on the host's pool (`track`
-    unused)."""
+    `bit16.copy_(fp32_partition.to(device))`. `.to` copies the fp32 partition (pinned in
+    these releases, `stage12_master_pinned`) H2D into a fp32 GPU temporary, the host waiting
+    for it; the compute stream then casts it into the 16-bit partition and the temporary
+    goes. Nothing runs on the host's pool (`track` unused)."""
     fp32 = FP32_BYTES * elements
     temp = core.gpu.allocate(Category.WORKSPACE, fp32, f"sub-group {group} fp32 params")
 
+    pinned = stage12_master_pinned(core.ds, core.behaviours)
+
     def upload() -> Gen:
-        yield from core.dma("h2d", fp32, pinned=True, op=f"fp32 params sub-group {group}",
+        yield from core.dma("h2d", fp32, pinned=pinned, op=f"fp32 params sub-group {group}",
                             kind=OpKind.PARAM_COPY_BACK)
 
     def cast() -> Gen:
