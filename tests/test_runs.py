@@ -6,6 +6,8 @@ import io
 import json
 import math
 import re
+import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -361,6 +363,56 @@ def test_a_bad_fork_column_names_its_row():
     header, row = _rows([39], drop=MEASURED).splitlines()
     with pytest.raises(ScenarioError, match=r"row 1\.prefetch_optimizer_gap"):
         read_runs_text(f"{header},prefetch_optimizer_gap\n{row},three\n", "t.csv")
+
+
+def test_a_table_written_by_pandas_reads_as_it_was_meant():
+    """pandas writes a column with an empty cell as floats (3.0, 1.0): a gap of 3.0 is 3, a
+    flag of 1.0 or 0 is True or False; 3.5 and 2 are not."""
+    header, row = _rows([39], drop=MEASURED).splitlines()
+    row = row.replace("c7da512a", "4570a955")
+    run, = read_runs_text(f"{header},prefetch_optimizer,prefetch_optimizer_gap\n"
+                          f"{row},1.0,3.0\n", "t.csv")
+    assert (run.prefetch_optimizer, run.prefetch_optimizer_gap) == (True, 3)
+    off, = read_runs_text(f"{header},part_grads_async\n{row},0\n", "t.csv")
+    assert off.part_grads_async is False
+    with pytest.raises(ScenarioError, match=re.escape(
+            "row 1.prefetch_optimizer_gap: expected a whole number >= 0, got '3.5'")):
+        read_runs_text(f"{header},prefetch_optimizer_gap\n{row},3.5\n", "t.csv")
+    with pytest.raises(ScenarioError, match=re.escape(
+            "row 1.part_grads_async: expected True or False, got '2'")):
+        read_runs_text(f"{header},part_grads_async\n{row},2\n", "t.csv")
+
+
+def test_a_name_says_what_a_run_sets_otherwise_than_the_artifacts():
+    """Two configurations of one table never share a name; the shipped runs' names carry no
+    such suffix."""
+    assert {r.setup_suffix for r in read_runs(TABLE)} == {""}
+    run, = read_runs_text(_rows([15], zero_stage="2", bf16="False", seq_length="4096",
+                                reduce_bucket_size="5e7"), "t.csv")
+    assert run.name == "5.90b-dp1-mb4-ga1-sg1e08-z2-fp16-s4096-rb5e07"
+    changes = [{"zero_stage": "1"}, {"bf16": "False"}, {"use_flash_attn": "True"},
+               {"checkpoint_activations": "False"}, {"offload_optimizer_pin_memory": "False"},
+               {"overlap_comm": "False"}, {"untie_embeddings_and_output_weights": "False"},
+               {"seq_length": "4096"}, {"reduce_bucket_size": "2e8"},
+               {"prefetch_bucket_size": "1e8"}, {}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScenarioWarning)
+        names = [read_runs_text(_rows([15], **c), "t.csv")[0].name for c in changes]
+    assert len(set(names)) == len(changes)
+
+
+def test_an_empty_cell_of_a_column_with_a_default_takes_the_default_and_a_warning_says_so():
+    """A table joining runs that recorded different settings leaves cells empty; a required
+    column's empty cell stays an error."""
+    full, = read_runs_text(_rows([15]), "t.csv")
+    with pytest.warns(ScenarioWarning, match=re.escape(
+            "t.csv: row(s) 1: no sub_group_size; they take sub_group_size=1000000000")):
+        blank, = read_runs_text(_rows([15], sub_group_size=""), "t.csv")
+    assert (blank.sub_group_size, full.sub_group_size) == (1_000_000_000, 100_000_000)
+    assert replace(blank, sub_group_size=full.sub_group_size) == full
+    with pytest.raises(ScenarioError, match=re.escape(
+            "row 1.hidden_size: expected a positive whole number, got ''")):
+        read_runs_text(_rows([15], hidden_size=""), "t.csv")
 
 
 def test_the_fork_columns_may_carry_the_offload_optimizer_prefix():

@@ -55,6 +55,8 @@ DEFAULTS = {"sub_group_size": "1000000000", "reduce_bucket_size": "500000000",
 the bucket and sub-group sizes, the artifacts' set-up for the rest (bf16, activation
 checkpointing, eager attention, untied embeddings, pinned buffers, `overlap_comm`, ZeRO-3,
 DeepSpeed 0.13.3). A warning names each column filled."""
+ARTIFACT_SEQUENCE = 2048
+"""The sequence length of every artifact run: a run's name says when it has another."""
 REQUIRED_COLUMNS = tuple(c for c in (*COUNT_COLUMNS, *FLAG_COLUMNS, "zero_stage",
                                      "deepspeed_version") if c not in DEFAULTS)
 """The model's shape, the GPUs and the batch: what no default can stand for."""
@@ -160,6 +162,23 @@ class MeasuredRun:
         return "-bound" if self.bind_cores_to_rank else "-unbound"
 
     @property
+    def setup_suffix(self) -> str:
+        """What the run sets otherwise than the artifacts' set-up (`DEFAULTS`, a sequence of
+        `ARTIFACT_SEQUENCE`), in its name: `-z2`, `-fp16`, `-flash`, `-s4096`, so that two
+        configurations of one table never share a name; nothing for the shipped runs."""
+        differs = [
+            (self.zero_stage != int(DEFAULTS["zero_stage"]), f"-z{self.zero_stage}"),
+            (not self.bf16, "-fp16"), (self.flash_attention, "-flash"),
+            (not self.checkpoint_activations, "-nockpt"), (not self.pin_memory, "-pageable"),
+            (not self.overlap_comm, "-nooverlap"), (not self.untied_embeddings, "-tied"),
+            (self.seq_length != ARTIFACT_SEQUENCE, f"-s{self.seq_length}"),
+            (self.reduce_bucket_size != int(DEFAULTS["reduce_bucket_size"]),
+             f"-rb{self.reduce_bucket_size:.0e}"),
+            (self.prefetch_bucket_size != int(DEFAULTS["prefetch_bucket_size"]),
+             f"-pb{self.prefetch_bucket_size:.0e}")]
+        return "".join(text for differ, text in differs if differ)
+
+    @property
     def size_text(self) -> str:
         """`11.20b` from the table's parameter count, else the shape (`L40h5120`)."""
         if self.params:
@@ -175,7 +194,7 @@ class MeasuredRun:
         series: `series.AccumulationSeries`)."""
         nodes = f"-{self.nodes_given}n" if self.nodes_given is not None else ""
         return (f"{self.size_text}-dp{self.gpus}{nodes}-mb{self.micro_batch_size}"
-                f"-ga{steps}-sg{self.sub_group_size:.0e}"
+                f"-ga{steps}-sg{self.sub_group_size:.0e}{self.setup_suffix}"
                 f"{self.fork_suffix}{self.launch_suffix}").replace("+", "")
 
     @property
@@ -294,20 +313,36 @@ def _is_file(hardware: str | Path) -> bool:
     return text.endswith((".yaml", ".yml")) or Path(text).is_file()
 
 
-def _count(source: str, row: int, column: str, text: str) -> int:
+def _whole(text: str, least: int) -> int | None:
+    """`text` as a whole number of at least `least`, None if it is not one: 1e8, 100000000 and
+    100000000.0 all read, as a table written by pandas may hold them (a column with an empty
+    cell holds floats)."""
     try:
         value = float(text)
     except ValueError:
-        value = math.nan
-    if not (value >= 1 and value == int(value)):
-        raise ScenarioError(source, f"row {row}.{column}", "a positive whole number", text)
+        return None
+    if not (math.isfinite(value) and value >= least and value == int(value)):
+        return None
     return int(value)
 
 
+def _count(source: str, row: int, column: str, text: str) -> int:
+    value = _whole(text, 1)
+    if value is None:
+        raise ScenarioError(source, f"row {row}.{column}", "a positive whole number", text)
+    return value
+
+
+FLAG_TEXTS = {"true": True, "false": False, "1": True, "0": False, "1.0": True, "0.0": False}
+"""How a table may write a flag: Python's True/False in any case, or 1/0 (a boolean column
+with an empty cell, written by pandas after a cast to float, holds 1.0/0.0)."""
+
+
 def _flag(source: str, row: int, column: str, text: str) -> bool:
-    if text.strip().lower() not in ("true", "false"):
+    value = FLAG_TEXTS.get(text.strip().lower())
+    if value is None:
         raise ScenarioError(source, f"row {row}.{column}", "True or False", text)
-    return text.strip().lower() == "true"
+    return value
 
 
 def sets_fork_options(overrides: Mapping[str, Any]) -> bool:
@@ -334,9 +369,10 @@ def _fork_options(source: str, row: int, r: Mapping[str, str]) -> dict[str, Any]
 def _fork_value(source: str, row: int, column: str, text: str) -> bool | int:
     if not column.endswith("_gap"):
         return _flag(source, row, column, text)
-    if not text.isdigit():
+    value = _whole(text, 0)
+    if value is None:
         raise ScenarioError(source, f"row {row}.{column}", "a whole number >= 0", text)
-    return int(text)
+    return value
 
 
 def _measured(source: str, row: int, column: str, text: str | None) -> float | None:
@@ -433,12 +469,35 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     if filled:
         _warn(f"{source}: no column {', '.join(filled)}; every run takes "
               + ", ".join(f"{c}={v}" for c, v in filled.items()))
-    runs = [_run(source, row, filled | r) for row, r in enumerate(reader, start=1)]
+    blanks: dict[str, list[int]] = {}
+    runs = [_run(source, row, filled | _with_defaults(r, row, blanks))
+            for row, r in enumerate(reader, start=1)]
+    for column, rows in blanks.items():
+        _warn(f"{source}: row(s) {_row_list(rows)}: no {column}; they take "
+              f"{column}={DEFAULTS[column]}")
     if not runs:
         raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
     _warn_unread_columns(source, header)
     _warn_other_models(source, runs)
     return runs
+
+
+def _with_defaults(r: Mapping[str, str | None], row: int,
+                   blanks: dict[str, list[int]]) -> dict[str, str]:
+    """The row with an empty cell of a `DEFAULTS` column given that column's default, as a
+    missing column is (a table joining runs that recorded different settings leaves cells
+    empty); `blanks` collects the rows per column, for one warning each."""
+    filled = dict(r)
+    for column, default in DEFAULTS.items():
+        if column in filled and not (filled[column] or "").strip():
+            filled[column] = default
+            blanks.setdefault(column, []).append(row)
+    return filled
+
+
+def _row_list(rows: Sequence[int], shown: int = 10) -> str:
+    listed = ", ".join(str(r) for r in rows[:shown])
+    return listed + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
 
 
 def known_columns() -> frozenset[str]:
@@ -470,7 +529,7 @@ def _warn_other_models(source: str, runs: Sequence[MeasuredRun]) -> None:
             if built != run.params:
                 rows_by_shape.setdefault((run.params, built), []).append(run.row)
     for (table, built), rows in rows_by_shape.items():
-        _warn(f"{source}: row(s) {', '.join(map(str, rows))}: {PARAMS_COLUMN} is {table:,}, "
+        _warn(f"{source}: row(s) {_row_list(rows)}: {PARAMS_COLUMN} is {table:,}, "
               f"the model zerosim builds from the shape columns has {built:,} "
               f"({built / table - 1:+.2%}): the run's model is not the one replayed (biases, "
               "tied embeddings or another MLP would differ so)")
