@@ -93,8 +93,8 @@ ROW = "4,2,512,1024,8,8,256,1024,1,1,"
 
 
 @pytest.mark.parametrize(("column", "build", "bound", "name_ends"), [
-    ("", "0.13.3+c7da512a", True, "sg1e+09"),          # the build's own: no suffix
-    ("", "0.13.3", False, "sg1e+09"),
+    ("", "0.13.3+c7da512a", True, "sg1e+09-s256"),     # the build's own: no suffix
+    ("", "0.13.3", False, "sg1e+09-s256"),
     ("True", "0.13.3", True, "-bound"),
     ("False", "0.13.3+4570a955", False, "-unbound"),
 ])
