@@ -401,6 +401,24 @@ def test_a_name_says_what_a_run_sets_otherwise_than_the_artifacts():
     assert len(set(names)) == len(changes)
 
 
+def test_configurations_of_one_table_never_share_a_name():
+    """Runs of one shape on several builds: 0.13.3 and 0.14.0 replay apart, so do an unbound
+    (8074cd62) and a bound (d18d6f81) launch; each gets its build in its name, where the
+    names would be shared, and the scenario takes it."""
+    header, row = _rows([13], drop=MEASURED).splitlines()
+    builds = ["0.13.3+8074cd62", "0.14.0", "0.13.3+d18d6f81", "0.13.3+fa8c1df2"]
+    table = "\n".join([header] + [row.replace("0.13.3+8074cd62", b) for b in builds]) + "\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        groups = configurations(read_runs_text(table, "t.csv"))
+    assert [(c.name, [r.row for r in c.runs]) for c in groups] == [
+        ("11.20b-dp4-mb4-ga1-sg1e08-ds0.13.3-8074cd62", [1, 4]),
+        ("11.20b-dp4-mb4-ga1-sg1e08-ds0.14.0", [2]),
+        ("11.20b-dp4-mb4-ga1-sg1e08-ds0.13.3-d18d6f81", [3])]
+    assert [c.name for c in configurations(read_runs(TABLE))] == [
+        c.first.name for c in configurations(read_runs(TABLE))]
+
+
 def test_an_empty_cell_of_a_column_with_a_default_takes_the_default_and_a_warning_says_so():
     """A table joining runs that recorded different settings leaves cells empty; a required
     column's empty cell stays an error."""

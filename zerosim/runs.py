@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -554,6 +554,12 @@ class Configuration:
     """Runs that repeat one configuration, measured values averaged over them."""
 
     runs: tuple[MeasuredRun, ...]
+    name: str = ""
+    """Its name in its table (`distinct_names`); the first run's name where not given."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.runs[0].name)
 
     @property
     def first(self) -> MeasuredRun:
@@ -618,7 +624,24 @@ def configurations(runs: Iterable[MeasuredRun]) -> list[Configuration]:
     groups: dict[tuple[Any, ...], list[MeasuredRun]] = {}
     for run in runs:
         groups.setdefault(run.config_key, []).append(run)
-    return [Configuration(tuple(g)) for g in groups.values()]
+    names = distinct_names([g[0] for g in groups.values()])
+    return [Configuration(tuple(g), name) for g, name in zip(groups.values(), names, strict=True)]
+
+
+def distinct_names(firsts: Sequence[MeasuredRun]) -> list[str]:
+    """The names of configurations (their first runs), each its own: where two would share
+    one, as runs of several builds do (a bound and an unbound launch, 0.13.3 and 0.14.0),
+    each gets its build (`-ds0.14.0`, `-ds0.13.3-d18d6f81`), then, if still shared, its first
+    row (`-r12`)."""
+    names = _named_apart([r.name for r in firsts], firsts,
+                         lambda r: f"-ds{r.build.replace('+', '-')}")
+    return _named_apart(names, firsts, lambda r: f"-r{r.row}")
+
+
+def _named_apart(names: list[str], firsts: Sequence[MeasuredRun],
+                 suffix: Callable[[MeasuredRun], str]) -> list[str]:
+    shared = {n for n in names if names.count(n) > 1}
+    return [n + suffix(r) if n in shared else n for n, r in zip(names, firsts, strict=True)]
 
 
 def per_step_seconds(phases_s: Mapping[str, float | None], grad_accum_steps: int
@@ -767,7 +790,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
         rows = ", ".join(str(r.row) for r in configuration.runs)
         tree = run.scenario(hardware, profile=profile, name_prefix=name_prefix,
                             description=f"{source}, row(s) {rows}", keep_build=keep_build,
-                            source=source)
+                            source=source) | {"name": f"{name_prefix}{configuration.name}"}
         jobs.append((configuration, tree["name"], run.nodes(profile.gpus_per_node), tree))
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):

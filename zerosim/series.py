@@ -107,9 +107,11 @@ def accumulation_series(predictions: Sequence[Prediction]) -> list[AccumulationS
         splits = tuple(split for q in SERIES_QUANTITIES
                        if (split := _split(members, q)) is not None)
         if splits:
-            first = members[0].configuration.first
+            configuration = members[0].configuration
+            first = configuration.first
+            apart = configuration.name.removeprefix(first.name)
             series.append(AccumulationSeries(
-                first.name_with_accumulation(f"{steps[0]}..{steps[-1]}"), tuple(steps),
+                first.name_with_accumulation(f"{steps[0]}..{steps[-1]}") + apart, tuple(steps),
                 sum(len(p.configuration.runs) for p in members), splits))
     return series
 
