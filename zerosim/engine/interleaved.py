@@ -130,7 +130,7 @@ class InterleavedStep:
             device = self.devices[group]
             if device is UpdateDevice.GPU:
                 yield from self._wait(STATE_COPIERS)
-                launch_gpu_adam(core, group, elements, casts=False)
+                launch_gpu_adam(core, group, elements, costs.TORCH_ADAMW, casts=False)
                 continue
             if device is UpdateDevice.CPU_PREFETCH:
                 self._move_states(group)

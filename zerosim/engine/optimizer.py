@@ -29,15 +29,25 @@ reads them."""
 PostStep = Callable[[RankCore], None]
 
 
-def launch_gpu_adam(core: RankCore, group: int, elements: int, *, casts: bool = True
-                    ) -> simpy.Event:
-    """Unscale, Adam and (`casts`) the fp32 -> 16-bit cast of a group whose state is in HBM:
-    GPU kernels the host launches without waiting."""
-    per_element = (costs.GPU_STEP_BYTES_PER_ELEMENT if casts
-                   else costs.GPU_ADAM_BYTES_PER_ELEMENT)
+def launch_gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
+                    casts: bool = True) -> simpy.Event:
+    """Unscale, Adam (`adam`: FusedAdam or PyTorch's AdamW) and (`casts`) the fp32 -> 16-bit
+    cast of a group whose state is in HBM: GPU kernels the host launches without waiting. The
+    optimizer's temporary is allocated at the launch and freed once its kernels have run."""
+    per_element = adam.bytes_per_element + (costs.CAST_TO_16BIT_BYTES_PER_ELEMENT if casts
+                                            else 0)
     nbytes = per_element * elements
-    return core.compute.launch(f"gpu adam sub-group {group}",
-                               core.gpu_time(core.hbm_seconds(nbytes, passes=1.0), core.compute),
+    seconds = core.hbm_seconds(nbytes, passes=1.0)
+    temporary = adam.temporary_bytes_per_element * elements
+
+    def body() -> Gen:
+        held = (core.gpu.allocate(Category.WORKSPACE, temporary, f"adam sub-group {group}")
+                if temporary else None)
+        yield from core.gpu_kernel(seconds, core.compute)
+        if held is not None:
+            core.gpu.free(Category.WORKSPACE, held)
+
+    return core.compute.launch(f"gpu adam sub-group {group}", body,
                                kind=OpKind.OPTIMIZER_STEP, nbytes=nbytes)
 
 
@@ -66,7 +76,7 @@ class CpuStep:
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
-                launch_gpu_adam(core, group, elements)
+                launch_gpu_adam(core, group, elements, costs.TORCH_ADAMW)
             elif self._steps_on_gpu(group):
                 self._step_prefetched_on_gpu(group, elements)
             else:
@@ -274,7 +284,7 @@ class GpuStep:
         yield from begin_step(core, self._check_overflow, norms)
         for group, size in enumerate(self.groups):
             release = self._launch_fp32_gradient(group, size) if core.ds.stage > 0 else None
-            stepped = launch_gpu_adam(core, group, size)
+            stepped = launch_gpu_adam(core, group, size, costs.FUSED_ADAM)
             if release is not None:
                 core.when_done(stepped, release)
         self.post_step(core)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.models.breakdown import Module
 from zerosim.models.kernels import FusedAttention, Gemm, Kernel
-from zerosim.units import FP64_BYTES
+from zerosim.units import FP32_BYTES, FP64_BYTES
 
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward computes grads w.r.t. inputs and weights: twice the forward matmul work (used for
@@ -95,11 +95,46 @@ def fp64_norm_hbm_bytes(elements: float, source_bytes: int) -> float:
     return (source_bytes + 2 * FP64_BYTES) * elements
 
 
-GPU_ADAM_BYTES_PER_ELEMENT = UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total
-"""A sub-group's unscale and Adam on the GPU."""
+@dataclass(frozen=True)
+class GpuAdam:
+    """How an optimizer steps a sub-group's flat fp32 partition on the GPU, its unscale
+    (`grad.mul_`, 8 B) included: HBM bytes per element, and the fp32 temporary it allocates
+    while it runs, bytes per element."""
 
-GPU_STEP_BYTES_PER_ELEMENT = GPU_ADAM_BYTES_PER_ELEMENT + 6
-"""A sub-group stepped on the GPU: unscale, Adam, then the fp32 -> 16-bit cast (4 B + 2 B)."""
+    bytes_per_element: float
+    temporary_bytes_per_element: int = 0
+
+
+FUSED_ADAM = GpuAdam(UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total)
+"""DeepSpeed's FusedAdam (`multi_tensor_adam.cu`), the optimizer of a run without offload: one
+pass reading the param, gradient and both moments and writing the param and moments (28 B),
+after the unscale; 36 B, nothing allocated."""
+
+TORCH_ADAMW_PASSES_BYTES = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
+"""`torch.optim.AdamW`'s multi-tensor step (PyTorch 2.x `_multi_tensor_adamw`, the default
+for CUDA params), one in-place pass over fp32 tensors per line: the decoupled weight decay
+`_foreach_mul_(params)` (8 B; Megatron's default decay is not 0), `_foreach_lerp_(exp_avgs,
+grads)` (12), `_foreach_mul_(exp_avg_sqs)` (8), `_foreach_addcmul_(exp_avg_sqs, grads, grads)`
+(12), `exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)` (8, a new tensor), `_foreach_div_` and
+`_foreach_add_(exp_avg_sq_sqrt)` (8 each), `_foreach_addcdiv_(params, exp_avgs,
+exp_avg_sq_sqrt)` (16): 80 B per element."""
+
+TORCH_ADAMW = GpuAdam(UNSCALE_HOST_BYTES.total + TORCH_ADAMW_PASSES_BYTES, FP32_BYTES)
+"""The GPU optimizer DeepSpeed's ZeRO-3 steps a sub-group with when the CPU optimizer does
+not: `backup_optimizer`, a `torch.optim.AdamW` (stage3.py, the sub-groups of an
+`offload_optimizer.ratio` below 1, and the Deep Optimizer States fork's GPU sub-groups):
+88 B per element with the unscale, and `exp_avg_sq_sqrt`, 4 B per element, held while it
+runs."""
+
+GPU_ADAM_BYTES_PER_ELEMENT = FUSED_ADAM.bytes_per_element
+"""A sub-group's unscale and Adam on the GPU, fused (the what-if GPU update of
+`what_if.gpu_update_every`)."""
+
+CAST_TO_16BIT_BYTES_PER_ELEMENT = 6
+"""The fp32 -> 16-bit copy of a stepped partition on the GPU (read 4 B, write 2 B)."""
+
+GPU_STEP_BYTES_PER_ELEMENT = GPU_ADAM_BYTES_PER_ELEMENT + CAST_TO_16BIT_BYTES_PER_ELEMENT
+"""A sub-group stepped on the GPU, fused: unscale, Adam, then the fp32 -> 16-bit cast."""
 
 GPU_STATE_BYTES_PER_ELEMENT = 16
 """What a GPU step needs from the host: fp32 param, gradient, exp_avg, exp_avg_sq."""
