@@ -78,11 +78,16 @@ def test_an_avx2_profile_gets_half_the_lanes_of_an_avx512_one():
 
 
 def test_a_value_the_profile_writes_wins_with_its_provenance():
+    """h100-jlse writes its fitted page zeroing and leaves CPU Adam to its Xeon 8468: 3.1 GHz
+    all-core x 16 AVX-512 lanes x the loop's params per lane-cycle."""
     p = load_profile("h100-jlse")
     assert p.cpu_model == "xeon-8468"
-    assert p.adam_params_per_s_per_thread == 2.0e8
-    assert p.provenance[ADAM].basis == "assumed"
     assert p.provenance["cpu.page_zeroing_GBps"].basis == "fitted"
+    assert p.provenance[ADAM].basis == "derived"
+    adam = load_catalog().adam
+    assert p.adam_params_per_s_per_thread == pytest.approx(
+        3.1e9 * 16 * adam.params_per_lane_cycle, rel=1e-12)
+    assert p.adam_params_per_s_per_thread == pytest.approx(2.9176e9, rel=1e-4)
 
 
 def test_an_override_replaces_a_derived_value():
