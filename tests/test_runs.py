@@ -365,6 +365,29 @@ def test_a_bad_fork_column_names_its_row():
         read_runs_text(f"{header},prefetch_optimizer_gap\n{row},three\n", "t.csv")
 
 
+def test_the_forks_options_on_the_plain_release_label_are_the_studys_build():
+    """A release refuses the fork's keys, so a measured run that sets one on `0.13.3` (a
+    build installed without its git metadata reports no label) ran the fork: it is replayed
+    on the study's build, bound, its cache emptied at every phase; rows without the options
+    keep the release, and another release keeps its label (and is refused when simulated)."""
+    header, row = _rows([13], drop=MEASURED).splitlines()
+    row = row.replace("0.13.3+8074cd62", "0.13.3")
+    table = (f"{header},part_grads_async,prefetch_optimizer_gap\n{row},True,\n{row},,\n"
+             f"{row.replace('0.13.3', '0.14.0')},True,\n")
+    with pytest.warns(ScenarioWarning, match=re.escape(
+            "t.csv: row(s) 1: the fork's options on release 0.13.3, which refuses them: the "
+            "runs were the fork's, replayed on the study's build 0.13.3+5c3f1413")):
+        fork, plain, later = read_runs_text(table, "t.csv")
+    assert (fork.build, fork.deepspeed_version, fork.bind_cores_to_rank, fork.empties_cache) == (
+        "0.13.3+5c3f1413", "0.13.3+5c3f1413", True, True)
+    assert fork.name == "11.20b-dp4-mb4-ga1-sg1e08-async"
+    assert (plain.build, plain.bind_cores_to_rank, plain.empties_cache) == ("0.13.3", False,
+                                                                          False)
+    assert later.build == "0.14.0"
+    p_fork, p_later = predict([fork, later], "polaris-a100", workers=1).predictions
+    assert p_fork.status == "ok" and p_later.status == "error"
+
+
 def test_a_table_written_by_pandas_reads_as_it_was_meant():
     """pandas writes a column with an empty cell as floats (3.0, 1.0): a gap of 3.0 is 3, a
     flag of 1.0 or 0 is True or False; 3.5 and 2 are not."""

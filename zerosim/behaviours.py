@@ -357,6 +357,14 @@ DEEP_OPTIMIZER_STATES_BUILDS: tuple[ForkBuild, ...] = (
 (`pip install -e`) the code that runs may be later, so the earlier labels are accepted and
 replayed the same way, with a warning naming how their own code differs."""
 
+STUDY_FORK_BUILD = "5c3f1413"
+"""The fork's commit of the study itself ("Middleware submission", 2024-06-05), which a
+measured run that sets the fork's options on a plain release label is taken to have run: a
+release refuses the keys, and a build installed without its git metadata reports no label."""
+
+FORK_BASE_RELEASE = "0.13.3"
+"""The release every build of the fork reports as its version (`0.13.3+<commit>`)."""
+
 BOUND_LAUNCH = (
     "c7da512a relaxes the launcher's core-list parser and nothing else of it; the same author's "
     "later runs (mauryaavinash95/MLP-Offload logs, 2024-11) launch with --bind_cores_to_rank "

@@ -24,7 +24,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zerosim.behaviours import FORK_KEYS, empties_cache_each_phase, fork_settings, launched_bound
+from zerosim.behaviours import (
+    FORK_BASE_RELEASE,
+    FORK_KEYS,
+    STUDY_FORK_BUILD,
+    empties_cache_each_phase,
+    fork_settings,
+    launched_bound,
+)
 from zerosim.errors import Described, ScenarioError
 from zerosim.units import GiB
 
@@ -387,7 +394,8 @@ def _measured(source: str, row: int, column: str, text: str | None) -> float | N
     return value
 
 
-def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
+def _run(source: str, row: int, r: Mapping[str, str],
+         relabelled: list[int] | None = None) -> MeasuredRun:
     for column, allowed in SUPPORTED.items():
         if column in r and r[column].strip() not in allowed:
             raise ScenarioError(source, f"row {row}.{column}", f"{' or '.join(allowed)} (the "
@@ -416,7 +424,7 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
     params = r.get(PARAMS_COLUMN)
     nodes = _nodes(source, row, r, counts["num_gpus"])
     fork = _fork_options(source, row, r)
-    build = r["deepspeed_version"].strip()
+    build = _fork_build_if_options(r["deepspeed_version"].strip(), fork, row, relabelled)
     bound = (r.get(BIND_COLUMN) or "").strip()
     return MeasuredRun(
         row=row, num_layers=counts["num_layers"], hidden_size=counts["hidden_size"],
@@ -437,6 +445,19 @@ def _run(source: str, row: int, r: Mapping[str, str]) -> MeasuredRun:
         params=_count(source, row, PARAMS_COLUMN, params) if params else None,
         **nodes, **fork, seconds=seconds, peak_gpu_bytes=None if gpu is None else gpu * GiB,
         peak_host_bytes=None if host is None else host * GiB)
+
+
+def _fork_build_if_options(build: str, fork: Mapping[str, Any], row: int,
+                           relabelled: list[int] | None) -> str:
+    """A measured run that sets one of the fork's options ran the fork, whatever its label
+    says: on the plain fork base release (`0.13.3`, as a build installed without its git
+    metadata reports itself) it is taken as the study's own build, `STUDY_FORK_BUILD`, and
+    `relabelled` collects its row for a warning. Any other label stays as the table gives it."""
+    if build == FORK_BASE_RELEASE and any(fork.values()):
+        if relabelled is not None:
+            relabelled.append(row)
+        return f"{FORK_BASE_RELEASE}+{STUDY_FORK_BUILD}"
+    return build
 
 
 def _nodes(source: str, row: int, r: Mapping[str, str], gpus: int) -> dict[str, Any]:
@@ -470,11 +491,17 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
         _warn(f"{source}: no column {', '.join(filled)}; every run takes "
               + ", ".join(f"{c}={v}" for c, v in filled.items()))
     blanks: dict[str, list[int]] = {}
-    runs = [_run(source, row, filled | _with_defaults(r, row, blanks))
+    relabelled: list[int] = []
+    runs = [_run(source, row, filled | _with_defaults(r, row, blanks), relabelled)
             for row, r in enumerate(reader, start=1)]
     for column, rows in blanks.items():
         _warn(f"{source}: row(s) {_row_list(rows)}: no {column}; they take "
               f"{column}={DEFAULTS[column]}")
+    if relabelled:
+        _warn(f"{source}: row(s) {_row_list(relabelled)}: the fork's options on release "
+              f"{FORK_BASE_RELEASE}, which refuses them: the runs were the fork's, replayed on "
+              f"the study's build {FORK_BASE_RELEASE}+{STUDY_FORK_BUILD} (its launch bound, its "
+              "CUDA cache emptied at every phase)")
     if not runs:
         raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
     _warn_unread_columns(source, header)
