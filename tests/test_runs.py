@@ -398,6 +398,8 @@ def test_a_table_written_by_pandas_reads_as_it_was_meant():
     assert (run.prefetch_optimizer, run.prefetch_optimizer_gap) == (True, 3)
     off, = read_runs_text(f"{header},part_grads_async\n{row},0\n", "t.csv")
     assert off.part_grads_async is False
+    staged, = read_runs_text(_rows([39], drop=MEASURED, zero_stage="3.0"), "t.csv")
+    assert staged.zero_stage == 3
     with pytest.raises(ScenarioError, match=re.escape(
             "row 1.prefetch_optimizer_gap: expected a whole number >= 0, got '3.5'")):
         read_runs_text(f"{header},prefetch_optimizer_gap\n{row},3.5\n", "t.csv")

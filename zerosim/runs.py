@@ -408,9 +408,9 @@ def _run(source: str, row: int, r: Mapping[str, str],
                             f"({counts['num_gpus']}): zerosim replays data parallelism alone, "
                             "not tensor or pipeline parallelism", data_parallel)
     flags = {c: _flag(source, row, c, r[c]) for c in FLAG_COLUMNS}
-    stage = r["zero_stage"].strip()
-    if stage not in ("0", "1", "2", "3"):
-        raise ScenarioError(source, f"row {row}.zero_stage", "0, 1, 2 or 3", stage)
+    stage = _whole(r["zero_stage"].strip(), 0)
+    if stage not in (0, 1, 2, 3):
+        raise ScenarioError(source, f"row {row}.zero_stage", "0, 1, 2 or 3", r["zero_stage"])
     if not r["deepspeed_version"].strip():
         raise ScenarioError(source, f"row {row}.deepspeed_version", "a DeepSpeed version",
                             r["deepspeed_version"])
@@ -439,7 +439,7 @@ def _run(source: str, row: int, r: Mapping[str, str],
         flash_attention=flags["use_flash_attn"], bf16=flags["bf16"],
         checkpoint_activations=flags["checkpoint_activations"],
         pin_memory=flags["offload_optimizer_pin_memory"], overlap_comm=flags["overlap_comm"],
-        zero_stage=int(stage), build=build,
+        zero_stage=stage, build=build,
         bind_cores_to_rank=(_flag(source, row, BIND_COLUMN, bound) if bound
                             else launched_bound(build)),
         params=_count(source, row, PARAMS_COLUMN, params) if params else None,
