@@ -112,7 +112,7 @@ after the unscale; 36 B, nothing allocated."""
 
 TORCH_ADAMW_PASSES_BYTES = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
 """`torch.optim.AdamW`'s multi-tensor step (PyTorch 2.x `_multi_tensor_adamw`, the default
-for CUDA params), one in-place pass over fp32 tensors per line: the decoupled weight decay
+for CUDA params), one pass over fp32 tensors each: the decoupled weight decay
 `_foreach_mul_(params)` (8 B; Megatron's default decay is not 0), `_foreach_lerp_(exp_avgs,
 grads)` (12), `_foreach_mul_(exp_avg_sqs)` (8), `_foreach_addcmul_(exp_avg_sqs, grads, grads)`
 (12), `exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)` (8, a new tensor), `_foreach_div_` and
