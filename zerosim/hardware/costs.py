@@ -126,15 +126,12 @@ not: `backup_optimizer`, a `torch.optim.AdamW` (stage3.py, the sub-groups of an
 88 B per element with the unscale, and `exp_avg_sq_sqrt`, 4 B per element, held while it
 runs."""
 
-GPU_ADAM_BYTES_PER_ELEMENT = FUSED_ADAM.bytes_per_element
-"""A sub-group's unscale and Adam on the GPU, fused (the what-if GPU update of
-`what_if.gpu_update_every`)."""
-
 CAST_TO_16BIT_BYTES_PER_ELEMENT = 6
 """The fp32 -> 16-bit copy of a stepped partition on the GPU (read 4 B, write 2 B)."""
 
-GPU_STEP_BYTES_PER_ELEMENT = GPU_ADAM_BYTES_PER_ELEMENT + CAST_TO_16BIT_BYTES_PER_ELEMENT
-"""A sub-group stepped on the GPU, fused: unscale, Adam, then the fp32 -> 16-bit cast."""
+GPU_STEP_BYTES_PER_ELEMENT = FUSED_ADAM.bytes_per_element + CAST_TO_16BIT_BYTES_PER_ELEMENT
+"""A sub-group stepped on the GPU, fused: unscale, Adam, then the fp32 -> 16-bit cast (the
+what-if GPU update of `what_if.gpu_update_every`)."""
 
 GPU_STATE_BYTES_PER_ELEMENT = 16
 """What a GPU step needs from the host: fp32 param, gradient, exp_avg, exp_avg_sq."""
