@@ -69,6 +69,31 @@ def test_gemm_time_is_its_roofline_plus_the_kernel_gap():
     assert costs.kernel_s(thin, A100) == pytest.approx(memory + A100.kernel_gap_s, rel=1e-12)
 
 
+def test_a_lower_sm_clock_slows_the_tensor_cores_and_not_hbm():
+    """At 0.8 of the clock the A100's 2048 x 5120 x 5120 GEMM takes 1/0.8 of its arithmetic
+    time; the thin projection, bound by its bytes, and a memory-bound pass do not move."""
+    slow = load_profile("polaris-a100", {"gpu": {"sm_clock_fraction": 0.8}})
+    assert slow.tensor_flops == pytest.approx(0.8 * 312e12, rel=1e-12)
+    g = Gemm(2048, 5120, 5120)
+    k_loop = 5120 / (5120 + A100.gemm_k_overhead)
+    compute = g.flops / (0.8 * 312e12 * A100.gemm_efficiency * (320 / 324) * k_loop)
+    assert costs.kernel_s(g, slow) == pytest.approx(compute + A100.kernel_gap_s, rel=1e-12)
+    thin = Gemm(1_048_576, 32, 4096)
+    assert costs.kernel_s(thin, slow) == costs.kernel_s(thin, A100)
+    norm = MemoryPass(1e9, count=3, flops=1e9)
+    assert costs.kernel_s(norm, slow) == costs.kernel_s(norm, A100)
+    attention = FusedAttention(flops=4e12, nbytes=1e8, keys=1024, head_dim=128)
+    fraction = costs.flash_fraction(attention, A100)
+    assert costs.kernel_s(attention, slow) == pytest.approx(
+        4e12 / (0.8 * 312e12 * A100.flash_attention_efficiency * fraction)
+        + A100.kernel_gap_s, rel=1e-12)
+
+
+def test_an_sm_clock_above_the_measured_one_is_refused():
+    with pytest.raises(ScenarioError, match="sm_clock_fraction"):
+        load_profile("polaris-a100", {"gpu": {"sm_clock_fraction": 1.2}})
+
+
 def test_an_h100_gemm_pays_its_tiles_and_the_kernels_fixed_latency():
     """2048 x 2048 x 256 on 132 SMs: 128 large tiles in one wave (128/132; the halves fill no
     better), a K of 256 against 113 steps of tile cost at PyTorch's 0.810 of peak: 3.98 us

@@ -206,7 +206,7 @@ def gemm_s(gemm: Gemm, profile: HardwareProfile) -> float:
     rate a GEMM streams (`gemm_memory_efficiency`), whichever takes longer; plus the kernel's
     fixed time outside its waves of tiles (`gemm_latency_s`: ramping up to the first tiles and
     draining the last, which no other tile hides)."""
-    rate = (profile.peak_16bit_flops * profile.gemm_efficiency
+    rate = (profile.tensor_flops * profile.gemm_efficiency
             * wave_quantisation(gemm, profile) * k_loop_fraction(gemm, profile))
     streaming = gemm.nbytes / (profile.hbm_Bps * profile.gemm_memory_efficiency)
     return max(gemm.flops / rate, streaming) + profile.gemm_latency_s
@@ -217,10 +217,10 @@ def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:
     if isinstance(kernel, Gemm):
         return gemm_s(kernel, profile) + profile.kernel_gap_s
     if isinstance(kernel, FusedAttention):
-        rate = (profile.peak_16bit_flops * profile.flash_attention_efficiency
+        rate = (profile.tensor_flops * profile.flash_attention_efficiency
                 * flash_fraction(kernel, profile))
         return max(kernel.flops / rate, hbm_s(kernel.nbytes, profile)) + profile.kernel_gap_s
-    arithmetic = kernel.flops / (profile.peak_16bit_flops * profile.gemm_efficiency)
+    arithmetic = kernel.flops / (profile.tensor_flops * profile.gemm_efficiency)
     return (max(arithmetic, hbm_s(kernel.nbytes, profile, kernel.strided_nbytes,
                                   kernel.softmax_nbytes))
             + kernel.count * profile.kernel_gap_s)

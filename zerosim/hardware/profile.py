@@ -52,6 +52,10 @@ class HardwareProfile:
     hbm_bytes: float
     hbm_Bps: float
     peak_16bit_flops: float
+    sm_clock_fraction: float
+    """The SM clock the GPU sustains in the run, as a fraction of the one its tensor-core rates
+    (`gemm_efficiency`, `flash_attention_efficiency`) were measured at: a power cap or heat
+    lowers it. HBM has its own clock: memory-bound kernels keep their rates."""
     sm_count: int
     gemm_efficiency: float
     gemm_tile_m: int
@@ -129,6 +133,11 @@ class HardwareProfile:
         return self.gpu_numa_domain[gpu % self.gpus_per_node]
 
     @property
+    def tensor_flops(self) -> float:
+        """Dense 16-bit tensor-core peak at the clock the GPU sustains in the run."""
+        return self.peak_16bit_flops * self.sm_clock_fraction
+
+    @property
     def hardware_threads(self) -> int:
         return self.sockets * self.cores_per_socket * self.threads_per_core
 
@@ -176,6 +185,7 @@ QUANTITIES: dict[str, Quantity] = {
     "gpu.hbm_GiB": ("hbm_bytes", GiB, _positive, "a positive number of GiB"),
     "gpu.hbm_GBps": ("hbm_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "gpu.peak_16bit_TFLOPS": ("peak_16bit_flops", TFLOPS, _positive, "a positive TFLOP/s"),
+    "gpu.sm_clock_fraction": ("sm_clock_fraction", 1.0, _fraction, "a fraction in (0, 1]"),
     "gpu.gemm_efficiency": ("gemm_efficiency", 1.0, _fraction, "a fraction in (0, 1]"),
     "gpu.gemm_k_overhead": ("gemm_k_overhead", 1.0, _non_negative,
                             "a number of K elements >= 0"),
@@ -283,6 +293,8 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_latency_us": (0, "no fixed time per GEMM kernel beyond its waves of tiles: "
                             "profiles written before the key existed priced a GEMM by its "
                             "tiles alone"),
+    "gpu.sm_clock_fraction": (1.0, "the GPU sustains the SM clock its tensor-core rates were "
+                              "measured at"),
     "gpu.cuda_malloc_GBps": (CUDA_MALLOC_DEFAULT_GBPS, "no measurement of this GPU: the rate "
                              "fitted on the study's H100 node (h100-jlse), which only runs "
                              "that empty the CUDA cache at every phase pay"),

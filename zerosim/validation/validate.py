@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
@@ -570,9 +571,11 @@ def polaris_cells() -> list[Cell]:
     from zerosim.validation.polaris import NAME_PREFIX, PROFILE, load_runs
 
     cells = []
-    outcome = predict(load_runs(), PROFILE, workers=1, source="Polaris CSV",
+    runs = load_runs()
+    outcome = predict(runs, PROFILE, workers=1, source="Polaris CSV",
                       name_prefix=NAME_PREFIX)
     scatter = {phase: outcome.run_to_run_sd(phase) for phase in MEASURED_PHASES}
+    slow_gpu = session_predictions(runs)
     for prediction in outcome.predictions:
         configuration = prediction.configuration
         note = f"DeepSpeed {configuration.first.build}"
@@ -592,6 +595,8 @@ def polaris_cells() -> list[Cell]:
             if cell.status == "fail" and scatter[phase]:
                 cell = replace(cell, note=note + "; " + measurement_noise_note(
                     cell.rel_error, scatter[phase], len(configuration.runs)))
+            if cell.status == "fail" and (slow := slow_gpu_note(configuration, phase, slow_gpu)):
+                cell = replace(cell, note=f"{cell.note}; {slow}")
             cells.append(replace(cell, measure=phase, series=configuration.first.build))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GiB",
                            configuration.peak_gpu_bytes / GiB,
@@ -601,7 +606,97 @@ def polaris_cells() -> list[Cell]:
                            configuration.peak_host_bytes / GiB,
                            prediction.predicted[PEAK_HOST] / GiB, None,
                            note=HOST_MEMORY_NOTE))
-    return cells + series_cells(outcome.predictions, NAME_PREFIX)
+    return (cells + series_cells(outcome.predictions, NAME_PREFIX)
+            + session_cells(runs, slow_gpu))
+
+
+SESSION_GROUP = "Polaris runs on a slower GPU"
+
+
+@dataclass(frozen=True)
+class SessionPredictions:
+    """A session's runs predicted at its SM clock (`slow`) and at the full one (`full`)."""
+
+    session: object
+    slow: dict
+    full: dict
+
+
+def session_predictions(runs) -> list[SessionPredictions]:
+    """The Polaris runs measured while the GPU ran slower (`zerosim.validation.sessions`),
+    predicted at the session's fitted SM clock and at the profile's."""
+    from zerosim.validation.sessions import load_sessions, predict_rows, session_runs
+
+    found = []
+    for session in load_sessions():
+        inside = session_runs(session, runs)
+        found.append(SessionPredictions(session, predict_rows(inside, session.clock),
+                                        predict_rows(inside, 1.0)))
+    return found
+
+
+def slow_gpu_note(configuration, phase: str, sessions: list[SessionPredictions]) -> str:
+    """Where every run of `configuration` was measured in one slower-GPU session: what the
+    model gives at that session's SM clock ('' otherwise)."""
+    rows = {run.row for run in configuration.runs}
+    for found in sessions:
+        if rows <= set(found.session.rows):
+            predicted = statistics.fmean(found.slow[row].predicted[phase] for row in rows)
+            error = predicted / configuration.measured(phase) - 1
+            return (f"measured while the GPU ran slower (session {found.session.name}: "
+                    f"{_forward_ratios_text(found)}); at that session's SM clock, "
+                    f"{found.session.clock:.3f} of the others' "
+                    f"(polaris_sessions.yaml), zerosim gives {predicted:.3f} s ({error:+.1%}), "
+                    f"group '{SESSION_GROUP}'")
+    return ""
+
+
+def _forward_ratios_text(found: SessionPredictions) -> str:
+    from zerosim.validation.polaris import configurations
+    from zerosim.validation.sessions import FITTED_QUANTITY, twins
+
+    ratios = [pair.measured_ratio(FITTED_QUANTITY) - 1
+              for pair in twins(found.session, configurations())]
+    return (f"its {FITTED_QUANTITY}s ran {min(ratios):.1%} to {max(ratios):.1%} slower than "
+            "the same configurations' repeats")
+
+
+SESSION_NOTE = ("reported, not judged: the run at its session's SM clock (polaris_sessions"
+                ".yaml), fitted on the ratio of the session's forwards to their repeats; ")
+
+
+def session_cells(runs, sessions: list[SessionPredictions]) -> list[Cell]:
+    """Each slower-GPU session's runs at the session's SM clock, and each run's ratio to the
+    same configuration's repeats outside the session, measured against modelled (the model at
+    the session's clock over the model at the full clock)."""
+    from zerosim.runs import MEASURED_PHASES
+    from zerosim.validation.polaris import NAME_PREFIX, configurations
+    from zerosim.validation.sessions import FITTED_QUANTITY, twins
+
+    cells = []
+    for found in sessions:
+        pairs = twins(found.session, configurations(runs))
+        fitted_rows = {pair.run.row for pair in pairs}
+        for row, prediction in found.slow.items():
+            case = f"row {row}: {NAME_PREFIX}{prediction.configuration.name}"
+            run = next(r for r in prediction.configuration.runs if r.row == row)
+            for phase in MEASURED_PHASES:
+                role = ("its ratio fitted" if phase == FITTED_QUANTITY and row in fitted_rows
+                        else "predicted")
+                cells.append(judge(SESSION_GROUP, case, f"{phase} per step", "s",
+                                   run.seconds[phase], prediction.predicted[phase], None,
+                                   note=SESSION_NOTE + role))
+        for pair in pairs:
+            row = pair.run.row
+            others = ", ".join(str(o.row) for o in pair.others)
+            case = f"row {row} over rows {others}"
+            for phase in MEASURED_PHASES:
+                modelled = found.slow[row].predicted[phase] / found.full[row].predicted[phase]
+                role = "fitted" if phase == FITTED_QUANTITY else "predicted"
+                cells.append(judge(SESSION_GROUP, case, f"{phase}: session run / repeats", "",
+                                   pair.measured_ratio(phase), modelled, None,
+                                   note=SESSION_NOTE + role))
+    return cells
 
 
 def measurement_noise_note(error: float, run_sd: float, runs: int) -> str:
