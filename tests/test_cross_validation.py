@@ -134,13 +134,14 @@ def test_fitted_without_the_11b_model_polaris_predicts_its_iterations_within_20_
 def test_oversubscription_fitted_on_the_5_9b_dp4_runs_predicts_the_11b_dp4_phases():
     """The study's DP=1,2 -> DP=4 question restated where the data identifies it: on Polaris
     (64 hardware threads) one and two ranks of 32 threads do not oversubscribe, four do, so
-    the 5.9B model's DP=4 runs pin the cost that the 11.2B model's DP=4 runs then test."""
+    the 5.9B model's DP=4 runs pin the cost that the 11.2B model's DP=4 runs then test (its
+    two runs apart: one ran on a slower GPU, replayed at that GPU's clock)."""
     fit = _calibrate([POLARIS], STACK + POLARIS_HARDWARE, "polaris-11.20b-dp4")
     held = _held(fit, "polaris-11.20b-dp4")
     assert {m.scenario.name for m in held} == {"polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml"}
     errors = {label: round(e, 4) for label, e in _errors_over_repeats(held, fit).items()}
     print("values", fit.values, errors)
-    assert len(errors) == 4
+    assert len(errors) == 8  # four phases, the run on a slower GPU (row 4) apart from row 13
     assert max(abs(e) for e in errors.values()) <= 0.15, errors
 
 
