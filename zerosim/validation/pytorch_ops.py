@@ -196,8 +196,9 @@ def azure_modelled_tflops(row: GemmRow, profile: HardwareProfile, clock_ratio: f
     """Azure's rate of `row` as the model gives it at a clock `clock_ratio` of the one PyTorch's
     calls ran at: the table runs each shape for minutes (10,000 warm-up calls), at the clocks
     an A100 sustains at its power limit, where a training step's and do_bench's calls run in
-    bursts."""
-    return row.gemm.flops / costs.gemm_s(row.gemm, profile) / 1e12 * clock_ratio
+    bursts: the SM clock (`gpu.sm_clock_fraction`) slows its tensor cores, not its HBM."""
+    at_clock = replace(profile, sm_clock_fraction=profile.sm_clock_fraction * clock_ratio)
+    return row.gemm.flops / costs.gemm_s(row.gemm, at_clock) / 1e12
 
 
 @dataclass(frozen=True)

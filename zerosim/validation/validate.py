@@ -241,10 +241,11 @@ def _gemm_cell(group: str, row: GemmRow, measured_what: str, profile: HardwarePr
                note: str, judged: bool = True, launch_s: float = 0.0,
                clock_ratio: float = 1.0) -> Cell:
     """`launch_s`: what the measurement adds to each kernel's time (a table timed one call at
-    a time holds the host's launch of it); `clock_ratio`: the clock the table ran at, as a
-    fraction of the one the profile's values are for."""
+    a time holds the host's launch of it); `clock_ratio`: the SM clock the table ran at, as a
+    fraction of the one the profile's values are for (`gpu.sm_clock_fraction`)."""
+    at_clock = replace(profile, sm_clock_fraction=profile.sm_clock_fraction * clock_ratio)
     return judge(group, f"GEMM {row.shape}", measured_what, "TFLOPS", row.tflops,
-                 modelled_tflops(row, profile, launch_s) * clock_ratio,
+                 modelled_tflops(row, at_clock, launch_s),
                  _gemm_tolerance(row.gemm) if judged else None, note=note)
 
 
