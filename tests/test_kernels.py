@@ -69,9 +69,10 @@ def test_gemm_time_is_its_roofline_plus_the_kernel_gap():
     assert costs.kernel_s(thin, A100) == pytest.approx(memory + A100.kernel_gap_s, rel=1e-12)
 
 
-def test_a_lower_sm_clock_slows_the_tensor_cores_and_not_hbm():
+def test_a_lower_sm_clock_slows_what_the_sms_bound_and_not_hbm():
     """At 0.8 of the clock the A100's 2048 x 5120 x 5120 GEMM takes 1/0.8 of its arithmetic
-    time; the thin projection, bound by its bytes, and a memory-bound pass do not move."""
+    time, and so do the strided path's and the softmax's bytes; the thin projection, bound by
+    its bytes, and a contiguous memory-bound pass do not move."""
     slow = load_profile("polaris-a100", {"gpu": {"sm_clock_fraction": 0.8}})
     assert slow.tensor_flops == pytest.approx(0.8 * 312e12, rel=1e-12)
     g = Gemm(2048, 5120, 5120)
@@ -82,6 +83,11 @@ def test_a_lower_sm_clock_slows_the_tensor_cores_and_not_hbm():
     assert costs.kernel_s(thin, slow) == costs.kernel_s(thin, A100)
     norm = MemoryPass(1e9, count=3, flops=1e9)
     assert costs.kernel_s(norm, slow) == costs.kernel_s(norm, A100)
+    rotary = MemoryPass(1e9, strided_nbytes=6e8, softmax_nbytes=1e8)
+    assert costs.hbm_s(rotary.nbytes, slow, 6e8, 1e8) == pytest.approx(
+        3e8 / (1555e9 * A100.memory_efficiency)
+        + 6e8 / (1555e9 * A100.strided_memory_efficiency * 0.8)
+        + 1e8 / (1555e9 * A100.softmax_memory_efficiency * 0.8), rel=1e-12)
     attention = FusedAttention(flops=4e12, nbytes=1e8, keys=1024, head_dim=128)
     fraction = costs.flash_fraction(attention, A100)
     assert costs.kernel_s(attention, slow) == pytest.approx(

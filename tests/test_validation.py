@@ -34,8 +34,8 @@ KNOWN_MISSES = {
         "-15.7%: measured on a slower GPU: this run and the next three rows (the 11.20B "
         "micro-batch-4 runs at DP=1, 2 and 4) ran their forwards 16.1-16.9% slower than later "
         "repeats of the same configurations and their backwards 6-8% slower, their CPU "
-        "updates alike; at the SM clock fitted on those three forwards' ratios (0.812, "
-        "polaris_sessions.yaml) the model gives this forward -2.5% (group 'Polaris runs on a "
+        "updates alike; at the SM clock fitted on those three forwards' ratios (0.827, "
+        "polaris_sessions.yaml) the model gives this forward -2.6% (group 'Polaris runs on a "
         "slower GPU'); judged here at the plain profile, as a user would run it"),
     ("Table 2", "DP=1", "backward_boundary"): (
         "+5.8%: the model's boundary flush is per-rank work (each gradient partition's pageable "

@@ -155,11 +155,15 @@ def hbm_s(nbytes: float, profile: HardwareProfile, strided_nbytes: float = 0.0,
           softmax_nbytes: float = 0.0) -> float:
     """Bytes streamed through HBM by memory-bound kernels, `strided_nbytes` of them by kernels
     on strided or broadcast views (PyTorch's non-vectorized path, `MemoryPass`) and
-    `softmax_nbytes` by PyTorch's softmax over attention scores."""
+    `softmax_nbytes` by PyTorch's softmax over attention scores. The last two run at rates the
+    SMs' issue of loads and work on rows set, not HBM, so they slow with the SM clock
+    (`sm_clock_fraction`); contiguous streams, bound by HBM and its own clock, do not."""
     contiguous = nbytes - strided_nbytes - softmax_nbytes
     return (contiguous / (profile.hbm_Bps * profile.memory_efficiency)
-            + strided_nbytes / (profile.hbm_Bps * profile.strided_memory_efficiency)
-            + softmax_nbytes / (profile.hbm_Bps * profile.softmax_memory_efficiency))
+            + strided_nbytes / (profile.hbm_Bps * profile.strided_memory_efficiency
+                                * profile.sm_clock_fraction)
+            + softmax_nbytes / (profile.hbm_Bps * profile.softmax_memory_efficiency
+                                * profile.sm_clock_fraction))
 
 
 def gemm_tiles(profile: HardwareProfile) -> tuple[tuple[int, int], ...]:

@@ -53,9 +53,10 @@ class HardwareProfile:
     hbm_Bps: float
     peak_16bit_flops: float
     sm_clock_fraction: float
-    """The SM clock the GPU sustains in the run, as a fraction of the one its tensor-core rates
-    (`gemm_efficiency`, `flash_attention_efficiency`) were measured at: a power cap or heat
-    lowers it. HBM has its own clock: memory-bound kernels keep their rates."""
+    """The SM clock the GPU sustains in the run, as a fraction of the one its rates were
+    measured at: a power cap or heat lowers it. What the SMs bound slows with it (GEMMs, fused
+    attention, PyTorch's strided elementwise path and softmax); contiguous streams, bound by
+    HBM, which has its own clock, do not."""
     sm_count: int
     gemm_efficiency: float
     gemm_tile_m: int
