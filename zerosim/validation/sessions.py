@@ -1,10 +1,11 @@
 """Polaris runs measured while the node's GPUs ran slower than in the table's other runs.
 
 Rows 1-4 of `polaris_zero3_offload_runs.csv` (the 11.20B model: micro-batch 1 at DP=1,
-micro-batch 4 at DP=1, 2 and 4) ran their forwards 16.2-16.9% slower than later repeats of
+micro-batch 4 at DP=1, 2 and 4) ran their forwards 16.1-16.9% slower than later repeats of
 the same configurations (rows 7 and 11, 12, 13), their backwards 6-8% slower, and their
 updates, on the CPU, within 2% of the repeats. That is what a lower SM clock does (a power
-cap, heat): the tensor cores slow, the HBM-bound kernels and the host do not. The clock
+cap, heat): the tensor cores and the SM-bound strided and softmax kernels slow, contiguous
+HBM streams and the host do not. The clock
 (`gpu.sm_clock_fraction`) is fitted on the three forwards that have repeats, as their ratio
 to the repeats' mean so that the model's own error for each configuration cancels; the
 backwards, the iterations and row 1, which has no repeat, are then predictions.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import simpy
@@ -29,6 +30,10 @@ from zerosim.validation.reference import (
     reference_data,
 )
 from zerosim.vocabulary import DeviceKind, OpKind, Phase, PhaseTime, Stream, device_name
+
+if TYPE_CHECKING:
+    from zerosim.runs import Prediction
+    from zerosim.validation.sessions import Session
 
 PHASE_TOLERANCE = 0.05
 """Issue 11's bar for the study's Table 2: every phase time within 5%."""
@@ -616,23 +621,35 @@ SESSION_GROUP = "Polaris runs on a slower GPU"
 
 @dataclass(frozen=True)
 class SessionPredictions:
-    """A session's runs predicted at its SM clock (`slow`) and at the full one (`full`)."""
+    """A session's runs predicted at its SM clock (`slow`) and at the full one (`full`), by
+    CSV row."""
 
-    session: object
-    slow: dict
-    full: dict
+    session: Session
+    slow: dict[int, Prediction]
+    full: dict[int, Prediction]
+    forward_excess: tuple[float, ...]
+    """How much slower each twinned run's forward ran than its repeats' mean."""
 
 
 def session_predictions(runs) -> list[SessionPredictions]:
     """The Polaris runs measured while the GPU ran slower (`zerosim.validation.sessions`),
     predicted at the session's fitted SM clock and at the profile's."""
-    from zerosim.validation.sessions import load_sessions, predict_rows, session_runs
+    from zerosim.validation.polaris import configurations
+    from zerosim.validation.sessions import (
+        FITTED_QUANTITY,
+        load_sessions,
+        predict_rows,
+        session_runs,
+        twins,
+    )
 
     found = []
     for session in load_sessions():
         inside = session_runs(session, runs)
+        excess = tuple(pair.measured_ratio(FITTED_QUANTITY) - 1
+                       for pair in twins(session, configurations(runs)))
         found.append(SessionPredictions(session, predict_rows(inside, session.clock),
-                                        predict_rows(inside, 1.0)))
+                                        predict_rows(inside, 1.0), excess))
     return found
 
 
@@ -644,22 +661,14 @@ def slow_gpu_note(configuration, phase: str, sessions: list[SessionPredictions])
         if rows <= set(found.session.rows):
             predicted = statistics.fmean(found.slow[row].predicted[phase] for row in rows)
             error = predicted / configuration.measured(phase) - 1
-            return (f"measured while the GPU ran slower (session {found.session.name}: "
-                    f"{_forward_ratios_text(found)}); at that session's SM clock, "
+            return (f"measured while the GPU ran slower (session {found.session.name}: its "
+                    f"forwards ran {min(found.forward_excess):.1%} to "
+                    f"{max(found.forward_excess):.1%} slower than the same configurations' "
+                    f"repeats); at that session's SM clock, "
                     f"{found.session.clock:.3f} of the others' "
                     f"(polaris_sessions.yaml), zerosim gives {predicted:.3f} s ({error:+.1%}), "
                     f"group '{SESSION_GROUP}'")
     return ""
-
-
-def _forward_ratios_text(found: SessionPredictions) -> str:
-    from zerosim.validation.polaris import configurations
-    from zerosim.validation.sessions import FITTED_QUANTITY, twins
-
-    ratios = [pair.measured_ratio(FITTED_QUANTITY) - 1
-              for pair in twins(found.session, configurations())]
-    return (f"its {FITTED_QUANTITY}s ran {min(ratios):.1%} to {max(ratios):.1%} slower than "
-            "the same configurations' repeats")
 
 
 SESSION_NOTE = ("reported, not judged: the run at its session's SM clock (polaris_sessions"
