@@ -141,6 +141,32 @@ def test_the_predict_summary_names_the_widest_scatter():
     assert "bwd 32.5% (11.20b-dp1-mb4-ga1-sg1e08)" in _repeats_text(outcome)
 
 
+def test_runs_off_their_repeats_are_named_with_each_phase_over_the_others():
+    """The shipped table's rows 2, 7 and 11 (one configuration; 1, 3 and 4 of this table) and
+    3 and 12 (a pair: only the first, over the second); rows 15 and 35 (5.9B, within 1%) are
+    not named."""
+    from zerosim.report import _off_repeats_text
+    from zerosim.runs import configurations, off_repeat_rows, runs_off_their_repeats
+
+    runs = read_runs_text(_rows([2, 3, 7, 11, 12, 15, 35]), "t.csv")
+    off = runs_off_their_repeats(configurations(runs))
+    assert [(o.run.row, o.others) for o in off] == [(1, (3, 4)), (3, (1, 4)), (4, (1, 3)),
+                                                    (2, (5,))]
+    row2, pair = off[0], off[3]
+    assert row2.deviations["forward"] == pytest.approx(1255.73 / ((1081.34 + 1081.2) / 2) - 1,
+                                                       rel=1e-12)
+    assert pair.deviations == pytest.approx({"forward": 1314.37 / 1125.13 - 1,
+                                             "backward": 7459.76 / 7031.55 - 1,
+                                             "update": 6033.21 / 5973.93 - 1}, rel=1e-12)
+    text = _off_repeats_text(predict(runs, "polaris-a100", workers=1))
+    assert ("11.20b-dp2-mb4-ga1-sg1e08: row 2 over row 5: fwd +16.8%, bwd +6.1%, update +1.0%"
+            in text)
+    assert "sm_clock_fraction" in text
+    pair_row = off_repeat_rows(predict(runs, "polaris-a100", workers=1))[3]
+    assert pair_row == {"row": 2, "others": [5], "name": "11.20b-dp2-mb4-ga1-sg1e08",
+                        "deviations": pair.deviations}
+
+
 def test_a_table_without_measurements_is_predicted_and_says_so():
     runs = read_runs_text(_rows([15], drop=MEASURED), "t.csv")
     outcome = predict(runs, "polaris-a100", workers=1)
@@ -290,6 +316,7 @@ def test_cli_json_and_refusals(tmp_path):
     row, = json.loads(ok.output)["rows"]
     assert row["status"] == "ok" and row["measured_iteration_s"] is None
     assert json.loads(ok.output)["run_to_run_sd"]["backward"] is None
+    assert json.loads(ok.output)["off_repeats"] == []
     unknown = CliRunner().invoke(main, ["predict", str(table), "--hardware", "no-such-node",
                                         "--no-files"])
     assert unknown.exit_code == 2 and "no-such-node" in unknown.output

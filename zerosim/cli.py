@@ -625,8 +625,14 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     measurements where the table has them."""
     from zerosim.hardware.profile import load_profile
     from zerosim.report import render_predictions
+    from zerosim.runs import (
+        off_repeat_rows,
+        prediction_row,
+        read_runs,
+        run_to_run_sd_row,
+        write_predictions,
+    )
     from zerosim.runs import predict as run_predict
-    from zerosim.runs import prediction_row, read_runs, run_to_run_sd_row, write_predictions
     from zerosim.scenario.loader import parse_overrides
     from zerosim.series import accumulation_series, series_rows, write_series
 
@@ -651,7 +657,8 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
         _print_json({"table": str(runs_table), "hardware": hardware,
                      "rows": [prediction_row(p) for p in outcome.predictions],
                      "series": series_rows(series),
-                     "run_to_run_sd": run_to_run_sd_row(outcome)})
+                     "run_to_run_sd": run_to_run_sd_row(outcome),
+                     "off_repeats": off_repeat_rows(outcome)})
     else:
         render_predictions(outcome, series)
     if any(p.status == "error" for p in outcome.predictions):

@@ -445,6 +445,8 @@ def render_predictions(outcome, series=()) -> None:
                   markup=False, highlight=False)
     if (repeats := _repeats_text(outcome)):
         console.print(repeats, markup=False, highlight=False)
+    if (off := _off_repeats_text(outcome)):
+        console.print(off, markup=False, highlight=False)
     _print_series(console, series)
     _print_files(console, outcome.files)
 
@@ -495,6 +497,28 @@ def _repeats_text(outcome) -> str:
             f"their runs differ (largest - smallest, over the mean) by up to "
             + ", ".join(parts) + ": errors within these are measurement noise; one run "
             f"scatters about its configuration's mean by (standard deviation, pooled) {scatter}")
+
+
+def _off_repeats_text(outcome) -> str:
+    """The runs a phase of which sits far from their configuration's other runs
+    (`runs.runs_off_their_repeats`), and what to do with one on a slower GPU."""
+    from zerosim.runs import OFF_REPEATS, runs_off_their_repeats
+
+    off = runs_off_their_repeats(p.configuration for p in outcome.predictions)
+    if not off:
+        return ""
+    listed = "; ".join(
+        f"{o.configuration}: row {o.run.row} over {_rows(o.others)}: " + ", ".join(
+            f"{PREDICTION_HEADINGS[phase]} {d:+.1%}" for phase, d in o.deviations.items())
+        for o in off)
+    return (f"runs off their repeats (a phase {OFF_REPEATS:.0%} or more from the mean of the "
+            f"same configuration's other runs): {listed}. A run whose fwd and bwd are slower "
+            "together while its update (on the CPU) is not ran its GPU at a lower clock: "
+            "`--set hardware.gpu.sm_clock_fraction=...` replays it (docs/profiles.md)")
+
+
+def _rows(rows: tuple[int, ...]) -> str:
+    return ("row " if len(rows) == 1 else "rows ") + ", ".join(str(r) for r in rows)
 
 
 def _pools_text(pools: CpuPools) -> str:

@@ -633,6 +633,49 @@ class Configuration:
         return self.measured(PEAK_HOST)
 
 
+OFF_REPEATS = 0.10
+"""How far one run's phase sits from the mean of its configuration's other runs before
+`zerosim predict` names the run: twice the Polaris table's pooled scatter of one forward
+(5.9%) is about this, and the table's runs measured on a slower GPU sit 16-17% off."""
+TIMED_PHASES = ("forward", "backward", "update")
+
+
+@dataclass(frozen=True)
+class OffRepeat:
+    """A run some phase of which sits `OFF_REPEATS` or more from the mean of its
+    configuration's other runs."""
+
+    run: MeasuredRun
+    others: tuple[int, ...]
+    """The rows of the configuration's other runs."""
+    configuration: str
+    """Its configuration's name."""
+    deviations: dict[str, float]
+    """Per phase it and the others measured: its value over the others' mean, minus 1."""
+
+
+def runs_off_their_repeats(configurations: Iterable[Configuration],
+                           threshold: float = OFF_REPEATS) -> list[OffRepeat]:
+    """Runs a phase of which differs from the same configuration's other runs by `threshold`
+    or more; of a pair only the first, over the second (two runs cannot say which is off). A
+    run whose GPU-bound phases are off together while its update, on the CPU, is not points
+    at the GPU's clock, not at the model."""
+    found = []
+    for configuration in configurations:
+        runs = configuration.runs
+        for run in runs[:1] if len(runs) == 2 else runs:
+            others = [r for r in runs if r is not run]
+            deviations = {}
+            for phase in TIMED_PHASES:
+                values = [o.seconds[phase] for o in others if o.seconds.get(phase) is not None]
+                if values and run.seconds.get(phase) is not None:
+                    deviations[phase] = run.seconds[phase] * len(values) / sum(values) - 1
+            if any(abs(d) >= threshold for d in deviations.values()):
+                found.append(OffRepeat(run, tuple(o.row for o in others), configuration.name,
+                                       deviations))
+    return found
+
+
 def run_to_run_sd(configurations: Iterable[Configuration], quantity: str) -> float | None:
     """How far one run scatters about its configuration's mean in `quantity`: the relative
     standard deviation pooled over the configurations measured more than once, each losing one
@@ -860,6 +903,14 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
         row[f"error_{column.rpartition('_')[0]}"] = p.rel_error(q)
         row[f"spread_{column.rpartition('_')[0]}"] = p.configuration.spread(q)
     return row
+
+
+def off_repeat_rows(outcome: PredictOutcome) -> list[dict[str, Any]]:
+    """`runs_off_their_repeats` of the table as JSON rows: the run's row, the other runs'
+    rows, the configuration and each phase's deviation."""
+    return [{"row": o.run.row, "others": list(o.others), "name": o.configuration,
+             "deviations": o.deviations}
+            for o in runs_off_their_repeats(p.configuration for p in outcome.predictions)]
 
 
 def run_to_run_sd_row(outcome: PredictOutcome) -> dict[str, float | None]:
