@@ -16,7 +16,7 @@ from zerosim.validation.polaris import PROFILE as POLARIS_PROFILE
 from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
 from zerosim.validation.polaris import configurations as polaris_configurations
 from zerosim.validation.reference import Study, load_estimator_tables
-from zerosim.validation.validate import POLARIS_GROUP, Cell, cells_frame
+from zerosim.validation.validate import POLARIS_GROUP, SESSION_GROUP, Cell, cells_frame
 
 STATUS_MARK = {"pass": "pass", "fail": "**FAIL**", "excluded": "excluded", "reported": "reported"}
 
@@ -117,7 +117,11 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "",
         f"Also: the Polaris runs ({POLARIS_SOURCE}): per optimizer step, forward, backward and "
         "update within 15%, the iteration within 10%, rank 0's peak allocated GPU memory within "
-        f"10%; repeated runs averaged. {polaris_scatter_text()}",
+        f"10%; repeated runs averaged. {polaris_scatter_text()} The table's rows 1-4 ran on "
+        "a slower GPU (their forwards 16-17% slower than later repeats, their CPU updates "
+        "not; `zerosim/validation/data/polaris_sessions.yaml`): they are judged at the plain "
+        "profile, as a user would run them, and reported at the SM clock fitted on them in "
+        f"'{SESSION_GROUP}'.",
         "",
         "Also: GPU-kernel and collective tables. Azure's cuBLASLt GEMMs of an A100 "
         "(`dgx-a100`) and PyTorch's BF16 GEMMs of the replayed transformers on an H100 SXM "
