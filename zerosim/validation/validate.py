@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import simpy
 
-from zerosim.api import simulate
+from zerosim.api import simulate, simulate_summary
 from zerosim.engine.machine import Machine
 from zerosim.estimate import Estimate, estimate_for_model, estimate_model_states
 from zerosim.hardware.costs import UNSCALE_HOST_BYTES
@@ -789,6 +789,35 @@ def nvme_h100_cells() -> list[Cell]:
     return cells
 
 
+def offload_binding_cells() -> list[Cell]:
+    """DeepSpeed's ZeRO-2 Offload step times on two A100s of a DGX A100, bound and unbound,
+    beside zerosim's (reported: data/deepspeed_offload_dgx_a100.yaml), with the ratios the
+    study draws from them."""
+    from zerosim.validation.offload_binding import load_offload_study, timed_step_s
+
+    study = load_offload_study()
+    simulated = {run.name: timed_step_s(simulate_summary(run.scenario, run.overrides))
+                 for run in study.runs}
+    cells = []
+    for run in study.runs:
+        scatter = (f"; its runs {', '.join(f'{s:.3f}' for s in run.runs_s)} s"
+                   if run.runs_s else "")
+        cell = judge(study.group, run.name, "step time (forward, backward, step)", "s",
+                     run.step_s, simulated[run.name] or 0.0, None,
+                     note=f"{run.source}{scatter}; nothing fitted on it")
+        cells.append(cell if simulated[run.name] is not None
+                     else replace(cell, simulated_text="oom"))
+    measured = {run.name: run.step_s for run in study.runs}
+    for ratio in study.ratios:
+        over, under = simulated[ratio.over], simulated[ratio.under]
+        if over is None or under is None:
+            continue
+        cells.append(judge(study.group, ratio.name, f"{ratio.over} / {ratio.under}", "",
+                           measured[ratio.over] / measured[ratio.under], over / under, None,
+                           note="the study's comparison, from the rows above"))
+    return cells
+
+
 def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool = True
              ) -> tuple[list[Cell], dict[int, Result]]:
     """Run every case of the study and the Polaris runs (and, with `seed003`, the multi-node
@@ -808,7 +837,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells += flash_attention_cells()
     cells += collective_cells() + xla_h100_collective_cells()
     if polaris:
-        cells += polaris_cells() + nvme_h100_cells()
+        cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results
