@@ -47,6 +47,20 @@ def test_bound_placements_put_threads_and_pages_together():
     assert {(pl.home, pl.spread, pl.threads) for pl in unbound} == {(every, every, every)}
 
 
+def test_a_part_of_several_domains_keeps_the_host_threads_buffers_on_one():
+    """DeepSpeed passes `numactl -m` only for a part inside one domain: across several, what
+    the host thread allocates stays on the part's first domain (round_robin profiles), or
+    spreads over the part where the profile's placement is interleaved."""
+    dgx = load_profile("dgx-a100")   # NPS4: GPUs 0-1 on domain 3; core list 3, 1, 7, 5, 0, ...
+    quarter = 0.25
+    assert [(pl.home, pl.spread) for pl in place_ranks(dgx, 2, bound=True)] == [
+        (((3, 1.0),), tuple((d, quarter) for d in (3, 1, 7, 5))),
+        (((0, 1.0),), tuple((d, quarter) for d in (0, 2, 4, 6)))]
+    assert [pl.home for pl in place_ranks(JLSE, 2, bound=True)] == [((0, 1.0),), ((1, 1.0),)]
+    (polaris_dp1,) = place_ranks(POLARIS, 1, bound=True)
+    assert polaris_dp1.home == polaris_dp1.spread == tuple((d, quarter) for d in (3, 2, 1, 0))
+
+
 def test_a_bound_rank_runs_its_share_of_the_physical_cores():
     """OMP_NUM_THREADS = cores per rank (DeepSpeed's launcher); unbound, PyTorch's default of
     one thread per physical core whatever the ranks."""

@@ -167,7 +167,10 @@ def test_the_classes_come_from_the_profile_symmetries():
     assert classes("h100-jlse") == ((0, 3), (1, 2))
     assert classes("h100-jlse", 2) == ((0,), (1,))   # rank 0 local, rank 1 remote: no mirror
     assert classes("h100-jlse", rank_memory_placement="gpu_local") == ((0, 1, 2, 3),)
-    assert classes("dgx-a100") == ((0, 2, 5, 7), (1, 3, 4, 6))
+    two_sockets = {"numa_domains": 2, "gpu_numa_domain": (0, 0, 0, 0, 1, 1, 1, 1)}
+    assert classes("dgx-a100", **two_sockets) == ((0, 2, 5, 7), (1, 3, 4, 6))
+    # NPS4's eight domains are past the relabelling limit: a DGX A100 node runs every rank.
+    assert classes("dgx-a100") == tuple((rank,) for rank in range(8))
     assert classes("polaris-a100") == ((0, 1, 2, 3),)
     assert classes("gh200", 2) == ((0,), (1,))       # two nodes: nodes fold whole, if at all
     assert classes("h100-jlse", gpu_numa_domain=(0, 0, 0, 1)) == ((0, 2), (1,), (3,))

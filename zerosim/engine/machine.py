@@ -85,25 +85,38 @@ def host_shares(profile: HardwareProfile, local_rank: int, ranks_on_node: int, *
     """Where a rank's home and spread pages live, and where its threads run.
 
     Bound ranks (`runtime.bind_cores_to_rank`) run on their share of the node's cores
-    (`bound_domains`) and first touch their pages there. Otherwise the threads run anywhere
-    on the node and the pages follow the profile's rule: `round_robin`: Linux spreads the
-    processes over the sockets, so home is domain r mod domains (first touch keeps pages
-    local), while the OpenMP pool spans every socket and spreads what it first touches
-    evenly; `gpu_local`: the node's own launcher binds each rank's threads and pages to its
-    GPU's domain; `interleaved`: every page evenly on every domain (`numactl
+    (`bound_domains`) and first touch their pages there (`bound_home`). Otherwise the
+    threads run anywhere on the node and the pages follow the profile's rule: `round_robin`:
+    Linux spreads the processes over the sockets, so home is domain r mod domains (first
+    touch keeps pages local), while the OpenMP pool spans every socket and spreads what it
+    first touches evenly; `gpu_local`: the node's own launcher binds each rank's threads and
+    pages to its GPU's domain; `interleaved`: every page evenly on every domain (`numactl
     --interleave=all`, or threads that wander over the domains of one socket while they first
     touch the pages).
     """
     every = tuple((d, 1.0 / profile.numa_domains) for d in range(profile.numa_domains))
     if bound:
         domains = bound_domains(profile, local_rank, ranks_on_node)
-        return domains, domains, domains
+        return bound_home(profile, domains), domains, domains
     if profile.rank_memory_placement == "gpu_local":
         local = ((profile.gpu_domain(local_rank), 1.0),)
         return local, local, local
     if profile.rank_memory_placement == "interleaved":
         return every, every, every
     return ((local_rank % profile.numa_domains, 1.0),), every, every
+
+
+def bound_home(profile: HardwareProfile, part: Shares) -> Shares:
+    """Where a bound rank's host thread first touches its own buffers. DeepSpeed's launcher
+    binds memory (`numactl -m`) only when the rank's cores lie in one domain; a part that
+    spans several gets `numactl -C` alone, so those pages land where the host thread runs as
+    it allocates them, by the profile's rule within the part: one domain (`round_robin`,
+    `gpu_local`: a process's thread stays on the core it starts on while it is busy; the
+    part's first), or every domain of the part (`interleaved`: a thread that wanders over
+    them)."""
+    if len(part) == 1 or profile.rank_memory_placement == "interleaved":
+        return part
+    return ((part[0][0], 1.0),)
 
 
 def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int) -> Shares:
