@@ -36,6 +36,7 @@ Z = "deepspeed.zero_optimization."
 SMALL = {"model.num_hidden_layers": 2}
 OFFLOAD = {Z + "offload_optimizer.device": "cpu", Z + "offload_optimizer.pin_memory": True}
 JLSE_CLASSES = {0: (0, 3), 1: (1, 2)}
+DGX_A100_CLASSES = ((0, 2, 4, 6), (1, 3, 5, 7))
 ONE_CLASS = {0: (0, 1, 2, 3)}
 
 
@@ -169,14 +170,31 @@ def test_the_classes_come_from_the_profile_symmetries():
     assert classes("h100-jlse", rank_memory_placement="gpu_local") == ((0, 1, 2, 3),)
     two_sockets = {"numa_domains": 2, "gpu_numa_domain": (0, 0, 0, 0, 1, 1, 1, 1)}
     assert classes("dgx-a100", **two_sockets) == ((0, 2, 5, 7), (1, 3, 4, 6))
-    # NPS4's eight domains are past the relabelling limit: a DGX A100 node runs every rank.
-    assert classes("dgx-a100") == tuple((rank,) for rank in range(8))
+    # NPS4: GPUs 0-1 on domain 3, 2-3 on 1, 4-5 on 7, 6-7 on 5, rank r's home on domain r.
+    # Ranks 0, 2, 4, 6 keep their home on a domain without a GPU, 1, 3, 5, 7 on a GPU's.
+    assert classes("dgx-a100") == DGX_A100_CLASSES
     assert classes("polaris-a100") == ((0, 1, 2, 3),)
     assert classes("gh200", 2) == ((0,), (1,))       # two nodes: nodes fold whole, if at all
     assert classes("h100-jlse", gpu_numa_domain=(0, 0, 0, 1)) == ((0, 2), (1,), (3,))
-    # Past 7 domains only ranks with the same placement fold (no relabelling is tried).
+    # Eight domains, four of them named: relabelling 0 and 4 maps one GPU pair onto the other.
     assert classes("h100-jlse", numa_domains=8, gpu_numa_domain=(0, 0, 4, 4),
+                   rank_memory_placement="gpu_local") == ((0, 1, 2, 3),)
+    assert classes("h100-jlse", numa_domains=8, gpu_numa_domain=(0, 0, 4, 5),
                    rank_memory_placement="gpu_local") == ((0, 1), (2, 3))
+
+
+@pytest.mark.parametrize(("bound", "stands_for"), [
+    (False, {0: DGX_A100_CLASSES[0], 1: DGX_A100_CLASSES[1]}),
+    # Bound in GPU order, rank r's home is domain 3, 1, 7, 5, 0, 2, 4, 6: ranks 4-7 keep
+    # theirs on a domain without a GPU, 2 and 3 on the other pair's GPU domain.
+    (True, {0: (0,), 1: (1,), 2: (2, 3), 4: (4, 5, 6, 7)}),
+])
+def test_a_dgx_a100_node_folds_exactly(bound, stands_for):
+    """Eight NUMA domains: the relabelling search finds the node's symmetries where trying
+    every permutation (40,320) would cost more than the run."""
+    scenario = zerosim.load_scenario(DP4, {**SMALL, "hardware": "dgx-a100", "data_parallel": 8,
+                                           "runtime.bind_cores_to_rank": bound})
+    assert_folding_exact(scenario, 1, stands_for)
 
 
 def test_uneven_ranks_and_unfolded_runs_simulate_every_rank():

@@ -8,23 +8,20 @@ Every NUMA domain of a profile has the same memory bandwidth and every pair the 
 link, every GPU the same PCIe and NVLink, and the node's CPU threads, NICs and drives serve all
 ranks alike. So relabelling the domains (any permutation) and the GPUs with them is a symmetry
 of the node whenever it maps every rank's placement onto another rank's: mirror ranks then see
-mirror loads at every instant, and their timelines are equal.
+mirror loads at every instant, and their timelines are equal. Such relabellings are searched
+domain by domain (`_relabelling_maps`), not enumerated: eight domains have 40,320.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from zerosim.hardware.profile import HardwareProfile
 
 if TYPE_CHECKING:
     from zerosim.engine.machine import Placement
-
-MOST_RELABELLED_DOMAINS = 7
-"""Beyond 7 NUMA domains (5,040 relabellings) only ranks with the same placement are folded."""
 
 Signature = tuple[int, frozenset[tuple[int, float]], frozenset[tuple[int, float]],
                   frozenset[tuple[int, float]]]
@@ -40,8 +37,14 @@ def _signature(profile: HardwareProfile, placement: Placement) -> Signature:
 
 def _relabelled(signature: Signature, domains: tuple[int, ...]) -> Signature:
     gpu_domain, *pages = signature
-    return (domains[gpu_domain], *(frozenset((domains[d], share) for d, share in shares)
+    return (domains[gpu_domain], *(shares if _everywhere(shares, len(domains))
+                                   else frozenset((domains[d], share) for d, share in shares)
                                    for shares in pages))
+
+
+def _everywhere(shares: frozenset[tuple[int, float]], domains: int) -> bool:
+    """Shares spread evenly over every domain, which any relabelling leaves as they are."""
+    return len(shares) == domains and len({share for _, share in shares}) == 1
 
 
 def rank_classes(profile: HardwareProfile, placements: Sequence[Placement]
@@ -53,25 +56,67 @@ def rank_classes(profile: HardwareProfile, placements: Sequence[Placement]
     if len({pl.node for pl in placements}) > 1:
         return tuple((pl.rank,) for pl in placements)
     signatures = {pl.rank: _signature(profile, pl) for pl in placements}
-    ranks_of: dict[Signature, list[int]] = {}
-    for rank, signature in signatures.items():
-        ranks_of.setdefault(signature, []).append(rank)
     counts = Counter(signatures.values())
     joined = {rank: {rank} for rank in signatures}
-    for domains in _relabellings(profile.numa_domains):
-        moved = {rank: _relabelled(sig, domains) for rank, sig in signatures.items()}
-        if Counter(moved.values()) != counts:
-            continue  # some rank would land on a placement no rank has
-        for rank, signature in moved.items():
-            _join(joined, [rank, *ranks_of[signature]])
+    ranks = sorted(signatures)
+    for i, rank in enumerate(ranks):
+        for other in ranks[i + 1:]:
+            if other in joined[rank]:
+                continue
+            if signatures[rank] == signatures[other] or _relabelling_maps(
+                    counts, signatures[rank], signatures[other], profile.numa_domains):
+                _join(joined, [rank, other])
     return tuple(sorted({tuple(sorted(members)) for members in joined.values()}))
 
 
-def _relabellings(domains: int) -> Iterator[tuple[int, ...]]:
-    """Every permutation of the domains (the identity alone past `MOST_RELABELLED_DOMAINS`)."""
-    if domains > MOST_RELABELLED_DOMAINS:
-        return iter([tuple(range(domains))])
-    return itertools.permutations(range(domains))
+def _referenced(signature: Signature, domains: int) -> set[int]:
+    """The domains a signature names, but for shares spread evenly over every domain (which
+    any relabelling leaves as they are)."""
+    gpu_domain, *pages = signature
+    named = {gpu_domain}
+    for shares in pages:
+        if not _everywhere(shares, domains):
+            named |= {d for d, _ in shares}
+    return named
+
+
+def _relabelling_maps(counts: Counter[Signature], source: Signature, target: Signature,
+                      domains: int) -> bool:
+    """Whether some relabelling of the domains maps `source` onto `target` and every rank's
+    signature onto a signature the node has, as often as it has it: a search over the
+    domains the signatures name, each partial relabelling checked against every signature
+    whose domains it has all placed (the domains no signature names follow in any order)."""
+    kinds = list(counts)
+    named = [_referenced(sig, domains) for sig in kinds]
+    order = sorted(_referenced(source, domains), key=lambda d: d)
+    order += sorted(set().union(*named) - set(order))
+    position = {d: i for i, d in enumerate(order)}
+    done_at = [max(position[d] for d in n) for n in named]
+    source_done = max(position[d] for d in _referenced(source, domains))
+    relabel = list(range(domains))
+    unnamed = [d for d in range(domains) if d not in position]
+
+    def consistent(depth: int) -> bool:
+        domains_now = tuple(relabel)
+        if depth == source_done and _relabelled(source, domains_now) != target:
+            return False
+        return all(_relabelled(sig, domains_now) in counts
+                   for sig, at in zip(kinds, done_at, strict=True) if at == depth)
+
+    def extend(depth: int, free: set[int]) -> bool:
+        if depth == len(order):
+            rest = sorted(free)
+            for d, image in zip(unnamed, rest, strict=True):
+                relabel[d] = image
+            mapping = tuple(relabel)
+            return Counter({_relabelled(sig, mapping): n for sig, n in counts.items()}) == counts
+        for image in sorted(free):
+            relabel[order[depth]] = image
+            if consistent(depth) and extend(depth + 1, free - {image}):
+                return True
+        return False
+
+    return extend(0, set(range(domains)))
 
 
 def _join(joined: dict[int, set[int]], ranks: list[int]) -> None:
