@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from zerosim.behaviours import DEEP_OPTIMIZER_STATES_BUILDS, launched_bound
-from zerosim.engine.machine import bound_domains, place_ranks
 from zerosim.hardware.costs import default_threads_per_rank
+from zerosim.hardware.placement import bound_domains, place_ranks
 from zerosim.hardware.profile import load_profile
 from zerosim.runs import read_runs_text
 from zerosim.scenario import load_scenario, scenario_from_dict
@@ -144,3 +144,22 @@ def test_a_cost_factor_is_never_stepped_or_fitted_below_one():
     bases = base_trees([Measurement(scenario, (), "update", 1.0, 2)])
     parameter = parse_parameter("polaris-a100:host.remote_access_cost", bases)
     assert (parameter.low, parameter.high) == (1.0, pytest.approx(19.0))
+
+
+def test_check_prints_where_each_ranks_pages_sit():
+    """`zerosim check` names each rank's GPU domain, the domain of the buffers its host thread
+    allocates and its pool's domains: the study's node (round robin) and a DGX A100 rank bound
+    to four of NPS4's domains, its own buffers on the first."""
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+    from zerosim.validation.offload_binding import REPO_ROOT
+
+    study = CliRunner().invoke(main, ["check", str(REPO_ROOT / "scenarios" / "llama13b_dp4.yaml")])
+    assert "rank 1: GPU on 0, own buffers on 1, pool on every domain" in " ".join(
+        study.output.split())
+    dgx = CliRunner().invoke(main, [
+        "check", str(REPO_ROOT / "scenarios" / "dgx_a100_offload" / "qwen2.5-3b.yaml"),
+        "--set", "runtime.bind_cores_to_rank=true"])
+    assert "rank 1: GPU on 3, own buffers on 0, pool on 0, 2, 4, 6" in " ".join(
+        dgx.output.split())

@@ -19,10 +19,10 @@ import pytest
 
 import zerosim
 from zerosim.api import simulate_brief
-from zerosim.engine.machine import place_ranks
 from zerosim.engine.memory import NodePool
 from zerosim.engine.simulate import folded_classes, run_engine, simulated_ranks
 from zerosim.engine.symmetry import rank_classes
+from zerosim.hardware.placement import place_ranks
 from zerosim.hardware.profile import load_profile
 from zerosim.results import build_result
 from zerosim.vocabulary import Category

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zerosim.hardware.costs import CpuPools
+from zerosim.hardware.placement import Shares, place_ranks
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
@@ -45,6 +46,8 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank {_threads_text(scenario)}")
     top.add_row("cpu pools", _pools_text(scenario.cpu_pools()))
+    if scenario.hardware.numa_domains > 1:
+        top.add_row("numa", _placement_text(scenario))
     top.add_row("framework", f"{scenario.stack.name}: " + ", ".join(
         f"{key} {value}" for key, value in scenario.stack.layout().items()))
     top.add_row("mode", _mode(scenario))
@@ -519,6 +522,25 @@ def _off_repeats_text(outcome) -> str:
 
 def _rows(rows: tuple[int, ...]) -> str:
     return ("row " if len(rows) == 1 else "rows ") + ", ".join(str(r) for r in rows)
+
+
+def _domains_text(shares: Shares, domains: int) -> str:
+    if len(shares) == domains and len({share for _, share in shares}) == 1:
+        return "every domain"
+    return ", ".join(str(domain) for domain, _ in shares)
+
+
+def _placement_text(scenario: Scenario) -> str:
+    """Per rank of the first node: its GPU's NUMA domain, where the buffers its host thread
+    allocates sit (pinned fp32 partition, gradients), where its CPU pool's pages and threads
+    are (`hardware.placement`)."""
+    hw = scenario.hardware
+    placements = place_ranks(hw, scenario.ranks_on_fullest_node,
+                             bound=scenario.runtime.bind_cores_to_rank)
+    return "; ".join(
+        f"rank {pl.rank}: GPU on {hw.gpu_domain(pl.gpu)}, own buffers on "
+        f"{_domains_text(pl.home, hw.numa_domains)}, pool on "
+        f"{_domains_text(pl.threads, hw.numa_domains)}" for pl in placements)
 
 
 def _pools_text(pools: CpuPools) -> str:

@@ -15,13 +15,14 @@ from simpy.events import NORMAL, URGENT, Initialize, Process, Timeout
 from zerosim.engine.compose import build_rank
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import RateChange
-from zerosim.engine.machine import Machine, network_shapes, place_ranks
+from zerosim.engine.machine import Machine, network_shapes
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
 from zerosim.engine.plan import Plan, plan_of
 from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.states import node_holdings
 from zerosim.engine.symmetry import rank_classes
+from zerosim.hardware.placement import place_ranks
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 

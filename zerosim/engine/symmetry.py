@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from zerosim.hardware.profile import HardwareProfile
 
 if TYPE_CHECKING:
-    from zerosim.engine.machine import Placement
+    from zerosim.hardware.placement import Placement
 
 Signature = tuple[int, frozenset[tuple[int, float]], frozenset[tuple[int, float]],
                   frozenset[tuple[int, float]]]
