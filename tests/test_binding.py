@@ -161,5 +161,18 @@ def test_check_prints_where_each_ranks_pages_sit():
     dgx = CliRunner().invoke(main, [
         "check", str(REPO_ROOT / "scenarios" / "dgx_a100_offload" / "qwen2.5-3b.yaml"),
         "--set", "runtime.bind_cores_to_rank=true"])
-    assert "rank 1: GPU on 3, own buffers on 0, pool on 0, 2, 4, 6" in " ".join(
+    assert "rank 1: GPU on 3, own buffers on 4, pool on 4, 5, 6, 7" in " ".join(
         dgx.output.split())
+
+
+def test_without_a_core_list_the_parts_follow_the_cores_numbering():
+    """`--bind_cores_to_rank` alone cuts the physical cores in their numbering: on a DGX A100
+    two ranks get a socket each, whatever domain their GPUs hang off."""
+    dgx = load_profile("dgx-a100")
+    quarter = 0.25
+    assert [bound_domains(dgx, r, 2, "numbered") for r in range(2)] == [
+        tuple((d, quarter) for d in range(4)), tuple((d, quarter) for d in range(4, 8))]
+    assert [bound_domains(POLARIS, r, 4, "numbered") for r in range(4)] == [
+        ((d, 1.0),) for d in range(4)]
+    assert [pl.home for pl in place_ranks(dgx, 2, bound=True, core_order="numbered")] == [
+        ((0, 1.0),), ((4, 1.0),)]

@@ -536,7 +536,8 @@ def _placement_text(scenario: Scenario) -> str:
     are (`hardware.placement`)."""
     hw = scenario.hardware
     placements = place_ranks(hw, scenario.ranks_on_fullest_node,
-                             bound=scenario.runtime.bind_cores_to_rank)
+                             bound=scenario.runtime.bind_cores_to_rank,
+                             core_order=scenario.runtime.bind_core_list)
     return "; ".join(
         f"rank {pl.rank}: GPU on {hw.gpu_domain(pl.gpu)}, own buffers on "
         f"{_domains_text(pl.home, hw.numa_domains)}, pool on "

@@ -17,7 +17,7 @@ import simpy
 from zerosim.engine.collectives import Collectives
 from zerosim.engine.flows import FlowNetwork, Reallocations, SharedResource, Usage
 from zerosim.hardware import costs
-from zerosim.hardware.placement import Placement, Shares, place_ranks
+from zerosim.hardware.placement import CoreOrder, Placement, Shares, place_ranks
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.vocabulary import Collective
 
@@ -46,12 +46,12 @@ class NetworkShapes:
 
 @lru_cache(maxsize=NETWORKS_REMEMBERED)
 def network_shapes(profile: HardwareProfile, ranks: int, threads_per_rank: int | None,
-                   classes: tuple[tuple[int, ...], ...] | None, bound: bool = False
-                   ) -> NetworkShapes:
+                   classes: tuple[tuple[int, ...], ...] | None, bound: bool = False,
+                   core_order: CoreOrder = "by_gpu") -> NetworkShapes:
     """The `NetworkShapes` of a `Machine(env, profile, ranks, threads_per_rank,
-    bound=bound, classes=classes)`, the same object for every run of that layout in this
-    process (a sweep runs one machine many times; working its shapes out again cost about 2%
-    of a run)."""
+    bound=bound, core_order=core_order, classes=classes)`, the same object for every run of
+    that layout in this process (a sweep runs one machine many times; working its shapes out
+    again cost about 2% of a run)."""
     return NetworkShapes()
 
 
@@ -66,15 +66,15 @@ class Machine:
 
     def __init__(self, env: simpy.Environment, profile: HardwareProfile, ranks: int,
                  threads_per_rank: int | None, *, bound: bool = False,
-                 record_rates: bool = True,
+                 core_order: CoreOrder = "by_gpu", record_rates: bool = True,
                  classes: Sequence[tuple[int, ...]] | None = None,
                  shapes: NetworkShapes | None = None):
         """`bound`: the launcher binds each rank to its part of the node (`bound_domains`,
-        `runtime.bind_cores_to_rank`); `shapes`: what earlier runs of this layout worked out
-        (`network_shapes`), by default nothing."""
+        `runtime.bind_cores_to_rank`), cut from the core list `core_order` says; `shapes`:
+        what earlier runs of this layout worked out (`network_shapes`), by default nothing."""
         self.env = env
         self.profile = profile
-        self.placements = place_ranks(profile, ranks, bound=bound)
+        self.placements = place_ranks(profile, ranks, bound=bound, core_order=core_order)
         self.stands_for = {members[0]: members
                            for members in (classes or [(r,) for r in range(ranks)])}
         """Each simulated rank, with the ranks it stands for (itself first)."""

@@ -256,7 +256,8 @@ def folded_classes(scenario: Scenario, *, fold: bool = True) -> tuple[tuple[int,
     a class; every rank is its own class when `fold` is off or the placed ranks span several
     nodes (a partly filled last node)."""
     placed = place_ranks(scenario.hardware, simulated_ranks(scenario, fold=fold),
-                         bound=scenario.runtime.bind_cores_to_rank)
+                         bound=scenario.runtime.bind_cores_to_rank,
+                         core_order=scenario.runtime.bind_core_list)
     if not fold:
         return tuple((pl.rank,) for pl in placed)
     return rank_classes(scenario.hardware, placed)
@@ -298,10 +299,11 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
     env = Environment()
     plan = plan_of(scenario)
     threads, bound = scenario.runtime.cpu_threads_per_rank, scenario.runtime.bind_cores_to_rank
+    order = scenario.runtime.bind_core_list
     machine = Machine(env, scenario.hardware, simulated, threads, bound=bound,
-                      record_rates=full, classes=classes,
+                      core_order=order, record_rates=full, classes=classes,
                       shapes=network_shapes(scenario.hardware, simulated, threads, classes,
-                                            bound))
+                                            bound, order))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)

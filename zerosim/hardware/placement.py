@@ -5,8 +5,16 @@ profile's placement rule for unbound ranks, DeepSpeed's `--bind_cores_to_rank` f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from zerosim.hardware.profile import HardwareProfile
+
+CoreOrder = Literal["by_gpu", "numbered"]
+"""The core list a bound launch cuts into one part per rank (`runtime.bind_core_list`):
+`by_gpu`, a `--bind_core_list` naming each GPU's domain's cores in GPU order (what the Deep
+Optimizer States and MLP-Offload runs passed); `numbered`, no list, so DeepSpeed takes the
+physical cores in their numbering (`deepspeed.utils.numa.get_numactl_cmd`), each domain's
+cores numbered together."""
 
 Shares = tuple[tuple[int, float], ...]
 """How a set of pages spreads over a node's NUMA domains: (domain, share of the pages) pairs."""
@@ -35,7 +43,8 @@ class Placement:
 
 
 def host_shares(profile: HardwareProfile, local_rank: int, ranks_on_node: int, *,
-                bound: bool = False) -> tuple[Shares, Shares, Shares]:
+                bound: bool = False, core_order: CoreOrder = "by_gpu"
+                ) -> tuple[Shares, Shares, Shares]:
     """Where a rank's home and spread pages live, and where its threads run.
 
     Bound ranks (`runtime.bind_cores_to_rank`) run on their share of the node's cores
@@ -50,7 +59,7 @@ def host_shares(profile: HardwareProfile, local_rank: int, ranks_on_node: int, *
     """
     every = tuple((d, 1.0 / profile.numa_domains) for d in range(profile.numa_domains))
     if bound:
-        domains = bound_domains(profile, local_rank, ranks_on_node)
+        domains = bound_domains(profile, local_rank, ranks_on_node, core_order)
         return bound_home(profile, domains), domains, domains
     if profile.rank_memory_placement == "gpu_local":
         local = ((profile.gpu_domain(local_rank), 1.0),)
@@ -73,15 +82,16 @@ def bound_home(profile: HardwareProfile, part: Shares) -> Shares:
     return ((part[0][0], 1.0),)
 
 
-def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int) -> Shares:
+def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int,
+                  core_order: CoreOrder = "by_gpu") -> Shares:
     """The domains of a bound rank's cores, by share of its cores, as DeepSpeed's launcher
     binds (`deepspeed.utils.numa.get_numactl_cmd`): it cuts the core list into equal
     consecutive parts, one per local rank, and binds memory too (`numactl -m`) when a part
     lies in one domain. zerosim's list holds every domain's cores, domains in the order of the
     GPUs attached to them (the first GPU's domain first; domains without a GPU last): so with
     one rank per GPU and a domain per GPU, each rank gets its GPU's domain; with one rank,
-    every domain, as unbound."""
-    order = list(dict.fromkeys(profile.gpu_numa_domain))
+    every domain, as unbound. `numbered`: the domains in their own order (no list given)."""
+    order = list(dict.fromkeys(profile.gpu_numa_domain)) if core_order == "by_gpu" else []
     order += [d for d in range(profile.numa_domains) if d not in order]
     width = len(order) / ranks_on_node
     start, end = local_rank * width, (local_rank + 1) * width
@@ -93,8 +103,8 @@ def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int)
     return tuple(shares)
 
 
-def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False
-                ) -> list[Placement]:
+def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False,
+                core_order: CoreOrder = "by_gpu") -> list[Placement]:
     """Rank r drives GPU r; its host buffers and threads follow the profile's placement rule,
     or its share of the node's cores when `bound`."""
     per_node = min(ranks, profile.gpus_per_node)
@@ -103,5 +113,6 @@ def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False
         node, local = divmod(rank, profile.gpus_per_node)
         on_node = min(per_node, ranks - node * profile.gpus_per_node)
         placements.append(Placement(rank, node, rank,
-                                    *host_shares(profile, local, on_node, bound=bound)))
+                                    *host_shares(profile, local, on_node, bound=bound,
+                                                core_order=core_order)))
     return placements

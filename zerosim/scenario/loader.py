@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from zerosim.behaviours import Behaviours, empties_cache_each_phase, resolve_behaviours
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.costs import CpuPools, cpu_pools
+from zerosim.hardware.placement import CoreOrder
 from zerosim.hardware.profile import (
     HardwareProfile,
     apply_overrides,
@@ -66,6 +67,7 @@ class _Runtime(BaseModel):
     deepspeed_version: str = DEFAULT_DEEPSPEED_VERSION
     cpu_threads_per_rank: int | None = Field(None, ge=1)
     bind_cores_to_rank: StrictBool = False
+    bind_core_list: CoreOrder = "by_gpu"
     empty_cache_each_phase: StrictBool | None = None
     framework: Any = None
 
@@ -105,11 +107,15 @@ class Runtime:
     bind_cores_to_rank: bool = False
     """The launcher binds each rank's threads and memory to its part of the node, its GPU's
     NUMA domain where each GPU has one (DeepSpeed's `--bind_cores_to_rank` with a
-    `--bind_core_list` in GPU order; `engine.machine.bound_domains`)."""
+    `--bind_core_list` in GPU order, or without one: `bind_core_list`;
+    `hardware.placement.bound_domains`)."""
     empty_cache_each_phase: bool = False
     """`torch.cuda.empty_cache()` at the start of every forward, backward and step, as the
     Deep Optimizer States fork's engine does (`behaviours.EMPTY_CACHE_EACH_PHASE`): each phase
     then reserves its device memory anew through `cudaMalloc`."""
+    bind_core_list: CoreOrder = "by_gpu"
+    """The core list a bound launch cuts into the ranks' parts (`hardware.placement.CoreOrder`):
+    by GPU, or none given (the cores in their numbering)."""
 
     @property
     def version_text(self) -> str:
@@ -174,8 +180,9 @@ class Scenario:
             "deepspeed": self.deepspeed.to_dict(),
             "runtime": {"deepspeed_version": self.runtime.version_text,
                         "cpu_threads_per_rank": self.runtime.cpu_threads_per_rank,
-                        **({"bind_cores_to_rank": True} if self.runtime.bind_cores_to_rank
-                           else {}),
+                        **({"bind_cores_to_rank": True,
+                            "bind_core_list": self.runtime.bind_core_list}
+                           if self.runtime.bind_cores_to_rank else {}),
                         **({"empty_cache_each_phase": True}
                            if self.runtime.empty_cache_each_phase else {}),
                         "cpu_pools": _pools_dict(self.cpu_pools()),
@@ -469,7 +476,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         hardware=hardware, data_parallel=data_parallel, deepspeed=resolution.config,
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank, label,
                         raw.runtime.bind_cores_to_rank,
-                        empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label)),
+                        empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label),
+                        raw.runtime.bind_core_list),
         what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
