@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zerosim.hardware.costs import CpuPools
-from zerosim.hardware.placement import Shares, place_ranks
+from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import phase_time
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
@@ -525,7 +525,7 @@ def _rows(rows: tuple[int, ...]) -> str:
 
 
 def _domains_text(shares: Shares, domains: int) -> str:
-    if len(shares) == domains and len({share for _, share in shares}) == 1:
+    if everywhere(shares, domains):
         return "every domain"
     return ", ".join(str(domain) for domain, _ in shares)
 

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from zerosim.hardware.placement import Placement, everywhere
 from zerosim.hardware.profile import HardwareProfile
-
-if TYPE_CHECKING:
-    from zerosim.hardware.placement import Placement
 
 Signature = tuple[int, frozenset[tuple[int, float]], frozenset[tuple[int, float]],
                   frozenset[tuple[int, float]]]
@@ -37,14 +34,9 @@ def _signature(profile: HardwareProfile, placement: Placement) -> Signature:
 
 def _relabelled(signature: Signature, domains: tuple[int, ...]) -> Signature:
     gpu_domain, *pages = signature
-    return (domains[gpu_domain], *(shares if _everywhere(shares, len(domains))
+    return (domains[gpu_domain], *(shares if everywhere(shares, len(domains))
                                    else frozenset((domains[d], share) for d, share in shares)
                                    for shares in pages))
-
-
-def _everywhere(shares: frozenset[tuple[int, float]], domains: int) -> bool:
-    """Shares spread evenly over every domain, which any relabelling leaves as they are."""
-    return len(shares) == domains and len({share for _, share in shares}) == 1
 
 
 def rank_classes(profile: HardwareProfile, placements: Sequence[Placement]
@@ -75,7 +67,7 @@ def _referenced(signature: Signature, domains: int) -> set[int]:
     gpu_domain, *pages = signature
     named = {gpu_domain}
     for shares in pages:
-        if not _everywhere(shares, domains):
+        if not everywhere(shares, domains):
             named |= {d for d, _ in shares}
     return named
 
@@ -88,7 +80,7 @@ def _relabelling_maps(counts: Counter[Signature], source: Signature, target: Sig
     whose domains it has all placed (the domains no signature names follow in any order)."""
     kinds = list(counts)
     named = [_referenced(sig, domains) for sig in kinds]
-    order = sorted(_referenced(source, domains), key=lambda d: d)
+    order = sorted(_referenced(source, domains))
     order += sorted(set().union(*named) - set(order))
     position = {d: i for i, d in enumerate(order)}
     done_at = [max(position[d] for d in n) for n in named]

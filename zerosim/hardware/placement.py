@@ -20,6 +20,11 @@ Shares = tuple[tuple[int, float], ...]
 """How a set of pages spreads over a node's NUMA domains: (domain, share of the pages) pairs."""
 
 
+def everywhere(shares: Shares | frozenset[tuple[int, float]], domains: int) -> bool:
+    """Whether the shares spread evenly over every one of `domains` domains."""
+    return len(shares) == domains and len({share for _, share in shares}) == 1
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a rank lives: its node, its GPU, where its host pages sit (`home` for the buffers
