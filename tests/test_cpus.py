@@ -29,7 +29,6 @@ def adam_rate(profile_name: str) -> float:
     ("p4d-24xlarge", 3.6e9 * 16 / 17),  # Xeon 8275CL, AVX-512: 3.3882e9
     ("polaris-a100", 2.8e9 * 8 / 17),   # EPYC 7543P, AVX2: 1.3176e9
     ("dgx-a100", 2.25e9 * 8 / 17),      # EPYC 7742, AVX2: 1.0588e9
-    ("gh200", 3.1e9 * 1 / 17),          # Grace: DeepSpeed 0.13.3's scalar loop, 1.8235e8
 ])
 def test_adam_ceiling_is_clock_times_lanes_over_the_loops_instructions(profile, rate):
     p = load_profile(profile)
@@ -37,6 +36,19 @@ def test_adam_ceiling_is_clock_times_lanes_over_the_loops_instructions(profile, 
     prov = p.provenance[ADAM]
     assert prov.basis == "derived"
     assert "params per lane-cycle" in prov.source and "Step_AVX" in prov.source
+
+
+def test_the_scalar_loop_runs_at_the_clock_over_its_measured_cycles_per_element():
+    """Grace builds DeepSpeed's scalar Step_1: 3.1 GHz / 21.7 cycles = 1.4286e8 per thread,
+    what SuperOffload's DeepSpeedCPUAdam rows give (15e9 elements in 1.458 s on 72 cores)."""
+    p = load_profile("gh200")
+    assert p.adam_params_per_s_per_thread == pytest.approx(3.1e9 / 21.7, rel=1e-12)
+    assert 72 * p.adam_params_per_s_per_thread == pytest.approx(15e9 / 1.458, rel=0.005)
+    prov = p.provenance[ADAM]
+    assert prov.basis == "derived"
+    assert "21.7 cycles per element of the scalar loop on sve2" in prov.source
+    assert "(measured)" in prov.source and "GraceAdam" in prov.source
+    assert load_catalog().adam.scalar_cycles_per_element.basis == "measured"
 
 
 def test_the_numbers_of_the_formula():

@@ -195,7 +195,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 379
+    assert len(judged) == 383
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])
@@ -224,6 +224,26 @@ def test_pcie_drop_probe_is_the_dma_share_of_a_saturated_numa_domain(cells):
     cell = cells[("observations", "probe", "PCIe drop while unscale runs")]
     assert cell.simulated == pytest.approx(expected, rel=1e-9)
     assert cell.status == "pass"
+
+
+@pytest.mark.parametrize("billions", [1, 2, 4, 8])
+def test_superoffload_adam_steps_replay_the_scalar_loop_and_host_memory(cells, billions):
+    """A lone DeepSpeedCPUAdam on gh200: 72 threads of the scalar loop, 3.1 GHz / 21.7 cycles
+    each, under what host memory allows (353 GB/s over 28 B per element = 1.26e10/s); with no
+    OpenMP pool besides its own, its tile regions lose nothing. GraceAdam's cell is the same
+    kernel with the compute ceiling lifted: the memory rate alone."""
+    from zerosim.validation.validate import CPU_ADAM_GROUP
+
+    n, compute, memory = billions * 1e9, 72 * 3.1e9 / 21.7, 353e9 / 28
+    assert compute < memory
+    case = f"{billions}B parameters"
+    adam = cells[(CPU_ADAM_GROUP, case, "DeepSpeedCPUAdam step")]
+    assert adam.simulated == pytest.approx(n / compute, rel=1e-9)
+    assert adam.status == "pass"
+    grace = cells[(CPU_ADAM_GROUP, case,
+                   "GraceAdam (SVE) step, against Adam at host memory's rate")]
+    assert grace.simulated == pytest.approx(n / memory, rel=1e-9)
+    assert grace.status == "reported" and abs(grace.rel_error) < 0.05
 
 
 def test_a_case_that_did_not_fit_prints_oom_not_a_number():

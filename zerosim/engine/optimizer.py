@@ -16,6 +16,7 @@ from typing import Protocol
 
 import simpy
 
+from zerosim.engine.machine import Machine
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import DEVICE_SCALAR_BYTES
 from zerosim.engine.states import stage12_master_pinned
@@ -161,12 +162,17 @@ def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
                              m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
     core.gil.hold()
     yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
-                             m.cpu_kernel(core.rank, elements, host=costs.ADAM_HOST_BYTES,
-                                          elements_per_s_per_thread=(
-                                              core.profile.adam_params_per_s_per_thread),
-                                          regions=math.ceil(
-                                              elements / costs.CPU_ADAM_TILE_ELEMENTS)))
+                             cpu_adam(m, core.rank, elements))
     core.gil.release()
+
+
+def cpu_adam(machine: Machine, rank: int, elements: float) -> Gen:
+    """DeepSpeedCPUAdam's `adam_update` over `elements` fp32 elements on `rank`'s OpenMP pool,
+    one parallel region per tile (what `zerosim validate` also times alone)."""
+    return machine.cpu_kernel(rank, elements, host=costs.ADAM_HOST_BYTES,
+                              elements_per_s_per_thread=(
+                                  machine.profile.adam_params_per_s_per_thread),
+                              regions=math.ceil(elements / costs.CPU_ADAM_TILE_ELEMENTS))
 
 
 def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -> Gen:

@@ -42,12 +42,14 @@ class Quoted:
 
 @dataclass(frozen=True)
 class CpuAdamLoop:
-    """DeepSpeed's CPU Adam loop: lanes per SIMD extension and its issue-rate model."""
+    """DeepSpeed's CPU Adam loops: lanes per SIMD extension, the vector loop's issue-rate
+    model and the scalar loop's measured cycles per element."""
 
     lanes: Mapping[str, int]
     lanes_source: str
     vector_instructions: Quoted
     instructions_per_cycle: Quoted
+    scalar_cycles_per_element: Quoted
 
     def lanes_for(self, simd: str) -> int:
         """fp32 lanes of the loop DeepSpeed builds for a CPU with `simd` (1: the scalar loop)."""
@@ -93,18 +95,26 @@ class CpuCatalog:
 
 def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
     """DeepSpeedCPUAdam's compute ceiling for one thread with a core to itself (the default
-    pool has one thread per physical core): clock x lanes x params per lane-cycle."""
+    pool has one thread per physical core): clock x lanes x params per lane-cycle for the
+    vector loop, clock / cycles per element for the scalar one."""
+    clock_Hz = model.all_core_GHz.value * GHZ
     lanes = adam.lanes_for(model.family.simd)
-    return model.all_core_GHz.value * GHZ * lanes * adam.params_per_lane_cycle
+    if lanes == 1:
+        return clock_Hz / adam.scalar_cycles_per_element.value
+    return clock_Hz * lanes * adam.params_per_lane_cycle
 
 
 def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
     lanes = adam.lanes_for(model.family.simd)
     clock = model.all_core_GHz
-    simd = model.family.simd
-    path = f"{lanes} fp32 lanes" if lanes > 1 else f"1 lane (the scalar loop on {simd})"
+    if lanes == 1:
+        cycles = adam.scalar_cycles_per_element
+        return (f"all-core clock {clock.value:g} GHz / {cycles.value:g} cycles per element "
+                f"of the scalar loop on {model.family.simd} = {rate:.4g} params/s per thread "
+                f"({model.name}); clock ({clock.basis}): {clock.source}; lanes: "
+                f"{adam.lanes_source}; cycles per element ({cycles.basis}): {cycles.source}")
     per_cycle = adam.instructions_per_cycle
-    return (f"all-core clock {clock.value:g} GHz x {path} x "
+    return (f"all-core clock {clock.value:g} GHz x {lanes} fp32 lanes x "
             f"{per_cycle.value:g}/{adam.vector_instructions.value:g} params per "
             f"lane-cycle = {rate:.4g} params/s per thread ({model.name}); "
             f"clock ({clock.basis}): {clock.source}; lanes: {adam.lanes_source}; "
@@ -220,7 +230,9 @@ def _adam(raw: Any) -> CpuAdamLoop:
     return CpuAdamLoop(dict(lanes), _text(raw, "lanes_source", "cpu_adam"),
                        _quoted(raw.get("vector_instructions"), "cpu_adam.vector_instructions"),
                        _quoted(raw.get("instructions_per_cycle"),
-                               "cpu_adam.instructions_per_cycle"))
+                               "cpu_adam.instructions_per_cycle"),
+                       _quoted(raw.get("scalar_cycles_per_element"),
+                               "cpu_adam.scalar_cycles_per_element"))
 
 
 def _family(key: str, raw: Any) -> CpuFamily:

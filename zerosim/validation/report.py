@@ -130,7 +130,11 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         "reported beside them, and so are the node probe's plain PyTorch block, per layer, and "
         "published eager attentions on an A100 80GB and an H100 PCIe. nccl-tests bus "
         "bandwidths of Polaris, a DGX A100 and a p4d, and XLA's collectives over an HGX H100 "
-        "board, through the engine's ring with each machine's profile.",
+        "board, through the engine's ring with each machine's profile. SuperOffload's Adam "
+        "steps on a GH200's Grace, through the engine's CPU kernel: DeepSpeedCPUAdam's scalar "
+        "loop (its cycles per element are measured on these rows, so they check the replay) "
+        "and the study's SVE GraceAdam, reported against the same Adam bound by host memory "
+        "alone.",
         "",
         f"Hardware profiles: `{profile.name}` for the study's cells, `{POLARIS_PROFILE}` for the "
         "Polaris runs; one software stack for both (`runtime.framework`, default "

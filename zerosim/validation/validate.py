@@ -462,6 +462,52 @@ def xla_h100_collective_cells() -> list[Cell]:
     return cells
 
 
+CPU_ADAM_GROUP = "CPU Adam on a Grace CPU (SuperOffload, GH200)"
+CPU_ADAM_TOLERANCE = 0.05
+UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD = 1e12
+"""A per-thread rate no CPU reaches: the engine's Adam with its compute ceiling lifted."""
+
+
+def cpu_adam_seconds(profile: HardwareProfile, elements: float) -> float:
+    """One DeepSpeedCPUAdam step of `elements` alone on the engine's machine model (one rank,
+    its default pool), as the engine replays each sub-group's."""
+    from zerosim.engine.optimizer import cpu_adam
+
+    env = simpy.Environment()
+    machine = Machine(env, profile, 1, None)
+    env.process(cpu_adam(machine, 0, elements))
+    env.run()
+    return env.now
+
+
+def cpu_adam_cells() -> list[Cell]:
+    """SuperOffload's Adam steps on a GH200's Grace: DeepSpeedCPUAdam (the scalar loop, whose
+    cycles per element are measured on these rows) against the engine's lone Adam, and the
+    study's SVE GraceAdam against the same Adam with its compute ceiling lifted (what the
+    profile's host memory bandwidth, STREAM's, allows)."""
+    data = reference_data("superoffload_grace_adam.yaml")
+    profile = load_profile(data["profile"])
+    memory_bound = load_profile(data["profile"], {
+        "cpu.adam_params_per_s_per_thread": {
+            "value": UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD, "basis": "assumed",
+            "source": "no compute ceiling"}})
+    cells = []
+    for row in data["rows"]:
+        n = row["parameters"]
+        case = f"{n / 1e9:g}B parameters"
+        cells.append(judge(
+            CPU_ADAM_GROUP, case, "DeepSpeedCPUAdam step", "s", row["cpu_adam_s"],
+            cpu_adam_seconds(profile, n), CPU_ADAM_TOLERANCE,
+            note="DeepSpeed's scalar loop on 72 cores; cpus.yaml's "
+                 "cpu_adam.scalar_cycles_per_element is measured on these four rows"))
+        cells.append(judge(
+            CPU_ADAM_GROUP, case, "GraceAdam (SVE) step, against Adam at host memory's rate",
+            "s", row["grace_adam_s"], cpu_adam_seconds(memory_bound, n), None,
+            note="the engine's Adam with no compute ceiling: 28 B per element at gh200's "
+                 "host.memory_GBps_per_domain (STREAM on another GH200)"))
+    return cells
+
+
 def observation_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
     obs = study.observations
     s1, s2, s4 = (results[dp].summary for dp in (1, 2, 4))
@@ -835,7 +881,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells += table1_cells(study) + estimator_cells(load_estimator_tables())
     cells += gemm_cells() + pytorch_op_cells() + block_cells() + attention_cells()
     cells += flash_attention_cells()
-    cells += collective_cells() + xla_h100_collective_cells()
+    cells += collective_cells() + xla_h100_collective_cells() + cpu_adam_cells()
     if polaris:
         cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
     if seed003:
