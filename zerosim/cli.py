@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from zerosim.errors import ScenarioError, ZerosimError, clip
 from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
 from zerosim.tune import KNOBS
+
+if TYPE_CHECKING:
+    from zerosim.scenario import Scenario
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
 
@@ -155,6 +159,16 @@ def _with_warnings(load):
     return loaded
 
 
+
+def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `cpu_adam`, where the optimizer steps on the CPU (what its `cpu adam`
+    line says)."""
+    if not scenario.deepspeed.offload_optimizer.enabled:
+        return {}
+    from zerosim.engine.probes import node_adam_rates
+
+    return {"cpu_adam": node_adam_rates(scenario).to_dict()}
+
 @main.command()
 @scenario_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved scenario as JSON.")
@@ -177,7 +191,8 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     loaded = _load(scenario, overrides)
     summary = _model_summary(loaded.model, loaded.sequence_length)
     if as_json:
-        _print_json({**loaded.to_dict(), "model_summary": summary.to_dict()})
+        _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
+                     **_cpu_adam(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

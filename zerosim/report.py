@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
 from rich.table import Table
 
@@ -46,6 +48,8 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank {_threads_text(scenario)}")
     top.add_row("cpu pools", _pools_text(scenario.cpu_pools()))
+    if scenario.deepspeed.offload_optimizer.enabled:
+        top.add_row("cpu adam", _adam_text(scenario))
     if scenario.hardware.numa_domains > 1:
         top.add_row("numa", _placement_text(scenario))
     top.add_row("framework", f"{scenario.stack.name}: " + ", ".join(
@@ -555,6 +559,20 @@ def _pools_text(pools: CpuPools) -> str:
             f"threads' worth of throughput shared, each OpenMP region waits "
             f"{pools.region_wait_s / MS:.2f} ms more (runtime.cpu_threads_per_rank "
             f"{pools.filling_threads} would not oversubscribe)")
+
+
+def _adam_text(scenario: Scenario) -> str:
+    """What a sub-group's CPU Adam step runs at with the node's ranks stepping together, and
+    what holds it, timed on the engine's machine model."""
+    from zerosim.engine.probes import node_adam_rates
+
+    def rate(value: float) -> str:
+        return re.sub(r"e\+?0*(\d)", r"e\1", f"{value:.3g}")
+
+    rates = node_adam_rates(scenario)
+    return (f"{rate(rates.params_per_s)} params/s per rank, {_count(rates.ranks, 'rank')} "
+            f"stepping at once: held by {rates.binding} (the threads' ceiling "
+            f"{rate(rates.threads_params_per_s)}, host memory's {rate(rates.memory_params_per_s)})")
 
 
 def _threads_text(scenario: Scenario) -> str:

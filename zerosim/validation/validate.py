@@ -464,20 +464,6 @@ def xla_h100_collective_cells() -> list[Cell]:
 
 CPU_ADAM_GROUP = "CPU Adam on a Grace CPU (SuperOffload, GH200)"
 CPU_ADAM_TOLERANCE = 0.05
-UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD = 1e12
-"""A per-thread rate no CPU reaches: the engine's Adam with its compute ceiling lifted."""
-
-
-def cpu_adam_seconds(profile: HardwareProfile, elements: float) -> float:
-    """One DeepSpeedCPUAdam step of `elements` alone on the engine's machine model (one rank,
-    its default pool), as the engine replays each sub-group's."""
-    from zerosim.engine.optimizer import cpu_adam
-
-    env = simpy.Environment()
-    machine = Machine(env, profile, 1, None)
-    env.process(cpu_adam(machine, 0, elements))
-    env.run()
-    return env.now
 
 
 def cpu_adam_cells() -> list[Cell]:
@@ -485,12 +471,11 @@ def cpu_adam_cells() -> list[Cell]:
     cycles per element are measured on these rows) against the engine's lone Adam, and the
     study's SVE GraceAdam against the same Adam with its compute ceiling lifted (what the
     profile's host memory bandwidth, STREAM's, allows)."""
+    from zerosim.engine.probes import cpu_adam_seconds, without_adam_ceiling
+
     data = reference_data("superoffload_grace_adam.yaml")
     profile = load_profile(data["profile"])
-    memory_bound = load_profile(data["profile"], {
-        "cpu.adam_params_per_s_per_thread": {
-            "value": UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD, "basis": "assumed",
-            "source": "no compute ceiling"}})
+    memory_bound = without_adam_ceiling(profile)
     cells = []
     for row in data["rows"]:
         n = row["parameters"]

@@ -1,0 +1,88 @@
+"""Lone kernels on the engine's machine model: what `zerosim check` and `zerosim validate` time
+without replaying a whole iteration, through the same `Machine` and kernels the engine runs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from zerosim.engine.machine import Machine
+from zerosim.engine.optimizer import cpu_adam
+from zerosim.engine.plan import plan_of
+from zerosim.hardware.placement import CoreOrder
+from zerosim.hardware.profile import HardwareProfile
+
+if TYPE_CHECKING:
+    from zerosim.scenario import Scenario
+
+UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD = 1e12
+"""A per-thread rate no CPU reaches: Adam with its compute ceiling lifted, bound by host
+memory alone."""
+
+
+def cpu_adam_seconds(profile: HardwareProfile, elements: float, *, ranks: int = 1,
+                     threads_per_rank: int | None = None, bound: bool = False,
+                     core_order: CoreOrder = "by_gpu") -> float:
+    """`ranks` ranks of one node each stepping `elements` with DeepSpeedCPUAdam at once, as the
+    engine replays a sub-group's step: until the last of them is done."""
+    env = simpy.Environment()
+    machine = Machine(env, profile, ranks, threads_per_rank, bound=bound,
+                      core_order=core_order)
+    for rank in range(ranks):
+        env.process(cpu_adam(machine, rank, elements))
+    env.run()
+    return env.now
+
+
+def without_adam_ceiling(profile: HardwareProfile) -> HardwareProfile:
+    """`profile` with DeepSpeedCPUAdam's per-thread compute ceiling lifted."""
+    return replace(profile, adam_params_per_s_per_thread=UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD)
+
+
+@dataclass(frozen=True)
+class AdamRates:
+    """What one sub-group's CPU Adam step runs at on the scenario's fullest node, every rank of
+    it stepping at once (DeepSpeed's ranks reach their updates together), per rank."""
+
+    ranks: int
+    elements: int
+    """The sub-group stepped: the rank's first (`zero_optimization.sub_group_size` or its
+    whole partition, if smaller)."""
+    params_per_s: float
+    """params/s of the slowest rank, as the engine replays it."""
+    threads_params_per_s: float
+    """The rank's pool: threads x the per-thread ceiling (`cpu.adam_params_per_s_per_thread`)."""
+    memory_params_per_s: float
+    """The same step with no compute ceiling: what host memory lets each rank reach."""
+
+    @property
+    def binding(self) -> str:
+        """What holds the step: host memory when the ranks reach what it allows, else their
+        threads (fewer, or oversubscribed, than memory could feed)."""
+        reached = self.params_per_s >= self.memory_params_per_s * (1 - 1e-9)
+        return "host memory" if reached else "its threads"
+
+    def to_dict(self) -> dict[str, Any]:
+        """What `zerosim check --json` prints as `cpu_adam`."""
+        return {**asdict(self), "held_by": self.binding}
+
+
+def node_adam_rates(scenario: Scenario) -> AdamRates:
+    """The scenario's CPU Adam on its fullest node (`AdamRates`)."""
+    profile = scenario.hardware
+    runtime = scenario.runtime
+    ranks = scenario.ranks_on_fullest_node
+    elements = plan_of(scenario).subgroups[0]
+    pools = scenario.cpu_pools()
+
+    def seconds(p: HardwareProfile) -> float:
+        return cpu_adam_seconds(p, elements, ranks=ranks,
+                                threads_per_rank=runtime.cpu_threads_per_rank,
+                                bound=runtime.bind_cores_to_rank,
+                                core_order=runtime.bind_core_list)
+
+    return AdamRates(ranks, elements, elements / seconds(profile),
+                     pools.threads_per_rank * profile.adam_params_per_s_per_thread,
+                     elements / seconds(without_adam_ceiling(profile)))
