@@ -159,7 +159,6 @@ def _with_warnings(load):
     return loaded
 
 
-
 def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `cpu_adam`, where the optimizer steps on the CPU (what its `cpu adam`
     line says)."""
@@ -168,6 +167,7 @@ def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
     from zerosim.engine.probes import node_adam_rates
 
     return {"cpu_adam": node_adam_rates(scenario).to_dict()}
+
 
 @main.command()
 @scenario_argument

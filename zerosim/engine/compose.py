@@ -50,6 +50,7 @@ from zerosim.engine.params import (
     PartitionsInHost,
     ReplicatedParams,
 )
+from zerosim.engine.plan import update_groups
 from zerosim.engine.program import OptimizerStep, RankProgram
 from zerosim.engine.rank import RankCore, RunContext
 from zerosim.engine.sinks import BoundaryFlush, GpuPartitions, HostAccumulation, HostPartitions
@@ -131,13 +132,8 @@ def _post_step(core: RankCore) -> PostStep:
 
 def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                gpu_gradients: GpuGradients | None) -> OptimizerStep:
-    ds, plan = core.ds, core.plan
-    if ds.stage == 3:
-        groups = plan.subgroups
-    elif ds.stage > 0:
-        groups = (plan.partition_numel,)
-    else:
-        groups = (sum(p.numel for p in plan.all_params),)
+    ds = core.ds
+    groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
         return GpuStep(core, groups, _post_step(core))
     if gpu_gradients is not None:

@@ -253,6 +253,16 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
     )
 
 
+def update_groups(plan: Plan, stage: int) -> tuple[int, ...]:
+    """The element counts the optimizer steps one after another: ZeRO-3's sub-groups, the
+    rank's whole flat partition at stages 1 and 2, every parameter without ZeRO."""
+    if stage == 3:
+        return plan.subgroups
+    if stage > 0:
+        return (plan.partition_numel,)
+    return (sum(p.numel for p in plan.all_params),)
+
+
 def workload_of(scenario: Scenario) -> Workload:
     return Workload(
         sequence_length=scenario.sequence_length,

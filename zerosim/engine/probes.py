@@ -10,7 +10,7 @@ import simpy
 
 from zerosim.engine.machine import Machine
 from zerosim.engine.optimizer import cpu_adam
-from zerosim.engine.plan import plan_of
+from zerosim.engine.plan import plan_of, update_groups
 from zerosim.hardware.placement import CoreOrder
 from zerosim.hardware.profile import HardwareProfile
 
@@ -48,8 +48,9 @@ class AdamRates:
 
     ranks: int
     elements: int
-    """The sub-group stepped: the rank's first (`zero_optimization.sub_group_size` or its
-    whole partition, if smaller)."""
+    """What one DeepSpeedCPUAdam call steps: the rank's first ZeRO-3 sub-group
+    (`zero_optimization.sub_group_size`, or the whole partition if smaller), its whole
+    partition at stages 1 and 2."""
     params_per_s: float
     """params/s of the slowest rank, as the engine replays it."""
     threads_params_per_s: float
@@ -74,7 +75,7 @@ def node_adam_rates(scenario: Scenario) -> AdamRates:
     profile = scenario.hardware
     runtime = scenario.runtime
     ranks = scenario.ranks_on_fullest_node
-    elements = plan_of(scenario).subgroups[0]
+    elements = update_groups(plan_of(scenario), scenario.deepspeed.stage)[0]
     pools = scenario.cpu_pools()
 
     def seconds(p: HardwareProfile) -> float:
