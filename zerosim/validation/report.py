@@ -22,14 +22,15 @@ STATUS_MARK = {"pass": "pass", "fail": "**FAIL**", "excluded": "excluded", "repo
 
 
 def format_value(value: float, unit: str) -> str:
-    """A measured or simulated value as the report prints it (GB to DeepSpeed's 0.01)."""
+    """A measured or simulated value as the report prints it (GB to DeepSpeed's 0.01; three
+    significant digits below 0.1, where two decimals would hide the error)."""
     if unit == "GB":
         return f"{value:.2f}"
     if unit == "params/s":
         return f"{value:.3g}"
     if unit == "":
         return f"{value:.3f}"
-    return f"{value:.3g}" if abs(value) >= 100 else f"{value:.2f}"
+    return f"{value:.3g}" if abs(value) >= 100 or abs(value) < 0.1 else f"{value:.2f}"
 
 
 def _tolerance(cell: Cell) -> str:
