@@ -175,6 +175,14 @@ def test_a_bad_catalog_entry_names_the_catalog_and_key():
         parse_catalog(tree)
 
 
+def test_a_catalog_without_the_scalar_loops_cycles_names_the_key():
+    tree = _catalog_with({"x": "sve2"})
+    del tree["cpu_adam"]["scalar_cycles_per_element"]
+    with pytest.raises(ScenarioError, match=r"zerosim/hardware/cpus\.yaml: "
+                       r"cpu_adam\.scalar_cycles_per_element"):
+        parse_catalog(tree)
+
+
 def test_check_shows_the_derived_value_and_its_formula():
     scenario = (ROOT / "scenarios" / "calibration" / "polaris"
                 / "polaris-11.20b-dp1-mb1-ga1-sg1e08.yaml")
