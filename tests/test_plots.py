@@ -212,8 +212,9 @@ def texts_of_titles(fig) -> str:
 def test_activity_explains_the_boundary_backward(dp1):
     table = plots.activity(dp1, phase="backward")
     assert {"stream", "kind", "spans", "busy_s", "share"} <= set(table.columns)
-    assert plots.op_kind("accum → host layers.3.mlp.up_proj (pinned)") == "accum → host (pinned)"
-    assert plots.op_kind("reduce-scatter 459M") == "reduce-scatter"
+    assert set(table.kind) >= {"zero_pages", "grad_flush (pageable)", "grad_to_host (pinned)",
+                               "cast", "partition_grads", "backward"}
+    assert plots.span_kind("", "", "an op of an older folder") == "an op of an older folder"
     phase = dp1.phases.query("phase == 'backward'").iloc[-1]
     assert table.busy_s.max() <= phase.end_s - phase.start_s + 1e-9
     links = plots.link_activity(dp1, phase="backward")

@@ -11,7 +11,6 @@ more than eight.
 from __future__ import annotations
 
 import math
-import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -654,18 +653,13 @@ def _top(ax) -> float:
 
 # ------------------------------------------------------------------------------ activity
 
-_NUMBER = re.compile(r"\d+(\.\d+)?[KMGT]?")
-_MODULE_WORDS = frozenset({"norm"})
-
-
-def op_kind(op: str) -> str:
-    """An op name without its module or size: 'accum → host layers.3.mlp.up_proj (pinned)'
-    -> 'accum → host (pinned)', 'reduce-scatter 459M' -> 'reduce-scatter',
-    'cpu adam sub-group 3' -> 'cpu adam sub-group'. Words with a dot or an underscore are
-    module names, bare numbers and sizes are dropped."""
-    words = [w for w in str(op).split(" ") if w and "." not in w and "_" not in w
-             and not _NUMBER.fullmatch(w) and w not in _MODULE_WORDS]
-    return " ".join(words) or str(op)
+def span_kind(op_kind: str, buffer_kind: str, op: str) -> str:
+    """What a span does, from its fields: its op kind (`vocabulary.OpKind`) with the host
+    buffer it copies to or from, e.g. 'grad_to_host (pinned)'. A span without an op kind (a
+    result folder that predates the column) is named by its whole `op`."""
+    if not op_kind:
+        return str(op)
+    return f"{op_kind} ({buffer_kind})" if buffer_kind else op_kind
 
 
 def _phase_window(result, rank: int, phase: str, micro_batch: int | None
@@ -688,14 +682,17 @@ def _phase_window(result, rank: int, phase: str, micro_batch: int | None
 def activity(result, *, rank: int = 0, phase: str = Phase.BACKWARD,
              micro_batch: int | None = None) -> pd.DataFrame:
     """Where the time of one phase goes on one rank: busy seconds per stream and op kind
-    (spans clipped to the phase), with the share of the phase's length each one covers.
+    (`span_kind`: the spans' `op_kind` and `buffer_kind` fields; spans clipped to the phase),
+    with the share of the phase's length each one covers.
     `micro_batch` None picks the last one (for backward, the accumulation boundary).
     Streams run concurrently, so the shares add up to more than 1 when they overlap."""
     start, end, _ = _phase_window(result, rank, phase, micro_batch)
     spans = result.spans[(result.spans["rank"] == rank) & (result.spans.end_s > start)
                          & (result.spans.start_s < end)]
     busy = spans.end_s.clip(upper=end) - spans.start_s.clip(lower=start)
-    table = (spans.assign(kind=spans.op.map(op_kind), busy_s=busy)
+    kinds = [span_kind(k, b, o) for k, b, o in zip(spans.op_kind, spans.buffer_kind, spans.op,
+                                                    strict=True)]
+    table = (spans.assign(kind=kinds, busy_s=busy)
              .groupby(["stream", "kind"], sort=False)
              .agg(spans=("op", "size"), busy_s=("busy_s", "sum"), bytes=("bytes", "sum"))
              .reset_index())
