@@ -664,6 +664,38 @@ def test_stack_values_are_overridden_like_profile_values():
         load_scenario("scenarios/llama13b_dp1.yaml", ["runtime.framework=pytorch-lightning"])
 
 
+def test_nested_stack_overrides_patch_the_keys_they_name():
+    """`runtime.framework.overrides` written nested, as in a scenario file, patches the keys it
+    names, like a profile's overrides: a section key by key, a kernel entry field by field, an
+    entry with its own `source` whole; without `stack:` or `file:` it patches the default
+    stack, and `--set runtime.framework.overrides.<key>` is `--set stack.<key>`."""
+    base = load_stack(DEFAULT_STACK)
+    nested = load_scenario("scenarios/llama13b_dp1.yaml", [
+        "runtime.framework={overrides: {host: {fetch_hook_us: 250}, kernels: {rotary: "
+        "{kernels: 10}}, allocator: {heap_reuse_MiB: {value: 8, basis: measured, "
+        "source: a probe}}}}"]).stack
+    assert nested.name == DEFAULT_STACK
+    assert nested.fetch_hook_s == pytest.approx(250e-6)
+    assert nested.collective_launch_s == base.collective_launch_s
+    assert nested.recipe.rotary == replace(base.recipe.rotary, kernels=10)
+    assert nested.heap_reuse_bytes == 8 * 2**20
+    assert nested.provenance["allocator.heap_reuse_MiB"].basis == "measured"
+    routed = load_scenario("scenarios/llama13b_dp1.yaml",
+                           ["runtime.framework.overrides.host.fetch_hook_us=250"]).stack
+    assert routed.fetch_hook_s == pytest.approx(250e-6)
+    assert routed.provenance["host.fetch_hook_us"].basis == "override"
+    whole = load_scenario("scenarios/llama13b_dp1.yaml", [
+        "runtime.framework={stack: megatron-deepspeed, overrides: {kernels: {query_split: "
+        "{kernels: 1, bytes_per_element: 4, source: copied out}}}}"]).stack
+    assert (whole.recipe.query_split.kernels, whole.recipe.query_split.bytes_per_element) == (1, 4)
+    with pytest.raises(ScenarioError, match=r"runtime\.framework\.overrides\.host\.no_such_us"):
+        load_scenario("scenarios/llama13b_dp1.yaml",
+                      ["runtime.framework={overrides: {host: {no_such_us: 1}}}"])
+    with pytest.raises(ScenarioError, match=r"runtime\.framework: expected at most one of stack"):
+        load_scenario("scenarios/llama13b_dp1.yaml",
+                      ["runtime.framework={stack: megatron-deepspeed, file: x.yaml}"])
+
+
 # The toy (conftest.py) at DP=1: 21 modules own parameters (embed, 9 per layer x 2, the final
 # norm, lm_head) and the forward launches 28 kernels (12 per layer: norms, four projections,
 # two attention GEMMs, gate/up/down, the activation; plus embed, norm, lm_head and loss).

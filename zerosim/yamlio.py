@@ -9,7 +9,7 @@ sweep worker reads them again) is not parsed again; each caller gets its own cop
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -81,3 +81,19 @@ def dotted_leaf(tree: Mapping[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def flatten_nested(overrides: Mapping[str, Any], descend: Callable[[str, Mapping[str, Any]], bool],
+                   prefix: str = "") -> dict[str, Any]:
+    """`{a: {b: 1}}` -> `{"a.b": 1}`: nested overrides patch the keys they name, not the whole
+    section. `descend(dotted, value)` says whether a mapping value is a section to go into
+    (True) or one value to set whole (False); dotted keys pass through as they are."""
+    flat: dict[str, Any] = {}
+    for key, value in overrides.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and descend(dotted, value):
+            flat.update(flatten_nested(value, descend, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+

@@ -31,7 +31,7 @@ from zerosim.hardware import cpus
 from zerosim.hardware.provenance import BASES, DERIVED, Provenance, parse_provenance
 from zerosim.inputs import check_plausible
 from zerosim.units import GB, GHZ, MS, TFLOPS, US, GiB
-from zerosim.yamlio import parse_yaml_text, read_yaml_file
+from zerosim.yamlio import flatten_nested, parse_yaml_text, read_yaml_file
 
 __all__ = ["BASES", "DERIVED", "HardwareProfile", "Provenance", "load_profile",
            "parse_profile", "parse_provenance"]
@@ -509,16 +509,9 @@ def _is_provenance(value: Any) -> bool:
 def flatten_overrides(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{pcie: {h2d_pageable_GBps: 12}}` -> `{"pcie.h2d_pageable_GBps": 12}`: a nested override
     patches the keys it names, not the whole section. A `{value, basis, source}` mapping is one
-    value."""
-    flat: dict[str, Any] = {}
-    for key, value in overrides.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and not _is_provenance(value) and (
-                dotted != "observed"):
-            flat.update(flatten_overrides(value, f"{dotted}."))
-        else:
-            flat[dotted] = value
-    return flat
+    value, and so is the `observed` section."""
+    return flatten_nested(overrides, lambda dotted, value: not _is_provenance(value)
+                          and dotted != "observed", prefix)
 
 
 def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,

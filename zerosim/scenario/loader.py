@@ -237,16 +237,22 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> N
     node[parts[-1]] = value
 
 
+STACK_OVERRIDES_PATH = "runtime.framework.overrides."
+
+
 def _route_override(dotted: str) -> str:
     """Map convenience paths onto the scenario's structure.
 
     `hardware.pcie.h2d_pageable_GBps=12` patches the profile (-> hardware.overrides), and
     `model.num_hidden_layers=20` on a catalog model starts from that catalog entry, and
-    `stack.host.fetch_hook_us=500` patches the software stack (-> runtime.framework.overrides).
+    `stack.host.fetch_hook_us=500` patches the software stack (-> runtime.framework.overrides;
+    `runtime.framework.overrides.host.fetch_hook_us=500` is the same patch).
     """
     head, _, rest = dotted.partition(".")
     if head == "hardware" and rest and rest.split(".")[0] not in HARDWARE_REFERENCE_KEYS:
         return f"hardware.overrides.{rest}"
+    if dotted.startswith(STACK_OVERRIDES_PATH):
+        return "stack." + dotted.removeprefix(STACK_OVERRIDES_PATH)
     return dotted
 
 
@@ -255,7 +261,7 @@ def _override_depth(dotted: str) -> int:
     runtime.framework), so that overrides apply shallowest first and stably."""
     routed = _route_override(dotted)
     if routed.startswith("stack."):
-        routed = "runtime.framework.overrides." + routed.removeprefix("stack.")
+        routed = STACK_OVERRIDES_PATH + routed.removeprefix("stack.")
     return routed.count(".")
 
 

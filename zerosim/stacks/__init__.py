@@ -30,7 +30,7 @@ from zerosim.models.breakdown import (
     ScoreMemory,
 )
 from zerosim.units import MS, US, GiB, MiB
-from zerosim.yamlio import dotted_leaf, parse_yaml_text, read_yaml_file
+from zerosim.yamlio import dotted_leaf, flatten_nested, parse_yaml_text, read_yaml_file
 
 DEFAULT_STACK = "megatron-deepspeed"
 """The study's stack (`runtime.framework` when a scenario names none): the study and the Polaris
@@ -562,12 +562,24 @@ def builtin_stack_tree(name: str, *, source: str = "<inline>",
     return parse_yaml_text(path.read_text("utf-8"), f"zerosim/stacks/{name}.yaml")
 
 
+def _patches_keys(override: Mapping[str, Any]) -> bool:
+    """Whether a nested override names keys to patch (`host: {fetch_hook_us: 500}`,
+    `kernels: {rotary: {kernels: 10}}`) rather than giving one entry whole: a `{value, basis,
+    source}` value, or a module or kernel record with its own `source`."""
+    return "value" not in override and "source" not in override
+
+
 def apply_stack_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
                           source: str, key_path: str) -> dict[str, Any]:
-    """Patch stack values by dotted key (`host.fetch_hook_us: 500`); a number keeps the key's
-    unit and is recorded with basis `override`."""
+    """Patch stack values by dotted key (`host.fetch_hook_us: 500`), or nested
+    (`host: {fetch_hook_us: 500}`, as `--set runtime.framework.overrides.host.fetch_hook_us=500`
+    gives it), which patches the keys it names, as a profile's overrides do; an entry with its
+    own `source` replaces the entry whole (`_patches_keys`). A number keeps the key's unit and
+    is recorded with basis `override`; a `{value, basis, source}` mapping replaces the value
+    with its provenance."""
     patched = copy.deepcopy(dict(tree))
-    for dotted, value in overrides.items():
+    flat = flatten_nested(overrides, lambda _, override: _patches_keys(override))
+    for dotted, value in flat.items():
         parts = str(dotted).split(".")
         node: Any = patched
         for part in parts[:-1]:
@@ -575,7 +587,8 @@ def apply_stack_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any],
         leaf = parts[-1]
         if not isinstance(node, dict) or leaf not in node:
             raise ScenarioError(source, f"{key_path}.{dotted}", "an existing stack key", dotted)
-        if isinstance(node[leaf], Mapping) and "value" in node[leaf]:
+        given_provenance = isinstance(value, Mapping) and "value" in value
+        if isinstance(node[leaf], Mapping) and "value" in node[leaf] and not given_provenance:
             node[leaf] = {"value": value, "basis": "override", "source": f"override in {source}"}
         else:
             node[leaf] = value
@@ -584,8 +597,9 @@ def apply_stack_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any],
 
 def resolve_stack(value: Any, *, source: str, base_dir: Path,
                   key_path: str = "runtime.framework") -> SoftwareStack:
-    """`runtime.framework`: a stack name, {stack: name | file: path, overrides: {...}}, or a
-    whole stack written inline (a mapping with `name`)."""
+    """`runtime.framework`: a stack name, {stack: name | file: path, overrides: {...}} (no
+    stack or file: the default stack), or a whole stack written inline (a mapping with
+    `name`)."""
     if value is None:
         value = DEFAULT_STACK
     if isinstance(value, str):
@@ -595,9 +609,11 @@ def resolve_stack(value: Any, *, source: str, base_dir: Path,
     if "name" in value:
         return parse_stack(value, f"{source}: {key_path}")
     unknown = set(value) - {"stack", "file", "overrides"}
-    if unknown or ("stack" in value) == ("file" in value):
-        raise ScenarioError(source, key_path, "exactly one of stack: or file:, and optionally "
+    if unknown or ("stack" in value and "file" in value):
+        raise ScenarioError(source, key_path, "at most one of stack: or file:, and optionally "
                             "overrides:", dict(value))
+    if "file" not in value:
+        value = {"stack": DEFAULT_STACK, **value}
     if "stack" in value:
         tree = builtin_stack_tree(str(value["stack"]), source=source, key_path=key_path)
         origin = f"stack {value['stack']}"
