@@ -146,6 +146,14 @@ def test_oom_is_marked_where_it_happened(oom):
     assert not [a for ax in host.axes for a in ax.get_children() if a.get_gid() == "oom-marker"]
 
 
+def test_save_all_draws_where_each_phase_goes_for_the_phases_that_ran(tmp_path, oom):
+    """A run that ran out of memory before its first phase ended has no phase to break down:
+    its figures are the others."""
+    written = {p.name for p in plots.save_all(oom, tmp_path, formats=("png",))}
+    assert written == {"timeline.png", "memory_gpu0.png", "memory_host0.png", "pcie_gpu0.png",
+                       "phases.png"}
+
+
 # --------------------------------------------------------------------------- PCIe, phases
 
 def test_pcie_throughput_moves_the_summary_bytes(dp1):
@@ -292,7 +300,8 @@ def test_run_with_plots_writes_png_and_svg_and_plot_redraws_them(tmp_path, dp1):
     result = CliRunner().invoke(main, ["run", str(DP1), "--out", str(out), "--plots"],
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    figures = {"timeline", "memory_gpu0", "memory_host0", "pcie_gpu0", "phases"}
+    figures = {"timeline", "memory_gpu0", "memory_host0", "pcie_gpu0", "phases",
+               "activity_forward", "activity_backward", "activity_update"}
     names = {p.name for p in out.iterdir()}
     assert {f"{f}.{ext}" for f in figures for ext in ("png", "svg")} <= names
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -211,7 +211,8 @@ def default_out_dir(name: str) -> Path:
 @click.option("--no-files", is_flag=True, help="Only print the summary; write nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--plots", is_flag=True,
-              help="Also draw the timeline, memory, PCIe and phase figures (PNG and SVG).")
+              help="Also draw the timeline, memory, PCIe and phase figures, and where each "
+                   "phase's time goes on rank 0 (PNG and SVG).")
 @click.option("--no-progress", is_flag=True,
               help="No progress line on stderr (shown on a terminal for runs over 2 s).")
 @click.option("--compact-trace", is_flag=True,

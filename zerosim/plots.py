@@ -955,8 +955,10 @@ def host_devices(result) -> list[str]:
 
 def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"),
              *, dpi: int = 150) -> list[Path]:
-    """Write the timeline, memory over time (every GPU and host), PCIe throughput (every GPU)
-    and phase-breakdown figures into `out_dir`, one file per figure and format."""
+    """Write the timeline, memory over time (every GPU and host), PCIe throughput (every GPU),
+    phase-breakdown figures and, for each phase rank 0 ran, where its last instance's time
+    goes (`phase_activity`: the last forward, the boundary backward, the update) into
+    `out_dir`, one file per figure and format."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures: list[tuple[str, Figure]] = [("timeline", timeline(result))]
@@ -965,6 +967,8 @@ def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"
     for device in gpu_devices(result):
         figures.append((f"pcie_{device}", pcie_throughput(result, _device_rank(device))))
     figures.append(("phases", phase_breakdown(result.summary)))
+    for phase in _phases_of(result, rank=0):
+        figures.append((f"activity_{phase}", phase_activity(result, rank=0, phase=phase)))
     written = []
     for name, fig in figures:
         for fmt in formats:
@@ -972,6 +976,13 @@ def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"
             fig.savefig(path, dpi=dpi, metadata=_metadata(fmt))
             written.append(path)
     return written
+
+
+def _phases_of(result, *, rank: int) -> list[str]:
+    """The phases `rank` ran, in the order of the iteration (none of a run that ran out of
+    memory before its first phase)."""
+    ran = set(result.phases[result.phases["rank"] == rank].phase)
+    return [p.value for p in (Phase.FORWARD, Phase.BACKWARD, Phase.UPDATE) if p.value in ran]
 
 
 def _metadata(fmt: str) -> dict[str, Any] | None:
