@@ -177,3 +177,15 @@ def test_a_holdout_text_joined_by_ampersand_holds_out_the_rows_matching_every_pa
 def test_a_holdout_text_that_matches_no_row_is_named_in_the_error(measured):
     with pytest.raises(ScenarioError, match="no-such-run"):
         calibrate(measured, ["gpu.gemm_efficiency=0.1:1"], holdout=["dp2", "no-such-run"])
+
+
+def test_a_scenario_that_only_overrides_the_stack_calibrates_the_default_stack(tmp_path):
+    """`runtime.framework: {overrides: ...}` without `stack:` or `file:` names the default
+    stack, for `calibrate` as for `run`."""
+    from zerosim.stacks import DEFAULT_STACK
+    from zerosim.validation.calibrate import _raw_stack
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(
+        {"runtime": {"framework": {"overrides": {"host": {"fetch_hook_us": 500}}}}}))
+    assert _raw_stack(path)["name"] == DEFAULT_STACK

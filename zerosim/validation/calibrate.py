@@ -196,7 +196,7 @@ def _raw_stack(scenario: Path) -> dict[str, Any]:
     if "file" in raw:
         return read_yaml_file(scenario.parent / raw["file"], referenced_from=str(scenario),
                               key_path="runtime.framework.file")
-    return builtin_stack_tree(raw["stack"])
+    return builtin_stack_tree(raw.get("stack", DEFAULT_STACK))
 
 
 def base_trees(measurements: list[Measurement]) -> Bases:
