@@ -415,6 +415,30 @@ def test_the_forks_options_on_the_plain_release_label_are_the_studys_build():
     assert p_fork.status == "ok" and p_later.status == "error"
 
 
+def test_a_build_the_fork_does_not_know_says_what_it_is_replayed_as():
+    """A source build that is not a known commit of the fork is replayed as the fork (its
+    cache emptied at every phase) launched unbound, as the builds before c7da512a were, and
+    the table hears it once per build; a bind_cores_to_rank column takes the launch off the
+    warning, and known builds warn nothing."""
+    header, row = _rows([13], drop=MEASURED).splitlines()
+    table = f"{header}\n{row.replace('8074cd62', 'deadbeef')}\n{row}\n"
+    with pytest.warns(ScenarioWarning) as caught:
+        unknown, known = read_runs_text(table, "t.csv")
+    assert [str(w.message) for w in caught] == [
+        "t.csv: row(s) 1: build 0.13.3+deadbeef is not a commit of the Deep Optimizer States "
+        "fork zerosim knows: replayed as the fork, its CUDA cache emptied at every phase, its "
+        "options as d8048a5e and later read them; launched unbound, as the builds before "
+        "c7da512a were (a bind_cores_to_rank column says otherwise) "
+        "(docs/deep_optimizer_states.md)"]
+    assert (unknown.bind_cores_to_rank, unknown.empties_cache) == (False, True)
+    assert (known.bind_cores_to_rank, known.empties_cache) == (False, True)
+    with pytest.warns(ScenarioWarning) as caught:
+        read_runs_text(f"{header},bind_cores_to_rank\n{row.replace('8074cd62', 'deadbeef')},"
+                       "True\n", "t.csv")
+    assert [str(w.message).split(" (docs")[0][-28:] for w in caught] == [
+        "d8048a5e and later read them"]
+
+
 def test_a_table_written_by_pandas_reads_as_it_was_meant():
     """pandas writes a column with an empty cell as floats (3.0, 1.0): a gap of 3.0 is 3, a
     flag of 1.0 or 0 is True or False; 3.5 and 2 are not."""

@@ -29,6 +29,7 @@ from zerosim.behaviours import (
     FORK_KEYS,
     STUDY_FORK_BUILD,
     empties_cache_each_phase,
+    fork_build,
     fork_settings,
     launched_bound,
 )
@@ -505,6 +506,7 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     if not runs:
         raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
     _warn_unread_columns(source, header)
+    _warn_unknown_builds(source, runs, BIND_COLUMN in header)
     _warn_other_models(source, runs)
     return runs
 
@@ -544,6 +546,26 @@ def _warn_unread_columns(source: str, header: Sequence[str]) -> None:
     if unread:
         _warn(f"{source}: column(s) {', '.join(unread)} not read: the predictions do not "
               "depend on them")
+
+
+def _warn_unknown_builds(source: str, runs: Sequence[MeasuredRun], binding_given: bool
+                         ) -> None:
+    """Rows of a source build that is not a Deep Optimizer States commit zerosim knows: what
+    they are replayed as (a build it knows tells how its runs were launched, this one
+    cannot), one warning per build."""
+    rows_by_build: dict[str, list[int]] = {}
+    for run in runs:
+        label = run.build.partition("+")[2]
+        if label and fork_build(label) is None:
+            rows_by_build.setdefault(run.build, []).append(run.row)
+    launch = ("" if binding_given else
+              f"; launched unbound, as the builds before c7da512a were (a {BIND_COLUMN} "
+              "column says otherwise)")
+    for build, rows in rows_by_build.items():
+        _warn(f"{source}: row(s) {_row_list(rows)}: build {build} is not a commit of the Deep "
+              "Optimizer States fork zerosim knows: replayed as the fork, its CUDA cache "
+              f"emptied at every phase, its options as d8048a5e and later read them{launch} "
+              "(docs/deep_optimizer_states.md)")
 
 
 def _warn_other_models(source: str, runs: Sequence[MeasuredRun]) -> None:
