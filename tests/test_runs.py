@@ -439,6 +439,15 @@ def test_a_build_the_fork_does_not_know_says_what_it_is_replayed_as():
         "d8048a5e and later read them"]
 
 
+def test_a_table_saved_with_tabs_or_semicolons_or_padded_names_reads_as_its_csv():
+    """A spreadsheet's export (tabs or semicolons, names padded with spaces) reads as the
+    comma-separated table it holds."""
+    table = _rows([13, 39])
+    expected = read_runs_text(table, "t.csv")
+    for separator in ("\t", ";", " , "):
+        assert read_runs_text(table.replace(",", separator), "t.txt") == expected
+
+
 def test_a_table_written_by_pandas_reads_as_it_was_meant():
     """pandas writes a column with an empty cell as floats (3.0, 1.0): a gap of 3.0 is 3, a
     flag of 1.0 or 0 is True or False; 3.5 and 2 are not."""

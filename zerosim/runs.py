@@ -480,8 +480,9 @@ def _nodes(source: str, row: int, r: Mapping[str, str], gpus: int) -> dict[str, 
 def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     """Every row of a table in the artifact format, in order; a missing configuration column
     or a bad value is an error naming the row and the column."""
-    reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or ()
+    reader = csv.DictReader(io.StringIO(text), delimiter=_delimiter(text))
+    reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
+    header = reader.fieldnames
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise ScenarioError(source, "<header>",
@@ -509,6 +510,13 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     _warn_unknown_builds(source, runs, BIND_COLUMN in header)
     _warn_other_models(source, runs)
     return runs
+
+
+def _delimiter(text: str) -> str:
+    """The table's separator, read off its header line: commas as the artifacts write them,
+    else tabs or semicolons (a table saved from a spreadsheet), else commas."""
+    header = text.partition("\n")[0]
+    return next((d for d in (",", "\t", ";") if d in header), ",")
 
 
 def _with_defaults(r: Mapping[str, str | None], row: int,
