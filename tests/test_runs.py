@@ -335,6 +335,12 @@ def test_a_configuration_that_does_not_fit_is_a_row_not_a_failure(tmp_path):
     row, = json.loads(result.output)["rows"]
     assert row["status"] == "oom" and row["predicted_iteration_s"] is None
     assert row["measured_iteration_s"] == pytest.approx(12.49879)
+    assert re.fullmatch(r"out of memory on gpu\d: fp16 partition \(params 16-bit\) needs "
+                        r"7\.25 GiB with \d+\.\d\d of 8\.00 GiB in use", row["oom"])
+    printed = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                        "--workers", "1", "--no-files",
+                                        "--set", "hardware.gpu.hbm_GiB=8"])
+    assert f"{row['name']}: {row['oom']}" in " ".join(printed.output.split())
 
 
 def test_a_configuration_zerosim_refuses_is_an_error_row_and_exit_1(tmp_path):

@@ -10,7 +10,7 @@ from rich.table import Table
 from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.provenance import basis_text
-from zerosim.results.summary import phase_time
+from zerosim.results.summary import oom_text, phase_time
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
 from zerosim.units import MS, GiB
@@ -221,11 +221,7 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
         facts.add_row("outputs", str(out_dir))
     console.print(facts)
     if summary.get("oom"):
-        oom = summary["oom"]
-        console.print(f"[red]out of memory[/red] on {oom['device']} at t={oom['t_s']:.3f} s: "
-                      f"{oom['allocation']} ({oom['category']}) needs "
-                      f"{oom['requested_GiB']:.2f} GiB with {oom['in_use_GiB']:.2f} of "
-                      f"{oom['capacity_GiB']:.2f} GiB in use")
+        console.print(oom_text(summary["oom"]), style="red", markup=False, highlight=False)
 
 
 def render_validation(cells, out_dir) -> None:
@@ -435,8 +431,9 @@ def render_predictions(outcome, series=()) -> None:
         table.add_row(name, gpus, *(_prediction_cell(p, q) for q in QUANTITIES))
     console.print(table)
     for p in outcome.predictions:
-        if p.error:
-            console.print(f"{p.scenario_name}: {p.error}", markup=False, highlight=False)
+        if p.error or p.oom:
+            console.print(f"{p.scenario_name}: {p.error or p.oom}", markup=False,
+                          highlight=False)
     parts = []
     for quantity in QUANTITIES:
         errors = outcome.errors(quantity)

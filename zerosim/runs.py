@@ -785,6 +785,8 @@ class Prediction:
     predicted: Mapping[str, float | None]
     """By `QUANTITIES`: seconds, or bytes for the memory."""
     error: str = ""
+    oom: str = ""
+    """With status `oom`: the device and the allocation that did not fit (`oom_text`)."""
 
     def measured(self, quantity: str) -> float | None:
         return self.configuration.measured(quantity)
@@ -822,7 +824,11 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
         return Prediction(configuration, name, nodes, "error", {},
                           error=f"{type(summary).__name__}: {summary}")
     if summary["status"] != "ok":
-        return Prediction(configuration, name, nodes, summary["status"], {})
+        from zerosim.results.summary import oom_text
+
+        oom = summary.get("oom")
+        return Prediction(configuration, name, nodes, summary["status"], {},
+                          oom=oom_text(oom, with_time=False) if oom else "")
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
     predicted = {**steps, "iteration": summary["iteration_s"],
                  PEAK_ALLOCATED: summary["peak_hbm_GiB"] * GiB
@@ -915,7 +921,7 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
                       *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      "error")
+                      "error", "oom")
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
@@ -923,7 +929,8 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
     run = p.configuration.first
     row: dict[str, Any] = {"rows": " ".join(str(r.row) for r in p.configuration.runs),
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
-                           "build": run.build, "status": p.status, "error": p.error}
+                           "build": run.build, "status": p.status, "error": p.error,
+                           "oom": p.oom}
     for q in QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]

@@ -166,6 +166,15 @@ def pcie_totals(spans: Table[Span], stands_for: dict[int, tuple[int, ...]] | Non
     return totals
 
 
+def oom_text(oom: dict[str, Any], *, with_time: bool = True) -> str:
+    """A summary's `oom` record as one line: the device, what did not fit and how full it was
+    (`zerosim run` prints it under its tables, `zerosim predict` under its rows)."""
+    when = f" at t={oom['t_s']:.3f} s" if with_time else ""
+    return (f"out of memory on {oom['device']}{when}: {oom['allocation']} ({oom['category']}) "
+            f"needs {oom['requested_GiB']:.2f} GiB with {oom['in_use_GiB']:.2f} of "
+            f"{oom['capacity_GiB']:.2f} GiB in use")
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
