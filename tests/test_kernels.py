@@ -878,3 +878,26 @@ def test_one_normalised_input_for_attention_and_mlp_sums_once_more():
     spec = replace(LLAMA13, norms_per_block=1)
     sums = _input_gradient_sums(spec, Recipe(fused_qkv=True, fused_gate_up=True))
     assert sums == {"self_attn.qkv_proj": 6 * 2048 * 5120}
+
+
+def test_a_memory_bound_kernel_class_faster_than_stream_is_told():
+    """No memory-bound kernel streams faster than a STREAM copy: a class priced faster than
+    `gpu.memory_efficiency` beyond its standard error (2% without one) is a warning naming
+    the key; within it, or in a shipped profile, nothing is said."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
+    from zerosim.hardware.profile import profile_names
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScenarioWarning)
+        for name in profile_names():
+            load_profile(name)
+        load_profile("polaris-a100", {"gpu.softmax_memory_efficiency": 0.80})
+    with pytest.warns(ScenarioWarning, match=r"gpu\.softmax_memory_efficiency: 0\.838 of HBM "
+                      r"peak is faster than gpu\.memory_efficiency \(0\.79\)"):
+        load_profile("polaris-a100", {"gpu.softmax_memory_efficiency": 0.838})
+    fitted = {"value": 0.84, "basis": "fitted", "stderr_pct": 8, "source": "a fit"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScenarioWarning)
+        load_profile("polaris-a100", {"gpu.strided_memory_efficiency": fitted})

@@ -20,13 +20,14 @@ inter-node ring, `nvlink.latency_us` that of one step within a node.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware import cpus
 from zerosim.hardware.provenance import BASES, DERIVED, Provenance, parse_provenance
 from zerosim.inputs import check_plausible
@@ -476,7 +477,32 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     if model is not None:
         cpus.check_memory(values["memory_Bps_per_domain"] / GB, values["sockets"],
                           values["numa_domains"], model, source)
+    _check_streaming_rates(values, provenance, source)
     return HardwareProfile(**values, provenance=provenance, observed=observed)
+
+
+STREAMING_RATES = ("gpu.gemm_memory_efficiency", "gpu.strided_memory_efficiency",
+                   "gpu.softmax_memory_efficiency")
+"""Rates of classes of memory-bound GPU kernels, each a fraction of HBM peak like
+`gpu.memory_efficiency`, what a STREAM copy reaches."""
+
+
+def _check_streaming_rates(values: Mapping[str, Any], provenance: Mapping[str, Provenance],
+                           source: str) -> None:
+    """A class of memory-bound kernels priced faster than a STREAM copy streams, by more than
+    the value's standard error (2% where none is given), is told: no kernel moves bytes
+    through HBM faster than STREAM, and a rate carried over from a part with more HBM
+    bandwidth (an SM-bound rate of an 80 GB A100 on a 40 GB one) is the usual cause."""
+    stream = values["memory_efficiency"]
+    for key in STREAMING_RATES:
+        prov = provenance[key]
+        rate = values[QUANTITIES[key][0]]
+        if rate > stream * (1 + max(prov.stderr or 0.0, 0.02)):
+            warnings.warn(f"{source}: {key}: {rate:g} of HBM peak is faster than "
+                          f"gpu.memory_efficiency ({stream:g}), what a STREAM copy reaches, "
+                          "beyond its standard error: no memory-bound kernel streams faster "
+                          "than STREAM (a rate taken from a part with more HBM bandwidth?)",
+                          ScenarioWarning, stacklevel=2)
 
 
 def profile_names() -> list[str]:

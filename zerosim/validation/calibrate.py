@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import numpy as np
 import yaml
 
 from zerosim.api import simulate
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.profile import (
     AT_LEAST_ONE_KEYS,
     FRACTION_KEYS,
@@ -263,7 +264,9 @@ def _simulate_summary(scenario: Path, overrides: tuple[str, ...]) -> dict[str, A
     """The run's summary plus the probes of its machine."""
     from zerosim.validation.validate import pcie_drop_during_unscale
 
-    loaded = load_scenario(scenario, list(overrides))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScenarioWarning)  # a trial value, not the user's input
+        loaded = load_scenario(scenario, list(overrides))
     summary = dict(simulate(loaded).summary)
     summary["probes"] = {"probe.pcie_drop_during_unscale":
                          pcie_drop_during_unscale(loaded.hardware)}
