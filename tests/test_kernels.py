@@ -901,3 +901,19 @@ def test_a_memory_bound_kernel_class_faster_than_stream_is_told():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScenarioWarning)
         load_profile("polaris-a100", {"gpu.strided_memory_efficiency": fitted})
+
+
+def test_a_pageable_copy_faster_than_a_pinned_one_is_told():
+    """A pageable copy is staged through pinned memory: a profile that prices it faster than
+    the pinned copy of the same direction (beyond its standard error) gets a warning naming
+    the key; level with it, nothing is said."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
+
+    with pytest.warns(ScenarioWarning, match=r"pcie\.d2h_pageable_GBps: 30 GB/s is faster than "
+                      r"pcie\.d2h_pinned_GBps \(25\)"):
+        load_profile("polaris-a100", {"pcie.d2h_pageable_GBps": 30})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScenarioWarning)
+        load_profile("polaris-a100", {"pcie.d2h_pageable_GBps": 25, "pcie.h2d_pageable_GBps": 25})

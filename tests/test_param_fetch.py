@@ -358,8 +358,8 @@ def test_a_module_waits_for_the_copies_in_queued_before_its_hook(toy):
     input_layernorm's hook prefetches k_proj (4,096 B, to 24.640 ms). q_proj's parameters are
     gathered and split out nanoseconds after 20.544 ms, but its hook's wait puts its kernels
     behind k_proj's copy."""
-    slow = {"pcie": {"h2d_pinned_GBps": {"value": 0.001, "basis": "assumed",
-                                         "source": "test"}}}
+    slow = {"pcie": {key: {"value": 0.001, "basis": "assumed", "source": "test"}
+                     for key in ("h2d_pinned_GBps", "h2d_pageable_GBps")}}
     result = toy.run({**zero(offload_param={"device": "cpu", "pin_memory": True},
                              stage3_prefetch_bucket_size=4096, stage3_max_reuse_distance=0),
                       "hardware": slow}, gpus=2)

@@ -478,7 +478,27 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         cpus.check_memory(values["memory_Bps_per_domain"] / GB, values["sockets"],
                           values["numa_domains"], model, source)
     _check_streaming_rates(values, provenance, source)
+    _check_pageable_rates(values, provenance, source)
     return HardwareProfile(**values, provenance=provenance, observed=observed)
+
+
+def _beyond(value: float, ceiling: float, prov: Provenance) -> bool:
+    """`value` above `ceiling` by more than its standard error (2% where it gives none)."""
+    return value > ceiling * (1 + max(prov.stderr or 0.0, 0.02))
+
+
+def _check_pageable_rates(values: Mapping[str, Any], provenance: Mapping[str, Provenance],
+                          source: str) -> None:
+    """A pageable copy goes through the driver's pinned staging buffer, so it cannot beat a
+    pinned one in the same direction: one that does, beyond its standard error, is told."""
+    for direction in ("h2d", "d2h"):
+        key = f"pcie.{direction}_pageable_GBps"
+        pageable, pinned = values[f"{direction}_pageable_Bps"], values[f"{direction}_pinned_Bps"]
+        if _beyond(pageable, pinned, provenance[key]):
+            warnings.warn(f"{source}: {key}: {pageable / GB:g} GB/s is faster than "
+                          f"pcie.{direction}_pinned_GBps ({pinned / GB:g}): a pageable copy is "
+                          "staged through pinned memory and cannot beat a pinned one",
+                          ScenarioWarning, stacklevel=2)
 
 
 STREAMING_RATES = ("gpu.gemm_memory_efficiency", "gpu.strided_memory_efficiency",
@@ -495,9 +515,8 @@ def _check_streaming_rates(values: Mapping[str, Any], provenance: Mapping[str, P
     bandwidth (an SM-bound rate of an 80 GB A100 on a 40 GB one) is the usual cause."""
     stream = values["memory_efficiency"]
     for key in STREAMING_RATES:
-        prov = provenance[key]
         rate = values[QUANTITIES[key][0]]
-        if rate > stream * (1 + max(prov.stderr or 0.0, 0.02)):
+        if _beyond(rate, stream, provenance[key]):
             warnings.warn(f"{source}: {key}: {rate:g} of HBM peak is faster than "
                           f"gpu.memory_efficiency ({stream:g}), what a STREAM copy reaches, "
                           "beyond its standard error: no memory-bound kernel streams faster "
