@@ -917,3 +917,22 @@ def test_a_pageable_copy_faster_than_a_pinned_one_is_told():
     with warnings.catch_warnings():
         warnings.simplefilter("error", ScenarioWarning)
         load_profile("polaris-a100", {"pcie.d2h_pageable_GBps": 25, "pcie.h2d_pageable_GBps": 25})
+
+
+def test_a_copy_faster_than_the_named_pcie_link_signals_is_told():
+    """`pcie.generation` "PCIe Gen4 x16" signals 16 x 1.969 = 31.504 GB/s a direction: a
+    pinned rate above it is a warning that names the link; the same rate on a Gen5 x16 link
+    (63.008 GB/s) or on a link that is not PCIe (GH200's NVLink-C2C) is not."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
+
+    with pytest.warns(ScenarioWarning, match=r"pcie\.h2d_pinned_GBps: 50 GB/s is more than the "
+                      r"PCIe Gen4 x16 link named by pcie\.generation signals in one direction "
+                      r"\(31\.504 GB/s\)"):
+        load_profile("polaris-a100", {"pcie.h2d_pinned_GBps": 50})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScenarioWarning)
+        load_profile("polaris-a100", {"pcie.h2d_pinned_GBps": 50,
+                                      "pcie.generation": "PCIe Gen5 x16"})
+        load_profile("gh200")

@@ -20,6 +20,7 @@ inter-node ring, `nvlink.latency_us` that of one step within a node.
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -479,7 +480,34 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
                           values["numa_domains"], model, source)
     _check_streaming_rates(values, provenance, source)
     _check_pageable_rates(values, provenance, source)
+    _check_pcie_link(flat.get("pcie.generation"), values, source)
     return HardwareProfile(**values, provenance=provenance, observed=observed)
+
+
+PCIE_LANE_GBps = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+"""A PCIe lane's raw rate in one direction by generation, GB/s: 2.5 and 5 GT/s with 8b/10b
+coding, then 8, 16 and 32 GT/s with 128b/130b, and 64 GT/s PAM4 in 242-of-256-byte flits
+(PCI-SIG's base specifications)."""
+
+PCIE_LINK = re.compile(r"PCIe Gen\s*(\d)\s*x\s*(\d+)", re.IGNORECASE)
+
+
+def _check_pcie_link(generation: Any, values: Mapping[str, Any], source: str) -> None:
+    """No copy crosses a PCIe link faster than its lanes signal: where `pcie.generation` names
+    the link ("PCIe Gen4 x16"), a copy rate above that raw rate is told (a what-if on a faster
+    link should name it there; another kind of link, a GH200's NVLink-C2C, is not checked)."""
+    match = PCIE_LINK.search(generation) if isinstance(generation, str) else None
+    if match is None or int(match[1]) not in PCIE_LANE_GBps:
+        return
+    raw = PCIE_LANE_GBps[int(match[1])] * int(match[2])
+    for direction in ("h2d", "d2h"):
+        for kind in ("pinned", "pageable"):
+            rate = values[f"{direction}_{kind}_Bps"] / GB
+            if rate > raw * (1 + 1e-9):
+                warnings.warn(f"{source}: pcie.{direction}_{kind}_GBps: {rate:g} GB/s is more "
+                              f"than the {match[0]} link named by pcie.generation signals in "
+                              f"one direction ({raw:g} GB/s): a faster link wants its own "
+                              "pcie.generation", ScenarioWarning, stacklevel=2)
 
 
 def _beyond(value: float, ceiling: float, prov: Provenance) -> bool:
