@@ -23,6 +23,7 @@ from zerosim.runs import (
     configurations,
     per_step_seconds,
     predict,
+    prediction_row,
     read_runs,
     read_runs_text,
     run_to_run_sd,
@@ -443,6 +444,18 @@ def test_a_build_the_fork_does_not_know_says_what_it_is_replayed_as():
                        "True\n", "t.csv")
     assert [str(w.message).split(" (docs")[0][-28:] for w in caught] == [
         "d8048a5e and later read them"]
+
+
+def test_each_prediction_row_says_how_its_run_was_replayed():
+    """predictions.csv says what the table left to zerosim: the launch (a c7da512a build is
+    taken as bound, fa8c1df2 and a release as unbound) and whether the CUDA cache is emptied
+    at every phase (every fork build, not a release)."""
+    header, fa8c, c7da = _rows([15, 39], drop=MEASURED).splitlines()
+    table = f"{header}\n{c7da}\n{fa8c}\n{fa8c.replace('0.13.3+fa8c1df2', '0.13.3')}\n"
+    rows = [prediction_row(p) for p in predict(read_runs_text(table, "t.csv"), "polaris-a100",
+                                               workers=1).predictions]
+    assert [(r["build"], r["bind_cores_to_rank"], r["empty_cache_each_phase"]) for r in rows] == [
+        ("0.13.3+c7da512a", True, True), ("0.13.3+fa8c1df2", False, True), ("0.13.3", False, False)]
 
 
 def test_a_table_saved_with_tabs_or_semicolons_or_padded_names_reads_as_its_csv():

@@ -916,7 +916,8 @@ COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "upd
                 PEAK_HOST: "peak_host_GiB"}
 """Each quantity in a predictions table, with its unit (seconds per step; GiB, as the measured
 tables and DeepSpeed's `see_memory_usage` give memory)."""
-PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "status",
+PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "bind_cores_to_rank",
+                      "empty_cache_each_phase", "status",
                       *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
@@ -929,8 +930,9 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
     run = p.configuration.first
     row: dict[str, Any] = {"rows": " ".join(str(r.row) for r in p.configuration.runs),
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
-                           "build": run.build, "status": p.status, "error": p.error,
-                           "oom": p.oom}
+                           "build": run.build, "bind_cores_to_rank": run.bind_cores_to_rank,
+                           "empty_cache_each_phase": run.empties_cache, "status": p.status,
+                           "error": p.error, "oom": p.oom}
     for q in QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]
