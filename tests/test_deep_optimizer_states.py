@@ -76,6 +76,23 @@ def test_an_earlier_or_unknown_build_is_replayed_as_the_later_step_with_a_warnin
     assert earlier.summary["iteration_s"] == later.summary["iteration_s"]
 
 
+def test_an_unknown_build_without_the_options_says_its_cache_is_emptied(toy, recwarn):
+    """Without the fork's options a source build is still taken as the fork's, its CUDA cache
+    emptied at every phase: an unknown commit says so, unless the scenario states the cache
+    itself; a known commit says nothing."""
+    with pytest.warns(ForkBuildWarning, match=r"build 5ab4b4bd is not a commit of the Deep "
+                      r"Optimizer States fork zerosim knows: replayed as the fork, its CUDA "
+                      r"cache emptied at every phase"):
+        unknown = toy.scenario(_fork("0.13.3+5ab4b4bd"))
+    assert unknown.runtime.empty_cache_each_phase
+    stated = _fork("0.13.3+5ab4b4bd")
+    stated["runtime"]["empty_cache_each_phase"] = False
+    recwarn.clear()
+    toy.scenario(stated)
+    toy.scenario(_fork("0.13.3+fa8c1df2"))
+    assert not [w for w in recwarn if issubclass(w.category, ForkBuildWarning)]
+
+
 def test_a_replayed_build_takes_its_options_without_a_warning(toy, recwarn):
     toy.scenario(_fork(part_grads_async=True))
     assert not [w for w in recwarn if issubclass(w.category, ForkBuildWarning)]

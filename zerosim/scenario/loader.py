@@ -11,7 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from zerosim.behaviours import Behaviours, empties_cache_each_phase, resolve_behaviours
+from zerosim.behaviours import (
+    Behaviours,
+    empties_cache_each_phase,
+    fork_build,
+    fork_settings,
+    resolve_behaviours,
+)
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.costs import CpuPools, cpu_pools
 from zerosim.hardware.placement import CoreOrder
@@ -26,7 +32,7 @@ from zerosim.hardware.profile import (
 from zerosim.inputs import check_plausible, check_section, referenced_path
 from zerosim.models import CATALOG, ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
 from zerosim.models.catalog import catalog_names
-from zerosim.scenario.deepspeed import DeepSpeedConfig, resolve_deepspeed
+from zerosim.scenario.deepspeed import DeepSpeedConfig, ForkBuildWarning, resolve_deepspeed
 from zerosim.scenario.dsfile import read_ds_config
 from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
 from zerosim.scenario.support import check_supported, warn_inert
@@ -447,6 +453,20 @@ def _warn_resolution(resolution: Any, ds_source: str) -> None:
                       f"{', '.join(defaulted)}", AutoDefaultWarning, stacklevel=4)
 
 
+def _warn_unknown_build(label: str, empty_cache: bool | None, ds: DeepSpeedConfig,
+                        source: str) -> None:
+    """A source build that is not a commit of the Deep Optimizer States fork zerosim knows, run
+    without the fork's options: what it is replayed as, unless the scenario says whether the
+    CUDA cache is emptied at every phase (with the options, `_check_fork_options` tells)."""
+    if (not label or fork_build(label) is not None or empty_cache is not None
+            or any(fork_settings(ds.offload_optimizer).values())):
+        return
+    warnings.warn(f"{source}: runtime.deepspeed_version: build {label} is not a commit of the "
+                  "Deep Optimizer States fork zerosim knows: replayed as the fork, its CUDA "
+                  "cache emptied at every phase (runtime.empty_cache_each_phase: false says "
+                  "otherwise; docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=4)
+
+
 def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping with model, hardware, deepspeed, ...",
@@ -473,6 +493,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     resolution = resolve_deepspeed(ds_data, behaviours=behaviours, source=ds_source,
                                    trainer=context, build_label=label)
     _warn_resolution(resolution, ds_source)
+    _warn_unknown_build(label, raw.runtime.empty_cache_each_phase, resolution.config, source)
     name = raw.name or Path(source).stem
     scenario = Scenario(
         name=name, description=raw.description, model=model,
