@@ -426,6 +426,11 @@ def fork_build(label: str) -> ForkBuild | None:
     return None
 
 
+def unknown_build_text(label: str) -> str:
+    """How every message names a source build that is not in `DEEP_OPTIMIZER_STATES_BUILDS`."""
+    return f"build {label} is not a commit of the Deep Optimizer States fork zerosim knows"
+
+
 def resolve_behaviours(version: Version, label: str = "") -> Behaviours:
     """A release's behaviours; a source build's local label (`version_label`) adds the fork's
     options: a release refuses the keys, so a build that reads them is the fork's (one not in

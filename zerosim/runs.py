@@ -32,6 +32,7 @@ from zerosim.behaviours import (
     fork_build,
     fork_settings,
     launched_bound,
+    unknown_build_text,
 )
 from zerosim.errors import Described, ScenarioError
 from zerosim.units import GiB
@@ -570,8 +571,8 @@ def _warn_unknown_builds(source: str, runs: Sequence[MeasuredRun], binding_given
               f"; launched unbound, as the builds before c7da512a were (a {BIND_COLUMN} "
               "column says otherwise)")
     for build, rows in rows_by_build.items():
-        _warn(f"{source}: row(s) {_row_list(rows)}: build {build} is not a commit of the Deep "
-              "Optimizer States fork zerosim knows: replayed as the fork, its CUDA cache "
+        _warn(f"{source}: row(s) {_row_list(rows)}: {unknown_build_text(build)}: "
+              "replayed as the fork, its CUDA cache "
               f"emptied at every phase, its options as d8048a5e and later read them{launch} "
               "(docs/deep_optimizer_states.md)")
 

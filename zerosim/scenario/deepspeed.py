@@ -20,6 +20,7 @@ from zerosim.behaviours import (
     Behaviours,
     fork_build,
     fork_settings,
+    unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.inputs import check_section
@@ -440,11 +441,11 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
             "\"0.13.3+4570a955\" (a DeepSpeed release refuses the key)", keys[used[0]])
     build = fork_build(label)
     if build is None:
-        differs = f"{label} is not a commit of the fork zerosim knows"
+        differs = unknown_build_text(label)
     else:
-        differs = f"{build.commit} {build.differs}" if build.differs else ""
+        differs = f"build {build.commit} {build.differs}" if build.differs else ""
     if differs:
-        warnings.warn(f"{source}: runtime.deepspeed_version: build {differs}; zerosim replays "
+        warnings.warn(f"{source}: runtime.deepspeed_version: {differs}; zerosim replays "
                       "the fork's options as d8048a5e and later builds do them "
                       "(docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=5)
     if not o.prefetch_optimizer:

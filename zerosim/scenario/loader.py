@@ -17,6 +17,7 @@ from zerosim.behaviours import (
     fork_build,
     fork_settings,
     resolve_behaviours,
+    unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.costs import CpuPools, cpu_pools
@@ -461,10 +462,10 @@ def _warn_unknown_build(label: str, empty_cache: bool | None, ds: DeepSpeedConfi
     if (not label or fork_build(label) is not None or empty_cache is not None
             or any(fork_settings(ds.offload_optimizer).values())):
         return
-    warnings.warn(f"{source}: runtime.deepspeed_version: build {label} is not a commit of the "
-                  "Deep Optimizer States fork zerosim knows: replayed as the fork, its CUDA "
-                  "cache emptied at every phase (runtime.empty_cache_each_phase: false says "
-                  "otherwise; docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=4)
+    warnings.warn(f"{source}: runtime.deepspeed_version: {unknown_build_text(label)}: "
+                  "replayed as the fork, its CUDA cache emptied at every phase "
+                  "(runtime.empty_cache_each_phase: false says otherwise; "
+                  "docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=4)
 
 
 def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
