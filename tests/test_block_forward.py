@@ -1,5 +1,5 @@
-"""A plain PyTorch block's forward on an H100 (the node probe, section g) against the kernel
-model: the same pricing the engine gives a module, on `dgx-h100`."""
+"""A plain PyTorch block's forward on an H100 and an H200 (the node probe, section g) against
+the kernel model: the same pricing the engine gives a module, on `dgx-h100` and `dgx-h200`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from zerosim.hardware.profile import load_profile
 from zerosim.validation.block_forward import (
+    block_data,
     block_rows,
     fit_memory_efficiency,
     fit_softmax_efficiency,
@@ -72,7 +73,49 @@ def test_a_layer_is_what_its_modules_cost_on_the_profile():
 
 
 def test_validate_reports_the_six_layers_without_judging_them():
-    cells = block_cells()
+    cells = [c for c in block_cells() if c.group == "GPU kernels (H100)"]
     assert [c.case for c in cells] == [r.case for r in ROWS]
     assert {c.status for c in cells} == {"reported"}
     assert cells[-1].measured == pytest.approx(13.479) and cells[-1].unit == "ms"
+
+
+H200 = block_data("h200_block_forward.yaml")
+H200_ROWS = block_rows(H200)
+
+
+def test_the_h200s_parts_add_up_to_its_block_within_9_percent():
+    """The same block on an H200 SXM, priced on dgx-h200, whose values none of these layers
+    set: its GEMMs as the power probe's bursts of products give them, at the SM clock a long
+    run of them holds under the power cap (gpu.sm_clock_fraction 0.869), its memory-bound
+    kernels as the same run's section j timed them one at a time: 1.8% fast to 8.7% slow. At
+    the full clock, 3.0-13.0% fast: the block, a third of whose time goes to kernels that draw
+    less power than GEMMs, holds a clock between the two."""
+    errors = [modelled_layer_s(r, H200) / r.layer_s - 1 for r in H200_ROWS]
+    assert [round(e, 3) for e in errors] == [0.087, 0.082, 0.02, -0.018, 0.055, 0.037]
+    full_clock = replace(load_profile("dgx-h200"), sm_clock_fraction=1.0)
+    assert [round(modelled_layer_s(r, H200, full_clock) / r.layer_s - 1, 3)
+            for r in H200_ROWS] == [-0.03, -0.039, -0.094, -0.13, -0.065, -0.083]
+
+
+def test_the_h100s_fractions_of_hbm_peak_carried_to_the_h200_price_its_block_fast():
+    """What a profile written by scaling the H100's to the H200's 4.8 TB/s would predict:
+    11-20% fast, because the softmax and the strided kernels do not speed up with the HBM
+    (section j: 1.45 and 1.86 TB/s where the H100 runs them at 1.17 and 1.75). Carrying the
+    H100's rates in bytes per second instead (as gh200 does) gives -6.7% to +4.2%."""
+    h100 = load_profile("dgx-h100")
+    scaled = replace(h100, hbm_Bps=load_profile("dgx-h200").hbm_Bps)
+    ratio = h100.hbm_Bps / scaled.hbm_Bps
+    same_rates = replace(scaled, softmax_memory_efficiency=h100.softmax_memory_efficiency * ratio,
+                         strided_memory_efficiency=h100.strided_memory_efficiency * ratio)
+    assert [round(modelled_layer_s(r, H200, scaled) / r.layer_s - 1, 3) for r in H200_ROWS] == [
+        -0.115, -0.128, -0.158, -0.196, -0.124, -0.144]
+    assert [round(modelled_layer_s(r, H200, same_rates) / r.layer_s - 1, 3)
+            for r in H200_ROWS] == [0.042, 0.035, -0.03, -0.067, -0.002, -0.02]
+
+
+def test_validate_reports_the_h200s_six_layers_on_dgx_h200():
+    cells = [c for c in block_cells() if c.group == "GPU kernels (H200)"]
+    assert [c.case for c in cells] == [r.case for r in H200_ROWS]
+    assert {c.status for c in cells} == {"reported"}
+    assert cells[-1].measured == pytest.approx(13.012)
+    assert H200["profile"] == "dgx-h200"

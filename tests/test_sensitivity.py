@@ -196,8 +196,8 @@ def test_a_fitted_or_measured_value_may_state_its_standard_error_and_nothing_els
                              "p.yaml", "x")
 
 
-SHIPPED_PROFILES = ("h100-jlse", "polaris-a100", "dgx-a100", "dgx-h100", "p4d-24xlarge",
-                    "gh200")
+SHIPPED_PROFILES = ("h100-jlse", "polaris-a100", "dgx-a100", "dgx-h100", "dgx-h200",
+                    "p4d-24xlarge", "gh200")
 
 
 @pytest.mark.parametrize("name", SHIPPED_PROFILES)

@@ -1,11 +1,12 @@
 """A plain PyTorch block's forward on a GPU against the kernel model, per layer.
 
-The node probe's section g times a Llama block written in plain PyTorch ops
-(`zerosim/validation/data/h100_block_forward.yaml`); the data file describes that block as a
-software stack (the hf-transformers stack with overrides). This prices one layer of it the way
-the engine prices a module (`engine.plan.module_costs`: each kernel on the profile, GEMMs on
-their roofline, memory-bound kernels at `gpu.memory_efficiency`), and finds the streaming rate
-of the memory-bound kernels that would make the model meet the measured layers.
+The node probe's section g times a Llama block written in plain PyTorch ops, on an H100 SXM
+(`zerosim/validation/data/h100_block_forward.yaml`) and on an H200 SXM
+(`h200_block_forward.yaml`); each data file describes that block as a software stack (the
+hf-transformers stack with overrides). This prices one layer of it the way the engine prices a
+module (`engine.plan.module_costs`: each kernel on the profile, GEMMs on their roofline,
+memory-bound kernels at `gpu.memory_efficiency`), and finds the streaming rate of the
+memory-bound kernels that would make the model meet the measured layers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from zerosim.hardware.profile import HardwareProfile
 from zerosim.validation.leastsq import StreamingFit, fit_rate
 from zerosim.validation.reference import reference_data
 
-DATA_FILE = "h100_block_forward.yaml"
+DATA_FILES = ("h100_block_forward.yaml", "h200_block_forward.yaml")
+DATA_FILE = DATA_FILES[0]
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,9 @@ class BlockRow:
         return f"plain block h{self.hidden} mb{self.micro_batch}"
 
 
-def block_data() -> dict[str, Any]:
-    return reference_data(DATA_FILE)
+def block_data(name: str = DATA_FILE) -> dict[str, Any]:
+    """One of `DATA_FILES`: the block's stack, its GPU's profile and the measured layers."""
+    return reference_data(name)
 
 
 def block_rows(data: dict[str, Any] | None = None) -> list[BlockRow]:

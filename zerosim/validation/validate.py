@@ -289,13 +289,23 @@ def gemm_cells() -> list[Cell]:
     return cells
 
 
-BLOCK_NOTE = (
-    "node probe section g: a Llama block in plain PyTorch ops (fp32 RMSNorm chain, eager "
-    "attention), GPU-bound; reported, not judged: priced as the engine prices modules, its "
-    "strided kernels at the H100's measured 0.523 and PyTorch's bf16 softmax at the 0.350 of "
-    "HBM peak (1.17 TB/s) fitted to these six layers (gpu.softmax_memory_efficiency), every "
-    "layer within 2.3%; with the softmax at STREAM it ran 10-14% fast "
-    "(tests/test_block_forward.py)")
+BLOCK_NOTES = {
+    "h100_block_forward.yaml": (
+        "node probe section g: a Llama block in plain PyTorch ops (fp32 RMSNorm chain, eager "
+        "attention), GPU-bound; reported, not judged: priced as the engine prices modules, its "
+        "strided kernels at the H100's measured 0.523 and PyTorch's bf16 softmax at the 0.350 "
+        "of HBM peak (1.17 TB/s) fitted to these six layers (gpu.softmax_memory_efficiency), "
+        "every layer within 2.3%; with the softmax at STREAM it ran 10-14% fast "
+        "(tests/test_block_forward.py)"),
+    "h200_block_forward.yaml": (
+        "node probe section g on an H200 SXM, the same block; reported, not judged: priced on "
+        "dgx-h200, whose GEMM values come from bursts of products, its SM clock from a long "
+        "run of them under the 700 W power cap, its memory-bound rates from the same run's ops "
+        "timed one at a time (section j), none fitted to these layers: -1.8% to +8.7% (at the "
+        "full clock -3% to -13%: the block holds a clock between); the H100's values with their "
+        "fractions of HBM peak carried to the H200's 4.8 TB/s run it 11-20% fast "
+        "(tests/test_block_forward.py)"),
+}
 
 ATTENTION_NOTES = {
     "a100_eager_attention.yaml": (
@@ -346,15 +356,25 @@ def pytorch_op_cells() -> list[Cell]:
 
 
 def block_cells() -> list[Cell]:
-    """The node probe's plain PyTorch block on an H100, per layer, against the kernel model
-    (`validation.block_forward`): reported, as none of the model's values is fitted to it."""
-    from zerosim.validation.block_forward import block_data, block_rows, modelled_layer_s
+    """The node probe's plain PyTorch block on an H100 and an H200, per layer, against the
+    kernel model (`validation.block_forward`): reported, as the H100's softmax rate is fitted
+    to its rows and the H200's rows test its parts' sum alone."""
+    from zerosim.validation.block_forward import (
+        DATA_FILES,
+        block_data,
+        block_rows,
+        modelled_layer_s,
+    )
 
-    data = block_data()
-    return [judge("GPU kernels (H100)", row.case, "forward per layer", "ms",
-                  round(row.layer_s * 1e3, 9), modelled_layer_s(row, data) * 1e3, None,
-                  note=BLOCK_NOTE)
-            for row in block_rows(data)]
+    cells = []
+    for name in DATA_FILES:
+        data = block_data(name)
+        gpu = data["gpu"].split()[0]
+        cells += [judge(f"GPU kernels ({gpu})", row.case, "forward per layer", "ms",
+                        round(row.layer_s * 1e3, 9), modelled_layer_s(row, data) * 1e3, None,
+                        note=BLOCK_NOTES[name])
+                  for row in block_rows(data)]
+    return cells
 
 
 def attention_cells() -> list[Cell]:
