@@ -42,22 +42,23 @@ class Quoted:
 
 @dataclass(frozen=True)
 class CpuAdamLoop:
-    """DeepSpeed's CPU Adam loops: lanes per SIMD extension, the vector loop's issue-rate
-    model and the scalar loop's measured cycles per element."""
+    """DeepSpeed's CPU Adam loops: lanes per SIMD extension, the vector loop's issue rate per
+    extension and the scalar loop's measured cycles per element."""
 
     lanes: Mapping[str, int]
     lanes_source: str
     vector_instructions: Quoted
-    instructions_per_cycle: Quoted
+    instructions_per_cycle: Mapping[str, Quoted]
+    """Per SIMD extension with lanes: the loop's square root and divide hold the divider, which
+    takes a wider vector in more cycles, so twice the lanes do not buy twice the rate."""
     scalar_cycles_per_element: Quoted
 
     def lanes_for(self, simd: str) -> int:
         """fp32 lanes of the loop DeepSpeed builds for a CPU with `simd` (1: the scalar loop)."""
         return self.lanes.get(simd, 1)
 
-    @property
-    def params_per_lane_cycle(self) -> float:
-        return self.instructions_per_cycle.value / self.vector_instructions.value
+    def params_per_lane_cycle(self, simd: str) -> float:
+        return self.instructions_per_cycle[simd].value / self.vector_instructions.value
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
     lanes = adam.lanes_for(model.family.simd)
     if lanes == 1:
         return clock_Hz / adam.scalar_cycles_per_element.value
-    return clock_Hz * lanes * adam.params_per_lane_cycle
+    return clock_Hz * lanes * adam.params_per_lane_cycle(model.family.simd)
 
 
 def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
@@ -113,14 +114,15 @@ def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
                 f"of the scalar loop on {model.family.simd} = {rate:.4g} params/s per thread "
                 f"({model.name}); clock ({clock.basis}): {clock.source}; lanes: "
                 f"{adam.lanes_source}; cycles per element ({cycles.basis}): {cycles.source}")
-    per_cycle = adam.instructions_per_cycle
+    per_cycle = adam.instructions_per_cycle[model.family.simd]
     return (f"all-core clock {clock.value:g} GHz x {lanes} fp32 lanes x "
             f"{per_cycle.value:g}/{adam.vector_instructions.value:g} params per "
             f"lane-cycle = {rate:.4g} params/s per thread ({model.name}); "
             f"clock ({clock.basis}): {clock.source}; lanes: {adam.lanes_source}; "
             f"{adam.vector_instructions.value:g} vector instructions per vector "
             f"({adam.vector_instructions.basis}): {adam.vector_instructions.source}; "
-            f"{per_cycle.value:g} per cycle ({per_cycle.basis}): {per_cycle.source}")
+            f"{per_cycle.value:g} per cycle with {model.family.simd} ({per_cycle.basis}): "
+            f"{per_cycle.source}")
 
 
 def _testbed_cpu(tree: Mapping[str, Any], testbed: str) -> str:
@@ -227,10 +229,15 @@ def _adam(raw: Any) -> CpuAdamLoop:
     lanes = _mapping(raw.get("lanes"), "cpu_adam.lanes")
     for simd in lanes:
         _int(lanes, simd, "cpu_adam.lanes")
+    rates = _mapping(raw.get("instructions_per_cycle"), "cpu_adam.instructions_per_cycle")
+    if set(rates) != set(lanes):
+        raise ScenarioError(CATALOG, "cpu_adam.instructions_per_cycle",
+                            f"one rate for each extension of cpu_adam.lanes ({', '.join(lanes)})",
+                            ", ".join(rates) or "none")
     return CpuAdamLoop(dict(lanes), _text(raw, "lanes_source", "cpu_adam"),
                        _quoted(raw.get("vector_instructions"), "cpu_adam.vector_instructions"),
-                       _quoted(raw.get("instructions_per_cycle"),
-                               "cpu_adam.instructions_per_cycle"),
+                       {simd: _quoted(rate, f"cpu_adam.instructions_per_cycle.{simd}")
+                        for simd, rate in rates.items()},
                        _quoted(raw.get("scalar_cycles_per_element"),
                                "cpu_adam.scalar_cycles_per_element"))
 
