@@ -3,7 +3,10 @@ the kernel model: the same pricing the engine gives a module, on `dgx-h100` and 
 
 from __future__ import annotations
 
+import json
+import statistics
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -114,8 +117,38 @@ def test_the_h100s_fractions_of_hbm_peak_carried_to_the_h200_price_its_block_fas
 
 
 def test_validate_reports_the_h200s_six_layers_on_dgx_h200():
-    cells = [c for c in block_cells() if c.group == "GPU kernels (H200)"]
+    cells = [c for c in block_cells() if c.group == "GPU kernels (H200)"][:6]
     assert [c.case for c in cells] == [r.case for r in H200_ROWS]
     assert {c.status for c in cells} == {"reported"}
     assert cells[-1].measured == pytest.approx(13.012)
     assert H200["profile"] == "dgx-h200"
+
+
+FLASH = block_data("h200_flash_block_forward.yaml")
+FLASH_ROWS = block_rows(FLASH)
+
+
+def test_the_h200s_flash_block_is_priced_at_the_clock_a_long_run_of_gemms_holds():
+    """The block with PyTorch's flash attention in place of the eager one (grouped K and V
+    passed as they are), GEMM-bound: at dgx-h200's clock fraction 3.1-8.9% slow, at the full
+    clock 3.5-8.3% fast; against the 2 s run of the widest layer at micro-batch 4 (median 8.68
+    ms a layer, the SM clock at 1425-1710 MHz under the power cap) +4.2%."""
+    assert [r.case for r in FLASH_ROWS][:2] == ["flash block h3072 mb1", "flash block h3072 mb4"]
+    assert {r.attention for r in FLASH_ROWS} == {"flash"}
+    errors = [modelled_layer_s(r, FLASH) / r.layer_s - 1 for r in FLASH_ROWS]
+    assert [round(e, 3) for e in errors] == [0.066, 0.089, 0.031, 0.053, 0.049, 0.053]
+    full_clock = replace(load_profile("dgx-h200"), sm_clock_fraction=1.0)
+    assert [round(modelled_layer_s(r, FLASH, full_clock) / r.layer_s - 1, 3)
+            for r in FLASH_ROWS] == [-0.05, -0.035, -0.083, -0.067, -0.071, -0.07]
+    probe = Path(__file__).parents[1] / "benchmarks" / "node_probe" / "h200_flash_2026-12-04.json"
+    long_run = json.loads(probe.read_text())["long_run"]
+    assert (long_run["hidden"], long_run["micro_batch"]) == (5120, 4)
+    widest = FLASH_ROWS[-1]
+    assert (widest.hidden, widest.micro_batch) == (5120, 4)
+    assert round(modelled_layer_s(widest, FLASH) * 1e3 / statistics.median(long_run["layer_ms"])
+                 - 1, 3) == 0.042
+
+
+def test_validate_reports_the_flash_block_beside_the_plain_one():
+    cases = [c.case for c in block_cells() if c.group == "GPU kernels (H200)"]
+    assert cases == [r.case for r in H200_ROWS] + [r.case for r in FLASH_ROWS]

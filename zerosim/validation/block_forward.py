@@ -2,7 +2,8 @@
 
 The node probe's section g times a Llama block written in plain PyTorch ops, on an H100 SXM
 (`zerosim/validation/data/h100_block_forward.yaml`) and on an H200 SXM
-(`h200_block_forward.yaml`); each data file describes that block as a software stack (the
+(`h200_block_forward.yaml`, and with PyTorch's flash attention in place of the eager one,
+`h200_flash_block_forward.yaml`); each data file describes that block as a software stack (the
 hf-transformers stack with overrides). This prices one layer of it the way the engine prices a
 module (`engine.plan.module_costs`: each kernel on the profile, GEMMs on their roofline,
 memory-bound kernels at `gpu.memory_efficiency`), and finds the streaming rate of the
@@ -19,13 +20,14 @@ from zerosim.hardware.profile import HardwareProfile
 from zerosim.validation.leastsq import StreamingFit, fit_rate
 from zerosim.validation.reference import reference_data
 
-DATA_FILES = ("h100_block_forward.yaml", "h200_block_forward.yaml")
+DATA_FILES = ("h100_block_forward.yaml", "h200_block_forward.yaml",
+              "h200_flash_block_forward.yaml")
 DATA_FILE = DATA_FILES[0]
 
 
 @dataclass(frozen=True)
 class BlockRow:
-    """One measured block: its shape, micro-batch and forward time per layer."""
+    """One measured block: its shape, micro-batch, attention and forward time per layer."""
 
     hidden: int
     ffn: int
@@ -33,17 +35,21 @@ class BlockRow:
     kv_heads: int
     micro_batch: int
     layer_s: float
-    host_issue_s: float
+    host_issue_s: float | None
+    """The host's time to issue the layer, where the probe measured it."""
+    attention: str = "eager"
 
     @classmethod
-    def from_record(cls, record: dict) -> BlockRow:
+    def from_record(cls, record: dict, attention: str = "eager") -> BlockRow:
+        issue_ms = record.get("host_issue_ms")
         return cls(record["hidden"], record["ffn"], record["heads"], record["kv_heads"],
                    record["micro_batch"], record["layer_ms"] * 1e-3,
-                   record["host_issue_ms"] * 1e-3)
+                   None if issue_ms is None else issue_ms * 1e-3, attention)
 
     @property
     def case(self) -> str:
-        return f"plain block h{self.hidden} mb{self.micro_batch}"
+        kind = "flash" if self.attention == "flash" else "plain"
+        return f"{kind} block h{self.hidden} mb{self.micro_batch}"
 
 
 def block_data(name: str = DATA_FILE) -> dict[str, Any]:
@@ -52,7 +58,8 @@ def block_data(name: str = DATA_FILE) -> dict[str, Any]:
 
 
 def block_rows(data: dict[str, Any] | None = None) -> list[BlockRow]:
-    return [BlockRow.from_record(r) for r in (data or block_data())["rows"]]
+    data = data or block_data()
+    return [BlockRow.from_record(r, data.get("attention", "eager")) for r in data["rows"]]
 
 
 def _scenario_tree(row: BlockRow, data: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +73,7 @@ def _scenario_tree(row: BlockRow, data: dict[str, Any]) -> dict[str, Any]:
                   "max_position_embeddings": data["sequence_length"]},
         "sequence_length": data["sequence_length"],
         "activation_checkpointing": False,
-        "attention": "eager",
+        "attention": row.attention,
         "hardware": data["profile"],
         "data_parallel": 1,
         "deepspeed": {"train_micro_batch_size_per_gpu": row.micro_batch,

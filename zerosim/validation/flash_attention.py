@@ -1,13 +1,15 @@
 """flash-attn's causal kernel, forward and backward, as FlashAttention-2's release timed it on
-an A100 and an H100, against the kernel model, and the three GPU values it pins.
+an A100 and an H100 and as this project's node probe timed PyTorch's copy of it on an H200,
+against the kernel model, and the three GPU values it pins.
 
-`zerosim/validation/data/fa2_flash_attention.yaml` holds the bars: TFLOPS at head dimension
-64 and 128, sequence 512 to 16384, 16384 tokens. Each row is priced as the engine prices a
-module's fused attention (`zerosim.models.kernels.flash_attention` and `flash_backward`,
-`zerosim.hardware.costs.kernels_s`), and `fit_flash_rates` fits `gpu.flash_attention_efficiency`
-(the long-loop, large-head rate), `gpu.flash_attention_block_keys` and
-`gpu.flash_attention_softmax_dims` (`zerosim.hardware.costs.flash_fraction`) to one GPU's
-rows. Pure: no SimPy.
+`zerosim/validation/data/fa2_flash_attention.yaml` and `h200_sdpa_flash_attention.yaml` hold
+the bars: TFLOPS at head dimension 64 and 128, sequence 512 to 16384, 16384 tokens. Each row
+is priced as the engine prices a module's fused attention
+(`zerosim.models.kernels.flash_attention` and `flash_backward`,
+`zerosim.hardware.costs.kernels_s`), and `fit_flash_rates` fits
+`gpu.flash_attention_efficiency` (the long-loop, large-head rate),
+`gpu.flash_attention_block_keys` and `gpu.flash_attention_softmax_dims`
+(`zerosim.hardware.costs.flash_fraction`) to one GPU's rows. Pure: no SimPy.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from zerosim.validation.eager_attention import FORWARD_AND_BACKWARD_FLOPS
 from zerosim.validation.leastsq import covariance
 from zerosim.validation.reference import reference_data
 
-DATA_FILE = "fa2_flash_attention.yaml"
+DATA_FILES = ("fa2_flash_attention.yaml", "h200_sdpa_flash_attention.yaml")
 FITTED = ("flash_attention_efficiency", "flash_attention_block_keys",
           "flash_attention_softmax_dims")
 """The profile fields `fit_flash_rates` fits, in order."""
@@ -39,10 +41,11 @@ class FlashRow:
     head_dim: int
     seq: int
     tflops: float
+    kernel: str = "FlashAttention-2"
 
     @property
     def case(self) -> str:
-        return f"FlashAttention-2 causal s{self.seq} d{self.head_dim}"
+        return f"{self.kernel} causal s{self.seq} d{self.head_dim}"
 
     def forward(self, dtype_bytes: int) -> FusedAttention:
         return flash_attention(self.tokens, self.seq, self.hidden, self.hidden, self.head_dim,
@@ -56,18 +59,26 @@ class FlashTable:
     group: str
     dtype_bytes: int
     rows: tuple[FlashRow, ...]
+    data_file: str
+    sm_clock_fraction: float | None = None
+    """The SM clock the bars ran at, as a fraction of the one the profile's values are for,
+    where the profile prices long runs at a lower one (None: the profile's)."""
 
     @property
     def profile(self) -> HardwareProfile:
-        return load_profile(self.profile_name)
+        profile = load_profile(self.profile_name)
+        if self.sm_clock_fraction is None:
+            return profile
+        return replace(profile, sm_clock_fraction=self.sm_clock_fraction)
 
 
 def flash_tables() -> list[FlashTable]:
-    data = reference_data(DATA_FILE)
     return [FlashTable(g["gpu"], g["profile"], g["group"], data["dtype_bytes"],
                        tuple(FlashRow(data["tokens"], data["hidden"], r["head_dim"], r["seq"],
-                                      r["TFLOPS"]) for r in g["rows"]))
-            for g in data["gpus"]]
+                                      r["TFLOPS"], g.get("kernel", "FlashAttention-2"))
+                             for r in g["rows"]),
+                       name, g.get("sm_clock_fraction"))
+            for name in DATA_FILES for data in (reference_data(name),) for g in data["gpus"]]
 
 
 def modelled_tflops(table: FlashTable, row: FlashRow,
