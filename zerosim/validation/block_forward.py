@@ -3,11 +3,13 @@
 The node probe's section g times a Llama block written in plain PyTorch ops, on an H100 SXM
 (`zerosim/validation/data/h100_block_forward.yaml`) and on an H200 SXM
 (`h200_block_forward.yaml`, and with PyTorch's flash attention in place of the eager one,
-`h200_flash_block_forward.yaml`); each data file describes that block as a software stack (the
-hf-transformers stack with overrides). This prices one layer of it the way the engine prices a
-module (`engine.plan.module_costs`: each kernel on the profile, GEMMs on their roofline,
-memory-bound kernels at `gpu.memory_efficiency`), and finds the streaming rate of the
-memory-bound kernels that would make the model meet the measured layers.
+`h200_flash_block_forward.yaml`), and its `hf_layer_probe.py` times transformers' own
+LlamaDecoderLayer forward and backward on the H200 (`h200_hf_llama_layer.yaml`). Each data file
+describes its block as a software stack (the hf-transformers stack, with overrides where the
+block is not transformers'). This prices one layer of it the way the engine prices a module
+(`engine.plan.module_costs`: each kernel on the profile, GEMMs on their roofline, memory-bound
+kernels at `gpu.memory_efficiency`), its forward or its backward, and finds the streaming rate
+of the memory-bound kernels that would make the model meet the measured layers.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from zerosim.validation.leastsq import StreamingFit, fit_rate
 from zerosim.validation.reference import reference_data
 
 DATA_FILES = ("h100_block_forward.yaml", "h200_block_forward.yaml",
-              "h200_flash_block_forward.yaml")
+              "h200_flash_block_forward.yaml", "h200_hf_llama_layer.yaml")
 DATA_FILE = DATA_FILES[0]
 
 
 @dataclass(frozen=True)
 class BlockRow:
-    """One measured block: its shape, micro-batch, attention and forward time per layer."""
+    """One measured block: its shape, micro-batch, attention and times per layer."""
 
     hidden: int
     ffn: int
@@ -35,21 +37,26 @@ class BlockRow:
     kv_heads: int
     micro_batch: int
     layer_s: float
+    """The forward's."""
     host_issue_s: float | None
     """The host's time to issue the layer, where the probe measured it."""
     attention: str = "eager"
+    label: str = "plain block"
+    backward_s: float | None = None
+    """The backward's, where the probe timed one."""
 
     @classmethod
-    def from_record(cls, record: dict, attention: str = "eager") -> BlockRow:
-        issue_ms = record.get("host_issue_ms")
+    def from_record(cls, record: dict, attention: str = "eager",
+                    label: str = "plain block") -> BlockRow:
+        issue_ms, backward_ms = record.get("host_issue_ms"), record.get("backward_ms")
         return cls(record["hidden"], record["ffn"], record["heads"], record["kv_heads"],
                    record["micro_batch"], record["layer_ms"] * 1e-3,
-                   None if issue_ms is None else issue_ms * 1e-3, attention)
+                   None if issue_ms is None else issue_ms * 1e-3, attention, label,
+                   None if backward_ms is None else backward_ms * 1e-3)
 
     @property
     def case(self) -> str:
-        kind = "flash" if self.attention == "flash" else "plain"
-        return f"{kind} block h{self.hidden} mb{self.micro_batch}"
+        return f"{self.label} h{self.hidden} mb{self.micro_batch}"
 
 
 def block_data(name: str = DATA_FILE) -> dict[str, Any]:
@@ -59,7 +66,8 @@ def block_data(name: str = DATA_FILE) -> dict[str, Any]:
 
 def block_rows(data: dict[str, Any] | None = None) -> list[BlockRow]:
     data = data or block_data()
-    return [BlockRow.from_record(r, data.get("attention", "eager")) for r in data["rows"]]
+    return [BlockRow.from_record(r, data.get("attention", "eager"),
+                                 data.get("label", "plain block")) for r in data["rows"]]
 
 
 def _scenario_tree(row: BlockRow, data: dict[str, Any]) -> dict[str, Any]:
@@ -85,9 +93,9 @@ def _scenario_tree(row: BlockRow, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def modelled_layer_s(row: BlockRow, data: dict[str, Any] | None = None,
-                     profile: HardwareProfile | None = None) -> float:
-    """The GPU seconds of the block's layer as the engine prices its modules, on the data
-    file's profile or on `profile`."""
+                     profile: HardwareProfile | None = None, backward: bool = False) -> float:
+    """The GPU seconds of the block's layer, its forward or its `backward`, as the engine
+    prices its modules, on the data file's profile or on `profile`."""
     from zerosim.engine.plan import module_costs, plan_of
     from zerosim.scenario.loader import scenario_from_dict
 
@@ -96,8 +104,9 @@ def modelled_layer_s(row: BlockRow, data: dict[str, Any] | None = None,
     if profile is not None:
         scenario = replace(scenario, hardware=profile)
     modules = plan_of(scenario).modules
-    forward_s = module_costs(scenario).forward_s
-    return sum(s for m, s in zip(modules, forward_s, strict=True) if m.layer == 0)
+    costs = module_costs(scenario)
+    seconds = costs.backward_s if backward else costs.forward_s
+    return sum(s for m, s in zip(modules, seconds, strict=True) if m.layer == 0)
 
 
 def _fit_rate(rows: list[BlockRow], modelled: Callable[[float], list[float]],
