@@ -30,23 +30,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_node import BLOCKS, SEQUENCE, _block_weights, _rms
+from probe_node import BLOCKS, SEQUENCE, _block_weights, _rms, run_recorded, seconds_per_call
 
 TOKENS, HIDDEN = 16384, 2048
-
-
-def event_seconds(fn, calls):
-    """CUDA-event seconds per call over `calls` calls, behind as many warm-ups."""
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
 
 
 def fa2_benchmark(out):
@@ -57,11 +43,12 @@ def fa2_benchmark(out):
             q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda",
                                    dtype=torch.float16, requires_grad=True) for _ in range(3))
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                forward_s = event_seconds(lambda: F.scaled_dot_product_attention(
-                    q, k, v, is_causal=True), 30)
+                forward_s = seconds_per_call(lambda: F.scaled_dot_product_attention(
+                    q, k, v, is_causal=True), 30, lead=30, settle=True)
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 grad = torch.randn_like(y)
-                backward_s = event_seconds(lambda: y.backward(grad, retain_graph=True), 30)
+                backward_s = seconds_per_call(lambda: y.backward(grad, retain_graph=True), 30,
+                                              lead=30, settle=True)
             flops = 4 * batch * seq * seq * heads * head_dim / 2
             rows.append({"head_dim": head_dim, "seq": seq, "forward_ms": forward_s * 1e3,
                          "backward_ms": backward_s * 1e3,
@@ -134,8 +121,8 @@ def flash_block(out):
             long_run = []
             t_start = time.time()
             while time.time() - t_start < 2.0:
-                long_run.append(event_seconds(lambda x=x, weights=weights: stack(x, weights), 1)
-                                / layers * 1e3)
+                long_run.append(seconds_per_call(lambda x=x, weights=weights: stack(x, weights),
+                                                 1, settle=True) / layers * 1e3)
             out["long_run"] = {"hidden": hidden, "micro_batch": 4, "layer_ms": long_run,
                                "t_wall_start": t_start, "t_wall_end": time.time()}
             print(json.dumps({"long_run_first": long_run[:3], "long_run_last": long_run[-3:]}),
@@ -148,12 +135,7 @@ def flash_block(out):
 def main(path):
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "errors": []}
     for part in (fa2_benchmark, flash_block):
-        try:
-            part(out)
-        except Exception:
-            out["errors"].append(traceback.format_exc())
-            print(out["errors"][-1], flush=True)
-        Path(path).write_text(json.dumps(out, indent=1))
+        run_recorded(out, path, part)
 
 
 if __name__ == "__main__":

@@ -11,25 +11,16 @@ Needs torch with CUDA; about 30 s. One JSON object a shape and operand kind, TFL
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_node import seconds_per_call
 
 SHAPES = ((8192, 27648, 5120), (8192, 5120, 5120), (2048, 3072, 3072), (8192, 8192, 8192))
 """(m, n, k): a 5120-wide Llama's fused gate/up and its output projection at 8192 tokens, a
 small projection, and the usual square."""
-
-
-def seconds_per_call(fn, calls):
-    """CUDA-event seconds per call over `calls` calls queued behind an untimed lead call."""
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    fn()
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
 
 
 def main(path):

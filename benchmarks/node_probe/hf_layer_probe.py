@@ -15,7 +15,6 @@ import json
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch
@@ -23,6 +22,9 @@ import transformers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_node import run_recorded
 
 SEQUENCE, LAYERS, REPS = 2048, 4, 3
 BLOCKS = ((3072, 11008, 32, 4), (4096, 11008, 32, 4), (5120, 13824, 40, 4))
@@ -84,42 +86,42 @@ def stack_of(layers, rotary, mb, hidden):
     return step
 
 
+def measure(out, hidden, ffn, heads, kv_heads):
+    """One width's rows (micro-batch 1 and 4) and, for the widest, the long run."""
+    layers, rotary = build(hidden, ffn, heads, kv_heads)
+    for mb in (1, 4):
+        step = stack_of(layers, rotary, mb, hidden)
+        step()
+        times = [step() for _ in range(REPS)]
+        row = {"hidden": hidden, "ffn": ffn, "heads": heads, "kv_heads": kv_heads,
+               "micro_batch": mb,
+               "forward_ms": statistics.median(t[0] for t in times) / LAYERS * 1e3,
+               "backward_ms": statistics.median(t[1] for t in times) / LAYERS * 1e3,
+               "samples_s": times, "t_wall": time.time()}
+        out["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    if hidden == BLOCKS[-1][0]:
+        step = stack_of(layers, rotary, 4, hidden)
+        t_start, runs = time.time(), []
+        while time.time() - t_start < 2.0:
+            runs.append(step())
+        out["long_run"] = {"hidden": hidden, "micro_batch": 4,
+                           "forward_ms": [t[0] / LAYERS * 1e3 for t in runs],
+                           "backward_ms": [t[1] / LAYERS * 1e3 for t in runs],
+                           "t_wall_start": t_start, "t_wall_end": time.time()}
+        print(json.dumps({"long_run_forward_ms": out["long_run"]["forward_ms"][-3:],
+                          "long_run_backward_ms": out["long_run"]["backward_ms"][-3:]}),
+              flush=True)
+    layers = rotary = step = None
+    torch.cuda.empty_cache()
+
+
 def main(path):
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "transformers": transformers.__version__, "gqa_in_sdpa": gqa_in_sdpa(),
            "layers": LAYERS, "rows": [], "errors": []}
-    for hidden, ffn, heads, kv_heads in BLOCKS:
-        try:
-            layers, rotary = build(hidden, ffn, heads, kv_heads)
-            for mb in (1, 4):
-                step = stack_of(layers, rotary, mb, hidden)
-                step()
-                times = [step() for _ in range(REPS)]
-                row = {"hidden": hidden, "ffn": ffn, "heads": heads, "kv_heads": kv_heads,
-                       "micro_batch": mb,
-                       "forward_ms": statistics.median(t[0] for t in times) / LAYERS * 1e3,
-                       "backward_ms": statistics.median(t[1] for t in times) / LAYERS * 1e3,
-                       "samples_s": times, "t_wall": time.time()}
-                out["rows"].append(row)
-                print(json.dumps(row), flush=True)
-            if hidden == BLOCKS[-1][0]:
-                step = stack_of(layers, rotary, 4, hidden)
-                t_start, runs = time.time(), []
-                while time.time() - t_start < 2.0:
-                    runs.append(step())
-                out["long_run"] = {"hidden": hidden, "micro_batch": 4,
-                                   "forward_ms": [t[0] / LAYERS * 1e3 for t in runs],
-                                   "backward_ms": [t[1] / LAYERS * 1e3 for t in runs],
-                                   "t_wall_start": t_start, "t_wall_end": time.time()}
-                print(json.dumps({"long_run_forward_ms": out["long_run"]["forward_ms"][-3:],
-                                  "long_run_backward_ms": out["long_run"]["backward_ms"][-3:]}),
-                      flush=True)
-            layers = rotary = step = None
-            torch.cuda.empty_cache()
-        except Exception:
-            out["errors"].append(traceback.format_exc())
-            print(out["errors"][-1], flush=True)
-        Path(path).write_text(json.dumps(out, indent=1))
+    for block in BLOCKS:
+        run_recorded(out, path, lambda out, block=block: measure(out, *block))
 
 
 if __name__ == "__main__":

@@ -139,6 +139,36 @@ def time_events(fn, reps: int, warmup: int = 1, stream=None, calls: int = 1):
     return ts
 
 
+def seconds_per_call(fn, calls: int, lead: int = 1, settle: bool = False) -> float:
+    """CUDA-event seconds per call over `calls` calls queued behind `lead` untimed ones, which
+    keep the GPU busy while the host queues the timed ones (`settle`: wait for them first, so
+    the first timed call's launch is in the time)."""
+    for _ in range(lead):
+        fn()
+    if settle:
+        _sync()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
+
+
+def run_recorded(out: dict, path, part) -> None:
+    """`part(out)`, a failure recorded under `out["errors"]` and printed, then `out` written to
+    `path` as JSON either way: a run that breaks keeps what it measured."""
+    try:
+        part(out)
+    except Exception:
+        out.setdefault("errors", []).append(traceback.format_exc())
+        print(out["errors"][-1], flush=True)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+
+
 BACK_TO_BACK = 10
 """Calls per timing of one GEMM (sections g and h): `time_events(..., calls=BACK_TO_BACK)`."""
 
