@@ -14,6 +14,7 @@ from zerosim.engine.memory import AllocatorReserve
 from zerosim.engine.plan import plan_of
 from zerosim.scenario import load_scenario, scenario_from_dict
 from zerosim.scenario.deepspeed import ForkBuildWarning
+from zerosim.units import GiB
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_DP1 = ROOT / "scenarios" / "llama13b_dp1.yaml"
@@ -80,7 +81,7 @@ def test_an_emptied_cache_makes_the_host_wait_for_the_forwards_high_water_growth
     fast, slow = (_first_s("forward", STUDY_DP1, [f"hardware.gpu.cuda_malloc_GBps={rate}"])
                   for rate in (0.002, 0.001))
     fresh = _forward_high_water_bytes()
-    assert fresh / 1e9 == pytest.approx(27.0, rel=0.05)  # the study: "27 GB additional"
+    assert fresh / GiB == pytest.approx(27.0, rel=0.05)  # the study: "27 GB additional"
     assert slow - fast == pytest.approx(fresh / 0.001e9 - fresh / 0.002e9, rel=1e-9)
 
 

@@ -399,10 +399,10 @@ def test_activations_grow_by_the_saved_bytes_over_one_forward(study):
                             load_stack("megatron-deepspeed").recipe)
     assert after - before == sum(m.saved_bytes for m in modules)
     # Independently: per layer 16ht (16-bit inputs/QKV saved) + 8t (fp32 RMSNorm stats) +
-    # 2as^2 (softmax output) + 6it (SwiGLU inputs, down_proj input); head: norm 2ht + 4t,
-    # lm_head input 2ht, loss 4vt (Megatron's fp32 softmax).
+    # 2as^2 (softmax output) + 8it (SwiGLU's inputs and silu's output, down_proj's input);
+    # head: norm 2ht + 4t, lm_head input 2ht, loss 4vt (Megatron's fp32 softmax).
     h, i, a, t, v, layers = 5120, 13824, 40, 2048, 32000, 40
-    per_layer = 16 * h * t + 8 * t + 2 * a * t * t + 6 * i * t
+    per_layer = 16 * h * t + 8 * t + 2 * a * t * t + 8 * i * t
     assert after - before == layers * per_layer + (2 * h * t + 4 * t) + 2 * h * t + 4 * v * t
     # and everything the forward saved is gone once the backward is over
     b_end = phases.loc[("backward", 0), "end_s"]

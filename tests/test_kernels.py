@@ -511,6 +511,35 @@ def test_each_stack_holds_its_own_bytes_per_logit(stack, saved, transient, backw
     assert head.backward_transient_bytes == 2 * logits
 
 
+@pytest.mark.parametrize(("stack", "norm", "gated"), [
+    # Megatron: apex's fused RMSNorm keeps its 16-bit input; swiglu keeps the fused
+    # projection's output whole (views of it, 2 + 2) and silu's own output (2).
+    ("megatron-deepspeed", 2, 6),
+    # HF: LlamaRMSNorm keeps its fp32 up-cast (4) and the normed result in 16 bits (2);
+    # LlamaMLP keeps the gate's and the up projection's outputs and SiLU's (2 + 2 + 2).
+    ("hf-transformers", 6, 6),
+    # A stack without `activation_memory` (the toy's): a fused norm, the two inputs alone.
+    (None, 2, 4),
+])
+def test_each_stack_holds_its_own_bytes_per_norm_and_activation_element(stack, norm, gated):
+    """Both keep an fp32 statistic per row of a norm (4 B a token)."""
+    w = Workload(sequence_length=2048, micro_batch_size=2)
+    recipe = load_stack(stack).recipe if stack else parse_stack(toy_stack(), "s.yaml").recipe
+    modules = build_modules(LLAMA13, w, recipe)
+    first_norm = next(m for m in modules if m.kind == "norm")
+    activation = next(m for m in modules if m.kind == "activation")
+    tokens = 4096
+    assert first_norm.saved_bytes == norm * 5120 * tokens + 4 * tokens
+    assert activation.saved_bytes == gated * 13824 * tokens
+
+
+def test_bad_activation_memory_is_a_clear_error():
+    tree = toy_stack()
+    tree["activation_memory"] = {"mlp_saved": {"value": 4, "basis": "spec", "source": "x"}}
+    with pytest.raises(ScenarioError, match=r"activation_memory\.mlp_saved: expected one of n"):
+        parse_stack(tree, "s.yaml")
+
+
 def test_bad_loss_memory_is_a_clear_error():
     tree = toy_stack()
     tree["loss_memory"] = {"held": {"value": 4, "basis": "spec", "source": "x"}}

@@ -89,20 +89,22 @@ def ds_config(run: dict) -> dict:
     }
 
 
-def host_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
+def proc_field_bytes(path: str, field: str) -> int:
+    """A `kB` field of a /proc file (`VmRSS` of /proc/self/status, `MemAvailable` of
+    /proc/meminfo), in bytes."""
+    with open(path) as lines:
+        for line in lines:
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def host_rss_bytes() -> int:
+    return proc_field_bytes("/proc/self/status", "VmRSS")
 
 
 def mem_available_bytes() -> int:
-    with open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return proc_field_bytes("/proc/meminfo", "MemAvailable")
 
 
 def one_run(name: str, iterations: int, cpu: bool) -> dict:
@@ -112,8 +114,8 @@ def one_run(name: str, iterations: int, cpu: bool) -> dict:
     os.environ.setdefault("MASTER_PORT", "29611")
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
-    import torch
     import deepspeed
+    import torch
     import transformers
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     from transformers import AutoModelForCausalLM, LlamaConfig

@@ -276,7 +276,7 @@ TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
-CUDA_MALLOC_DEFAULT_GBPS = 171.0
+CUDA_MALLOC_DEFAULT_GBPS = 183.0
 """`gpu.cuda_malloc_GBps` of a profile that does not state it: h100-jlse's fitted value."""
 DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_tile_m": (256, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "

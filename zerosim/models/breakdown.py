@@ -141,6 +141,24 @@ class LossMemory:
 
 
 @dataclass(frozen=True)
+class ActivationMemory:
+    """What a norm and an MLP's activation keep for their backward, in bytes for 16-bit
+    training (scaled by the activation dtype's size / 2). The default is a fused norm's
+    (its 16-bit input per element and an fp32 statistic per row, apex's RMSNorm) and an
+    activation that saves only its inputs (one for GELU, the gate's and the up projection's
+    outputs for a gated one)."""
+
+    norm_saved: float = 2.0
+    """Per element of the normed tensor."""
+    norm_saved_per_row: float = FP32_BYTES
+    """Per token (a row's statistic)."""
+    activation_saved: float = 2.0
+    """Per intermediate element of an ungated MLP."""
+    gated_activation_saved: float = 4.0
+    """Per intermediate element of a gated MLP (SwiGLU, GeGLU)."""
+
+
+@dataclass(frozen=True)
 class Recipe:
     """How a software stack cuts a transformer block into modules and which memory-bound
     kernels each launches besides its GEMMs (`zerosim/stacks` builds one from a stack file).
@@ -182,7 +200,8 @@ class Recipe:
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
     reads it off the code (in its `backward_kernels`), else `backward_bytes_factor` times its
     forward bytes, in as many kernels. `score_memory` is what eager attention keeps per
-    score, `loss_memory` what the loss keeps per logit. `fused_softmax`: the shapes the
+    score, `loss_memory` what the loss keeps per logit, `activation_memory` what a norm and
+    an MLP's activation keep. `fused_softmax`: the shapes the
     stack's fused softmax kernel serves, where `scores` and `score_memory` have an `unfused`
     variant for the others.
 
@@ -211,6 +230,7 @@ class Recipe:
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
     loss_memory: LossMemory = LossMemory()
+    activation_memory: ActivationMemory = ActivationMemory()
     fused_softmax: FusedSoftmax | None = None
 
 
@@ -384,7 +404,8 @@ def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: 
 def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Recipe) -> Module:
     numels = (h, h) if bias else (h,)
     elements = h * w.tokens
-    saved = w.dtype_bytes * elements + FP32_BYTES * w.tokens
+    memory, scale = r.activation_memory, w.dtype_bytes / 2
+    saved = memory.norm_saved * scale * elements + memory.norm_saved_per_row * w.tokens
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
     module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
                     param_numels=numels)
@@ -527,7 +548,9 @@ def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload,
                     r: Recipe, tokens: float | None = None) -> Module:
     inputs = 2 if gated else 1
     elements = i * (w.tokens if tokens is None else tokens)
-    saved = inputs * w.dtype_bytes * elements
+    memory = r.activation_memory
+    per_element = memory.gated_activation_saved if gated else memory.activation_saved
+    saved = per_element * w.dtype_bytes / 2 * elements
     module = Module(name, "activation", "elementwise", layer, 0,
                     ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 0.0, 0.0, saved)
     # The recipe prices a gated activation (two inputs, one output): an ungated one moves

@@ -23,6 +23,7 @@ from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import (
     QKV_LAYOUTS,
+    ActivationMemory,
     Elementwise,
     FusedSoftmax,
     LossMemory,
@@ -128,6 +129,9 @@ SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
 """`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
 LOSS_MEMORY = ("saved", "transient", "backward")
 """`loss_memory` keys: `LossMemory` fields, bytes per logit."""
+ACTIVATION_MEMORY = ("norm_saved", "norm_saved_per_row", "activation_saved",
+                     "gated_activation_saved")
+"""`activation_memory` keys: `ActivationMemory` fields, bytes for 16-bit training."""
 
 
 @dataclass(frozen=True)
@@ -308,8 +312,8 @@ def _memory_section(tree: Mapping[str, Any], section: str, keys: tuple[str, ...]
                     provenance: dict[str, Provenance], *, nested: tuple[str, ...] = ()
                     ) -> dict[str, float]:
     """An optional section of `{value, basis, source}` leaves in bytes (`attention_memory`,
-    `loss_memory`, `attention_memory.bf16`): the values it gives, by key; what it leaves out
-    keeps the default; `nested` names sub-sections it may hold besides."""
+    `loss_memory`, `activation_memory`, `attention_memory.bf16`): the values it gives, by
+    key; what it leaves out keeps the default; `nested` names sub-sections it may hold besides."""
     given = dotted_leaf(tree, section)
     if given is None:
         return {}
@@ -333,7 +337,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
-             "loss_memory", "allocator", "process_groups", "processes"}
+             "loss_memory", "activation_memory", "allocator", "process_groups", "processes"}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -374,6 +378,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     score_memory=_score_memory(tree, source, provenance),
                     loss_memory=LossMemory(**_memory_section(
                         tree, "loss_memory", LOSS_MEMORY, source, provenance)),
+                    activation_memory=ActivationMemory(**_memory_section(
+                        tree, "activation_memory", ACTIVATION_MEMORY, source, provenance)),
                     fused_softmax=_fused_softmax(tree, source))
     _check_unfused_path(recipe, source)
     extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}

@@ -17,7 +17,7 @@ from zerosim.hardware.costs import UNSCALE_HOST_BYTES
 from zerosim.hardware.profile import HardwareProfile, load_profile
 from zerosim.models.kernels import Gemm
 from zerosim.results import Result
-from zerosim.scenario import scenario_from_dict
+from zerosim.scenario import load_scenario, scenario_from_dict
 from zerosim.units import GiB
 from zerosim.validation.gemm_rates import GemmRow, modelled_tflops
 from zerosim.validation.reference import (
@@ -897,6 +897,46 @@ def offload_binding_cells() -> list[Cell]:
     return cells
 
 
+VM_RUN_NOTE = "nothing fitted on it: the scenario's profile, h200-vm, is the node probe's"
+VM_RUN_PHASES = {Phase.FORWARD: PhaseTime.FORWARD, Phase.BACKWARD: PhaseTime.BACKWARD_BOUNDARY,
+                 Phase.UPDATE: PhaseTime.UPDATE}
+"""Where a one-micro-batch run's summary holds each phase DeepSpeed's engine times."""
+
+
+def h200_vm_run_cells() -> list[Cell]:
+    """Real DeepSpeed 0.19.5 ZeRO-3 offload runs on the project's lent H200 VM beside zerosim's
+    replay of them on `h200-vm` (data/h200_vm_ds_offload.yaml): each phase's median at the
+    Polaris runs' tolerance, the forward's and the backward's peak allocated GPU memory; the
+    CPU Adam calls of a step and the node's host memory reported."""
+    from zerosim.validation.vm_runs import load_vm_runs
+
+    study = load_vm_runs()
+    cells = []
+    for run in study.runs:
+        scenario = load_scenario(run.scenario)
+        result = simulate(scenario)
+        summary = result.summary
+        for phase, key in VM_RUN_PHASES.items():
+            cells.append(judge(study.group, run.name, f"{phase} (median of 4 iterations)", "s",
+                               run.phase_s(phase), summary["phases_s"][key],
+                               POLARIS_PHASE_TOLERANCE, note=VM_RUN_NOTE))
+        adam = result.spans[result.spans.op_kind == OpKind.OPTIMIZER_STEP]
+        cells.append(judge(study.group, run.name, "DeepSpeedCPUAdam.step calls of a step", "s",
+                           run.cpu_adam_s, float((adam.end_s - adam.start_s).sum()), None,
+                           note=VM_RUN_NOTE))
+        context = scenario.hardware.runtime_context_bytes
+        for phase, measured in ((Phase.FORWARD, run.forward_peak_allocated_bytes),
+                                (Phase.BACKWARD, run.backward_peak_allocated_bytes)):
+            peak = summary["hbm_phase_peak_GiB"][VM_RUN_PHASES[phase]] * GiB - context
+            cells.append(judge(study.group, run.name,
+                               f"peak allocated GPU memory in the {phase}", "GiB",
+                               measured / GiB, peak / GiB, MEMORY_TOLERANCE, note=VM_RUN_NOTE))
+        cells.append(judge(study.group, run.name, "node host memory in use after the step",
+                           "GiB", run.node_host_used_bytes / GiB, summary["peak_host_GiB"],
+                           None, note="MemTotal less MemAvailable; zerosim: the node's peak"))
+    return cells
+
+
 def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool = True
              ) -> tuple[list[Cell], dict[int, Result]]:
     """Run every case of the study and the Polaris runs (and, with `seed003`, the multi-node
@@ -917,6 +957,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells += collective_cells() + xla_h100_collective_cells() + cpu_adam_cells()
     if polaris:
         cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
+        cells += h200_vm_run_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results

@@ -1,0 +1,60 @@
+"""Real DeepSpeed 0.19.5 ZeRO-3 offload runs on the lent H200 VM: the data as the probe recorded
+it, the scenarios that replay them, and the cells computed as `zerosim run` computes a run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from zerosim.api import load_scenario, simulate
+from zerosim.models.breakdown import total_params
+from zerosim.units import GiB
+from zerosim.validation.validate import h200_vm_run_cells
+from zerosim.validation.vm_runs import REPO_ROOT, load_vm_runs
+from zerosim.vocabulary import Phase
+
+RUNS = load_vm_runs()
+RECORDS = REPO_ROOT / "benchmarks" / "node_probe" / "h200_ds_offload_2026-12-04.jsonl"
+
+
+def probe_records() -> dict[str, dict]:
+    return {record["run"]: record for record in map(json.loads, RECORDS.read_text().splitlines())}
+
+
+def test_the_data_file_holds_iterations_2_to_5_of_the_probe_records():
+    records = probe_records()
+    for run in RUNS.runs:
+        timed = [row for row in records[run.name]["iterations"] if row["iteration"] >= 2]
+        assert run.phase_samples_s[Phase.UPDATE] == tuple(round(r["step_s"], 3) for r in timed)
+        assert run.cpu_adam_samples_s == tuple(round(sum(r["adam_calls_s"]), 3) for r in timed)
+        assert run.forward_peak_allocated_bytes / GiB == pytest.approx(
+            timed[-1]["forward_peak_allocated_B"] / GiB, abs=0.005)
+
+
+def test_each_scenario_builds_the_model_and_config_the_probe_ran():
+    records = probe_records()
+    for run in RUNS.runs:
+        scenario = load_scenario(run.scenario)
+        record = records[run.name]
+        assert total_params(scenario.model) == record["parameters"]
+        assert scenario.hardware.name == "h200-vm"
+        assert scenario.deepspeed.train_micro_batch_size_per_gpu == record["micro_batch"]
+        assert scenario.sequence_length == record["seq"]
+
+
+def test_the_phase_is_the_median_of_the_timed_iterations():
+    run = RUNS.runs[0]
+    samples = sorted(run.phase_samples_s[Phase.FORWARD])
+    assert run.phase_s(Phase.FORWARD) == pytest.approx((samples[1] + samples[2]) / 2)
+
+
+def test_the_cells_are_computed_as_a_run_is():
+    cells = h200_vm_run_cells()
+    run = RUNS.runs[0]
+    summary = simulate(load_scenario(run.scenario)).summary
+    (update,) = [c for c in cells if c.case == run.name and c.quantity.startswith("update")]
+    assert update.simulated == summary["phases_s"]["update"]
+    assert update.measured == run.phase_s(Phase.UPDATE)
+    assert update.status in {"pass", "fail"}
+    assert {c.case for c in cells} == {r.name for r in RUNS.runs}

@@ -1,0 +1,62 @@
+"""Real DeepSpeed ZeRO-3 offload runs on the project's lent H200 VM (data/h200_vm_ds_offload.yaml),
+timed phase by phase by benchmarks/node_probe/ds_offload_probe.py.
+
+Pure: the measured iterations and the scenarios that replay them; `zerosim.validation.validate`
+simulates them. Nothing in zerosim is fitted on these runs: the scenarios name `h200-vm`, a
+profile built from the node probe's own measurements of that VM.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from zerosim.units import GiB
+from zerosim.validation.reference import reference_data
+from zerosim.vocabulary import Phase
+
+DATA_FILE = "h200_vm_ds_offload.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MEASURED_PHASES = {Phase.FORWARD: "forward_s", Phase.BACKWARD: "backward_s",
+                   Phase.UPDATE: "step_s"}
+"""The record's key for each phase DeepSpeed's engine times (forward, backward, step)."""
+
+
+@dataclass(frozen=True)
+class VmRun:
+    """One run: its scenario and what its timed iterations measured."""
+
+    name: str
+    scenario: Path
+    phase_samples_s: dict[Phase, tuple[float, ...]]
+    cpu_adam_samples_s: tuple[float, ...]
+    forward_peak_allocated_bytes: float
+    backward_peak_allocated_bytes: float
+    node_host_used_bytes: float
+
+    def phase_s(self, phase: Phase) -> float:
+        """The phase's median over the timed iterations."""
+        return statistics.median(self.phase_samples_s[phase])
+
+    @property
+    def cpu_adam_s(self) -> float:
+        return statistics.median(self.cpu_adam_samples_s)
+
+
+@dataclass(frozen=True)
+class VmRuns:
+    group: str
+    source: str
+    runs: tuple[VmRun, ...]
+
+
+def load_vm_runs() -> VmRuns:
+    data = reference_data(DATA_FILE)
+    runs = tuple(
+        VmRun(r["name"], REPO_ROOT / r["scenario"],
+              {phase: tuple(r[key]) for phase, key in MEASURED_PHASES.items()},
+              tuple(r["cpu_adam_s"]), r["forward_peak_allocated_GiB"] * GiB,
+              r["backward_peak_allocated_GiB"] * GiB, r["node_host_used_GiB"] * GiB)
+        for r in data["runs"])
+    return VmRuns(data["group"], data["source"], runs)
