@@ -533,3 +533,26 @@ def test_from_0_19_2_zero3_keeps_fp32_reduced_gradients_for_fp32_accumulation(to
     partition = sum(-(-n // 2) for n in _grad_order_numels())
     assert reduction_s("0.19.1") - reduction_s("0.19.2") == pytest.approx(
         6 * partition * PS, rel=1e-9)
+
+
+@pytest.mark.parametrize("pin_memory", [True, False])
+def test_zero3_parameter_offload_holds_the_flat_buffer_and_the_cached_init_partitions(pin_memory):
+    """TinyLlama 1.1B (DP=1) with `offload_param: cpu`: the param group's flat buffer of
+    1,100,048,384 16-bit elements (2.2 GB, pinned in 2^32 B), and zero.Init's own pinned
+    partition of every non-persistent tensor, each in its power of two and kept by PyTorch's
+    host cache: the embedding and the LM head (65.5M elements, 2^27 B each) and per layer q and
+    o (2^23 each), k and v (2^20 each), gate, up and down (23.1 MB, 2^25 each): 2,764 MiB. The
+    norms (2048 elements, under the persistence threshold) stay on the GPU. Pageable
+    partitions: the flat buffer alone, unrounded."""
+    scenario = zerosim.load_scenario("scenarios/h200_vm/tinyllama_param.yaml", {
+        "deepspeed.zero_optimization.offload_param.pin_memory": pin_memory})
+    plan = plan_of(scenario)
+    held = model_states(scenario.deepspeed, plan, scenario.hardware, scenario.behaviours)
+    params = [h for h in held if h.device is DeviceKind.HOST
+              and h.category is Category.PARAMS_16BIT]
+    MiB = 2 ** 20
+    if pin_memory:
+        per_layer = 2 * 8 * MiB + 2 * 1 * MiB + 3 * 32 * MiB
+        assert [h.nbytes for h in params] == [2 ** 32, 22 * per_layer + 2 * 128 * MiB]
+    else:
+        assert [h.nbytes for h in params] == [2 * 1_100_048_384, 0]

@@ -58,7 +58,15 @@ RUNS = {
                         offload_param=False),
     "llama3b_param": dict(model="llama3.2-3b", micro_batch=2, seq=2048, ga=1,
                           offload_param=True),
+    # The host path alone: a step's worth of GPU work too short to hide it, the optimizer a
+    # client torch.optim.AdamW on the GPU (nothing to compile).
+    "tinyllama_hooks": dict(model="tinyllama-1.1b", micro_batch=1, seq=128, ga=1,
+                            offload_param=False, offload_optimizer=False),
+    "tinyllama_hooks_param": dict(model="tinyllama-1.1b", micro_batch=1, seq=128, ga=1,
+                                  offload_param=True, offload_optimizer=False),
     "toy_cpu": dict(model="toy", micro_batch=2, seq=128, ga=2, offload_param=False),
+    "toy_cpu_hooks": dict(model="toy", micro_batch=1, seq=128, ga=1, offload_param=False,
+                          offload_optimizer=False),
 }
 
 
@@ -74,19 +82,29 @@ def ds_config(run: dict) -> dict:
         "stage3_max_live_parameters": 1_000_000_000,
         "stage3_max_reuse_distance": 1_000_000_000,
         "sub_group_size": 1_000_000_000,
-        "offload_optimizer": {"device": "cpu", "pin_memory": True},
     }
+    if offloads_optimizer(run):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if run["offload_param"]:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return {
+    config = {
         "train_micro_batch_size_per_gpu": run["micro_batch"],
         "gradient_accumulation_steps": run["ga"],
         "bf16": {"enabled": True},
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.0}},
         "zero_optimization": zero,
         "steps_per_print": 1_000_000,
         "wall_clock_breakdown": False,
     }
+    if offloads_optimizer(run):
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.0}}
+    else:
+        config["zero_allow_untested_optimizer"] = True
+    return config
+
+
+def offloads_optimizer(run: dict) -> bool:
+    """DeepSpeedCPUAdam on the host (the default); else a client torch.optim.AdamW."""
+    return run.get("offload_optimizer", True)
 
 
 def proc_field_bytes(path: str, field: str) -> int:
@@ -145,8 +163,10 @@ def one_run(name: str, iterations: int, cpu: bool) -> dict:
                      for p in model.parameters())
     zero_init = all(hasattr(p, "ds_id") for p in model.parameters())
     t0 = time.perf_counter()
+    client = (None if offloads_optimizer(run)
+              else torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0))
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=config)
+                                           optimizer=client, config=config)
     init_s = time.perf_counter() - t0
     generator = torch.Generator().manual_seed(0)
     batch = torch.randint(0, model_config.vocab_size, (run["micro_batch"], run["seq"]),

@@ -3,6 +3,8 @@
 # need: DeepSpeed and its missing dependencies installed from wheels in WHEELS (no network),
 # DeepSpeedCPUAdam compiled once (timed), an nvidia-smi log beside the runs.
 #   bash ds_offload_probe.sh OUTDIR WHEELS RUNS [BUDGET_S]
+# SKIP_CPU_ADAM=1 skips the timed build (runs that offload no optimizer need none);
+# ITERATIONS sets the iterations per run (default 6).
 set -u
 out=$1; wheels=$2; runs=$3; budget=${4:-400}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,11 +19,14 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,memory.used,clocks_event_reasons.active \
   --format=csv -lms 250 > "$out/clocks.csv" 2>&1 &
 smi=$!
-t0=$(date +%s.%N)
-python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder as B; b = B(); b.load(); print('cpu_adam simd', b.simd_width(), 'arch', b.cpu_arch())" 2>&1 | tail -5
-echo "cpu_adam build $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s"
+if [ "${SKIP_CPU_ADAM:-0}" != 1 ]; then
+  t0=$(date +%s.%N)
+  python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder as B; b = B(); b.load(); print('cpu_adam simd', b.simd_width(), 'arch', b.cpu_arch())" 2>&1 | tail -5
+  echo "cpu_adam build $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}') s"
+fi
 left=$(( budget - ($(date +%s) - start) ))
-python3 "$here/ds_offload_probe.py" --runs "$runs" --out "$out/ds_offload.jsonl" --budget-s "$left" --timeout-s 170 2>&1 \
+python3 "$here/ds_offload_probe.py" --runs "$runs" --out "$out/ds_offload.jsonl" --budget-s "$left" --timeout-s 170 \
+  --iterations "${ITERATIONS:-6}" 2>&1 \
   | grep -v -E "FutureWarning|return func|^\s*$|UserWarning|warnings.warn" > "$out/log.txt"
 rc=${PIPESTATUS[0]}
 kill $smi

@@ -226,6 +226,13 @@ def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]
         return [Holding(DeviceKind.GPU, Category.PARAMS_16BIT, dtype * part, "fp16 partition")]
     host, pinned = DeviceKind.HOST, host_buffer(ds.offload_param.pin_memory)
     on_nvme = plan.nvme_param_numel
+    if not ds.offload_param.nvme:
+        return [Holding(host, Category.PARAMS_16BIT, _host_allocations([dtype * part], pinned),
+                        "fp16 partition (the param group's flat buffer)", pinned),
+                Holding(host, Category.PARAMS_16BIT, zero_init_partitions_cached(plan, dtype,
+                                                                                 pinned),
+                        "zero.Init's per-parameter partitions, cached by the host allocator",
+                        pinned)]
     held = [Holding(host, Category.PARAMS_16BIT, dtype * (part - on_nvme), "fp16 partition",
                     pinned)]
     if ds.offload_param.nvme:
@@ -241,6 +248,21 @@ def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]
                     "16-bit swap-out pool of the largest sub-group", BufferKind.PINNED),
         ]
     return held
+
+
+def zero_init_partitions_cached(plan: Plan, dtype: int, buffer: BufferKind) -> float:
+    """`offload_param: cpu` with `pin_memory`: zero.Init pins each non-persistent parameter's
+    16-bit partition on its own (partition_parameters.py `_partition_param`:
+    `get_accelerator().pin_memory(partitioned_tensor)`), then the ZeRO-3 optimizer copies
+    them into the param group's pinned flat buffer and points them there (stage3.py
+    `_create_param_groups_fp16_flat_cpu_memory`, `_move_to_flat_buffer`). PyTorch's caching
+    host allocator keeps each freed block, rounded to its power of two, for reuse that never
+    comes, so they stay resident beside the flat buffer. Pageable ones go back to the C
+    allocator (none held)."""
+    if buffer is not BufferKind.PINNED:
+        return 0.0
+    return _host_allocations([dtype * p.partition_numel for params in plan.params
+                              for p in params if not p.persistent], buffer)
 
 
 def _swapped_optimizer(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
