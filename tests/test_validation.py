@@ -18,16 +18,6 @@ from zerosim.validation.validate import NVME_GROUP, POLARIS_GROUP, judge, valida
 
 ROOT = Path(__file__).resolve().parent.parent
 
-VM_GROUP = "DeepSpeed 0.19.5 ZeRO-3 offload on one H200 (a real run)"
-VM_HOOKS = (
-    "these phases are host-bound (the forward's GPU work is 25-50 ms of 0.2 s): each module "
-    "with parameters costs the host about 1.0 ms of DeepSpeed 0.19.5's hooks on the VM's "
-    "2.9 GHz core (0.214 s over TinyLlama's 201 modules, 0.256 s over the 3B's 255), where "
-    "the stack prices 0.73 ms (fetch_hook_us, 710 us at 3 GHz, fitted on DeepSpeed 0.13.3's "
-    "Megatron runs); a run of 128 tokens, whose GPU work is a few milliseconds, times that "
-    "host path alone at 0.195 s a forward against the model's 0.155 (tinyllama_hooks); the "
-    "CPU update, which the hooks do not touch, comes out -3.5..+7.3% and the peak GPU "
-    "memory -0.4..+4.0% in the same runs, and nothing was fitted on them")
 GA2_OUTLIER = (
     "this run sits above its model's other runs: the GA=1 runs' mean backward (11.78 s over "
     "three repeats spanning 10.2-14.1 s) plus one non-boundary micro-batch as the GA=4, 8 and "
@@ -78,12 +68,6 @@ KNOWN_MISSES = {
             "reach about 407 GB/s, between the ring's 370 and nccl-tests' 480 with SHARP "
             "(NVIDIA/nccl#2140), so a SHARP model from nccl-tests would miss them too"))
        for size in sizes},
-    **{(VM_GROUP, run, f"{phase} (median of {n} iterations)"): f"{error}: {VM_HOOKS}"
-       for run, phase, n, error in (("tinyllama_opt", "forward", 4, "-26.5%"),
-                                    ("llama3b_opt", "forward", 4, "-20.7%"),
-                                    ("tinyllama_param", "forward", 4, "-15.9%"),
-                                    ("tinyllama_param", "backward", 4, "-23.0%"),
-                                    ("tinyllama_hooks", "forward", 8, "-20.5%"))},
 }
 
 

@@ -898,6 +898,7 @@ def offload_binding_cells() -> list[Cell]:
 
 
 VM_RUN_NOTE = "nothing fitted on it: the scenario's profile, h200-vm, is the node probe's"
+VM_RUN_FITTED_NOTE = "in-sample: {} fitted on this run"
 VM_RUN_PHASES = {Phase.FORWARD: PhaseTime.FORWARD, Phase.BACKWARD: PhaseTime.BACKWARD_BOUNDARY,
                  Phase.UPDATE: PhaseTime.UPDATE}
 """Where a one-micro-batch run's summary holds each phase DeepSpeed's engine times."""
@@ -906,8 +907,9 @@ VM_RUN_PHASES = {Phase.FORWARD: PhaseTime.FORWARD, Phase.BACKWARD: PhaseTime.BAC
 def h200_vm_run_cells() -> list[Cell]:
     """Real DeepSpeed 0.19.5 ZeRO-3 offload runs on the project's lent H200 VM beside zerosim's
     replay of them on `h200-vm` (data/h200_vm_ds_offload.yaml): each phase's median at the
-    Polaris runs' tolerance, the forward's and the backward's peak allocated GPU memory; the
-    CPU Adam calls of a step and the node's host memory reported."""
+    Polaris runs' tolerance (in-sample for the run the stack's hook time is fitted on), the
+    forward's and the backward's peak allocated GPU memory; the CPU Adam calls of a step and
+    the node's host memory reported."""
     from zerosim.validation.vm_runs import load_vm_runs
 
     study = load_vm_runs()
@@ -916,11 +918,12 @@ def h200_vm_run_cells() -> list[Cell]:
         scenario = load_scenario(run.scenario)
         result = simulate(scenario)
         summary = result.summary
+        timed_note = VM_RUN_FITTED_NOTE.format(run.fitted) if run.fitted else VM_RUN_NOTE
         for phase, samples in run.phase_samples_s.items():
             cells.append(judge(study.group, run.name,
                                f"{phase} (median of {len(samples)} iterations)", "s",
                                run.phase_s(phase), summary["phases_s"][VM_RUN_PHASES[phase]],
-                               POLARIS_PHASE_TOLERANCE, note=VM_RUN_NOTE))
+                               POLARIS_PHASE_TOLERANCE, note=timed_note))
         if run.cpu_adam_s is not None:
             adam = result.spans[result.spans.op_kind == OpKind.OPTIMIZER_STEP]
             cells.append(judge(study.group, run.name, "DeepSpeedCPUAdam.step calls of a step",

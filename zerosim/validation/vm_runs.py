@@ -2,8 +2,9 @@
 timed phase by phase by benchmarks/node_probe/ds_offload_probe.py.
 
 Pure: the measured iterations and the scenarios that replay them; `zerosim.validation.validate`
-simulates them. Nothing in zerosim is fitted on these runs: the scenarios name `h200-vm`, a
-profile built from the node probe's own measurements of that VM.
+simulates them. The scenarios name `h200-vm`, a profile built from the node probe's own
+measurements of that VM; the hf-transformers stack's hook time is fitted on the one run that
+times the host path alone (`fitted`), and the others are held out.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class VmRun:
     forward_peak_allocated_bytes: float
     backward_peak_allocated_bytes: float
     node_host_used_bytes: float
+    fitted: str
+    """What zerosim fitted on the run, if anything ("": nothing)."""
 
     def phase_s(self, phase: Phase) -> float:
         """The phase's median over the timed iterations."""
@@ -60,6 +63,7 @@ def load_vm_runs() -> VmRuns:
         VmRun(r["name"], REPO_ROOT / r["scenario"],
               {phase: tuple(r[key]) for phase, key in MEASURED_PHASES.items() if key in r},
               tuple(r.get("cpu_adam_s", ())), r["forward_peak_allocated_GiB"] * GiB,
-              r["backward_peak_allocated_GiB"] * GiB, r["node_host_used_GiB"] * GiB)
+              r["backward_peak_allocated_GiB"] * GiB, r["node_host_used_GiB"] * GiB,
+              r.get("fitted", ""))
         for r in data["runs"])
     return VmRuns(data["group"], data["source"], runs)
