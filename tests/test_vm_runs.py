@@ -65,3 +65,12 @@ def test_the_cells_are_computed_as_a_run_is():
     assert update.measured == run.phase_s(Phase.UPDATE)
     assert update.status in {"pass", "fail"}
     assert {c.case for c in cells} == {r.name for r in RUNS.runs}
+
+
+def test_the_host_cell_is_the_nodes_level_as_the_step_ends():
+    """The 128-token run offloads nothing: as its step ends the node holds the VM's OS (0.58 GiB,
+    h200-vm) and the rank's process (2.1 GiB, the hf stack), nothing else."""
+    (cell,) = [c for c in h200_vm_run_cells() if c.case == "tinyllama_hooks"
+               and c.quantity == "node host memory in use after the step"]
+    assert cell.simulated == pytest.approx(0.58 + 2.1, abs=1e-9)
+    assert cell.measured == 2.2
