@@ -4,8 +4,11 @@ it, the scenarios that replay them, and the cells computed as `zerosim run` comp
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
+import yaml
 
 from zerosim.api import load_scenario, simulate
 from zerosim.models.breakdown import total_params
@@ -74,3 +77,16 @@ def test_the_host_cell_is_the_nodes_level_as_the_step_ends():
                and c.quantity == "node host memory in use after the step"]
     assert cell.simulated == pytest.approx(0.58 + 2.1, abs=1e-9)
     assert cell.measured == 2.2
+
+
+@pytest.mark.parametrize("run", [r.name for r in RUNS.runs])
+def test_the_probe_scenario_script_rebuilds_each_committed_scenario(run):
+    """benchmarks/node_probe/ds_offload_scenario.py turns a record into the scenario a user
+    runs on their own node: for these records it gives the committed scenarios, key by key."""
+    records = next(path for path in RECORDS
+                   if any(json.loads(line)["run"] == run for line in path.read_text().splitlines()))
+    script = REPO_ROOT / "benchmarks" / "node_probe" / "ds_offload_scenario.py"
+    made = subprocess.run([sys.executable, str(script), str(records), run, "--hardware",
+                           "h200-vm"], capture_output=True, text=True, check=True).stdout
+    committed = yaml.safe_load((REPO_ROOT / "scenarios" / "h200_vm" / f"{run}.yaml").read_text())
+    assert yaml.safe_load(made) == committed
