@@ -58,7 +58,7 @@ RUNS = {
                         offload_param=False),
     "llama3b_param": dict(model="llama3.2-3b", micro_batch=2, seq=2048, ga=1,
                           offload_param=True),
-    # The host path alone: a step's worth of GPU work too short to hide it, the optimizer a
+    # The host path alone: GPU work too short to hide the host's hooks and dispatch, the optimizer a
     # client torch.optim.AdamW on the GPU (nothing to compile).
     "tinyllama_hooks": dict(model="tinyllama-1.1b", micro_batch=1, seq=128, ga=1,
                             offload_param=False, offload_optimizer=False),

@@ -111,7 +111,7 @@ def run_study(study: Study, data_parallel: int) -> Result:
     return simulate(scenario)
 
 
-def gpu_level_at(result: Result, t_s: float, device: str = GPU0) -> float:
+def level_at(result: Result, t_s: float, device: str = GPU0) -> float:
     """Total bytes allocated on `device` just after time `t_s` (all changes at t_s applied)."""
     rows = result.memory[(result.memory.device == device) & (result.memory.t_s <= t_s)]
     return float(rows.groupby("category").bytes.last().sum())
@@ -123,7 +123,7 @@ def gpu_peak_between(result: Result, start_s: float, end_s: float,
     wide = rows.pivot_table(index="t_s", columns="category", values="bytes", aggfunc="last")
     total = wide.ffill().fillna(0.0).sum(axis=1)
     window = total[(total.index >= start_s) & (total.index <= end_s)]
-    return float(max(window.max(), gpu_level_at(result, start_s, device)))
+    return float(max(window.max(), level_at(result, start_s, device)))
 
 
 def _phase_window(result: Result, phase: str, micro: int, rank: int = 0) -> tuple[float, float]:
@@ -148,7 +148,7 @@ def table2_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
 def memory_cells(study: Study, dp1: Result) -> list[Cell]:
     obs = study.observations
     start, end = _phase_window(dp1, Phase.FORWARD, 0)
-    at_start = gpu_level_at(dp1, start)
+    at_start = level_at(dp1, start)
     peak = gpu_peak_between(dp1, start, end)
     up_start, up_end = _phase_window(dp1, Phase.UPDATE, study.scenario["deepspeed"]
                                      ["gradient_accumulation_steps"] - 1)
@@ -939,7 +939,7 @@ def h200_vm_run_cells() -> list[Cell]:
                                f"peak allocated GPU memory in the {phase}", "GiB",
                                measured / GiB, peak / GiB, MEMORY_TOLERANCE, note=VM_RUN_NOTE))
         step_end = float(result.phases[result.phases.phase == Phase.UPDATE].end_s.max())
-        at_step_end = gpu_level_at(result, step_end - STEP_END_EPSILON_S,
+        at_step_end = level_at(result, step_end - STEP_END_EPSILON_S,
                                    device_name(DeviceKind.HOST, 0))
         cells.append(judge(study.group, run.name, "node host memory in use after the step",
                            "GiB", run.node_host_used_bytes / GiB, at_step_end / GiB, None,
