@@ -842,3 +842,20 @@ def test_a_sync_before_the_mlp_exposes_its_first_hook(toy, syncs):
     without = _host_and_gpu_forward(0)[-1][2]
     assert forward.end_s.iloc[-1] == pytest.approx(
         (without + (2 * HOOK_PS if syncs else 0)) * PS, rel=1e-9)
+
+
+def test_faulting_threads_of_one_process_contend_as_the_profile_says(toy, dp1_ga1):
+    """`cpu.page_zeroing_contention` 1.0: n threads zero n / (1 + (n - 1)) x 1 GB/s together,
+    so the copy-back's two cast threads fault its temporary's 2 B/element in at 1 GB/s, not 2
+    (2000 ps/element, not 1000), while the flush's one faulting thread (the D2H's staging)
+    keeps its 1 GB/s: the backward is unchanged and the update longer by 1000 ps/element."""
+    profile = toy.profile()
+    profile["cpu"]["page_zeroing_contention"] = {"value": 1.0, "basis": "assumed",
+                                                 "source": "test"}
+    contended = toy.run({"hardware": profile})
+    phases = contended.phases.set_index("phase")
+    before = dp1_ga1.phases.set_index("phase")
+    assert phases.loc["backward", "end_s"] == before.loc["backward", "end_s"]
+    update = phases.loc["update", "end_s"] - phases.loc["update", "start_s"]
+    update_before = before.loc["update", "end_s"] - before.loc["update", "start_s"]
+    assert (update - update_before) / PS == pytest.approx(1000 * TOTAL_PARAMS, rel=1e-9)

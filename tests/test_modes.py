@@ -14,6 +14,7 @@ import pytest
 import zerosim
 from zerosim.engine.plan import plan_of
 from zerosim.engine.states import model_states
+from zerosim.errors import ScenarioError
 from zerosim.estimate import estimate_model_states
 from zerosim.vocabulary import BufferKind, Category, DeviceKind, OpKind, Stream
 
@@ -556,3 +557,93 @@ def test_zero3_parameter_offload_holds_the_flat_buffer_and_the_cached_init_parti
         assert [h.nbytes for h in params] == [2 ** 32, 22 * per_layer + 2 * 128 * MiB]
     else:
         assert [h.nbytes for h in params] == [2 * 1_100_048_384, 0]
+
+
+def test_zero3_parameter_offload_with_the_optimizer_on_the_gpu_writes_each_group_back(toy):
+    """`offload_param: cpu` with `offload_optimizer: none`: the update runs as without offload
+    (overflow check 4N ps, fp64 norms 18N, per sub-group its fp32 gradient 10 ps/element), but
+    the Adam writes no 16-bit partition on the GPU (36 ps/element: no cast), and the host then
+    copies the group into its 16-bit partition in host memory as PyTorch's blocking
+    cross-dtype copy does: it waits for the Adam, one thread faults in the fp32 temporary's
+    fresh pages (4 B at 1 GB/s: 4000 ps/element), the pageable D2H moves them (4 B at 5 GB/s:
+    800), and the cast reads them and writes the 16-bit partition on 2 threads (6 B at 2 GB/s:
+    3000); only then does the next group's fp32 gradient start."""
+    result = toy.run({"deepspeed": {"zero_optimization": {
+        "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": "cpu", "pin_memory": True}}}})
+    start = result.phases[result.phases.phase == "update"].start_s.iloc[0] / PS
+    normed = start + (OVERFLOW_CHECK_PS + NORM_PS) * N
+    compute, host, d2h = [], [], []
+    t = normed
+    for group, n in enumerate(GROUPS):
+        cast = t + FP32_GRAD_PS * n
+        stepped = cast + (GPU_ADAM_PS - 6) * n
+        compute += [(f"fp32 gradient sub-group {group}", t, cast),
+                    (f"gpu adam sub-group {group}", cast, stepped)]
+        zeroed = stepped + 4000 * n
+        moved = zeroed + 800 * n
+        t = moved + 3000 * n
+        host += [(f"zero pages sub-group {group}", stepped, zeroed),
+                 (f"cast fp32→16-bit sub-group {group}", moved, t)]
+        d2h.append((f"fp32 params sub-group {group} (pageable)", zeroed, moved))
+    _assert_ops(_ops(result, Stream.COMPUTE, "update")[2:], compute)
+    _assert_ops(_ops(result, Stream.CPU, "update"), host)
+    _assert_ops(_ops(result, Stream.PCIE_D2H, "update"), d2h)
+    assert _phase_ends(result)["update 0"] == pytest.approx(t, rel=1e-9)
+
+
+def test_zero3_parameter_offload_with_the_optimizer_on_the_gpu_keeps_fp32_state_in_hbm(toy):
+    """The 16-bit partition moves to pinned host memory (the flat buffer and zero.Init's
+    cached per-tensor partitions); the fp32 master and both Adam moments stay in HBM."""
+    scenario = toy.scenario({"deepspeed": {"zero_optimization": {
+        "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": "cpu", "pin_memory": True}}}})
+    held = model_states(scenario.deepspeed, plan_of(scenario), scenario.hardware,
+                        scenario.behaviours)
+    where = {(h.device, h.category) for h in held if h.nbytes > 0}
+    assert (DeviceKind.HOST, Category.PARAMS_16BIT) in where
+    assert (DeviceKind.GPU, Category.PARAMS_16BIT) not in where
+    gpu = {h.category: h.nbytes for h in held if h.device is DeviceKind.GPU}
+    assert gpu[Category.FP32_MASTER] == 4 * N
+    assert gpu[Category.OPTIMIZER_STATES] == 8 * N
+
+
+def test_torch_adam_steps_with_pytorchs_adamw_and_its_temporary(toy):
+    """`optimizer.params.torch_adam` makes DeepSpeed build `torch.optim.AdamW`: per sub-group
+    88 B/element through HBM (unscale 8, the eight foreach passes 80) and the 16-bit cast (6),
+    and its `exp_avg_sq_sqrt` (4 B/element) in HBM while it runs."""
+    result = toy.run({"deepspeed": {"optimizer": {"type": "AdamW",
+                                                  "params": {"torch_adam": True}},
+                                    "zero_optimization": {"offload_optimizer": {
+                                        "device": "none"}}}})
+    adams = [(op, end - start) for op, start, end in _ops(result, Stream.COMPUTE, "update")
+             if op.startswith("gpu adam")]
+    assert adams == [(f"gpu adam sub-group {g}", pytest.approx((88 + 6) * n, rel=1e-9))
+                     for g, n in enumerate(GROUPS)]
+    memory, start = result.memory, result.phases.start_s.iloc[-1]
+    workspace = memory[(memory.device == "gpu0") & (memory.category == "workspace")
+                       & (memory.t_s >= start)]
+    assert list(workspace.bytes) == [4 * GROUPS[0], 0, 4 * GROUPS[1], 0]
+
+
+@pytest.mark.parametrize(("optimizer", "zero", "expected"), [
+    ({"type": "AdamW", "params": {"torch_adam": "yes"}}, {}, "true or false"),
+    ({"type": "AdamW", "params": {"torch_adam": True}}, {},
+     "false with the optimizer offloaded"),
+    ({"type": "CPUAdam", "params": {"torch_adam": True}}, {"offload_optimizer": {
+        "device": "none"}}, "false unless optimizer.type is Adam or AdamW")])
+def test_torch_adam_is_refused_where_deepspeed_would_not_build_it_on_the_gpu(toy, optimizer,
+                                                                            zero, expected):
+    with pytest.raises(ScenarioError) as err:
+        toy.scenario({"deepspeed": {"optimizer": optimizer, "zero_optimization": zero}})
+    assert err.value.key_path == "deepspeed.optimizer.params.torch_adam"
+    assert expected in err.value.expected
+
+
+def test_parameters_on_nvme_need_the_optimizer_offloaded(toy):
+    with pytest.raises(ScenarioError) as err:
+        toy.scenario({"deepspeed": {"zero_optimization": {
+            "offload_optimizer": {"device": "none"},
+            "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}})
+    assert err.value.key_path == "deepspeed.zero_optimization.offload_optimizer.device"
+    assert "NVMe parameter offload" in err.value.expected

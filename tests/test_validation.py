@@ -25,7 +25,27 @@ GA2_OUTLIER = (
     "is 9% under that, 2.4 standard deviations of one run as the table's repeats scatter; it "
     "passed (-14.0%, -8.8%) while Polaris's page zeroing was held at an "
     "earlier model's 5.03 GB/s, which the current fit (5.45, 3%) replaces")
+VM_GROUP = "DeepSpeed 0.19.5 ZeRO-3 offload on one H200 (a real run)"
+VM_HOST_PATH = (
+    "the two 128-token runs time DeepSpeed's hooks and PyTorch's dispatch alone (GPU work a "
+    "few ms); with the parameters on the host the real forward took 0.142 s and the backward "
+    "0.157 s, against 0.195 and 0.178 s with them in HBM (both at DP=1, where 0.19.5 fetches "
+    "with `_no_gather_coalesced` either way, its `.to(device)` a copy from pinned memory or "
+    "a no-op), so the host's path per module was about 0.3 ms shorter with the parameters "
+    "offloaded, which nothing in the code read explains; zerosim prices one hook time for "
+    "both, fitted on the run with them in HBM, and adds the H2D copies the fetches wait for")
 KNOWN_MISSES = {
+    (VM_GROUP, "tinyllama_hooks_param", "forward (median of 8 iterations)"):
+        f"+45.9%: {VM_HOST_PATH}",
+    (VM_GROUP, "tinyllama_hooks_param", "backward (median of 8 iterations)"):
+        f"+21.4%: {VM_HOST_PATH}",
+    (VM_GROUP, "tinyllama_hooks", "update (median of 8 iterations)"): (
+        "-21.6%: a 49 ms step with the optimizer on the GPU (torch.optim.AdamW, nothing "
+        "offloaded), of which zerosim prices the HBM traffic (the fp32 gradient, the fp64 "
+        "norms, AdamW's passes and the cast, 134 GB: 33 ms) and the norm's dispatch per "
+        "gradient partition (201 x 3 ops, 5 ms), not the rest of the host's path through "
+        "DeepSpeed's step (releasing every parameter, the per-group bookkeeping) and "
+        "PyTorch's optimizer"),
     (POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", "backward per step"):
         f"-18.1%: {GA2_OUTLIER}",
     (POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", "iteration per step"):
@@ -198,7 +218,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 431
+    assert len(judged) == 439
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])

@@ -31,6 +31,11 @@ def find_record(path: str, run: str) -> dict:
 def scenario_for(record: dict, hardware: str) -> dict:
     """The scenario that replays `record` on `hardware` (transformers' SDPA, which the probe
     uses, runs its flash kernel there: no mask, grouped K/V passed as they are)."""
+    deepspeed = dict(record["ds_config"])
+    if not record.get("offload_optimizer", True) and "optimizer" not in deepspeed:
+        # the probe hands DeepSpeed a client torch.optim.AdamW; this key makes DeepSpeed
+        # build the same one (engine.py _configure_basic_optimizer)
+        deepspeed["optimizer"] = {"type": "AdamW", "params": {"torch_adam": True}}
     return {
         "name": f"{hardware}-{record['run'].replace('_', '-')}",
         "model": {"model_type": "llama", **record["model_config"]},
@@ -39,7 +44,7 @@ def scenario_for(record: dict, hardware: str) -> dict:
         "attention": "flash",
         "hardware": hardware,
         "data_parallel": 1,
-        "deepspeed": record["ds_config"],
+        "deepspeed": deepspeed,
         "runtime": {"deepspeed_version": record["versions"]["deepspeed"],
                     "framework": "hf-transformers"},
     }

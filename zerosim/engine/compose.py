@@ -11,9 +11,11 @@ which ZeRO stage and offload target.
 | boundary flush        | DeepSpeed behaviours; fork   | CPU cast; GPU cast (blocking or not);     |
 |                       | options                      | kept in HBM (interleaved GPU sub-groups)  |
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
-| optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU;       |
-|                       |                              | interleaved CPU/GPU (Deep Optimizer       |
-|                       |                              | States `prefetch_optimizer`)              |
+| optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
+|                       | (optimizer.params.torch_adam;| (FusedAdam or torch AdamW; each group     |
+|                       | offload_param)               | written back to host params); interleaved |
+|                       |                              | CPU/GPU (Deep Optimizer States            |
+|                       |                              | `prefetch_optimizer`)                     |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
 | copy-back             | offload_param; stage;        | CPU cast + H2D; fp32 H2D + GPU cast       |
 |                       | DeepSpeed behaviours         | (ZeRO-1/2 0.14.1-0.16); CPU cast into a   |
@@ -39,6 +41,7 @@ from zerosim.engine.optimizer import (
     cast_into_16bit_buffer_then_upload,
     cast_into_host_params,
     cast_then_upload,
+    download_into_host_params,
     nothing_to_gather,
     regather_persistent,
     upload_fp32_then_cast_on_gpu,
@@ -62,6 +65,7 @@ from zerosim.engine.swapping import (
     PartitionsOnNvme,
     cast_into_host_or_swap_out,
 )
+from zerosim.hardware import costs
 from zerosim.vocabulary import Collective
 
 
@@ -135,7 +139,9 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     ds = core.ds
     groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
-        return GpuStep(core, groups, _post_step(core))
+        adam = costs.TORCH_ADAMW if ds.torch_adam else costs.FUSED_ADAM
+        write_back = download_into_host_params if ds.offload_param.enabled else None
+        return GpuStep(core, groups, _post_step(core), adam, write_back)
     if gpu_gradients is not None:
         return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
     return CpuStep(core, groups, _copy_back(core), _post_step(core), states)

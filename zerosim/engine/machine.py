@@ -324,8 +324,15 @@ class Machine:
         usage = self._shape(
             ("zero", rank, threads, where.home, where.spread), rank,
             lambda pl: self._host_memory(pl, where, pl.threads),
-            max_rate=min(threads, self.threads_per_rank) * self.profile.page_zeroing_Bps)
+            max_rate=self._zeroing_rate(threads))
         yield self.flows.start_usage(nbytes, usage, label=label)
+
+    def _zeroing_rate(self, threads: float) -> float:
+        """`threads` of one rank faulting fresh pages in together: each at the profile's
+        rate, slowed by the serialised share of the fault path (`page_zeroing_contention`)."""
+        profile = self.profile
+        n = min(threads, self.threads_per_rank)
+        return n * profile.page_zeroing_Bps / (1 + (n - 1) * profile.page_zeroing_contention)
 
     # ------------------------------------------------------------------ collectives
 

@@ -18,7 +18,7 @@ import simpy
 
 from zerosim.engine.machine import Machine
 from zerosim.engine.rank import Gen, RankCore
-from zerosim.engine.software import DEVICE_SCALAR_BYTES
+from zerosim.engine.software import DEVICE_SCALAR_BYTES, GRAD_NORM_DISPATCHES_PER_PARTITION
 from zerosim.engine.states import stage12_master_pinned
 from zerosim.hardware import costs
 from zerosim.units import FP32_BYTES, FP64_BYTES
@@ -27,6 +27,9 @@ from zerosim.vocabulary import Category, Collective, OpKind, Phase, Stream
 CopyBack = Callable[[RankCore, int, int, Stream], Gen]
 """(core, sub-group, elements, track): write a stepped group's 16-bit params where the GPU
 reads them."""
+WriteBack = Callable[[RankCore, int, int, simpy.Event], Gen]
+"""(core, sub-group, elements, its Adam's kernels): write a group stepped on the GPU into 16-bit
+params in host memory, on the host thread."""
 PostStep = Callable[[RankCore], None]
 
 
@@ -268,10 +271,26 @@ def cast_into_host_params(core: RankCore, group: int, elements: int, track: Stre
                              track=track)
 
 
+def download_into_host_params(core: RankCore, group: int, elements: int,
+                              stepped: simpy.Event) -> Gen:
+    """`offload_param` with the optimizer on the GPU: stage3.py
+    `_reassign_or_swap_out_partitioned_parameters` writes the stepped fp32 partition into the
+    16-bit one in host memory, `fp16_flat.copy_(fp32_flat)`, blocking: the host waits for the
+    group's Adam, then PyTorch converts on the CPU (a D2H of the fp32 bytes into a pageable
+    temporary, cast into the host partition)."""
+    yield stepped
+    yield from core.download_with_cpu_cast(
+        elements, FP32_BYTES, costs.HostBytes(home=FP32_BYTES + core.dtype_bytes),
+        name=f"sub-group {group}", copy_op=f"fp32 params sub-group {group}",
+        cast_op=f"cast fp32→16-bit sub-group {group}", kind=OpKind.PARAM_COPY_BACK)
+
+
 class GpuStep:
-    """No offload: the overflow check and the gradient norms on the GPU, then per group the
-    fp32 gradient made from the 16-bit partitions and the fused Adam (unscale, Adam, cast to
-    16 bits), kernels the host launches without waiting.
+    """The optimizer on the GPU: the overflow check and the gradient norms on the GPU, then
+    per group the fp32 gradient made from the 16-bit partitions and the optimizer (`adam`:
+    DeepSpeed's FusedAdam, or PyTorch's AdamW with `torch_adam`; unscale, Adam, cast to 16
+    bits), kernels the host launches without waiting; with the parameters offloaded, the
+    host writes each group back (`write_back`).
 
     Stages 1-3 take the norm of each gradient partition in fp64 (`get_grad_norm_direct`:
     `g.double().norm(2)`, one copy alive at a time), then make a group's fp32 gradient only
@@ -279,10 +298,14 @@ class GpuStep:
     `_prepare_fp32_grad_for_sub_group`, stage_1_and_2.py `step`), dropped once its Adam has
     run (`_release_sub_group`; `single_partition_of_fp32_groups[i].grad = None`)."""
 
-    def __init__(self, core: RankCore, groups: tuple[int, ...], post_step: PostStep):
+    def __init__(self, core: RankCore, groups: tuple[int, ...], post_step: PostStep,
+                 adam: costs.GpuAdam, write_back: WriteBack | None = None):
         self.core = core
         self.groups = groups
         self.post_step = post_step
+        self.adam = adam
+        self.write_back = write_back
+        """Where the 16-bit params are written when not in HBM (None: cast on the GPU)."""
 
     def run(self) -> Gen:
         core = self.core
@@ -290,15 +313,19 @@ class GpuStep:
         yield from begin_step(core, self._check_overflow, norms)
         for group, size in enumerate(self.groups):
             release = self._launch_fp32_gradient(group, size) if core.ds.stage > 0 else None
-            stepped = launch_gpu_adam(core, group, size, costs.FUSED_ADAM)
+            stepped = launch_gpu_adam(core, group, size, self.adam,
+                                      casts=self.write_back is None)
             if release is not None:
                 core.when_done(stepped, release)
+            if self.write_back is not None:
+                yield from self.write_back(core, group, size, stepped)
         self.post_step(core)
         yield from core.end()
 
     def _gradient_norms(self) -> Gen:
-        """Every partition's fp64 norm (its gradient read, 8 B written and read back); the
-        host waits for the result (`float(total_norm)`)."""
+        """Every partition's fp64 norm (its gradient read, 8 B written and read back), the
+        host dispatching each partition's ops in turn; the host waits for the result
+        (`float(total_norm)`)."""
         core = self.core
         elements = sum(self.groups)
         params = core.plan.all_params
@@ -308,6 +335,7 @@ class GpuStep:
             largest = min(max(p.numel for p in params), core.plan.partition_numel)
         seconds = core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, core.accum_bytes),
                                    passes=1.0)
+        yield from core.issue_kernels(GRAD_NORM_DISPATCHES_PER_PARTITION * len(params))
 
         def body() -> Gen:
             copy = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * largest,

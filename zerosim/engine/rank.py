@@ -328,6 +328,27 @@ class RankCore:
         if self.gets_fresh_pages(nbytes):
             yield from self.machine.zero_pages(self.rank, nbytes, threads=threads, where=where)
 
+    def download_with_cpu_cast(self, elements: int, source_bytes: int, cast: costs.HostBytes,
+                               *, name: str, copy_op: str, cast_op: str, kind: OpKind) -> Gen:
+        """PyTorch's blocking cross-dtype D2H (`cpu_dst.copy_(gpu_src)`, the conversion on the
+        CPU): a D2H into a pageable temporary of the source's dtype (`source_bytes` per
+        element), whose pages the driver's staging thread faults in first when they are
+        fresh, then a cast into the destination on the rank's pool (`cast`: what it touches
+        per element); the temporary goes."""
+        nbytes = source_bytes * elements
+        temp = self.host.allocate(Category.PAGEABLE_TEMPORARIES, nbytes, f"temp {name}")
+        if self.gets_fresh_pages(nbytes):
+            yield from self.cpu_work(f"zero pages {name}", OpKind.ZERO_PAGES,
+                                     self.machine.zero_pages(self.rank, nbytes, threads=1,
+                                                             label=f"zero pages {name}"),
+                                     nbytes=nbytes)
+        yield from self.dma("d2h", nbytes, pinned=False, op=copy_op, kind=kind)
+        yield from self.cpu_work(cast_op, OpKind.CAST,
+                                 self.machine.elementwise(self.rank, elements, cast,
+                                                          threads=self.profile.cast_threads),
+                                 nbytes=nbytes)
+        self.host.free(Category.PAGEABLE_TEMPORARIES, temp)
+
     def collective(self, kind: Collective, nbytes: float) -> Gen:
         """Join the next collective of `kind` over every rank (the host waits for it)."""
         return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,

@@ -215,23 +215,10 @@ class BoundaryFlush:
     def _via_cpu_cast(self, elements: int, name: str) -> Gen:
         """PyTorch's blocking cross-dtype D2H: a D2H into a pageable 16-bit temporary (its
         pages zeroed first when they are fresh), then a cast into the fp32 buffer on the CPU."""
-        core = self.core
-        temp_bytes = core.dtype_bytes * elements
-        temp = core.host.allocate(Category.PAGEABLE_TEMPORARIES, temp_bytes,
-                                  f"fp16 temp {name}")
-        if core.gets_fresh_pages(temp_bytes):
-            yield from core.cpu_work(f"zero pages {name}", OpKind.ZERO_PAGES,
-                                     core.machine.zero_pages(core.rank, temp_bytes, threads=1,
-                                                             label=f"zero pages {name}"),
-                                     nbytes=temp_bytes)
-        yield from core.dma("d2h", temp_bytes, pinned=False, op=f"fp32 flush {name}",
-                            kind=OpKind.GRAD_FLUSH)
-        yield from core.cpu_work(
-            f"cast fp16→fp32 {name}", OpKind.CAST,
-            core.machine.elementwise(core.rank, elements, self.cast_16bit,
-                                     threads=core.profile.cast_threads),
-            nbytes=temp_bytes)
-        core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
+        yield from self.core.download_with_cpu_cast(
+            elements, self.core.dtype_bytes, self.cast_16bit, name=name,
+            copy_op=f"fp32 flush {name}", cast_op=f"cast fp16→fp32 {name}",
+            kind=OpKind.GRAD_FLUSH)
 
 
 def fp64_norm_bytes(elements: int, chunked: bool = True) -> int:

@@ -16,3 +16,8 @@ DEVICE_SCALAR_BYTES = 8
 STAGE0_ALLREDUCE_BUCKET_NUMEL = 500_000_000
 """DeepSpeed engine.py `MEMORY_OPT_ALLREDUCE_SIZE`: without ZeRO, `allreduce_gradients` reduces
 the gradients at the boundary in flat buffers of this many elements."""
+
+GRAD_NORM_DISPATCHES_PER_PARTITION = 3
+"""The host's ops per gradient partition when the step takes the norm on the GPU (stage3.py and
+stage_1_and_2.py `get_grad_norm_direct`: `g.to(device, non_blocking=True).double().norm(2)`,
+one Python iteration per partition), each at the stack's `kernel_launch_us`."""

@@ -336,7 +336,7 @@ def _on_gpu(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     dtype, accum, total = _sizes(ds, plan)
     stepped = plan.partition_numel if ds.stage > 0 else total
     if ds.stage == 3:
-        held = [Holding(gpu, Category.PARAMS_16BIT, dtype * stepped, "fp16 partition"),
+        held = [*_stage3_params(ds, plan, dtype),
                 Holding(gpu, Category.PARAMS_PERSISTENT, dtype * plan.persistent_numel,
                         "persistent params")]
         if ds.contiguous_gradients:

@@ -118,6 +118,10 @@ class HardwareProfile:
     adam_params_per_s_per_thread: float
     elementwise_Bps_per_thread: float
     page_zeroing_Bps: float
+    page_zeroing_contention: float
+    """How much each further thread of one process faulting pages in at once slows them all
+    (the serialised share of the fault path): n threads zero n x `page_zeroing_Bps` /
+    (1 + (n - 1) x this) together (0: they scale freely)."""
     cast_threads: float
     oversubscription_penalty: float
     oversubscribed_region_s: float
@@ -239,6 +243,8 @@ QUANTITIES: dict[str, Quantity] = {
     "cpu.elementwise_GBps_per_thread": ("elementwise_Bps_per_thread", GB, _positive,
                                         "a positive bandwidth in GB/s"),
     "cpu.page_zeroing_GBps": ("page_zeroing_Bps", GB, _positive, "a positive bandwidth in GB/s"),
+    "cpu.page_zeroing_contention": ("page_zeroing_contention", 1.0, _non_negative,
+                                    "a number >= 0 (0: faulting threads scale freely)"),
     "cpu.cast_threads": ("cast_threads", 1.0, _positive, "a positive (effective) thread count"),
     "cpu.oversubscription_penalty": ("oversubscription_penalty", 1.0, _non_negative,
                                      "a number >= 0"),
@@ -304,6 +310,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "host.socket_link_total_GBps": (0, "no limit shared by the two directions: profiles "
                                     "written before the key existed let each direction carry "
                                     "host.socket_link_GBps whatever the other did"),
+    "cpu.page_zeroing_contention": (0, "no contention between one process's faulting "
+                                    "threads: profiles written before the key existed let page "
+                                    "faults scale with the threads that take them"),
     "cpu.oversubscribed_region_ms": (0, "no time lost per parallel region when the node's "
                                      "OpenMP pools oversubscribe its hardware threads beyond "
                                      "the throughput cpu.oversubscription_penalty takes: "

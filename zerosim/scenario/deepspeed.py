@@ -141,6 +141,7 @@ class _Zero(_Open):
 
 class _Optimizer(_Open):
     type: str = "Adam"
+    params: dict[str, Any] = Field(default_factory=dict)
 
 
 class _DataTypes(_Open):
@@ -246,6 +247,9 @@ class DeepSpeedConfig:
     """train_micro_batch_size_per_gpu x gradient_accumulation_steps x data_parallel."""
     autotp_size: int = 0
     """`tensor_parallel.autotp_size` where the release trains with it (0: not read)."""
+    torch_adam: bool = False
+    """`optimizer.params.torch_adam`: DeepSpeed builds PyTorch's `torch.optim.Adam(W)` in
+    place of its FusedAdam (engine.py `_configure_basic_optimizer`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in ds_config.json shape."""
@@ -273,7 +277,8 @@ class DeepSpeedConfig:
                      **({"check_grad_overflow": self.check_grad_overflow}
                         if self.dtype == "bf16" else {})},
             "gradient_clipping": self.gradient_clipping,
-            "optimizer": {"type": self.optimizer},
+            "optimizer": {"type": self.optimizer,
+                          **({"params": {"torch_adam": True}} if self.torch_adam else {})},
             "data_types": {"grad_accum_dtype": self.grad_accum_dtype},
             "communication_data_type": self.communication_dtype,
             "zero_optimization": zero,
@@ -345,6 +350,24 @@ def unmodelled_keys(raw: _DeepSpeedRaw, source: str) -> list[str]:
             continue
         keys.append(f"deepspeed.{key}")
     return keys
+
+
+def _torch_adam(raw: _DeepSpeedRaw, zero: _Zero, source: str) -> bool:
+    """`optimizer.params.torch_adam`, for a GPU optimizer only: DeepSpeed would build
+    PyTorch's Adam over host tensors in place of DeepSpeedCPUAdam, which zerosim does not
+    price."""
+    key = "deepspeed.optimizer.params.torch_adam"
+    value = raw.optimizer.params.get("torch_adam", False)
+    if not isinstance(value, bool):
+        raise ScenarioError(source, key, "true or false", value)
+    if value and raw.optimizer.type.lower() not in ("adam", "adamw"):
+        raise ScenarioError(source, key, "false unless optimizer.type is Adam or AdamW "
+                            "(DeepSpeed reads it for those two only)", value)
+    if value and zero.offload_optimizer.device != "none":
+        raise ScenarioError(source, key, "false with the optimizer offloaded (DeepSpeed would "
+                            "step PyTorch's Adam on the host tensors; zerosim prices "
+                            "DeepSpeedCPUAdam there)", value)
+    return value
 
 
 def _dtype(raw: _DeepSpeedRaw, source: str) -> str:
@@ -530,6 +553,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         raise ScenarioError(source, "deepspeed.optimizer.type",
                             "Adam, AdamW or CPUAdam (the optimizers zerosim models)",
                             raw.optimizer.type)
+    torch_adam = _torch_adam(raw, zero, source)
     if zero.offload_optimizer.ratio < 1 and zero.stage != 3:
         raise ScenarioError(source, "deepspeed.zero_optimization.offload_optimizer.ratio",
                             "1.0 unless stage is 3 (Twin-Flow is a ZeRO-3 feature)",
@@ -567,6 +591,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         aio=aio,
         train_batch_size=batch.train_batch_size,
         autotp_size=_autotp_size(raw, behaviours, source),
+        torch_adam=torch_adam,
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

@@ -14,7 +14,7 @@ ZERO = "deepspeed.zero_optimization"
 def check_supported(scenario: Any) -> None:
     """Raise `UnsupportedConfigError` for a configuration the engine does not replay."""
     for rule in (_needs_16bit_training, _no_tensor_parallel, _offload_needs_zero,
-                 _param_offload_needs_stage3, _param_offload_needs_optimizer_offload,
+                 _param_offload_needs_stage3, _nvme_param_offload_needs_optimizer_offload,
                  _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
                  _what_ifs_not_with_nvme, _interleaved_update_is_offloaded_stage3,
                  _step_what_ifs_not_with_the_interleaved_update,
@@ -82,12 +82,13 @@ def _param_offload_needs_stage3(scenario: Any) -> None:
                 f"{ds.stage})", ds.offload_param.device)
 
 
-def _param_offload_needs_optimizer_offload(scenario: Any) -> None:
+def _nvme_param_offload_needs_optimizer_offload(scenario: Any) -> None:
     ds = scenario.deepspeed
-    if ds.offload_param.enabled and not ds.offload_optimizer.enabled:
+    if ds.offload_param.nvme and not ds.offload_optimizer.enabled:
         _refuse(scenario, f"{ZERO}.offload_optimizer.device",
-                "the optimizer offloaded too when parameters are (zerosim does not model "
-                "parameter offload with the optimizer on the GPU)", ds.offload_optimizer.device)
+                "the optimizer offloaded too when parameters go to NVMe (zerosim does not "
+                "model NVMe parameter offload with the optimizer on the GPU)",
+                ds.offload_optimizer.device)
 
 
 def _twin_flow_needs_offload(scenario: Any) -> None:

@@ -910,8 +910,8 @@ def h200_vm_run_cells() -> list[Cell]:
     """Real DeepSpeed 0.19.5 ZeRO-3 offload runs on the project's lent H200 VM beside zerosim's
     replay of them on `h200-vm` (data/h200_vm_ds_offload.yaml): each phase's median at the
     Polaris runs' tolerance (in-sample for the run the stack's hook time is fitted on), the
-    forward's and the backward's peak allocated GPU memory; the CPU Adam calls of a step and
-    the node's host memory reported."""
+    forward's and the backward's peak allocated GPU memory (and the step's, where the optimizer
+    is on the GPU); the CPU Adam calls of a step and the node's host memory reported."""
     from zerosim.validation.vm_runs import load_vm_runs
 
     study = load_vm_runs()
@@ -932,8 +932,10 @@ def h200_vm_run_cells() -> list[Cell]:
                                "s", run.cpu_adam_s, float((adam.end_s - adam.start_s).sum()),
                                None, note=VM_RUN_NOTE))
         context = scenario.hardware.runtime_context_bytes
-        for phase, measured in ((Phase.FORWARD, run.forward_peak_allocated_bytes),
-                                (Phase.BACKWARD, run.backward_peak_allocated_bytes)):
+        peaks = ((Phase.FORWARD, run.forward_peak_allocated_bytes),
+                 (Phase.BACKWARD, run.backward_peak_allocated_bytes),
+                 (Phase.UPDATE, run.step_peak_allocated_bytes))
+        for phase, measured in ((p, m) for p, m in peaks if m is not None):
             peak = summary["hbm_phase_peak_GiB"][VM_RUN_PHASES[phase]] * GiB - context
             cells.append(judge(study.group, run.name,
                                f"peak allocated GPU memory in the {phase}", "GiB",

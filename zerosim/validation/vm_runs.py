@@ -37,6 +37,8 @@ class VmRun:
     """Empty where the optimizer is not DeepSpeedCPUAdam."""
     forward_peak_allocated_bytes: float
     backward_peak_allocated_bytes: float
+    step_peak_allocated_bytes: float | None
+    """Recorded for the runs with the optimizer on the GPU, whose state the step's peak shows."""
     node_host_used_bytes: float
     fitted: str
     """What zerosim fitted on the run, if anything ("": nothing)."""
@@ -63,7 +65,9 @@ def load_vm_runs() -> VmRuns:
         VmRun(r["name"], REPO_ROOT / r["scenario"],
               {phase: tuple(r[key]) for phase, key in MEASURED_PHASES.items() if key in r},
               tuple(r.get("cpu_adam_s", ())), r["forward_peak_allocated_GiB"] * GiB,
-              r["backward_peak_allocated_GiB"] * GiB, r["node_host_used_GiB"] * GiB,
+              r["backward_peak_allocated_GiB"] * GiB,
+              r["step_peak_allocated_GiB"] * GiB if "step_peak_allocated_GiB" in r else None,
+              r["node_host_used_GiB"] * GiB,
               r.get("fitted", ""))
         for r in data["runs"])
     return VmRuns(data["group"], data["source"], runs)
