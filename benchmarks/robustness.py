@@ -8,7 +8,9 @@ fork divides by gap - 1), with and without the asynchronous flush, on four model
 models on 2 to 16 Polaris nodes at micro-batch 1 and 4; the MLP-Offload runs on the H100 node
 (optimizer on NVMe) and four Polaris models with ZeRO-3's gradients reduce-scattered and
 all-reduced (`reduce_scatter`); and ZeRO-1/2/3 with and without offload and gradient
-accumulation at every release where a DeepSpeed behaviour changes. It prints how many ran,
+accumulation at every release where a DeepSpeed behaviour changes, and ZeRO-3 with the
+parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam)
+at each of those releases. It prints how many ran,
 how many did not fit (a result, not a failure) grouped by the device, kind of allocation
 and module that did not fit, every clear refusal grouped by its message, and every crash
 or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
@@ -36,6 +38,7 @@ POLARIS = ROOT / "scenarios" / "calibration" / "polaris"
 H100_NVME = ROOT / "scenarios" / "calibration" / "h100_nvme"
 REDUCE_SCATTER = "deepspeed.zero_optimization.reduce_scatter"
 OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."
+PARAMS = "deepspeed.zero_optimization.offload_param."
 FORK_BUILDS = ("0.13.3+4570a955", "0.13.3+d18d6f81", "0.13.3+c7da512a")
 FORK_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp1-mb4-ga1-sg1e08",
                "polaris-15.58b-dp4-mb1-ga1-sg1e08", "polaris-5.95b-dp1-mb1-ga1-sg1e07")
@@ -74,6 +77,14 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "runtime.deepspeed_version": format_version(since),
                     "deepspeed.zero_optimization.stage": stage, OFFLOAD + "device": device,
                     "deepspeed.gradient_accumulation_steps": accumulation}))
+    for since in releases[::3] if quick else releases:
+        for optimizer in ("cpu", "none"):
+            for dp in (1, 4):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "runtime.deepspeed_version": format_version(since), "data_parallel": dp,
+                    OFFLOAD + "device": optimizer, PARAMS + "device": "cpu",
+                    PARAMS + "pin_memory": True, "deepspeed.optimizer.params.torch_adam":
+                    optimizer == "none" and dp == 4}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
