@@ -991,3 +991,29 @@ def test_a_copy_faster_than_the_named_pcie_link_signals_is_told():
         load_profile("polaris-a100", {"pcie.h2d_pinned_GBps": 50,
                                       "pcie.generation": "PCIe Gen5 x16"})
         load_profile("gh200")
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"kernels": 1, "bytes_per_element": 4, "source": "x"},
+     r"ungated_activations\.gelu\.saved: expected the bytes per intermediate element"),
+    ({"kernels": 1, "bytes_per_element": 4, "saved": -2, "source": "x"},
+     r"ungated_activations\.gelu\.saved: expected a number in \[0, 1000\)"),
+    ({"kernels": 1, "bytes_per_element": 4, "saved": 2},
+     r"ungated_activations\.gelu: expected \{kernels"),
+])
+def test_an_ungated_activation_entry_is_checked_like_a_kernel_entry(entry, message):
+    tree = toy_stack()
+    tree["ungated_activations"] = {"gelu": entry}
+    with pytest.raises(ScenarioError, match=message):
+        parse_stack(tree, "s.yaml")
+
+
+def test_an_ungated_activation_table_falls_back_to_its_any_entry():
+    tree = toy_stack()
+    tree["ungated_activations"] = {
+        "relu": {"kernels": 1, "bytes_per_element": 4, "saved": 2, "source": "x"},
+        "*": {"kernels": 3, "bytes_per_element": 12, "saved": 6, "source": "y"}}
+    recipe = parse_stack(tree, "s.yaml").recipe
+    assert recipe.ungated_activation("relu").kernels.kernels == 1
+    assert recipe.ungated_activation("gelu_new").saved == 6
+    assert parse_stack(toy_stack(), "s.yaml").recipe.ungated_activation("relu") is None

@@ -278,3 +278,59 @@ def test_deepseek_moe_dense_first_layer_and_shared_experts():
     moe = attention + norms + 64 * 3 * 2048 * 1408 + 3 * 2048 * 2816 + 2048 * 64
     assert total_params(spec) == dense + 27 * moe + 2 * 102400 * 2048 + 2048
     assert not spec.is_moe_layer(0) and spec.is_moe_layer(1)
+
+
+GPT2_SMALL = {"model_type": "gpt2", "n_embd": 768, "n_layer": 2, "n_head": 12,
+              "vocab_size": 50257, "n_positions": 1024}
+
+
+def _activation(fields: dict, stack: str, tokens: int = 8):
+    """The first block's MLP activation as `stack` builds it, in 16-bit training."""
+    from zerosim.stacks import load_stack
+
+    spec = spec_from_hf_fields(fields, name="m")
+    modules = build_modules(spec, Workload(sequence_length=tokens), load_stack(stack).recipe)
+    (act,) = [m for m in modules if m.layer == 0 and m.kind == "activation"]
+    return spec, act
+
+
+@pytest.mark.parametrize(("fields", "function", "kernels", "forward_bytes", "backward",
+                          "saved"), [
+    (GPT2_SMALL, "gelu_new", 8, 36, (11, 56), 8),
+    ({**GPT2_SMALL, "model_type": "gptj"}, "gelu_new", 8, 36, (11, 56), 8),
+    ({**GPT2_SMALL, "activation_function": "gelu"}, "gelu", 1, 4, (1, 6), 2),
+    ({**GPT2_SMALL, "model_type": "opt", "word_embed_proj_dim": 768, "ffn_dim": 3072},
+     "relu", 1, 4, (1, 6), 2),
+    ({**GPT2_SMALL, "model_type": "bloom"}, "bloom_gelu", 9, 42, (18, 88), 2),
+    ({**GPT2_SMALL, "activation_function": "quick_gelu"}, "quick_gelu", 1, 4, (1, 6), 2),
+])
+def test_hf_stack_prices_an_ungated_activation_as_transformers_runs_it(
+        fields, function, kernels, forward_bytes, backward, saved):
+    """The config's function, read off transformers' activations.py: GPT-2's and GPT-J's
+    `gelu_new` is eight Python ops keeping four tensors, BLOOM's own an autograd Function
+    keeping its input; a name the stack does not list is priced as a fused GELU."""
+    spec, act = _activation(fields, "hf-transformers")
+    elements = spec.intermediate_size * 8
+    assert spec.activation == function
+    assert [(p.count, p.nbytes) for p in act.kernels] == [(kernels, forward_bytes * elements)]
+    assert [(p.backward_count, p.backward_nbytes) for p in act.kernels] == [
+        (backward[0], backward[1] * elements)]
+    assert act.saved_bytes == saved * elements
+
+
+def test_megatron_runs_its_fused_bias_gelu_whatever_the_config_names():
+    _, act = _activation(GPT2_SMALL, "megatron-deepspeed")
+    elements = 3072 * 8
+    assert [(p.count, p.nbytes, p.backward_count, p.backward_nbytes) for p in act.kernels] == [
+        (1, 4 * elements, 2, 8 * elements)]
+    assert act.saved_bytes == 2 * elements
+
+
+def test_a_gated_mlp_keeps_the_stacks_gated_activation():
+    """Llama's `hidden_act` names the function inside the gated kernel; the table is not read."""
+    spec, act = _activation({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+                             "num_attention_heads": 4, "vocab_size": 100,
+                             "intermediate_size": 128, "hidden_act": "gelu_new"},
+                            "hf-transformers")
+    assert spec.activation == ""
+    assert [(p.count, p.nbytes) for p in act.kernels] == [(2, 10 * 128 * 8)]

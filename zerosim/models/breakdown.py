@@ -159,6 +159,20 @@ class ActivationMemory:
 
 
 @dataclass(frozen=True)
+class UngatedActivation:
+    """An ungated MLP's activation function as a stack's code runs it: its kernels, per
+    intermediate element, and what it keeps for its backward (bytes per intermediate element
+    for 16-bit training, its input included)."""
+
+    kernels: Elementwise
+    saved: float
+
+
+ANY_ACTIVATION = "*"
+"""The `Recipe.ungated_activations` entry for a function the stack does not list by name."""
+
+
+@dataclass(frozen=True)
 class Recipe:
     """How a software stack cuts a transformer block into modules and which memory-bound
     kernels each launches besides its GEMMs (`zerosim/stacks` builds one from a stack file).
@@ -232,6 +246,15 @@ class Recipe:
     loss_memory: LossMemory = LossMemory()
     activation_memory: ActivationMemory = ActivationMemory()
     fused_softmax: FusedSoftmax | None = None
+    ungated_activations: tuple[tuple[str, UngatedActivation], ...] = ()
+    """An ungated MLP's activation by the name its model's config gives
+    (`ModelSpec.activation`), `ANY_ACTIVATION` for the others; with no entry, `activation`
+    priced for one input and `activation_memory.activation_saved` kept."""
+
+    def ungated_activation(self, name: str) -> UngatedActivation | None:
+        """How the stack runs the ungated activation `name` (None: not listed)."""
+        listed = dict(self.ungated_activations)
+        return listed.get(name, listed.get(ANY_ACTIVATION))
 
 
 @dataclass(frozen=True)
@@ -544,18 +567,28 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     return _with_backward(module, _attention_kernels(spec, w, r), r)
 
 
-def _mlp_activation(name: str, layer: int, i: int, gated: bool, w: Workload,
+def _mlp_activation(name: str, layer: int, i: int, function: str | None, w: Workload,
                     r: Recipe, tokens: float | None = None) -> Module:
-    inputs = 2 if gated else 1
+    """The MLP's activation over `i` intermediate elements a token: a gated one (`function`
+    None) as the recipe's `activation`; an ungated one as the stack runs `function`
+    (`Recipe.ungated_activation`), or else the gated recipe for one input."""
     elements = i * (w.tokens if tokens is None else tokens)
+    ungated = None if function is None else r.ungated_activation(function)
     memory = r.activation_memory
-    per_element = memory.gated_activation_saved if gated else memory.activation_saved
+    if ungated is not None:
+        per_element = ungated.saved
+    else:
+        per_element = (memory.gated_activation_saved if function is None
+                       else memory.activation_saved)
     saved = per_element * w.dtype_bytes / 2 * elements
     module = Module(name, "activation", "elementwise", layer, 0,
                     ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 0.0, 0.0, saved)
+    if ungated is not None:
+        return _with_backward(module, elementwise_pass(ungated.kernels, elements, w,
+                                                       module.fwd_flops), r)
     # The recipe prices a gated activation (two inputs, one output): an ungated one moves
     # two elements where a gated one moves three.
-    moved = elements * (inputs + 1) / 3
+    moved = elements * (2 if function is not None else 3) / 3
     return _with_backward(module, elementwise_pass(r.activation, moved, w, module.fwd_flops), r)
 
 
@@ -612,7 +645,7 @@ def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
     h, bias = spec.hidden_size, spec.mlp_bias
     if not spec.gated_mlp:
         yield _linear(f"{p}.fc_in", layer, h, width, bias, w, saves_input, r, tokens=tokens)
-        yield _mlp_activation(f"{p}.act", layer, width, False, w, r, tokens)
+        yield _mlp_activation(f"{p}.act", layer, width, spec.activation, w, r, tokens)
         yield _linear(f"{p}.fc_out", layer, width, h, bias, w, True, r, after, tokens=tokens)
         return
     if r.fused_gate_up:
@@ -622,7 +655,7 @@ def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
         yield _linear(f"{p}.gate_proj", layer, h, width, bias, w, saves_input, r, tokens=tokens,
                       sums_input_gradient=True)
         yield _linear(f"{p}.up_proj", layer, h, width, bias, w, False, r, tokens=tokens)
-    yield _mlp_activation(f"{p}.act_fn", layer, width, True, w, r, tokens)
+    yield _mlp_activation(f"{p}.act_fn", layer, width, None, w, r, tokens)
     yield _linear(f"{p}.down_proj", layer, width, h, bias, w, True, r, after, tokens=tokens)
 
 

@@ -47,7 +47,8 @@ ALIASES = {
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 # Fields that change neither parameters, FLOPs nor saved activations (token ids, numerics,
-# initialisation, bookkeeping, rotary frequencies, the choice of an elementwise activation).
+# initialisation, bookkeeping, rotary frequencies; the activation function names, which the
+# gpt family's readers take for the ungated MLP and a gated MLP's fused kernel leaves alone).
 HARMLESS = {
     "_name_or_path", "architectures", "auto_map", "model_type", "transformers_version",
     "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
@@ -111,6 +112,12 @@ class Fields:
         value = self.raw(key, default)
         if value not in choices:
             raise self.error(key, f"one of {', '.join(choices)}", value)
+        return value
+
+    def text(self, key: str, default: str) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str) or not value:
+            raise self.error(key, "a name", value)
         return value
 
     def unread(self) -> list[str]:
@@ -210,7 +217,8 @@ def _deepseek(f: Fields) -> Layout:
 def _gpt2(f: Fields) -> Layout:
     """GPT2Model: LayerNorm, fused c_attn with bias, learned positions (`n_positions`),
     `n_inner` (null: 4 h), `embd_pdrop`; GPTBigCode adds `multi_query` (one K/V head)."""
-    layout = {**GPT_LAYOUT, "embedding_dropout": f.fraction("embedding_dropout")}
+    layout = {**GPT_LAYOUT, "embedding_dropout": f.fraction("embedding_dropout"),
+              "activation": f.text("activation_function", "gelu_new")}
     if f.flag("multi_query", False):
         layout["num_key_value_heads"] = 1
     return layout
@@ -218,6 +226,7 @@ def _gpt2(f: Fields) -> Layout:
 
 def _gpt_bigcode(f: Fields) -> Layout:
     f.data.setdefault("multi_query", True)
+    f.data.setdefault("activation_function", "gelu_pytorch_tanh")
     return _gpt2(f)
 
 
@@ -226,7 +235,8 @@ def _gptj(f: Fields) -> Layout:
     fc_in/fc_out with bias, rotary positions, an LM head with bias, untied."""
     return {**GPT_LAYOUT, "norms_per_block": 1, "qkv_bias": False, "attention_out_bias": False,
             "fused_qkv": False, "position_embedding": "rotary", "lm_head_bias": True,
-            "embedding_dropout": f.fraction("embedding_dropout")}
+            "embedding_dropout": f.fraction("embedding_dropout"),
+            "activation": f.text("activation_function", "gelu_new")}
 
 
 def _gpt_neox(f: Fields) -> Layout:
@@ -234,7 +244,7 @@ def _gpt_neox(f: Fields) -> Layout:
     `attention_bias` (default true), MLP with bias, rotary positions, untied embed_out."""
     bias = f.flag("attention_bias", True)
     return {**GPT_LAYOUT, "qkv_bias": bias, "attention_out_bias": bias,
-            "position_embedding": "rotary"}
+            "position_embedding": "rotary", "activation": f.text("hidden_act", "gelu")}
 
 
 def _falcon(f: Fields) -> Layout:
@@ -256,7 +266,8 @@ def _falcon(f: Fields) -> Layout:
     return {**GPT_LAYOUT, "qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": bias,
             "num_key_value_heads": kv, "norms_per_block": norms,
             "intermediate_size": f.count("ffn_hidden_size", 4 * h),
-            "position_embedding": "alibi" if f.flag("alibi", False) else "rotary"}
+            "position_embedding": "alibi" if f.flag("alibi", False) else "rotary",
+            "activation": f.text("activation", "gelu")}
 
 
 def _opt(f: Fields) -> Layout:
@@ -276,13 +287,15 @@ def _opt(f: Fields) -> Layout:
             "intermediate_size": f.count("ffn_dim", 4 * h),
             "word_embed_proj_dim": f.count("word_embed_proj_dim", h),
             "final_norm": f.flag("do_layer_norm_before", True)
-            and not f.flag("_remove_final_layer_norm", False)}
+            and not f.flag("_remove_final_layer_norm", False),
+            "activation": f.text("activation_function", "relu")}
 
 
 def _bloom(f: Fields) -> Layout:
     """BloomModel: word_embeddings_layernorm after the embedding, ALiBi, fused
     query_key_value and MLP (4 h) with bias, tied."""
-    return {**GPT_LAYOUT, "position_embedding": "alibi", "embedding_norm": True}
+    return {**GPT_LAYOUT, "position_embedding": "alibi", "embedding_norm": True,
+            "activation": "bloom_gelu"}
 
 
 # model_type -> (family, reader, tie_word_embeddings default of its configuration class)
@@ -346,6 +359,11 @@ def _native(f: Fields) -> Layout:
                                                 get_args(Positions))
     if f.data.get("moe") is not None:
         layout["moe"] = _moe_mapping(f)
+    if f.data.get("activation") is not None:
+        value = f.raw("activation")
+        if not isinstance(value, str):
+            raise f.error("activation", "an activation function's name", value)
+        layout["activation"] = value
     return layout
 
 

@@ -78,6 +78,10 @@ class ModelSpec:
     final_norm: bool = True
     word_embed_proj_dim: int = 0
     """OPT's embedding width when it differs from hidden_size (0: the same, no projections)."""
+    activation: str = ""
+    """The ungated MLP's activation function as the model's config names it (transformers'
+    `ACT2FN` keys: `gelu`, `gelu_new`, `relu`, ...; `bloom_gelu` for BLOOM's own); "" when
+    the config does not say. The stack prices it (`Recipe.ungated_activations`)."""
     moe: MoESpec | None = field(default=None)
 
     def __post_init__(self) -> None:

@@ -22,6 +22,7 @@ from zerosim.errors import ScenarioError
 from zerosim.hardware.provenance import Provenance, parse_provenance
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import (
+    ANY_ACTIVATION,
     QKV_LAYOUTS,
     ActivationMemory,
     Elementwise,
@@ -29,6 +30,7 @@ from zerosim.models.breakdown import (
     LossMemory,
     Recipe,
     ScoreMemory,
+    UngatedActivation,
 )
 from zerosim.units import MS, US, GiB, MiB
 from zerosim.yamlio import dotted_leaf, flatten_nested, parse_yaml_text, read_yaml_file
@@ -132,6 +134,11 @@ LOSS_MEMORY = ("saved", "transient", "backward")
 ACTIVATION_MEMORY = ("norm_saved", "norm_saved_per_row", "activation_saved",
                      "gated_activation_saved")
 """`activation_memory` keys: `ActivationMemory` fields, bytes for 16-bit training."""
+UNGATED_KEY = "ungated_activations"
+"""The optional section of an ungated MLP's activation functions by name (`*`: any other),
+each a `kernels` entry with `saved`, the bytes per intermediate element it keeps for its
+backward (`Recipe.ungated_activations`)."""
+SAVED_KEY = "saved"
 
 
 @dataclass(frozen=True)
@@ -337,7 +344,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
-             "loss_memory", "activation_memory", "allocator", "process_groups", "processes"}
+             "loss_memory", "activation_memory", "allocator", "process_groups", "processes",
+             UNGATED_KEY}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -380,7 +388,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                         tree, "loss_memory", LOSS_MEMORY, source, provenance)),
                     activation_memory=ActivationMemory(**_memory_section(
                         tree, "activation_memory", ACTIVATION_MEMORY, source, provenance)),
-                    fused_softmax=_fused_softmax(tree, source))
+                    fused_softmax=_fused_softmax(tree, source),
+                    ungated_activations=_ungated_activations(tree, source))
     _check_unfused_path(recipe, source)
     extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
     if extra:
@@ -412,6 +421,31 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                          dataloader_workers=_dataloader_workers(tree, source),
                          rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
                          **times)
+
+
+def _ungated_activations(tree: Mapping[str, Any], source: str
+                         ) -> tuple[tuple[str, UngatedActivation], ...]:
+    """`ungated_activations` (none when absent): each function's kernels, as a `kernels`
+    entry, and what it saves."""
+    given = tree.get(UNGATED_KEY)
+    if given is None:
+        return ()
+    if not isinstance(given, Mapping) or not given:
+        raise ScenarioError(source, UNGATED_KEY, "a mapping of activation names "
+                            f"('{ANY_ACTIVATION}' for any other) to kernel entries", given)
+    found = []
+    for name, raw in given.items():
+        key = f"{UNGATED_KEY}.{name}"
+        if not isinstance(raw, Mapping) or SAVED_KEY not in raw:
+            raise ScenarioError(source, f"{key}.{SAVED_KEY}", "the bytes per intermediate "
+                                "element the function keeps for its backward",
+                                raw.get(SAVED_KEY, "absent") if isinstance(raw, Mapping)
+                                else raw)
+        kernels = _kernel_entry({k: v for k, v in raw.items() if k != SAVED_KEY}, key, source,
+                                ())
+        found.append((str(name), UngatedActivation(kernels, _bytes(raw, key, SAVED_KEY,
+                                                                   source))))
+    return tuple(found)
 
 
 def _score_memory(tree: Mapping[str, Any], source: str, provenance: dict[str, Provenance]
