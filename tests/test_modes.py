@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import toy_stack
 
 import zerosim
 from zerosim.engine.plan import plan_of
@@ -647,3 +648,21 @@ def test_parameters_on_nvme_need_the_optimizer_offloaded(toy):
             "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}}})
     assert err.value.key_path == "deepspeed.zero_optimization.offload_optimizer.device"
     assert "NVMe parameter offload" in err.value.expected
+
+
+@pytest.mark.parametrize(("stage", "gpus", "tensors"), [(3, 1, 21), (3, 2, 21), (2, 2, 12)])
+def test_the_host_dispatches_each_gradient_tensors_norm(toy, stage, gpus, tensors):
+    """`get_grad_norm_direct` runs `g.to(device).double().norm(2)` per gradient tensor the rank
+    holds, three ops at the stack's launch time (1 us here): ZeRO-3 a slice of all 21 of the
+    toy's tensors, ZeRO-2 at DP=2 those its half of the flat range holds (21 / 2, rounded up,
+    and one the boundary cuts: 12), so the norms start 63 or 36 us after the overflow check
+    (and, at DP=2, its flag's all-reduce: 8 B over the toy's 100 GB/s, 80 ps)."""
+    patch = _no_offload(stage)
+    patch["runtime"] = {"framework": {**toy_stack(), "host": {
+        **toy_stack()["host"], "kernel_launch_us": {"value": 1, "basis": "assumed",
+                                                    "source": "test"}}}}
+    ops = {op: (start, end) for op, start, end in _ops(toy.run(patch, gpus=gpus),
+                                                      Stream.COMPUTE, "update")}
+    gap = ops["gradient norms"][0] - ops["overflow check"][1]
+    flag = 80 if gpus > 1 else 0
+    assert gap == pytest.approx(3 * tensors * 1e6 + flag, rel=1e-12)

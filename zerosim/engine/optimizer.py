@@ -335,7 +335,8 @@ class GpuStep:
             largest = min(max(p.numel for p in params), core.plan.partition_numel)
         seconds = core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, core.accum_bytes),
                                    passes=1.0)
-        yield from core.issue_kernels(GRAD_NORM_DISPATCHES_PER_PARTITION * len(params))
+        yield from core.issue_kernels(GRAD_NORM_DISPATCHES_PER_PARTITION
+                                      * self._gradients_held(len(params)))
 
         def body() -> Gen:
             copy = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * largest,
@@ -345,6 +346,15 @@ class GpuStep:
 
         yield core.compute.launch("gradient norms", body, kind=OpKind.GRAD_NORM,
                                   nbytes=core.accum_bytes * elements)
+
+    def _gradients_held(self, tensors: int) -> int:
+        """How many gradient tensors the rank takes a norm of: a slice of every one at stage
+        3; at stages 1/2 those its share of the flat range holds (the tensors taken as alike:
+        a share of them, and one the boundary cuts)."""
+        ranks = self.core.ranks
+        if self.core.ds.stage == 3 or len(ranks) == 1:
+            return tensors
+        return min(tensors, math.ceil(tensors / len(ranks)) + 1)
 
     def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
         """The group's fp32 gradient: the 16-bit partitions flattened (a copy: read and write
