@@ -42,6 +42,22 @@ def test_the_scenario_as_given_is_a_config(toy):
     assert as_given(scenario) == Config(3, "cpu", 1, 2, 5e8, 50000.0, 1.0, "none", False)
 
 
+def test_the_parameters_alone_offloaded_is_a_config_of_its_own(toy):
+    """The optimizer on the GPU, the 16-bit params in pinned host memory: `params`."""
+    zero = {"offload_optimizer": {"device": "none"},
+            "offload_param": {"device": "cpu", "pin_memory": True}}
+    config = as_given(toy.scenario({"deepspeed": {"zero_optimization": zero}}))
+    assert config.offload == "params" and config.devices() == ("none", "cpu")
+    assert config.describe().startswith("ZeRO-3, CPU params, GPU optimizer")
+    overrides = config.overrides()
+    assert (overrides["deepspeed.zero_optimization.offload_optimizer.device"],
+            overrides["deepspeed.zero_optimization.offload_param.device"],
+            overrides["deepspeed.zero_optimization.offload_param.pin_memory"]) == (
+        "none", "cpu", True)
+    assert not replayed(Config(2, "params", 1, 1, 5e8, 1e9, 1.0, "none"))
+    assert not replayed(Config(3, "params", 1, 1, 5e8, 1e9, 1.0, "overlap_copy_back"))
+
+
 def test_only_what_the_engine_replays_is_searched():
     base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
     found = candidates(base, free_knobs())
@@ -50,8 +66,8 @@ def test_only_what_the_engine_replays_is_searched():
     assert {c.micro_batch * c.gradient_accumulation for c in found} == {4}
     assert {c.micro_batch for c in found} == {1, 2, 4}
     assert {(c.stage, c.offload) for c in found} == {
-        (0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu"), (2, "cpu"), (3, "cpu"),
-        (3, "cpu+params")}
+        (0, "none"), (1, "none"), (2, "none"), (3, "none"), (3, "params"), (1, "cpu"),
+        (2, "cpu"), (3, "cpu"), (3, "cpu+params")}
     assert {c.ratio for c in found if c.ratio < 1} == {0.5}
     assert all(c.stage == 3 and c.offload == "cpu" for c in found if c.ratio < 1)
     assert {c.sub_group_size for c in found if c.stage < 3} == {1e9}
@@ -63,8 +79,8 @@ def test_only_what_the_engine_replays_is_searched():
 def test_nvme_is_searched_where_the_profile_has_drives_and_run_only_where_host_memory_is_short():
     base = Config(3, "cpu", 1, 4, 5e8, 1e9, 1.0, "none")
     found = candidates(base, free_knobs(fix=["checkpointing"]), nvme=True)
-    assert {c.offload for c in found if c.stage == 3} == {"none", "cpu", "cpu+params", "nvme",
-                                                          "nvme+params"}
+    assert {c.offload for c in found if c.stage == 3} == {"none", "params", "cpu", "cpu+params",
+                                                          "nvme", "nvme+params"}
     assert {c.stage for c in found if "nvme" in c.offload} == {3}
     assert all(c.ratio == 1.0 and c.what_if == "none" for c in found if "nvme" in c.offload)
     assert Config(3, "nvme+params", 1, 4, 5e8, 1e9, 1.0, "none").cpu_twin() == Config(

@@ -36,8 +36,10 @@ KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_siz
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
                    "ratio", "checkpointing", "gap", "binding", "threads")
 STAGES = (0, 1, 2, 3)
-OFFLOADS = ("none", "cpu", "cpu+params")
-"""What is searched: nothing offloaded, the optimizer, optimizer and params (to host memory)."""
+OFFLOADS = ("none", "params", "cpu", "cpu+params")
+"""What is searched: nothing offloaded, the params alone (the optimizer on the GPU), the
+optimizer, optimizer and params (to host memory)."""
+PARAMS_ALONE = "params"
 NVME_OFFLOADS = ("nvme", "nvme+params")
 """Also searched when the hardware profile has NVMe drives (simulated only where the CPU twin
 did not fit)."""
@@ -93,9 +95,15 @@ class Config:
     threads: int = DEFAULT_THREADS
     """OpenMP threads per rank (`runtime.cpu_threads_per_rank`; 0: the default pool)."""
 
-    def overrides(self) -> dict[str, Any]:
+    def devices(self) -> tuple[str, str]:
+        """Where the optimizer and the 16-bit params live (`offload_*.device`)."""
+        if self.offload == PARAMS_ALONE:
+            return "none", "cpu"
         optimizer, _, params = self.offload.partition("+")
-        params = optimizer if params else "none"
+        return optimizer, optimizer if params else "none"
+
+    def overrides(self) -> dict[str, Any]:
+        optimizer, params = self.devices()
         out: dict[str, Any] = {
             Z + "stage": self.stage,
             Z + "offload_optimizer.device": optimizer,
@@ -127,9 +135,11 @@ class Config:
         return replace(self, offload=self.offload.replace("nvme", "cpu"))
 
     def describe(self) -> str:
-        optimizer, _, params = self.offload.partition("+")
-        mode = "no offload" if optimizer == "none" else (
-            f"{optimizer.upper()} optimizer" + (" + params" if params else ""))
+        optimizer, params = self.devices()
+        if optimizer == "none":
+            mode = "CPU params, GPU optimizer" if params != "none" else "no offload"
+        else:
+            mode = f"{optimizer.upper()} optimizer" + (" + params" if params != "none" else "")
         parts = [f"ZeRO-{self.stage}, {mode}",
                  f"micro-batch {self.micro_batch}x{self.gradient_accumulation}",
                  f"buckets {_short(self.reduce_bucket_size)}"]
@@ -162,7 +172,7 @@ def replayed(config: Config) -> bool:
         return False
     if config.offload != "none" and config.offload != "cpu" and config.stage != 3:
         return False  # parameter or NVMe offload: ZeRO-3 only
-    offloaded3 = config.stage == 3 and config.offload != "none"
+    offloaded3 = config.stage == 3 and config.offload not in ("none", PARAMS_ALONE)
     if config.ratio < 1 and not (offloaded3 and config.offload == "cpu"):
         return False
     if config.gap and not (offloaded3 and config.offload == "cpu" and config.ratio == 1
@@ -176,7 +186,7 @@ def as_given(scenario: Scenario) -> Config:
     ds, what_if = scenario.deepspeed, scenario.what_if
     offload = ds.offload_optimizer.device
     if ds.offload_param.device != "none":
-        offload += "+params"
+        offload = PARAMS_ALONE if offload == "none" else offload + "+params"
     chosen = "none"
     for name in WHAT_IFS[1:]:
         if getattr(what_if, name):
@@ -246,8 +256,8 @@ def _matters(config: Config, base: Config) -> bool:
     """Sub-group size only changes an offloaded ZeRO-3 step, binding and the threads per rank
     only an offloaded run's host work: elsewhere keep the base value, so that equal runs are
     not simulated twice."""
-    if config.offload == "none" and (config.binding, config.threads) != (base.binding,
-                                                                          base.threads):
+    if (config.offload in ("none", PARAMS_ALONE)
+            and (config.binding, config.threads) != (base.binding, base.threads)):
         return False
     if not (config.stage == 3 and config.offload != "none"):
         return config.sub_group_size == base.sub_group_size
