@@ -29,6 +29,8 @@ import pandas as pd
 import pytest
 from conftest import q, toy_stack
 
+from zerosim.errors import ScenarioError
+
 PS = 1e-12
 
 LAYER = [
@@ -859,3 +861,11 @@ def test_faulting_threads_of_one_process_contend_as_the_profile_says(toy, dp1_ga
     update = phases.loc["update", "end_s"] - phases.loc["update", "start_s"]
     update_before = before.loc["update", "end_s"] - before.loc["update", "start_s"]
     assert (update - update_before) / PS == pytest.approx(1000 * TOTAL_PARAMS, rel=1e-9)
+
+
+def test_an_implausible_page_zeroing_contention_is_refused(toy):
+    profile = toy.profile()
+    profile["cpu"]["page_zeroing_contention"] = {"value": 1e4, "basis": "assumed",
+                                                 "source": "test"}
+    with pytest.raises(ScenarioError, match="page_zeroing_contention"):
+        toy.scenario({"hardware": profile})

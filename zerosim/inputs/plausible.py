@@ -154,6 +154,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.cpu.cast_threads": Plausible(1e-3, 1e6, "an effective thread count"),
     "hardware.cpu.oversubscription_penalty": Plausible(0, 1e4, "a penalty factor"),
     "hardware.cpu.oversubscribed_region_ms": Plausible(0, 1e3, "milliseconds per region"),
+    "hardware.cpu.page_zeroing_contention": Plausible(0, 100, "a contention factor per thread"),
     "hardware.*.source": PlausibleText(4000),
     "hardware.*_efficiency": Plausible(1e-4, 1, "a fraction"),
     "hardware.*GBps*": Plausible(*GBPS, "a bandwidth in GB/s"),
