@@ -35,10 +35,9 @@ VM_HOST_PATH = (
     "offloaded, which nothing in the code read explains; zerosim prices one hook time for "
     "both, fitted on the run with them in HBM, and adds the H2D copies the fetches wait for")
 KNOWN_MISSES = {
-    (VM_GROUP, "tinyllama_hooks_param", "forward (median of 8 iterations)"):
-        f"+45.9%: {VM_HOST_PATH}",
-    (VM_GROUP, "tinyllama_hooks_param", "backward (median of 8 iterations)"):
-        f"+21.4%: {VM_HOST_PATH}",
+    **{(VM_GROUP, "tinyllama_hooks_param", f"{phase} (median of 8 iterations)"):
+       f"{error}: {VM_HOST_PATH}" for phase, error in (("forward", "+45.9%"),
+                                                      ("backward", "+21.4%"))},
     (VM_GROUP, "tinyllama_hooks", "update (median of 8 iterations)"): (
         "-21.6%: a 49 ms step with the optimizer on the GPU (torch.optim.AdamW, nothing "
         "offloaded), of which zerosim prices the HBM traffic (the fp32 gradient, the fp64 "
@@ -46,10 +45,9 @@ KNOWN_MISSES = {
         "gradient partition (201 x 3 ops, 5 ms), not the rest of the host's path through "
         "DeepSpeed's step (releasing every parameter, the per-group bookkeeping) and "
         "PyTorch's optimizer"),
-    (POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", "backward per step"):
-        f"-18.1%: {GA2_OUTLIER}",
-    (POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", "iteration per step"):
-        f"-11.6%: {GA2_OUTLIER}",
+    **{(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", f"{phase} per step"):
+       f"{error}: {GA2_OUTLIER}" for phase, error in (("backward", "-18.1%"),
+                                                     ("iteration", "-11.6%"))},
     (POLARIS_GROUP, "polaris-11.20b-dp1-mb1-ga1-sg1e08 (x1)", "forward per step"): (
         "-15.7%: measured on a slower GPU: this run and the next three rows (the 11.20B "
         "micro-batch-4 runs at DP=1, 2 and 4) ran their forwards 16.1-16.9% slower than later "
