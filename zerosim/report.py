@@ -38,7 +38,8 @@ def render_scenario(scenario: Scenario) -> None:
     top = Table(show_header=False, box=None, pad_edge=False)
     top.add_row("model", f"{m.name}: {m.family}, h={m.hidden_size}, L={m.num_hidden_layers}, "
                 f"ffn={m.intermediate_size}, heads={m.num_attention_heads}/"
-                f"{m.num_key_value_heads} kv, vocab={m.vocab_size}")
+                f"{m.num_key_value_heads} kv, vocab={m.vocab_size}"
+                + (f", activation {m.activation}" if m.activation else ""))
     top.add_row("workload", f"seq {scenario.sequence_length}, micro-batch "
                 f"{ds.train_micro_batch_size_per_gpu}, grad accumulation "
                 f"{ds.gradient_accumulation_steps}, attention {scenario.attention}, "
