@@ -38,13 +38,6 @@ KNOWN_MISSES = {
     **{(VM_GROUP, "tinyllama_hooks_param", f"{phase} (median of 8 iterations)"):
        f"{error}: {VM_HOST_PATH}" for phase, error in (("forward", "+45.9%"),
                                                       ("backward", "+21.4%"))},
-    (VM_GROUP, "tinyllama_hooks", "update (median of 8 iterations)"): (
-        "-21.6%: a 49 ms step with the optimizer on the GPU (torch.optim.AdamW, nothing "
-        "offloaded), of which zerosim prices the HBM traffic (the fp32 gradient, the fp64 "
-        "norms, AdamW's passes and the cast, 134 GB: 33 ms) and the norm's dispatch per "
-        "gradient partition (201 x 3 ops, 5 ms), not the rest of the host's path through "
-        "DeepSpeed's step (releasing every parameter, the per-group bookkeeping) and "
-        "PyTorch's optimizer"),
     **{(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga2-sg1e08 (x1)", f"{phase} per step"):
        f"{error}: {GA2_OUTLIER}" for phase, error in (("backward", "-18.1%"),
                                                      ("iteration", "-11.6%"))},

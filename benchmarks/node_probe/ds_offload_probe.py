@@ -40,6 +40,12 @@ MODELS = {
                         num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
                         max_position_embeddings=8192, tie_word_embeddings=True,
                         rms_norm_eps=1e-5, rope_theta=500000.0),
+    # TinyLlama's module structure (22 layers: 201 parameter tensors) at toy widths: DeepSpeed's
+    # host path per module and per tensor, with next to no arithmetic (the CPU runs)
+    "tinyllama-shape": dict(hidden_size=64, num_hidden_layers=22, intermediate_size=176,
+                            num_attention_heads=4, num_key_value_heads=1, vocab_size=1024,
+                            max_position_embeddings=512, tie_word_embeddings=False,
+                            rms_norm_eps=1e-5, rope_theta=10000.0),
     # a toy for the CPU dry run
     "toy": dict(hidden_size=256, num_hidden_layers=2, intermediate_size=688,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
@@ -64,6 +70,10 @@ RUNS = {
                             offload_param=False, offload_optimizer=False),
     "tinyllama_hooks_param": dict(model="tinyllama-1.1b", micro_batch=1, seq=128, ga=1,
                                   offload_param=True, offload_optimizer=False),
+    "tinyshape_cpu_hooks": dict(model="tinyllama-shape", micro_batch=1, seq=16, ga=1,
+                                offload_param=False, offload_optimizer=False),
+    "tinyshape_cpu_hooks_param": dict(model="tinyllama-shape", micro_batch=1, seq=16, ga=1,
+                                      offload_param=True, offload_optimizer=False),
     "toy_cpu": dict(model="toy", micro_batch=2, seq=128, ga=2, offload_param=False),
     "toy_cpu_hooks": dict(model="toy", micro_batch=1, seq=128, ga=1, offload_param=False,
                           offload_optimizer=False),

@@ -142,7 +142,7 @@ class InterleavedStep:
                 to_downscale = []
         yield from self._wait((Stream.COPIER_FP16,))
         self.gradients.release_all()
-        self.post_step(core)
+        yield from self.post_step(core)
         yield from core.end(left_running=HELPER_STREAMS)
 
     def _wait(self, streams: Iterable[Stream]) -> Gen:

@@ -30,7 +30,8 @@ reads them."""
 WriteBack = Callable[[RankCore, int, int, simpy.Event], Gen]
 """(core, sub-group, elements, its Adam's kernels): write a group stepped on the GPU into 16-bit
 params in host memory, on the host thread."""
-PostStep = Callable[[RankCore], None]
+PostStep = Callable[[RankCore], Gen]
+"""What follows a step's loop on the host (the gathers it issues)."""
 
 
 def launch_gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
@@ -85,7 +86,7 @@ class CpuStep:
                 self._step_prefetched_on_gpu(group, elements)
             else:
                 yield from self._update_on_cpu(group, elements)
-        self.post_step(core)
+        yield from self.post_step(core)
         yield from core.end()
 
     def _steps_on_gpu(self, group: int) -> bool:
@@ -319,7 +320,7 @@ class GpuStep:
                 core.when_done(stepped, release)
             if self.write_back is not None:
                 yield from self.write_back(core, group, size, stepped)
-        self.post_step(core)
+        yield from self.post_step(core)
         yield from core.end()
 
     def _gradient_norms(self) -> Gen:
@@ -388,10 +389,15 @@ class GpuStep:
 
 def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
                norms: Callable[[], Gen] | None = None) -> Gen:
-    """The update phase opens with the overflow check (`DeepSpeedConfig.check_grad_overflow`:
-    fp16, and bf16 ZeRO-1/2 where the release and the config say so) and its all-reduced flag,
-    then the gradient norms (where the step takes them) and their all-reduce."""
+    """The update phase opens (ZeRO-3) with the host's work per parameter tensor in the step,
+    taken together here (`step_tensor_s`: releasing the gathered ones, then per sub-group
+    flattening the gradients and unflattening the partition), then the overflow check
+    (`DeepSpeedConfig.check_grad_overflow`: fp16, and bf16 ZeRO-1/2 where the release and the
+    config say so) and its all-reduced flag, then the gradient norms (where the step takes
+    them) and their all-reduce."""
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
+    if core.ds.stage == 3:
+        yield from core.host_time(core.step_tensor_s * len(core.plan.all_params))
     if core.ds.check_grad_overflow:
         yield from check_overflow()
         yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
@@ -411,25 +417,28 @@ def gather_all(core: RankCore, op: str, nbytes: float) -> simpy.Event:
                                                 nbytes=nbytes)
 
 
-def regather_persistent(core: RankCore) -> None:
-    """Stage 3 `_post_step`: persistent parameters are re-gathered."""
+def regather_persistent(core: RankCore) -> Gen:
+    """Stage 3 `_post_step`: persistent parameters are re-gathered, the host's work per
+    tensor first (`regather_tensor_s`)."""
+    persistent = sum(1 for p in core.plan.all_params if p.persistent)
+    yield from core.host_time(core.regather_tensor_s * persistent)
     if core.plan.persistent_numel and core.distributed:
         gather_all(core, "all-gather persistent params",
                    core.dtype_bytes * core.plan.persistent_numel)
 
 
-def allgather_updated(core: RankCore) -> None:
+def allgather_updated(core: RankCore) -> Gen:
     """Stages 1/2 `all_gather_dp_groups`: the updated 16-bit partitions, in allgather
     buckets."""
-    if not core.distributed:
-        return
     total = core.dtype_bytes * sum(p.numel for p in core.plan.all_params)
     chunk = core.dtype_bytes * core.ds.allgather_bucket_size
     start = 0
-    while start < total:
+    while core.distributed and start < total:
         gather_all(core, "all-gather updated params", min(chunk, total - start))
         start += chunk
+    yield from ()
 
 
-def nothing_to_gather(core: RankCore) -> None:
+def nothing_to_gather(core: RankCore) -> Gen:
     """Stage 0: every rank stepped every parameter."""
+    yield from ()

@@ -149,6 +149,8 @@ class RankCore:
         self.count_used_params_s = (stack.on_core(stack.used_param_check_s, core_Hz)
                                     * len(self.plan.all_params))
         """One `count_used_parameters_in_backward` over the model's parameters."""
+        self.step_tensor_s = stack.on_core(stack.step_tensor_s, core_Hz)
+        self.regather_tensor_s = stack.on_core(stack.regather_tensor_s, core_Hz)
         self.heap_reuse_bytes = stack.heap_reuse_bytes
         self.empties_cache = ctx.scenario.runtime.empty_cache_each_phase
         self.reserves: dict[Stream, AllocatorReserve] | None = None

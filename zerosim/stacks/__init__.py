@@ -49,6 +49,15 @@ MLP (`Recipe.syncs_before_mlp`), as `{count: N, source: '...'}` (0 when absent).
 USED_PARAM_CHECK_KEY = "host.used_param_check_us"
 """The optional host time DeepSpeed's `count_used_parameters_in_backward` spends per model
 parameter it inspects (`SoftwareStack.used_param_check_s`; 0 when absent)."""
+STEP_TENSOR_KEY = "host.step_per_tensor_us"
+REGATHER_TENSOR_KEY = "host.regather_per_tensor_us"
+"""The optional host times of a ZeRO-3 optimizer step per parameter tensor (releasing it,
+flattening its gradient, unflattening its partition) and per persistent tensor re-gathered
+after it (`SoftwareStack.step_tensor_s`, `regather_tensor_s`; 0 when absent)."""
+OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: "used_param_check_s",
+                       STEP_TENSOR_KEY: "step_tensor_s",
+                       REGATHER_TENSOR_KEY: "regather_tensor_s"}
+"""Optional per-item host-time keys (microseconds) -> `SoftwareStack` fields."""
 RESIDENT_KEY = "processes.rank_resident_GiB"
 """The optional host memory each rank's processes hold besides its tensors
 (`SoftwareStack.rank_resident_bytes`), a `{value, basis, source}` leaf (0 when absent)."""
@@ -165,6 +174,12 @@ class SoftwareStack:
     used_param_check_s: float = 0.0
     """Host time per model parameter DeepSpeed's `count_used_parameters_in_backward` inspects
     (the gradient hooks of 0.18.5 on: `Behaviours.used_params_counted`)."""
+    step_tensor_s: float = 0.0
+    """Host time of a ZeRO-3 optimizer step per parameter tensor besides the kernels it
+    launches: `_partition_all_parameters` releasing it, `_prepare_sub_group` flattening its
+    gradient, `_reassign_or_swap_out_partitioned_parameters` unflattening its partition."""
+    regather_tensor_s: float = 0.0
+    """Host time per persistent tensor the step's `_post_step` gathers again."""
     heap_reuse_bytes: float = 0.0
     """Host temporaries up to this size come from the C allocator's heap, on pages earlier
     temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
@@ -403,12 +418,13 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
         provenance[key] = prov
         times[attr] = _non_negative(prov, source, key) * scale
-    if dotted_leaf(tree, USED_PARAM_CHECK_KEY) is not None:
-        prov = parse_provenance(dotted_leaf(tree, USED_PARAM_CHECK_KEY), source,
-                                USED_PARAM_CHECK_KEY, table="stack")
-        provenance[USED_PARAM_CHECK_KEY] = prov
-        times["used_param_check_s"] = _non_negative(prov, source, USED_PARAM_CHECK_KEY) * US
-    known = {"reference_GHz", USED_PARAM_CHECK_KEY[5:], *(k[5:] for k in HOST_TIMES)}
+    for key, attr in OPTIONAL_HOST_TIMES.items():
+        if dotted_leaf(tree, key) is not None:
+            prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
+            provenance[key] = prov
+            times[attr] = _non_negative(prov, source, key) * US
+    known = {"reference_GHz", *(k[5:] for k in OPTIONAL_HOST_TIMES),
+             *(k[5:] for k in HOST_TIMES)}
     extra = set(dotted_leaf(tree, "host") or {}) - known
     if extra:
         raise ScenarioError(source, f"host.{sorted(extra)[0]}", "a known host key",
