@@ -40,18 +40,18 @@ MODELS = {
                         num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
                         max_position_embeddings=8192, tie_word_embeddings=True,
                         rms_norm_eps=1e-5, rope_theta=500000.0),
-    # TinyLlama's module structure (22 layers: 201 parameter tensors) at toy widths: DeepSpeed's
-    # host path per module and per tensor, with next to no arithmetic (the CPU runs)
-    "tinyllama-shape": dict(hidden_size=64, num_hidden_layers=22, intermediate_size=176,
-                            num_attention_heads=4, num_key_value_heads=1, vocab_size=1024,
-                            max_position_embeddings=512, tie_word_embeddings=False,
-                            rms_norm_eps=1e-5, rope_theta=10000.0),
     # a toy for the CPU dry run
     "toy": dict(hidden_size=256, num_hidden_layers=2, intermediate_size=688,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
                 max_position_embeddings=512, tie_word_embeddings=False,
                 rms_norm_eps=1e-5, rope_theta=10000.0),
 }
+# TinyLlama's module structure (22 layers: 201 parameter tensors) at toy widths: DeepSpeed's host
+# path per module and per tensor, with next to no arithmetic (the CPU runs)
+MODELS["tinyllama-shape"] = {**MODELS["tinyllama-1.1b"], "hidden_size": 64,
+                             "intermediate_size": 176, "num_attention_heads": 4,
+                             "num_key_value_heads": 1, "vocab_size": 1024,
+                             "max_position_embeddings": 512}
 
 RUNS = {
     "tinyllama_opt": dict(model="tinyllama-1.1b", micro_batch=4, seq=2048, ga=1,
