@@ -22,10 +22,14 @@ def _console(min_width: int = 100) -> Console:
 
 
 def _mode(scenario: Scenario) -> str:
-    """'ZeRO-3, optimizer on nvme, params on cpu' in a few words."""
+    """'ZeRO-3, optimizer on nvme, params on cpu' (or 'optimizer on gpu, params on cpu';
+    'no offload') in a few words."""
     ds = scenario.deepspeed
-    where = [f"optimizer on {ds.offload_optimizer.device}" if ds.offload_optimizer.enabled
-             else "no offload"]
+    optimizer = (ds.offload_optimizer.device if ds.offload_optimizer.enabled else "gpu")
+    if not ds.offload_optimizer.enabled and not ds.offload_param.enabled:
+        where = ["no offload"]
+    else:
+        where = [f"optimizer on {optimizer}"]
     if ds.offload_param.enabled:
         where.append(f"params on {ds.offload_param.device}")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
