@@ -37,13 +37,13 @@ def test_check_names_the_framework_s_structural_choices():
     layout = json.loads(invoke("check", DP1, "--json").output)["runtime"]["framework"]["layout"]
     assert layout == {"qkv": "fused", "gate_up": "fused", "output_weight": "external",
                       "syncs_before_mlp": 2, "grouped_qkv": "q_kv",
-                      "kv_repeat": "before_rotary", "process_groups": "same",
-                      "dataloader_workers": 2}
+                      "kv_repeat": "before_rotary", "experts": "per_expert",
+                      "process_groups": "same", "dataloader_workers": 2}
     hf = invoke("check", DP1, "--json", "--set", "runtime.framework=hf-transformers")
     assert json.loads(hf.output)["runtime"]["framework"]["layout"] == {
         "qkv": "separate", "gate_up": "separate", "output_weight": "module",
         "syncs_before_mlp": 0, "grouped_qkv": "as_qkv", "kv_repeat": "in_attention",
-        "process_groups": "separate", "dataloader_workers": 0}
+        "experts": "fused", "process_groups": "separate", "dataloader_workers": 0}
     text = " ".join(invoke("check", DP1).output.split())
     assert "process_groups same" in text and "dataloader_workers 2" in text
 
@@ -144,3 +144,17 @@ def test_check_and_run_refuse_the_same_configurations_with_the_same_line():
         assert checked.output == ran.output
         assert f"deepspeed.zero_optimization.{key}" in ran.output or key in ran.output
         assert ran.output.startswith(f"error: {DP1}: ")
+
+
+def test_check_cuts_the_model_as_the_scenarios_stack_does():
+    """Qwen3-30B-A3B under the hf stack: transformers 5 holds each layer's 128 experts in one
+    module, so the breakdown lists one experts module a layer, not 6,144 expert MLPs."""
+    config = ROOT / "tests" / "data" / "real_configs" / "models" / "Qwen3-30B-A3B" / "config.json"
+    hf = ("--set", f"model.hf_config={config}", "--set", "runtime.framework=hf-transformers")
+    text = invoke("check", DP1, *hf).output
+    assert "q/k norms, 128 experts of 768 (top 8) in 48 layers" in " ".join(text.split())
+    rows = [line.split() for line in text.splitlines() if line.startswith("layers.*.mlp.")]
+    assert [row[:3] for row in rows] == [["layers.*.mlp.gate", "linear", "48"],
+                                         ["layers.*.mlp.experts", "experts", "48"]]
+    per_expert = invoke("check", DP1, *hf, "--set", "stack.modules.experts.value=per_expert")
+    assert "layers.*.mlp.experts.*.down_proj" in per_expert.output

@@ -593,6 +593,8 @@ NO_BACKWARD_KERNEL_FOR_BYTES = {"kernels": 1, "bytes_per_element": 3,
      r"modules\.grouped_qkv\.value: expected as_qkv or fused or q_kv or separate, got 'kv_q'"),
     ("modules", "kv_repeat", "before_rotary",
      r"modules\.kv_repeat: expected \{value: in_attention"),
+    ("modules", "experts", {"value": "grouped", "source": "x"},
+     r"modules\.experts\.value: expected per_expert or fused, got 'grouped'"),
     ("kernels", "scores", BACKWARD_TOO_STRIDED,
      r"kernels\.scores\.backward_strided_bytes_per_element: expected a number in \[0, "
      r"backward_bytes_per_element = 4\], got 5"),

@@ -15,6 +15,7 @@ from zerosim.models import (
     spec_from_hf_fields,
     total_params,
 )
+from zerosim.models.kernels import Gemm, kernel_count
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -334,3 +335,118 @@ def test_a_gated_mlp_keeps_the_stacks_gated_activation():
                             "hf-transformers")
     assert spec.activation == ""
     assert [(p.count, p.nbytes) for p in act.kernels] == [(2, 10 * 128 * 8)]
+
+
+QWEN3_TINY = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 1,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "vocab_size": 100}
+
+
+def _hf_recipe():
+    from zerosim.stacks import load_stack
+
+    return load_stack("hf-transformers").recipe
+
+
+def test_qwen3_norms_each_head_of_q_and_k_after_its_projection():
+    """Qwen3Attention: q_norm(q_proj(x).view(..., head_dim)), k_norm likewise, then v_proj:
+    two RMSNorm modules of head_dim weights, each over one row per head and token (the hf
+    stack's RMSNorm keeps 6 B per element and 4 B per row)."""
+    spec, unmodelled = hf(QWEN3_TINY)
+    assert spec.qk_norm and not unmodelled
+    modules = build_modules(spec, Workload(sequence_length=8), _hf_recipe())
+    block = [m.name.removeprefix("layers.0.") for m in modules if m.layer == 0]
+    assert block[:8] == ["input_layernorm", "self_attn.q_proj", "self_attn.q_norm",
+                         "self_attn.k_proj", "self_attn.k_norm", "self_attn.v_proj",
+                         "attn.core", "self_attn.o_proj"]
+    by_name = {m.name: m for m in modules}
+    q_norm, k_norm = by_name["layers.0.self_attn.q_norm"], by_name["layers.0.self_attn.k_norm"]
+    assert (q_norm.params, k_norm.params) == (16, 16)
+    assert q_norm.saved_bytes == 6 * (16 * 4 * 8) + 4 * (4 * 8)
+    assert k_norm.saved_bytes == 6 * (16 * 2 * 8) + 4 * (2 * 8)
+    assert [p.nbytes for p in k_norm.kernels] == [36 * 16 * 2 * 8]
+    assert total_params(spec) == (2 * 100 * 64 + 64 + 2 * 64 + 2 * 16 + 64 * 64 * 2
+                                  + 2 * 64 * 32 + 3 * 64 * 128)
+
+
+def test_qwen3_takes_its_configuration_defaults():
+    """Qwen3Config's head_dim is 128 whatever the width; its sliding window is off unless
+    `use_sliding_window` says so."""
+    spec, unmodelled = hf({k: v for k, v in QWEN3_TINY.items() if k != "head_dim"},
+                          sliding_window=4096)
+    assert spec.head_dim == 128 and spec.q_size == 512 and not unmodelled
+    _, unmodelled = hf(QWEN3_TINY, sliding_window=4096, use_sliding_window=True)
+    assert len(unmodelled) == 1 and "sliding_window: 4096" in unmodelled[0]
+
+
+def test_transformers_5_layer_types_name_the_sliding_layers():
+    """A config saved by transformers 5 lists each layer's attention (`layer_types`)."""
+    _, unmodelled = hf(QWEN3_TINY, num_hidden_layers=2, sliding_window=4096,
+                       layer_types=["full_attention", "sliding_attention"],
+                       rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    assert len(unmodelled) == 1 and "layers [1] use a sliding window of 4096" in unmodelled[0]
+    _, unmodelled = hf(QWEN3_TINY, layer_types=["full_attention"], sliding_window=None)
+    assert not unmodelled
+    with pytest.raises(ScenarioError, match=r"c\.json: model\.layer_types: expected a list"):
+        hf(QWEN3_TINY, layer_types="full_attention")
+
+
+QWEN3_MOE_TINY = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2,
+                  "intermediate_size": 96, "moe_intermediate_size": 32, "num_experts": 4,
+                  "num_experts_per_tok": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 16, "vocab_size": 100, "mlp_only_layers": [0]}
+
+
+def test_qwen3_moe_sparse_layers_and_no_shared_expert():
+    spec, unmodelled = hf(QWEN3_MOE_TINY)
+    assert not unmodelled and spec.moe.layers == (1,) and spec.qk_norm
+    attention = 64 * 64 * 2 + 2 * 64 * 32 + 2 * 16 + 2 * 64
+    dense, sparse = 3 * 64 * 96, 64 * 4 + 4 * 3 * 64 * 32
+    assert total_params(spec) == 2 * 100 * 64 + 64 + 2 * attention + dense + sparse
+
+
+def test_fused_experts_are_one_module_doing_the_expert_lists_work():
+    """transformers 5 (the hf stack's `modules.experts: fused`): the router, then one module
+    of every expert's gate-up and down weights, whose grouped products run each expert's share
+    of the rows as one batched product; FLOPs and saved activations as the module list's."""
+    from dataclasses import replace
+
+    spec, _ = hf(QWEN3_MOE_TINY)
+    fused_recipe = _hf_recipe()
+    assert fused_recipe.fused_experts
+    w = Workload(sequence_length=8)
+    fused = [m for m in build_modules(spec, w, fused_recipe) if m.layer == 1 and ".mlp." in m.name]
+    listed = [m for m in build_modules(spec, w, replace(fused_recipe, fused_experts=False))
+              if m.layer == 1 and ".mlp." in m.name]
+    assert [m.name for m in fused] == ["layers.1.mlp.gate", "layers.1.mlp.experts"]
+    assert len(listed) == 1 + 4 * 4
+    experts = fused[1]
+    assert experts.param_numels == (4 * 2 * 32 * 64, 4 * 64 * 32)
+    assert experts.model_flops == sum(m.model_flops for m in listed[1:])
+    assert experts.saved_bytes == sum(m.saved_bytes for m in listed[1:])
+    gemms = [k for k in experts.kernels if isinstance(k, Gemm)]
+    assert [(g.m, g.n, g.k, g.batch) for g in gemms] == [(4.0, 64, 64, 4), (4.0, 64, 32, 4)]
+    launches = kernel_count(experts.kernels)
+    assert launches == 7 + 2 + 1 + 1 + 2 + 1 + 3 + 1 + 1  # the block's residual add last
+    assert launches < sum(kernel_count(m.kernels) for m in listed[1:])
+
+
+def test_fused_experts_run_qwen2_moes_shared_expert_first():
+    """Qwen2MoeSparseMoeBlock in transformers 5: shared expert, router, experts, gate."""
+    spec, _ = hf({**QWEN3_MOE_TINY, "model_type": "qwen2_moe",
+                  "shared_expert_intermediate_size": 48})
+    names = [m.name.removeprefix("layers.1.mlp.")
+             for m in build_modules(spec, Workload(sequence_length=8), _hf_recipe())
+             if m.layer == 1 and ".mlp." in m.name]
+    assert names == ["shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.act_fn",
+                     "shared_expert.down_proj", "gate", "experts", "shared_expert_gate"]
+
+
+def test_deepseek_moes_own_code_keeps_its_expert_list():
+    spec, _ = hf({"model_type": "deepseek", "hidden_size": 64, "num_hidden_layers": 1,
+                  "num_attention_heads": 4, "intermediate_size": 96,
+                  "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1,
+                  "num_experts_per_tok": 2, "vocab_size": 100})
+    names = {m.name for m in build_modules(spec, Workload(sequence_length=8), _hf_recipe())}
+    assert "layers.0.mlp.experts.3.down_proj" in names
+    assert "layers.0.mlp.experts" not in names

@@ -43,3 +43,33 @@ def _workload(scenario):
     from zerosim.engine.plan import workload_of
 
     return workload_of(scenario)
+
+
+FUSED_EXPERTS = {"modules": {"experts": {"value": "fused", "source": "transformers 5"}}}
+
+
+def test_fused_experts_are_gathered_at_once_per_layer(toy):
+    """transformers 5 holds a layer's experts in one module: ZeRO-3 all-gathers its two
+    weights (every expert's) in one fetch, after the router's, and the model states are the
+    same parameters."""
+    from zerosim.engine.plan import plan_of
+
+    patch = {"model": TINY_MIXTRAL, "runtime": {"framework": FUSED_EXPERTS}}
+    scenario = toy.scenario(patch, gpus=2)
+    result = toy.run(patch, gpus=2)
+    spans = result.spans
+    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
+                    & (spans.phase == Phase.FORWARD) & (spans.micro_batch == 0)]
+    gathered = [name for op in gathers.sort_values("start_s").op
+                for name in op.removeprefix("all-gather ").split(" + ")]
+    assert [name for name in gathered if ".mlp." in name] == [
+        "layers.0.mlp.gate", "layers.0.mlp.experts", "layers.1.mlp.gate", "layers.1.mlp.experts"]
+    plan = plan_of(scenario)
+    names = [plan.modules[p.module].name for p in plan.all_params]
+    experts = {}
+    for name, param in zip(names, plan.all_params, strict=True):
+        if name.endswith(".experts"):
+            experts[name] = experts.get(name, 0) + param.numel
+    assert experts == {"layers.0.mlp.experts": 4 * 3 * 64 * 128,
+                       "layers.1.mlp.experts": 4 * 3 * 64 * 128}
+    assert sum(p.numel for p in plan_of(scenario).all_params) == total_params(scenario.model)

@@ -26,6 +26,8 @@ PUBLISHED = {
     "Mistral-7B-v0.1": 7_241_732_096,
     "Mixtral-8x7B-v0.1": 46_702_792_704,
     "Qwen2-7B": 7_615_616_512,
+    "Qwen3-8B": 8_190_735_360,
+    "Qwen3-30B-A3B": 30_532_122_624,
     "gemma-7b": 8_537_680_896,
     # The config's exact count; the commonly cited 41,303,269,376 counts 65,021 embedding rows
     # where the config has 65,024 (3 x 8,192 fewer; see the folder's README).

@@ -133,10 +133,12 @@ SEQUENCE_HELP = ("Sequence length for the FLOPs per token of a Hugging Face conf
 DEFAULT_SEQUENCE = 2048
 
 
-def _model_summary(spec, sequence_length: int):
+def _model_summary(spec, sequence_length: int, recipe=None):
+    """The model's counts and modules, cut as `recipe` (a scenario's stack) cuts it; a
+    config.json alone, as its model's code is read."""
     from zerosim.models.summary import summarize
 
-    return summarize(spec, sequence_length)
+    return summarize(spec, sequence_length, recipe)
 
 
 def _hf_spec(path: Path, key_path: str):
@@ -189,7 +191,7 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
         _print_json(summary.to_dict()) if as_json else click.echo(summary.to_text())
         return
     loaded = _load(scenario, overrides)
-    summary = _model_summary(loaded.model, loaded.sequence_length)
+    summary = _model_summary(loaded.model, loaded.sequence_length, loaded.stack.recipe)
     if as_json:
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
                      **_cpu_adam(loaded)})

@@ -35,6 +35,16 @@ def _mode(scenario: Scenario) -> str:
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 
+def _experts_text(model) -> str:
+    moe = model.moe
+    if moe is None:
+        return ""
+    shared = (f" + a shared expert of {moe.shared_expert_intermediate_size}"
+              if moe.shared_expert_intermediate_size else "")
+    return (f", {moe.num_experts} experts of {moe.expert_intermediate_size} (top "
+            f"{moe.num_experts_per_tok}) in {len(moe.layers)} layers{shared}")
+
+
 def render_scenario(scenario: Scenario) -> None:
     console = _console()
     m, ds, hw = scenario.model, scenario.deepspeed, scenario.hardware
@@ -43,7 +53,8 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("model", f"{m.name}: {m.family}, h={m.hidden_size}, L={m.num_hidden_layers}, "
                 f"ffn={m.intermediate_size}, heads={m.num_attention_heads}/"
                 f"{m.num_key_value_heads} kv, vocab={m.vocab_size}"
-                + (f", activation {m.activation}" if m.activation else ""))
+                + (f", activation {m.activation}" if m.activation else "")
+                + (", q/k norms" if m.qk_norm else "") + _experts_text(m))
     top.add_row("workload", f"seq {scenario.sequence_length}, micro-batch "
                 f"{ds.train_micro_batch_size_per_gpu}, grad accumulation "
                 f"{ds.gradient_accumulation_steps}, attention {scenario.attention}, "

@@ -189,6 +189,10 @@ class Recipe:
     cut where the stack cuts them otherwise than `fused_qkv` says (`QKV_LAYOUTS`; None: as
     `fused_qkv` says): Megatron-DeepSpeed as the Deep Optimizer States study ran it (early
     2024) made Q one projection and K and V another.
+    `fused_experts`: a mixture-of-experts block holds every expert's weights in one module
+    (transformers 5's `MixtralExperts`, `Qwen3MoeExperts`: a gate-up and a down tensor of
+    `[experts, ...]`) that ZeRO-3 fetches at once and runs with grouped GEMMs, instead of one
+    module per expert (an `nn.ModuleList` of MLPs: transformers 4).
     `kv_repeat_before_rotary`: grouped-query attention's K and V are expanded to every head
     right after the QKV split, whatever the attention kernel, and the rotary embedding acts on
     the expanded K (Megatron-DeepSpeed); otherwise they are expanded inside eager attention,
@@ -227,6 +231,7 @@ class Recipe:
     external_output_weight: bool = False
     syncs_before_mlp: int = 0
     grouped_qkv: str | None = None
+    fused_experts: bool = False
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
     projection_split: Elementwise = Elementwise()
@@ -424,11 +429,15 @@ def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: 
                                              input_gradient_sum(d_in * t, w)))
 
 
-def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Recipe) -> Module:
+def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Recipe, *,
+          rows_per_token: int = 1) -> Module:
+    """A norm over rows of `h` elements, `rows_per_token` of them per token (a per-head norm
+    of Q or K normalises each head's row of `head_dim`)."""
     numels = (h, h) if bias else (h,)
-    elements = h * w.tokens
+    rows = rows_per_token * w.tokens
+    elements = h * rows
     memory, scale = r.activation_memory, w.dtype_bytes / 2
-    saved = memory.norm_saved * scale * elements + memory.norm_saved_per_row * w.tokens
+    saved = memory.norm_saved * scale * elements + memory.norm_saved_per_row * rows
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
     module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
                     param_numels=numels)
@@ -624,17 +633,33 @@ def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload, r: 
     if layout == "fused":
         yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r,
                       sums_input_gradient=input_shared_later)
+        yield from _qk_norms(spec, attention, layer, w, r, "q", "k")
         return
     yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r,
                   sums_input_gradient=True)
+    yield from _qk_norms(spec, attention, layer, w, r, "q")
     if layout == "q_kv":
         yield _linear(f"{attention}.kv_proj", layer, h, 2 * hkv, bias, w, False, r,
                       sums_input_gradient=input_shared_later)
+        yield from _qk_norms(spec, attention, layer, w, r, "k")
         return
     yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r,
                   sums_input_gradient=True)
+    yield from _qk_norms(spec, attention, layer, w, r, "k")
     yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r,
                   sums_input_gradient=input_shared_later)
+
+
+def _qk_norms(spec: ModelSpec, attention: str, layer: int, w: Workload, r: Recipe,
+              *which: str) -> Iterator[Module]:
+    """Qwen3's `q_norm` and `k_norm` (`ModelSpec.qk_norm`): the stack's norm over each head's
+    row of Q or K, right after the projection that makes it (`q_norm(q_proj(x).view(...))`)."""
+    if not spec.qk_norm:
+        return
+    heads = {"q": spec.num_attention_heads, "k": spec.num_key_value_heads}
+    for name in which:
+        yield _norm(f"{attention}.{name}_norm", layer, spec.head_dim, False, w, r,
+                    rows_per_token=heads[name])
 
 
 def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: Recipe, *,
@@ -673,29 +698,114 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
     """Router, then every expert in order (each one's hooks fire and ZeRO-3 fetches its
     parameters: transformers runs every expert of an `nn.ModuleList`), then the shared expert
     and its gate. Each expert computes its share of the routed tokens and saves its gathered
-    input and scaled output besides what an MLP saves."""
-    moe, h, t = spec.moe, spec.hidden_size, w.tokens
-    logits = moe.num_experts * t
-    softmax = MemoryPass(ROUTER_BYTES_PER_LOGIT * logits, 3, ELEMENTWISE_FLOPS_PER_ELEMENT * logits)
-    router = _linear(f"{p}.gate", layer, h, moe.num_experts, False, w, True, r, (softmax,))
-    yield replace(router, saved_bytes=router.saved_bytes + FP32_BYTES * logits)
-    routed = moe.tokens_per_expert(t)
-    combine = MemoryPass(ROUTING_PASSES * 2 * w.dtype_bytes * routed * h, ROUTING_PASSES)
+    input and scaled output besides what an MLP saves. Where the stack holds transformers'
+    experts in one module (`Recipe.fused_experts`), transformers 5's order: the shared expert,
+    the router, the experts module, the shared expert's gate."""
+    moe = spec.moe
     shared = moe.shared_expert_intermediate_size
+    if not (r.fused_experts and moe.transformers_experts):
+        yield _router(spec, p, layer, w, r)
+        yield from _expert_list(spec, p, layer, w, r, () if shared else residual)
+        yield from _shared_expert(spec, p, layer, w, r, residual)
+        return
+    gated = moe.shared_expert_gate
+    if shared:
+        yield from _dense_mlp(spec, f"{p}.shared_expert", layer, shared, w, r,
+                              saves_input=False)
+    yield _router(spec, p, layer, w, r)
+    yield _fused_experts(spec, f"{p}.experts", layer, w, r, () if gated else residual)
+    if gated:
+        yield _shared_expert_gate(spec, p, layer, w, r, residual)
+
+
+def _router(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -> Module:
+    """A bias-free linear to one logit per expert, its fp32 softmax and top-k (saved)."""
+    logits = spec.moe.num_experts * w.tokens
+    softmax = MemoryPass(ROUTER_BYTES_PER_LOGIT * logits, 3, ELEMENTWISE_FLOPS_PER_ELEMENT * logits)
+    router = _linear(f"{p}.gate", layer, spec.hidden_size, spec.moe.num_experts, False, w, True,
+                     r, (softmax,))
+    return replace(router, saved_bytes=router.saved_bytes + FP32_BYTES * logits)
+
+
+def _expert_list(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+                 residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
+    """Every expert's MLP modules in order, the block's residual after the last one."""
+    moe, h = spec.moe, spec.hidden_size
+    routed = moe.tokens_per_expert(w.tokens)
+    combine = MemoryPass(ROUTING_PASSES * 2 * w.dtype_bytes * routed * h, ROUTING_PASSES)
     for expert in range(moe.num_experts):
-        last = expert == moe.num_experts - 1 and not shared
+        last = expert == moe.num_experts - 1
         modules = list(_dense_mlp(spec, f"{p}.experts.{expert}", layer,
                                   moe.expert_intermediate_size, w, r, saves_input=True,
                                   after=(combine, *(residual if last else ())), tokens=routed))
         down = modules[-1]
         modules[-1] = replace(down, saved_bytes=down.saved_bytes + w.dtype_bytes * routed * h)
         yield from modules
-    if not shared:
+
+
+def _shared_expert(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+                   residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
+    """The shared expert after the routed ones (with its one-output sigmoid gate)."""
+    moe = spec.moe
+    if not moe.shared_expert_intermediate_size:
         return
-    yield from _dense_mlp(spec, f"{p}.shared_expert", layer, shared, w, r, saves_input=False,
+    yield from _dense_mlp(spec, f"{p}.shared_expert", layer,
+                          moe.shared_expert_intermediate_size, w, r, saves_input=False,
                           after=() if moe.shared_expert_gate else residual)
     if moe.shared_expert_gate:
-        yield _linear(f"{p}.shared_expert_gate", layer, h, 1, False, w, False, r, residual)
+        yield _shared_expert_gate(spec, p, layer, w, r, residual)
+
+
+def _shared_expert_gate(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+                        residual: tuple[MemoryPass, ...]) -> Module:
+    return _linear(f"{p}.shared_expert_gate", layer, spec.hidden_size, 1, False, w, False, r,
+                   residual)
+
+
+GROUPED_ROW_PASSES = 5
+"""transformers' `grouped_mm_experts_forward` (integrations/moe.py, 5.x), per routed row and
+hidden element: the gather of the rows sorted by expert, its in-place masked fill, the masked
+fill of the down product's output, the product with the routing weights and the gather back
+to token order (each reads and writes the element)."""
+GROUPED_INDEX_KERNELS = 7
+"""Its kernels over the routed rows' indices alone (the sort of the expert ids, histc, cumsum,
+the sentinel comparison, the clamp, the arange and the scatter of the inverse permutation):
+launches whose bytes are negligible."""
+
+
+def _fused_experts(spec: ModelSpec, name: str, layer: int, w: Workload, r: Recipe,
+                   after: tuple[MemoryPass, ...]) -> Module:
+    """Transformers 5's experts module (`Recipe.fused_experts`): every expert's gate-up and down
+    weights, `[experts, 2 x width, h]` and `[experts, h, width]`, run as transformers' default
+    `grouped_mm` path runs them: the routed rows sorted by expert and gathered, one grouped
+    product for gate and up (its output masked), the stack's gated activation, one grouped
+    product for down (masked), the routing weights, the rows back in token order and summed
+    over each token's top k. Each expert computes its share of the rows (even routing), so
+    the grouped products are priced as batched ones of that many rows. It saves what the
+    experts of a module list save together: the sorted rows, the gated activation's inputs,
+    the down product's input and output."""
+    moe, h, size = spec.moe, spec.hidden_size, w.dtype_bytes
+    width, experts = moe.expert_intermediate_size, moe.num_experts
+    per_expert = moe.tokens_per_expert(w.tokens)
+    rows = per_expert * experts
+    gate_up = Gemm(per_expert, 2 * width, h, experts, size)
+    down = Gemm(per_expert, h, width, experts, size)
+    index = MemoryPass(0.0, GROUPED_INDEX_KERNELS)
+    gather = MemoryPass(2 * 2 * size * rows * h, 2)
+    masked_gate_up = MemoryPass(2 * size * rows * 2 * width)
+    activation = elementwise_pass(r.activation, rows * width, w,
+                                  ELEMENTWISE_FLOPS_PER_ELEMENT * rows * width)
+    to_tokens = MemoryPass((GROUPED_ROW_PASSES - 2) * 2 * size * rows * h,
+                           GROUPED_ROW_PASSES - 2)
+    top_k_sum = MemoryPass(size * (rows + w.tokens) * h)
+    numels = (experts * 2 * width * h, experts * h * width)
+    flops = gate_up.flops + down.flops
+    saved = (2 * size * rows * h + size * rows * width
+             + r.activation_memory.gated_activation_saved * size / 2 * rows * width)
+    module = Module(name, "experts", "matmul", layer, sum(numels), flops, flops, 0.0, saved,
+                    param_numels=numels)
+    return _with_backward(module, (index, gather, gate_up, masked_gate_up, *activation, down,
+                                   to_tokens, top_k_sum, *after), r)
 
 
 def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Iterator[Module]:

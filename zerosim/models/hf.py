@@ -54,8 +54,8 @@ HARMLESS = {
     "torch_dtype", "dtype", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
     "sep_token_id", "decoder_start_token_id", "initializer_range", "init_std",
     "initializer_factor", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta",
-    "rope_scaling", "rotary_emb_base", "rotary_pct", "partial_rotary_factor", "hidden_act",
-    "hidden_activation", "activation_function", "pretraining_tp", "max_window_layers",
+    "rope_scaling", "rope_parameters", "rotary_emb_base", "rotary_pct", "partial_rotary_factor",
+    "hidden_act", "hidden_activation", "activation_function", "pretraining_tp", "max_window_layers",
     "use_sliding_window", "output_router_logits", "router_aux_loss_coef", "norm_topk_prob",
     "router_jitter_noise", "apply_residual_connection_post_layernorm", "use_parallel_residual",
     "task_specific_params", "summary_type", "summary_use_proj", "summary_activation",
@@ -149,11 +149,55 @@ def _qwen2(f: Fields) -> Layout:
     return {"qkv_bias": True, "attention_out_bias": False, "mlp_bias": False}
 
 
-def _sliding_window(f: Fields) -> None:
+def _qwen3(f: Fields) -> Layout:
+    """Qwen3Attention: q/k/v/o_proj biased iff `attention_bias` (default false), then an
+    RMSNorm over each head of Q (`q_norm`) and of K (`k_norm`); LlamaMLP's bias-free MLP.
+    Configuration defaults: `head_dim` 128, `intermediate_size` 22016, no sliding window."""
+    _defaults(f, head_dim=128, intermediate_size=22016, max_position_embeddings=32768)
+    _sliding_window(f, enabled_by_default=False)
+    bias = f.flag("attention_bias", False)
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "qk_norm": True}
+
+
+def _qwen3_moe(f: Fields) -> Layout:
+    """Qwen3MoeDecoderLayer: Qwen3's attention; a sparse block where `(layer + 1) %
+    decoder_sparse_step == 0` and the layer is not in `mlp_only_layers` (`num_experts` experts
+    of `moe_intermediate_size`, top `num_experts_per_tok`, no shared expert), else a dense
+    MLP of `intermediate_size` (default 6144)."""
+    _defaults(f, head_dim=128, intermediate_size=6144, max_position_embeddings=32768)
+    _sliding_window(f, enabled_by_default=False)
+    bias = f.flag("attention_bias", False)
+    experts, sparse = _qwen_sparse_layers(f, 128)
+    layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "qk_norm": True}
+    if sparse:
+        layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 8),
+                                f.count("moe_intermediate_size", 768), sparse)
+    return layout
+
+
+def _defaults(f: Fields, **values: Any) -> None:
+    """The configuration class's defaults for fields the file leaves out."""
+    for key, value in values.items():
+        if f.data.get(key) is None:
+            f.data[key] = value
+
+
+def _sliding_window(f: Fields, *, enabled_by_default: bool = True) -> None:
     """Full causal attention is replayed; a window shorter than the sequence would skip work
-    only in kernels that honour it."""
-    window = f.raw("sliding_window")
-    if window is not None and f.raw("use_sliding_window", True):
+    only in kernels that honour it. Transformers 5 configs also list each layer's type
+    (`layer_types`), where sliding layers say so."""
+    window, kinds = f.raw("sliding_window"), f.raw("layer_types")
+    if kinds is not None and not (isinstance(kinds, list)
+                                  and all(isinstance(kind, str) for kind in kinds)):
+        raise f.error("layer_types", "a list of attention kinds ('full_attention', ...)", kinds)
+    if kinds is not None:
+        sliding = [i for i, kind in enumerate(kinds) if kind != "full_attention"]
+        if sliding and window is not None:
+            warnings.warn(f"{f.source}: {f.key_path}.layer_types: layers {sliding} use a "
+                          f"sliding window of {window}; zerosim replays full causal attention "
+                          f"(the same for sequences up to {window})", ModelFieldWarning,
+                          stacklevel=6)
+    elif window is not None and f.raw("use_sliding_window", enabled_by_default):
         warnings.warn(f"{f.source}: {f.key_path}.sliding_window: {window}; zerosim replays full "
                       f"causal attention (the same for sequences up to {window})",
                       ModelFieldWarning, stacklevel=6)
@@ -174,12 +218,7 @@ def _qwen2_moe(f: Fields) -> Layout:
     decoder_sparse_step == 0` and the layer is not in `mlp_only_layers`; experts of
     `moe_intermediate_size`, one shared expert of `shared_expert_intermediate_size` with a
     one-output sigmoid gate."""
-    layers = f.count("num_hidden_layers")
-    step = f.count("decoder_sparse_step", 1)
-    dense = set(f.raw("mlp_only_layers", []))
-    experts = f.count("num_experts", 60, minimum=0)
-    sparse = tuple(i for i in range(layers)
-                   if experts > 0 and (i + 1) % step == 0 and i not in dense)
+    experts, sparse = _qwen_sparse_layers(f, 60)
     layout = _qwen2(f)
     if sparse:
         layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 4),
@@ -187,6 +226,17 @@ def _qwen2_moe(f: Fields) -> Layout:
                                 f.count("shared_expert_intermediate_size", 5632, minimum=0),
                                 shared_expert_gate=True)
     return layout
+
+
+def _qwen_sparse_layers(f: Fields, default_experts: int) -> tuple[int, tuple[int, ...]]:
+    """Qwen's MoE configs: `num_experts`, and the layers with a sparse block, where
+    `(layer + 1) % decoder_sparse_step == 0` and the layer is not in `mlp_only_layers`."""
+    layers = f.count("num_hidden_layers")
+    step = f.count("decoder_sparse_step", 1)
+    dense = set(f.raw("mlp_only_layers", []))
+    experts = f.count("num_experts", default_experts, minimum=0)
+    return experts, tuple(i for i in range(layers)
+                          if experts > 0 and (i + 1) % step == 0 and i not in dense)
 
 
 def _deepseek(f: Fields) -> Layout:
@@ -207,7 +257,8 @@ def _deepseek(f: Fields) -> Layout:
         sparse = tuple(i for i in range(layers) if i >= first and i % freq == 0)
         layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
                                 width, sparse,
-                                width * f.count("n_shared_experts", 0, minimum=0))
+                                width * f.count("n_shared_experts", 0, minimum=0),
+                                transformers_experts=False)
     return layout
 
 
@@ -308,6 +359,8 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "gemma": ("llama", _llama, True),
     "mixtral": ("llama", _mixtral, False),
     "qwen2_moe": ("llama", _qwen2_moe, False),
+    "qwen3": ("llama", _qwen3, False),
+    "qwen3_moe": ("llama", _qwen3_moe, False),
     "deepseek": ("llama", _deepseek, False),
     "deepseek_v2": ("llama", _deepseek, False),
     "deepseek_v3": ("llama", _deepseek, False),
@@ -324,7 +377,7 @@ FAMILY_READERS = {"llama": (_llama, False), "gpt": (_gpt2, True)}
 
 # ModelSpec layout fields a config may also set by name (inline models with `family:`).
 _BOOL_FIELDS = ("qkv_bias", "attention_out_bias", "mlp_bias", "gated_mlp", "fused_qkv",
-                "lm_head_bias", "embedding_norm", "final_norm")
+                "lm_head_bias", "embedding_norm", "final_norm", "qk_norm")
 _COUNT_FIELDS = ("norms_per_block", "position_offset", "word_embed_proj_dim")
 
 

@@ -26,6 +26,10 @@ class MoESpec:
     layers: tuple[int, ...]
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    transformers_experts: bool = True
+    """The experts are transformers' own classes (Mixtral, Qwen2-MoE, Qwen3-MoE), which
+    transformers 5 holds as one module (`Recipe.fused_experts`); False for a model's own code
+    (DeepSeek-MoE's `trust_remote_code` module list), whatever the version."""
 
     def tokens_per_expert(self, tokens: float) -> float:
         """Tokens each expert computes when routing is even (its expectation under any router
@@ -46,7 +50,8 @@ class ModelSpec:
     MLP read the same normalised input: GPT-J, Falcon-7B), whether the model's own code fuses
     Q, K and V into one projection, the position scheme and OPT's two extra position rows, a
     bias on the LM head (GPT-J), dropout after the embedding, a norm after the embedding
-    (BLOOM), no final norm, OPT's embedding width, and mixture-of-experts MLPs.
+    (BLOOM), no final norm, OPT's embedding width, per-head norms of Q and K (Qwen3), and
+    mixture-of-experts MLPs.
     """
 
     name: str
@@ -82,6 +87,9 @@ class ModelSpec:
     """The ungated MLP's activation function as the model's config names it (transformers'
     `ACT2FN` keys: `gelu`, `gelu_new`, `relu`, ...; `bloom_gelu` for BLOOM's own); "" when
     the config does not say. The stack prices it (`Recipe.ungated_activations`)."""
+    qk_norm: bool = False
+    """An RMSNorm over each head's Q and each head's K after their projections (Qwen3's
+    `q_norm` and `k_norm`: two modules of `head_dim` weights in every block)."""
     moe: MoESpec | None = field(default=None)
 
     def __post_init__(self) -> None:

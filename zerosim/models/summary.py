@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from zerosim.models.breakdown import Workload, build_modules
+from zerosim.models.breakdown import Recipe, Workload, build_modules
 from zerosim.models.spec import ModelSpec
 
 TRAINING_FLOPS_FACTOR = 3
@@ -77,14 +77,20 @@ class ModelSummary:
 
 
 def _expert_share(spec: ModelSpec, name: str) -> float:
-    if spec.moe is None or ".experts." not in name:
+    """The share of the tokens a routed expert's module computes (a module of every expert,
+    `Recipe.fused_experts`, computes each expert's share of them)."""
+    if spec.moe is None or not (".experts." in name or name.endswith(".experts")):
         return 1.0
     return spec.moe.num_experts_per_tok / spec.moe.num_experts
 
 
-def summarize(spec: ModelSpec, sequence_length: int) -> ModelSummary:
-    """The model at one sequence of `sequence_length` tokens (micro-batch 1)."""
-    modules = build_modules(spec, Workload(sequence_length=sequence_length))
+def summarize(spec: ModelSpec, sequence_length: int, recipe: Recipe | None = None
+              ) -> ModelSummary:
+    """The model at one sequence of `sequence_length` tokens (micro-batch 1), cut into modules
+    as `recipe` (a software stack's) cuts it; without one, as the model's code is read."""
+    workload = Workload(sequence_length=sequence_length)
+    modules = (build_modules(spec, workload) if recipe is None
+               else build_modules(spec, workload, recipe))
     tokens = float(sequence_length)
     groups: dict[str, list[Any]] = {}
     for m in modules:

@@ -70,6 +70,12 @@ GROUPED_QKV_CHOICES = ("as_qkv", *QKV_LAYOUTS)
 """How a model with grouped-query attention has its Q, K and V projections cut, as `{value:
 ..., source: '...'}` (`as_qkv`, the default: as `modules.qkv` says; `fused`, `q_kv`: Q apart,
 K and V in one projection; `separate`; `Recipe.grouped_qkv`)."""
+EXPERTS_KEY = "modules.experts"
+EXPERTS_CHOICES = ("per_expert", "fused")
+"""How a mixture-of-experts block holds its experts, as `{value: ..., source: '...'}`
+(`per_expert`, the default: an `nn.ModuleList` of MLP modules, each fetched by ZeRO-3 as its
+hooks fire, transformers 4; `fused`: one module of `[experts, ...]` weight tensors run by
+grouped GEMMs, fetched at once, transformers 5; `Recipe.fused_experts`)."""
 KV_REPEAT_KEY = "modules.kv_repeat"
 KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
 """Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
@@ -207,6 +213,7 @@ class SoftwareStack:
                 "syncs_before_mlp": r.syncs_before_mlp,
                 "grouped_qkv": r.grouped_qkv or GROUPED_QKV_CHOICES[0],
                 "kv_repeat": KV_REPEAT_CHOICES[r.kv_repeat_before_rotary],
+                "experts": EXPERTS_CHOICES[r.fused_experts],
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "dataloader_workers": self.dataloader_workers}
 
@@ -380,7 +387,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
     module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
-                   FUSED_SOFTMAX_KEY)
+                   EXPERTS_KEY, FUSED_SOFTMAX_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -396,6 +403,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     grouped_qkv=_grouped_qkv(tree, source),
                     kv_repeat_before_rotary=_choice_leaf(
                         tree, KV_REPEAT_KEY, KV_REPEAT_CHOICES, source) == "before_rotary",
+                    fused_experts=_choice_leaf(
+                        tree, EXPERTS_KEY, EXPERTS_CHOICES, source) == "fused",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
