@@ -10,9 +10,11 @@ models on 2 to 16 Polaris nodes at micro-batch 1 and 4; the MLP-Offload runs on 
 all-reduced (`reduce_scatter`); and ZeRO-1/2/3 with and without offload and gradient
 accumulation at every release where a DeepSpeed behaviour changes, and ZeRO-3 with the
 parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam)
-at each of those releases. It prints how many ran,
-how many did not fit (a result, not a failure) grouped by the device, kind of allocation
-and module that did not fit, every clear refusal grouped by its message, and every crash
+at each of those releases; and Qwen3-8B, Qwen3-30B-A3B and Mixtral-8x7B on the
+hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or the CPU. It
+prints how many ran, how many did not fit (a result, not a failure) grouped by the device,
+kind of allocation and module that did not fit, every clear refusal grouped by its message,
+and every crash
 or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
 asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
 """
@@ -42,6 +44,10 @@ PARAMS = "deepspeed.zero_optimization.offload_param."
 FORK_BUILDS = ("0.13.3+4570a955", "0.13.3+d18d6f81", "0.13.3+c7da512a")
 FORK_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp1-mb4-ga1-sg1e08",
                "polaris-15.58b-dp4-mb1-ga1-sg1e08", "polaris-5.95b-dp1-mb1-ga1-sg1e07")
+REAL_MODELS = ROOT / "tests" / "data" / "real_configs" / "models"
+HF_MODELS = ("Qwen3-8B", "Qwen3-30B-A3B", "Mixtral-8x7B-v0.1")
+"""Hugging Face configs run on the hf-transformers stack (Mixtral's experts both as
+transformers 5 holds them and as transformers 4 did)."""
 MULTI_NODE_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp4-mb4-ga1-sg1e08",
                      "polaris-9.14b-dp4-mb1-ga1-sg1e08")
 
@@ -85,6 +91,17 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     OFFLOAD + "device": optimizer, PARAMS + "device": "cpu",
                     PARAMS + "pin_memory": True, "deepspeed.optimizer.params.torch_adam":
                     optimizer == "none" and dp == 4}))
+    for model in HF_MODELS[::2] if quick else HF_MODELS:
+        layouts = ("fused", "per_expert") if model.startswith("Mixtral") else ("fused",)
+        for experts in layouts:
+            for hw in ("polaris-a100", "dgx-h100"):
+                for params in (False, True):
+                    out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                        "model": {"hf_config": str(REAL_MODELS / model / "config.json")},
+                        "runtime.framework": "hf-transformers", "hardware": hw,
+                        "stack.modules.experts.value": experts,
+                        "deepspeed.train_micro_batch_size_per_gpu": 1,
+                        PARAMS + "device": "cpu" if params else "none"}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
