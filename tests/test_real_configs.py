@@ -26,6 +26,7 @@ PUBLISHED = {
     "Mistral-7B-v0.1": 7_241_732_096,
     "Mixtral-8x7B-v0.1": 46_702_792_704,
     "Qwen2-7B": 7_615_616_512,
+    "Phi-3-mini-4k-instruct": 3_821_079_552,
     "Qwen3-8B": 8_190_735_360,
     "Qwen3-30B-A3B": 30_532_122_624,
     "gemma-7b": 8_537_680_896,
@@ -55,7 +56,8 @@ def test_every_model_file_is_tested():
 def test_parameter_count_is_the_checkpoints(folder, count):
     spec, unmodelled = load_model(folder)
     assert total_params(spec) == count
-    expected_warnings = 1 if folder == "Mistral-7B-v0.1" else 0  # its sliding_window
+    # their sliding_window
+    expected_warnings = 1 if folder in ("Mistral-7B-v0.1", "Phi-3-mini-4k-instruct") else 0
     assert len(unmodelled) == expected_warnings, unmodelled
 
 

@@ -673,7 +673,7 @@ def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
         yield _mlp_activation(f"{p}.act", layer, width, spec.activation, w, r, tokens)
         yield _linear(f"{p}.fc_out", layer, width, h, bias, w, True, r, after, tokens=tokens)
         return
-    if r.fused_gate_up:
+    if r.fused_gate_up or spec.fused_gate_up:
         yield _linear(f"{p}.gate_up_proj", layer, h, 2 * width, bias, w, saves_input, r,
                       tokens=tokens)
     else:

@@ -56,7 +56,8 @@ HARMLESS = {
     "initializer_factor", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta",
     "rope_scaling", "rope_parameters", "rotary_emb_base", "rotary_pct", "partial_rotary_factor",
     "hidden_act", "hidden_activation", "activation_function", "pretraining_tp", "max_window_layers",
-    "use_sliding_window", "output_router_logits", "router_aux_loss_coef", "norm_topk_prob",
+    "use_sliding_window", "original_max_position_embeddings", "output_router_logits",
+    "router_aux_loss_coef", "norm_topk_prob",
     "router_jitter_noise", "apply_residual_connection_post_layernorm", "use_parallel_residual",
     "task_specific_params", "summary_type", "summary_use_proj", "summary_activation",
     "summary_proj_to_labels", "summary_first_dropout", "prefix", "n_ctx", "output_projection",
@@ -147,6 +148,25 @@ def _qwen2(f: Fields) -> Layout:
     """Qwen2Attention: q_proj, k_proj and v_proj with bias, o_proj without."""
     _sliding_window(f)
     return {"qkv_bias": True, "attention_out_bias": False, "mlp_bias": False}
+
+
+PHI3_IGNORED = ("embedding_dropout", "attention_bias", "mlp_bias", "lm_head_bias",
+                "full_attn_mod", "interpolate_factor")
+"""Fields of Phi-3 and Phi-4 configs that transformers' Phi3 code does not read (its
+projections are bias-free whatever they say; the last two are left from the models' own
+code)."""
+
+
+def _phi3(f: Fields) -> Layout:
+    """Phi3Attention's one bias-free `qkv_proj` (sliced into Q, K and V) and `o_proj`;
+    Phi3MLP's one `gate_up_proj`, chunked into gate and up, and `down_proj`; `resid_pdrop`
+    after attention and MLP; `embd_pdrop`, which the 5.x model does not apply. Also Phi-4
+    (`phi3` configs)."""
+    _defaults(f, intermediate_size=8192)
+    _sliding_window(f)
+    f.read.update(PHI3_IGNORED)
+    return {"qkv_bias": False, "attention_out_bias": False, "mlp_bias": False,
+            "fused_qkv": True, "fused_gate_up": True}
 
 
 def _qwen3(f: Fields) -> Layout:
@@ -360,6 +380,7 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "mixtral": ("llama", _mixtral, False),
     "qwen2_moe": ("llama", _qwen2_moe, False),
     "qwen3": ("llama", _qwen3, False),
+    "phi3": ("llama", _phi3, False),
     "qwen3_moe": ("llama", _qwen3_moe, False),
     "deepseek": ("llama", _deepseek, False),
     "deepseek_v2": ("llama", _deepseek, False),
@@ -377,7 +398,7 @@ FAMILY_READERS = {"llama": (_llama, False), "gpt": (_gpt2, True)}
 
 # ModelSpec layout fields a config may also set by name (inline models with `family:`).
 _BOOL_FIELDS = ("qkv_bias", "attention_out_bias", "mlp_bias", "gated_mlp", "fused_qkv",
-                "lm_head_bias", "embedding_norm", "final_norm", "qk_norm")
+                "lm_head_bias", "embedding_norm", "final_norm", "qk_norm", "fused_gate_up")
 _COUNT_FIELDS = ("norms_per_block", "position_offset", "word_embed_proj_dim")
 
 

@@ -48,8 +48,9 @@ class ModelSpec:
     reads them from each `model_type`'s config): `head_dim` when it is not
     hidden_size / heads (Gemma), the biases, how many norms a block has (one when attention and
     MLP read the same normalised input: GPT-J, Falcon-7B), whether the model's own code fuses
-    Q, K and V into one projection, the position scheme and OPT's two extra position rows, a
-    bias on the LM head (GPT-J), dropout after the embedding, a norm after the embedding
+    Q, K and V into one projection (and the gated MLP's gate and up: Phi-3), the position
+    scheme and OPT's two extra position rows, a bias on the LM head (GPT-J), dropout after
+    the embedding, a norm after the embedding
     (BLOOM), no final norm, OPT's embedding width, per-head norms of Q and K (Qwen3), and
     mixture-of-experts MLPs.
     """
@@ -75,6 +76,9 @@ class ModelSpec:
     mlp_bias: bool = False
     gated_mlp: bool = True
     fused_qkv: bool = False
+    fused_gate_up: bool = False
+    """The model's own code makes the gated MLP's gate and up halves with one projection
+    (Phi-3's `gate_up_proj`), as a stack may fuse them (`Recipe.fused_gate_up`)."""
     position_embedding: Positions = "rotary"
     position_offset: int = 0
     lm_head_bias: bool = False
