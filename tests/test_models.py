@@ -473,3 +473,78 @@ def test_phi3_fuses_qkv_and_gate_up_in_its_own_code():
     params = dict(parameter_modules(spec))
     assert params["layers.0.self_attn.qkv_proj"] == 3072 * (3072 + 2 * 8 * 128)
     assert params["layers.0.mlp.gate_up_proj"] == 3072 * 2 * 8192
+
+
+GEMMA2_9B = {"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42,
+             "intermediate_size": 14336, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "head_dim": 256, "vocab_size": 256000, "query_pre_attn_scalar": 256,
+             "cache_implementation": "hybrid", "hidden_activation": "gelu_pytorch_tanh"}
+GEMMA3_1B = {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,
+             "intermediate_size": 6912, "num_attention_heads": 4, "num_key_value_heads": 1,
+             "head_dim": 256, "vocab_size": 262144, "attn_logit_softcapping": None,
+             "final_logit_softcapping": None, "rope_local_base_freq": 10000,
+             "sliding_window_pattern": 6, "query_pre_attn_scalar": 256}
+
+
+def test_gemma2_norms_the_attention_and_mlp_outputs_before_each_residual_add():
+    """Gemma2DecoderLayer: four norms a block; the residual adds follow the post-norms.
+    Gemma-2-9B: 9,241,705,984 parameters as transformers 5.17 builds it (tied)."""
+    spec, unmodelled = hf(GEMMA2_9B)
+    assert not unmodelled and total_params(spec) == 9_241_705_984
+    assert spec.post_norms and spec.attention_softcap and spec.logit_softcap
+    recipe = _hf_recipe()
+    modules = {m.name.removeprefix("layers.0."): m
+               for m in build_modules(spec, Workload(sequence_length=8), recipe)
+               if m.layer == 0}
+    assert list(modules) == [
+        "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "attn.core", "self_attn.o_proj", "post_attention_layernorm",
+        "pre_feedforward_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.act_fn",
+        "mlp.down_proj", "post_feedforward_layernorm"]
+    residual = 6 * 3584 * 8
+    assert [k.nbytes for k in modules["self_attn.o_proj"].kernels[1:]] == []
+    assert [k.nbytes for k in modules["mlp.down_proj"].kernels[1:]] == []
+    for post in ("post_attention_layernorm", "post_feedforward_layernorm"):
+        assert [k.nbytes for k in modules[post].kernels] == [36 * 3584 * 8, residual]
+
+
+def test_gemma2_soft_caps_eager_scores_and_the_logits():
+    """cap * tanh(x / cap): three kernels of 12 B per element forward, 14 B backward, tanh's
+    16-bit output kept; on the scores under eager attention only, and on the logits."""
+    recipe, t = _hf_recipe(), 8
+    capped, _ = hf(GEMMA2_9B, num_hidden_layers=1)
+    plain, _ = hf(GEMMA2_9B, num_hidden_layers=1, attn_logit_softcapping=None,
+                  final_logit_softcapping=None)
+    scores, logits = 16 * t * t, 256000 * t
+    for attention, capped_scores in (("eager", scores), ("flash", 0)):
+        w = Workload(sequence_length=t, attention=attention)
+        a = {m.name: m for m in build_modules(capped, w, recipe)}
+        b = {m.name: m for m in build_modules(plain, w, recipe)}
+        core_a, core_b = a["layers.0.attn.core"], b["layers.0.attn.core"]
+        assert core_a.saved_bytes - core_b.saved_bytes == 2 * capped_scores
+        extra = [k for k in core_a.kernels if k not in core_b.kernels]
+        assert [(k.count, k.nbytes, k.backward_nbytes) for k in extra] == (
+            [(3, 12 * scores, 14 * scores)] if capped_scores else [])
+        head_a, head_b = a["lm_head"], b["lm_head"]
+        assert head_a.saved_bytes - head_b.saved_bytes == 2 * logits
+        assert [(k.count, k.nbytes) for k in head_a.kernels[1:]] == [(3, 12 * logits)]
+
+
+def test_gemma3_norms_q_and_k_after_the_three_projections():
+    """Gemma3Attention: q_proj, k_proj, v_proj, then q_norm and k_norm; no soft-capping.
+    Gemma-3-1B: 999,885,952 parameters as transformers 5.17 builds it."""
+    spec, unmodelled = hf(GEMMA3_1B)
+    assert not unmodelled and total_params(spec) == 999_885_952
+    assert not (spec.attention_softcap or spec.logit_softcap)
+    names = [m.name.removeprefix("layers.0.self_attn.")
+             for m in build_modules(spec, Workload(sequence_length=8), _hf_recipe())
+             if m.layer == 0 and ".self_attn." in m.name]
+    assert names == ["q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj"]
+
+
+def test_gemma3s_multimodal_config_and_a_bad_cap_are_refused():
+    with pytest.raises(ScenarioError, match=r"model\.model_type: expected a text model's config"):
+        hf({**GEMMA3_1B, "model_type": "gemma3"})
+    with pytest.raises(ScenarioError, match=r"model\.final_logit_softcapping: expected a "
+                                            r"positive number or null, got -30"):
+        hf(GEMMA2_9B, final_logit_softcapping=-30)

@@ -214,7 +214,8 @@ class Recipe:
     it: Megatron's `baddbmm(alpha=...)` scales both gradients in its backward); `scores`
     the attention scores (eager only, besides the two batched GEMMs); `context` the attention
     output (the layout copy before the output projection); `activation` the MLP's
-    intermediate; `residual` the hidden state (twice per block); `loss` the logits. A
+    intermediate; `residual` the hidden state (twice per block); `softcap` the scores or the
+    logits a model caps (`ModelSpec.attention_softcap`, `logit_softcap`); `loss` the logits. A
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
     reads it off the code (in its `backward_kernels`), else `backward_bytes_factor` times its
     forward bytes, in as many kernels. `score_memory` is what eager attention keeps per
@@ -245,6 +246,7 @@ class Recipe:
     context: Elementwise = Elementwise()
     activation: Elementwise = Elementwise(1, 6)
     residual: Elementwise = Elementwise()
+    softcap: Elementwise = Elementwise()
     loss: Elementwise = Elementwise(1, 10)
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
@@ -430,9 +432,10 @@ def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: 
 
 
 def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Recipe, *,
-          rows_per_token: int = 1) -> Module:
+          rows_per_token: int = 1, after: tuple[MemoryPass, ...] = ()) -> Module:
     """A norm over rows of `h` elements, `rows_per_token` of them per token (a per-head norm
-    of Q or K normalises each head's row of `head_dim`)."""
+    of Q or K normalises each head's row of `head_dim`), then the kernels `after` it (a
+    residual add after a post-norm)."""
     numels = (h, h) if bias else (h,)
     rows = rows_per_token * w.tokens
     elements = h * rows
@@ -441,7 +444,7 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
     module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
                     param_numels=numels)
-    return _with_backward(module, elementwise_pass(r.norm, elements, w, flops), r)
+    return _with_backward(module, (*elementwise_pass(r.norm, elements, w, flops), *after), r)
 
 
 def kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:
@@ -495,8 +498,19 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
     operands = elementwise_pass(r.score_operands, t * (q + kv_width(spec, w, r)), w)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
+    capped = elementwise_pass(r.softcap, a * s * t, w) if spec.attention_softcap else ()
     softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
-    return (*before, *query, *key, scores, *operands, *softmax, *value, mix, *context)
+    return (*before, *query, *key, scores, *operands, *capped, *softmax, *value, mix,
+            *context)
+
+
+SOFTCAP_SAVED_ELEMENTS = 1
+"""Per capped element, 16-bit tensors `cap * tanh(x / cap)` keeps for its backward: tanh's
+output (the division and the product by a number keep nothing)."""
+
+
+def _softcap_saved(capped: bool, elements: float, w: Workload) -> float:
+    return SOFTCAP_SAVED_ELEMENTS * w.dtype_bytes * elements if capped else 0.0
 
 
 def _matmul_inputs(spec: ModelSpec, w: Workload, r: Recipe
@@ -561,7 +575,8 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     if w.attention == "eager":
         scores = a * s * t
         memory, scale = _score_memory(spec, w, r), w.dtype_bytes / 2 * scores
-        saved = qkv_saved + memory.saved * scale
+        saved = qkv_saved + memory.saved * scale + _softcap_saved(spec.attention_softcap,
+                                                                  scores, w)
         if dropout:
             saved += MASK_BYTES * scores + w.dtype_bytes * scores
         per_score = {"transient_bytes": memory.forward_workspace * scale,
@@ -618,6 +633,10 @@ class _Names:
     out: str
 
 
+POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
+PRE_FEEDFORWARD_NORM = "pre_feedforward_layernorm"
+"""Gemma-2's names for its norms on the attention's and the MLP's outputs and before the MLP
+(`ModelSpec.post_norms`)."""
 NAMES = {"llama": _Names("input_layernorm", "post_attention_layernorm", "self_attn", "o_proj"),
          "gpt": _Names("ln_1", "ln_2", "attn", "out_proj")}
 
@@ -630,6 +649,7 @@ def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload, r: 
     h, q, hkv, bias = spec.hidden_size, spec.q_size, spec.kv_hidden_size, spec.qkv_bias
     attention = f"{p}.{NAMES[spec.family].attention}"
     layout = qkv_layout(spec, r)
+    each = spec.qk_norm == "per_projection"
     if layout == "fused":
         yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r,
                       sums_input_gradient=input_shared_later)
@@ -637,23 +657,29 @@ def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload, r: 
         return
     yield _linear(f"{attention}.q_proj", layer, h, q, bias, w, True, r,
                   sums_input_gradient=True)
-    yield from _qk_norms(spec, attention, layer, w, r, "q")
+    if each:
+        yield from _qk_norms(spec, attention, layer, w, r, "q")
     if layout == "q_kv":
         yield _linear(f"{attention}.kv_proj", layer, h, 2 * hkv, bias, w, False, r,
                       sums_input_gradient=input_shared_later)
+    else:
+        yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r,
+                      sums_input_gradient=True)
+        if each:
+            yield from _qk_norms(spec, attention, layer, w, r, "k")
+        yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r,
+                      sums_input_gradient=input_shared_later)
+    if each and layout == "q_kv":
         yield from _qk_norms(spec, attention, layer, w, r, "k")
-        return
-    yield _linear(f"{attention}.k_proj", layer, h, hkv, bias, w, False, r,
-                  sums_input_gradient=True)
-    yield from _qk_norms(spec, attention, layer, w, r, "k")
-    yield _linear(f"{attention}.v_proj", layer, h, hkv, bias, w, False, r,
-                  sums_input_gradient=input_shared_later)
+    elif not each:
+        yield from _qk_norms(spec, attention, layer, w, r, "q", "k")
 
 
 def _qk_norms(spec: ModelSpec, attention: str, layer: int, w: Workload, r: Recipe,
               *which: str) -> Iterator[Module]:
-    """Qwen3's `q_norm` and `k_norm` (`ModelSpec.qk_norm`): the stack's norm over each head's
-    row of Q or K, right after the projection that makes it (`q_norm(q_proj(x).view(...))`)."""
+    """`q_norm` and `k_norm` (`ModelSpec.qk_norm`): the stack's norm over each head's row of
+    Q or K, after the projection that makes it (Qwen3: `q_norm(q_proj(x).view(...))`) or
+    after all three projections (Gemma-3)."""
     if not spec.qk_norm:
         return
     heads = {"q": spec.num_attention_heads, "k": spec.num_key_value_heads}
@@ -815,23 +841,29 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     p = f"layers.{layer}"
     norm_bias = spec.norm == "layer"
     residual = elementwise_pass(r.residual, h * w.tokens, w)
+    before_post_norm = () if spec.post_norms else residual
     yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
     yield from _attention_projections(spec, p, layer, w, r,
                                       input_shared_later=spec.norms_per_block == 1)
     yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
     yield _linear(f"{p}.{names.attention}.{names.out}", layer, spec.q_size, h,
-                  spec.attention_out_bias, w, True, r, after=residual)
+                  spec.attention_out_bias, w, True, r, after=before_post_norm)
+    if spec.post_norms:
+        yield _norm(f"{p}.{POST_NORMS[0]}", layer, h, norm_bias, w, r, after=residual)
     if spec.hidden_dropout > 0:
         yield _dropout_mask(f"{p}.attn.resid_dropout", layer, h, w, r)
     if spec.norms_per_block == 2:
-        yield _norm(f"{p}.{names.second_norm}", layer, h, norm_bias, w, r)
+        second = PRE_FEEDFORWARD_NORM if spec.post_norms else names.second_norm
+        yield _norm(f"{p}.{second}", layer, h, norm_bias, w, r)
     if spec.is_moe_layer(layer):
-        mlp = list(_moe_mlp(spec, f"{p}.mlp", layer, w, r, residual))
+        mlp = list(_moe_mlp(spec, f"{p}.mlp", layer, w, r, before_post_norm))
     else:
         mlp = list(_dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
-                              saves_input=spec.norms_per_block == 2, after=residual))
+                              saves_input=spec.norms_per_block == 2, after=before_post_norm))
     mlp[0] = replace(mlp[0], host_syncs=r.syncs_before_mlp)
     yield from mlp
+    if spec.post_norms:
+        yield _norm(f"{p}.{POST_NORMS[1]}", layer, h, norm_bias, w, r, after=residual)
     if spec.hidden_dropout > 0:
         yield _dropout_mask(f"{p}.mlp.dropout", layer, h, w, r)
 
@@ -869,6 +901,10 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
         bias = head.param_numels[1:]
         head = replace(head, params=sum(bias), param_numels=bias)
     logits = v * t
+    if spec.logit_softcap:
+        head = _with_backward(replace(head, saved_bytes=head.saved_bytes
+                                      + _softcap_saved(True, logits, w)),
+                              (*head.kernels, *elementwise_pass(r.softcap, logits, w)), r)
     # The head's backward reads the logits' gradient, which the loss's backward made.
     yield replace(head, external=r.external_output_weight and head.params > 0,
                   backward_transient_bytes=head.backward_transient_bytes

@@ -23,7 +23,7 @@ from typing import Any, get_args
 
 from zerosim.errors import ScenarioError, ScenarioWarning, clip
 from zerosim.inputs import check_plausible, parse_json, read_input_text
-from zerosim.models.spec import GPT_LAYOUT, ModelSpec, MoESpec, Norm, Positions
+from zerosim.models.spec import GPT_LAYOUT, ModelSpec, MoESpec, Norm, Positions, QKNorm
 
 
 class ModelFieldWarning(ScenarioWarning):
@@ -64,7 +64,8 @@ HARMLESS = {
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
     "id2label", "label2id", "is_decoder", "tokenizer_class", "classifier_dropout",
     "attention_softmax_in_fp32", "scale_attention_softmax_in_fp32", "slow_but_exact",
-    "rope_interleaved", "attn_implementation", "_attn_implementation",
+    "rope_interleaved", "attn_implementation", "_attn_implementation", "cache_implementation",
+    "sliding_window_size",
     "family", "name", "base",
 }
 
@@ -169,6 +170,57 @@ def _phi3(f: Fields) -> Layout:
             "fused_qkv": True, "fused_gate_up": True}
 
 
+def _gemma2(f: Fields) -> Layout:
+    """Gemma2DecoderLayer: input_layernorm, the attention (q/k/v/o biased iff
+    `attention_bias`), post_attention_layernorm on its output, the residual add,
+    pre_feedforward_layernorm, the gated MLP, post_feedforward_layernorm, the residual add;
+    eager attention's scores capped (`attn_logit_softcapping`, default 50) and the logits
+    (`final_logit_softcapping`, default 30). Defaults: head_dim 256, tied; every other layer
+    attends within a sliding window."""
+    _defaults(f, head_dim=256, intermediate_size=9216, max_position_embeddings=8192)
+    return _gemma_layout(f, attention_cap=50.0, logit_cap=30.0)
+
+
+def _gemma3_text(f: Fields) -> Layout:
+    """Gemma3TextModel (Gemma-3 1B, and the text model of the larger ones): Gemma-2's block
+    with a per-head RMSNorm of Q and of K after the three projections (`q_norm`, `k_norm`),
+    no soft-capping unless the config sets it; five of every six layers slide."""
+    _defaults(f, head_dim=256, intermediate_size=9216, max_position_embeddings=131072)
+    f.read.update({"rope_local_base_freq", "sliding_window_pattern"})
+    return {**_gemma_layout(f, attention_cap=None, logit_cap=None),
+            "qk_norm": "after_projections"}
+
+
+def _gemma3(f: Fields) -> Layout:
+    """Gemma-3's multimodal configuration (a vision tower beside `text_config`): refused."""
+    raise f.error("model_type", "a text model's config: zerosim does not model Gemma-3's vision "
+                  "tower; give its text_config's fields with model_type gemma3_text", "gemma3")
+
+
+def _gemma_layout(f: Fields, *, attention_cap: float | None, logit_cap: float | None
+                  ) -> Layout:
+    _sliding_window(f)
+    f.read.add("query_pre_attn_scalar")
+    if not f.data.get("use_bidirectional_attention"):
+        f.read.add("use_bidirectional_attention")
+    bias = f.flag("attention_bias", False)
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "post_norms": True,
+            "attention_softcap": _softcap(f, "attn_logit_softcapping", attention_cap),
+            "logit_softcap": _softcap(f, "final_logit_softcapping", logit_cap)}
+
+
+def _softcap(f: Fields, key: str, default: float | None) -> bool:
+    """Whether a soft-capping value is set: an absent key takes the configuration class's
+    default, null turns it off."""
+    f.read.add(key)
+    value = f.data.get(key, default)
+    if value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise f.error(key, "a positive number or null", value)
+    return True
+
+
 def _qwen3(f: Fields) -> Layout:
     """Qwen3Attention: q/k/v/o_proj biased iff `attention_bias` (default false), then an
     RMSNorm over each head of Q (`q_norm`) and of K (`k_norm`); LlamaMLP's bias-free MLP.
@@ -176,7 +228,8 @@ def _qwen3(f: Fields) -> Layout:
     _defaults(f, head_dim=128, intermediate_size=22016, max_position_embeddings=32768)
     _sliding_window(f, enabled_by_default=False)
     bias = f.flag("attention_bias", False)
-    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "qk_norm": True}
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
+            "qk_norm": "per_projection"}
 
 
 def _qwen3_moe(f: Fields) -> Layout:
@@ -188,7 +241,8 @@ def _qwen3_moe(f: Fields) -> Layout:
     _sliding_window(f, enabled_by_default=False)
     bias = f.flag("attention_bias", False)
     experts, sparse = _qwen_sparse_layers(f, 128)
-    layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "qk_norm": True}
+    layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
+              "qk_norm": "per_projection"}
     if sparse:
         layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 8),
                                 f.count("moe_intermediate_size", 768), sparse)
@@ -377,6 +431,9 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "internlm2": ("llama", _llama, False),
     "qwen2": ("llama", _qwen2, False),
     "gemma": ("llama", _llama, True),
+    "gemma2": ("llama", _gemma2, True),
+    "gemma3_text": ("llama", _gemma3_text, True),
+    "gemma3": ("llama", _gemma3, True),
     "mixtral": ("llama", _mixtral, False),
     "qwen2_moe": ("llama", _qwen2_moe, False),
     "qwen3": ("llama", _qwen3, False),
@@ -398,7 +455,8 @@ FAMILY_READERS = {"llama": (_llama, False), "gpt": (_gpt2, True)}
 
 # ModelSpec layout fields a config may also set by name (inline models with `family:`).
 _BOOL_FIELDS = ("qkv_bias", "attention_out_bias", "mlp_bias", "gated_mlp", "fused_qkv",
-                "lm_head_bias", "embedding_norm", "final_norm", "qk_norm", "fused_gate_up")
+                "lm_head_bias", "embedding_norm", "final_norm", "fused_gate_up", "post_norms",
+                "attention_softcap", "logit_softcap")
 _COUNT_FIELDS = ("norms_per_block", "position_offset", "word_embed_proj_dim")
 
 
@@ -428,6 +486,8 @@ def _native(f: Fields) -> Layout:
         layout["embedding_dropout"] = f.fraction("embedding_dropout")
     if f.data.get("norm") is not None:
         layout["norm"] = f.choice("norm", "rms", get_args(Norm))
+    if f.data.get("qk_norm") is not None:
+        layout["qk_norm"] = f.choice("qk_norm", "", get_args(QKNorm))
     if f.data.get("position_embedding") is not None:
         layout["position_embedding"] = f.choice("position_embedding", "rotary",
                                                 get_args(Positions))

@@ -8,6 +8,7 @@ from typing import Any, Literal
 Family = Literal["llama", "gpt"]
 Norm = Literal["rms", "layer"]
 Positions = Literal["rotary", "learned", "alibi"]
+QKNorm = Literal["", "per_projection", "after_projections"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ class ModelSpec:
     Q, K and V into one projection (and the gated MLP's gate and up: Phi-3), the position
     scheme and OPT's two extra position rows, a bias on the LM head (GPT-J), dropout after
     the embedding, a norm after the embedding
-    (BLOOM), no final norm, OPT's embedding width, per-head norms of Q and K (Qwen3), and
+    (BLOOM), no final norm, OPT's embedding width, norms after attention and MLP and capped
+    scores and logits (Gemma-2), per-head norms of Q and K (Qwen3, Gemma-3), and
     mixture-of-experts MLPs.
     """
 
@@ -91,9 +93,19 @@ class ModelSpec:
     """The ungated MLP's activation function as the model's config names it (transformers'
     `ACT2FN` keys: `gelu`, `gelu_new`, `relu`, ...; `bloom_gelu` for BLOOM's own); "" when
     the config does not say. The stack prices it (`Recipe.ungated_activations`)."""
-    qk_norm: bool = False
-    """An RMSNorm over each head's Q and each head's K after their projections (Qwen3's
-    `q_norm` and `k_norm`: two modules of `head_dim` weights in every block)."""
+    post_norms: bool = False
+    """A norm on the attention's output and one on the MLP's, each before its residual add,
+    besides the norms before them (Gemma-2's `post_attention_layernorm` and
+    `post_feedforward_layernorm`; its norm before the MLP is `pre_feedforward_layernorm`)."""
+    attention_softcap: bool = False
+    """Eager attention's scores capped as `cap * tanh(scores / cap)` before the mask (Gemma-2's
+    `attn_logit_softcapping`)."""
+    logit_softcap: bool = False
+    """The LM head's logits capped the same way before the loss (`final_logit_softcapping`)."""
+    qk_norm: QKNorm = ""
+    """An RMSNorm over each head's Q and each head's K (`q_norm`, `k_norm`: two modules of
+    `head_dim` weights in every block): right after each one's projection (`per_projection`,
+    Qwen3) or after the Q, K and V projections all (`after_projections`, Gemma-3); "" none."""
     moe: MoESpec | None = field(default=None)
 
     def __post_init__(self) -> None:
