@@ -158,3 +158,20 @@ def test_check_cuts_the_model_as_the_scenarios_stack_does():
                                          ["layers.*.mlp.experts", "experts", "48"]]
     per_expert = invoke("check", DP1, *hf, "--set", "stack.modules.experts.value=per_expert")
     assert "layers.*.mlp.experts.*.down_proj" in per_expert.output
+
+
+def test_estimate_takes_the_largest_module_as_the_framework_cuts_it():
+    """DeepSpeed's `_all_live` estimate reads the largest module of the model as built: under
+    transformers 5 a Qwen3-30B-A3B block's 128 experts are one module of 603,979,776
+    parameters; as a module list its largest is the embedding (311,164,928)."""
+    config = str(ROOT / "tests" / "data" / "real_configs" / "models" / "Qwen3-30B-A3B"
+                 / "config.json")
+    listed = json.loads(invoke("estimate", "--hf-config", config, "--json").output)
+    fused = json.loads(invoke("estimate", "--hf-config", config, "--json",
+                              "--framework", "hf-transformers").output)
+    assert listed["largest_layer_params"] == 311_164_928
+    assert fused["largest_layer_params"] == 603_979_776
+    assert fused["model"]["largest_module_params"] == 603_979_776
+    refused = invoke("estimate", "--hf-config", config, "--framework", "keras")
+    assert refused.exit_code == 2 and "--framework: expected one of hf-transformers" in (
+        refused.output)

@@ -141,6 +141,15 @@ def _model_summary(spec, sequence_length: int, recipe=None):
     return summarize(spec, sequence_length, recipe)
 
 
+def _stack_recipe(name: str):
+    """The module cut of the built-in stack `name` (`--framework`)."""
+    from zerosim.stacks import load_stack, stack_names
+
+    if name not in stack_names():
+        raise ScenarioError(None, "--framework", f"one of {', '.join(stack_names())}", name)
+    return load_stack(name).recipe
+
+
 def _hf_spec(path: Path, key_path: str):
     """A model from a config.json, showing its warnings on stderr."""
     from zerosim.models import spec_from_hf_file
@@ -447,10 +456,13 @@ def calibrate(data: tuple[Path, ...], params: tuple[str, ...], only: tuple[str, 
               help="ZeRO-2 without offload changed formula in DeepSpeed 0.14.3.  "
                    "[default: 0.13.3]")
 @click.option("--sequence-length", type=click.IntRange(min=1), help=SEQUENCE_HELP)
+@click.option("--framework", help="A software stack (runtime.framework) to cut the model into "
+              "modules as it does, for the largest module (transformers 5 holds a block's "
+              "experts in one); a scenario has its own.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
 def estimate(total_params, largest_layer_params, model_name, hf_config, scenario_path,
              gpus_per_node, nodes, stage, buffer_factor, deepspeed_version, sequence_length,
-             as_json) -> None:
+             framework, as_json) -> None:
     """Memory needed for model states, as DeepSpeed's estimate_zero*_model_states_mem_needs;
     with --model, --hf-config or --scenario also the model's parameters, per-module breakdown
     and FLOPs per token."""
@@ -467,10 +479,14 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
                if given is not None]
     if len(sources) != 1:
         raise click.UsageError("give one of --model, --hf-config, --scenario or --total-params")
-    spec, defaults = None, (3, 1, 1, "0.13.3", DEFAULT_SEQUENCE)
+    spec, defaults, recipe = None, (3, 1, 1, "0.13.3", DEFAULT_SEQUENCE), None
+    if framework is not None and (scenario_path is not None or total_params is not None):
+        raise click.UsageError("--framework goes with --model or --hf-config")
+    if framework is not None:
+        recipe = _stack_recipe(framework)
     if scenario_path is not None:
         loaded = _load(scenario_path, ())
-        spec = loaded.model
+        spec, recipe = loaded.model, loaded.stack.recipe
         defaults = (*cluster_of(loaded), format_version(loaded.runtime.deepspeed_version),
                     loaded.sequence_length)
     elif hf_config is not None:
@@ -491,14 +507,15 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
             raise click.UsageError("--largest-layer-params goes with --total-params")
         result = estimate_for_spec(spec, stage=int(stage), num_gpus_per_node=gpus_per_node,
                                    num_nodes=nodes, additional_buffer_factor=buffer_factor,
-                                   zero2_rule=rule)
+                                   zero2_rule=rule, recipe=recipe)
     else:
         result = estimate_model_states(
             stage=int(stage), total_params=total_params,
             largest_layer_params=largest_layer_params,
             num_gpus_per_node=gpus_per_node, num_nodes=nodes,
             additional_buffer_factor=buffer_factor, zero2_rule=rule)
-    summary = None if spec is None or model_name else _model_summary(spec, sequence_length)
+    summary = (None if spec is None or model_name
+               else _model_summary(spec, sequence_length, recipe))
     if as_json:
         _print_json({**result.to_dict(), **({"model": summary.to_dict()} if summary else {})})
     else:

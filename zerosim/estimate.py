@@ -44,6 +44,7 @@ from typing import Any, Literal
 from zerosim import models
 from zerosim.behaviours import resolve_behaviours
 from zerosim.errors import ScenarioError
+from zerosim.models.breakdown import Recipe
 from zerosim.units import GiB
 
 # --- Units of DeepSpeed's printout -----------------------------------------------------------
@@ -419,12 +420,15 @@ def estimate_model_states(*, stage: int, total_params: int, largest_layer_params
 def estimate_for_spec(spec: models.ModelSpec, *, stage: int, num_gpus_per_node: int = 1,
                       num_nodes: int = 1,
                       additional_buffer_factor: float = DEFAULT_BUFFER_FACTOR,
-                      zero2_rule: Zero2Rule = "current") -> Estimate:
+                      zero2_rule: Zero2Rule = "current", recipe: Recipe | None = None
+                      ) -> Estimate:
     """`estimate_model_states` with the counts of a model (DeepSpeed's `_all_live`: every
-    parameter, experts included, and the most any one module owns)."""
+    parameter, experts included, and the most any one module owns, the modules cut as
+    `recipe`, a stack's, cuts them)."""
     return estimate_model_states(
         stage=stage, total_params=models.total_params(spec),
-        largest_layer_params=models.largest_layer_params(spec), num_gpus_per_node=num_gpus_per_node,
+        largest_layer_params=models.largest_layer_params(spec, recipe),
+        num_gpus_per_node=num_gpus_per_node,
         num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
         zero2_rule=zero2_rule)
 

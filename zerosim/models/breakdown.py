@@ -938,16 +938,19 @@ def build_modules(spec: ModelSpec, workload: Workload, recipe: Recipe = Recipe()
     return modules
 
 
-def parameter_modules(spec: ModelSpec) -> list[tuple[str, int]]:
-    """(name, directly-owned parameter count) for every module that owns parameters."""
+def parameter_modules(spec: ModelSpec, recipe: Recipe | None = None) -> list[tuple[str, int]]:
+    """(name, directly-owned parameter count) for every module that owns parameters, cut as
+    `recipe` (a stack's) cuts the model; without one, as the model's code is read."""
     probe = Workload(sequence_length=1)
-    return [(m.name, m.params) for m in build_modules(spec, probe) if m.params > 0]
+    modules = build_modules(spec, probe) if recipe is None else build_modules(spec, probe, recipe)
+    return [(m.name, m.params) for m in modules if m.params > 0]
 
 
 def total_params(spec: ModelSpec) -> int:
     return sum(p for _, p in parameter_modules(spec))
 
 
-def largest_layer_params(spec: ModelSpec) -> int:
-    """Largest parameter count owned directly by one module (DeepSpeed's `_all_live` rule)."""
-    return max(p for _, p in parameter_modules(spec))
+def largest_layer_params(spec: ModelSpec, recipe: Recipe | None = None) -> int:
+    """Largest parameter count owned directly by one module (DeepSpeed's `_all_live` rule), as
+    `recipe` cuts the model (transformers 5 holds a block's experts in one module)."""
+    return max(p for _, p in parameter_modules(spec, recipe))
