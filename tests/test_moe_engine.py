@@ -73,3 +73,21 @@ def test_fused_experts_are_gathered_at_once_per_layer(toy):
     assert experts == {"layers.0.mlp.experts": 4 * 3 * 64 * 128,
                        "layers.1.mlp.experts": 4 * 3 * 64 * 128}
     assert sum(p.numel for p in plan_of(scenario).all_params) == total_params(scenario.model)
+
+
+def test_transformers_5s_experts_module_spares_the_host_thousands_of_hooks():
+    """The shipped Qwen3-30B-A3B scenario (4 of its layers): one fetch of a layer's 128 experts
+    (transformers 5) against 384 hooked projections a layer (transformers 4); the forward is
+    host-bound in the second, so it takes many times longer."""
+    from pathlib import Path
+
+    from zerosim.api import simulate_summary
+    from zerosim.scenario import load_scenario
+
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "qwen3_moe_dgx_h100.yaml"
+    layers = "model.num_hidden_layers=4"
+    fused = simulate_summary(load_scenario(path, [layers]))
+    listed = simulate_summary(load_scenario(path, [layers,
+                                                   "stack.modules.experts.value=per_expert"]))
+    assert fused["status"] == listed["status"] == "ok"
+    assert listed["phases_s"]["forward"] > 20 * fused["phases_s"]["forward"]
