@@ -548,3 +548,20 @@ def test_gemma3s_multimodal_config_and_a_bad_cap_are_refused():
     with pytest.raises(ScenarioError, match=r"model\.final_logit_softcapping: expected a "
                                             r"positive number or null, got -30"):
         hf(GEMMA2_9B, final_logit_softcapping=-30)
+
+
+def test_an_expert_list_waits_for_the_gpu_before_each_expert():
+    """transformers 4's `torch.where(expert_mask[expert_idx])` (and DeepSeek-MoE's boolean
+    index) copies the expert's row count to the host: one synchronisation before each expert;
+    transformers 5's grouped path makes none."""
+    spec, _ = hf(QWEN3_MOE_TINY)
+    from dataclasses import replace
+
+    listed = [m for m in build_modules(spec, Workload(sequence_length=8),
+                                       replace(_hf_recipe(), fused_experts=False))
+              if m.layer == 1 and ".mlp." in m.name]
+    assert [(m.name.removeprefix("layers.1.mlp."), m.host_syncs) for m in listed
+            if m.host_syncs] == [(f"experts.{e}.gate_proj", 1) for e in range(4)]
+    fused = [m for m in build_modules(spec, Workload(sequence_length=8), _hf_recipe())
+             if m.layer == 1]
+    assert not any(m.host_syncs for m in fused)

@@ -753,6 +753,15 @@ def _router(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -> Modu
     return replace(router, saved_bytes=router.saved_bytes + FP32_BYTES * logits)
 
 
+EXPERT_SELECTION_SYNCS = 1
+"""Host synchronisations before each expert of a module list: transformers 4's loop selects
+the expert's rows with `idx, top_x = torch.where(expert_mask[expert_idx])`
+(MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock) and DeepSeek-MoE's with
+`hidden_states[flat_topk_idx == i]`, a data-dependent nonzero whose count PyTorch copies to the
+host, which waits for the GPU's queue. Transformers 5's grouped path sorts and counts on the
+GPU (`torch.sort`, `histc`, `cumsum`) without one."""
+
+
 def _expert_list(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
                  residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
     """Every expert's MLP modules in order, the block's residual after the last one."""
@@ -766,6 +775,7 @@ def _expert_list(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
                                   after=(combine, *(residual if last else ())), tokens=routed))
         down = modules[-1]
         modules[-1] = replace(down, saved_bytes=down.saved_bytes + w.dtype_bytes * routed * h)
+        modules[0] = replace(modules[0], host_syncs=EXPERT_SELECTION_SYNCS)
         yield from modules
 
 
