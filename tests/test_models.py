@@ -565,3 +565,30 @@ def test_an_expert_list_waits_for_the_gpu_before_each_expert():
     fused = [m for m in build_modules(spec, Workload(sequence_length=8), _hf_recipe())
              if m.layer == 1]
     assert not any(m.host_syncs for m in fused)
+
+
+OLMO2_7B = {"model_type": "olmo2", "hidden_size": 4096, "num_hidden_layers": 32,
+            "intermediate_size": 11008, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 100352, "rope_theta": 500000}
+
+
+def test_olmo2_norms_outputs_only_and_q_and_k_over_their_whole_width():
+    """Olmo2DecoderLayer: no norm before the attention or the MLP, one on each's output before
+    its residual add; q_norm(q_proj(x)) over the projection's whole output (one row per
+    token). OLMo-2-7B: 7,298,617,344 parameters as transformers 5.17 builds it."""
+    spec, unmodelled = hf(OLMO2_7B)
+    assert not unmodelled and total_params(spec) == 7_298_617_344
+    modules = {m.name.removeprefix("layers.0."): m
+               for m in build_modules(spec, Workload(sequence_length=8), _hf_recipe())
+               if m.layer == 0}
+    assert list(modules) == [
+        "self_attn.q_proj", "self_attn.q_norm", "self_attn.k_proj", "self_attn.k_norm",
+        "self_attn.v_proj", "attn.core", "self_attn.o_proj", "post_attention_layernorm",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.act_fn", "mlp.down_proj",
+        "post_feedforward_layernorm"]
+    assert modules["self_attn.q_norm"].params == 4096
+    assert modules["self_attn.q_norm"].saved_bytes == 6 * 4096 * 8 + 4 * 8
+    assert modules["mlp.gate_proj"].saved_bytes == 2 * 4096 * 8
+    _, unmodelled = hf({**OLMO2_7B, "model_type": "olmo3"}, num_hidden_layers=2,
+                       sliding_window=4096, layer_types=["sliding_attention", "full_attention"])
+    assert len(unmodelled) == 1 and "layers [0] use a sliding window" in unmodelled[0]

@@ -649,7 +649,7 @@ def _attention_projections(spec: ModelSpec, p: str, layer: int, w: Workload, r: 
     h, q, hkv, bias = spec.hidden_size, spec.q_size, spec.kv_hidden_size, spec.qkv_bias
     attention = f"{p}.{NAMES[spec.family].attention}"
     layout = qkv_layout(spec, r)
-    each = spec.qk_norm == "per_projection"
+    each = spec.qk_norm in ("per_head", "full_width")
     if layout == "fused":
         yield _linear(f"{attention}.qkv_proj", layer, h, q + 2 * hkv, bias, w, True, r,
                       sums_input_gradient=input_shared_later)
@@ -679,13 +679,17 @@ def _qk_norms(spec: ModelSpec, attention: str, layer: int, w: Workload, r: Recip
               *which: str) -> Iterator[Module]:
     """`q_norm` and `k_norm` (`ModelSpec.qk_norm`): the stack's norm over each head's row of
     Q or K, after the projection that makes it (Qwen3: `q_norm(q_proj(x).view(...))`) or
-    after all three projections (Gemma-3)."""
+    after all three projections (Gemma-3), or over the projection's whole output (OLMo-2)."""
     if not spec.qk_norm:
         return
     heads = {"q": spec.num_attention_heads, "k": spec.num_key_value_heads}
     for name in which:
-        yield _norm(f"{attention}.{name}_norm", layer, spec.head_dim, False, w, r,
-                    rows_per_token=heads[name])
+        if spec.qk_norm == "full_width":
+            yield _norm(f"{attention}.{name}_norm", layer, heads[name] * spec.head_dim, False,
+                        w, r)
+        else:
+            yield _norm(f"{attention}.{name}_norm", layer, spec.head_dim, False, w, r,
+                        rows_per_token=heads[name])
 
 
 def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: Recipe, *,
@@ -852,7 +856,8 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     norm_bias = spec.norm == "layer"
     residual = elementwise_pass(r.residual, h * w.tokens, w)
     before_post_norm = () if spec.post_norms else residual
-    yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
+    if spec.norms_per_block:
+        yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
     yield from _attention_projections(spec, p, layer, w, r,
                                       input_shared_later=spec.norms_per_block == 1)
     yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
@@ -869,7 +874,7 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
         mlp = list(_moe_mlp(spec, f"{p}.mlp", layer, w, r, before_post_norm))
     else:
         mlp = list(_dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
-                              saves_input=spec.norms_per_block == 2, after=before_post_norm))
+                              saves_input=spec.norms_per_block != 1, after=before_post_norm))
     mlp[0] = replace(mlp[0], host_syncs=r.syncs_before_mlp)
     yield from mlp
     if spec.post_norms:

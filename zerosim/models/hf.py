@@ -188,7 +188,7 @@ def _gemma3_text(f: Fields) -> Layout:
     _defaults(f, head_dim=256, intermediate_size=9216, max_position_embeddings=131072)
     f.read.update({"rope_local_base_freq", "sliding_window_pattern"})
     return {**_gemma_layout(f, attention_cap=None, logit_cap=None),
-            "qk_norm": "after_projections"}
+            "qk_norm": "per_head_after_qkv"}
 
 
 def _gemma3(f: Fields) -> Layout:
@@ -221,6 +221,18 @@ def _softcap(f: Fields, key: str, default: float | None) -> bool:
     return True
 
 
+def _olmo2(f: Fields) -> Layout:
+    """Olmo2DecoderLayer: no norm before the attention or the MLP; the attention (q/k/v/o
+    biased iff `attention_bias`), post_attention_layernorm on its output, the residual add,
+    the MLP, post_feedforward_layernorm, the residual add; an RMSNorm over Q's and over K's
+    whole projection output (`q_norm`, `k_norm`). OLMo-3 (`olmo3`) adds sliding layers."""
+    _defaults(f, intermediate_size=11008, max_position_embeddings=2048)
+    _sliding_window(f)
+    bias = f.flag("attention_bias", False)
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
+            "norms_per_block": 0, "post_norms": True, "qk_norm": "full_width"}
+
+
 def _qwen3(f: Fields) -> Layout:
     """Qwen3Attention: q/k/v/o_proj biased iff `attention_bias` (default false), then an
     RMSNorm over each head of Q (`q_norm`) and of K (`k_norm`); LlamaMLP's bias-free MLP.
@@ -229,7 +241,7 @@ def _qwen3(f: Fields) -> Layout:
     _sliding_window(f, enabled_by_default=False)
     bias = f.flag("attention_bias", False)
     return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
-            "qk_norm": "per_projection"}
+            "qk_norm": "per_head"}
 
 
 def _qwen3_moe(f: Fields) -> Layout:
@@ -242,7 +254,7 @@ def _qwen3_moe(f: Fields) -> Layout:
     bias = f.flag("attention_bias", False)
     experts, sparse = _qwen_sparse_layers(f, 128)
     layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
-              "qk_norm": "per_projection"}
+              "qk_norm": "per_head"}
     if sparse:
         layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 8),
                                 f.count("moe_intermediate_size", 768), sparse)
@@ -438,6 +450,8 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "qwen2_moe": ("llama", _qwen2_moe, False),
     "qwen3": ("llama", _qwen3, False),
     "phi3": ("llama", _phi3, False),
+    "olmo2": ("llama", _olmo2, False),
+    "olmo3": ("llama", _olmo2, False),
     "qwen3_moe": ("llama", _qwen3_moe, False),
     "deepseek": ("llama", _deepseek, False),
     "deepseek_v2": ("llama", _deepseek, False),

@@ -8,7 +8,7 @@ from typing import Any, Literal
 Family = Literal["llama", "gpt"]
 Norm = Literal["rms", "layer"]
 Positions = Literal["rotary", "learned", "alibi"]
-QKNorm = Literal["", "per_projection", "after_projections"]
+QKNorm = Literal["", "per_head", "per_head_after_qkv", "full_width"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,8 @@ class ModelSpec:
     """Width of one attention head; 0 means hidden_size // num_attention_heads."""
     norm: Norm = "rms"
     norms_per_block: int = 2
+    """Norms before the attention and the MLP: 2, one each; 1, one both read (GPT-J,
+    Falcon-7B); 0, none (OLMo-2, whose norms are on their outputs: `post_norms`)."""
     qkv_bias: bool = False
     attention_out_bias: bool = False
     mlp_bias: bool = False
@@ -103,9 +105,10 @@ class ModelSpec:
     logit_softcap: bool = False
     """The LM head's logits capped the same way before the loss (`final_logit_softcapping`)."""
     qk_norm: QKNorm = ""
-    """An RMSNorm over each head's Q and each head's K (`q_norm`, `k_norm`: two modules of
-    `head_dim` weights in every block): right after each one's projection (`per_projection`,
-    Qwen3) or after the Q, K and V projections all (`after_projections`, Gemma-3); "" none."""
+    """An RMSNorm of Q and one of K in every block (`q_norm`, `k_norm`): over each head, with
+    `head_dim` weights, right after each one's projection (`per_head`, Qwen3) or after the Q,
+    K and V projections all (`per_head_after_qkv`, Gemma-3); over the projection's whole
+    output, with as many weights, right after it (`full_width`, OLMo-2); "" none."""
     moe: MoESpec | None = field(default=None)
 
     def __post_init__(self) -> None:
