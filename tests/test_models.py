@@ -15,7 +15,7 @@ from zerosim.models import (
     spec_from_hf_fields,
     total_params,
 )
-from zerosim.models.kernels import Gemm, kernel_count
+from zerosim.models.kernels import FusedAttention, Gemm, kernel_count
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -207,10 +207,12 @@ def test_a_field_zerosim_does_not_model_is_warned_about_by_name():
                           "num_experts_per_layer=4"]
 
 
-def test_multi_head_latent_attention_is_refused():
+def test_latent_attention_fields_in_a_deepseek_moe_config_are_refused():
+    """DeepSeek-MoE (`deepseek`, its own code) has no latent attention; V2's and V3's are
+    their own model types."""
     with pytest.raises(ScenarioError) as err:
-        hf({**LLAMA_SMALL, "model_type": "deepseek_v3", "kv_lora_rank": 512})
-    assert "multi-head latent attention" in err.value.expected
+        hf({**LLAMA_SMALL, "model_type": "deepseek", "kv_lora_rank": 512})
+    assert "model_type deepseek_v2 or deepseek_v3" in err.value.expected
 
 
 # ------------------------------------------------------------------ mixture of experts
@@ -592,3 +594,59 @@ def test_olmo2_norms_outputs_only_and_q_and_k_over_their_whole_width():
     _, unmodelled = hf({**OLMO2_7B, "model_type": "olmo3"}, num_hidden_layers=2,
                        sliding_window=4096, layer_types=["sliding_attention", "full_attention"])
     assert len(unmodelled) == 1 and "layers [0] use a sliding window" in unmodelled[0]
+
+
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+               "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280,
+               "n_group": 8, "topk_group": 4, "topk_method": "noaux_tc",
+               "scoring_func": "sigmoid", "routed_scaling_factor": 2.5, "moe_layer_freq": 1,
+               "num_nextn_predict_layers": 1, "ep_size": 1}
+DEEPSEEK_V2_LITE = {"model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27,
+                    "intermediate_size": 10944, "moe_intermediate_size": 1408,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 102400,
+                    "first_k_dense_replace": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+                    "num_experts_per_tok": 6, "q_lora_rank": None, "topk_method": "greedy"}
+
+
+def test_deepseek_v3_latent_attention_and_experts_as_transformers_5_builds_them():
+    """DeepSeek-V3 from DeepseekV3Config's defaults: 671,026,404,352 parameters (the Hub's
+    685B adds the multi-token-prediction layer, which DeepseekV3ForCausalLM does not build);
+    V2-Lite, Q made without a latent (`q_lora_rank: null`): 15,706,484,224."""
+    v3, unmodelled = hf(DEEPSEEK_V3)
+    assert not unmodelled and total_params(v3) == 671_026_404_352
+    lite, unmodelled = hf(DEEPSEEK_V2_LITE)
+    assert not unmodelled and total_params(lite) == 15_706_484_224
+    assert (v3.mla.q_lora_rank, lite.mla.q_lora_rank, v3.mla.qk_head_dim) == (1536, 0, 192)
+    modules = [m for m in build_modules(v3, Workload(sequence_length=8), _hf_recipe())
+               if m.layer == 3]
+    assert [m.name.removeprefix("layers.3.") for m in modules] == [
+        "input_layernorm", "self_attn.q_a_proj", "self_attn.q_a_layernorm",
+        "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa", "self_attn.kv_a_layernorm",
+        "self_attn.kv_b_proj", "attn.core", "self_attn.o_proj", "post_attention_layernorm",
+        "mlp.gate", "mlp.experts", "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj",
+        "mlp.shared_expert.act_fn", "mlp.shared_expert.down_proj"]
+    params = {m.name.removeprefix("layers.3."): m.params for m in modules}
+    assert params["self_attn.kv_b_proj"] == 512 * 128 * (128 + 128)
+    assert params["self_attn.o_proj"] == 128 * 128 * 7168
+    assert params["mlp.experts"] == 256 * 3 * 7168 * 2048
+
+
+@pytest.mark.parametrize("attention", ["eager", "flash"])
+def test_latent_attention_core_works_on_heads_of_its_own_widths(attention):
+    """Scores over heads of qk_nope + qk_rope (192), values of v_head_dim (128): eager's two
+    batched products of those widths, a fused kernel's half of their FLOPs; Q, K and V saved
+    at those widths."""
+    spec, _ = hf(DEEPSEEK_V2_LITE)
+    s = 16
+    w = Workload(sequence_length=s, attention=attention)
+    core = {m.name: m for m in build_modules(spec, w, _hf_recipe())}["layers.0.attn.core"]
+    q, v = 16 * 192, 16 * 128
+    assert core.model_flops == 2.0 * s * s * (q + v)
+    if attention == "eager":
+        gemms = [(k.m, k.n, k.k, k.batch) for k in core.kernels if isinstance(k, Gemm)]
+        assert gemms == [(s, s, 192, 16), (s, 128, s, 16)]
+        assert core.fwd_flops == core.model_flops
+    else:
+        (fused,) = [k for k in core.kernels if isinstance(k, FusedAttention)]
+        assert (fused.flops, fused.head_dim) == (s * s * (q + v), 192)
+        assert core.saved_bytes == 2 * s * (2 * q + v) + 4 * 16 * s

@@ -91,3 +91,30 @@ def test_transformers_5s_experts_module_spares_the_host_thousands_of_hooks():
                                                    "stack.modules.experts.value=per_expert"]))
     assert fused["status"] == listed["status"] == "ok"
     assert listed["phases_s"]["forward"] > 20 * fused["phases_s"]["forward"]
+
+
+TINY_DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 2,
+                    "intermediate_size": 128, "moe_intermediate_size": 32,
+                    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+                    "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                    "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 32,
+                    "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}
+
+
+def test_latent_attention_runs_its_projections_as_zero3_modules(toy):
+    """DeepSeek-V3's latent attention in the engine: each projection and latent norm is a
+    module ZeRO-3 gathers in forward order; the run ends with every allocation freed."""
+    patch = {"model": TINY_DEEPSEEK_V3, "runtime": {"framework": FUSED_EXPERTS}}
+    result = toy.run(patch, gpus=2)
+    assert result.summary["status"] == "ok"
+    spans = result.spans
+    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
+                    & (spans.phase == Phase.FORWARD)]
+    gathered = [name for op in gathers.sort_values("start_s").op
+                for name in op.removeprefix("all-gather ").split(" + ")]
+    attention = [name.removeprefix("layers.1.self_attn.") for name in gathered
+                 if name.startswith("layers.1.self_attn.")]
+    assert attention == ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
+                         "kv_a_layernorm", "kv_b_proj", "o_proj"]
+    assert [name for name in gathered if name.startswith("layers.1.mlp.")][:2] == [
+        "layers.1.mlp.gate", "layers.1.mlp.experts"]

@@ -567,10 +567,21 @@ def _score_memory(spec: ModelSpec, w: Workload, r: Recipe) -> ScoreMemory:
 
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                     r: Recipe) -> Module:
-    q, a, s = spec.q_size, spec.num_attention_heads, w.sequence_length
-    t = w.tokens
-    dense_flops = 4.0 * t * s * q
+    q, t = spec.q_size, w.tokens
+    dense_flops = 4.0 * t * w.sequence_length * q
     qkv_saved = w.dtype_bytes * t * (q + 2 * kv_width(spec, w, r))
+    return _with_backward(_core_module(spec, layer, w, r, dense_flops, qkv_saved, dropout,
+                                       _fused_output_kept_apart(spec, w, r)),
+                          _attention_kernels(spec, w, r), r)
+
+
+def _core_module(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dense_flops: float,
+                 qkv_saved: float, dropout: bool, output_kept: float) -> Module:
+    """The attention core's module: Q, K and V as its products read them (`qkv_saved`),
+    eager attention's memory per score (saved, held while it runs, a framework buffer) or a
+    fused kernel's log-sum-exp and output (`output_kept` where the stack copies the output),
+    and its FLOPs (a fused causal kernel skips the masked half of `dense_flops`)."""
+    a, s, t = spec.num_attention_heads, w.sequence_length, w.tokens
     per_score = {"transient_bytes": 0.0}
     if w.attention == "eager":
         scores = a * s * t
@@ -584,11 +595,78 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                      "buffer_bytes": memory.buffer * scale}
         flops = dense_flops
     else:
-        saved = qkv_saved + FP32_BYTES * a * t + _fused_output_kept_apart(spec, w, r)
+        saved = qkv_saved + FP32_BYTES * a * t + output_kept
         flops = dense_flops / 2
-    module = Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
-                    dense_flops, 0.0, saved, **per_score)
-    return _with_backward(module, _attention_kernels(spec, w, r), r)
+    return Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
+                  dense_flops, 0.0, saved, **per_score)
+
+
+MLA_COPY_PASSES = 2
+"""Bytes per element, in elements' sizes, of MLA's copies (`torch.cat` of Q's two parts, K's
+assembly from its parts in `expand_kv`): each element read once and written once; their
+backward moves the same (the split's concatenation of the gradients, the rotary key's sum over
+the heads)."""
+
+
+def _mla_attention(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+                   after: tuple[MemoryPass, ...]) -> Iterator[Module]:
+    """Multi-head latent attention as transformers 5 runs it (DeepseekV3Attention.forward):
+    Q from `q_proj`, or from `q_a_proj`, `q_a_layernorm` and `q_b_proj` through a latent;
+    the K/V latent and the shared rotary key from `kv_a_proj_with_mqa` and `kv_a_layernorm`;
+    `kv_b_proj` expanding the latent into every head's no-rope K and V; the core; `o_proj`
+    from every head's V. The input projections read one normalised input, so autograd sums
+    their input gradients."""
+    mla, h, heads = spec.mla, spec.hidden_size, spec.num_attention_heads
+    attention, bias = f"{p}.self_attn", spec.qkv_bias
+    q_width = heads * mla.qk_head_dim
+    if mla.q_lora_rank:
+        yield _linear(f"{attention}.q_a_proj", layer, h, mla.q_lora_rank, bias, w, True, r,
+                      sums_input_gradient=True)
+        yield _norm(f"{attention}.q_a_layernorm", layer, mla.q_lora_rank, False, w, r)
+        yield _linear(f"{attention}.q_b_proj", layer, mla.q_lora_rank, q_width, False, w, True,
+                      r)
+    else:
+        yield _linear(f"{attention}.q_proj", layer, h, q_width, False, w, True, r,
+                      sums_input_gradient=True)
+    yield _linear(f"{attention}.kv_a_proj_with_mqa", layer, h,
+                  mla.kv_lora_rank + mla.qk_rope_head_dim, bias, w, False, r)
+    yield _norm(f"{attention}.kv_a_layernorm", layer, mla.kv_lora_rank, False, w, r)
+    yield _linear(f"{attention}.kv_b_proj", layer, mla.kv_lora_rank,
+                  heads * (mla.qk_nope_head_dim + mla.v_head_dim), False, w, True, r)
+    yield _mla_core(spec, layer, w, r, spec.attention_dropout > 0)
+    yield _linear(f"{attention}.o_proj", layer, heads * mla.v_head_dim, h,
+                  spec.attention_out_bias, w, True, r, after=after)
+
+
+def _mla_core(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dropout: bool) -> Module:
+    """MLA's core: the rotary embedding on Q's rotary part and the shared rotary key, Q made
+    whole (`torch.cat`) and every head's K assembled (`expand_kv`: a new tensor, two copies),
+    then attention over heads of `qk_head_dim` with V of `v_head_dim`: eager's two batched
+    products around the stack's score kernels (V, a view of `kv_b_proj`'s output, copied into
+    their layout), or one fused kernel; the output copied for `o_proj` as the stack does."""
+    mla, a, s, t = spec.mla, spec.num_attention_heads, w.sequence_length, w.tokens
+    q_width, v_width = a * mla.qk_head_dim, a * mla.v_head_dim
+    copy = MLA_COPY_PASSES * w.dtype_bytes * t * q_width
+    before = (*elementwise_pass(r.rotary, t * (a + 1) * mla.qk_rope_head_dim, w),
+              MemoryPass(copy, 1, backward_nbytes=copy),
+              MemoryPass(copy, 2, backward_nbytes=copy))
+    context = elementwise_pass(r.context, t * v_width, w)
+    dense_flops = 2.0 * t * s * (q_width + v_width)
+    if w.fused_attention:
+        inputs = elementwise_pass(r.attention_inputs, t * (2 * q_width + v_width), w)
+        fused = FusedAttention(dense_flops / 2, w.dtype_bytes * t * 2 * (q_width + v_width),
+                               keys=s / 2, head_dim=mla.qk_head_dim)
+        kernels = (*before, *inputs, fused, *context)
+    else:
+        heads = a * w.micro_batch_size
+        value = elementwise_pass(r.matmul_inputs, t * v_width, w)
+        softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
+        kernels = (*before, Gemm(s, s, mla.qk_head_dim, heads, w.dtype_bytes), *softmax,
+                   *value, Gemm(s, mla.v_head_dim, s, heads, w.dtype_bytes), *context)
+    kept = w.dtype_bytes * t * v_width if context else 0.0
+    module = _core_module(spec, layer, w, r, dense_flops,
+                          w.dtype_bytes * t * (2 * q_width + v_width), dropout, kept)
+    return _with_backward(module, kernels, r)
 
 
 def _mlp_activation(name: str, layer: int, i: int, function: str | None, w: Workload,
@@ -729,8 +807,9 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
     parameters: transformers runs every expert of an `nn.ModuleList`), then the shared expert
     and its gate. Each expert computes its share of the routed tokens and saves its gathered
     input and scaled output besides what an MLP saves. Where the stack holds transformers'
-    experts in one module (`Recipe.fused_experts`), transformers 5's order: the shared expert,
-    the router, the experts module, the shared expert's gate."""
+    experts in one module (`Recipe.fused_experts`), transformers 5's order: the router, the
+    experts module, the shared expert (Qwen2-MoE's first, `MoESpec.shared_expert_first`) and
+    its gate."""
     moe = spec.moe
     shared = moe.shared_expert_intermediate_size
     if not (r.fused_experts and moe.transformers_experts):
@@ -738,13 +817,16 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
         yield from _expert_list(spec, p, layer, w, r, () if shared else residual)
         yield from _shared_expert(spec, p, layer, w, r, residual)
         return
-    gated = moe.shared_expert_gate
-    if shared:
+    first = bool(shared) and moe.shared_expert_first
+    if first:
         yield from _dense_mlp(spec, f"{p}.shared_expert", layer, shared, w, r,
                               saves_input=False)
     yield _router(spec, p, layer, w, r)
-    yield _fused_experts(spec, f"{p}.experts", layer, w, r, () if gated else residual)
-    if gated:
+    experts_last = not shared or (first and not moe.shared_expert_gate)
+    yield _fused_experts(spec, f"{p}.experts", layer, w, r, residual if experts_last else ())
+    if shared and not first:
+        yield from _shared_expert(spec, p, layer, w, r, residual)
+    elif first and moe.shared_expert_gate:
         yield _shared_expert_gate(spec, p, layer, w, r, residual)
 
 
@@ -858,11 +940,14 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     before_post_norm = () if spec.post_norms else residual
     if spec.norms_per_block:
         yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
-    yield from _attention_projections(spec, p, layer, w, r,
-                                      input_shared_later=spec.norms_per_block == 1)
-    yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
-    yield _linear(f"{p}.{names.attention}.{names.out}", layer, spec.q_size, h,
-                  spec.attention_out_bias, w, True, r, after=before_post_norm)
+    if spec.mla is not None:
+        yield from _mla_attention(spec, p, layer, w, r, before_post_norm)
+    else:
+        yield from _attention_projections(spec, p, layer, w, r,
+                                          input_shared_later=spec.norms_per_block == 1)
+        yield _attention_core(spec, layer, w, spec.attention_dropout > 0, r)
+        yield _linear(f"{p}.{names.attention}.{names.out}", layer, spec.q_size, h,
+                      spec.attention_out_bias, w, True, r, after=before_post_norm)
     if spec.post_norms:
         yield _norm(f"{p}.{POST_NORMS[0]}", layer, h, norm_bias, w, r, after=residual)
     if spec.hidden_dropout > 0:

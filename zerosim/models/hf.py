@@ -23,7 +23,15 @@ from typing import Any, get_args
 
 from zerosim.errors import ScenarioError, ScenarioWarning, clip
 from zerosim.inputs import check_plausible, parse_json, read_input_text
-from zerosim.models.spec import GPT_LAYOUT, ModelSpec, MoESpec, Norm, Positions, QKNorm
+from zerosim.models.spec import (
+    GPT_LAYOUT,
+    MLASpec,
+    ModelSpec,
+    MoESpec,
+    Norm,
+    Positions,
+    QKNorm,
+)
 
 
 class ModelFieldWarning(ScenarioWarning):
@@ -310,7 +318,7 @@ def _qwen2_moe(f: Fields) -> Layout:
         layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 4),
                                 f.count("moe_intermediate_size", 1408), sparse,
                                 f.count("shared_expert_intermediate_size", 5632, minimum=0),
-                                shared_expert_gate=True)
+                                shared_expert_gate=True, shared_expert_first=True)
     return layout
 
 
@@ -329,11 +337,11 @@ def _deepseek(f: Fields) -> Layout:
     """DeepSeek-MoE (`deepseek`, trust_remote_code): MoE blocks from `first_k_dense_replace`
     every `moe_layer_freq`, `n_routed_experts` of `moe_intermediate_size`, and
     `n_shared_experts` fused into one shared MLP of n x `moe_intermediate_size`, no gate.
-    DeepSeek-V2/V3 replace attention by multi-head latent attention, which zerosim does not
-    model."""
+    Latent attention's fields belong to `deepseek_v2` and `deepseek_v3` configs."""
     if f.raw("kv_lora_rank") is not None or f.raw("q_lora_rank") is not None:
-        raise f.error("kv_lora_rank", "no multi-head latent attention (DeepSeek-V2/V3's "
-                      "low-rank Q/KV projections are not modelled)", f.raw("kv_lora_rank"))
+        raise f.error("kv_lora_rank", "no multi-head latent attention in a `deepseek` config "
+                      "(DeepSeek-V2/V3's are model_type deepseek_v2 or deepseek_v3)",
+                      f.raw("kv_lora_rank"))
     layers = f.count("num_hidden_layers")
     first, freq = f.count("first_k_dense_replace", 0, minimum=0), f.count("moe_layer_freq", 1)
     experts = f.raw("n_routed_experts")
@@ -349,6 +357,56 @@ def _deepseek(f: Fields) -> Layout:
 
 
 # ------------------------------------------------------------------ gpt-like readers
+
+
+DEEPSEEK_DEFAULTS = {
+    "deepseek_v2": {"intermediate_size": 11008, "moe_intermediate_size": 1407,
+                    "n_shared_experts": 2, "n_routed_experts": 64, "first_k_dense_replace": 0,
+                    "max_position_embeddings": 2048},
+    "deepseek_v3": {"intermediate_size": 18432, "moe_intermediate_size": 2048,
+                    "n_shared_experts": 1, "n_routed_experts": 256, "first_k_dense_replace": 3,
+                    "num_experts_per_tok": 8, "max_position_embeddings": 4096},
+}
+"""DeepseekV2Config's and DeepseekV3Config's defaults where they differ (transformers 5.17)."""
+MLA_DEFAULTS = {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128}
+DEEPSEEK_ROUTING = ("n_group", "topk_group", "topk_method", "routed_scaling_factor",
+                    "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size", "rope_interleave",
+                    "num_nextn_predict_layers", "num_mtp_layers")
+"""Fields of DeepSeek-V2/V3 configs that choose experts or rotary frequencies, or name the
+multi-token-prediction layers a checkpoint carries beside the model, which transformers'
+DeepseekV3ForCausalLM does not build."""
+
+
+def _deepseek_mla(f: Fields) -> Layout:
+    """transformers 5's DeepseekV2ForCausalLM and DeepseekV3ForCausalLM (DeepSeek-V2, V3,
+    Kimi-K2, Moonlight): multi-head latent attention (`q_lora_rank`, null for Q made
+    directly, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`;
+    `attention_bias` on q_a_proj, kv_a_proj_with_mqa and o_proj) and, from layer
+    `first_k_dense_replace` on, `n_routed_experts` experts of `moe_intermediate_size` as
+    transformers' own experts module, then `n_shared_experts` shared ones fused into one MLP,
+    no gate; dense layers of `intermediate_size` before. The router is priced as a 16-bit
+    linear (transformers runs it in fp32)."""
+    model_type = f.raw("model_type")
+    _defaults(f, **DEEPSEEK_DEFAULTS[model_type], **MLA_DEFAULTS)
+    f.read.update(DEEPSEEK_ROUTING)
+    if f.raw("moe_layer_freq", 1) != 1:
+        raise f.error("moe_layer_freq", "1 (transformers' DeepSeek code makes every layer from "
+                      "first_k_dense_replace on sparse)", f.raw("moe_layer_freq"))
+    direct_q = "q_lora_rank" in f.data and f.data["q_lora_rank"] is None
+    mla = MLASpec(f.count("kv_lora_rank"), f.count("qk_nope_head_dim"),
+                  f.count("qk_rope_head_dim"), f.count("v_head_dim"),
+                  0 if direct_q else f.count("q_lora_rank", 1536))
+    f.read.add("q_lora_rank")
+    layers, first = f.count("num_hidden_layers"), f.count("first_k_dense_replace", minimum=0)
+    width = f.count("moe_intermediate_size")
+    bias = f.flag("attention_bias", False)
+    layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "mla": mla}
+    sparse = tuple(range(first, layers))
+    if sparse:
+        layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
+                                width, sparse, width * f.count("n_shared_experts", minimum=0))
+    return layout
 
 
 def _gpt2(f: Fields) -> Layout:
@@ -454,8 +512,8 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "olmo3": ("llama", _olmo2, False),
     "qwen3_moe": ("llama", _qwen3_moe, False),
     "deepseek": ("llama", _deepseek, False),
-    "deepseek_v2": ("llama", _deepseek, False),
-    "deepseek_v3": ("llama", _deepseek, False),
+    "deepseek_v2": ("llama", _deepseek_mla, False),
+    "deepseek_v3": ("llama", _deepseek_mla, False),
     "gpt2": ("gpt", _gpt2, True),
     "gpt3": ("gpt", _gpt2, True),
     "gpt_bigcode": ("gpt", _gpt_bigcode, True),

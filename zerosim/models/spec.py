@@ -27,6 +27,9 @@ class MoESpec:
     layers: tuple[int, ...]
     shared_expert_intermediate_size: int = 0
     shared_expert_gate: bool = False
+    shared_expert_first: bool = False
+    """Transformers 5's Qwen2-MoE block runs its shared expert before the router (its 4.x code
+    after the experts; DeepSeek's after them in both): the order of a fused experts module."""
     transformers_experts: bool = True
     """The experts are transformers' own classes (Mixtral, Qwen2-MoE, Qwen3-MoE), which
     transformers 5 holds as one module (`Recipe.fused_experts`); False for a model's own code
@@ -36,6 +39,24 @@ class MoESpec:
         """Tokens each expert computes when routing is even (its expectation under any router
         that balances load, which the auxiliary loss trains it towards)."""
         return tokens * self.num_experts_per_tok / self.num_experts
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2, V3): Q made from the hidden state directly or
+    through a latent of `q_lora_rank` (0: directly), K and V expanded from one latent of
+    `kv_lora_rank` per token, every head's K a no-rope part of `qk_nope_head_dim` and a rotary
+    part of `qk_rope_head_dim` shared by the heads, every head's V of `v_head_dim`."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,8 @@ class ModelSpec:
     K and V projections all (`per_head_after_qkv`, Gemma-3); over the projection's whole
     output, with as many weights, right after it (`full_width`, OLMo-2); "" none."""
     moe: MoESpec | None = field(default=None)
+    mla: MLASpec | None = field(default=None)
+    """Multi-head latent attention in place of Q/K/V projections (DeepSeek-V2, V3)."""
 
     def __post_init__(self) -> None:
         if not self.head_dim:
