@@ -11,7 +11,8 @@ all-reduced (`reduce_scatter`); and ZeRO-1/2/3 with and without offload and grad
 accumulation at every release where a DeepSpeed behaviour changes, and ZeRO-3 with the
 parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam)
 at each of those releases; and Qwen3-8B, Qwen3-30B-A3B and Mixtral-8x7B on the
-hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or the CPU. It
+hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or the CPU, and
+DeepSeek-V2-Lite, Gemma-2-9B and OLMo-2-7B under eager and flash attention. It
 prints how many ran, how many did not fit (a result, not a failure) grouped by the device,
 kind of allocation and module that did not fit, every clear refusal grouped by its message,
 and every crash
@@ -48,6 +49,22 @@ REAL_MODELS = ROOT / "tests" / "data" / "real_configs" / "models"
 HF_MODELS = ("Qwen3-8B", "Qwen3-30B-A3B", "Mixtral-8x7B-v0.1")
 """Hugging Face configs run on the hf-transformers stack (Mixtral's experts both as
 transformers 5 holds them and as transformers 4 did)."""
+INLINE_MODELS = {
+    "deepseek-v2-lite": {"model_type": "deepseek_v2", "hidden_size": 2048,
+                         "num_hidden_layers": 27, "intermediate_size": 10944,
+                         "moe_intermediate_size": 1408, "num_attention_heads": 16,
+                         "num_key_value_heads": 16, "vocab_size": 102400,
+                         "first_k_dense_replace": 1, "n_routed_experts": 64,
+                         "n_shared_experts": 2, "num_experts_per_tok": 6, "q_lora_rank": None},
+    "gemma-2-9b": {"model_type": "gemma2", "hidden_size": 3584, "num_hidden_layers": 42,
+                   "intermediate_size": 14336, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000},
+    "olmo-2-7b": {"model_type": "olmo2", "hidden_size": 4096, "num_hidden_layers": 32,
+                  "intermediate_size": 11008, "num_attention_heads": 32,
+                  "num_key_value_heads": 32, "vocab_size": 100352},
+}
+"""Models given inline, of the model types whose blocks differ most from Llama's (latent
+attention, post-norms and soft-capping, Q/K norms without pre-norms)."""
 MULTI_NODE_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp4-mb4-ga1-sg1e08",
                      "polaris-9.14b-dp4-mb1-ga1-sg1e08")
 
@@ -102,6 +119,14 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                         "stack.modules.experts.value": experts,
                         "deepspeed.train_micro_batch_size_per_gpu": 1,
                         PARAMS + "device": "cpu" if params else "none"}))
+    for fields in INLINE_MODELS.values():
+        for attention in ("eager", "flash"):
+            for experts in ("fused", "per_expert") if "n_routed_experts" in fields else ("fused",):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "model": fields, "runtime.framework": "hf-transformers",
+                    "hardware": "dgx-h100", "attention": attention,
+                    "stack.modules.experts.value": experts,
+                    "deepspeed.train_micro_batch_size_per_gpu": 1}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
