@@ -650,3 +650,43 @@ def test_latent_attention_core_works_on_heads_of_its_own_widths(attention):
         (fused,) = [k for k in core.kernels if isinstance(k, FusedAttention)]
         assert (fused.flops, fused.head_dim) == (s * s * (q + v), 192)
         assert core.saved_bytes == 2 * s * (2 * q + v) + 4 * 16 * s
+
+
+GPT_OSS_20B = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
+               "intermediate_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "head_dim": 64, "vocab_size": 201088, "num_local_experts": 32,
+               "num_experts_per_tok": 4, "experts_per_token": 4, "swiglu_limit": 7.0,
+               "initial_context_length": 4096}
+
+
+def test_gpt_oss_sinks_biased_router_and_experts_module():
+    """GPT-OSS-20B: 20,914,757,184 parameters as transformers 5.17 builds it; the attention
+    module owns a sink per head (hooked before its projections), the router and the experts
+    carry biases, and the experts are one module under either release's stack."""
+    from dataclasses import replace
+
+    spec, unmodelled = hf(GPT_OSS_20B)
+    assert not unmodelled and total_params(spec) == 20_914_757_184
+    for recipe in (_hf_recipe(), replace(_hf_recipe(), fused_experts=False)):
+        modules = {m.name.removeprefix("layers.0."): m
+                   for m in build_modules(spec, Workload(sequence_length=8), recipe)
+                   if m.layer == 0}
+        assert list(modules)[:4] == ["input_layernorm", "self_attn", "self_attn.q_proj",
+                                     "self_attn.k_proj"]
+        assert list(modules)[-2:] == ["mlp.gate", "mlp.experts"]
+    assert modules["self_attn"].param_numels == (64,) and not modules["self_attn"].kernels
+    assert modules["mlp.gate"].param_numels == (2880 * 32, 32)
+    assert modules["mlp.experts"].param_numels == (32 * 2 * 2880 * 2880, 32 * 2 * 2880,
+                                                    32 * 2880 * 2880, 32 * 2880)
+
+
+def test_gpt_oss_eager_scores_join_the_sinks():
+    """Eager attention joins the sinks to the scores: three more kernels, 10 B a score (the
+    concatenation, the row maximum and its subtraction)."""
+    spec, _ = hf(GPT_OSS_20B, num_hidden_layers=1)
+    plain, _ = hf(GPT_OSS_20B, num_hidden_layers=1, attention_sinks=False)
+    w, scores = Workload(sequence_length=8), 64 * 8 * 8
+    core = {m.name: m for m in build_modules(spec, w, _hf_recipe())}["layers.0.attn.core"]
+    bare = {m.name: m for m in build_modules(plain, w, _hf_recipe())}["layers.0.attn.core"]
+    extra = [k for k in core.kernels if k not in bare.kernels]
+    assert [(k.count, k.nbytes) for k in extra] == [(3, 10 * scores)]

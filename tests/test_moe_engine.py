@@ -17,11 +17,7 @@ def test_zero3_gathers_every_expert_in_forward_order(toy):
     prefetch gathers several modules in one call, named "all-gather a + b + ...")."""
     scenario = toy.scenario({"model": TINY_MIXTRAL}, gpus=2)
     result = toy.run({"model": TINY_MIXTRAL}, gpus=2)
-    spans = result.spans
-    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
-                    & (spans.phase == Phase.FORWARD) & (spans.micro_batch == 0)]
-    gathered = [name for op in gathers.sort_values("start_s").op
-                for name in op.removeprefix("all-gather ").split(" + ")]
+    gathered = _forward_gathers(result)
     experts = [m.name for m in build_modules(scenario.model, _workload(scenario))
                if ".experts." in m.name and m.params]
     assert len(experts) == 2 * 4 * 3
@@ -37,6 +33,16 @@ def test_model_states_hold_every_expert(toy):
     assert sum(p.numel for p in plan_of(scenario).all_params) == total_params(scenario.model)
     assert total_params(scenario.model) == (256 * 64 * 2 + 64 + experts + 2 * (
         2 * 64 * 64 + 2 * 64 * 32 + 2 * 64 + 64 * 4))
+
+
+def _forward_gathers(result) -> list[str]:
+    """The modules rank 0 all-gathers in its first forward, in order (a prefetch gathers
+    several modules in one call, named "all-gather a + b + ...")."""
+    spans = result.spans
+    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
+                    & (spans.phase == Phase.FORWARD) & (spans.micro_batch == 0)]
+    return [name for op in gathers.sort_values("start_s").op
+            for name in op.removeprefix("all-gather ").split(" + ")]
 
 
 def _workload(scenario):
@@ -57,11 +63,7 @@ def test_fused_experts_are_gathered_at_once_per_layer(toy):
     patch = {"model": TINY_MIXTRAL, "runtime": {"framework": FUSED_EXPERTS}}
     scenario = toy.scenario(patch, gpus=2)
     result = toy.run(patch, gpus=2)
-    spans = result.spans
-    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
-                    & (spans.phase == Phase.FORWARD) & (spans.micro_batch == 0)]
-    gathered = [name for op in gathers.sort_values("start_s").op
-                for name in op.removeprefix("all-gather ").split(" + ")]
+    gathered = _forward_gathers(result)
     assert [name for name in gathered if ".mlp." in name] == [
         "layers.0.mlp.gate", "layers.0.mlp.experts", "layers.1.mlp.gate", "layers.1.mlp.experts"]
     plan = plan_of(scenario)
@@ -103,18 +105,30 @@ TINY_DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_
 
 def test_latent_attention_runs_its_projections_as_zero3_modules(toy):
     """DeepSeek-V3's latent attention in the engine: each projection and latent norm is a
-    module ZeRO-3 gathers in forward order; the run ends with every allocation freed."""
+    module ZeRO-3 gathers in forward order, and the run ends (the engine checks that every
+    allocation was freed)."""
     patch = {"model": TINY_DEEPSEEK_V3, "runtime": {"framework": FUSED_EXPERTS}}
     result = toy.run(patch, gpus=2)
     assert result.summary["status"] == "ok"
-    spans = result.spans
-    gathers = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.ALL_GATHER)
-                    & (spans.phase == Phase.FORWARD)]
-    gathered = [name for op in gathers.sort_values("start_s").op
-                for name in op.removeprefix("all-gather ").split(" + ")]
+    gathered = _forward_gathers(result)
     attention = [name.removeprefix("layers.1.self_attn.") for name in gathered
                  if name.startswith("layers.1.self_attn.")]
     assert attention == ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa",
                          "kv_a_layernorm", "kv_b_proj", "o_proj"]
     assert [name for name in gathered if name.startswith("layers.1.mlp.")][:2] == [
         "layers.1.mlp.gate", "layers.1.mlp.experts"]
+
+
+def test_gpt_oss_attention_module_fetches_its_sinks_first(toy):
+    """GPT-OSS's attention module owns its sinks: ZeRO-3 gathers them when its hooks fire,
+    before its projections'; a module without kernels runs none."""
+    tiny = {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 16, "vocab_size": 256, "num_local_experts": 4,
+            "num_experts_per_tok": 2, "sliding_window": None}
+    result = toy.run({"model": tiny}, gpus=2)
+    assert result.summary["status"] == "ok"
+    gathered = _forward_gathers(result)
+    layer = [name.removeprefix("layers.1.") for name in gathered if name.startswith("layers.1.")]
+    assert layer[:3] == ["input_layernorm", "self_attn", "self_attn.q_proj"]
+    assert layer[-2:] == ["mlp.gate", "mlp.experts"]

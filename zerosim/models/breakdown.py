@@ -215,7 +215,9 @@ class Recipe:
     the attention scores (eager only, besides the two batched GEMMs); `context` the attention
     output (the layout copy before the output projection); `activation` the MLP's
     intermediate; `residual` the hidden state (twice per block); `softcap` the scores or the
-    logits a model caps (`ModelSpec.attention_softcap`, `logit_softcap`); `loss` the logits. A
+    logits a model caps (`ModelSpec.attention_softcap`, `logit_softcap`); `attention_sinks`
+    the scores eager attention joins its sinks to (`ModelSpec.attention_sinks`); `loss` the
+    logits. A
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
     reads it off the code (in its `backward_kernels`), else `backward_bytes_factor` times its
     forward bytes, in as many kernels. `score_memory` is what eager attention keeps per
@@ -247,6 +249,7 @@ class Recipe:
     activation: Elementwise = Elementwise(1, 6)
     residual: Elementwise = Elementwise()
     softcap: Elementwise = Elementwise()
+    attention_sinks: Elementwise = Elementwise()
     loss: Elementwise = Elementwise(1, 10)
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
@@ -499,9 +502,20 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     operands = elementwise_pass(r.score_operands, t * (q + kv_width(spec, w, r)), w)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
     capped = elementwise_pass(r.softcap, a * s * t, w) if spec.attention_softcap else ()
+    if spec.attention_sinks:
+        capped = (*capped, *elementwise_pass(r.attention_sinks, a * s * t, w))
     softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
     return (*before, *query, *key, scores, *operands, *capped, *softmax, *value, mix,
             *context)
+
+
+def _sinks_module(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -> Module:
+    """GPT-OSS's attention module owns one parameter of its own, a sink logit per head: its
+    hooks fetch it before the projections' (no kernel of its own; eager attention joins the
+    sinks to the scores, `Recipe.attention_sinks`)."""
+    heads = spec.num_attention_heads
+    return Module(f"{p}.{NAMES[spec.family].attention}", "sinks", "elementwise", layer, heads,
+                  0.0, 0.0, 0.0, 0.0, param_numels=(heads,))
 
 
 SOFTCAP_SAVED_ELEMENTS = 1
@@ -812,7 +826,7 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
     its gate."""
     moe = spec.moe
     shared = moe.shared_expert_intermediate_size
-    if not (r.fused_experts and moe.transformers_experts):
+    if moe.experts_layout == "list" or (moe.experts_layout == "stack" and not r.fused_experts):
         yield _router(spec, p, layer, w, r)
         yield from _expert_list(spec, p, layer, w, r, () if shared else residual)
         yield from _shared_expert(spec, p, layer, w, r, residual)
@@ -834,8 +848,8 @@ def _router(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -> Modu
     """A bias-free linear to one logit per expert, its fp32 softmax and top-k (saved)."""
     logits = spec.moe.num_experts * w.tokens
     softmax = MemoryPass(ROUTER_BYTES_PER_LOGIT * logits, 3, ELEMENTWISE_FLOPS_PER_ELEMENT * logits)
-    router = _linear(f"{p}.gate", layer, spec.hidden_size, spec.moe.num_experts, False, w, True,
-                     r, (softmax,))
+    router = _linear(f"{p}.gate", layer, spec.hidden_size, spec.moe.num_experts,
+                     spec.moe.router_bias, w, True, r, (softmax,))
     return replace(router, saved_bytes=router.saved_bytes + FP32_BYTES * logits)
 
 
@@ -921,13 +935,23 @@ def _fused_experts(spec: ModelSpec, name: str, layer: int, w: Workload, r: Recip
                            GROUPED_ROW_PASSES - 2)
     top_k_sum = MemoryPass(size * (rows + w.tokens) * h)
     numels = (experts * 2 * width * h, experts * h * width)
+    biases: tuple[MemoryPass, ...] = ()
+    if moe.expert_bias:
+        numels = (numels[0], experts * 2 * width, numels[1], experts * h)
+        biases = (MemoryPass(BIAS_ROW_BYTES * size * rows * (2 * width + h), 4),)
     flops = gate_up.flops + down.flops
     saved = (2 * size * rows * h + size * rows * width
              + r.activation_memory.gated_activation_saved * size / 2 * rows * width)
     module = Module(name, "experts", "matmul", layer, sum(numels), flops, flops, 0.0, saved,
                     param_numels=numels)
     return _with_backward(module, (index, gather, gate_up, masked_gate_up, *activation, down,
-                                   to_tokens, top_k_sum, *after), r)
+                                   *biases, to_tokens, top_k_sum, *after), r)
+
+
+BIAS_ROW_BYTES = 5
+"""Bytes per output element, in elements' sizes, of a grouped product's bias
+(`grouped_mm_experts_forward` with `has_bias`): each routed row's bias gathered
+(`bias[expert_ids_g]`, read and written) and added to the product (two read, one written)."""
 
 
 def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Iterator[Module]:
@@ -940,6 +964,8 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
     before_post_norm = () if spec.post_norms else residual
     if spec.norms_per_block:
         yield _norm(f"{p}.{names.first_norm}", layer, h, norm_bias, w, r)
+    if spec.attention_sinks:
+        yield _sinks_module(spec, p, layer, w, r)
     if spec.mla is not None:
         yield from _mla_attention(spec, p, layer, w, r, before_post_norm)
     else:

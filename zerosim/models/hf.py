@@ -352,7 +352,7 @@ def _deepseek(f: Fields) -> Layout:
         layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
                                 width, sparse,
                                 width * f.count("n_shared_experts", 0, minimum=0),
-                                transformers_experts=False)
+                                experts_layout="list")
     return layout
 
 
@@ -407,6 +407,24 @@ def _deepseek_mla(f: Fields) -> Layout:
         layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
                                 width, sparse, width * f.count("n_shared_experts", minimum=0))
     return layout
+
+
+def _gpt_oss(f: Fields) -> Layout:
+    """GptOssForCausalLM: q/k/v/o biased (`attention_bias`, default true) and a sink logit per
+    head on the attention module itself; every layer an MoE block: a biased router and
+    `num_local_experts` experts of `intermediate_size`, top `num_experts_per_tok`, held as one
+    module with biases in every release (GptOssExperts), no shared expert; alternate layers
+    attend within a sliding window. Its clamped GLU (interleaved halves) is priced as the
+    stack's gated activation."""
+    _defaults(f, head_dim=64, intermediate_size=2880, max_position_embeddings=131072)
+    _sliding_window(f)
+    f.read.update({"swiglu_limit", "initial_context_length", "experts_per_token"})
+    bias = f.flag("attention_bias", True)
+    moe = MoESpec(f.count("num_local_experts", 128), f.count("num_experts_per_tok", 4),
+                  f.count("intermediate_size"), tuple(range(f.count("num_hidden_layers"))),
+                  experts_layout="fused", router_bias=True, expert_bias=True)
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
+            "attention_sinks": True, "moe": moe}
 
 
 def _gpt2(f: Fields) -> Layout:
@@ -512,6 +530,7 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "olmo3": ("llama", _olmo2, False),
     "qwen3_moe": ("llama", _qwen3_moe, False),
     "deepseek": ("llama", _deepseek, False),
+    "gpt_oss": ("llama", _gpt_oss, False),
     "deepseek_v2": ("llama", _deepseek_mla, False),
     "deepseek_v3": ("llama", _deepseek_mla, False),
     "gpt2": ("gpt", _gpt2, True),
@@ -528,7 +547,7 @@ FAMILY_READERS = {"llama": (_llama, False), "gpt": (_gpt2, True)}
 # ModelSpec layout fields a config may also set by name (inline models with `family:`).
 _BOOL_FIELDS = ("qkv_bias", "attention_out_bias", "mlp_bias", "gated_mlp", "fused_qkv",
                 "lm_head_bias", "embedding_norm", "final_norm", "fused_gate_up", "post_norms",
-                "attention_softcap", "logit_softcap")
+                "attention_softcap", "logit_softcap", "attention_sinks")
 _COUNT_FIELDS = ("norms_per_block", "position_offset", "word_embed_proj_dim")
 
 

@@ -9,6 +9,7 @@ Family = Literal["llama", "gpt"]
 Norm = Literal["rms", "layer"]
 Positions = Literal["rotary", "learned", "alibi"]
 QKNorm = Literal["", "per_head", "per_head_after_qkv", "full_width"]
+ExpertsLayout = Literal["stack", "list", "fused"]
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,16 @@ class MoESpec:
     shared_expert_first: bool = False
     """Transformers 5's Qwen2-MoE block runs its shared expert before the router (its 4.x code
     after the experts; DeepSeek's after them in both): the order of a fused experts module."""
-    transformers_experts: bool = True
-    """The experts are transformers' own classes (Mixtral, Qwen2-MoE, Qwen3-MoE), which
-    transformers 5 holds as one module (`Recipe.fused_experts`); False for a model's own code
-    (DeepSeek-MoE's `trust_remote_code` module list), whatever the version."""
+    experts_layout: ExpertsLayout = "stack"
+    """How the model's code holds its experts: as the stack says (`stack`: transformers' own
+    Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3 classes, a module list in transformers 4 and
+    one module in 5, `Recipe.fused_experts`), always a module list (`list`: DeepSeek-MoE's
+    `trust_remote_code` code) or always one module (`fused`: GPT-OSS's, in every release)."""
+    router_bias: bool = False
+    """The router's linear has a bias (GPT-OSS)."""
+    expert_bias: bool = False
+    """Each expert's gate-up and down products add a bias (GPT-OSS's `gate_up_proj_bias`,
+    `down_proj_bias`)."""
 
     def tokens_per_expert(self, tokens: float) -> float:
         """Tokens each expert computes when routing is even (its expectation under any router
@@ -125,6 +132,9 @@ class ModelSpec:
     `attn_logit_softcapping`)."""
     logit_softcap: bool = False
     """The LM head's logits capped the same way before the loss (`final_logit_softcapping`)."""
+    attention_sinks: bool = False
+    """A learned sink logit per head, a parameter of the attention module itself, joined to
+    eager attention's scores before the softmax (GPT-OSS's `sinks`)."""
     qk_norm: QKNorm = ""
     """An RMSNorm of Q and one of K in every block (`q_norm`, `k_norm`): over each head, with
     `head_dim` weights, right after each one's projection (`per_head`, Qwen3) or after the Q,

@@ -85,9 +85,9 @@ attention kernel, so the rotary embedding acts on the expanded K, as Megatron-De
 `Recipe.kv_repeat_before_rotary`)."""
 KERNEL_OPS = ("norm", "projection_split", "query_split", "rotary", "kv_repeat",
               "attention_inputs", "matmul_inputs", "score_operands", "scores", "context",
-              "activation", "residual", "softcap", "loss")
+              "activation", "residual", "softcap", "attention_sinks", "loss")
 OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "matmul_inputs",
-                       "score_operands", "softcap")
+                       "score_operands", "softcap", "attention_sinks")
 """Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
