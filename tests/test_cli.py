@@ -175,3 +175,7 @@ def test_estimate_takes_the_largest_module_as_the_framework_cuts_it():
     refused = invoke("estimate", "--hf-config", config, "--framework", "keras")
     assert refused.exit_code == 2 and "--framework: expected one of hf-transformers" in (
         refused.output)
+    checked = json.loads(invoke("check", config, "--json", "--framework",
+                                "hf-transformers").output)
+    assert checked["largest_module_params"] == 603_979_776
+    assert invoke("check", DP1, "--framework", "hf-transformers").exit_code == 2

@@ -131,6 +131,9 @@ def _load(scenario: Path, overrides: tuple[str, ...]):
 SEQUENCE_HELP = ("Sequence length for the FLOPs per token of a Hugging Face config.json "
                  "(a scenario has its own).")
 DEFAULT_SEQUENCE = 2048
+FRAMEWORK_HELP = ("A software stack (runtime.framework) to cut a --model or config.json into "
+                  "modules as it does (hf-transformers: a block's experts in one module, as "
+                  "transformers 5 holds them); a scenario has its own.")
 
 
 def _model_summary(spec, sequence_length: int, recipe=None):
@@ -185,8 +188,9 @@ def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved scenario as JSON.")
 @click.option("--sequence-length", type=click.IntRange(min=1), default=DEFAULT_SEQUENCE,
               show_default=True, help=SEQUENCE_HELP)
+@click.option("--framework", help=FRAMEWORK_HELP)
 def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
-          sequence_length: int) -> None:
+          sequence_length: int, framework: str | None) -> None:
     """Validate a scenario and print it with every default filled in, and its model's
     parameters, per-module breakdown and FLOPs per token. A Hugging Face config.json prints
     the model part alone."""
@@ -196,9 +200,13 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     if looks_like_hf_config(scenario):
         if overrides:
             raise click.UsageError("--set applies to a scenario, not to a config.json")
-        summary = _model_summary(_hf_spec(scenario, "<root>"), sequence_length)
+        recipe = None if framework is None else _stack_recipe(framework)
+        summary = _model_summary(_hf_spec(scenario, "<root>"), sequence_length, recipe)
         _print_json(summary.to_dict()) if as_json else click.echo(summary.to_text())
         return
+    if framework is not None:
+        raise click.UsageError("--framework goes with a config.json (a scenario names its "
+                               "own: runtime.framework)")
     loaded = _load(scenario, overrides)
     summary = _model_summary(loaded.model, loaded.sequence_length, loaded.stack.recipe)
     if as_json:
@@ -456,9 +464,7 @@ def calibrate(data: tuple[Path, ...], params: tuple[str, ...], only: tuple[str, 
               help="ZeRO-2 without offload changed formula in DeepSpeed 0.14.3.  "
                    "[default: 0.13.3]")
 @click.option("--sequence-length", type=click.IntRange(min=1), help=SEQUENCE_HELP)
-@click.option("--framework", help="A software stack (runtime.framework) to cut the model into "
-              "modules as it does, for the largest module (transformers 5 holds a block's "
-              "experts in one); a scenario has its own.")
+@click.option("--framework", help=FRAMEWORK_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of the table.")
 def estimate(total_params, largest_layer_params, model_name, hf_config, scenario_path,
              gpus_per_node, nodes, stage, buffer_factor, deepspeed_version, sequence_length,
