@@ -38,12 +38,13 @@ def test_check_names_the_framework_s_structural_choices():
     assert layout == {"qkv": "fused", "gate_up": "fused", "output_weight": "external",
                       "syncs_before_mlp": 2, "grouped_qkv": "q_kv",
                       "kv_repeat": "before_rotary", "experts": "per_expert",
-                      "process_groups": "same", "dataloader_workers": 2}
+                      "moe_block": "hooked", "process_groups": "same", "dataloader_workers": 2}
     hf = invoke("check", DP1, "--json", "--set", "runtime.framework=hf-transformers")
     assert json.loads(hf.output)["runtime"]["framework"]["layout"] == {
         "qkv": "separate", "gate_up": "separate", "output_weight": "module",
         "syncs_before_mlp": 0, "grouped_qkv": "as_qkv", "kv_repeat": "in_attention",
-        "experts": "fused", "process_groups": "separate", "dataloader_workers": 0}
+        "experts": "fused", "moe_block": "hooked", "process_groups": "separate",
+        "dataloader_workers": 0}
     text = " ".join(invoke("check", DP1).output.split())
     assert "process_groups same" in text and "dataloader_workers 2" in text
 

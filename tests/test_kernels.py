@@ -595,6 +595,8 @@ NO_BACKWARD_KERNEL_FOR_BYTES = {"kernels": 1, "bytes_per_element": 3,
      r"modules\.kv_repeat: expected \{value: in_attention"),
     ("modules", "experts", {"value": "grouped", "source": "x"},
      r"modules\.experts\.value: expected per_expert or fused, got 'grouped'"),
+    ("modules", "moe_block", {"value": "glued", "source": "x"},
+     r"modules\.moe_block\.value: expected hooked or leaf, got 'glued'"),
     ("kernels", "scores", BACKWARD_TOO_STRIDED,
      r"kernels\.scores\.backward_strided_bytes_per_element: expected a number in \[0, "
      r"backward_bytes_per_element = 4\], got 5"),

@@ -690,3 +690,22 @@ def test_gpt_oss_eager_scores_join_the_sinks():
     bare = {m.name: m for m in build_modules(plain, w, _hf_recipe())}["layers.0.attn.core"]
     extra = [k for k in core.kernels if k not in bare.kernels]
     assert [(k.count, k.nbytes) for k in extra] == [(3, 10 * scores)]
+
+
+def test_a_zero3_leaf_moe_block_holds_its_parameters_in_its_first_module():
+    """`modules.moe_block: leaf` (DeepSpeed's set_z3_leaf_modules on the block): the router's
+    module holds every parameter of the block, so its hook gathers them all; the experts'
+    modules hold none, and the model's count is unchanged."""
+    from dataclasses import replace
+
+    spec, _ = hf(QWEN3_MOE_TINY)
+    recipe = replace(_hf_recipe(), fused_experts=False, moe_block_leaf=True)
+    w = Workload(sequence_length=8)
+    hooked = [m for m in build_modules(spec, w, replace(recipe, moe_block_leaf=False))
+              if m.layer == 1 and ".mlp." in m.name]
+    leaf = [m for m in build_modules(spec, w, recipe) if m.layer == 1 and ".mlp." in m.name]
+    assert [m.name for m in leaf] == [m.name for m in hooked]
+    assert leaf[0].params == sum(m.params for m in hooked) == 64 * 4 + 4 * 3 * 64 * 32
+    assert leaf[0].param_numels == tuple(n for m in hooked for n in m.param_numels)
+    assert not any(m.params for m in leaf[1:])
+    assert [m.host_syncs for m in leaf] == [m.host_syncs for m in hooked]

@@ -132,3 +132,27 @@ def test_gpt_oss_attention_module_fetches_its_sinks_first(toy):
     layer = [name.removeprefix("layers.1.") for name in gathered if name.startswith("layers.1.")]
     assert layer[:3] == ["input_layernorm", "self_attn", "self_attn.q_proj"]
     assert layer[-2:] == ["mlp.gate", "mlp.experts"]
+
+
+def test_a_leaf_moe_block_is_gathered_once(toy):
+    """DeepSpeed's set_z3_leaf_modules on the MoE block: one gather at the block's hook holds
+    the router and every expert; no expert module fires a hook of its own."""
+    leaf = {"modules": {"moe_block": {"value": "leaf", "source": "LLaMA-Factory"}}}
+    result = toy.run({"model": TINY_MIXTRAL, "runtime": {"framework": leaf}}, gpus=2)
+    gathered = _forward_gathers(result)
+    assert [name for name in gathered if ".mlp." in name] == ["layers.0.mlp.gate",
+                                                             "layers.1.mlp.gate"]
+
+
+def test_a_leaf_blocks_params_are_released_after_its_last_module():
+    """The leaf block's hook releases what it gathered after the block's last child, not after
+    the module that holds the params; every other module releases its own after itself."""
+    from types import SimpleNamespace
+
+    from zerosim.engine.program import RankProgram
+
+    modules = [SimpleNamespace(keeps_gathered_for=k) for k in (0, 3, 0, 0, 0, 0)]
+    program = RankProgram.__new__(RankProgram)
+    program.core = SimpleNamespace(plan=SimpleNamespace(modules=modules))
+    assert program._released_after_forward() == {0: (0,), 1: (), 2: (2,), 3: (3,),
+                                                  4: (1, 4), 5: (5,)}

@@ -88,12 +88,24 @@ class RankProgram:
         self.params.reset_step(micro)
         yield from self.params.fetch_external()
         yield from core.pay_launches()
+        released_after = self._released_after_forward()
         for index, module in enumerate(core.plan.modules):
             yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
                                             backward=False)
-            if not self.params.keep_after_forward(index):
-                self.params.release(index, backward=False)
+            for owner in released_after.get(index, (index,)):
+                if not self.params.keep_after_forward(owner):
+                    self.params.release(owner, backward=False)
         yield from core.end(host_waits=False)
+
+    def _released_after_forward(self) -> dict[int, tuple[int, ...]]:
+        """The modules whose gathered params the host releases after each module's forward:
+        its own, unless they stay gathered for the modules after it (`keeps_gathered_for`)."""
+        after: dict[int, tuple[int, ...]] = {}
+        for index, module in enumerate(self.core.plan.modules):
+            last = index + module.keeps_gathered_for
+            after[last] = (*after.get(last, ()), index)
+            after.setdefault(index, ())
+        return after
 
     def backward(self, micro: int, *, boundary: bool) -> Gen:
         core = self.core

@@ -193,6 +193,10 @@ class Recipe:
     (transformers 5's `MixtralExperts`, `Qwen3MoeExperts`: a gate-up and a down tensor of
     `[experts, ...]`) that ZeRO-3 fetches at once and runs with grouped GEMMs, instead of one
     module per expert (an `nn.ModuleList` of MLPs: transformers 4).
+    `moe_block_leaf`: the training script marks each mixture-of-experts block a ZeRO-3 leaf
+    (DeepSpeed's `set_z3_leaf_modules`, as LLaMA-Factory does for MoE models): the block's
+    pre-forward hook gathers every parameter under it at once, its children fire no hooks,
+    and their gradients are reduced when the block's backward ends.
     `kv_repeat_before_rotary`: grouped-query attention's K and V are expanded to every head
     right after the QKV split, whatever the attention kernel, and the rotary embedding acts on
     the expanded K (Megatron-DeepSpeed); otherwise they are expanded inside eager attention,
@@ -235,6 +239,7 @@ class Recipe:
     syncs_before_mlp: int = 0
     grouped_qkv: str | None = None
     fused_experts: bool = False
+    moe_block_leaf: bool = False
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
     projection_split: Elementwise = Elementwise()
@@ -383,6 +388,9 @@ class Module:
     backward_kernels: tuple[Kernel, ...] = ()
     external: bool = False
     host_syncs: int = 0
+    keeps_gathered_for: int = 0
+    """How many of the modules after this one run before its gathered parameters are released
+    (a ZeRO-3 leaf block's hook releases them after its last child: `Recipe.moe_block_leaf`)."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -824,6 +832,23 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
     experts in one module (`Recipe.fused_experts`), transformers 5's order: the router, the
     experts module, the shared expert (Qwen2-MoE's first, `MoESpec.shared_expert_first`) and
     its gate."""
+    modules = list(_moe_modules(spec, p, layer, w, r, residual))
+    yield from _as_leaf_block(modules) if r.moe_block_leaf else modules
+
+
+def _as_leaf_block(modules: list[Module]) -> list[Module]:
+    """A ZeRO-3 leaf block (`Recipe.moe_block_leaf`): its first module holds every parameter
+    of the block, so one hook gathers them all, they stay gathered until the block's last
+    module has run, and their gradients come when its backward, the block's last, ends; the
+    others hold none, so no hook of theirs fires."""
+    numels = tuple(n for m in modules for n in m.param_numels)
+    first = replace(modules[0], params=sum(numels), param_numels=numels,
+                    keeps_gathered_for=len(modules) - 1)
+    return [first, *(replace(m, params=0, param_numels=()) for m in modules[1:])]
+
+
+def _moe_modules(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
+                 residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
     moe = spec.moe
     shared = moe.shared_expert_intermediate_size
     if moe.experts_layout == "list" or (moe.experts_layout == "stack" and not r.fused_experts):

@@ -76,6 +76,12 @@ EXPERTS_CHOICES = ("per_expert", "fused")
 (`per_expert`, the default: an `nn.ModuleList` of MLP modules, each fetched by ZeRO-3 as its
 hooks fire, transformers 4; `fused`: one module of `[experts, ...]` weight tensors run by
 grouped GEMMs, fetched at once, transformers 5; `Recipe.fused_experts`)."""
+MOE_BLOCK_KEY = "modules.moe_block"
+MOE_BLOCK_CHOICES = ("hooked", "leaf")
+"""How ZeRO-3 hooks a mixture-of-experts block, as `{value: ..., source: '...'}` (`hooked`,
+the default: each of its modules with parameters is fetched as its own hooks fire; `leaf`: the
+training script makes the block a ZeRO-3 leaf, `deepspeed.utils.set_z3_leaf_modules`, one
+fetch of everything under it; `Recipe.moe_block_leaf`)."""
 KV_REPEAT_KEY = "modules.kv_repeat"
 KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
 """Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
@@ -214,6 +220,7 @@ class SoftwareStack:
                 "grouped_qkv": r.grouped_qkv or GROUPED_QKV_CHOICES[0],
                 "kv_repeat": KV_REPEAT_CHOICES[r.kv_repeat_before_rotary],
                 "experts": EXPERTS_CHOICES[r.fused_experts],
+                "moe_block": MOE_BLOCK_CHOICES[r.moe_block_leaf],
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "dataloader_workers": self.dataloader_workers}
 
@@ -387,7 +394,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
     module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
-                   EXPERTS_KEY, FUSED_SOFTMAX_KEY)
+                   EXPERTS_KEY, MOE_BLOCK_KEY, FUSED_SOFTMAX_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -405,6 +412,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                         tree, KV_REPEAT_KEY, KV_REPEAT_CHOICES, source) == "before_rotary",
                     fused_experts=_choice_leaf(
                         tree, EXPERTS_KEY, EXPERTS_CHOICES, source) == "fused",
+                    moe_block_leaf=_choice_leaf(
+                        tree, MOE_BLOCK_KEY, MOE_BLOCK_CHOICES, source) == "leaf",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
