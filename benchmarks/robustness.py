@@ -47,8 +47,8 @@ FORK_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp1-mb4-ga1-s
                "polaris-15.58b-dp4-mb1-ga1-sg1e08", "polaris-5.95b-dp1-mb1-ga1-sg1e07")
 REAL_MODELS = ROOT / "tests" / "data" / "real_configs" / "models"
 HF_MODELS = ("Qwen3-8B", "Qwen3-30B-A3B", "Mixtral-8x7B-v0.1")
-"""Hugging Face configs run on the hf-transformers stack (Mixtral's experts both as
-transformers 5 holds them and as transformers 4 did)."""
+"""Hugging Face configs run on the hf-transformers stack (Mixtral's experts as transformers 5
+holds them, as transformers 4 did, and as a ZeRO-3 leaf block)."""
 INLINE_MODELS = {
     "deepseek-v2-lite": {"model_type": "deepseek_v2", "hidden_size": 2048,
                          "num_hidden_layers": 27, "intermediate_size": 10944,
@@ -113,14 +113,16 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     PARAMS + "pin_memory": True, "deepspeed.optimizer.params.torch_adam":
                     optimizer == "none" and dp == 4}))
     for model in HF_MODELS[::2] if quick else HF_MODELS:
-        layouts = ("fused", "per_expert") if model.startswith("Mixtral") else ("fused",)
-        for experts in layouts:
+        layouts = ((("fused", "hooked"), ("per_expert", "hooked"), ("per_expert", "leaf"))
+                   if model.startswith("Mixtral") else (("fused", "hooked"),))
+        for experts, block in layouts:
             for hw in ("polaris-a100", "dgx-h100"):
                 for params in (False, True):
                     out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
                         "model": {"hf_config": str(REAL_MODELS / model / "config.json")},
                         "runtime.framework": "hf-transformers", "hardware": hw,
                         "stack.modules.experts.value": experts,
+                        "stack.modules.moe_block.value": block,
                         "deepspeed.train_micro_batch_size_per_gpu": 1,
                         PARAMS + "device": "cpu" if params else "none"}))
     for fields in INLINE_MODELS.values():
