@@ -709,3 +709,29 @@ def test_a_zero3_leaf_moe_block_holds_its_parameters_in_its_first_module():
     assert leaf[0].param_numels == tuple(n for m in hooked for n in m.param_numels)
     assert not any(m.params for m in leaf[1:])
     assert [m.host_syncs for m in leaf] == [m.host_syncs for m in hooked]
+
+
+GLM45_AIR = {"model_type": "glm4_moe", "hidden_size": 4096, "num_hidden_layers": 46,
+             "intermediate_size": 10944, "moe_intermediate_size": 1408,
+             "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+             "vocab_size": 151552, "attention_bias": True, "n_routed_experts": 128,
+             "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+             "partial_rotary_factor": 0.5, "num_nextn_predict_layers": 1, "n_group": 1,
+             "topk_group": 1, "routed_scaling_factor": 1.0, "use_qk_norm": False}
+
+
+def test_glm45_biased_qkv_and_deepseek_style_experts():
+    """GLM-4.5-Air: 106,852,245,504 parameters as transformers 5.17 builds it; Q/K/V biased,
+    o_proj not; with `use_qk_norm` (GLM-4.5) Q and K normed per head after the projections."""
+    spec, unmodelled = hf(GLM45_AIR)
+    assert not unmodelled and total_params(spec) == 106_852_245_504
+    params = dict(parameter_modules(spec))
+    assert params["layers.0.self_attn.q_proj"] == 4096 * 96 * 128 + 96 * 128
+    assert params["layers.0.self_attn.o_proj"] == 96 * 128 * 4096
+    assert spec.moe.layers == tuple(range(1, 46))
+    assert spec.moe.shared_expert_intermediate_size == 1408
+    normed, _ = hf(GLM45_AIR, use_qk_norm=True, num_hidden_layers=1)
+    names = [m.name.removeprefix("layers.0.self_attn.")
+             for m in build_modules(normed, Workload(sequence_length=8), _hf_recipe())
+             if ".self_attn." in m.name]
+    assert names == ["q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj"]

@@ -389,23 +389,45 @@ def _deepseek_mla(f: Fields) -> Layout:
     linear (transformers runs it in fp32)."""
     model_type = f.raw("model_type")
     _defaults(f, **DEEPSEEK_DEFAULTS[model_type], **MLA_DEFAULTS)
-    f.read.update(DEEPSEEK_ROUTING)
-    if f.raw("moe_layer_freq", 1) != 1:
-        raise f.error("moe_layer_freq", "1 (transformers' DeepSeek code makes every layer from "
-                      "first_k_dense_replace on sparse)", f.raw("moe_layer_freq"))
     direct_q = "q_lora_rank" in f.data and f.data["q_lora_rank"] is None
     mla = MLASpec(f.count("kv_lora_rank"), f.count("qk_nope_head_dim"),
                   f.count("qk_rope_head_dim"), f.count("v_head_dim"),
                   0 if direct_q else f.count("q_lora_rank", 1536))
     f.read.add("q_lora_rank")
+    bias = f.flag("attention_bias", False)
+    return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "mla": mla,
+            **_deepseek_style_moe(f)}
+
+
+def _deepseek_style_moe(f: Fields) -> Layout:
+    """DeepSeek-V3's MoE layout, which GLM-4.5 shares: every layer from
+    `first_k_dense_replace` on sparse, `n_routed_experts` experts of `moe_intermediate_size`
+    (transformers' own experts module), then `n_shared_experts` shared ones fused into one
+    MLP, no gate; dense layers of `intermediate_size` before."""
+    f.read.update(DEEPSEEK_ROUTING)
+    if f.raw("moe_layer_freq", 1) != 1:
+        raise f.error("moe_layer_freq", "1 (transformers' code makes every layer from "
+                      "first_k_dense_replace on sparse)", f.raw("moe_layer_freq"))
     layers, first = f.count("num_hidden_layers"), f.count("first_k_dense_replace", minimum=0)
     width = f.count("moe_intermediate_size")
-    bias = f.flag("attention_bias", False)
-    layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False, "mla": mla}
     sparse = tuple(range(first, layers))
-    if sparse:
-        layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
-                                width, sparse, width * f.count("n_shared_experts", minimum=0))
+    if not sparse:
+        return {}
+    return {"moe": MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"), width,
+                           sparse, width * f.count("n_shared_experts", minimum=0))}
+
+
+def _glm4_moe(f: Fields) -> Layout:
+    """Glm4MoeForCausalLM (GLM-4.5, GLM-4.5-Air): Q/K/V biased iff `attention_bias`, a
+    bias-free `o_proj`, per-head Q/K norms after the three projections with `use_qk_norm`;
+    DeepSeek-V3's MoE layout (its router's correction bias is a buffer, not a parameter)."""
+    _defaults(f, intermediate_size=10944, moe_intermediate_size=1408, n_shared_experts=1,
+              n_routed_experts=128, num_experts_per_tok=8, first_k_dense_replace=1,
+              max_position_embeddings=131072)
+    layout = {"qkv_bias": f.flag("attention_bias", False), "attention_out_bias": False,
+              "mlp_bias": False, **_deepseek_style_moe(f)}
+    if f.flag("use_qk_norm", False):
+        layout["qk_norm"] = "per_head_after_qkv"
     return layout
 
 
@@ -531,6 +553,7 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "qwen3_moe": ("llama", _qwen3_moe, False),
     "deepseek": ("llama", _deepseek, False),
     "gpt_oss": ("llama", _gpt_oss, False),
+    "glm4_moe": ("llama", _glm4_moe, False),
     "deepseek_v2": ("llama", _deepseek_mla, False),
     "deepseek_v3": ("llama", _deepseek_mla, False),
     "gpt2": ("gpt", _gpt2, True),
