@@ -681,15 +681,20 @@ def test_gpt_oss_sinks_biased_router_and_experts_module():
 
 
 def test_gpt_oss_eager_scores_join_the_sinks():
-    """Eager attention joins the sinks to the scores: three more kernels, 10 B a score (the
-    concatenation, the row maximum and its subtraction)."""
+    """Eager attention joins the sinks to the scores (the `scores` entry's `sinks` variant,
+    read off GPT-OSS's code): scaling, mask, concatenation, row maximum, subtraction and a
+    16-bit softmax, 22 B a score in 6 kernels, keeping the 16-bit probabilities (2 B), where
+    Llama's path keeps their fp32 output and its 16-bit copy (6 B)."""
     spec, _ = hf(GPT_OSS_20B, num_hidden_layers=1)
     plain, _ = hf(GPT_OSS_20B, num_hidden_layers=1, attention_sinks=False)
-    w, scores = Workload(sequence_length=8), 64 * 8 * 8
+    w, scores, qkv = Workload(sequence_length=8), 64 * 8 * 8, 2 * 8 * (4096 + 2 * 4096)
     core = {m.name: m for m in build_modules(spec, w, _hf_recipe())}["layers.0.attn.core"]
     bare = {m.name: m for m in build_modules(plain, w, _hf_recipe())}["layers.0.attn.core"]
-    extra = [k for k in core.kernels if k not in bare.kernels]
-    assert [(k.count, k.nbytes) for k in extra] == [(3, 10 * scores)]
+    joined = [k for k in core.kernels if k not in bare.kernels]
+    assert [(k.count, k.nbytes, k.softmax_nbytes) for k in joined] == [
+        (6, 22 * scores, 4 * scores)]
+    assert core.saved_bytes == qkv + 2 * scores and bare.saved_bytes == qkv + 6 * scores
+    assert (core.transient_bytes, core.backward_transient_bytes) == (4 * scores, 6 * scores)
 
 
 def test_a_zero3_leaf_moe_block_holds_its_parameters_in_its_first_module():

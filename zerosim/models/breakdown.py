@@ -101,6 +101,9 @@ class Elementwise:
     unfused: Elementwise | None = None
     """The scores' kernels where the stack's fused softmax kernel does not serve the shape
     (`Recipe.fused_softmax`; None: the same)."""
+    sinks: Elementwise | None = None
+    """The scores' kernels of a model with attention sinks (`ModelSpec.attention_sinks`:
+    GPT-OSS joins them to the scores before its softmax; None: the same)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,9 @@ class ScoreMemory:
     bf16: ScoreMemory | None = None
     unfused: ScoreMemory | None = None
     """What it holds where the fused softmax kernel does not serve the shape (None: the
+    same)."""
+    sinks: ScoreMemory | None = None
+    """What it holds for a model with attention sinks, in either 16-bit dtype (None: the
     same)."""
 
 
@@ -219,8 +225,7 @@ class Recipe:
     the attention scores (eager only, besides the two batched GEMMs); `context` the attention
     output (the layout copy before the output projection); `activation` the MLP's
     intermediate; `residual` the hidden state (twice per block); `softcap` the scores or the
-    logits a model caps (`ModelSpec.attention_softcap`, `logit_softcap`); `attention_sinks`
-    the scores eager attention joins its sinks to (`ModelSpec.attention_sinks`); `loss` the
+    logits a model caps (`ModelSpec.attention_softcap`, `logit_softcap`); `loss` the
     logits. A
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
     reads it off the code (in its `backward_kernels`), else `backward_bytes_factor` times its
@@ -254,7 +259,6 @@ class Recipe:
     activation: Elementwise = Elementwise(1, 6)
     residual: Elementwise = Elementwise()
     softcap: Elementwise = Elementwise()
-    attention_sinks: Elementwise = Elementwise()
     loss: Elementwise = Elementwise(1, 10)
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
@@ -510,8 +514,6 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     operands = elementwise_pass(r.score_operands, t * (q + kv_width(spec, w, r)), w)
     mix = Gemm(s, d, s, heads, w.dtype_bytes)
     capped = elementwise_pass(r.softcap, a * s * t, w) if spec.attention_softcap else ()
-    if spec.attention_sinks:
-        capped = (*capped, *elementwise_pass(r.attention_sinks, a * s * t, w))
     softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
     return (*before, *query, *key, scores, *operands, *capped, *softmax, *value, mix,
             *context)
@@ -520,7 +522,7 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
 def _sinks_module(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -> Module:
     """GPT-OSS's attention module owns one parameter of its own, a sink logit per head: its
     hooks fetch it before the projections' (no kernel of its own; eager attention joins the
-    sinks to the scores, `Recipe.attention_sinks`)."""
+    sinks to the scores, the `scores` entry's `sinks` variant)."""
     heads = spec.num_attention_heads
     return Module(f"{p}.{NAMES[spec.family].attention}", "sinks", "elementwise", layer, heads,
                   0.0, 0.0, 0.0, 0.0, param_numels=(heads,))
@@ -575,6 +577,8 @@ def _softmax_unfused(spec: ModelSpec, w: Workload, r: Recipe) -> bool:
 
 
 def _scores_op(spec: ModelSpec, w: Workload, r: Recipe) -> Elementwise:
+    if spec.attention_sinks and r.scores.sinks is not None:
+        return r.scores.sinks
     if _softmax_unfused(spec, w, r) and r.scores.unfused is not None:
         return r.scores.unfused
     return r.scores
@@ -582,6 +586,8 @@ def _scores_op(spec: ModelSpec, w: Workload, r: Recipe) -> Elementwise:
 
 def _score_memory(spec: ModelSpec, w: Workload, r: Recipe) -> ScoreMemory:
     memory = r.score_memory
+    if spec.attention_sinks and memory.sinks is not None:
+        return memory.sinks
     if _softmax_unfused(spec, w, r) and memory.unfused is not None:
         memory = memory.unfused
     return memory.bf16 if w.bfloat16 and memory.bf16 is not None else memory

@@ -91,9 +91,9 @@ attention kernel, so the rotary embedding acts on the expanded K, as Megatron-De
 `Recipe.kv_repeat_before_rotary`)."""
 KERNEL_OPS = ("norm", "projection_split", "query_split", "rotary", "kv_repeat",
               "attention_inputs", "matmul_inputs", "score_operands", "scores", "context",
-              "activation", "residual", "softcap", "attention_sinks", "loss")
+              "activation", "residual", "softcap", "loss")
 OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "matmul_inputs",
-                       "score_operands", "softcap", "attention_sinks")
+                       "score_operands", "softcap")
 """Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
@@ -124,6 +124,9 @@ UNFUSED_KEY = "unfused"
 """The optional key of the `scores` entry (and of `attention_memory`): the kernels and bytes
 (what is held) where the fused softmax kernel does not serve the shape (`Elementwise.unfused`,
 `ScoreMemory.unfused`)."""
+SINKS_KEY = "sinks"
+"""The optional key of the `scores` entry (and of `attention_memory`): the kernels and bytes
+(what is held) of a model with attention sinks (`Elementwise.sinks`, `ScoreMemory.sinks`)."""
 FLASH_KEY = "flash"
 """The optional key of a `kernels` entry: the op's kernels and bytes with flash-attn's kernel
 (`attention: flash`), where they differ from the other paths' (`Elementwise.flash`; it may
@@ -259,7 +262,7 @@ def _elementwise(tree: Mapping[str, Any], op: str, source: str) -> Elementwise:
     raw = dotted_leaf(tree, key)
     if raw is None and op in OPTIONAL_KERNEL_OPS:
         return Elementwise()
-    nested = (UNFUSED_KEY, BF16_KEY) if op == "scores" else (FLASH_KEY, BF16_KEY)
+    nested = (SINKS_KEY, UNFUSED_KEY, BF16_KEY) if op == "scores" else (FLASH_KEY, BF16_KEY)
     return _kernel_entry(raw, key, source, nested)
 
 
@@ -484,13 +487,15 @@ def _ungated_activations(tree: Mapping[str, Any], source: str
 
 def _score_memory(tree: Mapping[str, Any], source: str, provenance: dict[str, Provenance]
                   ) -> ScoreMemory:
-    """`attention_memory`, with its optional `bf16` and `unfused` sub-sections: what
-    bfloat16 runs hold, and what the unfused softmax holds, where it differs."""
+    """`attention_memory`, with its optional `bf16`, `unfused` and `sinks` sub-sections: what
+    bfloat16 runs hold, what the unfused softmax holds and what a model with attention sinks
+    holds, where it differs."""
+    variant_keys = (BF16_KEY, UNFUSED_KEY, SINKS_KEY)
     memory = ScoreMemory(**_memory_section(tree, "attention_memory", SCORE_MEMORY, source,
-                                           provenance, nested=(BF16_KEY, UNFUSED_KEY)))
+                                           provenance, nested=variant_keys))
     variants = {name: _memory_section(tree, f"attention_memory.{name}", SCORE_MEMORY, source,
                                       provenance)
-                for name in (BF16_KEY, UNFUSED_KEY)}
+                for name in variant_keys}
     return replace(memory, **{name: replace(memory, **values)
                               for name, values in variants.items() if values})
 
