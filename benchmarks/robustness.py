@@ -12,7 +12,8 @@ accumulation at every release where a DeepSpeed behaviour changes, and ZeRO-3 wi
 parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam)
 at each of those releases; and Qwen3-8B, Qwen3-30B-A3B and Mixtral-8x7B on the
 hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or the CPU, and
-DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B and GPT-OSS-20B under eager and flash attention. It
+DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager and
+flash attention. It
 prints how many ran, how many did not fit (a result, not a failure) grouped by the device,
 kind of allocation and module that did not fit, every clear refusal grouped by its message,
 and every crash
@@ -62,13 +63,20 @@ INLINE_MODELS = {
     "olmo-2-7b": {"model_type": "olmo2", "hidden_size": 4096, "num_hidden_layers": 32,
                   "intermediate_size": 11008, "num_attention_heads": 32,
                   "num_key_value_heads": 32, "vocab_size": 100352},
+    "llama-4-scout": {"model_type": "llama4_text", "hidden_size": 5120,
+                      "num_hidden_layers": 48, "intermediate_size": 8192,
+                      "intermediate_size_mlp": 16384, "num_attention_heads": 40,
+                      "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 202048,
+                      "num_local_experts": 16, "num_experts_per_tok": 1,
+                      "attention_chunk_size": None},
     "gpt-oss-20b": {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
                     "intermediate_size": 2880, "num_attention_heads": 64,
                     "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 201088,
                     "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": None},
 }
 """Models given inline, of the model types whose blocks differ most from Llama's (latent
-attention, post-norms and soft-capping, Q/K norms without pre-norms, attention sinks)."""
+attention, post-norms and soft-capping, Q/K norms without pre-norms, attention sinks, experts
+that run every token)."""
 MULTI_NODE_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp4-mb4-ga1-sg1e08",
                      "polaris-9.14b-dp4-mb1-ga1-sg1e08")
 

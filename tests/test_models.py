@@ -740,3 +740,46 @@ def test_glm45_biased_qkv_and_deepseek_style_experts():
              for m in build_modules(normed, Workload(sequence_length=8), _hf_recipe())
              if ".self_attn." in m.name]
     assert names == ["q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj"]
+
+
+LLAMA4_SCOUT = {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
+                "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+                "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                "vocab_size": 202048, "num_local_experts": 16, "num_experts_per_tok": 1,
+                "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                "attn_temperature_tuning": True, "attention_chunk_size": None}
+
+
+def test_llama4_runs_every_expert_on_every_token():
+    """Llama 4 Scout's text model: 107,769,861,120 parameters as transformers 5.17 builds it.
+    Its experts module repeats every token for every expert (scaled by the router score, zero
+    where not routed), so it executes 16 MLPs' work a token where the conventional count, its
+    model FLOPs, is the top-1 share; a shared expert follows."""
+    spec, unmodelled = hf(LLAMA4_SCOUT)
+    assert not unmodelled and total_params(spec) == 107_769_861_120
+    t = 8
+    modules = [m for m in build_modules(spec, Workload(sequence_length=t), _hf_recipe())
+               if m.layer == 0 and ".mlp." in m.name]
+    assert [m.name.removeprefix("layers.0.mlp.") for m in modules] == [
+        "gate", "experts", "shared_expert.gate_proj", "shared_expert.up_proj",
+        "shared_expert.act_fn", "shared_expert.down_proj"]
+    experts = modules[1]
+    executed = 16 * 2.0 * t * 3 * 5120 * 8192
+    assert (experts.fwd_flops, experts.model_flops) == (executed, executed / 16)
+    gemms = [(k.m, k.n, k.k, k.batch) for k in experts.kernels if isinstance(k, Gemm)]
+    assert gemms == [(t, 2 * 8192, 5120, 16), (t, 5120, 8192, 16)]
+
+
+def test_llama4_interleaves_moe_and_dense_layers_and_refuses_the_multimodal_config():
+    """`interleave_moe_layer_step: 2` (Maverick): every second layer sparse, the others a
+    dense MLP of `intermediate_size_mlp`; `moe_layers` lists them instead."""
+    spec, _ = hf(LLAMA4_SCOUT, num_hidden_layers=4, interleave_moe_layer_step=2)
+    assert spec.moe.layers == (1, 3) and spec.intermediate_size == 16384
+    listed, _ = hf(LLAMA4_SCOUT, num_hidden_layers=4, moe_layers=[0])
+    assert listed.moe.layers == (0,)
+    with pytest.raises(ScenarioError, match=r"model\.moe_layers: expected a list of layer"):
+        hf(LLAMA4_SCOUT, moe_layers="odd")
+    with pytest.raises(ScenarioError, match=r"model_type llama4_text"):
+        hf({**LLAMA4_SCOUT, "model_type": "llama4"})
+    _, unmodelled = hf(LLAMA4_SCOUT, attention_chunk_size=8192)
+    assert len(unmodelled) == 1 and "attention_chunk_size: 8192" in unmodelled[0]

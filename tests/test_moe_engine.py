@@ -156,3 +156,18 @@ def test_a_leaf_blocks_params_are_released_after_its_last_module():
     program.core = SimpleNamespace(plan=SimpleNamespace(modules=modules))
     assert program._released_after_forward() == {0: (0,), 1: (), 2: (2,), 3: (3,),
                                                   4: (1, 4), 5: (5,)}
+
+
+def test_llama4s_every_token_experts_run_in_the_engine(toy):
+    """Llama 4's experts module (every expert on every token) in the engine: gathered once
+    per sparse layer; the dense layer's MLP is its own projections."""
+    tiny = {"model_type": "llama4_text", "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 32, "intermediate_size_mlp": 96, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+            "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+            "attention_chunk_size": None}
+    result = toy.run({"model": tiny}, gpus=2)
+    assert result.summary["status"] == "ok"
+    gathered = _forward_gathers(result)
+    assert "layers.1.mlp.experts" in gathered and "layers.0.mlp.gate_proj" in gathered
+    assert not any(name.startswith("layers.0.mlp.experts") for name in gathered)

@@ -868,7 +868,8 @@ def _moe_modules(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
                               saves_input=False)
     yield _router(spec, p, layer, w, r)
     experts_last = not shared or (first and not moe.shared_expert_gate)
-    yield _fused_experts(spec, f"{p}.experts", layer, w, r, residual if experts_last else ())
+    experts = _every_token_experts if moe.routing == "every_token" else _fused_experts
+    yield experts(spec, f"{p}.experts", layer, w, r, residual if experts_last else ())
     if shared and not first:
         yield from _shared_expert(spec, p, layer, w, r, residual)
     elif first and moe.shared_expert_gate:
@@ -977,6 +978,34 @@ def _fused_experts(spec: ModelSpec, name: str, layer: int, w: Workload, r: Recip
                     param_numels=numels)
     return _with_backward(module, (index, gather, gate_up, masked_gate_up, *activation, down,
                                    *biases, to_tokens, top_k_sum, *after), r)
+
+
+def _every_token_experts(spec: ModelSpec, name: str, layer: int, w: Workload, r: Recipe,
+                         after: tuple[MemoryPass, ...]) -> Module:
+    """Transformers' Llama 4 experts (`Llama4TextMoe.forward`, `Llama4TextExperts`): every
+    token repeated for every expert and scaled by its router score (zero where it is not
+    routed), one batched product for gate and up over all of them, the stack's gated
+    activation, one for down, the experts' outputs summed per token and added to the shared
+    expert's. Every expert computes every token, `num_experts` dense MLPs' work, where the
+    conventional count (its model FLOPs) is the routed share's. It saves the repeated rows
+    (the scaling's and the first product's inputs), the activation's inputs and the down
+    product's input."""
+    moe, h, size, t = spec.moe, spec.hidden_size, w.dtype_bytes, w.tokens
+    width, experts = moe.expert_intermediate_size, moe.num_experts
+    rows = experts * t
+    spread = MemoryPass(size * (t + rows) * h + 2 * size * rows * h, 2)
+    gate_up = Gemm(t, 2 * width, h, experts, size)
+    activation = elementwise_pass(r.activation, rows * width, w,
+                                  ELEMENTWISE_FLOPS_PER_ELEMENT * rows * width)
+    down = Gemm(t, h, width, experts, size)
+    summed = MemoryPass(size * (rows + t) * h + 3 * size * t * h, 2)
+    numels = (experts * h * 2 * width, experts * width * h)
+    flops = gate_up.flops + down.flops
+    saved = (2 * size * rows * h + size * rows * width
+             + r.activation_memory.gated_activation_saved * size / 2 * rows * width)
+    module = Module(name, "experts", "matmul", layer, sum(numels), flops,
+                    flops * moe.routed_share, 0.0, saved, param_numels=numels)
+    return _with_backward(module, (spread, gate_up, *activation, down, summed, *after), r)
 
 
 BIAS_ROW_BYTES = 5

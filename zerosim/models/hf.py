@@ -449,6 +449,52 @@ def _gpt_oss(f: Fields) -> Layout:
             "attention_sinks": True, "moe": moe}
 
 
+LLAMA4_NOT_PRICED = ("use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
+                     "attn_temperature_tuning", "floor_scale", "attn_scale",
+                     "for_llm_compressor")
+"""Llama 4 fields whose kernels zerosim does not price: the parameter-free L2 norm of Q and K,
+the layers without rotary embedding and the query scaling there; a few elementwise kernels."""
+
+
+def _llama4_text(f: Fields) -> Layout:
+    """Llama4ForCausalLM's text model (Llama 4 Scout, Maverick): Llama's attention (q/k/v/o
+    biased iff `attention_bias`); an MoE block every `interleave_moe_layer_step` layers (or
+    at `moe_layers`): a router, `num_local_experts` experts of `intermediate_size` as one
+    module that runs every token (`MoESpec.routing: every_token`), then a shared expert of
+    `intermediate_size`; the other layers a dense MLP of `intermediate_size_mlp`. Rotary
+    layers attend within chunks of `attention_chunk_size`."""
+    _defaults(f, head_dim=128, intermediate_size=8192, intermediate_size_mlp=16384,
+              max_position_embeddings=131072)
+    f.read.update(LLAMA4_NOT_PRICED)
+    chunk = f.data.get("attention_chunk_size", 8192)
+    f.read.add("attention_chunk_size")
+    if chunk is not None:
+        warnings.warn(f"{f.source}: {f.key_path}.attention_chunk_size: {chunk}; zerosim replays "
+                      f"full causal attention (the same for sequences up to {chunk})",
+                      ModelFieldWarning, stacklevel=5)
+    layers, step = f.count("num_hidden_layers"), f.count("interleave_moe_layer_step", 1)
+    listed = f.raw("moe_layers")
+    if listed is not None and not (isinstance(listed, list)
+                                   and all(isinstance(i, int) for i in listed)):
+        raise f.error("moe_layers", "a list of layer indices", listed)
+    sparse = tuple(listed) if listed is not None else tuple(range(step - 1, layers, step))
+    width = f.count("intermediate_size")
+    bias = f.flag("attention_bias", False)
+    layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
+              "intermediate_size": f.count("intermediate_size_mlp")}
+    if sparse:
+        layout["moe"] = MoESpec(f.count("num_local_experts", 16),
+                                f.count("num_experts_per_tok", 1), width, sparse, width,
+                                experts_layout="fused", routing="every_token")
+    return layout
+
+
+def _llama4(f: Fields) -> Layout:
+    """Llama 4's multimodal configuration (a vision model beside `text_config`): refused."""
+    raise f.error("model_type", "a text model's config: zerosim does not model Llama 4's vision "
+                  "model; give its text_config's fields with model_type llama4_text", "llama4")
+
+
 def _gpt2(f: Fields) -> Layout:
     """GPT2Model: LayerNorm, fused c_attn with bias, learned positions (`n_positions`),
     `n_inner` (null: 4 h), `embd_pdrop`; GPTBigCode adds `multi_query` (one K/V head)."""
@@ -554,6 +600,8 @@ MODEL_TYPES: dict[str, tuple[str, Callable[[Fields], Layout], bool]] = {
     "deepseek": ("llama", _deepseek, False),
     "gpt_oss": ("llama", _gpt_oss, False),
     "glm4_moe": ("llama", _glm4_moe, False),
+    "llama4_text": ("llama", _llama4_text, False),
+    "llama4": ("llama", _llama4, False),
     "deepseek_v2": ("llama", _deepseek_mla, False),
     "deepseek_v3": ("llama", _deepseek_mla, False),
     "gpt2": ("gpt", _gpt2, True),

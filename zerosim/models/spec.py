@@ -10,6 +10,7 @@ Norm = Literal["rms", "layer"]
 Positions = Literal["rotary", "learned", "alibi"]
 QKNorm = Literal["", "per_head", "per_head_after_qkv", "full_width"]
 ExpertsLayout = Literal["stack", "list", "fused"]
+Routing = Literal["top_k", "every_token"]
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,27 @@ class MoESpec:
     `trust_remote_code` code) or always one module (`fused`: GPT-OSS's, in every release)."""
     router_bias: bool = False
     """The router's linear has a bias (GPT-OSS)."""
+    routing: Routing = "top_k"
+    """Which tokens an expert computes: the `num_experts_per_tok` it is routed (`top_k`), or
+    every token, scaled by its router score, zero where not routed (`every_token`:
+    transformers' Llama 4, `hidden_states.repeat(num_experts, 1) * router_scores`)."""
     expert_bias: bool = False
     """Each expert's gate-up and down products add a bias (GPT-OSS's `gate_up_proj_bias`,
     `down_proj_bias`)."""
 
     def tokens_per_expert(self, tokens: float) -> float:
         """Tokens each expert computes when routing is even (its expectation under any router
-        that balances load, which the auxiliary loss trains it towards)."""
+        that balances load, which the auxiliary loss trains it towards); every token where
+        each expert computes them all (`routing`)."""
+        if self.routing == "every_token":
+            return tokens
         return tokens * self.num_experts_per_tok / self.num_experts
+
+    @property
+    def routed_share(self) -> float:
+        """The share of the tokens a token-routed expert needs to compute (the conventional
+        count of a token's FLOPs: its top-k experts'), whatever the code computes."""
+        return self.num_experts_per_tok / self.num_experts
 
 
 @dataclass(frozen=True)

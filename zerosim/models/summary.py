@@ -81,7 +81,7 @@ def _expert_share(spec: ModelSpec, name: str) -> float:
     `Recipe.fused_experts`, computes each expert's share of them)."""
     if spec.moe is None or not (".experts." in name or name.endswith(".experts")):
         return 1.0
-    return spec.moe.num_experts_per_tok / spec.moe.num_experts
+    return spec.moe.routed_share
 
 
 def summarize(spec: ModelSpec, sequence_length: int, recipe: Recipe | None = None
