@@ -92,7 +92,7 @@ class RankProgram:
         for index, module in enumerate(core.plan.modules):
             yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
                                             backward=False)
-            for owner in released_after.get(index, (index,)):
+            for owner in released_after[index]:
                 if not self.params.keep_after_forward(owner):
                     self.params.release(owner, backward=False)
         yield from core.end(host_waits=False)
