@@ -233,7 +233,7 @@ class IpgBuckets:
         `MAX_PARAM_REDUCE_EVENTS` reductions stay outstanding. Returns the event of the
         partition copies."""
         core = self.core
-        while self.outstanding and self.outstanding[0].processed:
+        while self.outstanding and self.outstanding[0].callbacks is None:
             self.outstanding.popleft()
         if len(self.outstanding) > MAX_PARAM_REDUCE_EVENTS:
             yield self.outstanding.popleft()

@@ -7,6 +7,7 @@ model states: see `compose.py`) each hold the core and act through it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -153,7 +154,7 @@ class RankCore:
         self.regather_tensor_s = stack.on_core(stack.regather_tensor_s, core_Hz)
         self.heap_reuse_bytes = stack.heap_reuse_bytes
         self.empties_cache = ctx.scenario.runtime.empty_cache_each_phase
-        self.reserves: dict[Stream, AllocatorReserve] | None = None
+        self.reserves: defaultdict[Stream, AllocatorReserve] | None = None
         """Per CUDA stream, what the caching allocator has reserved since the phase emptied
         the cache (None when it did not: see `reserve_s`)."""
         self.deferred_host_s = 0.0
@@ -187,7 +188,7 @@ class RankCore:
         self._held_at_start = self.sms.held
         self.gpu.reset_window()
         if self.empties_cache:
-            self.reserves = {}
+            self.reserves = defaultdict(AllocatorReserve)
 
     def end(self, *, host_waits: bool = True, left_running: frozenset[Stream] = frozenset()
             ) -> Gen:
@@ -246,7 +247,7 @@ class RankCore:
         """Run `action` once `event` has completed (at once if it already has); not when it
         failed (an op that ran out of memory): what the action releases was never made, and
         the run is ending with the failure."""
-        if event is None or event.processed:
+        if event is None or event.callbacks is None:
             if event is None or event.ok:
                 action()
         else:
@@ -376,13 +377,12 @@ class RankCore:
         Without emptying, the cache holds the previous iteration's reserve."""
         if self.reserves is None:
             return 0.0
-        reserve = self.reserves.setdefault(stream, AllocatorReserve())
-        return reserve.allocate(nbytes) / self.profile.cuda_malloc_Bps
+        return self.reserves[stream].allocate(nbytes) / self.profile.cuda_malloc_Bps
 
     def release_device_memory(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> None:
         """Device memory back to the CUDA cache of `stream` (see `reserve_s`)."""
         if self.reserves is not None:
-            self.reserves.setdefault(stream, AllocatorReserve()).free(nbytes)
+            self.reserves[stream].free(nbytes)
 
     def issue_kernels(self, launches: int, device_bytes: float = 0.0) -> Waits:
         """Host time to launch a module's kernels (`launches` of them), with the `cudaMalloc`

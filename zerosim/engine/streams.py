@@ -57,7 +57,7 @@ class InOrderStream:
 
     def idle_event(self) -> simpy.Event | None:
         """The event to wait for before this stream is idle (None when it already is)."""
-        if self.tail is None or self.tail.processed:
+        if self.tail is None or self.tail.callbacks is None:
             return None
         return self.tail
 
@@ -142,7 +142,7 @@ class NcclTurn:
     def wait(self) -> tuple[simpy.Event, ...]:
         """What the collective waits for before it may start, to `yield from`."""
         before = self.before
-        return (before,) if before is not None and not before.processed else ()
+        return (before,) if before is not None and before.callbacks is not None else ()
 
     def done(self) -> None:
         self.ran.succeed()
