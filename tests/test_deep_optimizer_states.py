@@ -191,6 +191,39 @@ def test_the_interleaved_update_holds_its_buffers(toy):
 
 
 
+def _hbm(result, category: str) -> list[int]:
+    memory = result.memory
+    return list(memory[(memory.device == "gpu0") & (memory.category == category)].bytes)
+
+
+def test_the_gpu_state_buffers_follow_the_sub_group_they_hold(toy):
+    """`opt_transfers` keeps one set of GPU fp32 params, exp_avg and exp_avg_sq from step to
+    step, sized as the last GPU sub-group left them, and makes new ones for a GPU sub-group
+    of another size; the old ones (and the gradient they carry) live on in the backup
+    optimizer until that sub-group's step deletes them. sub_group_size 30000 gives sub-groups
+    of 32,832, 32,896, 32,832 and 16,448 elements: GPU sub-groups 1 and 3 at gap 2, and the
+    last of them is the last of all, so its fp32 gradient outlives the step."""
+    patch = _fork(prefetch_optimizer=True, prefetch_optimizer_gap=2)
+    patch["deepspeed"]["zero_optimization"]["sub_group_size"] = 30000
+    result = toy.run(patch)
+    small, large = 16448, 32896
+    assert _hbm(result, "optimizer states (GPU)") == [
+        12 * small, 12 * (small + large), 12 * large, 12 * (large + small), 12 * small, 0]
+    assert _hbm(result, "fp32 grads (GPU)") == [
+        4 * small, 4 * (small + large), 4 * large, 0, 4 * small, 0]
+
+
+def test_a_gpu_sub_group_followed_by_a_cpu_one_leaves_no_gradient(toy):
+    """With a `CPU_PREFETCH` sub-group after the last GPU one (five sub-groups of 20,544 and
+    one of 32,832 at gap 2: GPU sub-groups 1 and 3), its move sets `.grad = None`: no fp32
+    gradient outlives the step, and the buffers, all of one size, are never made anew."""
+    patch = _fork(prefetch_optimizer=True, prefetch_optimizer_gap=2)
+    patch["deepspeed"]["zero_optimization"]["sub_group_size"] = 20000
+    result = toy.run(patch)
+    assert _hbm(result, "optimizer states (GPU)") == [12 * 20544, 0]
+    assert _hbm(result, "fp32 grads (GPU)") == [4 * 20544, 0, 4 * 20544, 0]
+
+
 @pytest.mark.parametrize("what_if", [{"overlap_copy_back": True}, {"gpu_update_every": 2}])
 def test_the_step_what_ifs_are_refused_with_the_interleaved_update(toy, what_if):
     from zerosim.errors import UnsupportedConfigError

@@ -38,6 +38,7 @@ from zerosim.engine.optimizer import (
     unscale_and_adam_on_cpu,
 )
 from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.states import interleaved_gpu_state_bytes
 from zerosim.hardware import costs
 from zerosim.units import FP16_BYTES, FP32_BYTES
 from zerosim.vocabulary import Category, OpKind, Stream, UpdateDevice
@@ -103,14 +104,24 @@ class GpuGradients:
             self.core.gpu.free(category, self.fp32.pop(group))
 
     def release_all(self) -> None:
-        """The last GPU sub-group's fp32 gradient outlives the step in the fork (no later
-        sub-group sends its state back; the next step's first move replaces it). zerosim
-        frees it here and counts one such gradient among the model states instead
-        (`states.model_states`)."""
+        """The step's end. Where the last GPU sub-group is the last sub-group of all, its
+        fp32 gradient outlives the step in the fork (no later sub-group sets `.grad = None`;
+        the next step's first move replaces it): the model states count it from the start
+        of the run (`states.model_states`), and `InterleavedStep` frees that count when the
+        next move replaces it, so this one stays, as the model states' (in their category).
+        Every other is freed."""
+        core = self.core
+        last = core.plan.last_interleaved_gpu_group
+        if core.plan.interleaved_grad_outlives_step and last in self.fp32:
+            kept = self.fp32.pop(last)
+            if core.accum_bytes == FP32_BYTES:
+                core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, kept)
+                core.gpu.allocate(Category.FP32_GRADS_GPU, kept, f"fp32 grads of GPU sub-group "
+                                  f"{last}")
         for group in list(self.fp32):
             self.release(group)
         for group in list(self.accumulated):
-            self.core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, self.accumulated.pop(group))
+            core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, self.accumulated.pop(group))
 
 
 class InterleavedStep:
@@ -121,6 +132,17 @@ class InterleavedStep:
         self.post_step = post_step
         self.gradients = gradients
         self.devices = core.plan.interleaved
+        last = core.plan.last_interleaved_gpu_group
+        self.buffer_elements = 0 if last is None else groups[last]
+        """The size of the GPU fp32 params, exp_avg and exp_avg_sq (`opt_transfers`): the
+        last GPU sub-group's, as the previous step left them (`states.model_states`)."""
+        self.buffer_bytes = round(interleaved_gpu_state_bytes(self.buffer_elements))
+        self.carried_grad = (round(FP32_BYTES * self.buffer_elements)
+                             if core.plan.interleaved_grad_outlives_step else 0)
+        """The previous step's last fp32 gradient, on those params until replaced."""
+        self.stale: list[tuple[int, int]] = []
+        """Buffers (state bytes, gradient bytes) replaced by a GPU sub-group of another size,
+        alive until that sub-group's step drops them from the backup optimizer."""
 
     def run(self) -> Gen:
         core = self.core
@@ -130,6 +152,7 @@ class InterleavedStep:
             device = self.devices[group]
             if device is UpdateDevice.GPU:
                 yield from self._wait(STATE_COPIERS)
+                self._drop_stale()
                 launch_gpu_adam(core, group, elements, costs.TORCH_ADAMW, casts=False)
                 continue
             if device is UpdateDevice.CPU_PREFETCH:
@@ -174,8 +197,33 @@ class InterleavedStep:
                         (FP32_BYTES + core.dtype_bytes) * size, passes=1.0)
             self._copy_each("d2h", previous, OpKind.STATE_TO_HOST)
         if following is not None:
+            self._fit_buffers(following)
             self.gradients.to_fp32(following)
+            if self.carried_grad:
+                core.gpu.free(Category.FP32_GRADS_GPU, self.carried_grad)
+                self.carried_grad = 0
             self._copy_each("h2d", following, OpKind.STATE_TO_GPU)
+
+    def _fit_buffers(self, group: int) -> None:
+        """`opt_transfers` makes new GPU fp32 params, exp_avg and exp_avg_sq when the next
+        GPU sub-group's size differs from theirs; the old ones (with the gradient they carry)
+        stay referenced by the backup optimizer until that sub-group's step (`_drop_stale`)."""
+        elements = self.groups[group]
+        if elements == self.buffer_elements:
+            return
+        fresh = self.core.gpu.allocate(Category.OPTIMIZER_STATES_GPU,
+                                       interleaved_gpu_state_bytes(elements),
+                                       f"fp32 params, exp_avg, exp_avg_sq of GPU sub-group "
+                                       f"{group}")
+        self.stale.append((self.buffer_bytes, self.carried_grad))
+        self.buffer_elements, self.buffer_bytes, self.carried_grad = elements, fresh, 0
+
+    def _drop_stale(self) -> None:
+        """A GPU sub-group's step deletes the backup optimizer's old param and state."""
+        for states, grad in self.stale:
+            self.core.gpu.free(Category.OPTIMIZER_STATES_GPU, states)
+            self.core.gpu.free(Category.FP32_GRADS_GPU, grad)
+        self.stale = []
 
     def _copy_each(self, direction: str, group: int, kind: OpKind) -> None:
         core = self.core

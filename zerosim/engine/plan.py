@@ -93,6 +93,21 @@ class Plan:
         """Whether the interleaved update steps sub-group `group` on the GPU."""
         return bool(self.interleaved) and self.interleaved[group] is UpdateDevice.GPU
 
+    @property
+    def last_interleaved_gpu_group(self) -> int | None:
+        """The interleaved update's last GPU sub-group (None without one): the fork's GPU
+        fp32 params, exp_avg and exp_avg_sq are its size from one step to the next."""
+        on_gpu = [g for g in range(len(self.interleaved)) if self.interleaved_on_gpu(g)]
+        return on_gpu[-1] if on_gpu else None
+
+    @property
+    def interleaved_grad_outlives_step(self) -> bool:
+        """Whether the last GPU sub-group's fp32 gradient outlives the step: only when it is
+        the last sub-group of all, as no `CPU_PREFETCH` sub-group after it sets
+        `.grad = None` (`opt_transfers`)."""
+        last = self.last_interleaved_gpu_group
+        return last is not None and last == len(self.interleaved) - 1
+
     def group_of(self, param: Param) -> int:
         return self.subgroup_of[(param.module, param.index)]
 

@@ -191,12 +191,16 @@ def _interleaved_states(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
     `_create_fp32_partitions`, `opt_transfers`): each sub-group's fp32 params, and a copy of
     its exp_avg and exp_avg_sq, in pinned host memory; DeepSpeedCPUAdam's own states for
     the sub-groups it steps; gap - 1 pinned 16-bit buffers of the largest sub-group; and in
-    HBM the fp32 params, exp_avg and exp_avg_sq of one GPU sub-group at a time (kept from
-    one step to the next) and the last GPU sub-group's fp32 gradient (`GpuGradients`)."""
+    HBM what the last step left: the fp32 params, exp_avg and exp_avg_sq of its last GPU
+    sub-group (the step re-allocates them for a GPU sub-group of another size,
+    `InterleavedStep`), and that sub-group's fp32 gradient where no sub-group after it
+    releases it (`Plan.interleaved_grad_outlives_step`; `GpuGradients`)."""
     gpu, host, pinned = DeviceKind.GPU, DeviceKind.HOST, BufferKind.PINNED
     sizes = plan.subgroups
     on_gpu = [size for g, size in enumerate(sizes) if plan.interleaved_on_gpu(g)]
     on_cpu = sum(sizes) - sum(on_gpu)
+    last = plan.last_interleaved_gpu_group
+    last_size = 0 if last is None else sizes[last]
     gap = ds.offload_optimizer.prefetch_optimizer_gap
     fp32 = _host_allocations([FP32_BYTES * size for size in sizes], pinned)
     return [
@@ -208,12 +212,18 @@ def _interleaved_states(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
         Holding(host, Category.SWAP_BUFFERS,
                 (gap - 1) * costs.pinned_bytes(FP16_BYTES * max(sizes)),
                 "pinned 16-bit buffers", pinned),
-        Holding(gpu, Category.OPTIMIZER_STATES_GPU,
-                (1 + ADAM_STATES) * FP32_BYTES * max(on_gpu, default=0),
-                "fp32 params, exp_avg, exp_avg_sq of one GPU sub-group"),
-        Holding(gpu, Category.FP32_GRADS_GPU, FP32_BYTES * (on_gpu[-1] if on_gpu else 0),
+        Holding(gpu, Category.OPTIMIZER_STATES_GPU, interleaved_gpu_state_bytes(last_size),
+                "fp32 params, exp_avg, exp_avg_sq of the last GPU sub-group"),
+        Holding(gpu, Category.FP32_GRADS_GPU,
+                FP32_BYTES * last_size if plan.interleaved_grad_outlives_step else 0,
                 "fp32 grads of the last GPU sub-group, kept until the next step"),
     ]
+
+
+def interleaved_gpu_state_bytes(elements: int) -> int:
+    """HBM of a GPU sub-group's fp32 params, exp_avg and exp_avg_sq in the interleaved
+    update."""
+    return (1 + ADAM_STATES) * FP32_BYTES * elements
 
 
 def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]:
