@@ -344,6 +344,55 @@ def test_a_configuration_that_does_not_fit_is_a_row_not_a_failure(tmp_path):
     assert f"{row['name']}: {row['oom']}" in " ".join(printed.output.split())
 
 
+FORK_GAP_3 = {"deepspeed_version": "0.13.3+4570a955", "part_grads_async": "True",
+              "prefetch_optimizer": "True", "prefetch_optimizer_gap": "3"}
+
+
+def test_a_measured_run_the_model_does_not_fit_is_timed_with_the_memory_it_needs(tmp_path):
+    """Row 2 (11.20B, DP=1, micro-batch 4) with the fork's interleaved update at gap 3: the
+    model holds one more GiB or so of HBM than a 40 GB A100 has (the GPU sub-groups' 16-bit
+    gradients, the last one's fp32 state). The table measured it, so it fitted: its times
+    are simulated with the HBM raised until every allocation fits, the same times as a run
+    given that HBM, and its row says both."""
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([2], **FORK_GAP_3))
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--no-files", "--json"])
+    assert result.exit_code == 0, result.output
+    row, = json.loads(result.output)["rows"]
+    assert row["status"] == "oom"
+    assert row["oom"].startswith("out of memory on gpu0: fp64 norm ")
+    key, _, value = row["timed_with"].partition("=")
+    assert key == "hardware.gpu.hbm_GiB" and 39.59 < float(value) < 42
+    again = CliRunner().invoke(main, ["run", "scenarios/calibration/polaris/"
+                                      "polaris-11.20b-dp1-mb4-ga1-sg1e08.yaml", "--no-files",
+                                      "--json", "--set", row["timed_with"],
+                                      *(f"--set=deepspeed.zero_optimization.offload_optimizer."
+                                        f"{k}={v}" for k, v in FORK_GAP_3.items()
+                                        if k != "deepspeed_version"),
+                                      "--set", "runtime.deepspeed_version=0.13.3+4570a955",
+                                      "--set", "runtime.bind_cores_to_rank=true"])
+    assert again.exit_code == 0, again.output
+    assert row["predicted_iteration_s"] == json.loads(again.output)["iteration_s"]
+    assert float(row["predicted_peak_allocated_GiB"]) > 39.59 - 0.8
+    printed = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                        "--workers", "1", "--no-files"])
+    text = " ".join(printed.output.split())
+    assert f"timed with {row['timed_with']}, as the measured runs fitted" in text
+    assert "1 do not fit (1 of them timed with more memory)" in text
+
+
+def test_a_run_without_measurements_that_does_not_fit_stays_untimed(tmp_path):
+    """Without measurements nothing says the configuration ever fitted: `oom` is the
+    prediction, and `zerosim run` names the memory under which that allocation would fit."""
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([2], drop=MEASURED, **FORK_GAP_3))
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--no-files", "--json"])
+    row, = json.loads(result.output)["rows"]
+    assert (row["status"], row["timed_with"], row["predicted_iteration_s"]) == ("oom", "", None)
+
+
 def test_a_configuration_zerosim_refuses_is_an_error_row_and_exit_1(tmp_path):
     """ZeRO stage 0 cannot offload the optimizer: DeepSpeed refuses it, so zerosim does."""
     table = tmp_path / "runs.csv"

@@ -10,7 +10,7 @@ from rich.table import Table
 from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.provenance import basis_text
-from zerosim.results.summary import oom_text, phase_time
+from zerosim.results.summary import capacity_that_fits, oom_text, phase_time
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
 from zerosim.units import MS, GiB
@@ -238,6 +238,10 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     console.print(facts)
     if summary.get("oom"):
         console.print(oom_text(summary["oom"]), style="red", markup=False, highlight=False)
+        if (fits := capacity_that_fits(summary["oom"])) is not None:
+            console.print(f"that allocation fits with --set {fits[0]}={fits[1]:.2f} (a later "
+                          "one may need more): to time the configuration as if it fitted",
+                          markup=False, highlight=False)
 
 
 def render_validation(cells, out_dir) -> None:
@@ -441,14 +445,17 @@ def render_predictions(outcome, series=()) -> None:
         repeats = len(p.configuration.runs)
         name = p.scenario_name + (f" x{repeats}" if repeats > 1 else "")
         gpus = f"{p.configuration.first.gpus}" + (f"/{p.nodes}n" if p.nodes > 1 else "")
-        if p.status != "ok":
+        if not p.predicted:
             table.add_row(name, gpus, p.status.upper(), *([""] * (len(QUANTITIES) - 1)))
             continue
-        table.add_row(name, gpus, *(_prediction_cell(p, q) for q in QUANTITIES))
+        table.add_row(name + (" *" if p.status != "ok" else ""), gpus,
+                      *(_prediction_cell(p, q) for q in QUANTITIES))
     console.print(table)
     for p in outcome.predictions:
         if p.error or p.oom:
-            console.print(f"{p.scenario_name}: {p.error or p.oom}", markup=False,
+            timed = (f"; * timed with {p.timed_with_text}, as the measured runs fitted"
+                     if p.timed_with else "")
+            console.print(f"{p.scenario_name}: {p.error or p.oom}{timed}", markup=False,
                           highlight=False)
     parts = []
     for quantity in QUANTITIES:
@@ -458,7 +465,10 @@ def render_predictions(outcome, series=()) -> None:
                          f"largest {max(errors, key=abs):+.1%} ({len(errors)})")
     statuses = {status: sum(p.status == status for p in outcome.predictions)
                 for status in ("ok", "oom", "error")}
+    timed = sum(bool(p.timed_with) for p in outcome.predictions)
     how = ", ".join(f"{n} {PREDICTION_STATUS[status]}" for status, n in statuses.items() if n)
+    if timed:
+        how += f" ({timed} of them timed with more memory)"
     console.print(f"{_count(len(outcome.predictions), 'configuration')} ({how}; "
                   f"{outcome.executor} in {outcome.wall_s:.1f} s)"
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),

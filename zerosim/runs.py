@@ -633,6 +633,11 @@ class Configuration:
             measured = [r.seconds.get(quantity) for r in self.runs]
         return [v for v in measured if v is not None]
 
+    @property
+    def was_measured(self) -> bool:
+        """Whether the table measured any of its runs: then it ran, and fitted its hardware."""
+        return any(self.values(quantity) for quantity in QUANTITIES)
+
     def measured(self, quantity: str) -> float | None:
         """The runs' mean of `quantity`, None where none measured it."""
         values = self.values(quantity)
@@ -788,9 +793,18 @@ class Prediction:
     error: str = ""
     oom: str = ""
     """With status `oom`: the device and the allocation that did not fit (`oom_text`)."""
+    timed_with: Mapping[str, float] = field(default_factory=dict)
+    """With status `oom`, for a measured configuration (which fitted when it ran): the
+    memory (`--set` key: GiB) its predicted times were simulated with (`simulate_tree`);
+    empty when it was not timed."""
 
     def measured(self, quantity: str) -> float | None:
         return self.configuration.measured(quantity)
+
+    @property
+    def timed_with_text(self) -> str:
+        """`timed_with` as `--set` would take it: 'hardware.gpu.hbm_GiB=39.82'."""
+        return " ".join(f"{key}={value:.2f}" for key, value in self.timed_with.items())
 
     def rel_error(self, quantity: str) -> float | None:
         """(predicted - measured) / measured, None where either is missing."""
@@ -800,10 +814,41 @@ class Prediction:
         return predicted / measured - 1
 
 
-def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
-              ) -> dict[str, Any]:
+MAX_CAPACITY_RAISES = 8
+"""How many times `simulate_tree` raises a device's memory for a measured configuration that
+the model puts over it (each raise covers the allocation that did not fit; a later one may
+need more)."""
+
+
+def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str, *,
+                  measured: bool = False) -> dict[str, Any]:
     """One configuration in a worker: its summary and its profile's CUDA context size (what
-    `torch.cuda.max_memory_allocated` does not count)."""
+    `torch.cuda.max_memory_allocated` does not count).
+
+    A `measured` configuration ran, so it fitted its hardware: where the model puts it over a
+    device's memory (status `oom`), and no override sets that memory, it is simulated again
+    with the memory raised to what the allocation needed (`capacity_that_fits`), as often
+    as needed up to `MAX_CAPACITY_RAISES`: the summary's `oom` stays the first one, and
+    `timed_with` holds the raised values (the `--set` key and GiB) its times were taken
+    with."""
+    from zerosim.results.summary import capacity_that_fits
+
+    summary = _summary_of(tree, overrides, source)
+    first_oom = summary.get("oom")
+    raised: dict[str, float] = {}
+    for _ in range(MAX_CAPACITY_RAISES if measured and first_oom else 0):
+        fits = capacity_that_fits(summary["oom"]) if summary["status"] == "oom" else None
+        if fits is None or fits[0] in overrides:
+            break
+        raised[fits[0]] = fits[1]
+        summary = _summary_of(tree, {**overrides, **raised}, source)
+    if raised:
+        summary["oom"], summary["timed_with"] = first_oom, raised
+    return summary
+
+
+def _summary_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
+                ) -> dict[str, Any]:
     import warnings
 
     from zerosim.api import simulate_summary
@@ -820,22 +865,23 @@ def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source:
 
 def _prediction(configuration: Configuration, name: str, nodes: int,
                 summary: Mapping[str, Any] | BaseException) -> Prediction:
-
     if isinstance(summary, BaseException):
         return Prediction(configuration, name, nodes, "error", {},
                           error=f"{type(summary).__name__}: {summary}")
-    if summary["status"] != "ok":
-        from zerosim.results.summary import oom_text
+    from zerosim.results.summary import oom_text
 
-        oom = summary.get("oom")
-        return Prediction(configuration, name, nodes, summary["status"], {},
-                          oom=oom_text(oom, with_time=False) if oom else "")
+    oom = summary.get("oom")
+    oom_line = oom_text(oom, with_time=False) if oom else ""
+    if summary["status"] != "ok":
+        return Prediction(configuration, name, nodes, summary["status"], {}, oom=oom_line)
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
     predicted = {**steps, "iteration": summary["iteration_s"],
                  PEAK_ALLOCATED: summary["peak_hbm_GiB"] * GiB
                  - summary["runtime_context_bytes"],
                  PEAK_HOST: summary["peak_host_GiB"] * GiB}
-    return Prediction(configuration, name, nodes, "ok", predicted)
+    timed_with = summary.get("timed_with", {})
+    return Prediction(configuration, name, nodes, "oom" if timed_with else "ok", predicted,
+                      oom=oom_line, timed_with=timed_with)
 
 
 @dataclass
@@ -902,7 +948,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):
         futures = [executor.submit(simulate_tree, tree, dict(overrides or {}),
-                                   f"{source} row {c.first.row}")
+                                   f"{source} row {c.first.row}", measured=c.was_measured)
                    for c, _, _, tree in jobs]
         for (configuration, name, nodes, _), future in zip(jobs, futures, strict=True):
             error = future.exception()
@@ -923,7 +969,7 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "bind_cores_to_r
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
                       *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      "error", "oom")
+                      "error", "oom", "timed_with")
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
@@ -933,7 +979,7 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
                            "build": run.build, "bind_cores_to_rank": run.bind_cores_to_rank,
                            "empty_cache_each_phase": run.empties_cache, "status": p.status,
-                           "error": p.error, "oom": p.oom}
+                           "error": p.error, "oom": p.oom, "timed_with": p.timed_with_text}
     for q in QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 from zerosim.engine.records import PhaseSpan, Span, Table, with_copies
 from zerosim.hardware import costs
 from zerosim.units import GB, GiB
-from zerosim.vocabulary import PCIE_STREAMS, PHASE_TIMES, DeviceKind, Phase, PhaseTime, devices_of
+from zerosim.vocabulary import (
+    PCIE_STREAMS,
+    PHASE_TIMES,
+    DeviceKind,
+    Phase,
+    PhaseTime,
+    device_kind,
+    devices_of,
+)
 
 if TYPE_CHECKING:
     from zerosim.engine.simulate import RawRun
@@ -173,6 +181,23 @@ def oom_text(oom: dict[str, Any], *, with_time: bool = True) -> str:
     return (f"out of memory on {oom['device']}{when}: {oom['allocation']} ({oom['category']}) "
             f"needs {oom['requested_GiB']:.2f} GiB with {oom['in_use_GiB']:.2f} of "
             f"{oom['capacity_GiB']:.2f} GiB in use")
+
+
+CAPACITY_KEYS = {DeviceKind.GPU: "hardware.gpu.hbm_GiB",
+                 DeviceKind.HOST: "hardware.host.memory_GiB"}
+"""The `--set` key of each kind of device's memory (a GPU's HBM, a node's host memory),
+which `capacity_that_fits` raises; an NVMe drive's capacity is per drive, and not raised."""
+
+
+def capacity_that_fits(oom: dict[str, Any]) -> tuple[str, float] | None:
+    """The `--set` key and value (GiB, the next 0.01 above what was in use plus what it asked
+    for) under which the allocation that did not fit would have. None for a device whose
+    capacity `CAPACITY_KEYS` does not name. A later allocation may still need more."""
+    key = CAPACITY_KEYS.get(device_kind(oom["device"]))
+    if key is None:
+        return None
+    needed = oom["in_use_GiB"] + oom["requested_GiB"]
+    return key, (math.floor(needed * 100) + 1) / 100
 
 
 def summarize(raw: RawRun) -> dict[str, Any]:
