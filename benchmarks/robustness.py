@@ -15,7 +15,9 @@ hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or the CP
 DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager and
 flash attention. It
 prints how many ran, how many did not fit (a result, not a failure) grouped by the device,
-kind of allocation and module that did not fit, every clear refusal grouped by its message,
+kind of allocation and module that did not fit, with how far past the device's capacity
+(GiB: a fraction of one is within the memory model's error), every clear refusal grouped by
+its message,
 and every crash
 or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
 asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
@@ -158,6 +160,12 @@ def _misfit(oom: dict) -> str:
     return f"{oom['device']} {oom['category']} ({allocation})"
 
 
+def _short_GiB(oom: dict) -> float:
+    """How far the allocation that did not fit takes its device past its capacity: a
+    configuration a fraction of a GiB over sits within the memory model's error."""
+    return oom["in_use_GiB"] + oom["requested_GiB"] - oom["capacity_GiB"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a quarter of the cases")
@@ -167,6 +175,7 @@ def main() -> int:
     statuses: Counter[str] = Counter()
     refusals: Counter[str] = Counter()
     misfits: dict[str, list[str]] = {}
+    short: dict[str, list[float]] = {}
     crashes: list[str] = []
     started = time.perf_counter()
     for path, overrides in todo:
@@ -182,6 +191,7 @@ def main() -> int:
         statuses[summary["status"]] += 1
         if summary["status"] == "oom":
             misfits.setdefault(_misfit(summary["oom"]), []).append(label)
+            short.setdefault(_misfit(summary["oom"]), []).append(_short_GiB(summary["oom"]))
         times = [v for v in summary["phases_s"].values() if v is not None]
         if summary["status"] == "ok" and not all(math.isfinite(v) and v >= 0 for v in times):
             crashes.append(f"{label}\nnon-finite or negative phase time: {summary['phases_s']}")
@@ -191,7 +201,9 @@ def main() -> int:
     for message, n in refusals.most_common():
         print(f"  refused x{n}: {message}")
     for where, labels in sorted(misfits.items(), key=lambda item: -len(item[1])):
-        print(f"  did not fit x{len(labels)}: {where}; first: {labels[0]}")
+        over = short[where]
+        print(f"  did not fit x{len(labels)}: {where}, {min(over):.2f}-{max(over):.2f} GiB "
+              f"over; first: {labels[0]}")
     for crash in crashes:
         print(f"CRASH {crash}")
     return 1 if crashes else 0
