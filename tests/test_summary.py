@@ -4,6 +4,7 @@ it replaces, to the bit, and equals the full result's summary."""
 from __future__ import annotations
 
 import pandas as pd
+from conftest import q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,3 +61,23 @@ def test_memory_after_each_phase_is_rank_0_s_at_its_last_micro_batch(toy):
     assert result.summary["hbm_after_GiB"] == {
         "forward": end("forward", 1), "backward_non_boundary": end("backward", 0),
         "backward_boundary": end("backward", 1), "update": end("update", 1)}
+
+
+def test_a_run_that_fits_by_less_than_the_peaks_error_is_called_tight(toy, capsys):
+    """A GPU given 1% more than the toy's peak: the run fits, but by less than zerosim's
+    peaks err (`PEAK_ERROR_FRACTION`), and `zerosim run`'s summary says so; at twice its peak
+    it says nothing."""
+    from zerosim.report import render_summary
+    from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory
+
+    peak = toy.run({}).summary["peak_hbm_GiB"]
+    tight = toy.run({"hardware": {"gpu": {"hbm_GiB": q(peak * 1.01)}}}).summary
+    assert tight["status"] == "ok" and tight["peak_hbm_GiB"] == peak
+    assert tight_memory(tight) == [("HBM", peak, peak * 1.01)]
+    assert PEAK_ERROR_FRACTION > 0.01
+    roomy = toy.run({"hardware": {"gpu": {"hbm_GiB": q(peak * 2)}}}).summary
+    assert tight_memory(roomy) == []
+    render_summary(tight)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert (f"tight: peak HBM {peak:.2f} of {peak * 1.01:.2f} GiB is within 4% of the "
+            "capacity") in printed

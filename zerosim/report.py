@@ -10,7 +10,13 @@ from rich.table import Table
 from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.provenance import basis_text
-from zerosim.results.summary import capacity_that_fits, oom_text, phase_time
+from zerosim.results.summary import (
+    PEAK_ERROR_FRACTION,
+    capacity_that_fits,
+    oom_text,
+    phase_time,
+    tight_memory,
+)
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
 from zerosim.units import MS, GiB
@@ -236,6 +242,11 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     if out_dir is not None:
         facts.add_row("outputs", str(out_dir))
     console.print(facts)
+    for what, peak, capacity in tight_memory(summary):
+        console.print(f"tight: peak {what} {peak:.2f} of {capacity:.2f} GiB is within "
+                      f"{PEAK_ERROR_FRACTION:.0%} of the capacity, where zerosim's peaks can "
+                      "err (zerosim validate): a real run may not fit", style="yellow",
+                      markup=False, highlight=False)
     if summary.get("oom"):
         console.print(oom_text(summary["oom"]), style="red", markup=False, highlight=False)
         if (fits := capacity_that_fits(summary["oom"])) is not None:

@@ -200,6 +200,23 @@ def capacity_that_fits(oom: dict[str, Any]) -> tuple[str, float] | None:
     return key, (math.floor(needed * 100) + 1) / 100
 
 
+PEAK_ERROR_FRACTION = 0.04
+"""How far zerosim's memory peaks sit from measured ones (`zerosim validate`: rank 0's peak
+allocated GPU memory -3.1% to +1.0% on the two testbeds, the H200 VM's real DeepSpeed runs
+-0.5% to +4.0%): a configuration that fits by less than this may not fit in a real run."""
+
+
+def tight_memory(summary: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(what, peak GiB, capacity GiB) of the fullest GPU and node when a run that fits comes
+    within `PEAK_ERROR_FRACTION` of their capacity."""
+    if summary.get("status") != "ok":
+        return []
+    pairs = (("HBM", summary.get("peak_hbm_GiB"), summary.get("hbm_capacity_GiB")),
+             ("host memory", summary.get("peak_host_GiB"), summary.get("host_capacity_GiB")))
+    return [(what, peak, capacity) for what, peak, capacity in pairs
+            if peak is not None and capacity and peak > (1 - PEAK_ERROR_FRACTION) * capacity]
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
