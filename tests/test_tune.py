@@ -14,6 +14,7 @@ import zerosim
 from zerosim.tune import (
     Config,
     TuneError,
+    _simulated,
     as_given,
     candidates,
     filling_threads,
@@ -127,6 +128,23 @@ def test_tune_ranks_what_fits_and_writes_the_table(toy_file, tmp_path):
     assert [r["rank"] for r in rows] == [str(r["rank"]) for r in outcome.rows]
     assert float(rows[0]["iteration_s"]) == best["iteration_s"]
     assert why_best(outcome.rows).startswith(f"fastest: {best['config'].describe()}")
+
+
+def test_a_tight_configuration_is_marked_and_the_fastest_with_room_named(toy_file):
+    """A configuration whose peak comes within `PEAK_ERROR_FRACTION` of a device's memory is
+    noted as tight; when it is the fastest, the sentence names the fastest with room."""
+    outcome = tune(toy_file, fix=["reduce_bucket_size", "sub_group_size", "ratio"], workers=1)
+    best, second = outcome.rows[0], outcome.rows[1]
+    _simulated(best, {"status": "ok", "iteration_s": best["iteration_s"],
+                      "peak_hbm_GiB": 15.9, "hbm_capacity_GiB": 16.0,
+                      "peak_host_GiB": 1.0, "host_capacity_GiB": 64.0}, tokens=32)
+    assert best["tight"] == ("HBM",)
+    assert best["note"] == ("tight: peak HBM 15.90 of 16.00 GiB, within 4%: a real run may "
+                            "not fit")
+    assert second["tight"] == ()
+    assert (f"its peak HBM within 4% of the device's memory (the fastest with room to spare: "
+            f"{second['config'].describe()}, {second['iteration_s']:.2f} s)"
+            in why_best(outcome.rows))
 
 
 def test_the_command_prints_the_ranking_and_why(toy_file, tmp_path):

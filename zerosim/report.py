@@ -316,9 +316,15 @@ def render_tune(outcome, *, top: int = 10) -> None:
     fitting = [r for r in outcome.rows if r["status"] == "ok"]
     for row in fitting[:top]:
         table.add_row(str(row["rank"]), row["config"].describe(), f"{row['iteration_s']:.3f}",
-                      f"{row['tokens_per_s']:,.0f}", f"{row['peak_hbm_GiB']:.1f}",
-                      f"{row['peak_host_GiB']:.1f}")
+                      f"{row['tokens_per_s']:,.0f}",
+                      f"{row['peak_hbm_GiB']:.1f}" + ("*" if "HBM" in row["tight"] else ""),
+                      f"{row['peak_host_GiB']:.1f}"
+                      + ("*" if "host memory" in row["tight"] else ""))
     console.print(table)
+    if any(row["tight"] for row in fitting[:top]):
+        console.print(f"* within {PEAK_ERROR_FRACTION:.0%} of the device's memory, the most "
+                      "zerosim's peaks sit from measured ones: a real run may not fit",
+                      markup=False, highlight=False)
     counts: dict[str, int] = {}
     for row in outcome.rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1

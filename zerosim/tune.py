@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerosim.errors import ZerosimError
+from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory
 
 if TYPE_CHECKING:
     from zerosim.scenario import Scenario
@@ -319,7 +320,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "binding": config.binding, "threads": config.threads, "what_if": config.what_if,
             "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
-            "phases_s": {}}
+            "phases_s": {}, "tight": ()}
 
 
 def _simulated(row: dict[str, Any], result: Mapping[str, Any], tokens: int) -> None:
@@ -334,6 +335,12 @@ def _simulated(row: dict[str, Any], result: Mapping[str, Any], tokens: int) -> N
         row["tokens_per_s"] = tokens / iteration
     row["peak_hbm_GiB"] = result.get("peak_hbm_GiB")
     row["peak_host_GiB"] = result.get("peak_host_GiB")
+    tight = tight_memory(dict(result))
+    row["tight"] = tuple(what for what, _, _ in tight)
+    if tight:
+        row["note"] = "tight: " + ", ".join(
+            f"peak {what} {peak:.2f} of {capacity:.2f} GiB" for what, peak, capacity in tight) + (
+            f", within {PEAK_ERROR_FRACTION:.0%}: a real run may not fit")
     row["phases_s"] = {k.removeprefix("phases_s."): v for k, v in result.items()
                        if k.startswith("phases_s.")}
 
@@ -478,6 +485,12 @@ def why_best(rows: list[dict[str, Any]]) -> str:
     best = fitting[0]
     text = (f"fastest: {best['config'].describe()}, {best['iteration_s']:.2f} s per "
             f"iteration ({best['tokens_per_s']:,.0f} tokens/s)")
+    if best.get("tight"):
+        safe = next((r for r in fitting if not r.get("tight")), None)
+        text += (f", its peak {' and '.join(best['tight'])} within {PEAK_ERROR_FRACTION:.0%} "
+                 "of the device's memory" + (
+                     f" (the fastest with room to spare: {safe['config'].describe()}, "
+                     f"{safe['iteration_s']:.2f} s)" if safe is not None else ""))
     if len(fitting) == 1:
         return text + "; it is the only one that fits"
     runner = fitting[1]
