@@ -836,11 +836,13 @@ def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source:
     summary = _summary_of(tree, overrides, source)
     first_oom = summary.get("oom")
     raised: dict[str, float] = {}
-    for _ in range(MAX_CAPACITY_RAISES if measured and first_oom else 0):
-        fits = capacity_that_fits(summary["oom"]) if summary["status"] == "oom" else None
+    raises = 0
+    while measured and summary["status"] == "oom" and raises < MAX_CAPACITY_RAISES:
+        fits = capacity_that_fits(summary["oom"])
         if fits is None or fits[0] in overrides:
             break
         raised[fits[0]] = fits[1]
+        raises += 1
         summary = _summary_of(tree, {**overrides, **raised}, source)
     if raised:
         summary["oom"], summary["timed_with"] = first_oom, raised
