@@ -46,6 +46,13 @@ CASES: dict[str, tuple[Path, dict]] = {
     "dp1-oom-forward": (DP1, {"hardware.gpu.hbm_GiB": 40}),
     "dp4-oom-forward": (DP4, {"hardware.gpu.hbm_GiB": 20}),
     "dp2-oom-host": (DP2, {"hardware.host.memory_GiB": 200}),
+    "polaris-dos-gap3": (SCENARIOS / "polaris_dos.yaml", {}),
+    "polaris-11.20b-dp4-gap2": (POLARIS / "polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml", {
+        "runtime.deepspeed_version": "0.13.3+4570a955",
+        Z + "offload_optimizer.part_grads_async": True,
+        Z + "offload_optimizer.prefetch_optimizer": True,
+        Z + "offload_optimizer.prefetch_optimizer_gap": 2}),
+    "qwen3-moe-dgx-h100": (SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
 }
 
 
