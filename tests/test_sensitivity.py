@@ -16,12 +16,15 @@ from zerosim.hardware.provenance import parse_provenance
 from zerosim.scenario import load_scenario
 from zerosim.sensitivity import (
     COLUMNS,
+    MORE_IS_FASTER,
+    MORE_IS_SLOWER,
     Candidate,
     DoesNotFit,
     Sensitivity,
     SensitivityOutcome,
     candidates,
     elasticity,
+    expected_sign,
     measure,
     sensitivity,
     steps,
@@ -134,6 +137,7 @@ def test_cli_ranks_the_values_and_writes_every_row(tmp_path):
                                     out / "sensitivity.csv")
     assert "hardware.pcie.h2d_pageable_GBps" in output
     assert "1 more move the iteration by less than" in output
+    assert "against physics: none" in output
     assert list(rows[0]) == list(COLUMNS)
     assert [r["key"] for r in rows] == ["hardware.pcie.h2d_pageable_GBps",
                                         "hardware.network.nic_GBps"]
@@ -167,6 +171,7 @@ def test_cli_json_and_its_refusals(tmp_path):
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.output)
     assert data["rows"][0]["elasticity_iteration"] == 0.0
+    assert data["against_physics"] == [] and data["rows"][0]["against_physics"] is False
     bad = CliRunner().invoke(main, ["sensitivity", DP1, "--no-files", "--key", "gpu.bogus"])
     assert bad.exit_code == 2 and "--key" in bad.output
     oom = CliRunner().invoke(main, ["sensitivity", DP1, "--no-files", "--workers", "1",
@@ -229,3 +234,35 @@ def test_the_stated_errors_add_in_quadrature_weighted_by_their_elasticities():
     assert sigma == pytest.approx(math.sqrt(0.02 ** 2 + 0.02 ** 2), abs=1e-15)
     assert outcome.rows[0].as_row()["iteration_sigma_pct"] == pytest.approx(2.0, abs=1e-12)
     assert outcome.rows[2].as_row()["iteration_sigma_pct"] is None
+
+
+@pytest.mark.parametrize("name", SHIPPED_PROFILES)
+def test_every_value_sensitivity_moves_has_the_direction_its_physics_allows(name):
+    """A larger bandwidth, rate, clock, efficiency or thread count can only shorten a time, a
+    larger latency, fixed cost, host time or contention only lengthen it; the one value that
+    can do either is the bandwidth share between copies and CPU kernels."""
+    keys = {c.key for c in candidates(load_scenario(DP1, {"hardware": name}), 0.1)}
+    either = {k for k in keys if expected_sign(k) == 0}
+    assert either <= {"hardware.host.dma_memory_weight"}, either
+    assert not MORE_IS_FASTER & MORE_IS_SLOWER
+
+
+def _signed(key: str, iteration: float | None) -> Sensitivity:
+    return Sensitivity(key, "assumed", 1.0, 0.9, 1.1, iteration, None, None, None, None)
+
+
+def test_a_value_moving_the_iteration_against_its_physics_is_named():
+    bandwidth, latency = "hardware.pcie.h2d_pinned_GBps", "hardware.pcie.latency_us"
+    weight = "hardware.host.dma_memory_weight"
+    outcome = SensitivityOutcome("s", "h", 0.1, {}, [
+        _signed(bandwidth, 0.004), _signed(latency, -0.02), _signed(weight, 0.5),
+        _signed("hardware.nvlink.bus_GBps", 0.03), _signed("stack.host.step_ms", None),
+        _signed("hardware.gpu.hbm_GBps", -0.4)])
+    assert [r.key for r in outcome.against_physics()] == ["hardware.nvlink.bus_GBps", latency]
+    assert outcome.rows[3].as_row()["against_physics"] is True
+    assert outcome.rows[0].as_row()["against_physics"] is False
+
+
+def test_no_value_moves_the_study_run_against_its_physics(dp1):
+    assert dp1.against_physics() == []
+    assert {expected_sign(r.key) * r.iteration >= 0 for r in dp1.rows} == {True}

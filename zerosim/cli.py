@@ -639,6 +639,7 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     if as_json:
         _print_json({"scenario": outcome.scenario_name, "hardware": outcome.hardware,
                      "step": outcome.step, "base_s": outcome.base,
+                     "against_physics": [r.key for r in outcome.against_physics()],
                      "rows": [r.as_row() for r in outcome.ranked(everything=everything)]})
         return
     render_sensitivity(outcome, everything=everything)

@@ -380,6 +380,22 @@ def _uncertainty_text(outcome) -> str:
     return text
 
 
+def _physics_text(outcome) -> str:
+    """Whether every value moves the iteration the way a larger one can (a bandwidth shortening
+    it, a latency lengthening it), else which do not (`Sensitivity.against_physics`)."""
+    from zerosim.sensitivity import SHOWN_ELASTICITY
+
+    against = outcome.against_physics()
+    if not against:
+        return ("against physics: none (no larger bandwidth, rate or efficiency lengthens the "
+                f"iteration, and no larger latency or cost shortens it, by {SHOWN_ELASTICITY} "
+                "per 1% or more)")
+    listed = ", ".join(f"{row.key} {row.iteration:+.3f}" for row in against)
+    return (f"against physics: {listed} (a larger value moves the iteration the other way "
+            "from what it can do to it: contention can make that real, rarely by much; a "
+            "large one is where to look for a fault)")
+
+
 def render_sensitivity(outcome, *, everything: bool = False) -> None:
     """The values of `zerosim sensitivity`, ranked by their effect on the iteration, then the
     notes of the values that could not be moved both ways."""
@@ -408,6 +424,7 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
                       "" if sigma is None else f"{100 * sigma:.2f}%")
     console.print(table)
     console.print(_uncertainty_text(outcome), markup=False, highlight=False)
+    console.print(_physics_text(outcome), markup=False, highlight=False)
     for row in shown:
         if row.note:
             console.print(f"{row.key}: {row.note}", markup=False, highlight=False)

@@ -43,7 +43,44 @@ bit (a value the configuration does not use) give 0, not 1e-15."""
 QUANTITIES_SHOWN = ("iteration", *PHASE_TIMES)
 """The times whose elasticities each row carries: the iteration, then the phase means."""
 COLUMNS = ("key", "basis", "stderr_pct", "value", "low", "high",
-           *(f"elasticity_{q}" for q in QUANTITIES_SHOWN), "iteration_sigma_pct", "note")
+           *(f"elasticity_{q}" for q in QUANTITIES_SHOWN), "iteration_sigma_pct",
+           "against_physics", "note")
+
+MORE_IS_FASTER = frozenset({
+    "hardware.gpu.peak_16bit_TFLOPS", "hardware.gpu.hbm_GBps", "hardware.gpu.sm_clock_fraction",
+    "hardware.gpu.gemm_efficiency", "hardware.gpu.flash_attention_efficiency",
+    "hardware.gpu.memory_efficiency", "hardware.gpu.gemm_memory_efficiency",
+    "hardware.gpu.strided_memory_efficiency", "hardware.gpu.softmax_memory_efficiency",
+    "hardware.gpu.cuda_malloc_GBps", "hardware.pcie.h2d_pinned_GBps",
+    "hardware.pcie.d2h_pinned_GBps", "hardware.pcie.h2d_pageable_GBps",
+    "hardware.pcie.d2h_pageable_GBps", "hardware.nvlink.bus_GBps", "hardware.network.nic_GBps",
+    "hardware.host.cpu_boost_GHz", "hardware.host.memory_GBps_per_domain",
+    "hardware.host.socket_link_GBps", "hardware.host.socket_link_total_GBps",
+    "hardware.cpu.adam_params_per_s_per_thread", "hardware.cpu.elementwise_GBps_per_thread",
+    "hardware.cpu.page_zeroing_GBps", "hardware.cpu.cast_threads",
+    "hardware.nvme.read_GBps_per_drive", "hardware.nvme.write_GBps_per_drive"})
+"""Values a larger one of which can only give the work more of a resource (a bandwidth, a
+rate, a clock, an efficiency, threads): a time they lengthen is against their physics."""
+MORE_IS_SLOWER = frozenset({
+    "hardware.gpu.gemm_k_overhead", "hardware.gpu.gemm_latency_us",
+    "hardware.gpu.flash_attention_block_keys", "hardware.gpu.flash_attention_softmax_dims",
+    "hardware.gpu.kernel_gap_us", "hardware.pcie.latency_us", "hardware.nvlink.latency_us",
+    "hardware.network.latency_us", "hardware.host.remote_access_cost",
+    "hardware.cpu.page_zeroing_contention", "hardware.cpu.oversubscription_penalty",
+    "hardware.cpu.oversubscribed_region_ms", "hardware.nvme.latency_us",
+    *(f"stack.{key}" for key in STACK_KEYS)})
+"""Values a larger one of which can only add work or wait (a latency, a fixed cost, a host
+time, a contention or cost factor, bytes moved): a time they shorten is against their
+physics. `hardware.host.dma_memory_weight` is in neither: it shares a domain's bandwidth
+between copies and CPU kernels, so a larger one speeds the one and slows the other."""
+
+
+def expected_sign(key: str) -> int:
+    """The sign a value's elasticity of a time should have: -1 (a larger value can only
+    shorten it), +1 (only lengthen it), 0 (either)."""
+    if key in MORE_IS_FASTER:
+        return -1
+    return 1 if key in MORE_IS_SLOWER else 0
 
 
 class DoesNotFit(ZerosimError):
@@ -76,6 +113,17 @@ class Sensitivity:
         return getattr(self, quantity)
 
     @property
+    def against_physics(self) -> bool:
+        """The iteration moves the other way from what a larger value can do to it
+        (`expected_sign`), by at least `SHOWN_ELASTICITY` per 1%: a larger bandwidth
+        lengthening it, a larger latency shortening it. Contention can make that real (a copy
+        that ends sooner runs into a kernel it missed before), but rarely by much; a large one
+        is where to look for a fault in the model."""
+        sign = expected_sign(self.key)
+        e = self.iteration
+        return bool(sign and e is not None and e * sign <= -SHOWN_ELASTICITY)
+
+    @property
     def iteration_sigma(self) -> float | None:
         """The iteration's relative 1-sigma error from this value's standard error alone
         (first order: |elasticity| x relative standard error)."""
@@ -90,6 +138,7 @@ class Sensitivity:
         row.update({f"elasticity_{q}": self.elasticity(q) for q in QUANTITIES_SHOWN})
         sigma = self.iteration_sigma
         row["iteration_sigma_pct"] = None if sigma is None else 100 * sigma
+        row["against_physics"] = self.against_physics
         row["note"] = self.note
         return row
 
@@ -113,6 +162,12 @@ class SensitivityOutcome:
         Assumed values have none and are not in it."""
         sigmas = [r.iteration_sigma for r in self.rows if r.iteration_sigma is not None]
         return math.sqrt(sum(x * x for x in sigmas)), len(sigmas)
+
+    def against_physics(self) -> list[Sensitivity]:
+        """The values that move the iteration against their physics (`Sensitivity.against_physics`),
+        largest first."""
+        return sorted((r for r in self.rows if r.against_physics),
+                      key=lambda r: (-abs(r.iteration or 0.0), r.key))
 
     def ranked(self, *, everything: bool = False) -> list[Sensitivity]:
         """By |elasticity of the iteration|, largest first; the negligible ones only when
