@@ -393,6 +393,32 @@ def test_a_run_without_measurements_that_does_not_fit_stays_untimed(tmp_path):
     assert (row["status"], row["timed_with"], row["predicted_iteration_s"]) == ("oom", "", None)
 
 
+def test_a_prediction_that_fits_within_the_memory_models_error_is_named_tight(tmp_path):
+    """Row 15 fits a 40 GB A100 with room to spare; given an HBM 2% above its peak (CUDA
+    context included) it still fits, but within the 4% zerosim's peaks sit from measured
+    ones: the row says so, in the CSV's `tight` column and under the table."""
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([15], drop=MEASURED))
+
+    def predicted(*extra: str) -> tuple[dict, str]:
+        args = ["predict", str(table), "--hardware", "polaris-a100", "--workers", "1",
+                "--no-files", *extra]
+        data = CliRunner().invoke(main, [*args, "--json"])
+        assert data.exit_code == 0, data.output
+        row, = json.loads(data.output)["rows"]
+        return row, " ".join(CliRunner().invoke(main, args).output.split())
+
+    roomy, text = predicted()
+    assert roomy["tight"] == "" and "tight" not in text
+    peak = float(roomy["predicted_peak_allocated_GiB"]) + 0.8
+    row, text = predicted("--set", f"hardware.gpu.hbm_GiB={1.02 * peak:.2f}")
+    assert row["status"] == "ok"
+    assert row["tight"] == f"peak HBM {peak:.2f} of {1.02 * peak:.2f} GiB"
+    assert (f"{row['name']}: tight: {row['tight']}, within 4% (the memory model's error): "
+            "a real run may not fit") in text
+    assert "(1 simulated, 1 tight;" in text
+
+
 def test_a_configuration_zerosim_refuses_is_an_error_row_and_exit_1(tmp_path):
     """ZeRO stage 0 cannot offload the optimizer: DeepSpeed refuses it, so zerosim does."""
     table = tmp_path / "runs.csv"

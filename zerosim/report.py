@@ -491,6 +491,10 @@ def render_predictions(outcome, series=()) -> None:
                      if p.timed_with else "")
             console.print(f"{p.scenario_name}: {p.error or p.oom}{timed}", markup=False,
                           highlight=False)
+        elif p.tight:
+            console.print(f"{p.scenario_name}: tight: {p.tight}, within "
+                          f"{PEAK_ERROR_FRACTION:.0%} (the memory model's error): a real run "
+                          "may not fit", markup=False, highlight=False)
     parts = []
     for quantity in QUANTITIES:
         errors = outcome.errors(quantity)
@@ -500,9 +504,12 @@ def render_predictions(outcome, series=()) -> None:
     statuses = {status: sum(p.status == status for p in outcome.predictions)
                 for status in ("ok", "oom", "error")}
     timed = sum(bool(p.timed_with) for p in outcome.predictions)
+    tight = sum(bool(p.tight) for p in outcome.predictions)
     how = ", ".join(f"{n} {PREDICTION_STATUS[status]}" for status, n in statuses.items() if n)
     if timed:
         how += f" ({timed} of them timed with more memory)"
+    if tight:
+        how += f", {tight} tight"
     console.print(f"{_count(len(outcome.predictions), 'configuration')} ({how}; "
                   f"{outcome.executor} in {outcome.wall_s:.1f} s)"
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),

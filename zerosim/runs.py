@@ -797,6 +797,10 @@ class Prediction:
     """With status `oom`, for a measured configuration (which fitted when it ran): the
     memory (`--set` key: GiB) its predicted times were simulated with (`simulate_tree`);
     empty when it was not timed."""
+    tight: str = ""
+    """With status `ok`: the fullest GPU's or node's peak where it comes within the memory
+    model's error of the capacity (`results.summary.tight_memory`), as 'peak HBM 39.21 of
+    39.59 GiB': a real run may not fit."""
 
     def measured(self, quantity: str) -> float | None:
         return self.configuration.measured(quantity)
@@ -870,10 +874,12 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
     if isinstance(summary, BaseException):
         return Prediction(configuration, name, nodes, "error", {},
                           error=f"{type(summary).__name__}: {summary}")
-    from zerosim.results.summary import oom_text
+    from zerosim.results.summary import oom_text, tight_memory
 
     oom = summary.get("oom")
     oom_line = oom_text(oom, with_time=False) if oom else ""
+    tight = "; ".join(f"peak {what} {peak:.2f} of {capacity:.2f} GiB"
+                      for what, peak, capacity in tight_memory(summary))
     if summary["status"] != "ok":
         return Prediction(configuration, name, nodes, summary["status"], {}, oom=oom_line)
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
@@ -883,7 +889,7 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
                  PEAK_HOST: summary["peak_host_GiB"] * GiB}
     timed_with = summary.get("timed_with", {})
     return Prediction(configuration, name, nodes, "oom" if timed_with else "ok", predicted,
-                      oom=oom_line, timed_with=timed_with)
+                      oom=oom_line, timed_with=timed_with, tight=tight)
 
 
 @dataclass
@@ -971,7 +977,7 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "bind_cores_to_r
                         for kind in ("predicted", "measured")),
                       *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
                       *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      "error", "oom", "timed_with")
+                      "error", "oom", "timed_with", "tight")
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
@@ -981,7 +987,8 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "name": p.scenario_name, "gpus": run.gpus, "nodes": p.nodes,
                            "build": run.build, "bind_cores_to_rank": run.bind_cores_to_rank,
                            "empty_cache_each_phase": run.empties_cache, "status": p.status,
-                           "error": p.error, "oom": p.oom, "timed_with": p.timed_with_text}
+                           "error": p.error, "oom": p.oom, "timed_with": p.timed_with_text,
+                           "tight": p.tight}
     for q in QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]
