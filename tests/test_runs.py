@@ -380,6 +380,7 @@ def test_a_measured_run_the_model_does_not_fit_is_timed_with_the_memory_it_needs
     text = " ".join(printed.output.split())
     assert f"timed with {row['timed_with']}, as the measured runs fitted" in text
     assert "1 do not fit (1 of them timed with more memory)" in text
+    assert row["tight"] == "" and "tight" not in text
 
 
 def test_a_run_without_measurements_that_does_not_fit_stays_untimed(tmp_path):

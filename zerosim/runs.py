@@ -874,12 +874,10 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
     if isinstance(summary, BaseException):
         return Prediction(configuration, name, nodes, "error", {},
                           error=f"{type(summary).__name__}: {summary}")
-    from zerosim.results.summary import oom_text, tight_memory
+    from zerosim.results.summary import oom_text, tight_text
 
     oom = summary.get("oom")
     oom_line = oom_text(oom, with_time=False) if oom else ""
-    tight = "; ".join(f"peak {what} {peak:.2f} of {capacity:.2f} GiB"
-                      for what, peak, capacity in tight_memory(summary))
     if summary["status"] != "ok":
         return Prediction(configuration, name, nodes, summary["status"], {}, oom=oom_line)
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
@@ -889,7 +887,8 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
                  PEAK_HOST: summary["peak_host_GiB"] * GiB}
     timed_with = summary.get("timed_with", {})
     return Prediction(configuration, name, nodes, "oom" if timed_with else "ok", predicted,
-                      oom=oom_line, timed_with=timed_with, tight=tight)
+                      oom=oom_line, timed_with=timed_with,
+                      tight="" if timed_with else tight_text(summary))
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerosim.errors import ZerosimError
-from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory
+from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory, tight_text
 
 if TYPE_CHECKING:
     from zerosim.scenario import Scenario
@@ -335,12 +335,10 @@ def _simulated(row: dict[str, Any], result: Mapping[str, Any], tokens: int) -> N
         row["tokens_per_s"] = tokens / iteration
     row["peak_hbm_GiB"] = result.get("peak_hbm_GiB")
     row["peak_host_GiB"] = result.get("peak_host_GiB")
-    tight = tight_memory(dict(result))
-    row["tight"] = tuple(what for what, _, _ in tight)
-    if tight:
-        row["note"] = "tight: " + ", ".join(
-            f"peak {what} {peak:.2f} of {capacity:.2f} GiB" for what, peak, capacity in tight) + (
-            f", within {PEAK_ERROR_FRACTION:.0%}: a real run may not fit")
+    row["tight"] = tuple(what for what, _, _ in tight_memory(dict(result)))
+    if row["tight"]:
+        row["note"] = (f"tight: {tight_text(dict(result))}, within {PEAK_ERROR_FRACTION:.0%}: "
+                       "a real run may not fit")
     row["phases_s"] = {k.removeprefix("phases_s."): v for k, v in result.items()
                        if k.startswith("phases_s.")}
 

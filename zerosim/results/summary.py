@@ -217,6 +217,13 @@ def tight_memory(summary: dict[str, Any]) -> list[tuple[str, float, float]]:
             if peak is not None and capacity and peak > (1 - PEAK_ERROR_FRACTION) * capacity]
 
 
+def tight_text(summary: dict[str, Any]) -> str:
+    """`tight_memory` as one line, 'peak HBM 39.21 of 39.59 GiB, peak host memory ...' ("" when
+    nothing is tight)."""
+    return ", ".join(f"peak {what} {peak:.2f} of {capacity:.2f} GiB"
+                     for what, peak, capacity in tight_memory(summary))
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
