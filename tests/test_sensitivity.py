@@ -266,3 +266,17 @@ def test_a_value_moving_the_iteration_against_its_physics_is_named():
 def test_no_value_moves_the_study_run_against_its_physics(dp1):
     assert dp1.against_physics() == []
     assert {expected_sign(r.key) * r.iteration >= 0 for r in dp1.rows} == {True}
+
+
+@pytest.mark.filterwarnings("ignore::zerosim.errors.ScenarioWarning")  # a step's rates disagree
+def test_no_value_moves_a_polaris_run_against_its_physics():
+    """Every value of a bound DP=4 Polaris run (the fork's build c7da512a), each moved 10% both
+    ways: none lengthens the iteration by being larger where it can only give more of a
+    resource, or shortens it where it can only add work (`benchmarks/physics.py` runs the
+    same check over twenty configurations)."""
+    outcome = sensitivity("scenarios/calibration/polaris/polaris-5.95b-dp4-mb1-ga1-sg1e08.yaml",
+                          workers=1)
+    signed = [r for r in outcome.rows if expected_sign(r.key) and r.iteration is not None]
+    assert len(signed) >= 40
+    assert outcome.against_physics() == []
+    assert min(expected_sign(r.key) * r.iteration for r in signed) >= 0
