@@ -25,6 +25,10 @@ def test_four_runs_smallest_first_with_steady_state_means():
     assert narrow.seconds["forward"] == pytest.approx(0.6539025, rel=1e-12)
     assert narrow.peak_allocated_bytes == 31.27 * GiB
     assert [r.buffer_count for r in runs] == [56, 64, 50, 36]
+    # each iteration less its forward, backward and step: 242891.8 - 735.59 - 28143.29 -
+    # 213447.88 = 565.04 ms, then 525.75, 541.94 and 540.45
+    assert narrow.between_phases_s == pytest.approx((565.04 + 525.75 + 541.94 + 540.45) / 4000,
+                                                    rel=1e-9)
 
 
 def test_each_run_is_a_valid_nvme_scenario_on_the_study_node():

@@ -50,6 +50,9 @@ class NvmeRun:
     buffer_count: int
     seconds: dict[str, float]
     """Mean per optimizer step over the iterations after the warm-up, by phase."""
+    between_phases_s: float
+    """Mean over the same iterations of Megatron's iteration time less DeepSpeed's timed
+    forward, backward and step: what the training loop spends outside them."""
     peak_allocated_bytes: float
     allocated_after_bytes: dict[str, float]
     """Rank 0's allocated bytes when each phase ends (forward, backward, update), in every
@@ -89,6 +92,12 @@ def _steady_mean(values: list[float]) -> float:
     return fmean(values[WARM_UP_ITERATIONS:]) / 1000
 
 
+def _between_phases(run: Mapping[str, Any]) -> float:
+    """The steady mean of each iteration less its timed phases, in seconds."""
+    return _steady_mean([i - f - b - s for i, f, b, s in zip(
+        run["iter_ms"], run["fwd_ms"], run["bwd_ms"], run["step_ms"], strict=True)])
+
+
 def load_runs() -> list[NvmeRun]:
     """The runs in file order (smallest model first)."""
     data = load_data()
@@ -108,6 +117,7 @@ def load_runs() -> list[NvmeRun]:
         runs.append(NvmeRun(
             name=f"{NAME_PREFIX}{measured.name}", run=measured, buffer_count=r["buffer_count"],
             seconds={phase: _steady_mean(r[key]) for phase, key in TIME_KEYS.items()},
+            between_phases_s=_between_phases(r),
             peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB,
             allocated_after_bytes={PHASE_AFTER[key]: value * GiB
                                    for key, value in r["rank0_MA_after_GiB"].items()},

@@ -824,6 +824,12 @@ NVME_GROUP = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
 NVME_HOST_MEMORY_NOTE = ("every process and the OS (psutil); zerosim: training's pinned "
                          "buffers, the ranks' processes and the node's OS (4 GiB, assumed "
                          "from these logs' bare-node figure); nothing here is fitted")
+BETWEEN_PHASES_NOTE = ("reported, not judged: Megatron's iteration less DeepSpeed's timed "
+                       "forward, backward and step (the batch, the loss averaged over the "
+                       "ranks, the scheduler, logging, rank 0's see_memory_usage with "
+                       "memory_breakdown on); zerosim: the stack's host.micro_batch_ms and "
+                       "host.step_ms, measured on the Polaris runs (0.417 s a step there at "
+                       "GA 1), at this node's clock; out of sample here")
 
 
 def nvme_h100_cells() -> list[Cell]:
@@ -865,6 +871,10 @@ def nvme_h100_cells() -> list[Cell]:
         cells.append(judge(NVME_GROUP, run.name, "node host memory in use, peak", "GiB",
                            run.node_host_bytes / GiB, summary["peak_host_GiB"],
                            MEMORY_TOLERANCE, note=NVME_HOST_MEMORY_NOTE))
+        phases = sum(predicted[phase] for phase in run.seconds if phase != "iteration")
+        cells.append(judge(NVME_GROUP, run.name, "between the phases, per step", "s",
+                           run.between_phases_s, predicted["iteration"] - phases, None,
+                           note=BETWEEN_PHASES_NOTE))
     return cells
 
 
