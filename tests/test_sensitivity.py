@@ -4,13 +4,14 @@ about values a configuration does or does not touch."""
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from conftest import invoke_for_table
 
 from zerosim.cli import main
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.profile import load_profile
 from zerosim.hardware.provenance import parse_provenance
 from zerosim.scenario import load_scenario
@@ -280,3 +281,30 @@ def test_no_value_moves_a_polaris_run_against_its_physics():
     assert len(signed) >= 40
     assert outcome.against_physics() == []
     assert min(expected_sign(r.key) * r.iteration for r in signed) >= 0
+
+
+@pytest.mark.filterwarnings("error::zerosim.errors.ScenarioWarning")
+def test_a_warning_a_step_brings_is_in_its_values_note_not_on_the_terminal():
+    """Polaris's HBM streaming rate (0.79 of peak) stepped down to 0.711 puts the GEMMs' and
+    the strided and softmax kernels' rates (0.79, 0.791, 0.79) above it, which the profile
+    warns about: that side's run stands, and its warnings are in the value's note."""
+    outcome = sensitivity("scenarios/calibration/polaris/polaris-5.95b-dp4-mb1-ga1-sg1e08.yaml",
+                          workers=1, keys=["hardware.gpu.memory_efficiency"])
+    row, = outcome.rows
+    assert row.low == pytest.approx(0.711) and row.iteration is not None
+    assert row.note.count("at 0.711 (low) the scenario warns: profile polaris-a100: gpu.") == 3
+
+
+def test_the_scenarios_own_warnings_are_shown_once(tmp_path, recwarn):
+    """The command shows them as it loads the scenario (`warning: ...`), and nothing after."""
+    scenario = tmp_path / "hpz.yaml"
+    text = Path(DP1).read_text().replace("    stage: 3\n",
+                                         "    stage: 3\n    zero_hpz_partition_size: 2\n")
+    assert "zero_hpz_partition_size" in text
+    scenario.write_text(text)
+    result = CliRunner().invoke(main, ["sensitivity", str(scenario), "--workers", "1",
+                                       "--no-files", "--key", "hardware.network.nic_GBps"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("zero_hpz_partition_size") == 1
+    assert "warning: " in result.output
+    assert [w for w in recwarn if issubclass(w.category, ScenarioWarning)] == []

@@ -618,6 +618,9 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     """Which hardware and stack values SCENARIO's prediction hangs on: each moved by --step
     both ways, one at a time, and the elasticity of the iteration and of each phase (the %
     a 1% error in the value moves the time), ranked, beside the value's basis."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
     from zerosim.report import render_sensitivity
     from zerosim.scenario.loader import parse_overrides
     from zerosim.sensitivity import DoesNotFit
@@ -627,8 +630,10 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     loaded = _load(scenario, overrides)
     folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
     try:
-        outcome = run_sensitivity(scenario, overrides=parse_overrides(overrides), step=step,
-                                  keys=keys, workers=workers, out_dir=folder)
+        with warnings.catch_warnings():  # the scenario's own were shown as it loaded
+            warnings.simplefilter("ignore", ScenarioWarning)
+            outcome = run_sensitivity(scenario, overrides=parse_overrides(overrides),
+                                      step=step, keys=keys, workers=workers, out_dir=folder)
     except DoesNotFit as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(EXIT_OOM)

@@ -262,14 +262,27 @@ def _side_note(name: str, row: Mapping[str, Any] | None, value: float | None) ->
     return f"{value:g} ({name}) failed: {row.get('error', '')}"
 
 
+def _loaded_with_warnings(scenario_path: str | Path, overrides: Mapping[str, Any]):
+    """The scenario and the `ScenarioWarning`s its load gave, caught rather than shown."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
+    from zerosim.scenario import load_scenario
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScenarioWarning)
+        scenario = load_scenario(scenario_path, overrides)
+    return scenario, [w.message for w in caught if issubclass(w.category, ScenarioWarning)]
+
+
 def _accepted(candidate: Candidate, scenario_path: str | Path,
-              fixed: Mapping[str, Any]) -> Candidate:
+              fixed: Mapping[str, Any], known: frozenset[str] = frozenset()) -> Candidate:
     """The candidate without the sides whose value the scenario refuses (outside the key's
     plausible range, past a physical ceiling), each named in its note: loading is cheap, so
-    a refused value never reaches a worker."""
+    a refused value never reaches a worker. A warning a side's value brings that the scenario
+    itself does not (`known`: one rate now faster than another it may not pass) is in the note
+    too, not on the terminal."""
     from dataclasses import replace
-
-    from zerosim.scenario import load_scenario
 
     sides, notes = {}, [candidate.note] if candidate.note else []
     for side in ("low", "high"):
@@ -277,10 +290,13 @@ def _accepted(candidate: Candidate, scenario_path: str | Path,
         if value is None:
             continue
         try:
-            load_scenario(scenario_path, {**fixed, candidate.key: value})
+            _, warned = _loaded_with_warnings(scenario_path, {**fixed, candidate.key: value})
         except ScenarioError as err:
             sides[side] = None
             notes.append(f"{value:g} ({side}) refused, expected {err.expected}: one-sided")
+            continue
+        notes += [f"at {value:g} ({side}) the scenario warns: {text}"
+                  for text in dict.fromkeys(map(str, warned)) if text not in known]
     return replace(candidate, **sides, note="; ".join(notes))
 
 
@@ -311,7 +327,8 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
                 ) -> SensitivityOutcome:
     """Move each value of the scenario at `scenario_path` by `step` both ways and measure the
     elasticities; write `sensitivity.csv` to `out_dir` when given."""
-    from zerosim.scenario import load_scenario
+    import warnings
+
     from zerosim.sweep.runner import drive, open_executor
     from zerosim.sweep.spec import Point
 
@@ -319,8 +336,11 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
         raise ScenarioError("--step", "step", "a relative step in (0, 1)", step)
     started = time.perf_counter()
     fixed = dict(overrides or {})
-    scenario = load_scenario(scenario_path, fixed)
-    tried = [_accepted(c, scenario_path, fixed) for c in candidates(scenario, step, keys)]
+    scenario, warned = _loaded_with_warnings(scenario_path, fixed)
+    for warning in warned:  # the scenario's own, once, as a load would give them
+        warnings.warn(warning, stacklevel=2)
+    tried = [_accepted(c, scenario_path, fixed, frozenset(map(str, warned)))
+             for c in candidates(scenario, step, keys)]
     points = [Point(0, "base", fixed, {}, {})]
     labels: list[tuple[str, str]] = [("", "base")]
     for c in tried:
