@@ -161,6 +161,26 @@ def test_the_command_prints_the_ranking_and_why(toy_file, tmp_path):
     assert (out / "tune.csv").exists()
 
 
+def test_the_command_shows_the_scenarios_warnings_once(toy, tmp_path, recwarn):
+    """A key zerosim does not model: `warning: ...` as the scenario loads, nothing after (each
+    configuration tried would repeat it)."""
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+    from zerosim.errors import ScenarioWarning
+
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(toy.tree({"deepspeed": {
+        "gradient_accumulation_steps": 2, "zero_optimization": {"zero_hpz_partition_size": 2}}},
+        gpus=2)))
+    result = CliRunner().invoke(main, ["tune", str(path), "--workers", "1", "--out",
+                                       str(tmp_path / "tuned"), "--fix", "reduce_bucket_size",
+                                       "--fix", "sub_group_size", "--top", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("zero_hpz_partition_size") == 1
+    assert [w for w in recwarn if issubclass(w.category, ScenarioWarning)] == []
+
+
 def test_an_nvme_offload_runs_only_when_its_host_memory_twin_does_not_fit(toy, tmp_path):
     """The toy node with two NVMe drives: the NVMe offloads wait for their host-memory twins.
     With 64 GiB of host memory the CPU offloads fit, so their NVMe twins are pruned; with a

@@ -173,6 +173,18 @@ def _with_warnings(load):
     return loaded
 
 
+def _without_scenario_warnings(run):
+    """`run()` with `ScenarioWarning`s silenced: the command showed the scenario's own as it
+    loaded it (`_load`), and the configurations it derives from it would repeat them."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScenarioWarning)
+        return run()
+
+
 def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `cpu_adam`, where the optimizer steps on the CPU (what its `cpu adam`
     line says)."""
@@ -592,9 +604,9 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
     from zerosim.tune import tune as run_tune
 
     loaded = _load(scenario, overrides)
-    outcome = run_tune(scenario, overrides=parse_overrides(overrides), free=free, fix=fix,
-                       workers=workers, dask=dask,
-                       out_dir=out_dir or Path("results") / "tune" / loaded.name)
+    outcome = _without_scenario_warnings(lambda: run_tune(
+        scenario, overrides=parse_overrides(overrides), free=free, fix=fix, workers=workers,
+        dask=dask, out_dir=out_dir or Path("results") / "tune" / loaded.name))
     render_tune(outcome, top=top)
 
 
@@ -618,9 +630,6 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     """Which hardware and stack values SCENARIO's prediction hangs on: each moved by --step
     both ways, one at a time, and the elasticity of the iteration and of each phase (the %
     a 1% error in the value moves the time), ranked, beside the value's basis."""
-    import warnings
-
-    from zerosim.errors import ScenarioWarning
     from zerosim.report import render_sensitivity
     from zerosim.scenario.loader import parse_overrides
     from zerosim.sensitivity import DoesNotFit
@@ -630,10 +639,9 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     loaded = _load(scenario, overrides)
     folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
     try:
-        with warnings.catch_warnings():  # the scenario's own were shown as it loaded
-            warnings.simplefilter("ignore", ScenarioWarning)
-            outcome = run_sensitivity(scenario, overrides=parse_overrides(overrides),
-                                      step=step, keys=keys, workers=workers, out_dir=folder)
+        outcome = _without_scenario_warnings(lambda: run_sensitivity(
+            scenario, overrides=parse_overrides(overrides), step=step, keys=keys,
+            workers=workers, out_dir=folder))
     except DoesNotFit as err:
         click.echo(f"error: {err}", err=True)
         sys.exit(EXIT_OOM)
