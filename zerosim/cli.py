@@ -161,15 +161,11 @@ def _hf_spec(path: Path, key_path: str):
 
 
 def _with_warnings(load):
-    import warnings
+    from zerosim.errors import with_scenario_warnings
 
-    from zerosim.errors import ScenarioWarning
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ScenarioWarning)
-        loaded = load()
-    for warning in caught:
-        click.echo(f"warning: {warning.message}", err=True)
+    loaded, warned = with_scenario_warnings(load)
+    for warning in warned:
+        click.echo(f"warning: {warning}", err=True)
     return loaded
 
 

@@ -7,9 +7,11 @@ no more to show than a short one), file names and key paths in at most `PLACE_CH
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SHOWN_CHARS = 80
 """The most characters of a value an error message quotes."""
@@ -59,6 +61,17 @@ class UnsupportedConfigError(ScenarioError):
 class ScenarioWarning(UserWarning):
     """Something about an input worth telling the user, naming the field; nothing is refused.
     The CLI prints each once on stderr as `warning: ...`."""
+
+
+def with_scenario_warnings(load: Callable[[], T]) -> tuple[T, list[ScenarioWarning]]:
+    """What `load()` returns and the `ScenarioWarning`s it gave, each caught rather than shown,
+    for the caller to show once or to note where it belongs."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScenarioWarning)
+        result = load()
+    return result, [w.message for w in caught if issubclass(w.category, ScenarioWarning)]
 
 
 def clip(text: str, limit: int) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError, ZerosimError
+from zerosim.errors import ScenarioError, ZerosimError, with_scenario_warnings
 from zerosim.hardware.profile import AT_LEAST_ONE_KEYS, FRACTION_KEYS, QUANTITIES
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
@@ -264,15 +264,9 @@ def _side_note(name: str, row: Mapping[str, Any] | None, value: float | None) ->
 
 def _loaded_with_warnings(scenario_path: str | Path, overrides: Mapping[str, Any]):
     """The scenario and the `ScenarioWarning`s its load gave, caught rather than shown."""
-    import warnings
-
-    from zerosim.errors import ScenarioWarning
     from zerosim.scenario import load_scenario
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ScenarioWarning)
-        scenario = load_scenario(scenario_path, overrides)
-    return scenario, [w.message for w in caught if issubclass(w.category, ScenarioWarning)]
+    return with_scenario_warnings(lambda: load_scenario(scenario_path, overrides))
 
 
 def _accepted(candidate: Candidate, scenario_path: str | Path,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.errors import ScenarioError, ScenarioWarning, with_scenario_warnings
 from zerosim.inputs import read_input_text
 from zerosim.scenario import load_scenario, scenario_from_dict
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
@@ -377,11 +377,8 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
 
     Returns the warnings worth showing once (ds_config keys the base sets but zerosim ignores).
     """
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ScenarioWarning)
-        load_scenario(spec.base)
-    notes = [str(warning.message) for warning in caught
-             if issubclass(warning.category, ScenarioWarning)]
+    _, warned = with_scenario_warnings(lambda: load_scenario(spec.base))
+    notes = [str(warning) for warning in warned]
     tree = read_yaml_file(spec.base)
     problems: list[ScenarioError] = []
     seen: set[str] = set()
