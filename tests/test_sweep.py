@@ -202,7 +202,7 @@ def test_a_bad_value_names_axis_index_and_value_and_nothing_is_written(tmp_path)
     out = tmp_path / "out"
     with pytest.raises(SweepError) as caught:
         run_sweep(path, out_dir=out, workers=1)
-    assert str(caught.value) == (f"{path}: grid.{BUCKET}[2]: expected a number > 0.0, got -1")
+    assert str(caught.value) == (f"{path}: grid.{BUCKET}[2]: expected a number > 0, got -1")
     assert caught.value.invalid_points == 2
     assert not out.exists()
 
@@ -219,7 +219,7 @@ def test_every_bad_value_is_reported_together(tmp_path):
     assert result.exit_code == 2
     text = result.output
     assert "15 invalid point(s), 5 problems; nothing was run" in text
-    assert f"grid.{BUCKET}[0]: expected a number > 0.0, got -1" in text
+    assert f"grid.{BUCKET}[0]: expected a number > 0, got -1" in text
     assert ("grid.data_parallel[1]: expected at most the 4 GPUs of h100-jlse (1 node(s) x 4; "
             "hardware.nodes adds nodes), got 8") in text
     assert ("variants[3].set.deepspeed.zero_optimization.reduce_bucket_sise: expected a known "

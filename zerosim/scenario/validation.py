@@ -30,6 +30,14 @@ OUT_OF_RANGE = ("finite_number", "int_parsing_size")
 """pydantic's errors for an infinity or a huge number: the key's plausible range says more."""
 
 
+def _bound(value: Any) -> Any:
+    """A range's bound as the user would write it: pydantic hands a float field's `gt=0` over
+    as 0.0."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return int(value)
+    return value
+
+
 def _expected(error: dict[str, Any], known_keys: list[str]) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "extra_forbidden":
@@ -37,13 +45,13 @@ def _expected(error: dict[str, Any], known_keys: list[str]) -> str:
         hint = f"; did you mean '{close[0]}'?" if close else ""
         return f"one of the known keys ({', '.join(known_keys)}){hint}"
     if kind == "greater_than":
-        return f"a number > {ctx['gt']}"
+        return f"a number > {_bound(ctx['gt'])}"
     if kind == "greater_than_equal":
-        return f"a number >= {ctx['ge']}"
+        return f"a number >= {_bound(ctx['ge'])}"
     if kind == "less_than_equal":
-        return f"a number <= {ctx['le']}"
+        return f"a number <= {_bound(ctx['le'])}"
     if kind == "less_than":
-        return f"a number < {ctx['lt']}"
+        return f"a number < {_bound(ctx['lt'])}"
     if kind in ("literal_error", "enum"):
         return f"one of {ctx.get('expected')}"
     if kind == "value_error":
