@@ -460,3 +460,54 @@ def test_progress_rewrites_one_line_on_stderr_and_erases_it():
     line = "simulating big: 2.00 s of about 6.00 s simulated (1 of 3 phases), 0 s"
     assert text.startswith(f"\r{line}")
     assert text.endswith("\r" + " " * len(line) + "\r")
+
+
+# ------------------------------------------------------------------ every command's --out
+
+
+@pytest.mark.parametrize("command", [("tune",), ("sensitivity", "--workers", "1")])
+def test_a_table_commands_out_below_a_file_is_refused_before_simulating(
+        tmp_path, toy_file, no_simulation, command):
+    (tmp_path / "plain").write_text("x")
+    out = tmp_path / "plain" / "out"
+    result = invoke(*command, toy_file, "--out", out)
+    assert (result.exit_code, result.output) == (
+        2, f"error: --out {out}: expected a folder path, got {tmp_path / 'plain'} is a file, "
+           "not a folder\n")
+
+
+def test_predicts_out_below_a_file_is_refused_before_simulating(tmp_path, no_simulation):
+    (tmp_path / "plain").write_text("x")
+    out = tmp_path / "plain" / "out"
+    table = (Path(__file__).resolve().parent.parent / "zerosim" / "validation" / "data"
+             / "polaris_zero3_offload_runs.csv")
+    result = invoke("predict", table, "--hardware", "polaris-a100", "--out", out)
+    assert (result.exit_code, result.output.splitlines()[-1]) == (
+        2, f"error: --out {out}: expected a folder path, got {tmp_path / 'plain'} is a file, "
+           "not a folder")
+
+
+def test_out_through_a_link_writes_into_the_folder_it_names(tmp_path, toy_file):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    for _ in range(2):   # into the empty folder, then over the result it holds
+        result = invoke("run", toy_file, "--out", tmp_path / "link", "--no-progress")
+        assert result.exit_code == 0, result.output
+    assert (tmp_path / "link").is_symlink() and result_files(tmp_path / "real") == RUN_FILES
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real", "toy.yaml"]
+
+
+def test_a_file_that_cannot_be_written_whole_leaves_nothing(tmp_path):
+    from zerosim.results.folders import WriteFailedError, atomic_write
+
+    (tmp_path / "kept.csv").write_text("before\n")
+
+    def full_disk(handle):
+        handle.write("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(WriteFailedError) as caught:
+        atomic_write(tmp_path / "kept.csv", full_disk)
+    assert str(caught.value) == f"{tmp_path / 'kept.csv'}: could not be written: no space left"
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.csv"]
+    assert (tmp_path / "kept.csv").read_text() == "before\n"

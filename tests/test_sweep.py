@@ -379,6 +379,47 @@ def test_rows_of_points_no_longer_in_the_sweep_move_aside(tmp_path):
     assert [r[BUCKET] for r in read_csv(tmp_path / "out" / "results.stale.csv")] == ["10000.0"]
 
 
+def _a_finished_sweep(tmp_path: Path) -> tuple[Path, Path]:
+    path = write_sweep(tmp_path, {"base": "tiny.yaml", "grid": {BUCKET: [1e4, 1e5]}})
+    out = tmp_path / "out"
+    run_sweep(path, out_dir=out, workers=1)
+    return path, out
+
+
+@pytest.mark.parametrize("damage, got", [
+    (lambda f: f.write_bytes(f.read_bytes() + b"\xff\xfe\n"),
+     "expected the UTF-8 CSV a zerosim sweep writes, got bytes that are not UTF-8"),
+    (lambda f: f.write_text(f.read_text().replace(",status,", ",STATUS,")),
+     "is not a zerosim sweep's results file (no 'status' column)"),
+    (lambda f: (f.unlink(), f.mkdir()),
+     "expected the CSV a zerosim sweep writes, got a folder"),
+])
+def test_a_damaged_results_file_is_refused_and_nothing_is_rewritten(tmp_path, damage, got):
+    path, out = _a_finished_sweep(tmp_path)
+    damage(out / "results.csv")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".sweep.lock"}
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--workers", "1"])
+    assert result.exit_code == 2
+    separator = ": " if got.startswith("expected") else " "
+    assert result.output == (f"error: {out / 'results.csv'}{separator}{got}; choose another "
+                             "--out\n")
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()
+            if p.name != ".sweep.lock"} == before
+
+
+def test_a_dask_address_that_cannot_be_used_is_refused_before_anything_is_written(tmp_path):
+    pytest.importorskip("distributed")
+    path = write_sweep(tmp_path, {"base": "tiny.yaml", "grid": {BUCKET: [1e4, 1e5]}})
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["sweep", str(path), "--out", str(out), "--dask",
+                                       "nonsense"])
+    assert result.exit_code == 2
+    assert result.output == ("error: --dask nonsense: expected 'local' or the address of a "
+                             "running Dask scheduler (tcp://HOST:PORT), got missing port number "
+                             "in address 'nonsense'\n")
+    assert not out.exists()
+
+
 def test_dask_without_dask_installed_says_how_to_get_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)
     with pytest.raises(DaskMissingError, match=r"pip install 'zerosim\[dask\]'"), \

@@ -96,6 +96,16 @@ def scenario_argument(func):
     return click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))(func)
 
 
+def _output_folder(folder: Path) -> Path:
+    """`folder`, once known to take the files of a command that adds them to it (`plot`,
+    `validate`, `calibrate`, `sweep`, `tune`, `sensitivity`, `predict`): checked before
+    anything is simulated."""
+    from zerosim.results.folders import check_output_folder
+
+    check_output_folder(folder, replaceable=False)
+    return folder
+
+
 def _files_needed(no_files: bool, wanted: bool, options: str = "--plots") -> None:
     """Refuse `options` (what writes files, as typed) beside --no-files."""
     if wanted and no_files:
@@ -299,9 +309,8 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
     """Redraw the figures of a finished run from its files (summary.json, *.csv)."""
     from zerosim.plots import save_all
     from zerosim.results import load_result
-    from zerosim.results.folders import check_output_folder
 
-    check_output_folder(out_dir or result_dir, replaceable=False)
+    _output_folder(out_dir or result_dir)
     written = save_all(load_result(result_dir), out_dir or result_dir,
                        formats=formats or ("png", "svg"))
     for path in written:
@@ -315,14 +324,13 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
 def validate(out_dir: Path, as_json: bool) -> None:
     """Compare simulated against every published measurement zerosim ships."""
     from zerosim.report import render_validation
-    from zerosim.results.folders import check_output_folder
     from zerosim.scenario import scenario_from_dict
     from zerosim.validation.reference import load_study
     from zerosim.validation.report import write_report
     from zerosim.validation.validate import cells_frame
     from zerosim.validation.validate import validate as run_validation
 
-    check_output_folder(out_dir, replaceable=False)
+    _output_folder(out_dir)
     study = load_study()
     cells, _ = run_validation(study, seed003=True)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
@@ -429,11 +437,10 @@ def calibrate(data: tuple[Path, ...], params: tuple[str, ...], only: tuple[str, 
 
     from zerosim.interrupts import ignore_interrupts_in_worker
     from zerosim.report import render_calibration
-    from zerosim.results.folders import check_output_folder
     from zerosim.validation.calibrate import calibrate as run_calibration
     from zerosim.validation.calibrate import write_outputs
 
-    check_output_folder(out_dir, replaceable=False)
+    _output_folder(out_dir)
     workers = workers or os.cpu_count() or 1
     pool = (ProcessPoolExecutor(workers, initializer=ignore_interrupts_in_worker)
             if workers > 1 else None)
@@ -555,13 +562,12 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
 def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str | None,
           overrides: tuple[str, ...], plots: bool, no_progress: bool) -> None:
     """Simulate every point of a what-if sweep; run it again to resume after a kill."""
-    from zerosim.results.folders import check_output_folder
     from zerosim.sweep import default_out_dir as sweep_out_dir
     from zerosim.sweep import run_sweep, write_plots
     from zerosim.sweep.report import render_outcome
 
     target = out_dir or sweep_out_dir(sweep_file)
-    check_output_folder(target, replaceable=False)
+    _output_folder(target)
     _on_interrupt(f"finished points are in {target / 'results.csv'}; run the same command "
                   "again to resume")
     outcome = run_sweep(sweep_file, out_dir=out_dir, workers=workers, dask=dask,
@@ -600,9 +606,10 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
     from zerosim.tune import tune as run_tune
 
     loaded = _load(scenario, overrides)
+    folder = _output_folder(out_dir or Path("results") / "tune" / loaded.name)
     outcome = _without_scenario_warnings(lambda: run_tune(
         scenario, overrides=parse_overrides(overrides), free=free, fix=fix, workers=workers,
-        dask=dask, out_dir=out_dir or Path("results") / "tune" / loaded.name))
+        dask=dask, out_dir=folder))
     render_tune(outcome, top=top)
 
 
@@ -633,7 +640,8 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
 
     _files_needed(no_files, plots)
     loaded = _load(scenario, overrides)
-    folder = None if no_files else out_dir or Path("results") / "sensitivity" / loaded.name
+    folder = None if no_files else _output_folder(
+        out_dir or Path("results") / "sensitivity" / loaded.name)
     try:
         outcome = _without_scenario_warnings(lambda: run_sensitivity(
             scenario, overrides=parse_overrides(overrides), step=step, keys=keys,
@@ -690,20 +698,19 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     _files_needed(no_files, plots)
     runs = _with_warnings(lambda: read_runs(runs_table))
     load_profile(hardware)
+    folder = None if no_files else _output_folder(out_dir or Path("results") / "predict" / (
+        f"{runs_table.stem}-{Path(hardware).stem}"))
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
                           workers=workers, source=str(runs_table))
     series = accumulation_series(outcome.predictions)
-    if not no_files:
-        folder = out_dir or Path("results") / "predict" / (
-            f"{runs_table.stem}-{Path(hardware).stem}")
+    if folder is not None:
         outcome.files = [write_predictions(outcome, folder / "predictions.csv"),
                          write_series(series, folder / "series.csv")]
         if plots:
-            from zerosim.plots import predicted_vs_measured
+            from zerosim.plots import predicted_vs_measured, save_figure
 
-            predicted_vs_measured(outcome.points(), outcome.title).savefig(
-                folder / "predictions.png", dpi=110)
-            outcome.files.append(folder / "predictions.png")
+            outcome.files.append(save_figure(predicted_vs_measured(
+                outcome.points(), outcome.title), folder / "predictions.png", dpi=110))
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,
                      "rows": [prediction_row(p) for p in outcome.predictions],

@@ -973,9 +973,18 @@ def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"
     for name, fig in figures:
         for fmt in formats:
             path = out / f"{name}.{fmt}"
-            fig.savefig(path, dpi=dpi, metadata=_metadata(fmt))
-            written.append(path)
+            written.append(save_figure(fig, path, dpi=dpi, metadata=_metadata(fmt)))
     return written
+
+
+def save_figure(fig: Figure, path: str | Path, **options) -> Path:
+    """`fig.savefig` in the format of `path`'s suffix, written whole or not at all
+    (`results.folders.atomic_write`): a full disk leaves no truncated image."""
+    from zerosim.results.folders import atomic_write
+
+    path = Path(path)
+    return atomic_write(path, lambda handle: fig.savefig(handle, format=path.suffix[1:],
+                                                         **options), binary=True)
 
 
 def _phases_of(result, *, rank: int) -> list[str]:

@@ -381,7 +381,7 @@ def write_table(outcome: SensitivityOutcome, path: Path) -> Path:
 def write_charts(outcome: SensitivityOutcome, folder: Path) -> list[Path]:
     """sensitivity.png for the iteration and sensitivity_<phase>.png for each phase the
     scenario runs (`plots.sensitivity_chart`)."""
-    from zerosim.plots import sensitivity_chart
+    from zerosim.plots import save_figure, sensitivity_chart
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -389,7 +389,5 @@ def write_charts(outcome: SensitivityOutcome, folder: Path) -> list[Path]:
         if outcome.base.get(quantity) is None:
             continue
         name = "sensitivity.png" if quantity == "iteration" else f"sensitivity_{quantity}.png"
-        path = folder / name
-        sensitivity_chart(outcome, quantity).savefig(path, dpi=110)
-        paths.append(path)
+        paths.append(save_figure(sensitivity_chart(outcome, quantity), folder / name, dpi=110))
     return paths

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from zerosim.errors import ZerosimError
 from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory, tight_text
@@ -458,13 +458,16 @@ def rank_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
+    from zerosim.results.folders import atomic_write
+
+    def write(handle: IO[str]) -> None:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in COLUMNS})
-    return path
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, write)
 
 
 def iteration_parts(row: Mapping[str, Any]) -> dict[str, float]:

@@ -6,6 +6,7 @@ current folder or one of its parents, or an existing folder that holds files zer
 write (they would be replaced). `staged_folder` gives a temporary folder beside the target;
 when the block ends normally the target is replaced by it in one rename (signals held back
 meanwhile), so an interrupted or failed run leaves the previous complete output, or nothing.
+`atomic_write` does the same for one file of a command that adds files to its folder.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 from zerosim.errors import ZerosimError, clip
 from zerosim.interrupts import deferred_interrupts
@@ -47,10 +49,13 @@ def check_output_folder(target: str | Path, *, option: str = "--out",
     """The absolute path of `target` once it is known to be usable as an output folder.
 
     `replaceable`: the folder is replaced as a whole (`zerosim run`), so an existing one must be
-    empty or hold only what zerosim writes; otherwise files are added to it.
+    empty or hold only what zerosim writes; otherwise files are added to it. A link to a
+    folder stands for the folder it names (the output lands there, the link stays).
     """
     path = Path(os.path.abspath(target))
     _check_name_lengths(path, option)
+    if path.is_symlink() and path.is_dir():
+        path = Path(os.path.realpath(path))
     _check_not_cwd(path, option)
     existing = _nearest_existing(path, option)
     if existing == path:
@@ -137,6 +142,14 @@ def _reason(err: OSError) -> str:
     return err.strerror or type(err).__name__
 
 
+class WriteFailedError(ZerosimError):
+    """An output that could not be written whole (a full disk, a quota, permissions changed
+    meanwhile): said in one line, and nothing of it is left behind."""
+
+    def __init__(self, path: Path, err: OSError):
+        super().__init__(f"{clip(str(path), 200)}: could not be written: {_reason(err)}")
+
+
 @contextlib.contextmanager
 def staged_folder(target: str | Path) -> Iterator[Path]:
     """A temporary folder beside `target`; published as `target` when the block ends
@@ -147,8 +160,30 @@ def staged_folder(target: str | Path) -> Iterator[Path]:
     try:
         yield staging
         publish(staging, target)
+    except OSError as err:
+        raise WriteFailedError(target, err) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def atomic_write(path: Path, write: Callable[[IO[Any]], object], *, binary: bool = False
+                 ) -> Path:
+    """Write one file whole or not at all: `write(handle)` fills a hidden temporary beside
+    `path`, which then replaces `path` in one rename; when writing fails the temporary is
+    removed, `path` keeps what it held, and the error names the file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        text_mode = {} if binary else {"encoding": "utf-8", "newline": ""}
+        with open(tmp, "wb" if binary else "w", **text_mode) as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteFailedError(path, err) from None
+    return path
 
 
 def publish(staging: Path, target: Path) -> None:
@@ -162,3 +197,8 @@ def publish(staging: Path, target: Path) -> None:
         os.replace(staging, target)
         if retired is not None:
             shutil.rmtree(retired, ignore_errors=True)
+
+
+def write_text_whole(path: Path, text: str) -> Path:
+    """`text` as the whole of `path`, by `atomic_write`."""
+    return atomic_write(path, lambda handle: handle.write(text))

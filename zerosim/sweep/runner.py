@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zerosim.errors import ZerosimError
+from zerosim.errors import ZerosimError, clip
 from zerosim.interrupts import ignore_interrupts_in_worker
 from zerosim.sweep.spec import Point, SweepSpec, load_sweep, validate
 from zerosim.sweep.store import ResultStore, Resumed, locked
@@ -29,6 +29,14 @@ WINDOW_PER_WORKER = 2   # points queued per worker: keeps workers busy, keeps a 
 
 class DaskMissingError(ZerosimError):
     """--dask was asked for but dask.distributed is not installed."""
+
+
+DASK_CONNECT_TIMEOUT_S = 10
+"""How long a scheduler given by address may take to answer (Dask's own default is 30 s)."""
+
+
+class DaskAddressError(ZerosimError):
+    """--dask names a scheduler that cannot be used or reached."""
 
 
 class SweepAborted(ZerosimError):
@@ -85,6 +93,18 @@ class InlineExecutor(Executor):
         return future
 
 
+def _dask_client(client_type: Any, address: str) -> Any:
+    """A client of the scheduler at `address`; an address it cannot use or reach is bad input
+    (said in one line), not a crash."""
+    try:
+        return client_type(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (ValueError, TypeError, OSError) as err:
+        raise DaskAddressError(
+            f"--dask {clip(address, 120)}: expected 'local' or the address of a running Dask "
+            f"scheduler (tcp://HOST:PORT), got {clip(str(err) or type(err).__name__, 200)}"
+        ) from None
+
+
 @contextlib.contextmanager
 def open_executor(workers: int | None, dask: str | None, todo: int
                   ) -> Iterator[tuple[Executor, int, str]]:
@@ -101,7 +121,7 @@ def open_executor(workers: int | None, dask: str | None, todo: int
                                    processes=True, dashboard_address=None)
             client = Client(cluster)
         else:
-            client = Client(dask)
+            client = _dask_client(Client, dask)
         try:
             slots = max(1, sum(client.nthreads().values()))
             where = "LocalCluster" if cluster is not None else dask
@@ -205,7 +225,7 @@ class _Progress:
 
 def write_inputs(spec: SweepSpec, points: list[Point], out_dir: Path) -> list[Path]:
     """Copy the spec and the resolved points into the output folder."""
-    from zerosim.sweep.store import atomic_write
+    from zerosim.results.folders import atomic_write
 
     document = {
         "sweep": spec.source,
@@ -236,19 +256,34 @@ def run_sweep(spec_path: str | Path, *, out_dir: str | Path | None = None,
     points = spec.points()
     notes = validate(spec, points)
     target = Path(out_dir) if out_dir is not None else default_out_dir(spec.path)
-    target.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        lent = None
+        if executor is not None:
+            lent = executor, WINDOW_PER_WORKER * (workers or cpu_count()), "on the given executor"
+        elif dask:
+            lent = stack.enter_context(open_executor(workers, dask, len(points)))
+        target.mkdir(parents=True, exist_ok=True)
+        return _run_in(spec, points, notes, target, started, workers=workers, lent=lent,
+                       progress=progress)
+
+
+def _run_in(spec: SweepSpec, points: list[Point], notes: list[str], target: Path,
+            started: float, *, workers: int | None,
+            lent: tuple[Executor, int, str] | None, progress: bool) -> SweepOutcome:
+    """The sweep's points in `target`: what results.csv already holds is kept (it is read,
+    and refused if it is not a sweep's, before anything is written), the rest is run."""
     with locked(target):
-        files = write_inputs(spec, points, target)
         store = ResultStore(target, spec.axis_columns)
         resumed = store.resume(points)
+        files = write_inputs(spec, points, target)
         todo = [p for p in points if p.point_id not in store.rows]
         outcome = SweepOutcome(spec, target, len(points), resumed, notes=notes)
         outcome.counts.update(r["status"] for r in store.rows.values())
         try:
             if todo:
-                _run_points(spec, todo, store, outcome, workers=workers, dask=dask,
-                            executor=executor, progress=progress)
+                _run_points(spec, todo, store, outcome, workers=workers, lent=lent,
+                            progress=progress)
         except KeyboardInterrupt:
             outcome.notes.append(f"interrupted: {len(store.rows)} of {len(points)} points are "
                                  f"in {store.results_path}; run the same command to resume")
@@ -260,15 +295,13 @@ def run_sweep(spec_path: str | Path, *, out_dir: str | Path | None = None,
 
 
 def _run_points(spec: SweepSpec, todo: list[Point], store: ResultStore,
-                outcome: SweepOutcome, *, workers: int | None, dask: str | None,
-                executor: Executor | None, progress: bool) -> None:
+                outcome: SweepOutcome, *, workers: int | None,
+                lent: tuple[Executor, int, str] | None, progress: bool) -> None:
+    """`lent`: (executor, points in flight, description) opened by the caller (a Dask client,
+    an executor the user manages); else a local pool sized for `todo`."""
     with contextlib.ExitStack() as stack:
-        if executor is not None:
-            window = WINDOW_PER_WORKER * (workers or cpu_count())
-            outcome.executor = "on the given executor"
-        else:
-            executor, window, outcome.executor = stack.enter_context(
-                open_executor(workers, dask, len(todo)))
+        executor, window, outcome.executor = lent or stack.enter_context(
+            open_executor(workers, None, len(todo)))
         bar = stack.enter_context(_Progress(progress, spec.name, outcome.total,
                                             outcome.total - len(todo), outcome.counts))
 
@@ -320,10 +353,8 @@ def write_plots(outcome: SweepOutcome) -> tuple[list[Path], str | None]:
                 figures.append((f"{metric}_heatmap.png",
                                 lambda m=metric: heatmap(frame, x=axes[0], y=axes[1], metric=m)))
             for name, draw in figures:
-                figure = draw()
-                path = outcome.out_dir / name
-                figure.savefig(path, dpi=120, bbox_inches="tight")
-                written.append(path)
+                written.append(plots.save_figure(draw(), outcome.out_dir / name, dpi=120,
+                                                 bbox_inches="tight"))
     except Exception as err:
         return written, f"plotting failed: {type(err).__name__}: {err}"
     return written, None

@@ -14,12 +14,13 @@ import contextlib
 import csv
 import io
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from zerosim.errors import ZerosimError
+from zerosim.results.folders import atomic_write
 from zerosim.sweep.spec import Point
 from zerosim.sweep.worker import plain, to_json
 
@@ -54,10 +55,9 @@ def cell(value: Any) -> str:
 
 def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
     """Header, rows and how many broken lines were dropped (a last line cut by a kill)."""
-    if not path.exists():
+    if not os.path.lexists(path):
         return [], [], 0
-    with open(path, newline="") as handle:
-        text = handle.read()
+    text = _sweep_text(path)
     dropped = 0
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
@@ -70,13 +70,23 @@ def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]], int]:
     return header, rows, dropped + len(body) - len(rows)
 
 
-def atomic_write(path: Path, write: Callable[[IO[str]], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+def _sweep_text(path: Path) -> str:
+    """A file the sweep wrote earlier, as text; one that is not (a folder, bytes that are not
+    UTF-8, a damaged CSV) is refused before anything in the folder is touched."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+    except UnicodeDecodeError:
+        raise SweepStoreError(f"{path}: expected the UTF-8 CSV a zerosim sweep writes, got "
+                              "bytes that are not UTF-8; choose another --out") from None
+    except OSError as err:
+        raise SweepStoreError(f"{path}: expected the CSV a zerosim sweep writes, got "
+                              f"{'a folder' if path.is_dir() else err.strerror}; choose "
+                              "another --out") from None
+    if "\0" in text:
+        raise SweepStoreError(f"{path}: expected the CSV a zerosim sweep writes, got a NUL "
+                              "byte; choose another --out")
+    return text
 
 
 def write_csv(path: Path, columns: list[str], rows: Iterable[Mapping[str, str]]) -> None:
@@ -137,9 +147,10 @@ class ResultStore:
         """Read what an earlier (possibly killed) run of this sweep wrote."""
         by_id = {p.point_id: p for p in points}
         header, rows, repaired = read_rows(self.results_path)
-        if header and "point_id" not in header:
-            raise SweepStoreError(f"{self.results_path} is not a zerosim sweep's results file; "
-                                  "choose another --out")
+        missing = [c for c in ("index", "point_id", "status") if c not in header]
+        if header and missing:
+            raise SweepStoreError(f"{self.results_path} is not a zerosim sweep's results file "
+                                  f"(no {missing[0]!r} column); choose another --out")
         old_leading = set(header[: header.index("status")] if "status" in header else [])
         stale: list[dict[str, str]] = []
         for row in rows:
@@ -260,7 +271,5 @@ def write_parquet(csv_path: Path, target: Path) -> Path | None:
     import pandas as pd
 
     frame = pd.read_csv(csv_path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, target)
-    return target
+    return atomic_write(target, lambda handle: frame.to_parquet(handle, index=False),
+                        binary=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import yaml
@@ -37,6 +37,7 @@ from zerosim.hardware.profile import (
     profile_tree_from_file,
 )
 from zerosim.inputs.files import read_input_text
+from zerosim.results.folders import atomic_write, write_text_whole
 from zerosim.scenario import load_scenario, parse_overrides
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import read_yaml_file
@@ -490,24 +491,26 @@ def write_outputs(result: Fit, bases: Bases, data_name: str, out_dir: Path,
     paths = []
     for name, tree in profiles.items():
         tree["name"] = f"{name}{suffix}"
-        paths.append(out_dir / f"{name}{suffix}.yaml")
-        paths[-1].write_text(yaml.safe_dump(tree, sort_keys=False, width=120))
+        paths.append(write_text_whole(out_dir / f"{name}{suffix}.yaml",
+                                      yaml.safe_dump(tree, sort_keys=False, width=120)))
     if any(k.rpartition(":")[2].startswith("stack.") for k in result.values):
-        paths.append(out_dir / f"{bases.stack_name}{suffix}.yaml")
-        paths[-1].write_text(yaml.safe_dump(stack, sort_keys=False, width=120))
-    residuals = out_dir / "residuals.csv"
-    with residuals.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["line", "split", "case", "measured_s", "simulated_s", "rel_error"])
-        for m in sorted(result.train + result.holdout, key=lambda m: (str(m.scenario), m.row)):
-            split = "holdout" if m in result.holdout else "train"
-            writer.writerow([m.row, split, m.label, m.seconds, f"{result.simulated[m.row]:.6g}",
-                             f"{result.rel_error(m):+.4f}"])
-    paths.append(residuals)
+        paths.append(write_text_whole(out_dir / f"{bases.stack_name}{suffix}.yaml",
+                                      yaml.safe_dump(stack, sort_keys=False, width=120)))
+    paths.append(atomic_write(out_dir / "residuals.csv",
+                              lambda handle: _write_residuals(result, handle)))
     if result.identifiability is not None:
-        paths.append(out_dir / "identifiability.md")
-        paths[-1].write_text(identifiability_report(result))
+        paths.append(write_text_whole(out_dir / "identifiability.md",
+                                      identifiability_report(result)))
     return paths
+
+
+def _write_residuals(result: Fit, handle: IO[str]) -> None:
+    writer = csv.writer(handle)
+    writer.writerow(["line", "split", "case", "measured_s", "simulated_s", "rel_error"])
+    for m in sorted(result.train + result.holdout, key=lambda m: (str(m.scenario), m.row)):
+        split = "holdout" if m in result.holdout else "train"
+        writer.writerow([m.row, split, m.label, m.seconds, f"{result.simulated[m.row]:.6g}",
+                         f"{result.rel_error(m):+.4f}"])
 
 
 def identifiability_report(result: Fit) -> str:

@@ -195,16 +195,16 @@ def polaris_points(cells: list[Cell]) -> list[tuple[str, float, float, str]]:
 
 def write_report(cells: list[Cell], study: Study, profile: HardwareProfile, out_dir: Path
                  ) -> list[Path]:
-    from zerosim.plots import predicted_vs_measured
+    from zerosim.plots import predicted_vs_measured, save_figure
+    from zerosim.results.folders import write_text_whole
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "README.md", out_dir / "validation.csv", out_dir / "validation.png"]
-    paths[0].write_text(markdown(cells, study, profile))
-    cells_frame(cells).to_csv(paths[1], index=False)
-    plot(cells).savefig(paths[2], dpi=110)
+    write_text_whole(paths[0], markdown(cells, study, profile))
+    write_text_whole(paths[1], cells_frame(cells).to_csv(index=False))
+    save_figure(plot(cells), paths[2], dpi=110)
     points = polaris_points(cells)
     if points:
-        paths.append(out_dir / "polaris.png")
-        predicted_vs_measured(points, f"Polaris runs on {POLARIS_PROFILE}").savefig(
-            paths[-1], dpi=110)
+        paths.append(save_figure(predicted_vs_measured(
+            points, f"Polaris runs on {POLARIS_PROFILE}"), out_dir / "polaris.png", dpi=110))
     return paths
