@@ -22,7 +22,7 @@ from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.states import node_holdings
 from zerosim.engine.symmetry import rank_classes
-from zerosim.hardware.placement import place_ranks
+from zerosim.hardware.placement import folds_to_one_node, place_ranks
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
@@ -245,7 +245,7 @@ def simulated_ranks(scenario: Scenario, *, fold: bool = True) -> int:
     (every node then runs the same timeline: nodes share nothing but collectives, which are
     sized for every rank), else all of them."""
     ranks, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
-    if fold and ranks > per_node and ranks % per_node == 0:
+    if fold and folds_to_one_node(ranks, per_node):
         return per_node
     return ranks
 

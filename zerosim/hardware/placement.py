@@ -108,6 +108,13 @@ def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int,
     return tuple(shares)
 
 
+def folds_to_one_node(ranks: int, gpus_per_node: int) -> bool:
+    """Whether `ranks` fill two or more nodes exactly: every node then runs the same timeline
+    (nodes share nothing but collectives), so node 0 is simulated alone. A partly filled last
+    node runs another, so every rank is simulated."""
+    return ranks > gpus_per_node and ranks % gpus_per_node == 0
+
+
 def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False,
                 core_order: CoreOrder = "by_gpu") -> list[Placement]:
     """Rank r drives GPU r; its host buffers and threads follow the profile's placement rule,
