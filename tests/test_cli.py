@@ -161,6 +161,26 @@ def test_check_cuts_the_model_as_the_scenarios_stack_does():
     assert "layers.*.mlp.experts.*.down_proj" in per_expert.output
 
 
+def test_an_unknown_key_of_an_optional_section_lists_that_sections_keys():
+    result = CliRunner().invoke(main, ["check", DP1, "--set", "trainer.learning_rate=1"])
+    assert (result.exit_code, result.output) == (
+        2, f"error: {DP1}: trainer.learning_rate: expected one of the known keys "
+           "(gradient_accumulation_steps, max_grad_norm, per_device_train_batch_size), got "
+           "'learning_rate'\n")
+
+
+def test_estimates_version_warning_and_error_are_one_line_each():
+    newer = invoke("estimate", "--model", "llama2-7b", "--deepspeed-version", "0.99.0")
+    assert newer.output.startswith("warning: zerosim estimate: --deepspeed-version: 0.99.0 is "
+                                   "newer than the newest DeepSpeed release zerosim knows")
+    assert "Warning:" not in newer.output and "return callback" not in newer.output
+    bad = CliRunner().invoke(main, ["estimate", "--model", "llama2-7b", "--deepspeed-version",
+                                    "banana"])
+    assert (bad.exit_code, bad.output) == (
+        2, "error: zerosim estimate: --deepspeed-version: expected a DeepSpeed version like "
+           "\"0.13.3\" (quote it), got 'banana'\n")
+
+
 def test_estimate_takes_the_largest_module_as_the_framework_cuts_it():
     """DeepSpeed's `_all_live` estimate reads the largest module of the model as built: under
     transformers 5 a Qwen3-30B-A3B block's 128 experts are one module of 603,979,776

@@ -89,6 +89,8 @@ def test_candidates_are_every_numeric_value_but_the_capacities_and_keys_are_chec
     assert len(keys) == len(set(keys))
     with pytest.raises(ScenarioError, match=r"--key.*numeric hardware or stack value"):
         candidates(scenario, 0.1, ["hardware.gpu.hbm_GiB"])
+    twice = ["stack.host.step_ms", "hardware.pcie.h2d_pinned_GBps", "stack.host.step_ms"]
+    assert [c.key for c in candidates(scenario, 0.1, twice)] == twice[:2]
 
 
 @pytest.fixture(scope="module")

@@ -521,8 +521,8 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
         default if given is None else given for given, default in zip(
             (stage, gpus_per_node, nodes, deepspeed_version, sequence_length), defaults,
             strict=True))
-    rule = zero2_rule_for(parse_version(deepspeed_version, source="--deepspeed-version",
-                                        key_path="--deepspeed-version"))
+    rule = zero2_rule_for(_with_warnings(lambda: parse_version(
+        deepspeed_version, source="zerosim estimate", key_path="--deepspeed-version")))
     if spec is not None:
         if largest_layer_params is not None:
             raise click.UsageError("--largest-layer-params goes with --total-params")

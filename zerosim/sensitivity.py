@@ -230,7 +230,7 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
     found = {f"hardware.{key}": prov for key, prov in scenario.hardware.provenance.items()
              if key in QUANTITIES and key not in CAPACITY_KEYS}
     found.update({f"stack.{key}": scenario.stack.provenance[key] for key in STACK_KEYS})
-    wanted = list(keys) or list(found)
+    wanted = list(dict.fromkeys(keys)) or list(found)
     unknown = [k for k in wanted if k not in found]
     if unknown:
         raise ScenarioError("--key", unknown[0], "a numeric hardware or stack value of the "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -62,11 +63,19 @@ def _expected(error: dict[str, Any], known_keys: list[str]) -> str:
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     current: Any = model
     for part in loc[:-1]:
-        field = getattr(current, "model_fields", {}).get(part)
+        field = getattr(_model_of(current), "model_fields", {}).get(part)
         if field is None:
             return []
         current = field.annotation
-    return sorted(getattr(current, "model_fields", {}))
+    return sorted(getattr(_model_of(current), "model_fields", {}))
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model an annotation holds, through `Model | None` (an optional section)."""
+    for member in typing.get_args(annotation) or (annotation,):
+        if hasattr(member, "model_fields"):
+            return member
+    return annotation
 
 
 def validate_section(model: type[BaseModel], data: Any, *, source: str, prefix: str) -> Any:
