@@ -248,6 +248,52 @@ def test_a_table_without_a_configuration_column_is_refused():
         read_runs_text(_rows([1], drop=("hidden_size",)), "t.csv")
 
 
+FIELDS = "expected 32 fields separated by ',', one per column of the header"
+
+
+def _malformed(kind: str) -> str:
+    """Row 1 of the shipped table, then a second row, written wrong as `kind` says."""
+    header, row = _rows([1]).splitlines()
+    return {
+        "short": f"{header}\n{row}\n1,1,40\n",
+        "long": f"{header}\n{row}\n{row},99\n",
+        "quoted": f'{header}\n{row}\n"{row}"\n',
+        "semicolon header": f"{header.replace(',', ';')}\n{row}\n",
+        "carriage return": f"{header}\n{row}\n{row[:20]}\r{row[20:]}\n",
+        "repeated column": f"{header},hidden_size\n{row},6000\n",
+    }[kind]
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("short", f"t.csv: row 2: {FIELDS}, got 3 fields"),
+    ("long", f"t.csv: row 2: {FIELDS}, got 33 fields"),
+    ("quoted", f"t.csv: row 2: {FIELDS}, got 1 field"),
+    ("semicolon header", "t.csv: row 1: expected 32 fields separated by ';', one per column "
+                         "of the header, got 1 field"),
+    ("carriage return", "t.csv: row 2: expected fields separated by ',', a line break only "
+                        "inside a quoted field, got a carriage return inside an unquoted field"),
+    ("repeated column", "t.csv: <header>: expected each column once, got 'hidden_size' as "
+                        "columns 4 and 33"),
+])
+def test_a_row_that_does_not_match_the_header_is_refused_naming_it(kind, message):
+    """A missing or extra separator, a row quoted whole, a table whose header has another
+    separator than its rows, a stray carriage return: no field may shift to another column,
+    be lost or be read as None; nor may a column named twice take its last value."""
+    with pytest.raises(ScenarioError) as refused:
+        read_runs_text(_malformed(kind), "t.csv")
+    assert str(refused.value) == message
+
+
+def test_cli_refuses_a_malformed_table_with_one_line_and_writes_nothing(tmp_path):
+    table, out = tmp_path / "runs.csv", tmp_path / "out"
+    table.write_text(_malformed("short"))
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--out", str(out)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {table}: row 2: {FIELDS}, got 3 fields\n"
+    assert not out.exists()
+
+
 def test_a_column_with_a_default_may_be_left_out_and_a_warning_says_so():
     full, = read_runs_text(_rows([15]), "t.csv")
     with pytest.warns(ScenarioWarning, match=r"t.csv: no column sub_group_size, "

@@ -16,8 +16,6 @@ Rows that repeat a configuration are simulated once and compared with their mean
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -35,6 +33,7 @@ from zerosim.behaviours import (
     unknown_build_text,
 )
 from zerosim.errors import Described, ScenarioError
+from zerosim.inputs.tables import read_table
 from zerosim.units import GiB
 
 if TYPE_CHECKING:
@@ -480,10 +479,9 @@ def _nodes(source: str, row: int, r: Mapping[str, str], gpus: int) -> dict[str, 
 
 def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     """Every row of a table in the artifact format, in order; a missing configuration column
-    or a bad value is an error naming the row and the column."""
-    reader = csv.DictReader(io.StringIO(text), delimiter=_delimiter(text))
-    reader.fieldnames = [name.strip() for name in reader.fieldnames or ()]
-    header = reader.fieldnames
+    or a bad value is an error naming the row and the column, a row of more or fewer fields
+    than the header (`inputs.tables.read_table`) one naming the row."""
+    header, table = read_table(text, source, delimiter=_delimiter(text))
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise ScenarioError(source, "<header>",
@@ -496,7 +494,7 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
     blanks: dict[str, list[int]] = {}
     relabelled: list[int] = []
     runs = [_run(source, row, filled | _with_defaults(r, row, blanks), relabelled)
-            for row, r in enumerate(reader, start=1)]
+            for row, r in enumerate(table, start=1)]
     for column, rows in blanks.items():
         _warn(f"{source}: row(s) {_row_list(rows)}: no {column}; they take "
               f"{column}={DEFAULTS[column]}")

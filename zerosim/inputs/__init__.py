@@ -2,7 +2,9 @@
 
 - `files`: reading a named file (explicit UTF-8, regular files only, bounded size);
 - `documents`: YAML and JSON parsing with limits (duplicate keys, nesting, aliases, numbers);
-- `plausible`: the plausible range of every number and text, in one table.
+- `plausible`: the plausible range of every number and text, in one table;
+- `tables`: CSV tables, a header and rows of as many fields (`predict`'s runs, `calibrate`'s
+  measurements).
 """
 
 from zerosim.inputs.documents import parse_json, parse_yaml
