@@ -466,14 +466,66 @@ def test_a_prediction_that_fits_within_the_memory_models_error_is_named_tight(tm
     assert "(1 simulated, 1 tight;" in text
 
 
-def test_a_configuration_zerosim_refuses_is_an_error_row_and_exit_1(tmp_path):
-    """ZeRO stage 0 cannot offload the optimizer: DeepSpeed refuses it, so zerosim does."""
+KNOWN_KEYS = ("activation_checkpointing, attention, data_parallel, deepspeed, description, "
+              "hardware, model, name, precision, runtime, sequence_length, trainer, what_if")
+
+
+@pytest.mark.parametrize(("change", "settings", "message"), [
+    ({"deepspeed_version": "banana"}, (),
+     "row 2.deepspeed_version: runtime.deepspeed_version: expected a DeepSpeed version like "
+     "\"0.13.3\" (quote it), got 'banana'"),
+    ({"num_attention_heads": "7"}, (),
+     "row 2.num_attention_heads: model.num_attention_heads: expected a divisor of "
+     "hidden_size=5120, got 7"),
+    ({"zero_stage": "0"}, (),
+     "row 2.zero_stage: deepspeed.zero_optimization.offload_optimizer.device: expected 'none' "
+     "at stage 0 (DeepSpeed offloads the optimizer only under ZeRO 1-3), got 'cpu'"),
+    ({}, ("foo=1",),
+     f"row 1: --set foo: expected one of the known keys ({KNOWN_KEYS}), got 'foo'"),
+    ({}, ("deepspeed.zero_optimization.stage=0",),
+     "row 1: --set deepspeed.zero_optimization.stage: expected 'none' at stage 0 (DeepSpeed "
+     "offloads the optimizer only under ZeRO 1-3), got 'cpu'"),
+])
+def test_a_value_zerosim_refuses_is_refused_naming_its_row_before_anything_runs(
+        tmp_path, monkeypatch, change, settings, message):
+    """Each row's scenario is resolved as `zerosim check` resolves a file before any is
+    simulated: a refused value (DeepSpeed refuses ZeRO stage 0 with an offloaded optimizer,
+    so zerosim does) names the row and the column, or the --set key, exits 2 and writes
+    nothing."""
+    import zerosim.api
+
+    def never(*_):
+        raise AssertionError("simulated before every row was checked")
+
+    monkeypatch.setattr(zerosim.api, "simulate_summary", never)
+    unchecked = ("params_analytic_total",)  # 7 heads would warn of another model first
+    header, good = _rows([1], drop=unchecked).splitlines()
+    bad = _rows([2], drop=unchecked, **change).splitlines()[1]
+    table, out = tmp_path / "runs.csv", tmp_path / "out"
+    table.write_text(f"{header}\n{good}\n{bad}\n")
+    result = CliRunner().invoke(main, [
+        "predict", str(table), "--hardware", "polaris-a100", "--workers", "1", "--out",
+        str(out), *(arg for setting in settings for arg in ("--set", setting))])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {table}: {message}\n"
+    assert result.stdout == "" and not out.exists()
+
+
+def test_a_configuration_that_fails_to_simulate_is_an_error_row_and_exit_1(tmp_path,
+                                                                          monkeypatch):
+    """Status `error` (exit 1) is left to a failure of the simulation itself."""
+    import zerosim.api
+
+    def broken(*_):
+        raise RuntimeError("engine stopped")
+
+    monkeypatch.setattr(zerosim.api, "simulate_summary", broken)
     table = tmp_path / "runs.csv"
-    table.write_text(_rows([15], zero_stage="0"))
+    table.write_text(_rows([15]))
     result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
                                        "--workers", "1", "--no-files"])
     assert result.exit_code == 1
-    assert "ERROR" in result.output and "offload" in result.output
+    assert "ERROR" in result.output and "RuntimeError: engine stopped" in result.output
 
 
 def test_cli_draws_predicted_against_measured(tmp_path):
@@ -540,8 +592,16 @@ def test_the_forks_options_on_the_plain_release_label_are_the_studys_build():
     assert (plain.build, plain.bind_cores_to_rank, plain.empties_cache) == ("0.13.3", False,
                                                                           False)
     assert later.build == "0.14.0"
-    p_fork, p_later = predict([fork, later], "polaris-a100", workers=1).predictions
-    assert p_fork.status == "ok" and p_later.status == "error"
+    p_fork, = predict([fork], "polaris-a100", workers=1).predictions
+    assert p_fork.status == "ok"
+    with pytest.raises(ScenarioError) as refused:
+        predict([fork, later], "polaris-a100", workers=1)
+    assert str(refused.value) == (
+        "<runs>: row 3.part_grads_async: deepspeed.zero_optimization.offload_optimizer."
+        "part_grads_async: expected absent unless runtime.deepspeed_version names a build of "
+        "the Deep Optimizer States fork (DataStates/DeepSpeed, branch deep-optimizer-states) "
+        "by its local label, like \"0.13.3+4570a955\" (a DeepSpeed release refuses the key), "
+        "got true")
 
 
 def test_a_build_the_fork_does_not_know_says_what_it_is_replayed_as():

@@ -38,6 +38,7 @@ from zerosim.units import GiB
 
 if TYPE_CHECKING:
     from zerosim.hardware.profile import HardwareProfile
+    from zerosim.scenario import Scenario
 
 STACK = "megatron-deepspeed"
 MEASURED_PHASES = ("forward", "backward", "update", "iteration")
@@ -90,6 +91,32 @@ measurement averages."""
 SUPPORTED = {"swiglu": ("True",), "normalization": ("rmsnorm",)}
 """Columns whose other values describe a model the stack does not build (a GELU MLP, a
 LayerNorm), with what is supported."""
+ZERO = "deepspeed.zero_optimization"
+SCENARIO_COLUMNS = {
+    "model.num_hidden_layers": "num_layers", "model.hidden_size": "hidden_size",
+    "model.intermediate_size": "ffn_hidden_size",
+    "model.num_attention_heads": "num_attention_heads",
+    "model.num_key_value_heads": "num_key_value_heads", "model.vocab_size": "padded_vocab_size",
+    "model.tie_word_embeddings": "untie_embeddings_and_output_weights",
+    "model.max_position_embeddings": "seq_length", "sequence_length": "seq_length",
+    "activation_checkpointing": "checkpoint_activations", "attention": "use_flash_attn",
+    "data_parallel": "num_gpus", "deepspeed.train_micro_batch_size_per_gpu": "micro_batch_size",
+    "deepspeed.gradient_accumulation_steps": "grad_accum_steps", "deepspeed.bf16": "bf16",
+    "deepspeed.fp16": "bf16", f"{ZERO}.stage": "zero_stage",
+    f"{ZERO}.overlap_comm": "overlap_comm",
+    f"{ZERO}.reduce_bucket_size": "reduce_bucket_size",
+    f"{ZERO}.stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    f"{ZERO}.sub_group_size": "sub_group_size",
+    f"{ZERO}.offload_optimizer.device": "zero_stage",
+    f"{ZERO}.offload_optimizer.pin_memory": "offload_optimizer_pin_memory",
+    **{f"{ZERO}.offload_optimizer.{key}": key for key in FORK_COLUMNS},
+    "runtime.deepspeed_version": "deepspeed_version",
+    "runtime.empty_cache_each_phase": "deepspeed_version",
+    "runtime.bind_cores_to_rank": BIND_COLUMN}
+"""The column each key of a run's scenario (`MeasuredRun.scenario`) takes its value from, for
+an error in the scenario to name the cell to change (the optimizer is offloaded in every run,
+so a stage that cannot offload it is the stage's column; the build says whether the cache is
+emptied)."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +320,14 @@ class MeasuredRun:
                         **({"empty_cache_each_phase": True} if self.empties_cache else {})},
         }
 
+    def column_of(self, key_path: str) -> str | None:
+        """The column that a value of `scenario`'s tree at `key_path`, or below it, comes from
+        (`SCENARIO_COLUMNS`; the nodes the run spreads over, from its node count's column or
+        else from num_gpus), None where no column gives it."""
+        columns = {**SCENARIO_COLUMNS, "hardware.overrides": (
+            self.nodes_column if self.nodes_given is not None else "num_gpus")}
+        keys = [k for k in columns if key_path == k or key_path.startswith(k + ".")]
+        return columns[max(keys, key=len)] if keys else None
 
     def _fork_options(self) -> dict[str, Any]:
         return fork_settings(self) if self.uses_fork_options else {}
@@ -857,14 +892,59 @@ def _summary_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: s
 
     from zerosim.api import simulate_summary
     from zerosim.errors import ScenarioWarning
+
+    scenario = _scenario_of(tree, overrides, source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScenarioWarning)
+        summary = simulate_summary(scenario)
+    summary["runtime_context_bytes"] = scenario.hardware.runtime_context_bytes
+    return summary
+
+
+def _scenario_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
+                 ) -> Scenario:
+    """The resolved scenario, as `zerosim check` resolves a file (its warnings were the
+    table's to give: `read_runs_text`)."""
+    import warnings
+
+    from zerosim.errors import ScenarioWarning
     from zerosim.scenario import scenario_from_dict
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScenarioWarning)
-        scenario = scenario_from_dict(tree, source=source, overrides=overrides)
-        summary = simulate_summary(scenario)
-    summary["runtime_context_bytes"] = scenario.hardware.runtime_context_bytes
-    return summary
+        return scenario_from_dict(tree, source=source, overrides=overrides)
+
+
+def check_scenarios(jobs: Iterable[tuple[Configuration, Mapping[str, Any]]],
+                    overrides: Mapping[str, Any], source: str) -> None:
+    """Resolve each configuration's scenario tree before anything is simulated: the first that
+    zerosim refuses is an error naming the table, the row and the column its value comes from
+    (or the `--set` key), so that a bad value is refused as a bad file is, and status `error`
+    is left to a failure of the simulation itself."""
+    for configuration, tree in jobs:
+        try:
+            _scenario_of(tree, overrides, source)
+        except ScenarioError as err:
+            place = _refused_at(configuration.first, err.key_path, overrides)
+            raise ScenarioError(source, place, err.expected, err.got) from None
+
+
+def _refused_at(run: MeasuredRun, key_path: str, overrides: Mapping[str, Any]) -> str:
+    """Where a refusal of `run`'s scenario at `key_path` points: the `--set` behind the value
+    (or behind the column that gives it, as `--set ...stage=0` is behind an offload refused at
+    stage 0), else the row's column, with the scenario key, whose value may be derived from
+    the cell ('cpu', 'flash'), else the row and the key."""
+    from zerosim.sweep.spec import override_behind
+
+    column = run.column_of(key_path)
+    setting = override_behind(key_path, overrides) or next(
+        (path for path in overrides if column is not None and run.column_of(path) == column),
+        None)
+    if setting is not None:
+        return f"row {run.row}: --set {setting}"
+    if column is not None:
+        return f"row {run.row}.{column}: {key_path}"
+    return f"row {run.row}: {key_path}"
 
 
 def _prediction(configuration: Configuration, name: str, nodes: int,
@@ -932,7 +1012,8 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
             overrides: Mapping[str, Any] | None = None, workers: int | None = None,
             source: str = "<runs>", name_prefix: str = "") -> PredictOutcome:
     """Simulate each distinct configuration of `runs` on `hardware` (with `overrides`, as
-    `--set` gives them, applied to every one) and set it beside its measurements."""
+    `--set` gives them, applied to every one) and set it beside its measurements; one that
+    zerosim refuses is an error naming its row before any is simulated (`check_scenarios`)."""
     import time
 
     from zerosim.hardware.profile import load_profile
@@ -950,6 +1031,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
                             description=f"{source}, row(s) {rows}", keep_build=keep_build,
                             source=source) | {"name": f"{name_prefix}{configuration.name}"}
         jobs.append((configuration, tree["name"], run.nodes(profile.gpus_per_node), tree))
+    check_scenarios(((c, tree) for c, _, _, tree in jobs), overrides or {}, source)
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):
         futures = [executor.submit(simulate_tree, tree, dict(overrides or {}),

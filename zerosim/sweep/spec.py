@@ -363,12 +363,18 @@ def _related(key_path: str, path: str) -> bool:
             or routed.startswith(key_path + "."))
 
 
+def override_behind(key_path: str, paths: Iterable[str]) -> str | None:
+    """The override path of `paths` (the longest) that an error at `key_path` comes from, None
+    where none is related; `zerosim predict` names a `--set` so."""
+    matches = [p for p in paths if _related(key_path, p)]
+    return max(matches, key=len) if matches else None
+
+
 def _label(point: Point, key_path: str) -> tuple[str | None, Any]:
     """Which spec entry (`grid.x[2]`) an error at `key_path` comes from, and its value."""
-    matches = [p for p in point.overrides if _related(key_path, p)]
-    if not matches:
+    path = override_behind(key_path, point.overrides)
+    if path is None:
         return None, None
-    path = max(matches, key=len)
     return point.origins[path], point.overrides[path]
 
 
