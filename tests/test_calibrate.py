@@ -111,6 +111,30 @@ def test_bad_calibration_input_is_a_clear_error(tmp_path, measured):
         calibrate(measured, ["other-node:gpu.gemm_efficiency"])
 
 
+@pytest.mark.parametrize(("row", "place", "message"), [
+    ("nan", "line 3.seconds", "expected a finite time > 0, got nan"),
+    ("inf", "line 3.seconds", "expected a finite time > 0, got inf"),
+    ("-1", "line 3.seconds", "expected a finite time > 0, got -1.0"),
+    ("0", "line 3.seconds", "expected a finite time > 0, got 0.0"),
+    (None, "line 3", "expected 4 fields separated by ',', one per column of the header, got 3 "
+                     "fields"),
+])
+def test_a_measurement_that_is_not_a_time_is_refused_before_the_fit(tmp_path, row, place,
+                                                                   message):
+    """NaN and infinity would reach the fit's log residuals, a short row's missing seconds
+    float(None): each is refused as a negative time is, naming the line and the column."""
+    data, out = tmp_path / "bad.csv", tmp_path / "out"
+    rows = ["x.yaml,,forward,1.0", f"x.yaml,,forward,{row}"] if row else [
+        "x.yaml,,forward,1.0", "x.yaml,,forward"]
+    data.write_text("\n".join(["scenario,overrides,phase,seconds", *rows]) + "\n")
+    result = CliRunner().invoke(main, ["calibrate", str(data), "--param",
+                                       "gpu.gemm_efficiency=0.1:1", "--workers", "1", "--out",
+                                       str(out)])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {data}: {place}: {message}\n"
+    assert not out.exists()
+
+
 def test_values_per_testbed_and_shared_stack_values_are_recovered_together(tmp_path):
     """Two testbeds (the toy and a copy with half the HBM bandwidth): a per-testbed value
     patches only its own scenarios, a stack value patches both."""

@@ -14,7 +14,6 @@ Deterministic: fixed start (the profiles' values), fixed steps.
 from __future__ import annotations
 
 import csv
-import io
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from zerosim.hardware.profile import (
     profile_tree_from_file,
 )
 from zerosim.inputs.files import read_input_text
+from zerosim.inputs.tables import read_table
 from zerosim.results.folders import atomic_write, write_text_whole
 from zerosim.scenario import load_scenario, parse_overrides
 from zerosim.vocabulary import PHASE_TIMES
@@ -114,23 +114,17 @@ def read_measurements(path: Path) -> list[Measurement]:
     """CSV with columns scenario, overrides (k=v separated by ';'), phase, seconds."""
     rows = []
     text = read_input_text(path, key_path="<root>", what="calibration CSV")
-    reader = csv.DictReader(io.StringIO(text))
-    missing = {"scenario", "phase", "seconds"} - set(reader.fieldnames or [])
+    header, table = read_table(text, str(path), label="line", first=2)
+    missing = {"scenario", "phase", "seconds"} - set(header)
     if missing:
         raise ScenarioError(path, "<header>", "columns scenario, overrides, phase, seconds",
-                            reader.fieldnames)
-    for number, row in enumerate(reader, start=2):
+                            header)
+    for number, row in enumerate(table, start=2):
         phase = row["phase"].strip()
         if phase not in PHASE_KEYS + PROBE_KEYS:
             raise ScenarioError(path, f"line {number}.phase",
                                 f"one of {PHASE_KEYS + PROBE_KEYS}", phase)
-        try:
-            seconds = float(row["seconds"])
-        except ValueError:
-            raise ScenarioError(path, f"line {number}.seconds", "a number",
-                                row["seconds"]) from None
-        if seconds <= 0:
-            raise ScenarioError(path, f"line {number}.seconds", "a time > 0", seconds)
+        seconds = _seconds(path, number, row["seconds"])
         scenario = (path.parent / row["scenario"].strip()).resolve()
         overrides = tuple(o.strip() for o in (row.get("overrides") or "").split(";")
                           if o.strip())
@@ -138,6 +132,18 @@ def read_measurements(path: Path) -> list[Measurement]:
     if not rows:
         raise ScenarioError(path, "<rows>", "at least one measurement", "none")
     return rows
+
+
+def _seconds(path: Path, number: int, text: str) -> float:
+    """A row's measurement: a finite number > 0 (a NaN or an infinity would reach the fit's
+    log residuals)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ScenarioError(path, f"line {number}.seconds", "a number", text) from None
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ScenarioError(path, f"line {number}.seconds", "a finite time > 0", seconds)
+    return seconds
 
 
 def _tree_values(tree: dict[str, Any], keys: Sequence[str]) -> dict[str, float]:
