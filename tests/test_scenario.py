@@ -140,6 +140,33 @@ def test_bad_values_name_the_key_and_what_was_expected(override, key, expected):
     assert expected in err.expected
 
 
+PATH_EXPECTED = ("a dotted key path like deepspeed.zero_optimization.stage (names between "
+                 "single dots, none empty; no space or '=')")
+
+
+@pytest.mark.parametrize("path", [
+    "deepspeed..stage", "model..num_hidden_layers", ".data_parallel", "data_parallel.",
+    "deepspeed.zero_optimization.", "deepspeed. .stage", "hardware..gpu.hbm_GiB",
+])
+def test_a_path_with_an_empty_segment_is_refused_not_dropped(path):
+    """`deepspeed..stage` would set a ds_config key named '' (ignored with a warning): the
+    override would be lost, so the path is refused whether given as --set or as a mapping."""
+    for overrides in ([f"{path}=1"], {path: 1}):
+        assert str(error_of(overrides=overrides)) == (
+            f"--set: {path}: expected {PATH_EXPECTED}, got '{path}'")
+
+
+def test_the_command_line_refuses_an_empty_segment_with_status_2():
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    result = CliRunner().invoke(main, ["check", str(STUDY), "--set", "deepspeed..stage=1"])
+    assert result.exit_code == 2
+    assert result.output == (f"error: --set: deepspeed..stage: expected {PATH_EXPECTED}, "
+                             "got 'deepspeed..stage'\n")
+
+
 def test_unmodelled_deepspeed_keys_warn_once_and_go_on():
     tree = minimal()
     tree["deepspeed"]["zero_optimization"]["zero_hpz_partition_size"] = 2

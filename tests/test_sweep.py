@@ -174,6 +174,31 @@ def test_bad_structure_names_the_key(tmp_path, spec, key, words):
     assert words in str(caught.value)
 
 
+PATH_EXPECTED = ("a dotted key path like deepspeed.zero_optimization.stage (names between "
+                 "single dots, none empty; no space or '=')")
+
+
+@pytest.mark.parametrize(("spec", "key", "path"), [
+    ({"grid": {"deepspeed..zero_optimization.stage": [1, 2]}},
+     "grid.deepspeed..zero_optimization.stage", "deepspeed..zero_optimization.stage"),
+    ({"zip": {".data_parallel": [1, 2]}}, "zip..data_parallel", ".data_parallel"),
+    ({"set": {"sequence_length.": 64}, "grid": {"data_parallel": [1, 2]}},
+     "set.sequence_length.", "sequence_length."),
+    ({"variants": [{"set": {"model..num_hidden_layers": 1}}, {"name": "base"}]},
+     "variants[0].set.model..num_hidden_layers", "model..num_hidden_layers"),
+])
+def test_a_path_with_an_empty_segment_is_refused_as_set_refuses_it(tmp_path, spec, key, path):
+    """The same rule as `--set` (`scenario.check_override_path`): the path would otherwise
+    land on a key named '' and be dropped, giving identical points."""
+    spec_path = write_sweep(tmp_path, {"base": "tiny.yaml", **spec})
+    with pytest.raises(ScenarioError) as caught:
+        load_sweep(spec_path)
+    assert str(caught.value) == f"{spec_path}: {key}: expected {PATH_EXPECTED}, got '{path}'"
+    with pytest.raises(ScenarioError, match=r"^--set: deepspeed\.\.stage: expected a dotted"):
+        load_sweep(write_sweep(tmp_path, {"base": "tiny.yaml", "grid": {PIN: [True, False]}},
+                               name="ok.yaml"), ["deepspeed..stage=1"])
+
+
 def test_command_line_set_may_not_fix_a_swept_path(tmp_path):
     path = write_sweep(tmp_path, {"base": "tiny.yaml", "grid": {"data_parallel": [1, 2]}})
     with pytest.raises(ScenarioError, match="grid sweeps it"):

@@ -214,18 +214,38 @@ def _pools_dict(pools: CpuPools) -> dict[str, Any]:
 # ---------------------------------------------------------------- overrides
 
 
+OVERRIDE_PATH_EXPECTED = ("a dotted key path like deepspeed.zero_optimization.stage (names "
+                          "between single dots, none empty; no space or '=')")
+
+
+def check_override_path(path: Any, *, source: str, key_path: str | None = None) -> str:
+    """`path` if it is a dotted key path of non-empty names, else a ScenarioError at `key_path`
+    (default: the path itself).
+
+    The one rule for every override path: `--set`, `load_scenario`'s overrides and a sweep's
+    `set`, axes and variants. An empty segment must be refused here, as nothing after would:
+    `deepspeed..stage` would set a ds_config key named '' (ignored with a warning) and
+    `model..num_hidden_layers` a model field named '', both dropping the override.
+    """
+    if (not isinstance(path, str) or "" in path.split(".")
+            or any(char.isspace() or char == "=" for char in path)):
+        raise ScenarioError(source, key_path or str(path), OVERRIDE_PATH_EXPECTED, path)
+    return path
+
+
 def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None) -> dict[str, Any]:
-    """`["a.b=1", ...]` or `{"a.b": 1}` -> `{"a.b": 1}` with YAML-typed values."""
+    """`["a.b=1", ...]` or `{"a.b": 1}` -> `{"a.b": 1}` with YAML-typed values; every path
+    passes `check_override_path`."""
     if items is None:
         return {}
     if isinstance(items, Mapping):
-        return dict(items)
+        return {check_override_path(key, source="--set"): value for key, value in items.items()}
     parsed: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ScenarioError("--set", item, "KEY=VALUE with a dotted KEY", item)
-        parsed[key.strip()] = parse_scalar(value)
+        parsed[check_override_path(key.strip(), source="--set")] = parse_scalar(value)
     return parsed
 
 

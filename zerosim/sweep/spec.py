@@ -34,7 +34,7 @@ from typing import Any
 
 from zerosim.errors import ScenarioError, ScenarioWarning, with_scenario_warnings
 from zerosim.inputs import read_input_text
-from zerosim.scenario import load_scenario, scenario_from_dict
+from zerosim.scenario import check_override_path, load_scenario, scenario_from_dict
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 SPEC_KEYS = ("base", "description", "set", "grid", "zip", "variants")
@@ -244,13 +244,8 @@ def _path_mapping(value: Any, source: str, key: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise ScenarioError(source, key, "a mapping of dotted scenario paths to values", value)
-    out: dict[str, Any] = {}
-    for path, item in value.items():
-        if not isinstance(path, str) or not path.strip() or " " in path or "=" in path:
-            raise ScenarioError(source, f"{key}.{path}", "a dotted scenario path like "
-                                "deepspeed.zero_optimization.reduce_bucket_size", path)
-        out[path] = item
-    return out
+    return {check_override_path(path, source=source, key_path=f"{key}.{path}"): item
+            for path, item in value.items()}
 
 
 def _axis_values(value: Any, source: str, key: str) -> list[Any]:
