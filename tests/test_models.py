@@ -783,3 +783,75 @@ def test_llama4_interleaves_moe_and_dense_layers_and_refuses_the_multimodal_conf
         hf({**LLAMA4_SCOUT, "model_type": "llama4"})
     _, unmodelled = hf(LLAMA4_SCOUT, attention_chunk_size=8192)
     assert len(unmodelled) == 1 and "attention_chunk_size: 8192" in unmodelled[0]
+
+
+# ------------------------------------------------------------------ MoE fields out of range
+
+DEEPSEEK_MOE_TINY = {**LLAMA_SMALL, "model_type": "deepseek", "moe_intermediate_size": 32,
+                     "n_routed_experts": 4, "num_experts_per_tok": 2}
+FAMILY_MOE = {**LLAMA_SMALL, "family": "llama",
+              "moe": {"num_experts": 4, "num_experts_per_tok": 2, "expert_intermediate_size": 32,
+                      "layers": [0, 1]}}
+
+
+def top_k_line(key: str, experts_key: str, experts: int, got: int) -> str:
+    return (f"c.json: {key}: expected an integer from 1 to {experts_key} ({experts}), the "
+            "experts each token is routed to (transformers' router, torch.topk, fails on "
+            f"more), got {got}")
+
+
+@pytest.mark.parametrize(("fields", "experts_key", "experts", "top_k"), [
+    ({**MIXTRAL, "num_local_experts": 2, "num_experts_per_tok": 5}, "num_local_experts", 2, 5),
+    ({**MIXTRAL, "num_experts_per_tok": 0}, "num_local_experts", 8, 0),
+    ({**QWEN3_MOE_TINY, "num_experts_per_tok": 5}, "num_experts", 4, 5),
+    ({**QWEN3_MOE_TINY, "model_type": "qwen2_moe", "num_experts_per_tok": 5}, "num_experts", 4,
+     5),
+    ({**DEEPSEEK_MOE_TINY, "num_experts_per_tok": 5}, "n_routed_experts", 4, 5),
+    ({**DEEPSEEK_V2_LITE, "num_experts_per_tok": 65}, "n_routed_experts", 64, 65),
+    ({**GLM45_AIR, "num_experts_per_tok": 129}, "n_routed_experts", 128, 129),
+    ({**GPT_OSS_20B, "num_experts_per_tok": 33}, "num_local_experts", 32, 33),
+    ({**LLAMA4_SCOUT, "num_experts_per_tok": 17}, "num_local_experts", 16, 17),
+])
+def test_a_top_k_outside_1_to_the_experts_is_refused_naming_the_key(fields, experts_key,
+                                                                     experts, top_k):
+    """Transformers' configs take any top k, but its routers' torch.topk over the experts'
+    scores fails on the first forward when k is larger than the expert count."""
+    with pytest.raises(ScenarioError) as err:
+        hf(fields)
+    assert str(err.value) == top_k_line("model.num_experts_per_tok", experts_key, experts,
+                                        top_k)
+
+
+def test_a_moe_mapping_is_checked_as_a_model_types_fields_are():
+    with pytest.raises(ScenarioError) as err:
+        hf({**FAMILY_MOE, "moe": {**FAMILY_MOE["moe"], "num_experts_per_tok": 5}})
+    assert str(err.value) == top_k_line("model.moe.num_experts_per_tok", "num_experts", 4, 5)
+    with pytest.raises(ScenarioError) as err:
+        hf({**FAMILY_MOE, "moe": {**FAMILY_MOE["moe"], "layers": [0, 2]}})
+    assert str(err.value) == ("c.json: model.moe.layers[1]: expected a layer index from 0 to 1 "
+                              "(num_hidden_layers 2), each listed once, got 2")
+    spec, _ = hf(FAMILY_MOE)
+    assert spec.moe.layers == (0, 1) and spec.moe.num_experts_per_tok == 2
+
+
+@pytest.mark.parametrize(("key", "listed", "at", "got"), [
+    ("mlp_only_layers", [5, -1, 0, 0], "[0]", 5),
+    ("mlp_only_layers", [-1], "[0]", -1),
+    ("mlp_only_layers", [1, 0, 1], "[2]", 1),
+    ("moe_layers", [0, 2], "[1]", 2),
+    ("moe_layers", [0, 0], "[1]", 0),
+])
+def test_layer_lists_hold_each_layer_index_once(key, listed, at, got):
+    """`mlp_only_layers` (Qwen-MoE) and `moe_layers` (Llama 4) are layer indices from 0 to
+    num_hidden_layers - 1 (Qwen3MoeConfig's docstring); transformers only asks whether a
+    layer's index is listed, so an index past the model, a negative one or a repeat would
+    change nothing: a mistake, refused."""
+    fields = QWEN3_MOE_TINY if key == "mlp_only_layers" else LLAMA4_SCOUT
+    with pytest.raises(ScenarioError) as err:
+        hf(fields, num_hidden_layers=2, **{key: listed})
+    assert str(err.value) == (f"c.json: model.{key}{at}: expected a layer index from 0 to 1 "
+                              f"(num_hidden_layers 2), each listed once, got {got}")
+    with pytest.raises(ScenarioError) as err:
+        hf(fields, num_hidden_layers=2, **{key: [True]})
+    assert str(err.value) == (f"c.json: model.{key}: expected a list of layer indices from 0 "
+                              "to 1, got [true]")

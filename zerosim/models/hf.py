@@ -264,7 +264,7 @@ def _qwen3_moe(f: Fields) -> Layout:
     layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
               "qk_norm": "per_head"}
     if sparse:
-        layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 8),
+        layout["moe"] = MoESpec(experts, _top_k(f, "num_experts", experts, 8),
                                 f.count("moe_intermediate_size", 768), sparse)
     return layout
 
@@ -302,7 +302,8 @@ def _mixtral(f: Fields) -> Layout:
     `intermediate_size`, top `num_experts_per_tok`."""
     _sliding_window(f)
     layers = f.count("num_hidden_layers")
-    moe = MoESpec(f.count("num_local_experts", 8), f.count("num_experts_per_tok", 2),
+    experts = f.count("num_local_experts", 8)
+    moe = MoESpec(experts, _top_k(f, "num_local_experts", experts, 2),
                   f.count("intermediate_size", 14336), tuple(range(layers)))
     return {**_llama(f), "moe": moe}
 
@@ -315,7 +316,7 @@ def _qwen2_moe(f: Fields) -> Layout:
     experts, sparse = _qwen_sparse_layers(f, 60)
     layout = _qwen2(f)
     if sparse:
-        layout["moe"] = MoESpec(experts, f.count("num_experts_per_tok", 4),
+        layout["moe"] = MoESpec(experts, _top_k(f, "num_experts", experts, 4),
                                 f.count("moe_intermediate_size", 1408), sparse,
                                 f.count("shared_expert_intermediate_size", 5632, minimum=0),
                                 shared_expert_gate=True, shared_expert_first=True)
@@ -327,10 +328,42 @@ def _qwen_sparse_layers(f: Fields, default_experts: int) -> tuple[int, tuple[int
     `(layer + 1) % decoder_sparse_step == 0` and the layer is not in `mlp_only_layers`."""
     layers = f.count("num_hidden_layers")
     step = f.count("decoder_sparse_step", 1)
-    dense = set(f.raw("mlp_only_layers", []))
+    dense = set(_layer_indices(f, "mlp_only_layers", layers) or ())
     experts = f.count("num_experts", default_experts, minimum=0)
     return experts, tuple(i for i in range(layers)
                           if experts > 0 and (i + 1) % step == 0 and i not in dense)
+
+
+def _top_k(f: Fields, experts_key: str, experts: int, default: int | None = None) -> int:
+    """`num_experts_per_tok`, from 1 to the `experts` there are. Transformers' config classes
+    take any integer, but every router picks each token's experts with `torch.topk` over one
+    score per expert, which fails on the first forward when k is larger ("selected index k
+    out of range"); here it would route each token to more experts than exist."""
+    top_k = f.raw("num_experts_per_tok", default)
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and not 1 <= top_k <= experts:
+        raise f.error("num_experts_per_tok", f"an integer from 1 to {experts_key} ({experts}), "
+                      "the experts each token is routed to (transformers' router, torch.topk, "
+                      "fails on more)", top_k)
+    return f.count("num_experts_per_tok", default)
+
+
+def _layer_indices(f: Fields, key: str, layers: int) -> list[int] | None:
+    """A list of layer indices (`mlp_only_layers`, `moe_layers`), each from 0 to
+    `num_hidden_layers - 1` and listed once, or None when absent. Transformers' config takes
+    any integers and each layer asks whether its index is listed, so an index past the last
+    layer, a negative one (not counted from the end) or a repeat changes nothing there: a
+    mistake in the config, refused rather than replayed as if it were not written."""
+    value = f.raw(key)
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or any(
+            isinstance(index, bool) or not isinstance(index, int) for index in value):
+        raise f.error(key, f"a list of layer indices from 0 to {layers - 1}", value)
+    for position, index in enumerate(value):
+        if not 0 <= index < layers or index in value[:position]:
+            raise f.error(f"{key}[{position}]", f"a layer index from 0 to {layers - 1} "
+                          f"(num_hidden_layers {layers}), each listed once", index)
+    return list(value)
 
 
 def _deepseek(f: Fields) -> Layout:
@@ -349,8 +382,8 @@ def _deepseek(f: Fields) -> Layout:
     if experts is not None:
         width = f.count("moe_intermediate_size", 1407)
         sparse = tuple(i for i in range(layers) if i >= first and i % freq == 0)
-        layout["moe"] = MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"),
-                                width, sparse,
+        routed = f.count("n_routed_experts")
+        layout["moe"] = MoESpec(routed, _top_k(f, "n_routed_experts", routed), width, sparse,
                                 width * f.count("n_shared_experts", 0, minimum=0),
                                 experts_layout="list")
     return layout
@@ -413,8 +446,9 @@ def _deepseek_style_moe(f: Fields) -> Layout:
     sparse = tuple(range(first, layers))
     if not sparse:
         return {}
-    return {"moe": MoESpec(f.count("n_routed_experts"), f.count("num_experts_per_tok"), width,
-                           sparse, width * f.count("n_shared_experts", minimum=0))}
+    routed = f.count("n_routed_experts")
+    return {"moe": MoESpec(routed, _top_k(f, "n_routed_experts", routed), width, sparse,
+                           width * f.count("n_shared_experts", minimum=0))}
 
 
 def _glm4_moe(f: Fields) -> Layout:
@@ -442,7 +476,8 @@ def _gpt_oss(f: Fields) -> Layout:
     _sliding_window(f)
     f.read.update({"swiglu_limit", "initial_context_length", "experts_per_token"})
     bias = f.flag("attention_bias", True)
-    moe = MoESpec(f.count("num_local_experts", 128), f.count("num_experts_per_tok", 4),
+    experts = f.count("num_local_experts", 128)
+    moe = MoESpec(experts, _top_k(f, "num_local_experts", experts, 4),
                   f.count("intermediate_size"), tuple(range(f.count("num_hidden_layers"))),
                   experts_layout="fused", router_bias=True, expert_bias=True)
     return {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
@@ -473,19 +508,16 @@ def _llama4_text(f: Fields) -> Layout:
                       f"full causal attention (the same for sequences up to {chunk})",
                       ModelFieldWarning, stacklevel=5)
     layers, step = f.count("num_hidden_layers"), f.count("interleave_moe_layer_step", 1)
-    listed = f.raw("moe_layers")
-    if listed is not None and not (isinstance(listed, list)
-                                   and all(isinstance(i, int) for i in listed)):
-        raise f.error("moe_layers", "a list of layer indices", listed)
+    listed = _layer_indices(f, "moe_layers", layers)
     sparse = tuple(listed) if listed is not None else tuple(range(step - 1, layers, step))
     width = f.count("intermediate_size")
     bias = f.flag("attention_bias", False)
     layout = {"qkv_bias": bias, "attention_out_bias": bias, "mlp_bias": False,
               "intermediate_size": f.count("intermediate_size_mlp")}
     if sparse:
-        layout["moe"] = MoESpec(f.count("num_local_experts", 16),
-                                f.count("num_experts_per_tok", 1), width, sparse, width,
-                                experts_layout="fused", routing="every_token")
+        experts = f.count("num_local_experts", 16)
+        layout["moe"] = MoESpec(experts, _top_k(f, "num_local_experts", experts, 1), width,
+                                sparse, width, experts_layout="fused", routing="every_token")
     return layout
 
 
@@ -664,15 +696,24 @@ def _native(f: Fields) -> Layout:
 
 
 def _moe_mapping(f: Fields) -> MoESpec:
+    """A `moe:` mapping of MoESpec's fields, its counts, top k and layers checked as a
+    model_type's are (`_top_k`, `_layer_indices`)."""
     value = f.raw("moe")
     if isinstance(value, MoESpec):
         return value
     try:
-        return MoESpec(**{**value, "layers": tuple(value["layers"])})
+        spec = MoESpec(**{**value, "layers": tuple(value["layers"])})
     except (TypeError, KeyError) as err:
         raise f.error("moe", "{num_experts, num_experts_per_tok, expert_intermediate_size, "
                       "layers, [shared_expert_intermediate_size, shared_expert_gate]}",
                       value) from err
+    moe = Fields(value, f.source, f"{f.key_path}.moe")
+    experts = moe.count("num_experts")
+    _top_k(moe, "num_experts", experts)
+    moe.count("expert_intermediate_size")
+    moe.count("shared_expert_intermediate_size", 0, minimum=0)
+    _layer_indices(moe, "layers", f.count("num_hidden_layers"))
+    return spec
 
 
 def _shape(f: Fields, layout: Layout, tie_default: bool) -> dict[str, Any]:
