@@ -256,6 +256,48 @@ def test_every_bad_value_is_reported_together(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("spec", "line"), [
+    ({"grid": {"sequence_length": [64, 64.0]}},
+     "point 1 (sequence_length=64.0): expected a point different from point 0 "
+     "(sequence_length=64) once resolved, got {'sequence_length': 64.0}"),
+    ({"grid": {BUCKET: [5e8, 500000000]}},
+     f"point 1 ({BUCKET}=500000000): expected a point different from point 0 "
+     f"({BUCKET}=500000000.0) once resolved, got {{'{BUCKET}': 500000000}}"),
+    ({"variants": [{"name": "base"}, {"name": "stage 3", "set": {
+        "deepspeed.zero_optimization.stage": 3}}]},
+     "point 1 (variant=stage 3, deepspeed.zero_optimization.stage=3): expected a point "
+     "different from point 0 (variant=base, deepspeed.zero_optimization.stage=null) once "
+     "resolved, got {'deepspeed.zero_optimization.stage': 3}"),
+])
+def test_points_that_resolve_alike_are_refused_before_anything_runs(tmp_path, spec, line):
+    """Overrides that differ as written but resolve to one scenario (a number written two
+    ways, a variant setting the base's own value) would simulate the same row twice."""
+    path = write_sweep(tmp_path, {"base": "tiny.yaml", **spec})
+    with pytest.raises(SweepError) as caught:
+        run_sweep(path, out_dir=tmp_path / "out", workers=1)
+    assert str(caught.value) == f"{path}: {line}"
+    assert caught.value.invalid_points == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_default_written_out_is_a_duplicate_only_where_it_is_the_default(tmp_path):
+    """`overlap_comm: true` is DeepSpeed's default at stage 3 but not at stage 2: beside a
+    variant that leaves it out, only the stage-3 point repeats one."""
+    overlap = "deepspeed.zero_optimization.overlap_comm"
+    path = write_sweep(tmp_path, {"base": "tiny.yaml",
+                                  "grid": {"deepspeed.zero_optimization.stage": [2, 3]},
+                                  "variants": [{"name": "default"},
+                                               {"name": "overlap", "set": {overlap: True}}]})
+    with pytest.raises(SweepError) as caught:
+        run_sweep(path, out_dir=tmp_path / "out", workers=1)
+    assert str(caught.value) == (
+        f"{path}: point 3 (deepspeed.zero_optimization.stage=3, variant=overlap, "
+        f"{overlap}=true): expected a point different from point 2 "
+        f"(deepspeed.zero_optimization.stage=3, variant=default, {overlap}=null) once "
+        "resolved, got {'deepspeed.zero_optimization.stage': 3, "
+        "'deepspeed.zero_optimization.overlap...")  # a value is shown in 80 characters
+
+
 # ------------------------------------------------------------------ running
 
 

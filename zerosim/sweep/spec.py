@@ -390,20 +390,17 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
             seen.add(str(problem))
             problems.append(problem)
 
+    resolved: dict[str, Point] = {}
     for point in points:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ScenarioWarning)
-            try:
-                scenario = scenario_from_dict(tree, source=str(spec.base),
-                                              base_dir=spec.base.parent,
-                                              overrides=point.overrides)
-            except ScenarioError as err:
-                label, _ = _label(point, err.key_path)
-                if label is None:
-                    label = f"point {point.index} ({point.describe()}): {err.key_path}"
-                add(ScenarioError(spec.source, label, err.expected, err.got))
-                invalid += 1
-                continue
+        try:
+            scenario = _load_point(spec, tree, point)
+        except ScenarioError as err:
+            label, _ = _label(point, err.key_path)
+            if label is None:
+                label = f"point {point.index} ({point.describe()}): {err.key_path}"
+            add(ScenarioError(spec.source, label, err.expected, err.got))
+            invalid += 1
+            continue
         ignored_paths = 0
         for path, origin in point.origins.items():
             ignored = [k for k in scenario.unmodelled_keys if k == path or
@@ -413,7 +410,39 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
                 add(ScenarioError(spec.source, origin, "a key zerosim models (it ignores "
                                   f"{', '.join(ignored)}, so setting it changes nothing)",
                                   point.overrides[path]))
-        invalid += ignored_paths > 0
+        duplicate = None if ignored_paths else _resolved_duplicate(spec, tree, point, scenario,
+                                                                  resolved)
+        if duplicate is not None:
+            add(duplicate)
+        invalid += ignored_paths > 0 or duplicate is not None
     if problems:
         raise SweepError(spec.source, problems, invalid)
     return notes
+
+
+def _load_point(spec: SweepSpec, tree: Any, point: Point) -> Any:
+    """The point's scenario, resolved as `zerosim run` resolves it (its warnings are the base's
+    or its value's, told elsewhere)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ScenarioWarning)
+        return scenario_from_dict(tree, source=str(spec.base), base_dir=spec.base.parent,
+                                  overrides=point.overrides)
+
+
+def _resolved_duplicate(spec: SweepSpec, tree: Any, point: Point, scenario: Any,
+                        resolved: dict[str, Point]) -> ScenarioError | None:
+    """The error for a point whose resolved scenario is an earlier point's, or None.
+
+    Different overrides can resolve alike (512 and 512.0, 5e8 and 500000000, a variant that
+    sets the base's own value beside one that sets nothing): the sweep would simulate the same
+    row twice. Points are grouped by the digest of the resolved scenario's repr (provenance is
+    neither shown nor compared), and the earlier point is loaded again to confirm with ==, so
+    no resolved scenario is kept.
+    """
+    digest = hashlib.sha256(repr(scenario).encode()).hexdigest()
+    other = resolved.setdefault(digest, point)
+    if other is point or _load_point(spec, tree, other) != scenario:
+        return None
+    return ScenarioError(spec.source, f"point {point.index} ({point.describe()})",
+                         f"a point different from point {other.index} ({other.describe()}) "
+                         "once resolved", point.overrides)
