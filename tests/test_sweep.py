@@ -17,6 +17,7 @@ from zerosim.cli import main
 from zerosim.errors import ScenarioError
 from zerosim.sweep import SweepError, expand_range, load_sweep, run_point, run_sweep
 from zerosim.sweep.runner import DaskMissingError, InlineExecutor, open_executor
+from zerosim.sweep.spec import validate
 
 # A cheap base: each simulate takes a few tens of milliseconds.
 TINY_SCENARIO = {
@@ -296,6 +297,51 @@ def test_a_default_written_out_is_a_duplicate_only_where_it_is_the_default(tmp_p
         f"(deepspeed.zero_optimization.stage=3, variant=default, {overlap}=null) once "
         "resolved, got {'deepspeed.zero_optimization.stage': 3, "
         "'deepspeed.zero_optimization.overlap...")  # a value is shown in 80 characters
+
+
+@pytest.mark.parametrize(("spec", "origin", "path", "got"), [
+    ({"grid": {"deepspeed.wall_clock_breakdown": [True, False]}},
+     "grid.deepspeed.wall_clock_breakdown[0]", "deepspeed.wall_clock_breakdown", "true"),
+    ({"grid": {"deepspeed.steps_per_print": [10, 100]}},
+     "grid.deepspeed.steps_per_print[0]", "deepspeed.steps_per_print", "10"),
+    ({"zip": {"deepspeed.zero_optimization.round_robin_gradients": [True, False]}},
+     "zip.deepspeed.zero_optimization.round_robin_gradients[0]",
+     "deepspeed.zero_optimization.round_robin_gradients", "true"),
+    ({"variants": [{"name": "a"}, {"name": "b", "set": {
+        "deepspeed.zero_optimization.stage": 2, "deepspeed.fp16.loss_scale_window": 500}}]},
+     "variants[1].set.deepspeed.fp16.loss_scale_window", "deepspeed.fp16.loss_scale_window",
+     "500"),
+    ({"set": {"deepspeed.optimizer.params.lr": 0.1}, "grid": {"data_parallel": [1, 2]}},
+     "set.deepspeed.optimizer.params.lr", "deepspeed.optimizer.params.lr", "0.1"),
+])
+def test_a_key_zerosim_accepts_as_changing_nothing_is_not_swept(tmp_path, spec, origin, path,
+                                                                got):
+    """Logging, scheduler and loss-scale keys are accepted silently in a scenario
+    (`scenario.deepspeed.NO_EFFECT_KEYS`): no stage reads them, so every row would be the
+    same; refused as a key zerosim ignores is."""
+    spec_path = write_sweep(tmp_path, {"base": "tiny.yaml", **spec})
+    with pytest.raises(SweepError) as caught:
+        run_sweep(spec_path, out_dir=tmp_path / "out", workers=1)
+    assert str(caught.value.problems[0]) == (
+        f"{spec_path}: {origin}: expected a key zerosim models (it takes {path} to change "
+        f"neither time nor memory, so setting it changes nothing), got {got}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_key_zerosim_reads_beneath_an_inert_section_is_swept(tmp_path):
+    """`optimizer.params` changes nothing but `torch_adam`, which picks PyTorch's Adam."""
+    from zerosim.scenario.deepspeed import changes_nothing
+
+    assert changes_nothing("optimizer.params.lr") and changes_nothing("scheduler.params")
+    assert not changes_nothing("optimizer.params.torch_adam")
+    assert not changes_nothing("optimizer.params") and not changes_nothing("optimizer")
+    assert not changes_nothing("zero_optimization.stage") and not changes_nothing("fp16")
+    path = write_sweep(tmp_path, {
+        "base": "tiny.yaml", "set": {"deepspeed.zero_optimization.offload_optimizer.device":
+                                     "none"},
+        "grid": {"deepspeed.optimizer.params.torch_adam": [True, False]}})
+    spec = load_sweep(path)
+    assert validate(spec, spec.points()) == []
 
 
 # ------------------------------------------------------------------ running

@@ -42,6 +42,8 @@ NO_EFFECT_KEYS = {
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
 }
+READ_BENEATH_NO_EFFECT = ("optimizer.params.torch_adam",)
+"""Keys zerosim reads inside a NO_EFFECT_KEYS section (`_torch_adam`)."""
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
 CLOSED_SECTIONS = {
     "optimizer": ("type", "params", "legacy_fusion"),
@@ -350,6 +352,17 @@ def unmodelled_keys(raw: _DeepSpeedRaw, source: str) -> list[str]:
             continue
         keys.append(f"deepspeed.{key}")
     return keys
+
+
+def changes_nothing(key: str) -> bool:
+    """Whether setting the ds_config `key` (`steps_per_print`, `fp16.loss_scale`) changes
+    nothing zerosim replays, at any stage: it is one of the NO_EFFECT_KEYS, or beneath one,
+    and holds no key zerosim reads (`optimizer.params` holds `torch_adam`). Resolution drops
+    such keys before anything reads them, so a sweep of one would give identical rows."""
+    if any(read == key or read.startswith(f"{key}.") or key.startswith(f"{read}.")
+           for read in READ_BENEATH_NO_EFFECT):
+        return False
+    return any(key == k or key.startswith(f"{k}.") for k in NO_EFFECT_KEYS)
 
 
 def _torch_adam(raw: _DeepSpeedRaw, zero: _Zero, source: str) -> bool:

@@ -35,6 +35,7 @@ from typing import Any
 from zerosim.errors import ScenarioError, ScenarioWarning, with_scenario_warnings
 from zerosim.inputs import read_input_text
 from zerosim.scenario import check_override_path, load_scenario, scenario_from_dict
+from zerosim.scenario.deepspeed import changes_nothing
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 SPEC_KEYS = ("base", "description", "set", "grid", "zip", "variants")
@@ -401,23 +402,37 @@ def validate(spec: SweepSpec, points: list[Point]) -> list[str]:
             add(ScenarioError(spec.source, label, err.expected, err.got))
             invalid += 1
             continue
-        ignored_paths = 0
-        for path, origin in point.origins.items():
-            ignored = [k for k in scenario.unmodelled_keys if k == path or
-                       k.startswith(path + ".")]
-            if ignored:
-                ignored_paths += 1
-                add(ScenarioError(spec.source, origin, "a key zerosim models (it ignores "
-                                  f"{', '.join(ignored)}, so setting it changes nothing)",
-                                  point.overrides[path]))
-        duplicate = None if ignored_paths else _resolved_duplicate(spec, tree, point, scenario,
-                                                                  resolved)
+        ignored = _overrides_that_change_nothing(spec, point, scenario)
+        for problem in ignored:
+            add(problem)
+        duplicate = None if ignored else _resolved_duplicate(spec, tree, point, scenario,
+                                                            resolved)
         if duplicate is not None:
             add(duplicate)
-        invalid += ignored_paths > 0 or duplicate is not None
+        invalid += bool(ignored) or duplicate is not None
     if problems:
         raise SweepError(spec.source, problems, invalid)
     return notes
+
+
+def _overrides_that_change_nothing(spec: SweepSpec, point: Point, scenario: Any
+                                   ) -> list[ScenarioError]:
+    """An error for each of the point's overrides that lands on ds_config keys zerosim ignores
+    (`unmodelled_keys`, warned about in a run) or accepts silently because they cannot change
+    time or memory (`changes_nothing`): setting it, or sweeping it, changes nothing."""
+    problems = []
+    for path, origin in point.origins.items():
+        ignored = [k for k in scenario.unmodelled_keys if k == path or k.startswith(path + ".")]
+        if ignored:
+            expected = (f"a key zerosim models (it ignores {', '.join(ignored)}, so setting it "
+                        "changes nothing)")
+        elif path.startswith("deepspeed.") and changes_nothing(path.removeprefix("deepspeed.")):
+            expected = (f"a key zerosim models (it takes {path} to change neither time nor "
+                        "memory, so setting it changes nothing)")
+        else:
+            continue
+        problems.append(ScenarioError(spec.source, origin, expected, point.overrides[path]))
+    return problems
 
 
 def _load_point(spec: SweepSpec, tree: Any, point: Point) -> Any:
