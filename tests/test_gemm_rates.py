@@ -257,6 +257,10 @@ def test_fit_gemm_reads_a_batch_column_and_holds_what_it_is_told(tmp_path):
     ("batch,m,n,k,TFLOPS\n0,1,2,3,4\n", "row 1.batch: expected a positive integer, got '0'"),
     ("m,n,k,TFLOPS\n1,2,3,4\n5,6,7,8\n9,10,11,12\n",
      "rows: expected more than 3 measured GEMMs (3 values are fitted), got 3"),
+    ("m,n,k,TFLOPS\n1,2,3,4,5\n",
+     "row 1: expected 4 fields separated by ',', one per column of the header, got 5 fields"),
+    ("m,n,k,TFLOPS\n1,2,3,4\r5,6\n", "row 1: expected fields separated by ',', a line break "
+     "only inside a quoted field, got a carriage return inside an unquoted field"),
 ])
 def test_a_bad_table_is_refused_with_where_and_what(tmp_path, text, message):
     path = _table(tmp_path, text)

@@ -18,8 +18,6 @@ kernel's own latency, which it adds to, is then held. Pure: no SimPy.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import re
 from dataclasses import dataclass, replace
@@ -33,6 +31,7 @@ from zerosim.hardware.costs import gemm_s
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.inputs.documents import parse_json
 from zerosim.inputs.files import read_input_text
+from zerosim.inputs.tables import read_table
 from zerosim.models.kernels import Gemm
 from zerosim.validation.leastsq import covariance
 
@@ -174,14 +173,14 @@ def read_gemm_table(path: str | Path) -> list[GemmRow]:
     """A CSV with the columns m, n, k, TFLOPS and optionally batch (one measured GEMM per row;
     other columns ignored)."""
     source = str(path)
-    reader = csv.DictReader(io.StringIO(read_input_text(path, what="GEMM table")))
-    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    header, table = read_table(read_input_text(path, what="GEMM table"), source)
+    missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise ScenarioError(source, "header", f"the columns {', '.join(COLUMNS)}",
-                            ", ".join(reader.fieldnames or []) or "no header")
-    batched = BATCH in (reader.fieldnames or [])
+                            ", ".join(header) or "no header")
+    batched = BATCH in header
     rows = []
-    for i, record in enumerate(reader, start=1):
+    for i, record in enumerate(table, start=1):
         m, n, k = (int(_positive_number(record[c] or "", source, f"row {i}.{c}", integer=True))
                    for c in ("m", "n", "k"))
         batch = (int(_positive_number(record[BATCH] or "", source, f"row {i}.{BATCH}",
