@@ -213,3 +213,17 @@ def test_a_scenario_that_only_overrides_the_stack_calibrates_the_default_stack(t
     path.write_text(yaml.safe_dump(
         {"runtime": {"framework": {"overrides": {"host": {"fetch_hook_us": 500}}}}}))
     assert _raw_stack(path)["name"] == DEFAULT_STACK
+
+
+@pytest.mark.parametrize("key", ["gpu.hbm_GiB", "host.memory_GiB"])
+def test_a_capacity_is_not_fitted_to_times(tmp_path, key):
+    """No phase time moves with a capacity (it decides whether a run fits), so a fit of one
+    to times would only wander."""
+    table = Path(__file__).resolve().parent.parent / "scenarios/calibration/study_table2.csv"
+    result = CliRunner().invoke(main, ["calibrate", str(table), "--param", key, "--workers",
+                                       "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: --param: {key}: expected a numeric profile key "
+                                    "that times depend on (gpu.hbm_GBps, ")
+    assert key not in result.stderr.partition("expected")[2].rpartition("got")[0]
+    assert not (tmp_path / "out").exists()

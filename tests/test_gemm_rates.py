@@ -257,6 +257,9 @@ def test_fit_gemm_reads_a_batch_column_and_holds_what_it_is_told(tmp_path):
     ("batch,m,n,k,TFLOPS\n0,1,2,3,4\n", "row 1.batch: expected a positive integer, got '0'"),
     ("m,n,k,TFLOPS\n1,2,3,4\n5,6,7,8\n9,10,11,12\n",
      "rows: expected more than 3 measured GEMMs (3 values are fitted), got 3"),
+    ("m,n,k,TFLOPS\n" + "1024,1024,1024,100\n" * 5,
+     "rows: expected more than 3 distinct shapes (m, n, k, batch; 3 values are fitted, and "
+     "repeats of one shape pin down one rate), got 1 in 5 rows"),
     ("m,n,k,TFLOPS\n1,2,3,4,5\n",
      "row 1: expected 4 fields separated by ',', one per column of the header, got 5 fields"),
     ("m,n,k,TFLOPS\n1,2,3,4\r5,6\n", "row 1: expected fields separated by ',', a line break "

@@ -170,11 +170,20 @@ def test_a_million_character_name_is_refused_at_once(tmp_path):
     ("n" * 300, "a text of 300 characters"),
     ("../../etc", "'../../etc'"),
     ("a/b", "'a/b'"),
+    ("\u00e9" * 128, "a text of 256 bytes in UTF-8"),   # 128 characters, more than run takes
 ])
 def test_a_scenario_name_must_be_a_short_folder_name(name, got):
     assert refusal(minimal(name=name)) == (
-        "s.yaml: name: expected a text of 1 to 128 characters usable as a folder name (no '/', "
-        f"'\\' or control characters, not starting with '.'), got {got}")
+        "s.yaml: name: expected a text of 1 to 128 characters usable as a folder name (at most "
+        "230 bytes in UTF-8, no '/', '\\' or control characters, not starting with '.'), got "
+        f"{got}")
+
+
+def test_the_longest_name_is_the_longest_output_folder_name():
+    from zerosim.inputs.plausible import FOLDER_NAME_MAX_BYTES
+    from zerosim.results.folders import NAME_MAX_BYTES, STAGING_PREFIX
+
+    assert NAME_MAX_BYTES - len(STAGING_PREFIX) - len("0123abcd") == FOLDER_NAME_MAX_BYTES
 
 
 # ------------------------------------------------------------------ YAML and JSON documents

@@ -739,3 +739,19 @@ def test_set_switches_a_fork_option_on_for_every_row_of_its_builds():
     key = "deepspeed.zero_optimization.offload_optimizer.part_grads_async"
     flushed, = predict(runs, "polaris-a100", overrides={key: True}, workers=1).predictions
     assert flushed.status == "ok" and flushed.predicted["backward"] < plain.predicted["backward"]
+
+
+@pytest.mark.parametrize(("setting", "instead"), [
+    ("hardware=dgx-a100", "--hardware NAME|FILE (hardware.<key> patches its values)"),
+    ("data_parallel=2", "the table's num_gpus"),
+    ("model=llama2-7b", "the table's model columns (model.<field> patches them)"),
+])
+def test_a_set_of_what_the_table_or_hardware_gives_is_refused(tmp_path, setting, instead):
+    key, _, value = setting.partition("=")
+    result = CliRunner().invoke(main, ["predict", str(TABLE), "--hardware", "polaris-a100",
+                                       "--out", str(tmp_path / "out"), "--set", setting])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        f"error: --set: {key}: expected a value the rows do not give: the rows take it from "
+        f"{instead}, got {value if key == 'data_parallel' else repr(value)}")
+    assert not (tmp_path / "out").exists()

@@ -237,3 +237,11 @@ def test_a_gpu_update_interval_longer_than_the_sub_groups_warns():
     assert caught_with(5) == [
         f"{STUDY}: what_if.gpu_update_every: 5 updates no sub-group on the GPU: each rank has 4 "
         "optimizer sub-group(s) (sub_group_size 1e+09), so none is moved to the GPU"]
+
+
+def test_a_number_where_a_text_goes_says_to_quote_it():
+    with pytest.raises(ScenarioError) as caught:
+        load_scenario(STUDY, ["runtime.deepspeed_version=0.20"])
+    assert caught.value.expected == ("a text (quote it: YAML reads unquoted digits as a number, "
+                                     "0.20 as 0.2)")
+    assert caught.value.got == 0.2

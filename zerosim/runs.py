@@ -1008,6 +1008,22 @@ class PredictOutcome:
         return f"{Path(self.source).name} on {self.hardware}"
 
 
+TABLE_GIVEN_OVERRIDES = {
+    "hardware": "--hardware NAME|FILE (hardware.<key> patches its values)",
+    "model": "the table's model columns (model.<field> patches them)",
+    "data_parallel": "the table's num_gpus",
+}
+"""`--set` keys whose value a predicted table gives otherwise: the override would replace it
+silently while the table and its title still name the table's."""
+
+
+def _check_table_overrides(overrides: Mapping[str, Any]) -> None:
+    for key, instead in TABLE_GIVEN_OVERRIDES.items():
+        if key in overrides:
+            raise ScenarioError("--set", key, f"a value the rows do not give: the rows take it "
+                                f"from {instead}", overrides[key])
+
+
 def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
             overrides: Mapping[str, Any] | None = None, workers: int | None = None,
             source: str = "<runs>", name_prefix: str = "") -> PredictOutcome:
@@ -1020,6 +1036,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
     from zerosim.sweep.runner import open_executor
 
     started = time.perf_counter()
+    _check_table_overrides(overrides or {})
     profile = load_profile(hardware)
     groups = configurations(runs)
     keep_build = sets_fork_options(overrides or {})

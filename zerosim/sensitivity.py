@@ -25,15 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError, ZerosimError, with_scenario_warnings
-from zerosim.hardware.profile import AT_LEAST_ONE_KEYS, FRACTION_KEYS, QUANTITIES
+from zerosim.hardware.profile import (
+    AT_LEAST_ONE_KEYS,
+    CAPACITY_KEYS,
+    FRACTION_KEYS,
+    QUANTITIES,
+)
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
 
 DEFAULT_STEP = 0.1
 """Relative step of the central differences: each value at x (1 - 0.1) and x (1 + 0.1)."""
-CAPACITY_KEYS = ("gpu.hbm_GiB", "gpu.runtime_context_GiB", "host.memory_GiB",
-                 "host.os_resident_GiB", "nvme.capacity_GiB_per_drive")
-"""Profile quantities that decide whether a configuration fits, not how long it takes."""
 SHOWN_ELASTICITY = 0.005
 """Values whose elasticity of the iteration is smaller than this in magnitude (a 1% error
 moving it by less than 0.005%) are counted but not listed unless asked (`--all`)."""

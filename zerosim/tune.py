@@ -208,11 +208,15 @@ def _divisors(n: int) -> list[int]:
 
 def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[str]:
     free, fix = set(free), set(fix)
-    for name in free | fix:
-        if name not in KNOBS:
-            raise TuneError(f"unknown knob {name!r}: expected one of {', '.join(KNOBS)}")
+    for option, names in (("--free", free), ("--fix", fix)):
+        for name in sorted(names):
+            if name not in KNOBS:
+                raise TuneError(f"{option} {name}: expected one of {', '.join(KNOBS)}, got "
+                                f"{name!r}")
     if free & fix:
-        raise TuneError(f"knob(s) both fixed and freed: {', '.join(sorted(free & fix))}")
+        both = sorted(free & fix)[0]
+        raise TuneError(f"--fix {both}: expected a knob not also freed, got {both!r}, given to "
+                        "--free too")
     return frozenset((set(FREE_BY_DEFAULT) | free) - fix)
 
 

@@ -263,6 +263,10 @@ FRACTION_KEYS = frozenset(k for k, (_, _, check, _) in QUANTITIES.items() if che
 AT_LEAST_ONE_KEYS = frozenset(k for k, (_, _, check, _) in QUANTITIES.items()
                               if check is _at_least_one)
 """Quantities of at least 1 (a cost factor): a fit or a step may not take them below 1."""
+CAPACITY_KEYS = frozenset({"gpu.hbm_GiB", "gpu.runtime_context_GiB", "host.memory_GiB",
+                           "host.os_resident_GiB", "nvme.capacity_GiB_per_drive"})
+"""Quantities that decide whether a configuration fits, not how long it takes: no time moves
+with them (`zerosim sensitivity` leaves them out, `zerosim calibrate` refuses to fit them)."""
 COUNTS = {
     "nodes": "nodes",
     "gpu.per_node": "gpus_per_node",

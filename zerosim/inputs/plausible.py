@@ -38,6 +38,12 @@ class Plausible:
         return f"{self.what} in [{_number_text(self.low)}, {_number_text(self.high)}]"
 
 
+FOLDER_NAME_MAX_BYTES = 230
+"""The longest folder name zerosim writes an output to, in UTF-8 bytes: the 255 a file name
+may have on Linux and macOS, less the `.zerosim-staging-` prefix and the 8 hex digits of the
+temporary folder written beside it (`results.folders`)."""
+
+
 @dataclass(frozen=True)
 class PlausibleText:
     """The longest plausible text of a key, and whether it must be usable as a folder name."""
@@ -48,8 +54,8 @@ class PlausibleText:
     def expected(self) -> str:
         base = f"a text of 1 to {self.max_chars} characters"
         if self.folder_name:
-            return (f"{base} usable as a folder name (no '/', '\\' or control characters, "
-                    "not starting with '.')")
+            return (f"{base} usable as a folder name (at most {FOLDER_NAME_MAX_BYTES} bytes in "
+                    "UTF-8, no '/', '\\' or control characters, not starting with '.')")
         return base
 
 
@@ -240,6 +246,9 @@ def _check_text(rule: PlausibleText, value: Any, source: str, key_path: str) -> 
     if not value or len(value) > rule.max_chars:
         raise ScenarioError(source, key_path, rule.expected(),
                             Described(f"a text of {len(value)} characters"))
+    if rule.folder_name and len(value.encode()) > FOLDER_NAME_MAX_BYTES:
+        raise ScenarioError(source, key_path, rule.expected(),
+                            Described(f"a text of {len(value.encode())} bytes in UTF-8"))
     if rule.folder_name and not _usable_folder_name(value):
         raise ScenarioError(source, key_path, rule.expected(), value)
 

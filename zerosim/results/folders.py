@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from zerosim.errors import ZerosimError, clip
+from zerosim.inputs.plausible import FOLDER_NAME_MAX_BYTES
 from zerosim.interrupts import deferred_interrupts
 
 STAGING_PREFIX = ".zerosim-staging-"
+"""With 8 hex digits after it, the temporary folder's name: an output folder's name may take
+what else a file name may have (`inputs.plausible.FOLDER_NAME_MAX_BYTES`)."""
 RETIRED_PREFIX = ".zerosim-previous-"
 NAME_MAX_BYTES = 255    # longest file name on Linux and macOS filesystems
 PATH_MAX_BYTES = 4096
@@ -72,9 +75,9 @@ def _check_name_lengths(path: Path, option: str) -> None:
         raise OutputFolderError(option, path, f"a path of at most {PATH_MAX_BYTES} bytes",
                                 f"{len(os.fsencode(str(path)))} bytes")
     for part in path.parts:
-        if len(os.fsencode(part)) > NAME_MAX_BYTES - len(STAGING_PREFIX) - 8:
+        if len(os.fsencode(part)) > FOLDER_NAME_MAX_BYTES:
             raise OutputFolderError(
-                option, path, f"folder names of at most {NAME_MAX_BYTES - len(STAGING_PREFIX) - 8}"
+                option, path, f"folder names of at most {FOLDER_NAME_MAX_BYTES}"
                 " bytes (the filesystem allows 255, and zerosim writes a temporary folder "
                 "beside it)", f"one of {len(os.fsencode(part))} bytes")
 

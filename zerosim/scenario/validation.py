@@ -57,6 +57,8 @@ def _expected(error: dict[str, Any], known_keys: list[str]) -> str:
         return f"one of {ctx.get('expected')}"
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
+    if kind == "string_type" and isinstance(error.get("input"), int | float):
+        return "a text (quote it: YAML reads unquoted digits as a number, 0.20 as 0.2)"
     return _EXPECTED.get(kind, error["msg"].lower())
 
 

@@ -29,6 +29,7 @@ from zerosim.api import simulate
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware.profile import (
     AT_LEAST_ONE_KEYS,
+    CAPACITY_KEYS,
     FRACTION_KEYS,
     QUANTITIES,
     builtin_profile_tree,
@@ -243,9 +244,10 @@ def parse_parameter(spec: str, bases: Bases) -> Parameter:
             raise ScenarioError("--param", name, f"a profile of the data "
                                 f"({', '.join(sorted(bases.profiles))})", profile)
         starts = {_profile_values(bases.profiles[n], n).get(key) for n in names}
-        start = starts.pop() if len(starts) == 1 else None
-        expected = (f"a numeric profile key ({', '.join(QUANTITIES)}), the same start on every "
-                    "profile it applies to (else name one: <profile>:key)")
+        start = starts.pop() if len(starts) == 1 and key not in CAPACITY_KEYS else None
+        expected = (f"a numeric profile key that times depend on ("
+                    f"{', '.join(k for k in QUANTITIES if k not in CAPACITY_KEYS)}), the same "
+                    "start on every profile it applies to (else name one: <profile>:key)")
     if start is None:
         raise ScenarioError("--param", name, expected, name)
     if bounds:

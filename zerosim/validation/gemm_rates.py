@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from zerosim.errors import ScenarioError
+from zerosim.errors import Described, ScenarioError
 from zerosim.hardware.costs import gemm_s
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.inputs.documents import parse_json
@@ -299,6 +299,12 @@ def fit_gemm_rates(rows: list[GemmRow], profile: HardwareProfile,
     if len(rows) <= len(fitted_values):
         raise ScenarioError(source, "rows", f"more than {len(fitted_values)} measured GEMMs "
                             f"({len(fitted_values)} values are fitted)", len(rows))
+    shapes = len({(r.m, r.n, r.k, r.batch) for r in rows})
+    if shapes <= len(fitted_values):
+        raise ScenarioError(source, "rows", f"more than {len(fitted_values)} distinct shapes "
+                            f"(m, n, k, batch; {len(fitted_values)} values are fitted, and "
+                            "repeats of one shape pin down one rate)",
+                            Described(f"{shapes} in {len(rows)} rows"))
 
     def split(x: np.ndarray) -> tuple[HardwareProfile, float]:
         values = {rate.key: float(v) for rate, v in zip(free, x[:len(free)], strict=True)}
