@@ -144,7 +144,19 @@ def test_check_and_run_refuse_the_same_configurations_with_the_same_line():
         assert checked.exit_code == ran.exit_code == 2
         assert checked.output == ran.output
         assert f"deepspeed.zero_optimization.{key}" in ran.output or key in ran.output
-        assert ran.output.startswith(f"error: {DP1}: ")
+        assert ran.output.startswith(f"error: {DP1}")
+
+
+@pytest.mark.parametrize(("setting", "key"), [
+    ("deepspeed.zero_optimization.reduce_bucket_size=-5",
+     "deepspeed.zero_optimization.reduce_bucket_size: expected a number > 0, got -5"),
+    ("hardware.pcie.h2d_pinned_GBps=-1",
+     "hardware.overrides.pcie.h2d_pinned_GBps: expected a positive bandwidth in GB/s, got -1"),
+])
+def test_a_refused_set_is_named_beside_the_file(setting, key):
+    result = CliRunner().invoke(main, ["check", DP1, "--set", "sequence_length=512", "--set",
+                                       setting])
+    assert (result.exit_code, result.output) == (2, f"error: {DP1} with --set {setting}: {key}\n")
 
 
 def test_check_cuts_the_model_as_the_scenarios_stack_does():
@@ -164,7 +176,8 @@ def test_check_cuts_the_model_as_the_scenarios_stack_does():
 def test_an_unknown_key_of_an_optional_section_lists_that_sections_keys():
     result = CliRunner().invoke(main, ["check", DP1, "--set", "trainer.learning_rate=1"])
     assert (result.exit_code, result.output) == (
-        2, f"error: {DP1}: trainer.learning_rate: expected one of the known keys "
+        2, f"error: {DP1} with --set trainer.learning_rate=1: trainer.learning_rate: expected "
+           "one of the known keys "
            "(gradient_accumulation_steps, max_grad_norm, per_device_train_batch_size), got "
            "'learning_rate'\n")
 

@@ -133,9 +133,14 @@ def table_options(table: str, default_folder: str):
 
 def _load(scenario: Path, overrides: tuple[str, ...]):
     """Load a scenario, showing each of its warnings once on stderr."""
-    from zerosim.scenario import load_scenario
+    from zerosim.errors import ScenarioError
+    from zerosim.scenario import load_scenario, parse_overrides
+    from zerosim.scenario.loader import with_override_origin
 
-    return _with_warnings(lambda: load_scenario(scenario, overrides))
+    try:
+        return _with_warnings(lambda: load_scenario(scenario, overrides))
+    except ScenarioError as err:
+        raise with_override_origin(err, parse_overrides(overrides)) from None
 
 
 SEQUENCE_HELP = ("Sequence length for the FLOPs per token of a Hugging Face config.json "

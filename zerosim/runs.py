@@ -934,7 +934,7 @@ def _refused_at(run: MeasuredRun, key_path: str, overrides: Mapping[str, Any]) -
     (or behind the column that gives it, as `--set ...stage=0` is behind an offload refused at
     stage 0), else the row's column, with the scenario key, whose value may be derived from
     the cell ('cpu', 'flash'), else the row and the key."""
-    from zerosim.sweep.spec import override_behind
+    from zerosim.scenario.loader import override_behind
 
     column = run.column_of(key_path)
     setting = override_behind(key_path, overrides) or next(

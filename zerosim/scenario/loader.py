@@ -283,6 +283,29 @@ def _route_override(dotted: str) -> str:
     return dotted
 
 
+def override_behind(key_path: str, paths: Iterable[str]) -> str | None:
+    """The override of `paths` that an error at `key_path` comes from (the longest of those at
+    it, beneath it or above it, as `_route_override` lands them), None where none is: an
+    error can then name the `--set`, the sweep axis or the table column behind it."""
+    def related(path: str) -> bool:
+        routed = _route_override(path)
+        return (key_path == routed or key_path.startswith(routed + ".")
+                or routed.startswith(key_path + "."))
+
+    matches = [p for p in paths if related(p)]
+    return max(matches, key=len) if matches else None
+
+
+def with_override_origin(err: ScenarioError, overrides: Mapping[str, Any]) -> ScenarioError:
+    """`err`, its source naming the `--set` behind its key where one is (the file alone would
+    send the reader looking for a key the file does not have)."""
+    behind = override_behind(err.key_path, overrides)
+    if behind is None:
+        return err
+    return type(err)(f"{err.source} with --set {behind}={overrides[behind]}", err.key_path,
+                     err.expected, err.got)
+
+
 def _override_depth(dotted: str) -> int:
     """How deep in the scenario an override lands (a stack patch lands under
     runtime.framework), so that overrides apply shallowest first and stably."""

@@ -36,6 +36,7 @@ from zerosim.errors import ScenarioError, ScenarioWarning, with_scenario_warning
 from zerosim.inputs import read_input_text
 from zerosim.scenario import check_override_path, load_scenario, scenario_from_dict
 from zerosim.scenario.deepspeed import changes_nothing
+from zerosim.scenario.loader import override_behind
 from zerosim.yamlio import parse_yaml_text, read_yaml_file
 
 SPEC_KEYS = ("base", "description", "set", "grid", "zip", "variants")
@@ -43,7 +44,6 @@ RANGE_KEYS = ("start", "stop", "num", "scale")
 VARIANT_KEYS = ("name", "set")
 VARIANT_COLUMN = "variant"
 RANGE_DIGITS = 12  # range values are rounded to 12 significant digits: 1..1000 in 4 log steps
-HARDWARE_REFERENCE_KEYS = ("profile", "file", "overrides")
 MAX_LISTED_PROBLEMS = 20
 
 
@@ -343,27 +343,6 @@ def _variants(value: Any, source: str) -> list[Variant]:
 
 
 # ---------------------------------------------------------------- validation
-
-
-def _routed(path: str) -> str:
-    """The key path the scenario loader reports for an override path (hardware.* is routed)."""
-    head, _, rest = path.partition(".")
-    if head == "hardware" and rest and rest.split(".")[0] not in HARDWARE_REFERENCE_KEYS:
-        return f"hardware.overrides.{rest}"
-    return path
-
-
-def _related(key_path: str, path: str) -> bool:
-    routed = _routed(path)
-    return (key_path == routed or key_path.startswith(routed + ".")
-            or routed.startswith(key_path + "."))
-
-
-def override_behind(key_path: str, paths: Iterable[str]) -> str | None:
-    """The override path of `paths` (the longest) that an error at `key_path` comes from, None
-    where none is related; `zerosim predict` names a `--set` so."""
-    matches = [p for p in paths if _related(key_path, p)]
-    return max(matches, key=len) if matches else None
 
 
 def _label(point: Point, key_path: str) -> tuple[str | None, Any]:
