@@ -212,7 +212,7 @@ def test_a_signal_during_the_publishing_rename_waits_for_it(tmp_path, toy_file, 
     monkeypatch.setattr(os, "replace", replace_then_signal)
     result = invoke("run", toy_file, "--out", out, "--set", "sequence_length=4")
     assert result.exit_code == 143
-    assert result.output == f"interrupted by SIGTERM: {out} was left as it was\n"
+    assert result.output == f"interrupted by SIGTERM: {out} holds this run's result\n"
     assert len(calls) == 2
     assert result_files(out) == RUN_FILES
     assert json.loads((out / "scenario.json").read_text())["sequence_length"] == 4

@@ -288,7 +288,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         from zerosim.results.export import write_outputs
 
         write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},
-                      figures=_draw_figures if plots else None, compact_trace=compact_trace)
+                      figures=_draw_figures if plots else None, compact_trace=compact_trace,
+                      on_published=lambda: _on_interrupt(f"{target} holds this run's result"))
     if as_json:
         _print_json(result.summary)
     else:

@@ -58,12 +58,14 @@ def _finite_or_none(value: Any) -> Any:
 
 def write_outputs(result: Result, out_dir: Path, *, extra: dict[str, object] | None = None,
                   figures: Callable[[Result, Path], object] | None = None,
-                  compact_trace: bool = False) -> list[Path]:
+                  compact_trace: bool = False,
+                  on_published: Callable[[], object] | None = None) -> list[Path]:
     """Write every output file and publish the folder; `extra` maps file names to objects
     written as JSON, `figures(result, folder)` draws into the folder before it is published.
     `compact_trace`: one rank per group of identical ranks and sampled counters in
-    `trace.json` (`TraceDetail.compact`); the tables stay whole."""
-    with staged_folder(out_dir) as staging:
+    `trace.json` (`TraceDetail.compact`); the tables stay whole. `on_published()` runs once
+    the folder is in place (`folders.publish`)."""
+    with staged_folder(out_dir, on_published) as staging:
         _write_files(result, staging, extra or {}, compact_trace)
         if figures is not None:
             figures(result, staging)

@@ -154,15 +154,17 @@ class WriteFailedError(ZerosimError):
 
 
 @contextlib.contextmanager
-def staged_folder(target: str | Path) -> Iterator[Path]:
+def staged_folder(target: str | Path, on_published: Callable[[], object] | None = None
+                  ) -> Iterator[Path]:
     """A temporary folder beside `target`; published as `target` when the block ends
-    normally, removed otherwise."""
+    normally (then `on_published()`, before a signal held back meanwhile is let through),
+    removed otherwise."""
     target = check_output_folder(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = fresh_folder(target.parent, STAGING_PREFIX)
     try:
         yield staging
-        publish(staging, target)
+        publish(staging, target, on_published)
     except OSError as err:
         raise WriteFailedError(target, err) from None
     finally:
@@ -189,8 +191,10 @@ def atomic_write(path: Path, write: Callable[[IO[Any]], object], *, binary: bool
     return path
 
 
-def publish(staging: Path, target: Path) -> None:
-    """Replace `target` (if any) by `staging` with renames that no signal interrupts."""
+def publish(staging: Path, target: Path, on_published: Callable[[], object] | None = None
+            ) -> None:
+    """Replace `target` (if any) by `staging` with renames that no signal interrupts;
+    `on_published()` runs once `target` is the new folder, still with signals held back."""
     with deferred_interrupts():
         retired = None
         if os.path.lexists(target):
@@ -198,6 +202,8 @@ def publish(staging: Path, target: Path) -> None:
             retired = fresh_folder(target.parent, RETIRED_PREFIX)
             os.replace(target, retired)
         os.replace(staging, target)
+        if on_published is not None:
+            on_published()
         if retired is not None:
             shutil.rmtree(retired, ignore_errors=True)
 
