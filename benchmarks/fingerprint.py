@@ -63,8 +63,8 @@ def fingerprint(path: Path, overrides: dict, full: bool) -> str:
 
     raw = run_engine(load_scenario(path, overrides), count_events=True, full=full)
     digest = hashlib.sha256()
-    parts = [raw.status, raw.events, raw.capacities, raw.peaks, raw.oom, raw.checks, raw.copies,
-             raw.stands_for, raw.gpus_for, summarize(raw)]
+    parts = [raw.status, raw.events, raw.capacities, raw.peaks, raw.oom, raw.checks,
+             raw.node_copies, raw.stands_for, raw.gpus_for, summarize(raw)]
     for part in parts:
         digest.update(repr(part).encode())
     for table in (raw.spans, raw.phases, raw.memory, raw.links):

@@ -390,22 +390,13 @@ def test_seed003_rows_report_published_next_to_simulated():
     assert seed003_rows(lambda path, overrides: None, data=load_seed003())[0].ratio is None
 
 
-def test_a_partly_filled_last_node_from_three_nodes_on_says_what_it_costs():
-    from zerosim.scenario.support import UnfoldedNodesWarning
 
-    path = Path(__file__).resolve().parent.parent / "scenarios" / "polaris_2nodes.yaml"
-    with pytest.warns(UnfoldedNodesWarning) as caught:
-        zerosim.load_scenario(path, ["hardware.nodes=4", "data_parallel=15"])
-    assert [str(w.message) for w in caught if w.category is UnfoldedNodesWarning] == [
-        f"{path}: data_parallel: 15 ranks fill 3 nodes of 4 GPUs and 3 of one more, so every "
-        "rank is simulated (a partly filled node runs another timeline), about 4x the time of "
-        "one node; 12 or 16 ranks are simulated as one node"]
+@pytest.mark.parametrize(("ranks", "copies", "simulated"), [
+    (3, (1,), 3), (4, (1,), 4), (6, (1, 1), 6), (16, (4,), 4), (15, (3, 1), 7),
+    (1023 * 2, (511, 1), 6)])
+def test_full_nodes_fold_into_node_0_and_a_partly_filled_last_node_is_simulated_beside_it(
+        ranks, copies, simulated):
+    from zerosim.hardware.placement import folded_nodes, simulated_rank_count
 
-
-@pytest.mark.parametrize("ranks", [7, 12, 16])
-def test_two_nodes_or_full_ones_run_without_that_warning(ranks, recwarn):
-    from zerosim.scenario.support import UnfoldedNodesWarning
-
-    path = Path(__file__).resolve().parent.parent / "scenarios" / "polaris_2nodes.yaml"
-    zerosim.load_scenario(path, ["hardware.nodes=4", f"data_parallel={ranks}"])
-    assert not [w for w in recwarn if w.category is UnfoldedNodesWarning]
+    assert folded_nodes(ranks, 4) == copies
+    assert simulated_rank_count(ranks, 4) == simulated

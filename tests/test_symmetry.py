@@ -69,7 +69,7 @@ def assert_folding_exact(scenario: zerosim.Scenario, nodes: int = 1,
                          stands_for: dict[int, tuple[int, ...]] | None = None) -> None:
     folded_raw = run_engine(scenario)
     full_raw = run_engine(scenario, fold=False)
-    assert folded_raw.copies == nodes and full_raw.copies == 1
+    assert folded_raw.node_copies == (nodes,) and set(full_raw.node_copies) == {1}
     assert folded_raw.stands_for == (stands_for or {}) and full_raw.stands_for == {}
     folded, full = build_result(folded_raw), build_result(full_raw)
     assert folded.summary == full.summary
@@ -91,6 +91,30 @@ def assert_folding_exact(scenario: zerosim.Scenario, nodes: int = 1,
         assert (full.memory.device == device).sum() == (folded.memory.device == device).sum()
         pd.testing.assert_frame_equal(_levels(full.memory, device),
                                       _levels(folded.memory, device), check_exact=True)
+
+
+@pytest.mark.parametrize(("path", "overrides", "copies"), [
+    (SEED003, {**SMALL, **OFFLOAD, "data_parallel": 21, "hardware.nodes": 3}, (2, 1)),
+    (SCENARIOS / "polaris_2nodes.yaml", {**SMALL, "data_parallel": 14, "hardware.nodes": 4},
+     (3, 1)),
+])
+def test_full_nodes_fold_beside_a_partly_filled_last_one(path, overrides, copies):
+    """Node 0 stands for every full node and the last node, partly filled, for itself: the
+    summary is the full simulation's, and so is each simulated rank's timeline, the last
+    node's ranks numbered after node 0's."""
+    scenario = zerosim.load_scenario(path, overrides)
+    folded_raw, full_raw = run_engine(scenario), run_engine(scenario, fold=False)
+    assert folded_raw.node_copies == copies and set(full_raw.node_copies) == {1}
+    folded, full = build_result(folded_raw), build_result(full_raw)
+    assert folded.summary == full.summary
+    per_node = scenario.hardware.gpus_per_node
+    last = scenario.data_parallel - per_node * copies[0]
+    assert set(folded.phases["rank"]) == set(range(per_node + last))
+    moved = (copies[0] - 1) * per_node
+    relabelled = folded.phases.assign(rank=[r if r < per_node else r + moved
+                                            for r in folded.phases["rank"]])
+    kept = full.phases[full.phases["rank"].isin(set(relabelled["rank"]))]
+    pd.testing.assert_frame_equal(_by_rank(kept), _by_rank(relabelled), check_exact=True)
 
 
 @pytest.mark.parametrize(("overrides", "nodes"), [

@@ -49,10 +49,12 @@ class Collectives:
                  placements: Sequence[Any], stands_for: dict[int, tuple[int, ...]],
                  nvlink: Sequence[SharedResource], nic: dict[int, SharedResource],
                  pcie: tuple[Sequence[SharedResource], Sequence[SharedResource]], *,
-                 shapes: NetworkShapes | None = None):
+                 shapes: NetworkShapes | None = None, run_nodes: Sequence[int] | None = None):
         """`pcie`: each GPU's PCIe link, (host-to-device, device-to-host): GPUDirect RDMA
         between a GPU and a NIC crosses it. `shapes`: the machine's `NetworkShapes`
-        (collective shapes and rings kept there)."""
+        (collective shapes and rings kept there). `run_nodes`: each placed node's index among
+        the run's nodes, whose share of the ring its ranks take (`Machine`)."""
+        self.run_nodes = run_nodes
         self.env = env
         self.flows = flows
         self.profile = profile
@@ -79,7 +81,9 @@ class Collectives:
         by_node: dict[int, list[int]] = {}
         for r in ranks:
             if r in self.stands_for:
-                by_node.setdefault(self.placements[r].node, []).append(r)
+                node = self.placements[r].node
+                by_node.setdefault(node if self.run_nodes is None else self.run_nodes[node],
+                                   []).append(r)
         layout = _Layout(tuple(counts[n] for n in sorted(counts)),
                          tuple((n, tuple(by_node[n])) for n in sorted(by_node)),
                          sum(len(rs) for rs in by_node.values()))

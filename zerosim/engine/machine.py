@@ -68,10 +68,13 @@ class Machine:
                  threads_per_rank: int | None, *, bound: bool = False,
                  core_order: CoreOrder = "by_gpu", record_rates: bool = True,
                  classes: Sequence[tuple[int, ...]] | None = None,
-                 shapes: NetworkShapes | None = None):
+                 shapes: NetworkShapes | None = None,
+                 run_nodes: Sequence[int] | None = None):
         """`bound`: the launcher binds each rank to its part of the node (`bound_domains`,
         `runtime.bind_cores_to_rank`), cut from the core list `core_order` says; `shapes`:
-        what earlier runs of this layout worked out (`network_shapes`), by default nothing."""
+        what earlier runs of this layout worked out (`network_shapes`), by default nothing;
+        `run_nodes`: each placed node's index among the run's nodes (by default its own: a
+        partly filled last node placed beside node 0 is the run's last)."""
         self.env = env
         self.profile = profile
         self.placements = place_ranks(profile, ranks, bound=bound, core_order=core_order)
@@ -89,7 +92,8 @@ class Machine:
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements,
                                        self.stands_for, self.nvlink, self.nic,
-                                       (self.h2d, self.d2h), shapes=shapes)
+                                       (self.h2d, self.d2h), shapes=shapes,
+                                       run_nodes=run_nodes)
 
     @property
     def simulated(self) -> list[Placement]:

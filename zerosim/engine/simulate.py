@@ -22,7 +22,7 @@ from zerosim.engine.rank import RunContext
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.states import node_holdings
 from zerosim.engine.symmetry import rank_classes
-from zerosim.hardware.placement import folds_to_one_node, place_ranks
+from zerosim.hardware.placement import folded_nodes, place_ranks, simulated_rank_count
 from zerosim.scenario import Scenario
 from zerosim.vocabulary import DeviceKind, Stream, device_name
 
@@ -90,9 +90,11 @@ class RawRun:
     events: int | None = None
     """SimPy events processed (when asked; None after an OOM)."""
     checks: list[str] = field(default_factory=list)
-    copies: int = 1
-    """How many nodes each simulated node stands for (`simulated_ranks`): the tables hold
-    the simulated ranks and devices; totals over every rank multiply by it."""
+    node_copies: tuple[int, ...] = (1,)
+    """How many of the run's nodes each simulated node stands for (`node_copies`): node 0
+    for every full node, a partly filled last node (simulated as node 1) for itself. The
+    tables hold the simulated ranks and devices; totals over every rank weigh each node's by
+    it."""
     stands_for: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Each simulated rank, with the ranks of its node it stands for, itself first
     (`folded_classes`; empty: every rank of the tables stands for itself alone). The tables
@@ -241,13 +243,18 @@ def _pools(env: simpy.Environment, machine: Machine, log: Table[MemorySample] | 
 
 
 def simulated_ranks(scenario: Scenario, *, fold: bool = True) -> int:
-    """Ranks the engine runs: node 0's alone when the ranks fill two or more identical nodes
-    (every node then runs the same timeline: nodes share nothing but collectives, which are
-    sized for every rank), else all of them."""
-    ranks, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
-    if fold and folds_to_one_node(ranks, per_node):
-        return per_node
-    return ranks
+    """Ranks the engine runs: node 0's standing for every full node, and a partly filled last
+    node's beside them (`placement.folded_nodes`); every rank with `fold` off."""
+    ranks = scenario.data_parallel
+    return simulated_rank_count(ranks, scenario.hardware.gpus_per_node) if fold else ranks
+
+
+def node_copies(scenario: Scenario, *, fold: bool = True) -> tuple[int, ...]:
+    """How many of the run's nodes each simulated node stands for (`RawRun.node_copies`)."""
+    per_node = scenario.hardware.gpus_per_node
+    if not fold:
+        return (1,) * -(-scenario.data_parallel // per_node)
+    return folded_nodes(scenario.data_parallel, per_node)
 
 
 def folded_classes(scenario: Scenario, *, fold: bool = True) -> tuple[tuple[int, ...], ...]:
@@ -274,10 +281,11 @@ def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = T
     progress line)."""
     placed = simulated_ranks(scenario, fold=fold)
     classes = folded_classes(scenario, fold=fold)
-    raw, pools = _simulate(scenario, placed, classes, count_events, full, observer)
+    copies = node_copies(scenario, fold=fold)
+    raw, pools = _simulate(scenario, placed, classes, copies, count_events, full, observer)
     if not _exact(raw, pools):
         alone = tuple((rank,) for rank in range(placed))
-        raw, pools = _simulate(scenario, placed, alone, count_events, full, observer)
+        raw, pools = _simulate(scenario, placed, alone, copies, count_events, full, observer)
     return raw
 
 
@@ -293,7 +301,7 @@ def _exact(raw: RawRun, pools: dict[str, MemoryPool]) -> bool:
 
 
 def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...], ...],
-              count_events: bool, full: bool,
+              copies: tuple[int, ...], count_events: bool, full: bool,
               observer: Callable[[RunContext], None] | None
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
@@ -303,7 +311,8 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
     machine = Machine(env, scenario.hardware, simulated, threads, bound=bound,
                       core_order=order, record_rates=full, classes=classes,
                       shapes=network_shapes(scenario.hardware, simulated, threads, classes,
-                                            bound, order))
+                                            bound, order),
+                      run_nodes=tuple(sum(copies[:node]) for node in range(len(copies))))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
@@ -321,7 +330,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
                  {name: pool.capacity for name, pool in pools.items()},
                  {name: pool.peak for name, pool in pools.items()}, oom,
                  events if count_events else None,
-                 copies=scenario.data_parallel // simulated, **_folding(machine))
+                 node_copies=copies, **_folding(machine))
     if status == "ok":
         machine.assert_idle()
         _node_holdings(machine, pools, hold=False)

@@ -108,11 +108,21 @@ def bound_domains(profile: HardwareProfile, local_rank: int, ranks_on_node: int,
     return tuple(shares)
 
 
-def folds_to_one_node(ranks: int, gpus_per_node: int) -> bool:
-    """Whether `ranks` fill two or more nodes exactly: every node then runs the same timeline
-    (nodes share nothing but collectives), so node 0 is simulated alone. A partly filled last
-    node runs another, so every rank is simulated."""
-    return ranks > gpus_per_node and ranks % gpus_per_node == 0
+def folded_nodes(ranks: int, gpus_per_node: int) -> tuple[int, ...]:
+    """How many of the run's nodes each simulated node stands for. Full nodes run the same
+    timeline (nodes share nothing but collectives, which are sized for every rank), so node 0
+    stands for all of them; a partly filled last node runs another and is simulated beside
+    it, standing for itself: (4,) for 16 ranks on nodes of 4, (3, 1) for 15, (1,) for 3."""
+    full, rest = divmod(ranks, gpus_per_node)
+    if full == 0:
+        return (1,)
+    return (full, 1) if rest else (full,)
+
+
+def simulated_rank_count(ranks: int, gpus_per_node: int) -> int:
+    """The ranks the engine places for `folded_nodes`: a full node's, and the partly filled
+    last node's after them."""
+    return min(ranks, gpus_per_node) + (ranks % gpus_per_node if ranks > gpus_per_node else 0)
 
 
 def place_ranks(profile: HardwareProfile, ranks: int, *, bound: bool = False,

@@ -224,6 +224,18 @@ def tight_text(summary: dict[str, Any]) -> str:
                      for what, peak, capacity in tight_memory(summary))
 
 
+def _pcie_bytes_of_every_node(raw: RawRun) -> dict[str, float]:
+    """PCIe bytes by direction over every rank of the run: each simulated node's spans count
+    once per node it stands for (`RawRun.node_copies`)."""
+    if len(set(raw.node_copies)) == 1:
+        return {d: total * raw.node_copies[0]
+                for d, total in pcie_totals(raw.spans, raw.stands_for).items()}
+    per_node = raw.scenario.hardware.gpus_per_node
+    stands_for = {rank: raw.stands_for.get(rank, (rank,)) * raw.node_copies[rank // per_node]
+                  for rank in set(raw.spans.column(0))}
+    return pcie_totals(raw.spans, stands_for)
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
@@ -234,8 +246,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
     phases = with_copies(raw.phases, 0, raw.stands_for)
     iteration = (max(row[4] for row in phases.rows)
                  if raw.status == "ok" and len(phases) else None)
-    pcie_bytes = {d: total * raw.copies
-                  for d, total in pcie_totals(raw.spans, raw.stands_for).items()}
+    pcie_bytes = _pcie_bytes_of_every_node(raw)
     model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
     tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12
               if iteration else None)

@@ -36,7 +36,7 @@ from zerosim.models.catalog import catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, ForkBuildWarning, resolve_deepspeed
 from zerosim.scenario.dsfile import read_ds_config
 from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
-from zerosim.scenario.support import check_supported, warn_inert, warn_unfolded_nodes
+from zerosim.scenario.support import check_supported, warn_inert
 from zerosim.scenario.validation import validate_section
 from zerosim.scenario.version import Version, format_version, parse_version, version_label
 from zerosim.stacks import DEFAULT_STACK, SoftwareStack, load_stack, resolve_stack
@@ -554,7 +554,6 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         behaviours=behaviours, stack=stack)
     check_supported(scenario)
     warn_inert(scenario)
-    warn_unfolded_nodes(scenario)
     return scenario
 
 

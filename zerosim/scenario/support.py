@@ -22,33 +22,6 @@ def check_supported(scenario: Any) -> None:
         rule(scenario)
 
 
-class UnfoldedNodesWarning(ScenarioWarning):
-    """Ranks that fill several nodes and part of one more: every rank is simulated."""
-
-
-UNFOLDED_NODES_WARNED = 3
-"""Nodes (the last partly filled) from which simulating every rank is worth a warning: the
-run then costs about that many times one node's."""
-
-
-def warn_unfolded_nodes(scenario: Any) -> None:
-    """Say what a partly filled last node costs (`placement.folds_to_one_node`) and which
-    rank counts fold, where the difference is worth knowing."""
-    from zerosim.hardware.placement import folds_to_one_node
-
-    ranks, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
-    nodes = -(-ranks // per_node)
-    if nodes < UNFOLDED_NODES_WARNED or folds_to_one_node(ranks, per_node):
-        return
-    full = ranks // per_node
-    warnings.warn(
-        f"{scenario.source}: data_parallel: {ranks} ranks fill {full} nodes of {per_node} GPUs "
-        f"and {ranks - full * per_node} of one more, so every rank is simulated (a partly "
-        f"filled node runs another timeline), about {nodes}x the time of one node; "
-        f"{full * per_node} or {nodes * per_node} ranks are simulated as one node",
-        UnfoldedNodesWarning, stacklevel=4)
-
-
 class InertWhatIfWarning(ScenarioWarning):
     """A what-if switched on that changes nothing in this configuration."""
 
