@@ -154,6 +154,21 @@ def test_save_all_draws_where_each_phase_goes_for_the_phases_that_ran(tmp_path, 
                        "phases.png"}
 
 
+def test_a_run_out_of_memory_at_its_first_allocation_draws_without_a_warning(tmp_path):
+    """It ends where it starts: every time axis is given a microsecond, not equal limits
+    (which matplotlib warns about)."""
+    import warnings
+
+    result = zerosim.simulate(DP1, overrides={
+        "deepspeed.zero_optimization.offload_optimizer.device": "none"})
+    assert result.status == "oom" and result.summary["oom"]["t_s"] == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = plots.save_all(result, tmp_path, formats=("png",))
+    assert {p.name for p in written} >= {"timeline.png", "memory_gpu0.png", "pcie_gpu0.png"}
+    assert plots.timeline(result).axes[0].get_xlim() == (0.0, 1e-6)
+
+
 # --------------------------------------------------------------------------- PCIe, phases
 
 def test_pcie_throughput_moves_the_summary_bytes(dp1):
@@ -343,3 +358,15 @@ def test_load_result_without_capacities_json_uses_the_summary(tmp_path, dp1):
     loaded = load_result(tmp_path)
     assert loaded.capacities["gpu0"] == pytest.approx(dp1.capacities["gpu0"], abs=1)
     assert loaded.capacities["host0"] == dp1.capacities["host0"]
+
+
+@pytest.mark.parametrize("command", [
+    ["run", str(DP1)], ["sensitivity", str(DP1)],
+    ["predict", str(ROOT / "zerosim" / "validation" / "data" / "polaris_zero3_offload_runs.csv"),
+     "--hardware", "polaris-a100"]])
+def test_an_out_folder_needs_files_too(tmp_path, command):
+    """--out beside --no-files would be ignored, so it is refused as --plots is."""
+    result = CliRunner().invoke(main, [*command, "--no-files", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.output.endswith("Error: --out writes files; drop --no-files\n")
+    assert not (tmp_path / "o").exists()

@@ -272,6 +272,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     from zerosim.results.folders import check_output_folder
 
     _files_needed(no_files, plots or compact_trace, "--plots and --compact-trace")
+    _files_needed(no_files, out_dir is not None, "--out")
     loaded = _load(scenario, overrides)
     target = None if no_files else out_dir or default_out_dir(loaded.name)
     if target is not None:
@@ -645,6 +646,7 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     from zerosim.sensitivity import sensitivity as run_sensitivity
 
     _files_needed(no_files, plots)
+    _files_needed(no_files, out_dir is not None, "--out")
     loaded = _load(scenario, overrides)
     folder = None if no_files else _output_folder(
         out_dir or Path("results") / "sensitivity" / loaded.name)
@@ -702,6 +704,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     from zerosim.series import accumulation_series, series_rows, write_series
 
     _files_needed(no_files, plots)
+    _files_needed(no_files, out_dir is not None, "--out")
     runs = _with_warnings(lambda: read_runs(runs_table))
     load_profile(hardware)
     folder = None if no_files else _output_folder(out_dir or Path("results") / "predict" / (

@@ -352,7 +352,7 @@ def timeline(result, ranks: Iterable[int] | None = None,
                      axes_width_in=width_in)
     ax.set_yticks(y_ticks, y_labels)
     ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_xlim(lo, hi)
+    ax.set_xlim(*_time_span(lo, hi))
     ax.set_xlabel("time (s)")
     ax.tick_params(axis="y", length=0)
     ax.grid(axis="x", color="#BBBBBB", lw=0.5, zorder=1)
@@ -430,7 +430,7 @@ def memory_over_time(result, device: str = device_name(DeviceKind.GPU, 0)) -> Fi
         _phase_strip(strip, result.phases, rank=rank, t_range=(0.0, end),
                      axes_width_in=width_in)
     _mark_oom(ax, result, device=device, y_data=True)
-    ax.set_xlim(0.0, end)
+    ax.set_xlim(*_time_span(0.0, end))
     ax.set_ylim(0.0, max(bottom.max(), (capacity or 0) / GiB, 1e-3) * 1.06)
     ax.set_xlabel("time (s)")
     ax.set_ylabel("memory (GiB)")
@@ -536,7 +536,7 @@ def pcie_throughput(result, gpu: int = 0) -> Figure:
     if strip is not None:
         _phase_strip(strip, result.phases, rank=gpu, t_range=(0.0, end),
                      axes_width_in=width_in)
-    axes[-1].set_xlim(0.0, end)
+    axes[-1].set_xlim(*_time_span(0.0, end))
     axes[-1].set_xlabel("time (s)")
     title = f"{_scenario_name(result)}: {device_name(DeviceKind.GPU, gpu)} PCIe throughput"
     if result.summary.get("status") == "oom":
@@ -817,6 +817,12 @@ def _frame_title(frame: pd.DataFrame, text: str) -> str:
         if len(names) == 1:
             return f"{names[0]}: {text}"
     return text
+
+
+def _time_span(start_s: float, end_s: float) -> tuple[float, float]:
+    """A time axis's limits, at least a microsecond wide: a run that ran out of memory at its
+    first allocation ends where it starts, and matplotlib warns on equal limits."""
+    return start_s, max(end_s, start_s + 1e-6)
 
 
 def _check_columns(frame: pd.DataFrame, *columns: str | None) -> None:
