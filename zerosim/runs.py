@@ -1110,17 +1110,8 @@ def run_to_run_sd_row(outcome: PredictOutcome) -> dict[str, float | None]:
     return {COLUMN_NAMES[q].rpartition("_")[0]: outcome.run_to_run_sd(q) for q in QUANTITIES}
 
 
-def write_table(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]
-                ) -> Path:
-    """A CSV of `rows` under `columns` (None as an empty cell), its folder made."""
-    from zerosim.sweep.store import write_csv
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(path, list(columns),
-              ({k: "" if v is None else str(v) for k, v in row.items()} for row in rows))
-    return path
-
-
 def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
+    from zerosim.results.folders import write_table
+
     return write_table(path, PREDICTION_COLUMNS,
                        (prediction_row(p) for p in outcome.predictions))

@@ -372,12 +372,9 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
 
 def write_table(outcome: SensitivityOutcome, path: Path) -> Path:
     """Every row, ranked, as CSV (written whole: an interrupted write leaves the old file)."""
-    from zerosim.sweep.store import write_csv
+    from zerosim.results.folders import write_table as write_csv_table
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(path, list(COLUMNS), ({k: "" if v is None else str(v) for k, v in r.as_row().items()}
-                                    for r in outcome.ranked(everything=True)))
-    return path
+    return write_csv_table(path, COLUMNS, (r.as_row() for r in outcome.ranked(everything=True)))
 
 
 def write_charts(outcome: SensitivityOutcome, folder: Path) -> list[Path]:

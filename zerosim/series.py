@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zerosim.runs import Prediction, write_table
+from zerosim.results.folders import write_table
+from zerosim.runs import Prediction
 
 MIN_SERIES_STEPS = 3
 """Distinct accumulation counts a series needs: two fix a line exactly, a third tests it."""

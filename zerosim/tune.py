@@ -16,14 +16,13 @@ through a slower path). Each knob is free (searched) or fixed (the scenario's ow
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from zerosim.errors import ZerosimError
 from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory, tight_text
@@ -462,16 +461,9 @@ def rank_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    from zerosim.results.folders import atomic_write
+    from zerosim.results.folders import write_table
 
-    def write(handle: IO[str]) -> None:
-        writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in COLUMNS})
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, write)
+    return write_table(path, COLUMNS, rows)
 
 
 def iteration_parts(row: Mapping[str, Any]) -> dict[str, float]:

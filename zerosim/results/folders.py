@@ -12,12 +12,13 @@ meanwhile), so an interrupted or failed run leaves the previous complete output,
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -211,3 +212,17 @@ def publish(staging: Path, target: Path, on_published: Callable[[], object] | No
 def write_text_whole(path: Path, text: str) -> Path:
     """`text` as the whole of `path`, by `atomic_write`."""
     return atomic_write(path, lambda handle: handle.write(text))
+
+
+def write_table(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]
+                ) -> Path:
+    """A CSV of `rows` under `columns` (a value missing or None an empty cell), written whole
+    by `atomic_write`, its folder made: every table a command writes."""
+    def write(handle: IO[str]) -> None:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(["" if row.get(c) is None else row[c] for c in columns]
+                         for row in rows)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, write)

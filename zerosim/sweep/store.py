@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from zerosim.errors import ZerosimError
-from zerosim.results.folders import atomic_write
+from zerosim.results.folders import atomic_write, write_table
 from zerosim.sweep.spec import Point
 from zerosim.sweep.worker import plain, to_json
 
@@ -87,15 +87,6 @@ def _sweep_text(path: Path) -> str:
         raise SweepStoreError(f"{path}: expected the CSV a zerosim sweep writes, got a NUL "
                               "byte; choose another --out")
     return text
-
-
-def write_csv(path: Path, columns: list[str], rows: Iterable[Mapping[str, str]]) -> None:
-    def write(handle: IO[str]) -> None:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows([row.get(c, "") for c in columns] for row in rows)
-
-    atomic_write(path, write)
 
 
 @contextlib.contextmanager
@@ -184,7 +175,7 @@ class ResultStore:
         columns = list(header)
         for row in rows:
             columns.extend(k for k in row if k not in columns)
-        write_csv(path, columns, rows)
+        write_table(path, columns, rows)
 
     # -------------------------------------------------------------- writing
 
@@ -234,8 +225,8 @@ class ResultStore:
     def _reopen(self) -> None:
         """Rewrite both files with every row so far, then keep them open for appending."""
         self.close()
-        write_csv(self.results_path, self.columns, self.rows.values())
-        write_csv(self.timings_path, TIMING_COLUMNS, self.timings.values())
+        write_table(self.results_path, self.columns, self.rows.values())
+        write_table(self.timings_path, TIMING_COLUMNS, self.timings.values())
         self._results = open(self.results_path, "a", newline="")  # noqa: SIM115
         self._timings = open(self.timings_path, "a", newline="")  # noqa: SIM115
         self._writer = csv.writer(self._results, lineterminator="\n")
@@ -252,8 +243,8 @@ class ResultStore:
         self.close()
         ordered = sorted(self.rows.values(), key=lambda r: int(r["index"]))
         self.columns = self._columns(ordered)
-        write_csv(self.results_path, self.columns, ordered)
-        write_csv(self.timings_path, TIMING_COLUMNS,
+        write_table(self.results_path, self.columns, ordered)
+        write_table(self.timings_path, TIMING_COLUMNS,
                   sorted(self.timings.values(), key=lambda r: int(r["index"])))
         written = [self.results_path, self.timings_path]
         parquet = write_parquet(self.results_path, self.out_dir / RESULTS_PARQUET)

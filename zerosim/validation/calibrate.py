@@ -13,14 +13,13 @@ Deterministic: fixed start (the profiles' values), fixed steps.
 
 from __future__ import annotations
 
-import csv
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import yaml
@@ -38,7 +37,7 @@ from zerosim.hardware.profile import (
 )
 from zerosim.inputs.files import read_input_text
 from zerosim.inputs.tables import read_table
-from zerosim.results.folders import atomic_write, write_text_whole
+from zerosim.results.folders import write_table, write_text_whole
 from zerosim.scenario import load_scenario, parse_overrides
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import read_yaml_file
@@ -504,21 +503,21 @@ def write_outputs(result: Fit, bases: Bases, data_name: str, out_dir: Path,
     if any(k.rpartition(":")[2].startswith("stack.") for k in result.values):
         paths.append(write_text_whole(out_dir / f"{bases.stack_name}{suffix}.yaml",
                                       yaml.safe_dump(stack, sort_keys=False, width=120)))
-    paths.append(atomic_write(out_dir / "residuals.csv",
-                              lambda handle: _write_residuals(result, handle)))
+    paths.append(write_table(out_dir / "residuals.csv", RESIDUAL_COLUMNS, _residual_rows(result)))
     if result.identifiability is not None:
         paths.append(write_text_whole(out_dir / "identifiability.md",
                                       identifiability_report(result)))
     return paths
 
 
-def _write_residuals(result: Fit, handle: IO[str]) -> None:
-    writer = csv.writer(handle)
-    writer.writerow(["line", "split", "case", "measured_s", "simulated_s", "rel_error"])
+RESIDUAL_COLUMNS = ("line", "split", "case", "measured_s", "simulated_s", "rel_error")
+
+
+def _residual_rows(result: Fit) -> Iterator[dict[str, Any]]:
     for m in sorted(result.train + result.holdout, key=lambda m: (str(m.scenario), m.row)):
-        split = "holdout" if m in result.holdout else "train"
-        writer.writerow([m.row, split, m.label, m.seconds, f"{result.simulated[m.row]:.6g}",
-                         f"{result.rel_error(m):+.4f}"])
+        yield dict(zip(RESIDUAL_COLUMNS, (
+            m.row, "holdout" if m in result.holdout else "train", m.label, m.seconds,
+            f"{result.simulated[m.row]:.6g}", f"{result.rel_error(m):+.4f}"), strict=True))
 
 
 def identifiability_report(result: Fit) -> str:
