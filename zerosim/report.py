@@ -125,6 +125,8 @@ PHASE_ROWS = {PhaseTime.FORWARD: "forward",
               PhaseTime.BACKWARD_BOUNDARY: "backward (boundary)",
               PhaseTime.UPDATE: "optimizer update"}
 BETWEEN_PHASES = "between phases"
+MEMORY_REPORTS = "  of which memory reports"
+"""DeepSpeed's memory reports with `memory_breakdown` (`summary["memory_reports_s"]`)."""
 
 
 def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[str, float],
@@ -178,6 +180,8 @@ def _phase_table(summary: dict, totals: dict[str, float], counts: dict[str, int]
     blank = [] if held is None else [""]
     if abs(totals.get(BETWEEN_PHASES, 0.0)) > 5e-4:
         table.add_row(BETWEEN_PHASES, "", _seconds(totals[BETWEEN_PHASES]), "", *blank)
+        if reports := summary.get("memory_reports_s"):
+            table.add_row(MEMORY_REPORTS, "", _seconds(reports), "", *blank)
     table.add_row("[bold]iteration[/bold]", "",
                   f"[bold]{_seconds(summary['iteration_s'])}[/bold]", "", *blank)
     return table

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from zerosim.scenario import Scenario
 
 STACK = "megatron-deepspeed"
+MEMORY_BREAKDOWN = True
+"""The format's runs print DeepSpeed's memory reports: its memory columns are their `Max_MA`
+and "CPU Virtual Memory" lines, which the engine prints only with `memory_breakdown` on (the
+study's launch scripts set it, Megatron-DeepSpeed's `my-llama2-cmd.sh` at 1df5712)."""
 MEASURED_PHASES = ("forward", "backward", "update", "iteration")
 """What a run measures, per optimizer step."""
 TIME_COLUMNS = {"forward": "fwd_ms_mean", "backward": "bwd_ms_mean", "update": "step_ms_mean",
@@ -305,6 +309,7 @@ class MeasuredRun:
                 "gradient_accumulation_steps": self.grad_accum_steps,
                 **precision,
                 "optimizer": {"type": "Adam"},
+                "memory_breakdown": MEMORY_BREAKDOWN,
                 "zero_optimization": {
                     "stage": self.zero_stage, "overlap_comm": self.overlap_comm,
                     "reduce_bucket_size": self.reduce_bucket_size,

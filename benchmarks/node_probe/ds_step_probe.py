@@ -43,12 +43,20 @@ PER_TENSOR = ("_partition_all_parameters", "_prepare_sub_group",
               "_reassign_or_swap_out_partitioned_parameters")
 
 
-def one(layers: int, steps: int, skip: int) -> dict:
-    """Train `layers` layers for `steps` steps in this process; the medians after `skip`."""
-    sys.path.insert(0, str(HERE))
+def single_rank() -> None:
+    """The environment of a one-rank job, where a launcher has not set it."""
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "LOCAL_RANK": "0",
                        "WORLD_SIZE": "1"}.items():
         os.environ.setdefault(key, value)
+
+
+def tiny_llama_engine(layers: int):
+    """transformers' LlamaForCausalLM with TinyLlama's module structure at toy widths and
+    `layers` layers under DeepSpeed ZeRO-3 (ds_offload_probe's `tinyshape_cpu_hooks` config,
+    the persistence threshold scaled with the widths so that only the norms persist, as in
+    TinyLlama at 1e5), with a client torch.optim.AdamW. Returns the engine, the vocabulary
+    size and the HfDeepSpeedConfig, which transformers reads by weakref: keep it."""
+    sys.path.insert(0, str(HERE))
     import deepspeed
     import ds_offload_probe as probe
     import torch
@@ -56,16 +64,25 @@ def one(layers: int, steps: int, skip: int) -> dict:
     from transformers.integrations import HfDeepSpeedConfig
 
     config = probe.ds_config(probe.RUNS["tinyshape_cpu_hooks"])
-    # scaled with the widths, so that only the norms persist, as in TinyLlama at 1e5
     config["zero_optimization"]["stage3_param_persistence_threshold"] = PERSISTENCE_THRESHOLD
     deepspeed.init_distributed(dist_backend="gloo")
-    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841 - transformers reads it by weakref
+    keep_alive = HfDeepSpeedConfig(config)
     shape = {**probe.MODELS["tinyllama-shape"], "num_hidden_layers": layers}
     model = AutoModelForCausalLM.from_config(LlamaConfig(**shape, attn_implementation="sdpa"),
                                              dtype=torch.bfloat16)
     client = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            optimizer=client, config=config)
+    return engine, shape["vocab_size"], keep_alive
+
+
+def one(layers: int, steps: int, skip: int) -> dict:
+    """Train `layers` layers for `steps` steps in this process; the medians after `skip`."""
+    single_rank()
+    import torch
+
+    engine, vocab_size, _keep_alive = tiny_llama_engine(layers)
+    model = engine.module
     timed: dict[str, list[float]] = {part: [] for part in PARTS}
     optimizer = engine.optimizer
     for part in PARTS:
@@ -79,7 +96,7 @@ def one(layers: int, steps: int, skip: int) -> dict:
                 timed[_part].append(time.perf_counter() - begin)
 
         setattr(optimizer, part, wrapper)
-    batch = torch.randint(0, shape["vocab_size"], (1, 16))
+    batch = torch.randint(0, vocab_size, (1, 16))
     step_s = []
     for step in range(steps):
         if step == skip:
@@ -107,6 +124,23 @@ def slope(runs: list[dict], field: str, value) -> float:
             / sum((x - mx) ** 2 for x in xs))
 
 
+def each_in_a_process(script: str, layers: tuple[int, ...], arguments: list[str], port: int
+                      ) -> list[dict]:
+    """`script --one L arguments` for each L of `layers`, each in a fresh process on
+    DeepSpeed's CPU accelerator (one OpenMP thread); the JSON each prints last."""
+    runs = []
+    for index, count in enumerate(layers):
+        env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_PORT=str(port + index),
+                   OMP_NUM_THREADS="1")
+        done = subprocess.run([sys.executable, script, *arguments, "--one", str(count)],
+                              env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.stderr.write(done.stderr[-4000:])
+            raise SystemExit(done.returncode)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the JSON file to write")
@@ -117,15 +151,8 @@ def main() -> int:
     if args.one is not None:
         print(json.dumps(one(args.one, args.steps, args.skip)))
         return 0
-    runs = []
-    for index, layers in enumerate(LAYERS):
-        env = dict(os.environ, DS_ACCELERATOR="cpu", MASTER_PORT=str(29811 + index),
-                   OMP_NUM_THREADS="1")
-        done = subprocess.run([sys.executable, __file__, "--out", args.out, "--one",
-                               str(layers), "--steps", str(args.steps), "--skip",
-                               str(args.skip)], env=env, capture_output=True, text=True,
-                              check=True)
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = each_in_a_process(__file__, LAYERS, ["--out", args.out, "--steps", str(args.steps),
+                                                "--skip", str(args.skip)], port=29811)
     sys.path.insert(0, str(HERE))
     from hf_trainer_probe import core_clock_GHz
 

@@ -34,19 +34,27 @@ class RankProgram:
         back in the cache when the next block is recomputed."""
 
     def run(self) -> Gen:
-        """The iteration's phases; then what the step left running past its timer (the
-        interleaved step's helper thread, which overlaps the next iteration's forward)
-        finishes before the model states are let go."""
+        """The iteration's phases, with the engine's memory reports around each (none unless
+        `memory_breakdown`); as the iteration is measured from one step's end to the next,
+        the framework's per-step work and the report after the last step come first. Then
+        what the step left running past its timer (the interleaved step's helper thread, which
+        overlaps the next iteration's forward) finishes before the model states are let go."""
         self.hold_model_states()
         steps = self.core.ds.gradient_accumulation_steps
-        yield from self.core.host_time(self.core.step_s)
+        core = self.core
+        yield from core.host_time(core.step_s)
+        yield from core.report_memory()
         for micro in range(steps):
-            yield from self.core.host_time(self.core.micro_batch_s)
+            yield from core.host_time(core.micro_batch_s)
+            yield from core.report_memory()
             yield from self.forward(micro)
+            yield from core.report_memory(calls=2)
             yield from self.backward(micro, boundary=micro == steps - 1)
+            yield from core.report_memory()
+        yield from core.report_memory()
         self.params.release_all()
         yield from self.optimizer.run()
-        yield from self.core.synchronize()
+        yield from core.synchronize()
         self.release_model_states()
 
     def _pool(self, holding: Holding):

@@ -147,6 +147,11 @@ class RankCore:
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
+        self.memory_report_s = (stack.memory_report_s(len(self.plan.all_params), core_Hz)
+                                if self.ds.memory_breakdown else 0.0)
+        """One `see_memory_usage` of the engine's with `memory_breakdown` on: rank 0's full
+        `gc.collect()` over every object its process holds (its other ranks wait for it at
+        their next collective)."""
         self.count_used_params_s = (stack.on_core(stack.used_param_check_s, core_Hz)
                                     * len(self.plan.all_params))
         """One `count_used_parameters_in_backward` over the model's parameters."""
@@ -363,6 +368,26 @@ class RankCore:
         event at the same point, without a generator per call (a third of a run's timeouts);
         `yield from` a tuple works as the engine's timeouts carry no value."""
         return (self.env.timeout(seconds),) if seconds > 0 else ()
+
+    def report_memory(self, calls: int = 1) -> Gen:
+        """`calls` of DeepSpeed's `see_memory_usage(..., force=memory_breakdown)` in a row
+        (runtime/engine.py: before and after each forward, backward and step, outside their
+        timers; utils.py: `gc.collect()` first), the GIL held throughout. Right after a phase
+        they begin where its timer stopped: the engine's host waited there for what the
+        forward left in flight (`end`), DeepSpeed's went on to the reports meanwhile; if that
+        wait outlasted them, the next phase's timer starts where they ended."""
+        if self.memory_report_s <= 0:
+            return
+        begin = self.env.now
+        if self._timer_handover is not None and self._timer_handover[0] == begin:
+            begin = self._timer_handover[1]
+        done = begin + calls * self.memory_report_s
+        if done <= self.env.now:
+            self._timer_handover = (self.env.now, done)
+            return
+        self.gil.hold()
+        yield self.env.timeout(done - self.env.now)
+        self.gil.release()
 
     def fetch_hooks(self) -> Waits:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""

@@ -33,7 +33,7 @@ from zerosim.scenario.validation import validate_section
 NO_EFFECT_KEYS = {
     "steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
     "gradient_predivide_factor", "scheduler", "tensorboard", "wandb", "csv_monitor",
-    "comms_logger", "flops_profiler", "memory_breakdown", "seed", "zero_allow_untested_optimizer",
+    "comms_logger", "flops_profiler", "seed", "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer", "fp16.loss_scale", "fp16.initial_scale_power",
     "fp16.loss_scale_window", "fp16.hysteresis", "fp16.min_loss_scale", "fp16.auto_cast",
     "fp16.consecutive_hysteresis", "optimizer.params", "zero_optimization.allgather_partitions",
@@ -162,6 +162,7 @@ class _DeepSpeedRaw(_Open):
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
     zero_optimization: _Zero = _Zero()
     aio: _Aio | None = None
+    memory_breakdown: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,13 @@ class AioSettings:
                 "overlap_events": self.overlap_events}
 
 
+def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
+    """DeepSpeed's memory reports in an optimizer step with `memory_breakdown` on: before and
+    after each micro-batch's forward and backward, and before and after the step
+    (runtime/engine.py `forward`, `backward`, `step`)."""
+    return 4 * gradient_accumulation_steps + 2
+
+
 @dataclass(frozen=True)
 class DeepSpeedConfig:
     """The resolved ds_config: every value zerosim uses, defaults filled in."""
@@ -252,6 +260,17 @@ class DeepSpeedConfig:
     torch_adam: bool = False
     """`optimizer.params.torch_adam`: DeepSpeed builds PyTorch's `torch.optim.Adam(W)` in
     place of its FusedAdam (engine.py `_configure_basic_optimizer`)."""
+    memory_breakdown: bool = False
+    """The engine prints rank 0's memory before and after each forward, backward and step
+    (`see_memory_usage(..., force=True)`), each time after a full `gc.collect()`."""
+
+    @property
+    def memory_reports(self) -> int:
+        """The engine's memory reports in one optimizer step (none without
+        `memory_breakdown`)."""
+        if not self.memory_breakdown:
+            return 0
+        return memory_reports_per_step(self.gradient_accumulation_steps)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config in ds_config.json shape."""
@@ -285,6 +304,7 @@ class DeepSpeedConfig:
             "communication_data_type": self.communication_dtype,
             "zero_optimization": zero,
             "aio": self.aio.to_dict(),
+            "memory_breakdown": self.memory_breakdown,
         }
 
 
@@ -605,6 +625,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         train_batch_size=batch.train_batch_size,
         autotp_size=_autotp_size(raw, behaviours, source),
         torch_adam=torch_adam,
+        memory_breakdown=raw.memory_breakdown,
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

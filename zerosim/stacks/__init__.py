@@ -54,10 +54,18 @@ REGATHER_TENSOR_KEY = "host.regather_per_tensor_us"
 """The optional host times of a ZeRO-3 optimizer step per parameter tensor (releasing it,
 flattening its gradient, unflattening its partition) and per persistent tensor re-gathered
 after it (`SoftwareStack.step_tensor_s`, `regather_tensor_s`; 0 when absent)."""
-OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: "used_param_check_s",
-                       STEP_TENSOR_KEY: "step_tensor_s",
-                       REGATHER_TENSOR_KEY: "regather_tensor_s"}
-"""Optional per-item host-time keys (microseconds) -> `SoftwareStack` fields."""
+GC_OBJECT_KEY = "host.gc_per_object_ns"
+"""The optional host time of a full `gc.collect()` per object the collector tracks
+(`SoftwareStack.gc_object_s`; 0 when absent): what DeepSpeed's `memory_breakdown` costs."""
+OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: ("used_param_check_s", US),
+                       STEP_TENSOR_KEY: ("step_tensor_s", US),
+                       REGATHER_TENSOR_KEY: ("regather_tensor_s", US),
+                       GC_OBJECT_KEY: ("gc_object_s", 1e-9)}
+"""Optional per-item host-time keys -> (`SoftwareStack` field, scale to seconds)."""
+GC_OBJECTS_KEYS = {"processes.gc_objects": "gc_objects",
+                   "processes.gc_objects_per_tensor": "gc_objects_per_tensor"}
+"""The optional objects a rank's process holds for Python's collector to walk: besides the
+model's parameter tensors, and per tensor (`SoftwareStack.gc_objects_held`; 0 when absent)."""
 RESIDENT_KEY = "processes.rank_resident_GiB"
 """The optional host memory each rank's processes hold besides its tensors
 (`SoftwareStack.rank_resident_bytes`), a `{value, basis, source}` leaf (0 when absent)."""
@@ -206,6 +214,14 @@ class SoftwareStack:
     rank_resident_bytes: float = 0.0
     """Host memory each rank's processes hold besides the tensors zerosim tracks: the Python
     interpreter, the framework's and CUDA's host state, the data loader's workers."""
+    gc_object_s: float = 0.0
+    """Host time of a full `gc.collect()` per object Python's collector tracks."""
+    gc_objects: float = 0.0
+    """Objects a rank's process holds for the collector besides the model's parameter tensors
+    (the interpreter's, the libraries', the framework's)."""
+    gc_objects_per_tensor: float = 0.0
+    """Objects the collector tracks per parameter tensor (the tensor, the module that owns it,
+    ZeRO-3's attributes and hooks on it)."""
     dataloader_workers: int = 0
     """Worker processes each rank's data loader forks after the optimizer is built. Forked
     children share the rank's pages copy-on-write, so a page of pageable host state that
@@ -226,6 +242,16 @@ class SoftwareStack:
                 "moe_block": MOE_BLOCK_CHOICES[r.moe_block_leaf],
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "dataloader_workers": self.dataloader_workers}
+
+    def gc_objects_held(self, tensors: int) -> float:
+        """The objects a full collection walks in a process training `tensors` parameter
+        tensors."""
+        return self.gc_objects + self.gc_objects_per_tensor * tensors
+
+    def memory_report_s(self, tensors: int, core_Hz: float) -> float:
+        """One of DeepSpeed's memory reports on a core of `core_Hz`: a full `gc.collect()` in
+        a process training `tensors` parameter tensors."""
+        return self.on_core(self.gc_object_s, core_Hz) * self.gc_objects_held(tensors)
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
@@ -439,11 +465,11 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
         provenance[key] = prov
         times[attr] = _non_negative(prov, source, key) * scale
-    for key, attr in OPTIONAL_HOST_TIMES.items():
+    for key, (attr, scale) in OPTIONAL_HOST_TIMES.items():
         if dotted_leaf(tree, key) is not None:
             prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
             provenance[key] = prov
-            times[attr] = _non_negative(prov, source, key) * US
+            times[attr] = _non_negative(prov, source, key) * scale
     known = {"reference_GHz", *(k[5:] for k in OPTIONAL_HOST_TIMES),
              *(k[5:] for k in HOST_TIMES)}
     extra = set(dotted_leaf(tree, "host") or {}) - known
@@ -457,7 +483,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                          one_process_group=_one_process_group(tree, source),
                          dataloader_workers=_dataloader_workers(tree, source),
                          rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
-                         **times)
+                         **_gc_objects(tree, source, provenance), **times)
 
 
 def _ungated_activations(tree: Mapping[str, Any], source: str
@@ -585,12 +611,26 @@ def _processes(tree: Mapping[str, Any], source: str) -> Mapping[str, Any]:
     section = tree.get("processes")
     if section is None:
         return {}
-    if not isinstance(section, Mapping) or set(section) - {"dataloader_workers",
-                                                           "rank_resident_GiB"}:
+    known = {"dataloader_workers", "rank_resident_GiB",
+             *(k.split(".")[1] for k in GC_OBJECTS_KEYS)}
+    if not isinstance(section, Mapping) or set(section) - known:
         raise ScenarioError(source, "processes", "{dataloader_workers: {count: N, source: "
-                            "'...'}, rank_resident_GiB: {value: GiB, basis: ..., source: "
-                            "'...'}}", section)
+                            "'...'}, rank_resident_GiB, gc_objects, gc_objects_per_tensor: "
+                            "{value: V, basis: ..., source: '...'}}", section)
     return section
+
+
+def _gc_objects(tree: Mapping[str, Any], source: str,
+                provenance: dict[str, Provenance]) -> dict[str, float]:
+    """The `processes` section's object counts (`GC_OBJECTS_KEYS`), where given."""
+    section = _processes(tree, source)
+    counts: dict[str, float] = {}
+    for key, attr in GC_OBJECTS_KEYS.items():
+        if key.split(".")[1] in section:
+            prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
+            provenance[key] = prov
+            counts[attr] = _non_negative(prov, source, key)
+    return counts
 
 
 def _dataloader_workers(tree: Mapping[str, Any], source: str) -> int:

@@ -826,10 +826,12 @@ NVME_HOST_MEMORY_NOTE = ("every process and the OS (psutil); zerosim: training's
                          "from these logs' bare-node figure); nothing here is fitted")
 BETWEEN_PHASES_NOTE = ("reported, not judged: Megatron's iteration less DeepSpeed's timed "
                        "forward, backward and step (the batch, the loss averaged over the "
-                       "ranks, the scheduler, logging, rank 0's see_memory_usage with "
-                       "memory_breakdown on); zerosim: the stack's host.micro_batch_ms and "
-                       "host.step_ms, measured on the Polaris runs (0.417 s a step there at "
-                       "GA 1), at this node's clock; out of sample here")
+                       "ranks, the scheduler, logging, and with memory_breakdown on rank 0's "
+                       "gc.collect() at each of DeepSpeed's six memory reports); zerosim: the "
+                       "stack's host.micro_batch_ms and host.step_ms and the reports' "
+                       "collections over the objects a process of the model's parameter "
+                       "tensors holds (host.gc_per_object_ns, fitted on the Polaris runs), at "
+                       "this node's clock; out of sample here")
 
 
 def nvme_h100_cells() -> list[Cell]:

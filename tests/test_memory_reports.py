@@ -1,0 +1,115 @@
+"""DeepSpeed's `memory_breakdown`: rank 0's `gc.collect()` at each of the engine's memory
+reports, four per micro-batch and two per step, outside the phases' timers."""
+
+from __future__ import annotations
+
+import pytest
+
+import zerosim
+from zerosim.engine.plan import plan_of
+from zerosim.errors import ScenarioError
+from zerosim.runs import MEMORY_BREAKDOWN
+from zerosim.scenario.deepspeed import changes_nothing, memory_reports_per_step
+from zerosim.stacks import load_stack
+from zerosim.validation import loop_gap, polaris
+
+COLLECTOR = {"runtime": {"framework": {
+    "host": {"gc_per_object_ns": {"value": 100, "basis": "assumed", "source": "toy"}},
+    "processes": {"gc_objects": {"value": 1000, "basis": "assumed", "source": "toy"},
+                  "gc_objects_per_tensor": {"value": 10, "basis": "assumed", "source": "toy"}},
+}}}
+TOY_TENSORS = 2 * 9 + 3
+"""Two layers of q, k, v, o, gate, up, down and two norms; the embedding, the final norm and
+the untied output layer."""
+REPORT_S = 100e-9 * (1000 + 10 * TOY_TENSORS)
+"""One collection on the toy stack's 3 GHz reference core, which the toy profile's is."""
+
+
+def _with(toy, memory_breakdown: bool, steps: int = 1) -> zerosim.Result:
+    return toy.run({**COLLECTOR, "deepspeed": {"memory_breakdown": memory_breakdown,
+                                               "gradient_accumulation_steps": steps}})
+
+
+def test_the_toy_has_the_tensors_counted(toy):
+    assert len(plan_of(toy.scenario(COLLECTOR)).all_params) == TOY_TENSORS
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_each_report_adds_one_collection_outside_the_phases(toy, steps):
+    """With the GPU idle at each report, the iteration grows by the reports' collections
+    exactly (4 per micro-batch, 2 per step) and no timed phase changes."""
+    off, on = _with(toy, False, steps), _with(toy, True, steps)
+    assert memory_reports_per_step(steps) == 4 * steps + 2
+    grown = on.summary["iteration_s"] - off.summary["iteration_s"]
+    assert grown == pytest.approx(memory_reports_per_step(steps) * REPORT_S, rel=1e-9)
+    assert on.summary["memory_reports_s"] == pytest.approx(grown, rel=1e-9)
+    assert off.summary["memory_reports_s"] == 0
+    untimed = {phase for phase, s in off.summary["phases_s"].items() if s is None}
+    assert untimed == {phase for phase, s in on.summary["phases_s"].items() if s is None}
+    for phase, seconds in off.summary["phases_s"].items():
+        if phase not in untimed:
+            assert on.summary["phases_s"][phase] == pytest.approx(seconds, rel=1e-12), phase
+
+
+def test_the_first_forward_starts_after_two_reports(toy):
+    """The last step's report after it (the iteration runs from one step's end to the next)
+    and the forward's own before it."""
+    on = _with(toy, True)
+    start = on.phases.set_index(["phase", "micro_batch"]).loc[("forward", 0), "start_s"]
+    assert start == pytest.approx(2 * REPORT_S, rel=1e-12)
+
+
+def test_a_stack_without_a_collector_time_costs_nothing(toy):
+    off = toy.run({"deepspeed": {"memory_breakdown": False}})
+    on = toy.run({"deepspeed": {"memory_breakdown": True}})
+    assert on.summary["iteration_s"] == off.summary["iteration_s"]
+
+
+def test_memory_breakdown_is_modelled_and_checked():
+    assert not changes_nothing("deepspeed.memory_breakdown")
+    with pytest.raises(ScenarioError) as err:
+        zerosim.scenario_from_dict({
+            "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
+            "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+                          "memory_breakdown": "sometimes"}})
+    assert err.value.key_path == "deepspeed.memory_breakdown"
+
+
+def test_the_study_format_runs_report_memory():
+    """The Deep Optimizer States format's memory columns are the reports' own lines."""
+    run = polaris.load_runs()[0]
+    assert MEMORY_BREAKDOWN is True
+    assert polaris.scenario(run)["deepspeed"]["memory_breakdown"] is True
+
+
+def test_shipped_values_are_the_loop_fit():
+    """The megatron-deepspeed stack's collector time and per-step loop are what
+    zerosim.validation.loop_gap fits on the Polaris runs, with the per-micro-batch loop held."""
+    stack = load_stack("megatron-deepspeed")
+    fit = loop_gap.fit()
+    assert fit.runs == 41
+    assert round(fit.gc_per_object_s * 1e9) == round(stack.gc_object_s * 1e9) == 152
+    assert round(fit.step_s * 1e3) == round(stack.step_s * 1e3) == 71
+    assert fit.gc_per_object_se / fit.gc_per_object_s < 0.02
+    assert stack.provenance["host.gc_per_object_ns"].basis == "fitted"
+    assert stack.provenance["host.micro_batch_ms"].basis == "assumed"
+
+
+@pytest.mark.parametrize(("stack", "probe"), [
+    ("megatron-deepspeed", "gc_megatron_devbox_2026-12-05.json"),
+    ("hf-transformers", "gc_hf_devbox_2026-12-05.json")])
+def test_the_stacks_object_counts_are_the_probes(stack, probe):
+    """The counts each stack carries are its probe's line through four processes (2-72
+    layers), rounded; every process's count lies within 0.1% of that line."""
+    import json
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).parents[1] / "benchmarks" / "node_probe" / probe)
+                        .read_text())
+    assert record["stack"] == stack
+    base, per_tensor = record["objects_besides_tensors"], record["objects_per_tensor"]
+    for run in record["runs"]:
+        assert run["objects"] == pytest.approx(base + per_tensor * run["tensors"], rel=1e-3)
+    loaded = load_stack(stack)
+    assert loaded.gc_objects == pytest.approx(base, abs=500)
+    assert loaded.gc_objects_per_tensor == round(per_tensor)

@@ -1,0 +1,102 @@
+"""What the Polaris runs spend outside DeepSpeed's three timers, and the values that price it.
+
+Each run's iteration less its timed forward, backward and step is the training loop's own work
+(Megatron-DeepSpeed's batch fetch and loss averaging per micro-batch; the scheduler, timers
+and logging per step) and, with `memory_breakdown` on as in these runs, the engine's memory
+reports: four per micro-batch (before and after its forward and its backward) and two per
+step, each rank 0's full `gc.collect()` over every object its process holds
+(`RankCore.report_memory`). So per optimizer step
+
+    gap = micro_batch x GA + step + (4 GA + 2) x objects x per_object
+
+with `objects` the stack's count for the run's parameter tensors (measured,
+benchmarks/node_probe/gc_probe.py). The time per object and the per-step loop are fitted by
+linear least squares over the 41 runs; the per-micro-batch loop is held at the stack's value
+(assumed): it and the collections that grow with accumulation are one slope the runs cannot
+split, and the fit with it free puts it below zero. Pure: no SimPy.
+
+    python -m zerosim.validation.loop_gap     # prints the fit
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zerosim.runs import MeasuredRun
+from zerosim.scenario.deepspeed import memory_reports_per_step
+
+
+@dataclass(frozen=True)
+class LoopGapFit:
+    """The fitted values, at the stack's reference clock, and how well the runs pin them."""
+
+    gc_per_object_s: float
+    gc_per_object_se: float
+    step_s: float
+    step_se: float
+    correlation: float
+    rms_s: float
+    """The runs' root-mean-square residual, seconds per step."""
+    runs: int
+
+
+def measured_gap_s(run: MeasuredRun) -> float:
+    """The run's iteration less its three timed phases, seconds per optimizer step."""
+    s = run.seconds
+    return s["iteration"] - s["forward"] - s["backward"] - s["update"]
+
+
+def objects_held(run: MeasuredRun) -> float:
+    """What a full collection walks in the run's rank-0 process: the stack's objects for the
+    model's parameter tensors, as the engine counts them."""
+    from zerosim.engine.plan import plan_of
+    from zerosim.scenario import scenario_from_dict
+    from zerosim.validation import polaris
+
+    scenario = scenario_from_dict(polaris.scenario(run), source=polaris.case_name(run))
+    return scenario.stack.gc_objects_held(len(plan_of(scenario).all_params))
+
+
+def fit(runs: Sequence[MeasuredRun] | None = None) -> LoopGapFit:
+    """The least-squares time per object and per-step loop over `runs` (the shipped Polaris
+    runs when None), with each run's clock and the stack's per-micro-batch loop."""
+    from zerosim.hardware.profile import load_profile
+    from zerosim.stacks import load_stack
+    from zerosim.validation import polaris
+
+    runs = polaris.load_runs() if runs is None else list(runs)
+    stack = load_stack(polaris.STACK)
+    core_Hz = load_profile(polaris.PROFILE).cpu_boost_Hz
+    to_reference = core_Hz / stack.reference_Hz
+    micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
+    gap = np.array([measured_gap_s(r) - micro_batch_s * r.grad_accum_steps for r in runs])
+    design = np.array([[1.0, memory_reports_per_step(r.grad_accum_steps) * objects_held(r)]
+                       for r in runs])
+    values, *_ = np.linalg.lstsq(design, gap, rcond=None)
+    residuals = gap - design @ values
+    variance = float(residuals @ residuals) / (len(runs) - 2)
+    covariance = np.linalg.inv(design.T @ design) * variance
+    se = np.sqrt(np.diag(covariance))
+    return LoopGapFit(gc_per_object_s=float(values[1]) * to_reference,
+                      gc_per_object_se=float(se[1]) * to_reference,
+                      step_s=float(values[0]) * to_reference, step_se=float(se[0]) * to_reference,
+                      correlation=float(covariance[0, 1] / (se[0] * se[1])),
+                      rms_s=float(np.sqrt(np.mean(residuals ** 2))), runs=len(runs))
+
+
+def main() -> None:
+    result = fit()
+    print(f"{result.runs} runs, at the stack's reference clock:\n"
+          f"  host.gc_per_object_ns {result.gc_per_object_s * 1e9:.1f} "
+          f"(standard error {result.gc_per_object_se / result.gc_per_object_s:.1%})\n"
+          f"  host.step_ms {result.step_s * 1e3:.1f} "
+          f"(standard error {result.step_se / result.step_s:.1%})\n"
+          f"  correlation {result.correlation:+.2f}; rms residual {result.rms_s * 1e3:.1f} ms "
+          f"a step")
+
+
+if __name__ == "__main__":
+    main()
