@@ -113,3 +113,28 @@ def test_the_stacks_object_counts_are_the_probes(stack, probe):
     loaded = load_stack(stack)
     assert loaded.gc_objects == pytest.approx(base, abs=500)
     assert loaded.gc_objects_per_tensor == round(per_tensor)
+
+
+def test_check_says_what_the_reports_cost():
+    """`zerosim check`'s line and `--json` entry: ten reports a step at GA 2, each a
+    collection over the stack's objects for llama13b's 243 tensors on the 3.8 GHz Xeon."""
+    import json
+
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    objects = 421_000 + 252 * 243
+    each = 152e-9 * objects * 3.0 / 3.8
+    result = CliRunner().invoke(main, ["check", "scenarios/llama13b_dp4.yaml", "--json"])
+    assert result.exit_code == 0, result.output
+    reports = json.loads(result.output)["memory_reports"]
+    assert reports["per_step"] == 10 and reports["objects"] == objects
+    assert reports["each_s"] == pytest.approx(each, rel=1e-12)
+    assert reports["per_step_s"] == pytest.approx(10 * each, rel=1e-12)
+    text = CliRunner().invoke(main, ["check", "scenarios/llama13b_dp4.yaml"]).output
+    assert "breakdown   10 memory reports a step (memory_breakdown)" in text
+    assert f"{objects:,} objects" in text
+    off = CliRunner().invoke(main, ["check", "scenarios/llama13b_dp4.yaml", "--json", "--set",
+                                    "deepspeed.memory_breakdown=false"])
+    assert "memory_reports" not in json.loads(off.output)

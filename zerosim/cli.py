@@ -206,6 +206,15 @@ def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
     return {"cpu_adam": node_adam_rates(scenario).to_dict()}
 
 
+def _memory_reports(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `memory
+    reports` line says)."""
+    from zerosim.engine.probes import memory_reports
+
+    reports = memory_reports(scenario)
+    return {} if reports is None else {"memory_reports": reports.to_dict()}
+
+
 @main.command()
 @scenario_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the resolved scenario as JSON.")
@@ -234,7 +243,7 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     summary = _model_summary(loaded.model, loaded.sequence_length, loaded.stack.recipe)
     if as_json:
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
-                     **_cpu_adam(loaded)})
+                     **_cpu_adam(loaded), **_memory_reports(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

@@ -72,6 +72,8 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("cpu pools", _pools_text(scenario.cpu_pools()))
     if scenario.deepspeed.offload_optimizer.enabled:
         top.add_row("cpu adam", _adam_text(scenario))
+    if reports := _reports_text(scenario):
+        top.add_row("breakdown", reports)
     if scenario.hardware.numa_domains > 1:
         top.add_row("numa", _placement_text(scenario))
     top.add_row("framework", f"{scenario.stack.name}: " + ", ".join(
@@ -641,6 +643,19 @@ def _adam_text(scenario: Scenario) -> str:
     return (f"{rate(rates.params_per_s)} params/s per rank, {_count(rates.ranks, 'rank')} "
             f"stepping at once: held by {rates.binding} (the threads' ceiling "
             f"{rate(rates.threads_params_per_s)}, host memory's {rate(rates.memory_params_per_s)})")
+
+
+def _reports_text(scenario: Scenario) -> str:
+    """What `memory_breakdown` costs: the engine's memory reports, each rank 0's
+    `gc.collect()` (empty without it)."""
+    from zerosim.engine.probes import memory_reports
+
+    reports = memory_reports(scenario)
+    if reports is None:
+        return ""
+    return (f"{reports.per_step} memory reports a step (memory_breakdown), each a "
+            f"gc.collect() over {reports.objects:,.0f} objects: {reports.each_s * 1e3:.1f} ms, "
+            f"{reports.per_step_s:.3f} s a step")
 
 
 def _threads_text(scenario: Scenario) -> str:

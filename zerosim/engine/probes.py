@@ -87,3 +87,31 @@ def node_adam_rates(scenario: Scenario) -> AdamRates:
     return AdamRates(ranks, elements, elements / seconds(profile),
                      pools.threads_per_rank * profile.adam_params_per_s_per_thread,
                      elements / seconds(without_adam_ceiling(profile)))
+
+
+@dataclass(frozen=True)
+class MemoryReports:
+    """DeepSpeed's memory reports with `memory_breakdown` on, as the engine prices them."""
+
+    per_step: int
+    """Reports in one optimizer step: four per micro-batch, two per step."""
+    objects: float
+    """What each report's `gc.collect()` walks in rank 0's process."""
+    each_s: float
+
+    @property
+    def per_step_s(self) -> float:
+        return self.per_step * self.each_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "per_step_s": self.per_step_s}
+
+
+def memory_reports(scenario: Scenario) -> MemoryReports | None:
+    """The memory reports' count and time a step (None without `memory_breakdown`)."""
+    ds, stack = scenario.deepspeed, scenario.stack
+    if not ds.memory_breakdown:
+        return None
+    tensors = len(plan_of(scenario).all_params)
+    return MemoryReports(per_step=ds.memory_reports, objects=stack.gc_objects_held(tensors),
+                         each_s=stack.memory_report_s(tensors, scenario.hardware.cpu_boost_Hz))
