@@ -138,3 +138,15 @@ def test_check_says_what_the_reports_cost():
     off = CliRunner().invoke(main, ["check", "scenarios/llama13b_dp4.yaml", "--json", "--set",
                                     "deepspeed.memory_breakdown=false"])
     assert "memory_reports" not in json.loads(off.output)
+
+
+def test_sensitivity_moves_the_collectors_time_per_object():
+    """A stack that prices the reports offers its time per object to `zerosim sensitivity`,
+    a value a larger one of which can only lengthen the iteration."""
+    from zerosim.scenario import load_scenario
+    from zerosim.sensitivity import candidates, expected_sign
+
+    key = "stack.host.gc_per_object_ns"
+    found = {c.key: c for c in candidates(load_scenario("scenarios/llama13b_dp4.yaml"), 0.1)}
+    assert found[key].value == 152 and found[key].basis == "fitted"
+    assert expected_sign(key) == 1

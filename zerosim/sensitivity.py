@@ -31,6 +31,7 @@ from zerosim.hardware.profile import (
     FRACTION_KEYS,
     QUANTITIES,
 )
+from zerosim.stacks import GC_OBJECT_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
 
@@ -70,7 +71,7 @@ MORE_IS_SLOWER = frozenset({
     "hardware.network.latency_us", "hardware.host.remote_access_cost",
     "hardware.cpu.page_zeroing_contention", "hardware.cpu.oversubscription_penalty",
     "hardware.cpu.oversubscribed_region_ms", "hardware.nvme.latency_us",
-    *(f"stack.{key}" for key in STACK_KEYS)})
+    *(f"stack.{key}" for key in (*STACK_KEYS, GC_OBJECT_KEY))})
 """Values a larger one of which can only add work or wait (a latency, a fixed cost, a host
 time, a contention or cost factor, bytes moved): a time they shorten is against their
 physics. `hardware.host.dma_memory_weight` is in neither: it shares a domain's bandwidth
@@ -232,6 +233,8 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
     found = {f"hardware.{key}": prov for key, prov in scenario.hardware.provenance.items()
              if key in QUANTITIES and key not in CAPACITY_KEYS}
     found.update({f"stack.{key}": scenario.stack.provenance[key] for key in STACK_KEYS})
+    if memory_reports := scenario.stack.provenance.get(GC_OBJECT_KEY):
+        found[f"stack.{GC_OBJECT_KEY}"] = memory_reports
     wanted = list(dict.fromkeys(keys)) or list(found)
     unknown = [k for k in wanted if k not in found]
     if unknown:
