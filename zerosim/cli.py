@@ -207,8 +207,8 @@ def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
 
 
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
-    """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `memory
-    reports` line says)."""
+    """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
+    line says)."""
     from zerosim.engine.probes import memory_reports
 
     reports = memory_reports(scenario)

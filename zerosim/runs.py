@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 STACK = "megatron-deepspeed"
 MEMORY_BREAKDOWN = True
 """The format's runs print DeepSpeed's memory reports: its memory columns are their `Max_MA`
-and "CPU Virtual Memory" lines, which the engine prints only with `memory_breakdown` on (the
-study's launch scripts set it, Megatron-DeepSpeed's `my-llama2-cmd.sh` at 1df5712)."""
+and "CPU Virtual Memory" lines, which the engine prints during training only with
+`memory_breakdown` on (as the same group's MLP-Offload logs show it in their ds_config)."""
 MEASURED_PHASES = ("forward", "backward", "update", "iteration")
 """What a run measures, per optimizer step."""
 TIME_COLUMNS = {"forward": "fwd_ms_mean", "backward": "bwd_ms_mean", "update": "step_ms_mean",

@@ -27,6 +27,7 @@ import numpy as np
 
 from zerosim.runs import MeasuredRun
 from zerosim.scenario.deepspeed import memory_reports_per_step
+from zerosim.validation import leastsq
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,7 @@ def fit(runs: Sequence[MeasuredRun] | None = None) -> LoopGapFit:
                        for r in runs])
     values, *_ = np.linalg.lstsq(design, gap, rcond=None)
     residuals = gap - design @ values
-    variance = float(residuals @ residuals) / (len(runs) - 2)
-    covariance = np.linalg.inv(design.T @ design) * variance
+    covariance = leastsq.covariance(design, residuals)
     se = np.sqrt(np.diag(covariance))
     return LoopGapFit(gc_per_object_s=float(values[1]) * to_reference,
                       gc_per_object_se=float(se[1]) * to_reference,
