@@ -169,6 +169,16 @@ def test_the_h100_nodes_loop_between_the_phases_is_reported_beside_zerosims(cell
                                            rel=1e-9)
 
 
+def test_the_loop_fit_prices_the_gap_as_the_engine_does(cells):
+    """`python -m zerosim.validation.loop_gap`'s out-of-sample figures are the engine's."""
+    from zerosim.validation.loop_gap import out_of_sample
+
+    for name, measured, predicted in out_of_sample():
+        cell = cells[(NVME_GROUP, name, "between the phases, per step")]
+        assert cell.measured == measured
+        assert cell.simulated == pytest.approx(predicted, rel=1e-9)
+
+
 @pytest.mark.parametrize("case", ["DP=1", "DP=2"])
 def test_tflops_within_10_percent(cells, case):
     assert abs(cells[("Table 2", case, "TFLOPS per GPU")].rel_error) <= 0.10
