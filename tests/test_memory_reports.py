@@ -3,6 +3,8 @@ reports, four per micro-batch and two per step, outside the phases' timers."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 import zerosim
@@ -60,8 +62,11 @@ def test_the_first_forward_starts_after_two_reports(toy):
 
 
 def test_a_stack_without_a_collector_time_costs_nothing(toy):
+    from zerosim.scenario.support import UnpricedReportsWarning
+
     off = toy.run({"deepspeed": {"memory_breakdown": False}})
-    on = toy.run({"deepspeed": {"memory_breakdown": True}})
+    with pytest.warns(UnpricedReportsWarning):
+        on = toy.run({"deepspeed": {"memory_breakdown": True}})
     assert on.summary["iteration_s"] == off.summary["iteration_s"]
 
 
@@ -150,3 +155,15 @@ def test_sensitivity_moves_the_collectors_time_per_object():
     found = {c.key: c for c in candidates(load_scenario("scenarios/llama13b_dp4.yaml"), 0.1)}
     assert found[key].value == 152 and found[key].basis == "fitted"
     assert expected_sign(key) == 1
+
+
+def test_reports_on_a_stack_that_prices_no_collection_warn(toy):
+    """The toy stack has no collector values: the reports would silently cost nothing."""
+    from zerosim.scenario.support import UnpricedReportsWarning
+
+    with pytest.warns(UnpricedReportsWarning, match="memory_breakdown: true costs nothing"):
+        toy.scenario({"deepspeed": {"memory_breakdown": True}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnpricedReportsWarning)
+        toy.scenario({**COLLECTOR, "deepspeed": {"memory_breakdown": True}})
+        toy.scenario({"deepspeed": {"memory_breakdown": False}})

@@ -26,9 +26,28 @@ class InertWhatIfWarning(ScenarioWarning):
     """A what-if switched on that changes nothing in this configuration."""
 
 
+class UnpricedReportsWarning(ScenarioWarning):
+    """`memory_breakdown` on with a software stack that prices no garbage collection."""
+
+
 def warn_inert(scenario: Any) -> None:
     """Warn about settings that are valid but do nothing here (a sweep may pass through them
     on purpose, so they are not refused)."""
+    _warn_unpriced_reports(scenario)
+    _warn_inert_gpu_update(scenario)
+
+
+def _warn_unpriced_reports(scenario: Any) -> None:
+    stack = scenario.stack
+    if scenario.deepspeed.memory_breakdown and not stack.memory_report_s(1, 1e9):
+        warnings.warn(
+            f"{scenario.source}: deepspeed.memory_breakdown: true costs nothing here: the "
+            f"software stack {stack.name} prices no gc.collect() (it has no "
+            "host.gc_per_object_ns, or no processes.gc_objects)", UnpricedReportsWarning,
+            stacklevel=5)
+
+
+def _warn_inert_gpu_update(scenario: Any) -> None:
     every = scenario.what_if.gpu_update_every
     if not every:
         return
@@ -42,7 +61,7 @@ def warn_inert(scenario: Any) -> None:
             f"{scenario.source}: what_if.gpu_update_every: {every} updates no sub-group on the "
             f"GPU: each rank has {count} optimizer sub-group(s) (sub_group_size "
             f"{scenario.deepspeed.sub_group_size:.3g}), so none is moved to the GPU",
-            InertWhatIfWarning, stacklevel=4)
+            InertWhatIfWarning, stacklevel=5)
 
 
 def _refuse(scenario: Any, key: str, expected: str, got: Any) -> None:
