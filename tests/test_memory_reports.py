@@ -70,14 +70,29 @@ def test_a_stack_without_a_collector_time_costs_nothing(toy):
     assert on.summary["iteration_s"] == off.summary["iteration_s"]
 
 
-def test_memory_breakdown_is_modelled_and_checked():
+@pytest.mark.parametrize("value", ["sometimes", "false", "true", 0, 1])
+def test_memory_breakdown_is_modelled_and_takes_only_true_or_false(value):
+    """DeepSpeed tests the raw value's truth, so "false" would print the reports there."""
     assert not changes_nothing("deepspeed.memory_breakdown")
     with pytest.raises(ScenarioError) as err:
         zerosim.scenario_from_dict({
             "model": "llama2-7b", "sequence_length": 1024, "hardware": "h100-jlse",
             "deepspeed": {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
-                          "memory_breakdown": "sometimes"}})
+                          "memory_breakdown": value}})
     assert err.value.key_path == "deepspeed.memory_breakdown"
+
+
+def test_a_run_out_of_memory_has_no_report_time(toy):
+    """As it has no iteration: a summary of a run that did not finish carries no time."""
+    from zerosim.scenario.support import UnpricedReportsWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnpricedReportsWarning)
+        result = toy.run({**COLLECTOR, "deepspeed": {"memory_breakdown": True},
+                          "hardware": {"gpu": {"hbm_GiB": {"value": 0.001, "basis": "assumed",
+                                                           "source": "toy"}}}})
+    assert result.status == "oom"
+    assert result.summary["iteration_s"] is None and result.summary["memory_reports_s"] is None
 
 
 def test_the_study_format_runs_report_memory():
@@ -161,8 +176,14 @@ def test_reports_on_a_stack_that_prices_no_collection_warn(toy):
     """The toy stack has no collector values: the reports would silently cost nothing."""
     from zerosim.scenario.support import UnpricedReportsWarning
 
-    with pytest.warns(UnpricedReportsWarning, match="memory_breakdown: true costs nothing"):
+    with pytest.warns(UnpricedReportsWarning, match="memory_breakdown: true is priced short"):
         toy.scenario({"deepspeed": {"memory_breakdown": True}})
+    partial = {"runtime": {"framework": {
+        "host": COLLECTOR["runtime"]["framework"]["host"],
+        "processes": {"gc_objects_per_tensor": {"value": 10, "basis": "assumed",
+                                                "source": "toy"}}}}}
+    with pytest.warns(UnpricedReportsWarning, match="has no processes.gc_objects "):
+        toy.scenario({**partial, "deepspeed": {"memory_breakdown": True}})
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnpricedReportsWarning)
         toy.scenario({**COLLECTOR, "deepspeed": {"memory_breakdown": True}})

@@ -263,8 +263,8 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "iteration_s": iteration,
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "compute_held_s": compute_held_seconds(phases, ds.gradient_accumulation_steps),
-        "memory_reports_s": ds.memory_reports * scenario.stack.memory_report_s(
-            len(raw.plan.all_params), scenario.hardware.cpu_boost_Hz),
+        "memory_reports_s": (ds.memory_reports * scenario.stack.memory_report_s(
+            len(raw.plan.all_params), scenario.hardware.cpu_boost_Hz) if iteration else None),
         "tflops_per_gpu": tflops,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
         "hbm_after_GiB": rank0_phase_memory(phases, ds.gradient_accumulation_steps,

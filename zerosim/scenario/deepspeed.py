@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from zerosim.behaviours import (
     DEEP_OPTIMIZER_STATES_REPOSITORY,
@@ -162,7 +162,9 @@ class _DeepSpeedRaw(_Open):
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
     zero_optimization: _Zero = _Zero()
     aio: _Aio | None = None
-    memory_breakdown: bool = False
+    memory_breakdown: StrictBool = False
+    """DeepSpeed reads it raw and tests its truth (`engine.memory_breakdown()`), so a string
+    "false" would turn the reports on: only true and false are taken."""
 
 
 @dataclass(frozen=True)

@@ -38,13 +38,18 @@ def warn_inert(scenario: Any) -> None:
 
 
 def _warn_unpriced_reports(scenario: Any) -> None:
+    """`memory_breakdown` on with a stack that leaves out a value its reports are priced
+    with (a zero given on purpose is a value)."""
+    from zerosim.stacks import GC_OBJECT_KEY, GC_OBJECTS_KEYS
+
     stack = scenario.stack
-    if scenario.deepspeed.memory_breakdown and not stack.memory_report_s(1, 1e9):
+    missing = [key for key in (GC_OBJECT_KEY, *GC_OBJECTS_KEYS) if key not in stack.provenance]
+    if scenario.deepspeed.memory_breakdown and missing:
         warnings.warn(
-            f"{scenario.source}: deepspeed.memory_breakdown: true costs nothing here: the "
-            f"software stack {stack.name} prices no gc.collect() (it has no "
-            "host.gc_per_object_ns, or no processes.gc_objects)", UnpricedReportsWarning,
-            stacklevel=5)
+            f"{scenario.source}: deepspeed.memory_breakdown: true is priced short here: the "
+            f"software stack {stack.name} has no {' and no '.join(missing)} (0 in their "
+            "place), so each memory report's gc.collect() is cheaper than it is or free",
+            UnpricedReportsWarning, stacklevel=5)
 
 
 def _warn_inert_gpu_update(scenario: Any) -> None:

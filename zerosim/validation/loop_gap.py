@@ -112,6 +112,13 @@ def out_of_sample() -> list[tuple[str, float, float]]:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m zerosim.validation.loop_gap",
+        description="Fit the time per collected object and the per-step loop on the Polaris "
+                    "runs' gaps between their phases; check them on the MLP-Offload runs."
+    ).parse_args()
     result = fit()
     print(f"{result.runs} runs, at the stack's reference clock:\n"
           f"  host.gc_per_object_ns {result.gc_per_object_s * 1e9:.1f} "
