@@ -9,6 +9,7 @@ import pytest
 
 import zerosim
 from zerosim.engine.plan import plan_of
+from zerosim.engine.probes import memory_reports as zerosim_memory_reports
 from zerosim.errors import ScenarioError
 from zerosim.runs import MEMORY_BREAKDOWN
 from zerosim.scenario.deepspeed import changes_nothing, memory_reports_per_step
@@ -18,7 +19,9 @@ from zerosim.validation import loop_gap, polaris
 COLLECTOR = {"runtime": {"framework": {
     "host": {"gc_per_object_ns": {"value": 100, "basis": "assumed", "source": "toy"}},
     "processes": {"gc_objects": {"value": 1000, "basis": "assumed", "source": "toy"},
-                  "gc_objects_per_tensor": {"value": 10, "basis": "assumed", "source": "toy"}},
+                  "gc_objects_per_tensor": {"value": 10, "basis": "assumed", "source": "toy"},
+                  "gc_objects_per_zero3_tensor": {"value": 0, "basis": "assumed",
+                                                  "source": "toy"}},
 }}}
 TOY_TENSORS = 2 * 9 + 3
 """Two layers of q, k, v, o, gate, up, down and two norms; the embedding, the final norm and
@@ -115,24 +118,44 @@ def test_shipped_values_are_the_loop_fit():
     assert stack.provenance["host.micro_batch_ms"].basis == "assumed"
 
 
-@pytest.mark.parametrize(("stack", "probe"), [
-    ("megatron-deepspeed", "gc_megatron_devbox_2026-12-05.json"),
-    ("hf-transformers", "gc_hf_devbox_2026-12-05.json")])
-def test_the_stacks_object_counts_are_the_probes(stack, probe):
-    """The counts each stack carries are its probe's line through four processes (2-72
-    layers), rounded; every process's count lies within 0.1% of that line."""
+@pytest.mark.parametrize(("stack", "name"), [("megatron-deepspeed", "gc_megatron"),
+                                           ("hf-transformers", "gc_hf")])
+def test_the_stacks_object_counts_are_the_probes(stack, name):
+    """The counts each stack carries are its probe's lines through four processes (2-72
+    layers) at ZeRO-3 and ZeRO-2, rounded: the stage-2 slope per tensor, the difference what
+    ZeRO-3 adds; every process's count lies within 0.1% of its line."""
     import json
     from pathlib import Path
 
-    record = json.loads((Path(__file__).parents[1] / "benchmarks" / "node_probe" / probe)
-                        .read_text())
-    assert record["stack"] == stack
-    base, per_tensor = record["objects_besides_tensors"], record["objects_per_tensor"]
-    for run in record["runs"]:
-        assert run["objects"] == pytest.approx(base + per_tensor * run["tensors"], rel=1e-3)
+    folder = Path(__file__).parents[1] / "benchmarks" / "node_probe"
+    lines = {}
+    for stage, suffix in ((3, ""), (2, "_stage2")):
+        record = json.loads((folder / f"{name}{suffix}_devbox_2026-12-05.json").read_text())
+        assert record["stack"] == stack and record.get("stage", 3) == stage
+        base, per_tensor = record["objects_besides_tensors"], record["objects_per_tensor"]
+        for run in record["runs"]:
+            assert run["objects"] == pytest.approx(base + per_tensor * run["tensors"],
+                                                   rel=1e-3)
+        lines[stage] = base, per_tensor
     loaded = load_stack(stack)
-    assert loaded.gc_objects == pytest.approx(base, abs=500)
-    assert loaded.gc_objects_per_tensor == round(per_tensor)
+    assert loaded.gc_objects == pytest.approx(lines[3][0], abs=500)
+    assert loaded.gc_objects == pytest.approx(lines[2][0], abs=1000)
+    assert loaded.gc_objects_per_tensor == round(lines[2][1])
+    assert loaded.gc_objects_per_zero3_tensor == round(lines[3][1] - lines[2][1])
+
+
+def test_replicated_parameters_hold_fewer_objects(toy):
+    """At stages 0-2 a report walks the per-tensor objects without ZeRO-3's."""
+    objects = {stage: 1000 + (10 + 20 * (stage == 3)) * TOY_TENSORS for stage in (2, 3)}
+    collector = {"runtime": {"framework": {**COLLECTOR["runtime"]["framework"], "processes": {
+        **COLLECTOR["runtime"]["framework"]["processes"],
+        "gc_objects_per_zero3_tensor": {"value": 20, "basis": "assumed", "source": "toy"}}}}}
+    for stage in (2, 3):
+        scenario = toy.scenario({**collector, "deepspeed": {
+            "memory_breakdown": True, "zero_optimization": {"stage": stage}}})
+        reports = zerosim_memory_reports(scenario)
+        assert reports.objects == objects[stage]
+        assert reports.each_s == pytest.approx(100e-9 * objects[stage], rel=1e-12)
 
 
 def test_check_says_what_the_reports_cost():

@@ -50,12 +50,13 @@ def single_rank() -> None:
         os.environ.setdefault(key, value)
 
 
-def tiny_llama_engine(layers: int):
+def tiny_llama_engine(layers: int, stage: int = 3):
     """transformers' LlamaForCausalLM with TinyLlama's module structure at toy widths and
     `layers` layers under DeepSpeed ZeRO-3 (ds_offload_probe's `tinyshape_cpu_hooks` config,
     the persistence threshold scaled with the widths so that only the norms persist, as in
     TinyLlama at 1e5), with a client torch.optim.AdamW. Returns the engine, the vocabulary
-    size and the HfDeepSpeedConfig, which transformers reads by weakref: keep it."""
+    size and the HfDeepSpeedConfig, which transformers reads by weakref: keep it. A `stage`
+    below 3 replicates the parameters."""
     sys.path.insert(0, str(HERE))
     import deepspeed
     import ds_offload_probe as probe
@@ -65,6 +66,8 @@ def tiny_llama_engine(layers: int):
 
     config = probe.ds_config(probe.RUNS["tinyshape_cpu_hooks"])
     config["zero_optimization"]["stage3_param_persistence_threshold"] = PERSISTENCE_THRESHOLD
+    if stage != 3:
+        config["zero_optimization"] = {"stage": stage}
     deepspeed.init_distributed(dist_backend="gloo")
     keep_alive = HfDeepSpeedConfig(config)
     shape = {**probe.MODELS["tinyllama-shape"], "num_hidden_layers": layers}

@@ -5,18 +5,20 @@ and after each forward and backward and before and after each optimizer step (ru
 0.13.3 as later); on rank 0 it begins with `gc.collect()`, a full collection, whose time is
 that of a walk over every object the collector tracks. This probe builds the training process a
 run has, on the CPU (DeepSpeed's CPU accelerator, gloo, one rank), at toy widths (hidden 64)
-with 2, 22, 44 and 72 layers, trains three steps under ZeRO-3 with the optimizer offloaded,
-then counts the tracked objects (`len(gc.get_objects())`) and times `gc.collect()` (median of
-nine). What grows with the layers grows with the parameter tensors (the modules that own
-them, ZeRO-3's attributes and hooks on each), so the objects are stated as a count besides
-the model and a count per parameter tensor (least squares over the four processes); the
-widths change neither.
+with 2, 22, 44 and 72 layers, trains three steps under ZeRO-3 (`--stage 2`: ZeRO-2, the
+parameters replicated), then counts the tracked objects (`len(gc.get_objects())`) and times
+`gc.collect()` (median of nine). What grows with the layers grows with the parameter tensors
+(the modules that own them, their gradients and optimizer state, and under ZeRO-3 DeepSpeed's
+attributes and hooks on each), so the objects are stated as a count besides the model and a
+count per parameter tensor (least squares over the four processes); the widths change
+neither.
 
 * `--stack megatron-deepspeed`: Megatron-DeepSpeed at the revision of the Deep Optimizer
   States runs (a checkout of mauryaavinash95/Megatron-DeepSpeed at 1df5712, `--megatron`),
-  with DeepSpeed 0.13.3, built by its own `setup_model_and_optimizer` with the runs' model
-  flags (`my-llama2-cmd.sh`: SwiGLU, RMSNorm, rotary, untied embeddings, no biases, grouped
-  KV heads, `--checkpoint-activations --deepspeed-activation-checkpointing`). On a machine
+  with DeepSpeed 0.13.3 and the optimizer offloaded, built by its own
+  `setup_model_and_optimizer` with the runs' model flags (`my-llama2-cmd.sh`: SwiGLU,
+  RMSNorm, rotary, untied embeddings, no biases, grouped KV heads, `--checkpoint-activations
+  --deepspeed-activation-checkpointing`). On a machine
   without CUDA, DeepSpeed 0.13.3 and that revision need stand-ins, set up by `_cpu_shims`
   before anything is imported: empty `intel_extension_for_pytorch` and
   `oneccl_bindings_for_pytorch` modules (0.13.3's CPU accelerator imports them; gloo serves
@@ -29,9 +31,9 @@ widths change neither.
   start: pybind11 must be importable by the `python3` on PATH.
 * `--stack hf-transformers`: transformers' LlamaForCausalLM with TinyLlama's module structure
   and DeepSpeed as installed (0.19.5 for the measurement shipped), the ds_config of
-  ds_offload_probe.py's `tinyshape_cpu_hooks` run.
+  ds_offload_probe.py's `tinyshape_cpu_hooks` run (nothing offloaded, a client AdamW).
 
-    python3 gc_probe.py --stack hf-transformers --out gc_hf.json
+    python3 gc_probe.py --stack hf-transformers --out gc_hf.json    # --stage 2: ZeRO-2
     PATH=$VENV/bin:$PATH python3 gc_probe.py --stack megatron-deepspeed \\
         --megatron /path/to/Megatron-DeepSpeed --out gc_megatron.json
 
@@ -63,7 +65,7 @@ MEGATRON_FLAGS = [
     "--lr", "1e-5", "--swiglu", "--normalization", "rmsnorm",
     "--use-rotary-position-embeddings", "--untie-embeddings-and-output-weights",
     "--disable-bias-linear", "--no-query-key-layer-scaling", "--attention-dropout", "0",
-    "--hidden-dropout", "0", "--bf16", "--deepspeed", "--zero-stage", "3",
+    "--hidden-dropout", "0", "--bf16", "--deepspeed",
     "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
     "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
     "--no-gradient-accumulation-fusion", "--checkpoint-activations",
@@ -71,7 +73,7 @@ MEGATRON_FLAGS = [
     "--distributed-backend", "gloo", "--use-cpu-initialization"]
 
 
-def megatron_ds_config() -> dict:
+def megatron_ds_config(stage: int = 3) -> dict:
     """The runs' ds_config at toy scale: ZeRO-3, optimizer on the CPU, bf16; the persistence
     threshold scaled with the widths so that only the norms persist; Megatron's own optimizer
     (torch's Adam on a CPU build) handed to DeepSpeed, as the runs handed it theirs."""
@@ -79,7 +81,7 @@ def megatron_ds_config() -> dict:
             "train_batch_size": 1, "bf16": {"enabled": True}, "steps_per_print": 1000,
             "wall_clock_breakdown": False, "memory_breakdown": False,
             "zero_force_ds_cpu_optimizer": False,
-            "zero_optimization": {"stage": 3, "overlap_comm": True,
+            "zero_optimization": {"stage": stage, "overlap_comm": True,
                                   "reduce_bucket_size": 500000000,
                                   "stage3_prefetch_bucket_size": 50000000,
                                   "sub_group_size": 100000000,
@@ -167,14 +169,15 @@ def _cpu_shims() -> None:
     no_impl.NotImplementedBuilder.load = no_kernel
 
 
-def _train_megatron(layers: int, megatron: Path):
+def _train_megatron(layers: int, megatron: Path, stage: int):
     """Megatron-DeepSpeed's model, optimizer and engine for `layers` layers, three steps
     trained; returns the engine's module."""
     _cpu_shims()
     sys.path.insert(0, str(megatron))
     config_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"zerosim_gc_probe_{os.getpid()}.json"
-    config_path.write_text(json.dumps(megatron_ds_config()))
+    config_path.write_text(json.dumps(megatron_ds_config(stage)))
     sys.argv = ["pretrain_gpt.py", "--num-layers", str(layers), *MEGATRON_FLAGS,
+                "--zero-stage", str(stage),
                 "--deepspeed_config", str(config_path)]
     import torch
     from megatron.initialize import initialize_megatron
@@ -199,13 +202,13 @@ def _train_megatron(layers: int, megatron: Path):
     return engine.module
 
 
-def _train_hf(layers: int):
+def _train_hf(layers: int, stage: int):
     """transformers' Llama with TinyLlama's structure, as ds_step_probe.py builds it."""
     sys.path.insert(0, str(HERE))
     import torch
     from ds_step_probe import tiny_llama_engine
 
-    engine, vocab_size, _train_hf.keep_alive = tiny_llama_engine(layers)
+    engine, vocab_size, _train_hf.keep_alive = tiny_llama_engine(layers, stage)
     batch = torch.randint(0, vocab_size, (1, 16))
     for _ in range(STEPS):
         engine.backward(engine(input_ids=batch, labels=batch).loss)
@@ -213,14 +216,14 @@ def _train_hf(layers: int):
     return engine.module
 
 
-def one(stack: str, layers: int, megatron: Path | None) -> dict:
-    """One process's count and collection time, `layers` layers of `stack`."""
+def one(stack: str, layers: int, megatron: Path | None, stage: int) -> dict:
+    """One process's count and collection time, `layers` layers of `stack` at ZeRO `stage`."""
     sys.path.insert(0, str(HERE))
     from ds_step_probe import single_rank
 
     single_rank()
-    module = (_train_megatron(layers, megatron) if stack == "megatron-deepspeed"
-              else _train_hf(layers))
+    module = (_train_megatron(layers, megatron, stage) if stack == "megatron-deepspeed"
+              else _train_hf(layers, stage))
     gc.collect()
     objects = len(gc.get_objects())
     times = []
@@ -240,12 +243,14 @@ def main() -> int:
     parser.add_argument("--megatron", type=Path,
                         help="a Megatron-DeepSpeed checkout (megatron-deepspeed)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--stage", type=int, choices=(1, 2, 3), default=3,
+                        help="the ZeRO stage (below 3 the parameters are replicated)")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stack == "megatron-deepspeed" and args.megatron is None:
         parser.error("--stack megatron-deepspeed needs --megatron")
     if args.one is not None:
-        print(json.dumps(one(args.stack, args.one, args.megatron)))
+        print(json.dumps(one(args.stack, args.one, args.megatron, args.stage)))
         return 0
     sys.path.insert(0, str(HERE))
     from importlib.metadata import version
@@ -253,7 +258,7 @@ def main() -> int:
     from ds_step_probe import each_in_a_process, slope
     from hf_trainer_probe import core_clock_GHz
 
-    arguments = ["--stack", args.stack, "--out", args.out]
+    arguments = ["--stack", args.stack, "--out", args.out, "--stage", str(args.stage)]
     if args.megatron is not None:
         arguments += ["--megatron", str(args.megatron.resolve())]
     runs = each_in_a_process(__file__, LAYERS, arguments, port=29831)
@@ -261,7 +266,7 @@ def main() -> int:
     base = (statistics.fmean(run["objects"] for run in runs)
             - per_tensor * statistics.fmean(run["tensors"] for run in runs))
     per_object = [run["collect_s"] / run["objects"] for run in runs]
-    result = {"stack": args.stack, "python": sys.version.split()[0],
+    result = {"stack": args.stack, "stage": args.stage, "python": sys.version.split()[0],
               "versions": {name: version(name) for name in ("torch", "deepspeed")},
               "core_clock_GHz": core_clock_GHz(), "runs": runs,
               "objects_besides_tensors": base, "objects_per_tensor": per_tensor,

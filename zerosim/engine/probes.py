@@ -112,6 +112,9 @@ def memory_reports(scenario: Scenario) -> MemoryReports | None:
     ds, stack = scenario.deepspeed, scenario.stack
     if not ds.memory_breakdown:
         return None
-    tensors = len(plan_of(scenario).all_params)
-    return MemoryReports(per_step=ds.memory_reports, objects=stack.gc_objects_held(tensors),
-                         each_s=stack.memory_report_s(tensors, scenario.hardware.cpu_boost_Hz))
+    tensors, partitioned = len(plan_of(scenario).all_params), ds.stage == 3
+    return MemoryReports(
+        per_step=ds.memory_reports,
+        objects=stack.gc_objects_held(tensors, partitioned=partitioned),
+        each_s=stack.memory_report_s(tensors, scenario.hardware.cpu_boost_Hz,
+                                     partitioned=partitioned))

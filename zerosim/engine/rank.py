@@ -147,7 +147,8 @@ class RankCore:
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
-        self.memory_report_s = (stack.memory_report_s(len(self.plan.all_params), core_Hz)
+        self.memory_report_s = (stack.memory_report_s(len(self.plan.all_params), core_Hz,
+                                                      partitioned=self.ds.stage == 3)
                                 if self.ds.memory_breakdown else 0.0)
         """One `see_memory_usage` of the engine's with `memory_breakdown` on: rank 0's full
         `gc.collect()` over every object its process holds (its other ranks wait for it at

@@ -139,6 +139,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "stack.processes.rank_resident_GiB": Plausible(0, 1e4, "a memory size in GiB"),
     "stack.processes.gc_objects": Plausible(0, 1e10, "an object count"),
     "stack.processes.gc_objects_per_tensor": Plausible(0, 1e7, "an object count"),
+    "stack.processes.gc_objects_per_zero3_tensor": Plausible(0, 1e7, "an object count"),
     # ---- hardware profile keys
     "hardware.description": PlausibleText(10_000),
     "hardware.nodes": _count(1, 1e6, "a node count"),

@@ -236,6 +236,14 @@ def _pcie_bytes_of_every_node(raw: RawRun) -> dict[str, float]:
     return pcie_totals(raw.spans, stands_for)
 
 
+def _memory_reports_s(raw: RawRun) -> float:
+    """What DeepSpeed's memory reports take of an iteration (0 without `memory_breakdown`)."""
+    from zerosim.engine.probes import memory_reports
+
+    reports = memory_reports(raw.scenario)
+    return 0.0 if reports is None else reports.per_step_s
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
@@ -263,8 +271,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "iteration_s": iteration,
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "compute_held_s": compute_held_seconds(phases, ds.gradient_accumulation_steps),
-        "memory_reports_s": (ds.memory_reports * scenario.stack.memory_report_s(
-            len(raw.plan.all_params), scenario.hardware.cpu_boost_Hz) if iteration else None),
+        "memory_reports_s": _memory_reports_s(raw) if iteration else None,
         "tflops_per_gpu": tflops,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
         "hbm_after_GiB": rank0_phase_memory(phases, ds.gradient_accumulation_steps,

@@ -43,7 +43,8 @@ def _warn_unpriced_reports(scenario: Any) -> None:
     from zerosim.stacks import GC_OBJECT_KEY, GC_OBJECTS_KEYS
 
     stack = scenario.stack
-    missing = [key for key in (GC_OBJECT_KEY, *GC_OBJECTS_KEYS) if key not in stack.provenance]
+    needed = [GC_OBJECT_KEY, *GC_OBJECTS_KEYS][:None if scenario.deepspeed.stage == 3 else -1]
+    missing = [key for key in needed if key not in stack.provenance]
     if scenario.deepspeed.memory_breakdown and missing:
         warnings.warn(
             f"{scenario.source}: deepspeed.memory_breakdown: true is priced short here: the "

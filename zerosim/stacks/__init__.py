@@ -63,9 +63,11 @@ OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: ("used_param_check_s", US),
                        GC_OBJECT_KEY: ("gc_object_s", 1e-9)}
 """Optional per-item host-time keys -> (`SoftwareStack` field, scale to seconds)."""
 GC_OBJECTS_KEYS = {"processes.gc_objects": "gc_objects",
-                   "processes.gc_objects_per_tensor": "gc_objects_per_tensor"}
+                   "processes.gc_objects_per_tensor": "gc_objects_per_tensor",
+                   "processes.gc_objects_per_zero3_tensor": "gc_objects_per_zero3_tensor"}
 """The optional objects a rank's process holds for Python's collector to walk: besides the
-model's parameter tensors, and per tensor (`SoftwareStack.gc_objects_held`; 0 when absent)."""
+model's parameter tensors, per tensor, and per tensor more under ZeRO-3
+(`SoftwareStack.gc_objects_held`; 0 when absent)."""
 RESIDENT_KEY = "processes.rank_resident_GiB"
 """The optional host memory each rank's processes hold besides its tensors
 (`SoftwareStack.rank_resident_bytes`), a `{value, basis, source}` leaf (0 when absent)."""
@@ -220,8 +222,11 @@ class SoftwareStack:
     """Objects a rank's process holds for the collector besides the model's parameter tensors
     (the interpreter's, the libraries', the framework's)."""
     gc_objects_per_tensor: float = 0.0
-    """Objects the collector tracks per parameter tensor (the tensor, the module that owns it,
-    ZeRO-3's attributes and hooks on it)."""
+    """Objects the collector tracks per parameter tensor with the parameters replicated (the
+    tensor, the module that owns it, the optimizer's state of it)."""
+    gc_objects_per_zero3_tensor: float = 0.0
+    """Objects more per parameter tensor under ZeRO-3 (its partition, DeepSpeed's attributes
+    and functions on it, the hooks on its module)."""
     dataloader_workers: int = 0
     """Worker processes each rank's data loader forks after the optimizer is built. Forked
     children share the rank's pages copy-on-write, so a page of pageable host state that
@@ -243,15 +248,18 @@ class SoftwareStack:
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "dataloader_workers": self.dataloader_workers}
 
-    def gc_objects_held(self, tensors: int) -> float:
+    def gc_objects_held(self, tensors: int, *, partitioned: bool) -> float:
         """The objects a full collection walks in a process training `tensors` parameter
-        tensors."""
-        return self.gc_objects + self.gc_objects_per_tensor * tensors
+        tensors, partitioned by ZeRO-3 or not."""
+        per_tensor = self.gc_objects_per_tensor + (
+            self.gc_objects_per_zero3_tensor if partitioned else 0.0)
+        return self.gc_objects + per_tensor * tensors
 
-    def memory_report_s(self, tensors: int, core_Hz: float) -> float:
+    def memory_report_s(self, tensors: int, core_Hz: float, *, partitioned: bool) -> float:
         """One of DeepSpeed's memory reports on a core of `core_Hz`: a full `gc.collect()` in
-        a process training `tensors` parameter tensors."""
-        return self.on_core(self.gc_object_s, core_Hz) * self.gc_objects_held(tensors)
+        a process training `tensors` parameter tensors (`gc_objects_held`)."""
+        return (self.on_core(self.gc_object_s, core_Hz)
+                * self.gc_objects_held(tensors, partitioned=partitioned))
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""

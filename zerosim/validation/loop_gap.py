@@ -53,12 +53,12 @@ def measured_gap_s(run: MeasuredRun) -> float:
 def objects_held(run: MeasuredRun) -> float:
     """What a full collection walks in the run's rank-0 process: the stack's objects for the
     model's parameter tensors, as the engine counts them."""
-    from zerosim.engine.plan import plan_of
+    from zerosim.engine.probes import memory_reports
     from zerosim.scenario import scenario_from_dict
     from zerosim.validation import polaris
 
     scenario = scenario_from_dict(polaris.scenario(run), source=polaris.case_name(run))
-    return scenario.stack.gc_objects_held(len(plan_of(scenario).all_params))
+    return memory_reports(scenario).objects
 
 
 def fit(runs: Sequence[MeasuredRun] | None = None) -> LoopGapFit:
@@ -91,13 +91,13 @@ def loop_s(scenario) -> float:
     """What a resolved scenario's loop spends between the phases per optimizer step, as the
     engine prices it when nothing the phases left runs on: the stack's per-micro-batch and
     per-step times and the memory reports, on the profile's clock."""
-    from zerosim.engine.plan import plan_of
+    from zerosim.engine.probes import memory_reports
 
     ds, stack, core_Hz = scenario.deepspeed, scenario.stack, scenario.hardware.cpu_boost_Hz
-    reports = ds.memory_reports * stack.memory_report_s(len(plan_of(scenario).all_params),
-                                                        core_Hz)
+    reports = memory_reports(scenario)
     return (stack.on_core(stack.micro_batch_s, core_Hz) * ds.gradient_accumulation_steps
-            + stack.on_core(stack.step_s, core_Hz) + reports)
+            + stack.on_core(stack.step_s, core_Hz)
+            + (0.0 if reports is None else reports.per_step_s))
 
 
 def out_of_sample() -> list[tuple[str, float, float]]:
