@@ -207,7 +207,16 @@ def test_reports_on_a_stack_that_prices_no_collection_warn(toy):
                                                 "source": "toy"}}}}}
     with pytest.warns(UnpricedReportsWarning, match="has no processes.gc_objects "):
         toy.scenario({**partial, "deepspeed": {"memory_breakdown": True}})
+    replicated_only = {"runtime": {"framework": {
+        "host": COLLECTOR["runtime"]["framework"]["host"],
+        "processes": {key: value for key, value
+                      in COLLECTOR["runtime"]["framework"]["processes"].items()
+                      if key != "gc_objects_per_zero3_tensor"}}}}
+    with pytest.warns(UnpricedReportsWarning, match="no processes.gc_objects_per_zero3_tensor"):
+        toy.scenario({**replicated_only, "deepspeed": {"memory_breakdown": True}})
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnpricedReportsWarning)
         toy.scenario({**COLLECTOR, "deepspeed": {"memory_breakdown": True}})
         toy.scenario({"deepspeed": {"memory_breakdown": False}})
+        toy.scenario({**replicated_only, "deepspeed": {
+            "memory_breakdown": True, "zero_optimization": {"stage": 2}}})

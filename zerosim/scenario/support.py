@@ -40,10 +40,12 @@ def warn_inert(scenario: Any) -> None:
 def _warn_unpriced_reports(scenario: Any) -> None:
     """`memory_breakdown` on with a stack that leaves out a value its reports are priced
     with (a zero given on purpose is a value)."""
-    from zerosim.stacks import GC_OBJECT_KEY, GC_OBJECTS_KEYS
+    from zerosim.stacks import GC_OBJECT_KEY, GC_OBJECTS_KEYS, GC_ZERO3_KEY
 
     stack = scenario.stack
-    needed = [GC_OBJECT_KEY, *GC_OBJECTS_KEYS][:None if scenario.deepspeed.stage == 3 else -1]
+    needed = [GC_OBJECT_KEY, *GC_OBJECTS_KEYS]
+    if scenario.deepspeed.stage != 3:
+        needed.remove(GC_ZERO3_KEY)
     missing = [key for key in needed if key not in stack.provenance]
     if scenario.deepspeed.memory_breakdown and missing:
         warnings.warn(

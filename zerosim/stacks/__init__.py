@@ -62,9 +62,10 @@ OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: ("used_param_check_s", US),
                        REGATHER_TENSOR_KEY: ("regather_tensor_s", US),
                        GC_OBJECT_KEY: ("gc_object_s", 1e-9)}
 """Optional per-item host-time keys -> (`SoftwareStack` field, scale to seconds)."""
+GC_ZERO3_KEY = "processes.gc_objects_per_zero3_tensor"
 GC_OBJECTS_KEYS = {"processes.gc_objects": "gc_objects",
                    "processes.gc_objects_per_tensor": "gc_objects_per_tensor",
-                   "processes.gc_objects_per_zero3_tensor": "gc_objects_per_zero3_tensor"}
+                   GC_ZERO3_KEY: "gc_objects_per_zero3_tensor"}
 """The optional objects a rank's process holds for Python's collector to walk: besides the
 model's parameter tensors, per tensor, and per tensor more under ZeRO-3
 (`SoftwareStack.gc_objects_held`; 0 when absent)."""
