@@ -755,3 +755,30 @@ def test_a_set_of_what_the_table_or_hardware_gives_is_refused(tmp_path, setting,
         f"error: --set: {key}: expected a value the rows do not give: the rows take it from "
         f"{instead}, got {value if key == 'data_parallel' else repr(value)}")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_table_compares_the_time_between_the_phases(tmp_path):
+    """Row 1 (11.2B DP=1 micro-batch 1): 17,446.28 - 355.38 - 8,663.94 - 7,991.90 = 435.06 ms
+    outside DeepSpeed's timers; rows 2 and 7 repeat one configuration (20,579.25 - 1,255.73 -
+    11,024.02 - 7,913.62 = 385.88 ms and 19,808.84 - 1,081.34 - 10,241.10 - 8,093.94 =
+    392.46 ms). Predicted: the run's iteration less its three phases per step, of which the
+    memory reports are the summary's."""
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([1, 2, 7]))
+    out = tmp_path / "out"
+    _, rows = invoke_for_table(["predict", str(table), "--hardware", "polaris-a100",
+                                "--workers", "1", "--out", str(out)], out / "predictions.csv")
+    single, pair = rows
+    assert float(single["measured_between_phases_s"]) == pytest.approx(0.43506, rel=1e-9)
+    assert float(pair["measured_between_phases_s"]) == pytest.approx(
+        (0.38588 + 0.39246) / 2, rel=1e-9)
+    assert float(pair["spread_between_phases"]) == pytest.approx(
+        (0.39246 - 0.38588) / ((0.38588 + 0.39246) / 2), rel=1e-9)
+    assert single["spread_between_phases"] == ""
+    for row in rows:
+        between = (float(row["predicted_iteration_s"]) - float(row["predicted_forward_s"])
+                   - float(row["predicted_backward_s"]) - float(row["predicted_update_s"]))
+        assert float(row["predicted_between_phases_s"]) == pytest.approx(between, rel=1e-9)
+        assert 0 < float(row["predicted_memory_reports_s"]) < between
+        assert float(row["error_between_phases"]) == pytest.approx(
+            between / float(row["measured_between_phases_s"]) - 1, rel=1e-9)

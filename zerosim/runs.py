@@ -667,6 +667,8 @@ class Configuration:
             measured = [r.peak_gpu_bytes for r in self.runs]
         elif quantity == PEAK_HOST:
             measured = [r.peak_host_bytes for r in self.runs]
+        elif quantity == BETWEEN_PHASES:
+            measured = [_between_phases(r.seconds) for r in self.runs]
         else:
             measured = [r.seconds.get(quantity) for r in self.runs]
         return [v for v in measured if v is not None]
@@ -705,6 +707,15 @@ class Configuration:
     @property
     def peak_host_bytes(self) -> float | None:
         return self.measured(PEAK_HOST)
+
+
+def _between_phases(seconds: Mapping[str, float | None]) -> float | None:
+    """The iteration less the forward, backward and update, where all four are given."""
+    times = [seconds.get(q) for q in MEASURED_PHASES]
+    if any(t is None for t in times):
+        return None
+    forward, backward, update, iteration = times
+    return iteration - forward - backward - update
 
 
 OFF_REPEATS = 0.10
@@ -814,6 +825,14 @@ MEMORY_QUANTITIES = (PEAK_ALLOCATED, PEAK_HOST)
 QUANTITIES = (*MEASURED_PHASES, *MEMORY_QUANTITIES)
 """What a prediction is compared on: the times per optimizer step, rank 0's peak allocated
 GPU memory and the node's peak host memory."""
+BETWEEN_PHASES = "between phases"
+"""The iteration less its three timed phases, seconds per optimizer step: the training loop
+outside DeepSpeed's timers and, with `memory_breakdown`, its memory reports. Derived from a
+run's four times; written to the table, not printed (a small difference of large times)."""
+MEMORY_REPORTS = "memory reports"
+"""What DeepSpeed's memory reports take of `BETWEEN_PHASES` (predicted only)."""
+WRITTEN_QUANTITIES = (*QUANTITIES, BETWEEN_PHASES)
+"""What `predictions.csv` compares, predicted against measured."""
 
 
 @dataclass(frozen=True)
@@ -964,7 +983,9 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
     if summary["status"] != "ok":
         return Prediction(configuration, name, nodes, summary["status"], {}, oom=oom_line)
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
-    predicted = {**steps, "iteration": summary["iteration_s"],
+    times = {**steps, "iteration": summary["iteration_s"]}
+    predicted = {**times, BETWEEN_PHASES: _between_phases(times),
+                 MEMORY_REPORTS: summary["memory_reports_s"],
                  PEAK_ALLOCATED: summary["peak_hbm_GiB"] * GiB
                  - summary["runtime_context_bytes"],
                  PEAK_HOST: summary["peak_host_GiB"] * GiB}
@@ -1069,15 +1090,18 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
 
 COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "update_s",
                 "iteration": "iteration_s", PEAK_ALLOCATED: "peak_allocated_GiB",
-                PEAK_HOST: "peak_host_GiB"}
+                PEAK_HOST: "peak_host_GiB", BETWEEN_PHASES: "between_phases_s"}
 """Each quantity in a predictions table, with its unit (seconds per step; GiB, as the measured
 tables and DeepSpeed's `see_memory_usage` give memory)."""
 PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "bind_cores_to_rank",
                       "empty_cache_each_phase", "status",
-                      *(f"{kind}_{COLUMN_NAMES[q]}" for q in QUANTITIES
+                      *(f"{kind}_{COLUMN_NAMES[q]}" for q in WRITTEN_QUANTITIES
                         for kind in ("predicted", "measured")),
-                      *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
-                      *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}" for q in QUANTITIES),
+                      "predicted_memory_reports_s",
+                      *(f"error_{COLUMN_NAMES[q].rpartition('_')[0]}"
+                        for q in WRITTEN_QUANTITIES),
+                      *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}"
+                        for q in WRITTEN_QUANTITIES),
                       "error", "oom", "timed_with", "tight")
 
 
@@ -1089,8 +1113,9 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "build": run.build, "bind_cores_to_rank": run.bind_cores_to_rank,
                            "empty_cache_each_phase": run.empties_cache, "status": p.status,
                            "error": p.error, "oom": p.oom, "timed_with": p.timed_with_text,
-                           "tight": p.tight}
-    for q in QUANTITIES:
+                           "tight": p.tight,
+                           "predicted_memory_reports_s": p.predicted.get(MEMORY_REPORTS)}
+    for q in WRITTEN_QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]
         predicted, measured = p.predicted.get(q), p.measured(q)
