@@ -29,6 +29,8 @@ def test_four_runs_smallest_first_with_steady_state_means():
     # 213447.88 = 565.04 ms, then 525.75, 541.94 and 540.45
     assert narrow.between_phases_s == pytest.approx((565.04 + 525.75 + 541.94 + 540.45) / 4000,
                                                     rel=1e-9)
+    # one memory report, backward marker to "Engine before backward", warm-up left out
+    assert narrow.memory_report_s == pytest.approx((69.7 + 70.4 + 70.6 + 70.7) / 4000, rel=1e-9)
 
 
 def test_each_run_is_a_valid_nvme_scenario_on_the_study_node():

@@ -53,6 +53,10 @@ class NvmeRun:
     between_phases_s: float
     """Mean over the same iterations of Megatron's iteration time less DeepSpeed's timed
     forward, backward and step: what the training loop spends outside them."""
+    memory_report_s: float
+    """Mean over the same iterations of one of DeepSpeed's memory reports, timed in the log
+    from the backward's start marker to its "Engine before backward" line: rank 0's full
+    `gc.collect()`."""
     peak_allocated_bytes: float
     allocated_after_bytes: dict[str, float]
     """Rank 0's allocated bytes when each phase ends (forward, backward, update), in every
@@ -118,6 +122,7 @@ def load_runs() -> list[NvmeRun]:
             name=f"{NAME_PREFIX}{measured.name}", run=measured, buffer_count=r["buffer_count"],
             seconds={phase: _steady_mean(r[key]) for phase, key in TIME_KEYS.items()},
             between_phases_s=_between_phases(r),
+            memory_report_s=_steady_mean(r["memory_report_ms"]),
             peak_allocated_bytes=r["rank0_peak_Max_MA_GiB"] * GiB,
             allocated_after_bytes={PHASE_AFTER[key]: value * GiB
                                    for key, value in r["rank0_MA_after_GiB"].items()},

@@ -12,6 +12,7 @@ import simpy
 
 from zerosim.api import simulate, simulate_summary
 from zerosim.engine.machine import Machine
+from zerosim.engine.probes import memory_reports
 from zerosim.estimate import Estimate, estimate_for_model, estimate_model_states
 from zerosim.hardware.costs import UNSCALE_HOST_BYTES
 from zerosim.hardware.profile import HardwareProfile, load_profile
@@ -834,6 +835,13 @@ BETWEEN_PHASES_NOTE = ("reported, not judged: Megatron's iteration less DeepSpee
                        "this node's clock; out of sample here")
 
 
+MEMORY_REPORT_NOTE = ("one of DeepSpeed's memory reports, rank 0's gc.collect(): each log's "
+                      "backward-start marker to its 'Engine before backward' line; zerosim: "
+                      "the objects a process of the model's parameter tensors holds "
+                      "(benchmarks/node_probe/gc_probe.py) x host.gc_per_object_ns (fitted on "
+                      "the Polaris runs' gaps) at this node's clock; nothing fitted on these")
+
+
 def nvme_h100_cells() -> list[Cell]:
     """The MLP-Offload study's four baseline runs on the study's node, each replayed on
     `h100-jlse` with the optimizer swapped to NVMe: per-step phases and the iteration at the
@@ -877,7 +885,16 @@ def nvme_h100_cells() -> list[Cell]:
         cells.append(judge(NVME_GROUP, run.name, "between the phases, per step", "s",
                            run.between_phases_s, predicted["iteration"] - phases, None,
                            note=BETWEEN_PHASES_NOTE))
+        cells.append(judge(NVME_GROUP, run.name, "one memory report (rank 0's collection)", "s",
+                           run.memory_report_s, _report_s(run.scenario(), run.log),
+                           POLARIS_PHASE_TOLERANCE, note=MEMORY_REPORT_NOTE))
     return cells
+
+
+def _report_s(tree: dict, source: str) -> float:
+    """What the engine prices one of the scenario's memory reports at."""
+    reports = memory_reports(scenario_from_dict(tree, source=source))
+    return 0.0 if reports is None else reports.each_s
 
 
 def offload_binding_cells() -> list[Cell]:
