@@ -188,12 +188,15 @@ def test_one_memory_report_on_the_h100_node_within_15_percent(cells, case, layer
 
 def test_the_loop_fit_prices_the_gap_as_the_engine_does(cells):
     """`python -m zerosim.validation.loop_gap`'s out-of-sample figures are the engine's."""
-    from zerosim.validation.loop_gap import out_of_sample
+    from zerosim.validation.loop_gap import one_report_out_of_sample, out_of_sample
 
     for name, measured, predicted in out_of_sample():
         cell = cells[(NVME_GROUP, name, "between the phases, per step")]
         assert cell.measured == measured
         assert cell.simulated == pytest.approx(predicted, rel=1e-9)
+    for name, measured, predicted in one_report_out_of_sample():
+        cell = cells[(NVME_GROUP, name, "one memory report (rank 0's collection)")]
+        assert (cell.measured, cell.simulated) == (measured, predicted)
 
 
 @pytest.mark.parametrize("case", ["DP=1", "DP=2"])

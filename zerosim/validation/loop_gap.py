@@ -15,7 +15,7 @@ linear least squares over the 41 runs; the per-micro-batch loop is held at the s
 (assumed): it and the collections that grow with accumulation are one slope the runs cannot
 split, and the fit with it free puts it below zero. Pure: no SimPy.
 
-    python -m zerosim.validation.loop_gap     # prints the fit
+    python -m zerosim.validation.loop_gap     # prints the fit and the H100 node's checks
 """
 
 from __future__ import annotations
@@ -111,6 +111,26 @@ def out_of_sample() -> list[tuple[str, float, float]]:
             for run in load_runs()]
 
 
+def one_report_out_of_sample() -> list[tuple[str, float, float]]:
+    """(run, measured, zerosim) seconds of one memory report for the same runs, which their
+    logs time apart (`NvmeRun.memory_report_s`)."""
+    from zerosim.scenario import scenario_from_dict
+    from zerosim.validation.mlp_offload import load_runs
+
+    return [(run.name, run.memory_report_s,
+             report_s(scenario_from_dict(run.scenario(), source=run.name)))
+            for run in load_runs()]
+
+
+def report_s(scenario) -> float:
+    """What the engine prices one of a resolved scenario's memory reports at (0 without
+    `memory_breakdown`)."""
+    from zerosim.engine.probes import memory_reports
+
+    reports = memory_reports(scenario)
+    return 0.0 if reports is None else reports.each_s
+
+
 def main() -> None:
     import argparse
 
@@ -131,6 +151,10 @@ def main() -> None:
           "(measured, zerosim):")
     for name, measured, predicted in out_of_sample():
         print(f"  {name}: {measured:.3f} s, {predicted:.3f} s ({predicted / measured - 1:+.1%})")
+    print("one memory report in the same runs (measured, zerosim):")
+    for name, measured, predicted in one_report_out_of_sample():
+        print(f"  {name}: {measured * 1e3:.1f} ms, {predicted * 1e3:.1f} ms "
+              f"({predicted / measured - 1:+.1%})")
 
 
 if __name__ == "__main__":

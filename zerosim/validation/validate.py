@@ -12,7 +12,6 @@ import simpy
 
 from zerosim.api import simulate, simulate_summary
 from zerosim.engine.machine import Machine
-from zerosim.engine.probes import memory_reports
 from zerosim.estimate import Estimate, estimate_for_model, estimate_model_states
 from zerosim.hardware.costs import UNSCALE_HOST_BYTES
 from zerosim.hardware.profile import HardwareProfile, load_profile
@@ -852,6 +851,7 @@ def nvme_h100_cells() -> list[Cell]:
     (`nvme.*_GBps_per_drive` of h100-jlse), and the forwards join the joint fit of the
     stack's hook time; the iterations and memory are predictions."""
     from zerosim.runs import per_step_seconds, simulate_tree
+    from zerosim.validation.loop_gap import report_s
     from zerosim.validation.mlp_offload import load_runs
 
     cells = []
@@ -886,15 +886,11 @@ def nvme_h100_cells() -> list[Cell]:
                            run.between_phases_s, predicted["iteration"] - phases, None,
                            note=BETWEEN_PHASES_NOTE))
         cells.append(judge(NVME_GROUP, run.name, "one memory report (rank 0's collection)", "s",
-                           run.memory_report_s, _report_s(run.scenario(), run.log),
+                           run.memory_report_s,
+                           report_s(scenario_from_dict(run.scenario(), source=run.log)),
                            POLARIS_PHASE_TOLERANCE, note=MEMORY_REPORT_NOTE))
     return cells
 
-
-def _report_s(tree: dict, source: str) -> float:
-    """What the engine prices one of the scenario's memory reports at."""
-    reports = memory_reports(scenario_from_dict(tree, source=source))
-    return 0.0 if reports is None else reports.each_s
 
 
 def offload_binding_cells() -> list[Cell]:
