@@ -80,7 +80,8 @@ def test_a_time_some_run_did_not_measure_is_not_split():
 def test_predict_prints_and_writes_the_series_of_a_table(tmp_path):
     """Rows 34, 30 and 31 of the shipped table are the 5.9B DP=1 runs at accumulation 2, 4
     and 8: `zerosim predict` simulates them and splits each time, measured and predicted,
-    as numpy's least squares does."""
+    as numpy's least squares does, and the time between the phases (the iteration less the
+    three timed ones) alike."""
     table = tmp_path / "runs.csv"
     table.write_text(_table([(34, {}), (30, {}), (31, {})]))
     picked = list(csv.DictReader(io.StringIO(table.read_text())))
@@ -92,10 +93,19 @@ def test_predict_prints_and_writes_the_series_of_a_table(tmp_path):
     with open(tmp_path / "out" / "series.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert list(rows[0]) == list(SERIES_COLUMNS)
-    assert [r["quantity"] for r in rows] == ["forward", "backward", "iteration"]
+    assert [r["quantity"] for r in rows] == ["forward", "backward", "iteration",
+                                             "between phases"]
     ga = [int(r["grad_accum_steps"]) for r in picked]
-    for row, column in zip(rows, ("fwd_ms_mean", "bwd_ms_mean", "iter_ms_mean"), strict=True):
-        slope, intercept = np.polyfit(ga, [float(r[column]) / 1000 for r in picked], 1)
+
+    def seconds(run: dict[str, str], column: str) -> float:
+        return float(run[column]) / 1000
+
+    times = [[seconds(r, c) for r in picked] for c in ("fwd_ms_mean", "bwd_ms_mean",
+                                                        "iter_ms_mean")]
+    between = [seconds(r, "iter_ms_mean") - seconds(r, "fwd_ms_mean")
+               - seconds(r, "bwd_ms_mean") - seconds(r, "step_ms_mean") for r in picked]
+    for row, measured in zip(rows, (*times, between), strict=True):
+        slope, intercept = np.polyfit(ga, measured, 1)
         assert float(row["measured_per_micro_batch_s"]) == pytest.approx(slope, rel=1e-9)
         assert float(row["measured_per_step_s"]) == pytest.approx(intercept, rel=1e-9)
         assert row["grad_accum_steps"] == "2 4 8" and row["runs"] == "3"
@@ -103,7 +113,7 @@ def test_predict_prints_and_writes_the_series_of_a_table(tmp_path):
                                         "--workers", "1", "--no-files", "--json"])
     assert as_json.exit_code == 0, as_json.output
     assert [s["quantity"] for s in json.loads(as_json.output)["series"]] == [
-        "forward", "backward", "iteration"]
+        "forward", "backward", "iteration", "between phases"]
 
 
 def test_times_proportional_to_the_accumulation_cost_nothing_per_step():

@@ -357,9 +357,12 @@ def test_the_accumulation_series_are_reported_as_predict_splits_them(cells):
     assert sorted({key[1] for key in series}) == [
         "polaris-11.20b-dp1-mb4-ga1..16-sg1e08 (7 runs)",
         "polaris-5.90b-dp1-mb4-ga1..16-sg1e08 (8 runs)"]
-    assert len(series) == 12
+    assert len(series) == 16
     forward = series[(POLARIS_GROUP, "polaris-5.90b-dp1-mb4-ga1..16-sg1e08 (8 runs)",
                       "forward: what the step adds once")]
+    loop = series[(POLARIS_GROUP, "polaris-5.90b-dp1-mb4-ga1..16-sg1e08 (8 runs)",
+                   "between phases: what each micro-batch adds")]
+    assert loop.measured == pytest.approx(0.241, abs=5e-4)
     assert forward.simulated == 0.0 and forward.measured == pytest.approx(0.0308, abs=5e-5)
     backward = series[(POLARIS_GROUP, "polaris-11.20b-dp1-mb4-ga1..16-sg1e08 (7 runs)",
                        "backward: what each micro-batch adds")]

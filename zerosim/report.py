@@ -17,6 +17,7 @@ from zerosim.results.summary import (
     phase_time,
     tight_memory,
 )
+from zerosim.runs import BETWEEN_PHASES as BETWEEN_PHASES_QUANTITY
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
 from zerosim.units import MS, GiB
@@ -450,8 +451,9 @@ PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit",
                      "error": "could not be simulated"}
 PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
                        "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GiB",
-                       PEAK_HOST: "node host GiB"}
-"""Column headings of `zerosim predict`'s table, by `zerosim.runs.QUANTITIES`."""
+                       PEAK_HOST: "node host GiB", BETWEEN_PHASES_QUANTITY: "between phases"}
+"""Headings of `zerosim predict`'s tables, by `zerosim.runs.QUANTITIES` (and the series'
+`BETWEEN_PHASES`, the run table's row)."""
 
 
 def _prediction_cell(prediction, quantity: str) -> str:

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerosim.results.folders import write_table
-from zerosim.runs import Prediction
+from zerosim.runs import BETWEEN_PHASES, Prediction
 
 MIN_SERIES_STEPS = 3
 """Distinct accumulation counts a series needs: two fix a line exactly, a third tests it."""
-SERIES_QUANTITIES = ("forward", "backward", "iteration")
+SERIES_QUANTITIES = ("forward", "backward", "iteration", BETWEEN_PHASES)
 """The times accumulation repeats (`runs.MEASURED_PHASES` but the update, which it does
-not)."""
+not), and the loop outside DeepSpeed's timers (`runs.BETWEEN_PHASES`: with
+`memory_breakdown`, four of its memory reports come with each micro-batch and two with the
+step)."""
 
 
 @dataclass(frozen=True)
