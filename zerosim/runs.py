@@ -668,7 +668,7 @@ class Configuration:
         elif quantity == PEAK_HOST:
             measured = [r.peak_host_bytes for r in self.runs]
         elif quantity == BETWEEN_PHASES:
-            measured = [_between_phases(r.seconds) for r in self.runs]
+            measured = [between_phases_s(r.seconds) for r in self.runs]
         else:
             measured = [r.seconds.get(quantity) for r in self.runs]
         return [v for v in measured if v is not None]
@@ -709,7 +709,7 @@ class Configuration:
         return self.measured(PEAK_HOST)
 
 
-def _between_phases(seconds: Mapping[str, float | None]) -> float | None:
+def between_phases_s(seconds: Mapping[str, float | None]) -> float | None:
     """The iteration less the forward, backward and update, where all four are given."""
     times = [seconds.get(q) for q in MEASURED_PHASES]
     if any(t is None for t in times):
@@ -984,7 +984,7 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
         return Prediction(configuration, name, nodes, summary["status"], {}, oom=oom_line)
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
     times = {**steps, "iteration": summary["iteration_s"]}
-    predicted = {**times, BETWEEN_PHASES: _between_phases(times),
+    predicted = {**times, BETWEEN_PHASES: between_phases_s(times),
                  MEMORY_REPORTS: summary["memory_reports_s"],
                  PEAK_ALLOCATED: summary["peak_hbm_GiB"] * GiB
                  - summary["runtime_context_bytes"],

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zerosim.runs import MeasuredRun
+from zerosim.runs import MeasuredRun, between_phases_s
 from zerosim.scenario.deepspeed import memory_reports_per_step
 from zerosim.validation import leastsq
 
@@ -46,8 +46,10 @@ class LoopGapFit:
 
 def measured_gap_s(run: MeasuredRun) -> float:
     """The run's iteration less its three timed phases, seconds per optimizer step."""
-    s = run.seconds
-    return s["iteration"] - s["forward"] - s["backward"] - s["update"]
+    gap = between_phases_s(run.seconds)
+    if gap is None:
+        raise ValueError(f"row {run.row} lacks one of the four times the gap needs")
+    return gap
 
 
 def objects_held(run: MeasuredRun) -> float:
