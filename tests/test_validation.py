@@ -222,6 +222,17 @@ def test_update_equal_at_dp2_and_dp4(cells):
     assert abs(cells[("observations", "DP=2,4", "update DP=4 / update DP=2")].rel_error) <= 0.10
 
 
+def test_the_studys_adam_figure_is_the_rate_of_the_update_h2d_row(cells):
+    """The study's "DeepSpeedCPUAdam at 4.5e9 params/s" is its pageable H2D peak (9 GB/s)
+    over the copy-back's 2 B a parameter: zerosim's DP=1 update runs that row at it, and the
+    CPU row (unscale, Adam, cast) in the rest of the 4.6 s."""
+    row = cells[("observations", "DP=1", "update's H2D row (the 4.5e9 read as the copy-back's)")]
+    assert row.status == "reported" and row.measured == 4.5e9
+    assert row.simulated == pytest.approx(9e9 / 2, rel=0.01)
+    adam = cells[("observations", "DP=1", "CPU Adam throughput")]
+    assert adam.status == "excluded" and "copy-back's own rate" in adam.note
+
+
 def test_boundary_backward_share_of_the_dp1_iteration(cells):
     cell = cells[("observations", "DP=1", "boundary backward share of the iteration")]
     assert abs(cell.rel_error) <= 0.10
