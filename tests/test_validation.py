@@ -233,6 +233,17 @@ def test_the_studys_adam_figure_is_the_rate_of_the_update_h2d_row(cells):
     assert adam.status == "excluded" and "copy-back's own rate" in adam.note
 
 
+def test_the_studys_flush_d2h_rate_lies_between_zerosims_two_readings(cells):
+    """The study's 8 GB/s during the DP=1 boundary flush: zerosim's DMA alone runs at the
+    pageable peak, each copy with its fresh temporary's page zeroing far below it."""
+    dma = cells[("observations", "DP=1", "boundary flush D2H throughput")]
+    with_faults = cells[("observations", "DP=1",
+                         "boundary flush D2H throughput, each copy's page zeroing inside it")]
+    assert dma.status == with_faults.status == "reported"
+    assert with_faults.simulated < dma.measured == 8.0 < dma.simulated
+    assert dma.simulated == pytest.approx(16.0, rel=0.01)
+
+
 def test_boundary_backward_share_of_the_dp1_iteration(cells):
     cell = cells[("observations", "DP=1", "boundary backward share of the iteration")]
     assert abs(cell.rel_error) <= 0.10
