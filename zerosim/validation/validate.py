@@ -174,11 +174,15 @@ def adam_spans(spans: pd.DataFrame) -> pd.DataFrame:
                  & spans_of_kind(spans, OpKind.OPTIMIZER_STEP)]
 
 
+def rank0_spans(spans: pd.DataFrame, kind: OpKind, stream: Stream) -> pd.DataFrame:
+    """Rank 0's spans of `kind` on `stream`."""
+    return spans[(spans["rank"] == 0) & (spans.stream == stream) & spans_of_kind(spans, kind)]
+
+
 def boundary_flush_spans(spans: pd.DataFrame) -> pd.DataFrame:
     """Rank 0's D2H copies of the boundary's fp32 gradient flush (in the study's DeepSpeed
     0.13.3, a pageable 16-bit copy that the CPU then casts)."""
-    return spans[(spans["rank"] == 0) & (spans.stream == Stream.PCIE_D2H)
-                 & spans_of_kind(spans, OpKind.GRAD_FLUSH)]
+    return rank0_spans(spans, OpKind.GRAD_FLUSH, Stream.PCIE_D2H)
 
 
 def _adam_rate(result: Result) -> float:
@@ -189,9 +193,7 @@ def _adam_rate(result: Result) -> float:
 def _copy_back_rate(result: Result) -> float:
     """Parameters a second of rank 0's update H2D row: the blocking copies of each stepped
     sub-group's 16-bit parameters back to the GPU, which alternate with its CPU row."""
-    spans = result.spans
-    copies = spans[(spans["rank"] == 0) & (spans.stream == Stream.PCIE_H2D)
-                   & spans_of_kind(spans, OpKind.PARAM_COPY_BACK)]
+    copies = rank0_spans(result.spans, OpKind.PARAM_COPY_BACK, Stream.PCIE_H2D)
     return float(result.summary["partition_numel"] / (copies.end_s - copies.start_s).sum())
 
 
@@ -206,10 +208,9 @@ def _flush_rate_with_faults(result: Result) -> float:
     destination's first-touch page faults fall inside it (the driver's staging copy makes
     them)."""
     flush = boundary_flush_spans(result.spans)
-    spans = result.spans
-    boundary = spans.micro_batch == spans[spans.phase == Phase.BACKWARD].micro_batch.max()
-    zeroing = spans[(spans["rank"] == 0) & (spans.phase == Phase.BACKWARD) & boundary
-                    & spans_of_kind(spans, OpKind.ZERO_PAGES)]
+    zeroing = rank0_spans(result.spans, OpKind.ZERO_PAGES, Stream.CPU)
+    zeroing = zeroing[(zeroing.phase == Phase.BACKWARD)
+                      & (zeroing.micro_batch == flush.micro_batch.max())]
     seconds = (flush.end_s - flush.start_s).sum() + (zeroing.end_s - zeroing.start_s).sum()
     return float(flush.bytes.sum() / seconds / 1e9)
 
