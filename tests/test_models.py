@@ -15,6 +15,7 @@ from zerosim.models import (
     spec_from_hf_fields,
     total_params,
 )
+from zerosim.models.catalog import catalog_model
 from zerosim.models.kernels import FusedAttention, Gemm, kernel_count
 
 
@@ -25,6 +26,34 @@ from zerosim.models.kernels import FusedAttention, Gemm, kernel_count
 ])
 def test_llama_parameter_counts_match_the_published_checkpoints(name, expected):
     assert total_params(CATALOG[name]) == expected
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("llama3-8b", 8_030_261_248),
+    ("llama3.1-8b", 8_030_261_248),
+    ("llama3.1-70b", 70_553_706_496),
+    ("llama3.1-405b", 405_853_388_800),
+    ("mistral-7b-v0.3", 7_248_023_552),
+    ("qwen2.5-7b", 7_615_616_512),
+    ("qwen2.5-14b", 14_770_033_664),
+    ("qwen2.5-32b", 32_763_876_352),
+    ("qwen2.5-72b", 72_706_203_648),
+])
+def test_hub_models_in_the_catalog_have_their_checkpoints_counts(name, expected):
+    """The counts the Hub's safetensors index gives each checkpoint."""
+    assert total_params(CATALOG[name]) == expected
+
+
+def test_a_catalog_model_is_found_by_its_hub_repository_in_any_case():
+    assert catalog_model("Qwen/Qwen2.5-72B") is CATALOG["qwen2.5-72b"]
+    assert catalog_model("meta-llama/llama-3.1-70b") is CATALOG["llama3.1-70b"]
+    assert catalog_model("LLAMA2-13B") is CATALOG["llama2-13b"]
+    assert catalog_model("meta-llama/Llama-2-13b-hf") is None
+
+
+def test_qwen2_5_in_the_catalog_keeps_its_qkv_biases():
+    spec = CATALOG["qwen2.5-7b"]
+    assert spec.qkv_bias and not spec.attention_out_bias and not spec.tie_word_embeddings
 
 
 def test_gpt3_175b_count_follows_from_its_shape():

@@ -245,3 +245,11 @@ def test_a_number_where_a_text_goes_says_to_quote_it():
     assert caught.value.expected == ("a text (quote it: YAML reads unquoted digits as a number, "
                                      "0.20 as 0.2)")
     assert caught.value.got == 0.2
+
+
+def test_a_model_is_named_by_its_catalog_name_or_hub_repository():
+    by_hub = scenario_from_dict(minimal(model="meta-llama/Llama-3.1-8B")).model
+    assert by_hub.name == "llama3.1-8b"
+    patched = scenario_from_dict(minimal(model="qwen2.5-7b"), source="s.yaml",
+                                 overrides=["model.num_hidden_layers=2"]).model
+    assert (patched.num_hidden_layers, patched.hidden_size, patched.qkv_bias) == (2, 3584, True)

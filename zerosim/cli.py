@@ -479,7 +479,8 @@ def calibrate(data: tuple[Path, ...], params: tuple[str, ...], only: tuple[str, 
 @click.option("--total-params", type=float, help="Total parameters (e.g. 2851e6).")
 @click.option("--largest-layer-params", type=float,
               help="Parameters of the largest layer (ZeRO-3 only).")
-@click.option("--model", "model_name", help="Catalog model name instead of the two counts.")
+@click.option("--model", "model_name",
+              help="Catalog model name (or its Hub repository) instead of the two counts.")
 @click.option("--hf-config", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="A Hugging Face config.json instead of the two counts.")
 @click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
@@ -509,7 +510,7 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
         estimate_model_states,
         zero2_rule_for,
     )
-    from zerosim.models import CATALOG
+    from zerosim.models.catalog import catalog_model, catalog_names
     from zerosim.scenario.version import format_version, parse_version
 
     sources = [given for given in (model_name, hf_config, scenario_path, total_params)
@@ -529,10 +530,10 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
     elif hf_config is not None:
         spec = _hf_spec(hf_config, "--hf-config")
     elif model_name is not None:
-        if model_name not in CATALOG:
-            raise ScenarioError(None, "--model", f"one of {', '.join(sorted(CATALOG))}",
+        spec = catalog_model(model_name)
+        if spec is None:
+            raise ScenarioError(None, "--model", f"one of {', '.join(catalog_names())}",
                                 model_name)
-        spec = CATALOG[model_name]
     stage, gpus_per_node, nodes, deepspeed_version, sequence_length = (
         default if given is None else given for given, default in zip(
             (stage, gpus_per_node, nodes, deepspeed_version, sequence_length), defaults,

@@ -1,7 +1,16 @@
-"""Built-in models. Each entry cites the `config.json` it copies."""
+"""Built-in models. Each entry cites the `config.json` it copies.
+
+The Llama-2 entries and GPT-3 are written as `ModelSpec`s; the newer models as the fields of
+their Hugging Face `config.json` that shape them (`HUB_CONFIGS`), read by
+`spec_from_hf_fields` exactly as a user's own config.json is. A name is looked up as written
+or as its Hub repository (`meta-llama/Llama-3.1-70B`), in any case (`catalog_model`).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from zerosim.models.hf import spec_from_hf_fields
 from zerosim.models.spec import GPT_LAYOUT, ModelSpec
 
 CATALOG: dict[str, ModelSpec] = {
@@ -60,6 +69,60 @@ CATALOG: dict[str, ModelSpec] = {
         **GPT_LAYOUT,
     ),
 }
+
+
+def _llama3(hidden: int, intermediate: int, layers: int, heads: int, positions: int
+            ) -> dict[str, Any]:
+    """A Llama 3 or 3.1 config.json's shaping fields: 8 KV heads, a 128,256-token vocabulary,
+    untied embeddings."""
+    return dict(model_type="llama", hidden_size=hidden, intermediate_size=intermediate,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=8,
+                vocab_size=128256, max_position_embeddings=positions, tie_word_embeddings=False)
+
+
+def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int
+            ) -> dict[str, Any]:
+    """A Qwen2.5 config.json's shaping fields (`model_type` qwen2: biases on Q, K and V;
+    `use_sliding_window` false; a 152,064-token vocabulary, untied embeddings)."""
+    return dict(model_type="qwen2", hidden_size=hidden, intermediate_size=intermediate,
+                num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, vocab_size=152064,
+                max_position_embeddings=131072, use_sliding_window=False,
+                tie_word_embeddings=False)
+
+
+HUB_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Each: the Hub repository, then its config.json's fields that shape the model (rotary,
+    # norm epsilon and token ids change nothing zerosim prices). The parameter counts they
+    # build are the checkpoints' (tests/test_models.py).
+    "llama3-8b": ("meta-llama/Meta-Llama-3-8B", _llama3(4096, 14336, 32, 32, 8192)),
+    "llama3.1-8b": ("meta-llama/Llama-3.1-8B", _llama3(4096, 14336, 32, 32, 131072)),
+    "llama3.1-70b": ("meta-llama/Llama-3.1-70B", _llama3(8192, 28672, 80, 64, 131072)),
+    "llama3.1-405b": ("meta-llama/Llama-3.1-405B", _llama3(16384, 53248, 126, 128, 131072)),
+    # v0.3: a 32,768-token vocabulary and no sliding window (v0.1's 4,096-token window is
+    # one zerosim would replay as full causal attention, with a warning)
+    "mistral-7b-v0.3": ("mistralai/Mistral-7B-v0.3", dict(
+        model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
+        max_position_embeddings=32768, sliding_window=None, tie_word_embeddings=False)),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", _qwen25(3584, 18944, 28, 28, 4)),
+    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", _qwen25(5120, 13824, 48, 40, 8)),
+    "qwen2.5-32b": ("Qwen/Qwen2.5-32B", _qwen25(5120, 27648, 64, 40, 8)),
+    "qwen2.5-72b": ("Qwen/Qwen2.5-72B", _qwen25(8192, 29568, 80, 64, 8)),
+}
+
+CATALOG.update({name: spec_from_hf_fields(fields, name=name, source=f"{hub} config.json")
+                for name, (hub, fields) in HUB_CONFIGS.items()})
+
+HUB_NAMES = {hub.lower(): name for name, (hub, _) in HUB_CONFIGS.items()}
+"""Each Hub repository of `HUB_CONFIGS`, lower-cased, and its catalog name."""
+
+
+def catalog_model(name: str) -> ModelSpec | None:
+    """The catalog model named `name`, or whose Hub repository it is (any case); None if
+    neither."""
+    key = name.lower()
+    return CATALOG.get(key) or CATALOG.get(HUB_NAMES.get(key, ""))
 
 
 def catalog_names() -> list[str]:

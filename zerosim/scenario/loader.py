@@ -31,8 +31,8 @@ from zerosim.hardware.profile import (
     profile_tree_from_file,
 )
 from zerosim.inputs import check_plausible, check_section, referenced_path
-from zerosim.models import CATALOG, ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
-from zerosim.models.catalog import catalog_names
+from zerosim.models import ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
+from zerosim.models.catalog import catalog_model, catalog_names
 from zerosim.scenario.deepspeed import DeepSpeedConfig, ForkBuildWarning, resolve_deepspeed
 from zerosim.scenario.dsfile import read_ds_config
 from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
@@ -368,11 +368,13 @@ def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
 
 def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     if isinstance(value, str):
-        if value not in CATALOG:
+        spec = catalog_model(value)
+        if spec is None:
             raise ScenarioError(source, "model",
-                                f"a catalog model ({', '.join(catalog_names())}), a mapping of "
-                                "Hugging Face config.json fields, or {hf_config: path}", value)
-        return CATALOG[value]
+                                f"a catalog model ({', '.join(catalog_names())}) or its Hub "
+                                "repository, a mapping of Hugging Face config.json fields, or "
+                                "{hf_config: path}", value)
+        return spec
     if not isinstance(value, Mapping):
         raise ScenarioError(source, "model", "a catalog name or a mapping", value)
     if "hf_config" in value:
@@ -383,10 +385,11 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
-        if not isinstance(base, str) or base not in CATALOG:
+        spec = catalog_model(base) if isinstance(base, str) else None
+        if spec is None:
             raise ScenarioError(source, "model.base",
                                 f"a catalog model ({', '.join(catalog_names())})", base)
-        merged = fields_of(CATALOG[base])
+        merged = fields_of(spec)
         merged.update(fields)
         fields = merged
     name = fields.pop("name", base or "custom")
