@@ -63,7 +63,7 @@ def test_check_json_carries_the_same_rates():
     runner = CliRunner()
     result = runner.invoke(main, ["check", str(ROOT / "scenarios/polaris_dos.yaml"), "--json"])
     assert result.exit_code == 0, result.output
-    adam = json.loads(result.output)["cpu_adam"]
+    adam = json.loads(result.stdout)["cpu_adam"]
     assert adam["ranks"] == 4 and adam["held_by"] == "host memory"
     assert adam["params_per_s"] == pytest.approx(41.7e9 / 28, rel=1e-12)
     assert set(adam) == {"ranks", "elements", "params_per_s", "threads_params_per_s",

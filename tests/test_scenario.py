@@ -225,17 +225,19 @@ def test_a_framework_choice_and_a_stack_patch_apply_in_either_order():
 
 
 def test_a_gpu_update_interval_longer_than_the_sub_groups_warns():
-    """The study's DP=4 rank holds 3.25e9 elements: sub-groups of 1e9 make four, so every
-    4th moves one to the GPU and every 5th none (a warning, not a refusal: sweeps cross it)."""
+    """The study's DP=4 rank holds 3.25e9 elements: sub-groups of 1e9 make four of the
+    tensors Megatron decays and one of its norms (its second parameter group), five, so
+    every 5th moves one to the GPU and every 6th none (a warning, not a refusal: sweeps
+    cross it)."""
     def caught_with(every: int) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             load_scenario(STUDY, [f"what_if.gpu_update_every={every}"])
         return [str(w.message) for w in caught if issubclass(w.category, InertWhatIfWarning)]
 
-    assert caught_with(4) == []
-    assert caught_with(5) == [
-        f"{STUDY}: what_if.gpu_update_every: 5 updates no sub-group on the GPU: each rank has 4 "
+    assert caught_with(5) == []
+    assert caught_with(6) == [
+        f"{STUDY}: what_if.gpu_update_every: 6 updates no sub-group on the GPU: each rank has 5 "
         "optimizer sub-group(s) (sub_group_size 1e+09), so none is moved to the GPU"]
 
 

@@ -166,8 +166,12 @@ def test_toy_nodes_fold_exactly(toy, per_node):
     (DP4, {Z + "offload_optimizer.ratio": 0.5, Z + "sub_group_size": 5e7}, JLSE_CLASSES),
     (DP4, {Z + "stage": 2}, JLSE_CLASSES),
     (DP4, {"what_if.gpu_update_every": 2, Z + "sub_group_size": 5e7}, JLSE_CLASSES),
+    # the copy-back's helper thread, the parameters in one optimizer group (with Megatron's
+    # norms apart, the node's host peak depends on the order of the mirror ranks' changes
+    # at one instant, so the run is simulated again unfolded: `simulate._exact`)
     (DP4, {"what_if.overlap_copy_back": True, "runtime.deepspeed_version": "0.19.5",
-           "activation_checkpointing": True}, JLSE_CLASSES),
+           "activation_checkpointing": True, "stack.optimizer.param_groups.value": "one"},
+     JLSE_CLASSES),
 ])
 def test_mirror_ranks_fold_exactly(path, overrides, stands_for):
     assert_folding_exact(zerosim.load_scenario(path, {**SMALL, **overrides}), 1, stands_for)

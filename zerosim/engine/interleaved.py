@@ -2,7 +2,11 @@
 fork's stage3.py `step`, `opt_transfers` and `downsample_fp32_fp16` do it at
 DataStates/DeepSpeed@4570a955 (the same step from d8048a5e to d18d6f81).
 
-Sub-groups are stepped in order; every gap-th one on the GPU (`plan.interleaved_devices`):
+Sub-groups are stepped in order; every gap-th one on the GPU (`plan.interleaved_devices`),
+counted over every sub-group of every parameter group the framework hands the optimizer
+(Megatron's norms are the last: `plan.optimizer_param_groups`; where one of a later group
+falls on the GPU the fork's step raises IndexError, `scenario.support`, and it is replayed
+as a GPU sub-group):
 
 - the first of each run of CPU sub-groups (`CPU_PREFETCH`) starts the moves around the GPU
   ones: the previous GPU sub-group's fp32 params, exp_avg and exp_avg_sq go D2H, then the next

@@ -10,7 +10,14 @@ from functools import cached_property, lru_cache
 
 from zerosim.hardware import costs, nvme
 from zerosim.hardware.profile import HardwareProfile
-from zerosim.models.breakdown import EMBEDDING_KIND, Module, Recipe, Workload, build_modules
+from zerosim.models.breakdown import (
+    EMBEDDING_KIND,
+    Module,
+    Recipe,
+    Workload,
+    build_modules,
+    vector_flags,
+)
 from zerosim.models.kernels import kernel_count
 from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
@@ -50,6 +57,9 @@ class Plan:
     """Optimizer sub-groups of this rank, as partition numel."""
     subgroup_of: dict[tuple[int, int], int]
     """(module, parameter index) -> its optimizer sub-group."""
+    subgroup_param_group: tuple[int, ...]
+    """Per sub-group, the optimizer's parameter group it belongs to (`optimizer_param_groups`;
+    DeepSpeed's `sub_group_to_group_id`)."""
     gpu_subgroups: frozenset[int]
     """Sub-groups whose fp32 state lives and steps on the GPU (Twin-Flow)."""
     nvme_subgroups: frozenset[int]
@@ -60,6 +70,9 @@ class Plan:
     nvme_params: frozenset[tuple[int, int]]
     """(module, parameter index) of 16-bit partitions kept on NVMe (`offload_param: nvme`)."""
     partition_numel: int
+    param_group_partitions: tuple[int, ...]
+    """Per parameter group the optimizer gets (`optimizer_param_groups`), this rank's
+    partition numel: what ZeRO-1/2 flatten and step one after another."""
     persistent_numel: int
     ranks: int
 
@@ -169,20 +182,41 @@ def _keep_after_forward(numels: list[int], max_reuse_distance: int) -> list[bool
     return keep
 
 
-def _subgroups(params: list[Param], sub_group_size: int
-               ) -> tuple[list[int], dict[tuple[int, int], int]]:
-    """`_create_fp16_sub_groups`: close a group once its partition numel reaches the size.
-    Returns the groups' sizes and each parameter's group."""
+def _subgroups(param_groups: Sequence[Sequence[Param]], sub_group_size: int
+               ) -> tuple[list[int], dict[tuple[int, int], int], list[int]]:
+    """`_create_fp16_partitions_with_defragmentation`: one parameter group after another,
+    `_create_fp16_sub_groups` closing a sub-group once its partition numel reaches the size
+    (and at the group's end). Returns the sub-groups' sizes, each parameter's sub-group and
+    each sub-group's parameter group (`sub_group_to_group_id`)."""
     groups: list[int] = []
     member: dict[tuple[int, int], int] = {}
-    current = 0
-    for position, param in enumerate(params):
-        member[(param.module, param.index)] = len(groups)
-        current += param.partition_numel
-        if current >= sub_group_size or position == len(params) - 1:
-            groups.append(current)
-            current = 0
-    return groups, member
+    group_of: list[int] = []
+    for index, params in enumerate(param_groups):
+        current = 0
+        for position, param in enumerate(params):
+            member[(param.module, param.index)] = len(groups)
+            current += param.partition_numel
+            if current >= sub_group_size or position == len(params) - 1:
+                groups.append(current)
+                group_of.append(index)
+                current = 0
+    return groups, member, group_of
+
+
+def optimizer_param_groups(modules: Sequence[Module], params: Sequence[Sequence[Param]],
+                           vector_group: bool) -> tuple[tuple[Param, ...], ...]:
+    """The parameter groups the framework hands the optimizer, in order: every tensor in one,
+    or (`vector_group`, Megatron's `get_param_groups`) the tensors it decays, then the
+    one-dimensional ones (biases and norms), each group in the model's order; empty groups
+    are dropped, as DeepSpeed's engine drops them."""
+    flat = [p for group in params for p in group]
+    if not vector_group:
+        return (tuple(flat),)
+    vector = {(p.module, p.index) for m, group in enumerate(params)
+              for p, flag in zip(group, vector_flags(modules[m]), strict=True) if flag}
+    decayed = tuple(p for p in flat if (p.module, p.index) not in vector)
+    vectors = tuple(p for p in flat if (p.module, p.index) in vector)
+    return tuple(group for group in (decayed, vectors) if group)
 
 
 def _gpu_subgroups(count: int, ratio: float) -> frozenset[int]:
@@ -230,8 +264,11 @@ def _nvme_params(params: list[Param], groups: list[int], member: dict[tuple[int,
                      and nvme.swappable(p.partition_numel, dtype_bytes, ds.aio.block_size))
 
 
-def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Plan:
-    """What DeepSpeed decides for `modules` under `ds` on `ranks` data-parallel ranks."""
+def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
+              vector_group: bool = False) -> Plan:
+    """What DeepSpeed decides for `modules` under `ds` on `ranks` data-parallel ranks, the
+    framework handing the optimizer the one-dimensional tensors apart or not
+    (`optimizer_param_groups`)."""
     sharded = ds.stage == 3
     params = []
     for m_index, module in enumerate(modules):
@@ -246,7 +283,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
     numels = [sum(p.numel for p in group) for group in params]
     external = frozenset(i for i, m in enumerate(modules) if m.external and gathered[i] > 0)
     embeddings = [i for i, m in enumerate(modules) if m.kind == EMBEDDING_KIND]
-    groups, member = _subgroups(flat, ds.sub_group_size)
+    param_groups = optimizer_param_groups(modules, params, vector_group)
+    groups, member, group_of = _subgroups(param_groups, ds.sub_group_size)
     on_gpu = _gpu_subgroups(len(groups), ds.offload_optimizer.ratio)
     return Plan(
         modules=tuple(modules),
@@ -257,12 +295,15 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
         unreleased_modules=frozenset(i for i in (*external, *embeddings) if gathered[i] > 0),
         subgroups=tuple(groups),
         subgroup_of=member,
+        subgroup_param_group=tuple(group_of),
         gpu_subgroups=on_gpu,
         nvme_subgroups=_nvme_subgroups(groups, on_gpu, ds),
         interleaved=(interleaved_devices(len(groups), ds.offload_optimizer.prefetch_optimizer_gap)
                      if ds.offload_optimizer.prefetch_optimizer else ()),
         nvme_params=_nvme_params(flat, groups, member, ds, BYTES_PER_DTYPE[ds.dtype]),
         partition_numel=sum(p.partition_numel for p in flat),
+        param_group_partitions=tuple(sum(p.partition_numel for p in group)
+                                     for group in param_groups),
         persistent_numel=sum(p.numel for p in flat if p.persistent),
         ranks=ranks,
     )
@@ -270,11 +311,12 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module]) -> Pla
 
 def update_groups(plan: Plan, stage: int) -> tuple[int, ...]:
     """The element counts the optimizer steps one after another: ZeRO-3's sub-groups, the
-    rank's whole flat partition at stages 1 and 2, every parameter without ZeRO."""
+    rank's flat partition of each parameter group at stages 1 and 2, every parameter without
+    ZeRO."""
     if stage == 3:
         return plan.subgroups
     if stage > 0:
-        return (plan.partition_numel,)
+        return plan.param_group_partitions
     return (sum(p.numel for p in plan.all_params),)
 
 
@@ -294,13 +336,14 @@ def plan_of(scenario: Scenario) -> Plan:
     what it depends on (the model, its workload and recipe, the DeepSpeed config, the ranks)
     for the last few scenarios."""
     return _plan(scenario.model, workload_of(scenario), scenario.stack.recipe,
-                 scenario.deepspeed, scenario.data_parallel)
+                 scenario.deepspeed, scenario.data_parallel, scenario.stack.vector_param_group)
 
 
 @lru_cache(maxsize=MODELS_REMEMBERED)
 def _plan(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedConfig,
-          data_parallel: int) -> Plan:
-    return make_plan(ds, data_parallel, _modules(spec, workload, recipe))
+          data_parallel: int, vector_group: bool) -> Plan:
+    return make_plan(ds, data_parallel, _modules(spec, workload, recipe),
+                     vector_group=vector_group)
 
 
 @lru_cache(maxsize=MODELS_REMEMBERED)

@@ -365,7 +365,10 @@ class Module:
     into, which every module of its kind reuses (the run holds the largest). `model_flops` is the
     forward work counted the conventional way (dense attention, no recompute), used for TFLOPS;
     `fwd_flops` is what the kernels execute (flash attention skips the masked half).
-    `param_numels` lists the module's own parameter tensors (weight, then bias);
+    `param_numels` lists the module's own parameter tensors (weight, then bias), and
+    `one_dimensional` which of them are vectors (a bias, a norm's weight or bias, GPT-OSS's
+    sinks; empty: none), which a framework may give the optimizer as a group of their own
+    (`Recipe.vector_param_group`);
     `recompute_bytes` are the activations a checkpointed block re-creates for this module.
     `kernels` and `backward_kernels` are what its forward and backward launch on the GPU.
     `external`: its weights are read by the enclosing module's forward, not through its own
@@ -387,6 +390,7 @@ class Module:
     backward_transient_bytes: float = 0.0
     buffer_bytes: float = 0.0
     param_numels: tuple[int, ...] = ()
+    one_dimensional: tuple[bool, ...] = ()
     recompute_bytes: float = 0.0
     kernels: tuple[Kernel, ...] = ()
     backward_kernels: tuple[Kernel, ...] = ()
@@ -414,6 +418,11 @@ def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Mo
                    fwd_hbm_bytes=traffic)
 
 
+def vector_flags(module: Module) -> tuple[bool, ...]:
+    """For each of the module's parameter tensors, whether it is one-dimensional."""
+    return module.one_dimensional or (False,) * len(module.param_numels)
+
+
 GRADIENT_SUM_ELEMENTS = 3
 """Elements autograd's InputBuffer moves per element of a tensor that feeds several ops, for
 each gradient after the first: `old + new` (or its in-place form), read 2, write 1."""
@@ -437,7 +446,7 @@ def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: 
     flops = 2.0 * d_in * d_out * t
     saved = w.dtype_bytes * d_in * t if saves_input else 0.0
     module = Module(name, "linear", "matmul", layer, params, flops, flops, 0.0, saved,
-                    param_numels=numels)
+                    param_numels=numels, one_dimensional=(False, True)[:len(numels)])
     gemm = Gemm(t, d_out, d_in, dtype_bytes=w.dtype_bytes)
     module = _with_backward(module, (gemm, *after), r)
     if not sums_input_gradient:
@@ -458,7 +467,7 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
     saved = memory.norm_saved * scale * elements + memory.norm_saved_per_row * rows
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
     module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
-                    param_numels=numels)
+                    param_numels=numels, one_dimensional=(True,) * len(numels))
     return _with_backward(module, (*elementwise_pass(r.norm, elements, w, flops), *after), r)
 
 
@@ -525,7 +534,7 @@ def _sinks_module(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -
     sinks to the scores, the `scores` entry's `sinks` variant)."""
     heads = spec.num_attention_heads
     return Module(f"{p}.{NAMES[spec.family].attention}", "sinks", "elementwise", layer, heads,
-                  0.0, 0.0, 0.0, 0.0, param_numels=(heads,))
+                  0.0, 0.0, 0.0, 0.0, param_numels=(heads,), one_dimensional=(True,))
 
 
 SOFTCAP_SAVED_ELEMENTS = 1
@@ -848,9 +857,11 @@ def _as_leaf_block(modules: list[Module]) -> list[Module]:
     module has run, and their gradients come when its backward, the block's last, ends; the
     others hold none, so no hook of theirs fires."""
     numels = tuple(n for m in modules for n in m.param_numels)
+    vectors = tuple(flag for m in modules for flag in vector_flags(m))
     first = replace(modules[0], params=sum(numels), param_numels=numels,
-                    keeps_gathered_for=len(modules) - 1)
-    return [first, *(replace(m, params=0, param_numels=()) for m in modules[1:])]
+                    one_dimensional=vectors, keeps_gathered_for=len(modules) - 1)
+    return [first, *(replace(m, params=0, param_numels=(), one_dimensional=())
+                     for m in modules[1:])]
 
 
 def _moe_modules(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
@@ -1085,7 +1096,8 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
     head = _linear("lm_head", None, spec.embedding_width, v, spec.lm_head_bias, w, True, r)
     if spec.tie_word_embeddings:
         bias = head.param_numels[1:]
-        head = replace(head, params=sum(bias), param_numels=bias)
+        head = replace(head, params=sum(bias), param_numels=bias,
+                       one_dimensional=head.one_dimensional[1:])
     logits = v * t
     if spec.logit_softcap:
         head = _with_backward(replace(head, saved_bytes=head.saved_bytes

@@ -30,11 +30,16 @@ class UnpricedReportsWarning(ScenarioWarning):
     """`memory_breakdown` on with a software stack that prices no garbage collection."""
 
 
+class ForkStepFailsWarning(ScenarioWarning):
+    """A layout the Deep Optimizer States fork's step, as its code reads, stops on."""
+
+
 def warn_inert(scenario: Any) -> None:
     """Warn about settings that are valid but do nothing here (a sweep may pass through them
     on purpose, so they are not refused)."""
     _warn_unpriced_reports(scenario)
     _warn_inert_gpu_update(scenario)
+    _warn_gpu_subgroup_of_a_later_param_group(scenario)
 
 
 def _warn_unpriced_reports(scenario: Any) -> None:
@@ -70,6 +75,31 @@ def _warn_inert_gpu_update(scenario: Any) -> None:
             f"GPU: each rank has {count} optimizer sub-group(s) (sub_group_size "
             f"{scenario.deepspeed.sub_group_size:.3g}), so none is moved to the GPU",
             InertWhatIfWarning, stacklevel=5)
+
+
+def _warn_gpu_subgroup_of_a_later_param_group(scenario: Any) -> None:
+    """The fork's interleaved update (DataStates/DeepSpeed@4570a955 stage3.py) steps a GPU
+    sub-group through its backup AdamW by first deleting `backup_optimizer.param_groups[g]
+    ['params'][0]` (`step`, line 2246). For g > 0 that group is the CPU optimizer's own dict
+    (`add_param_group(self.optimizer.param_groups[i])`, line 246), whose `params` the setup
+    emptied (line 963), so the `del` raises IndexError. zerosim replays the sub-group as a
+    GPU one; a run of that code would stop at its first step."""
+    if not scenario.deepspeed.offload_optimizer.prefetch_optimizer:
+        return
+    from zerosim.engine.plan import plan_of
+
+    plan = plan_of(scenario)
+    failing = [g for g in range(len(plan.subgroups))
+               if plan.interleaved_on_gpu(g) and plan.subgroup_param_group[g] > 0]
+    if failing:
+        warnings.warn(
+            f"{scenario.source}: {ZERO}.offload_optimizer.prefetch_optimizer_gap: "
+            f"{scenario.deepspeed.offload_optimizer.prefetch_optimizer_gap} puts sub-group "
+            f"{failing[0]} of {len(plan.subgroups)}, of the optimizer's parameter group "
+            f"{plan.subgroup_param_group[failing[0]]} ({scenario.stack.name} hands the "
+            "one-dimensional tensors over apart), on the GPU, where the fork's step as "
+            "written raises IndexError (stage3.py at 4570a955, line 2246); zerosim replays it "
+            "as a GPU sub-group", ForkStepFailsWarning, stacklevel=5)
 
 
 def _refuse(scenario: Any, key: str, expected: str, got: Any) -> None:

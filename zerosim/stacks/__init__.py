@@ -111,6 +111,13 @@ GROUP_CHOICES = ("separate", "same")
 """Whether ZeRO-3's parameter all-gathers and its gradient reductions run on one process group
 (`same`: one NCCL communicator, one NCCL stream per GPU, so they run in the order the host
 issued them) or on two (`separate`, the default), as `{value: same, source: '...'}`."""
+PARAM_GROUPS_KEY = "optimizer.param_groups"
+PARAM_GROUP_CHOICES = ("one", "weight_decay_split")
+"""How the framework hands the model's parameters to the optimizer: `one` group (DeepSpeed
+building it from `model_parameters`, the default), or `weight_decay_split`: the tensors it
+decays, then the one-dimensional ones (biases and norms) in a group of their own, as
+Megatron's `get_param_groups` does; DeepSpeed partitions each group apart (ZeRO-3's
+sub-groups, ZeRO-1/2's flat partitions), as `{value: weight_decay_split, source: '...'}`."""
 HOST_TIMES = {"host.kernel_launch_us": ("kernel_launch_s", US),
               "host.fetch_hook_us": ("fetch_hook_s", US),
               "host.collective_launch_us": ("collective_launch_s", US),
@@ -228,6 +235,9 @@ class SoftwareStack:
     gc_objects_per_zero3_tensor: float = 0.0
     """Objects more per parameter tensor under ZeRO-3 (its partition, DeepSpeed's attributes
     and functions on it, the hooks on its module)."""
+    vector_param_group: bool = False
+    """The optimizer gets the one-dimensional parameters (biases, norms) as a second group,
+    after the others (`optimizer.param_groups: weight_decay_split`)."""
     dataloader_workers: int = 0
     """Worker processes each rank's data loader forks after the optimizer is built. Forked
     children share the rank's pages copy-on-write, so a page of pageable host state that
@@ -247,6 +257,7 @@ class SoftwareStack:
                 "experts": EXPERTS_CHOICES[r.fused_experts],
                 "moe_block": MOE_BLOCK_CHOICES[r.moe_block_leaf],
                 "process_groups": GROUP_CHOICES[self.one_process_group],
+                "param_groups": PARAM_GROUP_CHOICES[self.vector_param_group],
                 "dataloader_workers": self.dataloader_workers}
 
     def gc_objects_held(self, tensors: int, *, partitioned: bool) -> float:
@@ -412,7 +423,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
              "loss_memory", "activation_memory", "allocator", "process_groups", "processes",
-             UNGATED_KEY}
+             "optimizer", UNGATED_KEY}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -490,6 +501,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
                          heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance),
                          one_process_group=_one_process_group(tree, source),
+                         vector_param_group=_vector_param_group(tree, source),
                          dataloader_workers=_dataloader_workers(tree, source),
                          rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
                          **_gc_objects(tree, source, provenance), **times)
@@ -599,6 +611,19 @@ def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
                             "{params_and_gradients: {value: same or separate, source: '...'}}",
                             section)
     return _choice_leaf(tree, GROUPS_KEY, GROUP_CHOICES, source) == "same"
+
+
+def _vector_param_group(tree: Mapping[str, Any], source: str) -> bool:
+    """The optional `optimizer` section (see `PARAM_GROUPS_KEY`): True for
+    `weight_decay_split`."""
+    section = tree.get("optimizer")
+    if section is None:
+        return False
+    if not isinstance(section, Mapping) or set(section) != {"param_groups"}:
+        raise ScenarioError(source, "optimizer", "{param_groups: {value: one or "
+                            "weight_decay_split, source: '...'}}", section)
+    return (_choice_leaf(tree, PARAM_GROUPS_KEY, PARAM_GROUP_CHOICES, source)
+            == "weight_decay_split")
 
 
 def _count_leaf(tree: Mapping[str, Any], key: str, most: int, source: str) -> int:
