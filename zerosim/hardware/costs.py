@@ -45,7 +45,14 @@ UNSCALE_HOST_BYTES = HostBytes(home=8)
 """unscale_and_clip_grads: an in-place multiply of the fp32 gradient (read 4 B, write 4 B)."""
 
 OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4)
-"""The fp16 overflow check reads every fp32 gradient once."""
+"""ZeRO-3's fp16 overflow check (stage3.py `has_overflow`): `isinf(b).any()` and
+`isnan(b).any()` over the host's 16-bit gradient accumulation buffer `b` (pinned: home pages),
+priced as its two reads of `b`, 2 x 2 B. PyTorch computes `isinf` as `b.abs() == inf` and
+`isnan` as `b != b` (ATen TensorCompare.cpp), whose fresh temporaries (one 16-bit, two bool)
+would add 8 B per element through the pool's domains and 4 B of pages to zero; they are not
+priced: with them the study's Table 2 updates come out +11%, +14% and +22% (DP=1, 2, 4) with
+host memory already at the DDR5 peak, so something else in that update is priced long
+(scenarios/calibration/README.md, 2026-12-05)."""
 
 INF_OR_NAN_GPU_BYTES_PER_ELEMENT = 4 + 5 + 5 + 3 + 5 + 4
 """stage_1_and_2.py `_has_inf_or_nan` on a gradient, besides reading it: `x.float()` writes 4
