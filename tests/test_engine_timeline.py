@@ -77,7 +77,8 @@ D2H_PINNED_PS = 200  # 2n B at 10 GB/s = 2n/1e10 s = 200n ps (same for H2D)
 GRAD_NORM_PS = 18  # the fp64 norm: read 2n B, write 8n B and read them back, at 1e12 B/s
 ZERO_PAGES_PS = 2000  # 2n B of fresh pages at 1 GB/s (one faulting thread)
 D2H_PAGEABLE_PS = 400  # 2n B at 5 GB/s
-CPU_CAST_PS = 3000  # 6n B (read 2, write 4) over 2 cast threads x 1 GB/s
+CPU_CAST_PS = 6000  # 6n B (read 2, write 4) at 1 GB/s: every toy tensor is below PyTorch's grain
+# size (32,768 elements), so the cast runs in the calling thread alone (no parallel region)
 GPU_CAST_FP32_PS = 6  # 1.5 passes over 4n B at 1e12 B/s
 D2H_FP32_PINNED_PS = 400  # 4n B at 10 GB/s
 
@@ -383,7 +384,7 @@ def test_flush_0_13_3_is_pageable_16_bit_then_cpu_cast(by_version):
     n = 16384
     zeroed = moved + ZERO_PAGES_PS * n  # 41965056
     copied = zeroed + D2H_PAGEABLE_PS * n  # 48518656
-    cast = copied + CPU_CAST_PS * n  # 97670656
+    cast = copied + CPU_CAST_PS * n  # 146822656
     flush = _lm_head_flush(by_version["0.13.3"])
     _assert_timeline(flush, [("zero pages lm_head", moved, zeroed),
                              ("fp32 flush lm_head (pageable)", zeroed, copied),
@@ -413,10 +414,10 @@ def test_flush_0_15_4_to_0_16_2_stages_through_a_pinned_buffer(toy, version):
     """PR #6670 to PR #6962: the GPU cast, a blocking D2H into the pinned staging buffer (pinned
     though pin_memory is false here; the accumulation moves before it are pageable, 2n B at
     5 GB/s = 400n ps each), a device synchronize (the compute stream has run out by then),
-    then the host copies it into the fp32 gradient (read 4 B, write 4 B per element on 2
-    threads of 1 GB/s: 4000n ps). The host held for all of it, down_proj's backward resumes
-    after the copy. The staging buffer, fp32 of the largest partition (lm_head's), is pinned
-    host memory the whole run."""
+    then the host copies it into the fp32 gradient (read 4 B, write 4 B per element at 1 GB/s
+    in the calling thread, the copy being below PyTorch's grain size: 8000n ps). The host
+    held for all of it, down_proj's backward resumes after the copy. The staging buffer, fp32
+    of the largest partition (lm_head's), is pinned host memory the whole run."""
     result = toy.run({"deepspeed": {"zero_optimization": {
         "reduce_bucket_size": 16384, "offload_optimizer": {"pin_memory": False}}},
         "runtime": {"deepspeed_version": version}})
@@ -424,7 +425,7 @@ def test_flush_0_15_4_to_0_16_2_stages_through_a_pinned_buffer(toy, version):
     moved = 2348544 + 2 * 400 * n + GRAD_NORM_PS * n
     cast = moved + GPU_CAST_FP32_PS * n
     copied = cast + D2H_FP32_PINNED_PS * n
-    staged = copied + 4000 * n
+    staged = copied + 8000 * n
     flush = _lm_head_flush(result)
     _assert_timeline(flush, [("fp32 grad lm_head (pinned)", cast, copied),
                              ("copy staged fp32 grad lm_head", copied, staged)])
@@ -444,8 +445,8 @@ concatenates and pre-divides it (2 x 2 passes over 32768 B: 65536 ps, from 22830
 
 
 @pytest.mark.parametrize(("version", "resume_ps"), [
-    # the host waits for the whole bucket, flush included: 97670656 and 15848960 ps
-    ("0.13.3", 9197056 + (2000 + 400 + 3000) * 16384),
+    # the host waits for the whole bucket, flush included: 146822656 and 15848960 ps
+    ("0.13.3", 9197056 + (ZERO_PAGES_PS + D2H_PAGEABLE_PS + CPU_CAST_PS) * 16384),
     ("0.17.0", 9197056 + (6 + 400) * 16384),
     # non-blocking: down_proj's backward follows norm's on the compute stream
     ("0.19.5", NORM_BACKWARD_END_PS),

@@ -112,3 +112,4 @@ def test_the_fork_stops_on_a_gpu_sub_group_of_the_second_group(gap, warned):
     if warned:
         assert "puts sub-group 14 of 15, of the optimizer's parameter group 1" in messages[0]
         assert "raises IndexError" in messages[0]
+

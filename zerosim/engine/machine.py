@@ -16,6 +16,7 @@ import simpy
 
 from zerosim.engine.collectives import Collectives
 from zerosim.engine.flows import FlowNetwork, Reallocations, SharedResource, Usage
+from zerosim.engine.software import PYTORCH_GRAIN_SIZE
 from zerosim.hardware import costs
 from zerosim.hardware.placement import CoreOrder, Placement, Shares, place_ranks
 from zerosim.hardware.profile import HardwareProfile
@@ -309,10 +310,14 @@ class Machine:
     def elementwise(self, rank: int, elements: float, host: costs.HostBytes, *,
                     threads: float | None = None, label: str = ""
                     ) -> Generator[simpy.Event, Any, None]:
-        """A streaming CPU kernel (unscale, casts): memory-bound per thread."""
+        """A streaming CPU kernel of PyTorch's (unscale, casts): memory-bound per thread; one
+        parallel region, or none below PyTorch's grain size, which the calling thread runs
+        alone (`PYTORCH_GRAIN_SIZE`)."""
         rate = self.profile.elementwise_Bps_per_thread / host.total
+        serial = elements < PYTORCH_GRAIN_SIZE
         yield from self.cpu_kernel(rank, elements, host=host, elements_per_s_per_thread=rate,
-                                   threads=threads, label=label)
+                                   threads=1 if serial else threads, regions=0 if serial else 1,
+                                   label=label)
 
     def zero_pages(self, rank: int, nbytes: float, *, threads: float = 1,
                    where: costs.HostBytes = costs.HOME_PAGES, label: str = ""

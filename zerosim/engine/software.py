@@ -21,3 +21,9 @@ GRAD_NORM_DISPATCHES_PER_PARTITION = 3
 """The host's ops per gradient partition when the step takes the norm on the GPU (stage3.py and
 stage_1_and_2.py `get_grad_norm_direct`: `g.to(device, non_blocking=True).double().norm(2)`,
 one Python iteration per partition), each at the stack's `kernel_launch_us`."""
+
+PYTORCH_GRAIN_SIZE = 32_768
+"""PyTorch's `at::internal::GRAIN_SIZE`: `at::parallel_for` (TensorIterator's `for_each`, so
+every elementwise op and cast on the CPU) runs a range of fewer elements serially in the
+calling thread, with no OpenMP parallel region (ATen Parallel-inl.h: `(end - begin) <
+grain_size` runs `f(begin, end)` inline)."""
