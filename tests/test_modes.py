@@ -690,3 +690,16 @@ def test_a_zero3_step_pays_the_hosts_work_per_tensor_and_per_persistent_tensor(t
     grown = (after.loc["update", "end_s"] - after.loc["update", "start_s"]) - (
         before.loc["update", "end_s"] - before.loc["update", "start_s"])
     assert grown == pytest.approx((21 + 5) * 1e-6, rel=1e-9)
+
+
+def test_a_zero3_step_gathers_each_persistent_tensor_apart(toy):
+    """`_post_step` re-gathers the persistent parameters through `_allgather_params_coalesced`,
+    which issues one `all_gather_into_tensor` per tensor: on two GPUs the toy's 5 norms
+    (64 elements each, threshold 64) make 5 all-gathers of 2 x 64 B after the step."""
+    result = toy.run({"deepspeed": {"zero_optimization": {
+        "stage3_param_persistence_threshold": 64}}}, gpus=2)
+    spans = result.spans
+    gathers = spans[(spans["rank"] == 0) & (spans.stream == Stream.ALLGATHER)
+                    & (spans.phase == "update")]
+    assert list(gathers.op) == ["all-gather persistent param"] * 5
+    assert list(gathers.bytes) == [2 * 64] * 5

@@ -418,13 +418,16 @@ def gather_all(core: RankCore, op: str, nbytes: float) -> simpy.Event:
 
 
 def regather_persistent(core: RankCore) -> Gen:
-    """Stage 3 `_post_step`: persistent parameters are re-gathered, the host's work per
-    tensor first (`regather_tensor_s`)."""
-    persistent = sum(1 for p in core.plan.all_params if p.persistent)
-    yield from core.host_time(core.regather_tensor_s * persistent)
-    if core.plan.persistent_numel and core.distributed:
-        gather_all(core, "all-gather persistent params",
-                   core.dtype_bytes * core.plan.persistent_numel)
+    """Stage 3 `_post_step`: persistent parameters are re-gathered, each its own all-gather
+    (partition_parameters.py `_allgather_params_coalesced` issues one
+    `all_gather_into_tensor` per tensor), the host's work per tensor before each
+    (`regather_tensor_s`)."""
+    for param in core.plan.all_params:
+        if not param.persistent:
+            continue
+        yield from core.host_time(core.regather_tensor_s)
+        if core.distributed:
+            gather_all(core, "all-gather persistent param", core.dtype_bytes * param.numel)
 
 
 def allgather_updated(core: RankCore) -> Gen:
