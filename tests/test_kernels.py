@@ -691,6 +691,23 @@ def test_the_stacks_say_whether_gathers_and_reductions_share_one_process_group()
             parse_stack(tree, "s.yaml")
 
 
+def test_the_stacks_say_which_parameter_groups_the_optimizer_gets():
+    """Megatron-DeepSpeed hands its norms and biases over as a second group; the HF Trainer
+    with a ds_config optimizer one group; absent means one."""
+    assert load_stack(DEFAULT_STACK).vector_param_group
+    assert not load_stack("hf-transformers").vector_param_group
+    assert not parse_stack(toy_stack(), "s.yaml").vector_param_group
+    for bad, expected in (
+            ({"param_groups": {"value": "two", "source": "x"}},
+             r"param_groups\.value: expected one or weight_decay_split, got 'two'"),
+            ({"groups": {"value": "one", "source": "x"}},
+             r"optimizer: expected \{param_groups: \{value: one or weight_decay_split")):
+        tree = toy_stack()
+        tree["optimizer"] = bad
+        with pytest.raises(ScenarioError, match=expected):
+            parse_stack(tree, "s.yaml")
+
+
 def test_stack_values_are_overridden_like_profile_values():
     scenario = load_scenario("scenarios/llama13b_dp1.yaml", ["stack.host.fetch_hook_us=250"])
     assert scenario.stack.fetch_hook_s == pytest.approx(250e-6)

@@ -603,27 +603,29 @@ def _grouped_qkv(tree: Mapping[str, Any], source: str) -> str | None:
 
 def _one_process_group(tree: Mapping[str, Any], source: str) -> bool:
     """The optional `process_groups` section (see `GROUPS_KEY`): True for `same`."""
-    section = tree.get("process_groups")
-    if section is None:
-        return False
-    if not isinstance(section, Mapping) or set(section) != {"params_and_gradients"}:
-        raise ScenarioError(source, "process_groups",
-                            "{params_and_gradients: {value: same or separate, source: '...'}}",
-                            section)
-    return _choice_leaf(tree, GROUPS_KEY, GROUP_CHOICES, source) == "same"
+    return _section_choice(tree, GROUPS_KEY, GROUP_CHOICES, source) == "same"
 
 
 def _vector_param_group(tree: Mapping[str, Any], source: str) -> bool:
     """The optional `optimizer` section (see `PARAM_GROUPS_KEY`): True for
     `weight_decay_split`."""
-    section = tree.get("optimizer")
-    if section is None:
-        return False
-    if not isinstance(section, Mapping) or set(section) != {"param_groups"}:
-        raise ScenarioError(source, "optimizer", "{param_groups: {value: one or "
-                            "weight_decay_split, source: '...'}}", section)
-    return (_choice_leaf(tree, PARAM_GROUPS_KEY, PARAM_GROUP_CHOICES, source)
+    return (_section_choice(tree, PARAM_GROUPS_KEY, PARAM_GROUP_CHOICES, source)
             == "weight_decay_split")
+
+
+def _section_choice(tree: Mapping[str, Any], key: str, choices: tuple[str, ...],
+                    source: str) -> str:
+    """An optional section holding one `{value: CHOICE, source: '...'}` leaf, `key` being
+    `section.leaf`: its value (the first choice when the section is absent)."""
+    section_name, leaf = key.split(".")
+    section = tree.get(section_name)
+    if section is None:
+        return choices[0]
+    if not isinstance(section, Mapping) or set(section) != {leaf}:
+        raise ScenarioError(source, section_name,
+                            f"{{{leaf}: {{value: {' or '.join(choices)}, source: '...'}}}}",
+                            section)
+    return _choice_leaf(tree, key, choices, source)
 
 
 def _count_leaf(tree: Mapping[str, Any], key: str, most: int, source: str) -> int:
