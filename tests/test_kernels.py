@@ -672,38 +672,32 @@ def test_the_heap_reuse_size_is_read_in_mib_and_absent_means_every_temporary_is_
         parse_stack(tree, "s.yaml")
 
 
-def test_the_stacks_say_whether_gathers_and_reductions_share_one_process_group():
-    """Megatron-DeepSpeed hands ZeRO-3 one data-parallel group for both (one NCCL stream);
-    the HF stack's are two (the world group and DeepSpeed's clone of it); absent means two."""
-    assert load_stack(DEFAULT_STACK).one_process_group
-    assert not load_stack("hf-transformers").one_process_group
-    assert not parse_stack(toy_stack(), "s.yaml").one_process_group
-    for bad, expected in (
-            ({"params_and_gradients": {"value": "both", "source": "x"}},
-             r"params_and_gradients\.value: expected separate or same, got 'both'"),
-            ({"params_and_gradients": "same"},
-             r"process_groups\.params_and_gradients: expected \{value: separate or same"),
-            ({"grads": {"value": "same", "source": "x"}},
-             r"process_groups: expected \{params_and_gradients: ")):
+@pytest.mark.parametrize(("attribute", "section", "refused"), [
+    # Megatron-DeepSpeed hands ZeRO-3 one data-parallel group for both gathers and reductions
+    # (one NCCL stream); the HF stack's are two (the world group and DeepSpeed's clone of
+    # it); absent means two.
+    ("one_process_group", "process_groups", (
+        ({"params_and_gradients": {"value": "both", "source": "x"}},
+         r"params_and_gradients\.value: expected separate or same, got 'both'"),
+        ({"params_and_gradients": "same"},
+         r"process_groups\.params_and_gradients: expected \{value: separate or same"),
+        ({"grads": {"value": "same", "source": "x"}},
+         r"process_groups: expected \{params_and_gradients: "))),
+    # Megatron-DeepSpeed hands its norms and biases over as a second parameter group; the HF
+    # Trainer with a ds_config optimizer one group; absent means one.
+    ("vector_param_group", "optimizer", (
+        ({"param_groups": {"value": "two", "source": "x"}},
+         r"param_groups\.value: expected one or weight_decay_split, got 'two'"),
+        ({"groups": {"value": "one", "source": "x"}},
+         r"optimizer: expected \{param_groups: \{value: one or weight_decay_split"))),
+])
+def test_the_stacks_one_choice_sections(attribute, section, refused):
+    assert getattr(load_stack(DEFAULT_STACK), attribute)
+    assert not getattr(load_stack("hf-transformers"), attribute)
+    assert not getattr(parse_stack(toy_stack(), "s.yaml"), attribute)
+    for bad, expected in refused:
         tree = toy_stack()
-        tree["process_groups"] = bad
-        with pytest.raises(ScenarioError, match=expected):
-            parse_stack(tree, "s.yaml")
-
-
-def test_the_stacks_say_which_parameter_groups_the_optimizer_gets():
-    """Megatron-DeepSpeed hands its norms and biases over as a second group; the HF Trainer
-    with a ds_config optimizer one group; absent means one."""
-    assert load_stack(DEFAULT_STACK).vector_param_group
-    assert not load_stack("hf-transformers").vector_param_group
-    assert not parse_stack(toy_stack(), "s.yaml").vector_param_group
-    for bad, expected in (
-            ({"param_groups": {"value": "two", "source": "x"}},
-             r"param_groups\.value: expected one or weight_decay_split, got 'two'"),
-            ({"groups": {"value": "one", "source": "x"}},
-             r"optimizer: expected \{param_groups: \{value: one or weight_decay_split")):
-        tree = toy_stack()
-        tree["optimizer"] = bad
+        tree[section] = bad
         with pytest.raises(ScenarioError, match=expected):
             parse_stack(tree, "s.yaml")
 
