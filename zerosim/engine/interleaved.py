@@ -39,6 +39,7 @@ from zerosim.engine.optimizer import (
     begin_step,
     check_overflow_on_host,
     launch_gpu_adam,
+    offloaded_grad_norms,
     unscale_and_adam_on_cpu,
 )
 from zerosim.engine.rank import Gen, RankCore
@@ -150,7 +151,8 @@ class InterleavedStep:
 
     def run(self) -> Gen:
         core = self.core
-        yield from begin_step(core, lambda: check_overflow_on_host(core))
+        yield from begin_step(core, lambda: check_overflow_on_host(core),
+                              lambda: offloaded_grad_norms(core))
         to_downscale: list[int] = []
         for group, elements in enumerate(self.groups):
             device = self.devices[group]

@@ -18,7 +18,12 @@ import simpy
 
 from zerosim.engine.machine import Machine
 from zerosim.engine.rank import Gen, RankCore
-from zerosim.engine.software import DEVICE_SCALAR_BYTES, GRAD_NORM_DISPATCHES_PER_PARTITION
+from zerosim.engine.software import (
+    DEVICE_SCALAR_BYTES,
+    GRAD_NORM_DISPATCHES_PER_PARTITION,
+    ZERO3_OFFLOAD_NORM,
+    ZERO12_OFFLOAD_NORM,
+)
 from zerosim.engine.states import stage12_master_pinned
 from zerosim.hardware import costs
 from zerosim.units import FP32_BYTES, FP64_BYTES
@@ -77,7 +82,8 @@ class CpuStep:
 
     def run(self) -> Gen:
         core = self.core
-        yield from begin_step(core, lambda: check_overflow_on_host(core))
+        yield from begin_step(core, lambda: check_overflow_on_host(core),
+                              lambda: offloaded_grad_norms(core))
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
@@ -156,6 +162,24 @@ def check_overflow_on_host(core: RankCore) -> Gen:
     yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
                              core.machine.elementwise(core.rank, core.plan.partition_numel,
                                                       costs.OVERFLOW_CHECK_HOST_BYTES))
+
+
+def offloaded_grad_norms(core: RankCore) -> Gen:
+    """The global gradient norm of an offloaded step: per norm group (a ZeRO-3 sub-group, a
+    ZeRO-1/2 parameter group) `complete_grad_norm_calculation_for_cpu_offload` combines the
+    norms the boundary backward left on the GPU, waits for the sum and all-reduces it over
+    the data-parallel group; the next group's wait follows that all-reduce, so the host pays
+    each group's ops and all-reduce in turn (`software.NormDispatches`)."""
+    dispatches = ZERO3_OFFLOAD_NORM if core.ds.stage == 3 else ZERO12_OFFLOAD_NORM
+    for tensors in core.plan.norm_group_tensors:
+        yield from core.issue_kernels(dispatches.per_tensor * tensors + dispatches.per_group)
+        yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+    yield from core.issue_kernels(dispatches.per_step)
+
+
+def all_reduce_norm(core: RankCore) -> Gen:
+    """One all-reduced norm (a step without ZeRO)."""
+    yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
 
 
 def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
@@ -310,7 +334,7 @@ class GpuStep:
 
     def run(self) -> Gen:
         core = self.core
-        norms = self._gradient_norms if core.ds.stage > 0 else None
+        norms = self._gradient_norms if core.ds.stage > 0 else lambda: all_reduce_norm(core)
         yield from begin_step(core, self._check_overflow, norms)
         for group, size in enumerate(self.groups):
             release = self._launch_fp32_gradient(group, size) if core.ds.stage > 0 else None
@@ -326,7 +350,8 @@ class GpuStep:
     def _gradient_norms(self) -> Gen:
         """Every partition's fp64 norm (its gradient read, 8 B written and read back), the
         host dispatching each partition's ops in turn; the host waits for the result
-        (`float(total_norm)`)."""
+        (`float(total_norm)`) and its all-reduce (one per norm group, queued back to back
+        without a host wait between them: taken as one)."""
         core = self.core
         elements = sum(self.groups)
         params = core.plan.all_params
@@ -337,7 +362,7 @@ class GpuStep:
         seconds = core.hbm_seconds(costs.fp64_norm_hbm_bytes(elements, core.accum_bytes),
                                    passes=1.0)
         yield from core.issue_kernels(GRAD_NORM_DISPATCHES_PER_PARTITION
-                                      * self._gradients_held(len(params)))
+                                      * sum(core.plan.norm_group_tensors))
 
         def body() -> Gen:
             copy = core.gpu.allocate(Category.GRAD_PARTITIONS, FP64_BYTES * largest,
@@ -347,15 +372,7 @@ class GpuStep:
 
         yield core.compute.launch("gradient norms", body, kind=OpKind.GRAD_NORM,
                                   nbytes=core.accum_bytes * elements)
-
-    def _gradients_held(self, tensors: int) -> int:
-        """How many gradient tensors the rank takes a norm of: a slice of every one at stage
-        3; at stages 1/2 those its share of the flat range holds (the tensors taken as alike:
-        a share of them, and one the boundary cuts)."""
-        ranks = self.core.ranks
-        if self.core.ds.stage == 3 or len(ranks) == 1:
-            return tensors
-        return min(tensors, math.ceil(tensors / len(ranks)) + 1)
+        yield from all_reduce_norm(core)
 
     def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
         """The group's fp32 gradient: the 16-bit partitions flattened (a copy: read and write
@@ -388,22 +405,20 @@ class GpuStep:
 
 
 def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
-               norms: Callable[[], Gen] | None = None) -> Gen:
+               norms: Callable[[], Gen]) -> Gen:
     """The update phase opens (ZeRO-3) with the host's work per parameter tensor in the step,
     taken together here (`step_tensor_s`: releasing the gathered ones, then per sub-group
     flattening the gradients and unflattening the partition), then the overflow check
     (`DeepSpeedConfig.check_grad_overflow`: fp16, and bf16 ZeRO-1/2 where the release and the
-    config say so) and its all-reduced flag, then the gradient norms (where the step takes
-    them) and their all-reduce."""
+    config say so) and its all-reduced flag, then the gradient norms and their all-reduces
+    (`norms`)."""
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
     if core.ds.stage == 3:
         yield from core.host_time(core.step_tensor_s * len(core.plan.all_params))
     if core.ds.check_grad_overflow:
         yield from check_overflow()
         yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
-    if norms is not None:
-        yield from norms()
-    yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)
+    yield from norms()
 
 
 def gather_all(core: RankCore, op: str, nbytes: float) -> simpy.Event:

@@ -73,6 +73,9 @@ class Plan:
     param_group_partitions: tuple[int, ...]
     """Per parameter group the optimizer gets (`optimizer_param_groups`), this rank's
     partition numel: what ZeRO-1/2 flatten and step one after another."""
+    norm_group_tensors: tuple[int, ...]
+    """Per group the step takes a gradient norm of and all-reduces (`_norm_group_tensors`),
+    how many gradient tensors this rank holds a part of in it."""
     persistent_numel: int
     ranks: int
 
@@ -219,6 +222,26 @@ def optimizer_param_groups(modules: Sequence[Module], params: Sequence[Sequence[
     return tuple(group for group in (decayed, vectors) if group)
 
 
+def _norm_group_tensors(stage: int, ranks: int, param_groups: Sequence[Sequence[Param]],
+                        member: dict[tuple[int, int], int], subgroups: int
+                        ) -> tuple[int, ...]:
+    """The groups whose gradient norms the step combines and all-reduces one after another,
+    as how many gradient tensors the rank holds a part of in each: ZeRO-3's sub-groups
+    (stage3.py `_get_norm_groups`; every rank holds a slice of every tensor), ZeRO-1/2's
+    parameter groups (stage_1_and_2.py `scaled_global_norm` over `params_in_partition`: the
+    tensors the rank's share of the group's flat range holds, taken as alike, a share of them
+    and one the boundary cuts), or every tensor at once without ZeRO."""
+    if stage == 3:
+        counts = [0] * subgroups
+        for group in member.values():
+            counts[group] += 1
+        return tuple(counts)
+    if stage == 0:
+        return (sum(len(group) for group in param_groups),)
+    return tuple(len(group) if ranks == 1 else min(len(group), math.ceil(len(group) / ranks) + 1)
+                 for group in param_groups)
+
+
 def _gpu_subgroups(count: int, ratio: float) -> frozenset[int]:
     """Twin-Flow (`offload_optimizer.ratio` < 1): stage3.py puts sub-group i on the CPU when
     i < int(ratio x count), the remaining (last) ones on the GPU."""
@@ -304,6 +327,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
         partition_numel=sum(p.partition_numel for p in flat),
         param_group_partitions=tuple(sum(p.partition_numel for p in group)
                                      for group in param_groups),
+        norm_group_tensors=_norm_group_tensors(ds.stage, ranks, param_groups, member,
+                                               len(groups)),
         persistent_numel=sum(p.numel for p in flat if p.persistent),
         ranks=ranks,
     )

@@ -1,5 +1,7 @@
 """Constants of the software stack (not of the hardware), with where they come from."""
 
+from dataclasses import dataclass
+
 MAX_PARAM_REDUCE_EVENTS = 2
 """DeepSpeed stage3.py `max_param_reduce_events`: the host synchronises on the oldest gradient
 reduction once more than this many are outstanding."""
@@ -21,6 +23,35 @@ GRAD_NORM_DISPATCHES_PER_PARTITION = 3
 """The host's ops per gradient partition when the step takes the norm on the GPU (stage3.py and
 stage_1_and_2.py `get_grad_norm_direct`: `g.to(device, non_blocking=True).double().norm(2)`,
 one Python iteration per partition), each at the stack's `kernel_launch_us`."""
+
+
+@dataclass(frozen=True)
+class NormDispatches:
+    """The host's ops (each at the stack's `kernel_launch_us`; a blocking copy of a scalar
+    counts as one) when an offloaded step combines the gradient norms the boundary backward
+    left on the GPU: per gradient tensor, per norm group (each one all-reduce follows;
+    `Plan.norm_group_tensors`) and once per step."""
+
+    per_tensor: int
+    per_group: int
+    per_step: int
+
+
+ZERO3_OFFLOAD_NORM = NormDispatches(per_tensor=2, per_group=14, per_step=1)
+"""stage3.py `complete_grad_norm_calculation_for_cpu_offload` per sub-group, then
+`get_global_norm` (0.13.3): per tensor `param_norm**2` and `total_norm +=`; per sub-group the
+blocking `float(total_norm)`, `FloatTensor([...])` (a copy to the GPU), the `all_reduce` call,
+`[0]**(1/2)`, `isinf`, `isnan`, `logical_or`, `torch.tensor(-1.0, device=...)`, the two
+products, `logical_not` and the sum that mask a non-finite norm, then `norm**2.0` and `+=`
+in `get_global_norm`; per step `sqrt` of the GPU tensor (a blocking `float`). Releases from
+0.17 mask in place and return `.cpu()`, 12 ops a sub-group: within the launch cost's spread."""
+
+ZERO12_OFFLOAD_NORM = NormDispatches(per_tensor=1, per_group=4, per_step=3)
+"""stage_1_and_2.py `scaled_global_norm` with `cpu_offload` (0.13.3): per tensor of the
+rank's partition the blocking `param_norm.item()`; per parameter group `FloatTensor([...])`,
+the `all_reduce` call, the blocking `.item()` of its result and `torch.tensor(norm,
+device=...)`; per step `torch.stack`, `torch.norm` and the blocking comparison
+`clip > 1` in `unscale_and_clip_grads`."""
 
 PYTORCH_GRAIN_SIZE = 32_768
 """PyTorch's `at::internal::GRAIN_SIZE`: `at::parallel_for` (TensorIterator's `for_each`, so
