@@ -134,3 +134,32 @@ def test_with_recomputation_only_the_first_recomputed_block_reserves_anew():
                   for rate in (0.002, 0.001))
     assert highest > 0
     assert slow - fast == pytest.approx(highest / 0.001e9 - highest / 0.002e9, rel=1e-9)
+
+
+@pytest.mark.parametrize(("torch_adam", "delay_us"),
+                         [(False, 10.0), (True, 10.0 + 10.0 / 3 - 0.57472)])
+def test_a_gpu_step_after_an_emptied_cache_reserves_its_first_sub_groups_buffers(
+        toy, torch_adam, delay_us):
+    """The optimizer on the GPU (toy, sub-groups of N0 = 57,472 and N1 = 57,536 elements),
+    `cudaMalloc` at 0.6 B x N0 a microsecond (given here): the first sub-group's flat 16-bit
+    gradient (2 B) and its fp32 copy (4 B) are live together, 6 B x N0 reserved before the
+    cast's kernel is launched (10 us); the flat one is then dropped, and PyTorch's AdamW
+    takes its 4 B temporary, 2 B x N0 more (3.333 us), while the GPU runs the cast (10 B x N0
+    at 1e12 B/s: 0.57472 us), so its Adam starts that much later; FusedAdam takes none. Every
+    later allocation finds what the earlier sub-group dropped, or reserves its 64 elements
+    more while the GPU still runs the first one's kernels: the update is longer than with
+    the cache kept by the first sub-group's wait alone."""
+    n0 = 57_472
+    rate_GBps = 0.6 * n0 / 1e3  # 0.6 x N0 bytes a microsecond, in GB/s
+
+    def update_s(empties: bool) -> float:
+        result = toy.run({
+            "hardware": {"gpu": {"cuda_malloc_GBps": {"value": rate_GBps, "basis": "assumed",
+                                                      "source": "test"}}},
+            "runtime": {"empty_cache_each_phase": empties},
+            "deepspeed": {"optimizer": {"params": {"torch_adam": torch_adam}},
+                          "zero_optimization": {"offload_optimizer": {"device": "none"}}}})
+        row = result.phases[result.phases.phase == "update"].iloc[0]
+        return row.end_s - row.start_s
+
+    assert update_s(True) - update_s(False) == pytest.approx(delay_us * 1e-6, rel=1e-9)

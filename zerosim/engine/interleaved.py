@@ -38,7 +38,8 @@ from zerosim.engine.optimizer import (
     PostStep,
     begin_step,
     check_overflow_on_host,
-    launch_gpu_adam,
+    gpu_adam,
+    host_allocation,
     offloaded_grad_norms,
     unscale_and_adam_on_cpu,
 )
@@ -83,10 +84,11 @@ class GpuGradients:
         yield from core.gpu_kernel(core.hbm_seconds(core.accum_bytes * elements),
                                    core.reduction_stream)
 
-    def to_fp32(self, group: int) -> None:
+    def to_fp32(self, group: int) -> Gen:
         """`.grad = prefetch_optimizer_gpu_fp32_grads[group].to(torch.float32)`, then `del`
-        of the buffer: a cast on the default stream into a new fp32 tensor, the buffer freed
-        once it has run; an fp32 buffer is the gradient as it is (`.to` returns it)."""
+        of the buffer: a cast on the default stream into a new fp32 tensor (the host's
+        `cudaMalloc` where the step emptied the cache), the buffer freed once it has run; an
+        fp32 buffer is the gradient as it is (`.to` returns it)."""
         core = self.core
         if group not in self.accumulated:
             return
@@ -94,19 +96,24 @@ class GpuGradients:
         if core.accum_bytes == FP32_BYTES:
             self.fp32[group] = self.accumulated.pop(group)
             return
+        yield from host_allocation(core, FP32_BYTES * elements)
         self.fp32[group] = core.gpu.allocate(Category.FP32_GRADS_GPU, FP32_BYTES * elements,
                                              f"fp32 grads of GPU sub-group {group}")
         cast = core.hbm_op(core.compute, f"grads→fp32 sub-group {group}", OpKind.CAST,
                            (core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
         buffer = self.accumulated.pop(group)
+        core.release_device_memory(buffer)
         core.when_done(cast, lambda: core.gpu.free(Category.BOUNDARY_GRAD_BUFFER, buffer))
 
     def release(self, group: int) -> None:
-        """`prefetch_optimizer_gpu_fp32_params.grad = None`: the sub-group's fp32 gradient."""
+        """`prefetch_optimizer_gpu_fp32_params.grad = None`: the sub-group's fp32 gradient,
+        back to the CUDA cache."""
         if group in self.fp32:
             category = (Category.BOUNDARY_GRAD_BUFFER if self.core.accum_bytes == FP32_BYTES
                         else Category.FP32_GRADS_GPU)
-            self.core.gpu.free(category, self.fp32.pop(group))
+            held = self.fp32.pop(group)
+            self.core.gpu.free(category, held)
+            self.core.release_device_memory(held)
 
     def release_all(self) -> None:
         """The step's end. Where the last GPU sub-group is the last sub-group of all, its
@@ -159,10 +166,10 @@ class InterleavedStep:
             if device is UpdateDevice.GPU:
                 yield from self._wait(STATE_COPIERS)
                 self._drop_stale()
-                launch_gpu_adam(core, group, elements, costs.TORCH_ADAMW, casts=False)
+                yield from gpu_adam(core, group, elements, costs.TORCH_ADAMW, casts=False)
                 continue
             if device is UpdateDevice.CPU_PREFETCH:
-                self._move_states(group)
+                yield from self._move_states(group)
                 yield from self._wait((Stream.COPIER_FP16,))
             yield from unscale_and_adam_on_cpu(core, group, elements)
             to_downscale.append(group)
@@ -190,7 +197,7 @@ class InterleavedStep:
             g += step
         return None
 
-    def _move_states(self, group: int) -> None:
+    def _move_states(self, group: int) -> Gen:
         """`opt_transfers`: the previous GPU sub-group's 16-bit partition written on the GPU
         and its state sent back, then the next one's state brought in."""
         core = self.core
@@ -203,22 +210,25 @@ class InterleavedStep:
                         (FP32_BYTES + core.dtype_bytes) * size, passes=1.0)
             self._copy_each("d2h", previous, OpKind.STATE_TO_HOST)
         if following is not None:
-            self._fit_buffers(following)
-            self.gradients.to_fp32(following)
+            yield from self._fit_buffers(following)
+            yield from self.gradients.to_fp32(following)
             if self.carried_grad:
                 core.gpu.free(Category.FP32_GRADS_GPU, self.carried_grad)
+                core.release_device_memory(self.carried_grad)
                 self.carried_grad = 0
             self._copy_each("h2d", following, OpKind.STATE_TO_GPU)
 
-    def _fit_buffers(self, group: int) -> None:
+    def _fit_buffers(self, group: int) -> Gen:
         """`opt_transfers` makes new GPU fp32 params, exp_avg and exp_avg_sq when the next
-        GPU sub-group's size differs from theirs; the old ones (with the gradient they carry)
-        stay referenced by the backup optimizer until that sub-group's step (`_drop_stale`)."""
+        GPU sub-group's size differs from theirs (the host's `cudaMalloc` where the step
+        emptied the cache); the old ones (with the gradient they carry) stay referenced by the
+        backup optimizer until that sub-group's step (`_drop_stale`)."""
         elements = self.groups[group]
         if elements == self.buffer_elements:
             return
-        fresh = self.core.gpu.allocate(Category.OPTIMIZER_STATES_GPU,
-                                       interleaved_gpu_state_bytes(elements),
+        nbytes = interleaved_gpu_state_bytes(elements)
+        yield from host_allocation(self.core, nbytes)
+        fresh = self.core.gpu.allocate(Category.OPTIMIZER_STATES_GPU, nbytes,
                                        f"fp32 params, exp_avg, exp_avg_sq of GPU sub-group "
                                        f"{group}")
         self.stale.append((self.buffer_bytes, self.carried_grad))
@@ -229,6 +239,7 @@ class InterleavedStep:
         for states, grad in self.stale:
             self.core.gpu.free(Category.OPTIMIZER_STATES_GPU, states)
             self.core.gpu.free(Category.FP32_GRADS_GPU, grad)
+            self.core.release_device_memory(states + grad)
         self.stale = []
 
     def _copy_each(self, direction: str, group: int, kind: OpKind) -> None:

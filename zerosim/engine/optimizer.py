@@ -17,7 +17,7 @@ from typing import Protocol
 import simpy
 
 from zerosim.engine.machine import Machine
-from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.rank import Gen, RankCore, Waits
 from zerosim.engine.software import (
     DEVICE_SCALAR_BYTES,
     GRAD_NORM_DISPATCHES_PER_PARTITION,
@@ -39,11 +39,32 @@ PostStep = Callable[[RankCore], Gen]
 """What follows a step's loop on the host (the gathers it issues)."""
 
 
+def gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
+             casts: bool = True) -> Gen:
+    """`launch_gpu_adam`, the host first taking the optimizer's temporary from the CUDA cache
+    (`cudaMalloc` where the phase emptied it: `RankCore.reserve_s`) and dropping it once the
+    launch returns; the caching allocator hands the block to the next request on the stream.
+    Returns the kernels' event."""
+    yield from host_allocation(core, adam.temporary_bytes_per_element * elements, dropped=True)
+    return launch_gpu_adam(core, group, elements, adam, casts=casts)
+
+
+def host_allocation(core: RankCore, nbytes: float, *, dropped: bool = False) -> Waits:
+    """The host's `cudaMalloc` for `nbytes` the step takes from the CUDA cache (none unless the
+    phase emptied it), to `yield from`; `dropped`: the host lets go of them at once (a
+    temporary of ops it has launched), so the next request reuses the block."""
+    seconds = core.reserve_s(nbytes)
+    if dropped:
+        core.release_device_memory(nbytes)
+    return core.host_time(seconds)
+
+
 def launch_gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
                     casts: bool = True) -> simpy.Event:
     """Unscale, Adam (`adam`: FusedAdam or PyTorch's AdamW) and (`casts`) the fp32 -> 16-bit
     cast of a group whose state is in HBM: GPU kernels the host launches without waiting. The
-    optimizer's temporary is allocated at the launch and freed once its kernels have run."""
+    optimizer's temporary is allocated at the launch and freed once its kernels have run (the
+    HBM it holds; its `cudaMalloc` is `gpu_adam`'s)."""
     per_element = adam.bytes_per_element + (costs.CAST_TO_16BIT_BYTES_PER_ELEMENT if casts
                                             else 0)
     nbytes = per_element * elements
@@ -87,7 +108,7 @@ class CpuStep:
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
-                launch_gpu_adam(core, group, elements, costs.TORCH_ADAMW)
+                yield from gpu_adam(core, group, elements, costs.TORCH_ADAMW)
             elif self._steps_on_gpu(group):
                 self._step_prefetched_on_gpu(group, elements)
             else:
@@ -337,10 +358,14 @@ class GpuStep:
         norms = self._gradient_norms if core.ds.stage > 0 else lambda: all_reduce_norm(core)
         yield from begin_step(core, self._check_overflow, norms)
         for group, size in enumerate(self.groups):
-            release = self._launch_fp32_gradient(group, size) if core.ds.stage > 0 else None
-            stepped = launch_gpu_adam(core, group, size, self.adam,
-                                      casts=self.write_back is None)
+            release = None
+            if core.ds.stage > 0:
+                yield from self._fp32_gradient_allocations(size)
+                release = self._launch_fp32_gradient(group, size)
+            stepped = yield from gpu_adam(core, group, size, self.adam,
+                                          casts=self.write_back is None)
             if release is not None:
+                core.release_device_memory(FP32_BYTES * size)
                 core.when_done(stepped, release)
             if self.write_back is not None:
                 yield from self.write_back(core, group, size, stepped)
@@ -373,6 +398,15 @@ class GpuStep:
         yield core.compute.launch("gradient norms", body, kind=OpKind.GRAD_NORM,
                                   nbytes=core.accum_bytes * elements)
         yield from all_reduce_norm(core)
+
+    def _fp32_gradient_allocations(self, elements: int) -> Gen:
+        """The host's `cudaMalloc` for a group's fp32 gradient (`_launch_fp32_gradient`): the
+        flat 16-bit copy, dropped once cast, and the fp32 gradient, dropped by
+        `_release_sub_group` once the group's Adam is launched."""
+        core = self.core
+        yield from host_allocation(core, core.accum_bytes * elements)
+        yield from host_allocation(core, FP32_BYTES * elements)
+        core.release_device_memory(core.accum_bytes * elements)
 
     def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
         """The group's fp32 gradient: the 16-bit partitions flattened (a copy: read and write
