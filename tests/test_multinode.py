@@ -133,12 +133,36 @@ def _collective_end_ps(profile, kind: str, nbytes: float, ranks: int) -> list[fl
 
 
 def test_two_node_all_reduce_machine(toy):
-    """All-reduce of 32768 B over 2 nodes x 2 GPUs: 2 x 3 = 6 steps, 2 x 1 = 2 of them across
-    (4 x 500000 + 2 x 2000000 = 6000000 ps), then 2 x 3/4 x 32768 = 49152 B per GPU at the
-    NIC's 10 GB/s (4915200 ps): 10915200 ps."""
+    """All-reduce of 32768 B over 2 nodes x 2 GPUs: the ring's 2 x 3 = 6 steps, 2 x 1 = 2 of
+    them across, would take 4 x 500000 + 2 x 2000000 = 6000000 ps; NCCL's tree, a chain of
+    2 - 1 NVLink steps in each node and ceil(log2 2) = 1 level between the nodes, up and
+    down, 2 x (500000 + 2000000) = 5000000 ps, and the shorter one is taken; then
+    2 x 3/4 x 32768 = 49152 B per GPU at the NIC's 10 GB/s (4915200 ps): 9915200 ps."""
     profile = toy.scenario(two_nodes(2), gpus=4).hardware
     ends = _collective_end_ps(profile, "all_reduce", EMBED_BYTES, 4)
-    assert ends == pytest.approx([10915200] * 4, rel=1e-9)
+    assert ends == pytest.approx([9915200] * 4, rel=1e-9)
+
+
+@pytest.mark.parametrize(("nodes", "per_node", "latency_us"), [
+    (1, 4, 2 * 3 * 0.5),  # one node: the ring, 6 NVLink steps
+    (2, 4, 2 * (3 * 0.5 + 1 * 2)),  # the tree: 7 us (the ring: 12 x 0.5 + 2 x 2 = 10)
+    (3, 2, 2 * (1 * 0.5 + 2 * 2)),  # ceil(log2 3) = 2 levels: 9 us (the ring 6 x 0.5 + 4 x 2)
+    (8, 2, 2 * (1 * 0.5 + 3 * 2)),  # 13 us, where the ring's 30 steps take 16 x 0.5 + 14 x 2
+])
+def test_an_all_reduce_across_nodes_takes_the_trees_latency_where_shorter(nodes, per_node,
+                                                                           latency_us):
+    """Toy step latencies (NVLink 0.5 us, network 2 us): an all-reduce's latency is the
+    shorter of the ring's and NCCL's tree's; an all-gather keeps the ring's."""
+    from zerosim.hardware import costs
+
+    layout = [per_node] * nodes
+    steps = dict(nvlink_latency_s=0.5e-6, network_latency_s=2e-6)
+    ring = costs.ring_collective("all_gather", 8, layout, **steps)
+    reduce = costs.ring_collective("all_reduce", 8, layout, **steps)
+    assert reduce.latency_s == pytest.approx(latency_us * 1e-6, rel=1e-12)
+    ranks = nodes * per_node
+    assert ring.latency_s == pytest.approx(
+        ((ranks - 1) - (nodes - 1)) * 0.5e-6 + (nodes - 1) * 2e-6, rel=1e-12)
 
 
 def test_inter_node_part_halves_with_twice_the_nics(toy):
@@ -337,10 +361,18 @@ def test_dgx_a100_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
 
 def test_collectives_in_validate_are_the_published_rows_and_pass():
     """`zerosim validate` judges the same rows: ALCF's twelve Polaris rows (64 MiB to 1 GiB),
-    Azure's four DGX A100 all-reduces and the p4d one, every one within its tolerance."""
+    Azure's four DGX A100 all-reduces and the p4d one, every one within its tolerance; and
+    reports ALCF's five smallest messages, latency alone (2 to 256 nodes)."""
     cells = collective_cells()
-    assert len(cells) == 12 + 4 + 1
-    assert all(c.status == "pass" for c in cells), [c for c in cells if c.status != "pass"]
+    assert len(cells) == 12 + 4 + 1 + 5
+    judged = [c for c in cells if c.status != "reported"]
+    assert len(judged) == 17
+    assert all(c.status == "pass" for c in judged), [c for c in judged if c.status != "pass"]
+    small = {(c.case, c.quantity): c.simulated for c in cells if c.status == "reported"}
+    # an 8-byte all-reduce on 8 Polaris nodes: the tree's 2 x (3 x 8 + 3 x 5) = 78 us, where
+    # the ring's 2 x 31 steps (14 across) take 2 x 24 x 8 + 14 x 5 = 454 us; ALCF: 61 us
+    assert small["Polaris 8 nodes x 4 GPUs", "all_reduce of 8 B, time"] == pytest.approx(
+        78.0, abs=0.01)
 
 
 def test_p4d_profile():

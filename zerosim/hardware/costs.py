@@ -264,7 +264,8 @@ class RingCollective:
     so a GPU of node i loads its own NVLink port with `nvlink_share[i]` of its bytes and its
     node's NICs (pooled, shared with the node's other GPUs) with `network_share[i]`: the node
     as a whole sends all of one GPU's bytes out. `latency_s`: the ring's steps, the
-    inter-node ones at the network's latency."""
+    inter-node ones at the network's latency; an all-reduce across nodes, NCCL's tree's where
+    that is shorter (`tree_all_reduce_latency`)."""
 
     bytes_per_gpu: float
     nvlink_share: tuple[float, ...]
@@ -285,7 +286,9 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
     as much as one GPU sends: its bandwidth is min(NVLink port / nvlink share, node NICs), the
     NCCL bus bandwidth of an inter-node ring. Steps as NCCL's tuning model counts them
     (src/graph/tuning.cc): N - 1 (all-reduce 2(N - 1)), of which n - 1 (2(n - 1)) cross
-    nodes at the network's latency and the rest run at NVLink's.
+    nodes at the network's latency and the rest run at NVLink's. An all-reduce across nodes
+    starts as soon as NCCL's tree would finish its latency, where that is shorter (NCCL picks
+    the tree for the small ones; `tree_all_reduce_latency`), at the ring's rate.
     """
     if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
         raise ValueError(f"unknown collective {kind!r}")
@@ -295,11 +298,28 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
     steps = passes * (ranks - 1)
     inter_steps = passes * (nodes - 1)
     latency_s = (steps - inter_steps) * nvlink_latency_s + inter_steps * network_latency_s
+    if kind == "all_reduce" and nodes > 1:
+        latency_s = min(latency_s, tree_all_reduce_latency(
+            gpus_per_node, nvlink_latency_s=nvlink_latency_s,
+            network_latency_s=network_latency_s))
     nbytes = passes * (ranks - 1) / ranks * total_bytes
     if nodes == 1:
         return RingCollective(nbytes, (1.0,), (0.0,), latency_s)
     return RingCollective(nbytes, tuple((g - 1) / g for g in gpus_per_node),
                           tuple(1 / g for g in gpus_per_node), latency_s)
+
+
+def tree_all_reduce_latency(gpus_per_node: Sequence[int], *, nvlink_latency_s: float,
+                            network_latency_s: float) -> float:
+    """The steps of NCCL's tree all-reduce across nodes (src/graph/trees.cc, tuning.cc): a
+    chain through each node's GPUs over NVLink and a double binary tree over the nodes, the
+    partial sums going up it and the result coming down, so 2 (g - 1) NVLink steps and
+    2 ceil(log2 n) network ones (g the most GPUs on a node, n the nodes), each at the ring's
+    step latency. ALCF's nccl-tests on Polaris time an 8-byte all-reduce at 23 us (2 nodes),
+    61 us (8) and 184 us (256, NCCL 2.21), where this gives 58, 78 and 128 us and the ring
+    106, 454 and 14,794 (`zerosim validate`, collective latencies)."""
+    levels = math.ceil(math.log2(len(gpus_per_node)))
+    return 2 * ((max(gpus_per_node) - 1) * nvlink_latency_s + levels * network_latency_s)
 
 
 def default_threads_per_rank(profile: HardwareProfile, ranks_on_node: int, *,

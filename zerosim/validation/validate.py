@@ -509,6 +509,31 @@ def collective_cells() -> list[Cell]:
                                   row["busbw_GBps"], profile, p4d["gpus_per_node"],
                                   "NVIDIA/nccl#527, NCCL 2.9.9")
               for row in p4d["rows"]]
+    return cells + small_message_cells(polaris)
+
+
+SMALL_MESSAGE_NOTE = (
+    "reported, not judged: latency alone, each step at the profile's assumed ring step "
+    "latencies (NVLink 8 us, network 5 us); NCCL runs the all-reduce across nodes as a tree "
+    "(costs.tree_all_reduce_latency: 2 (g - 1) NVLink and 2 ceil(log2 n) network steps), the "
+    "all-gather as a ring (N - 1 steps)")
+
+
+def small_message_cells(polaris: dict) -> list[Cell]:
+    """ALCF's smallest Polaris collectives, where only latency counts, against the engine's
+    (`costs.ring_collective`), reported: the profile's step latencies are assumed."""
+    per_node = polaris["gpus_per_node"]
+    cells = []
+    for row in polaris["small_messages"]:
+        nodes = row["nodes"]
+        profile = load_profile("polaris-a100", {"nodes": nodes})
+        seconds = collective_seconds(profile, row["collective"], row["size_bytes"],
+                                     nodes * per_node)
+        cells.append(judge(
+            "collectives", f"Polaris {nodes} nodes x {per_node} GPUs",
+            f"{row['collective']} of {row['size_bytes']} B, time", "us", row["time_us"],
+            seconds * 1e6, None, note=f"ALCF alcf-nccl-tests, NCCL {row['nccl']}; "
+                                      + SMALL_MESSAGE_NOTE))
     return cells
 
 
