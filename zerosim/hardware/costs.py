@@ -286,9 +286,9 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
     as much as one GPU sends: its bandwidth is min(NVLink port / nvlink share, node NICs), the
     NCCL bus bandwidth of an inter-node ring. Steps as NCCL's tuning model counts them
     (src/graph/tuning.cc): N - 1 (all-reduce 2(N - 1)), of which n - 1 (2(n - 1)) cross
-    nodes at the network's latency and the rest run at NVLink's. An all-reduce across nodes
-    starts as soon as NCCL's tree would finish its latency, where that is shorter (NCCL picks
-    the tree for the small ones; `tree_all_reduce_latency`), at the ring's rate.
+    nodes at the network's latency and the rest run at NVLink's. A small all-reduce across
+    nodes (`TREE_ALL_REDUCE_MAX_BYTES`) takes NCCL's tree's latency where that is shorter
+    (`tree_all_reduce_latency`).
     """
     if kind not in ("all_gather", "reduce_scatter", "all_reduce"):
         raise ValueError(f"unknown collective {kind!r}")
@@ -298,7 +298,7 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
     steps = passes * (ranks - 1)
     inter_steps = passes * (nodes - 1)
     latency_s = (steps - inter_steps) * nvlink_latency_s + inter_steps * network_latency_s
-    if kind == "all_reduce" and nodes > 1:
+    if kind == "all_reduce" and nodes > 1 and total_bytes <= TREE_ALL_REDUCE_MAX_BYTES:
         latency_s = min(latency_s, tree_all_reduce_latency(
             gpus_per_node, nvlink_latency_s=nvlink_latency_s,
             network_latency_s=network_latency_s))
@@ -307,6 +307,16 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
         return RingCollective(nbytes, (1.0,), (0.0,), latency_s)
     return RingCollective(nbytes, tuple((g - 1) / g for g in gpus_per_node),
                           tuple(1 / g for g in gpus_per_node), latency_s)
+
+
+TREE_ALL_REDUCE_MAX_BYTES = 64 * 1024
+"""The all-reduces across nodes zerosim starts after NCCL's tree's latency: those of at most
+64 KiB, where ALCF's nccl-tests on Polaris stay latency-bound (on 8 nodes an 8-byte one takes
+61 us, 64 KiB 234 us, then the time grows with the size, 753 us at 1 MiB, as NCCL's
+low-latency protocols move little data a step; on 256 nodes 183, 512 and 978 us). Larger
+ones take the ring's latency and rate, which price the step's buckets (64 MiB on 8 nodes
+within 2%); in between (64 KiB to 64 MiB) neither is NCCL's: zerosim issues none there
+but the persistent parameters' gathers, which are all-gathers."""
 
 
 def tree_all_reduce_latency(gpus_per_node: Sequence[int], *, nvlink_latency_s: float,
