@@ -9,7 +9,8 @@ Toy numbers (chosen so that the arithmetic in the tests stays readable):
 - Host: one NUMA domain with 1e6 GB/s of memory bandwidth (never binds unless a test lowers it),
   1 socket x 4 cores x 1 thread = 4 hardware threads, no oversubscription penalty.
 - CPU: 1 GB/s of elementwise traffic per thread, 1e8 Adam params/s per thread, 1 GB/s of page
-  zeroing per thread, 2 threads for a dtype cast.
+  zeroing per thread, 2 threads for a dtype cast, the fp16 overflow check at 2.5e8 elements/s
+  per thread (4 threads: 1e9 elements/s).
 
 Tiny model: Llama family, hidden 64, 2 layers, intermediate 128, 4 heads (MHA), vocab 256,
 sequence 8, micro-batch 1 (8 tokens), untied embeddings.
@@ -84,6 +85,7 @@ def toy_profile(gpus: int = 1) -> dict[str, Any]:
         },
         "cpu": {
             "adam_params_per_s_per_thread": q(1e8),
+            "fp16_check_elements_per_s_per_thread": q(2.5e8),
             "elementwise_GBps_per_thread": q(1.0),
             "page_zeroing_GBps": q(1.0),
             "cast_threads": q(2),

@@ -52,15 +52,15 @@ def test_check_names_the_framework_s_structural_choices():
 
 def test_check_says_whether_the_ranks_pools_oversubscribe_the_node():
     """The study's DP=4: four unbound ranks of 96 OpenMP threads (one per physical core) on
-    192 hardware threads: x2, 192 / (1 + 1.655) threads' worth of throughput, and each
+    192 hardware threads: x2, 192 / (1 + 0.702) threads' worth of throughput, and each
     region waits 1.28 ms x (2 - 1); 48 threads a rank fill the node without oversubscribing."""
     dp4 = str(ROOT / "scenarios" / "llama13b_dp4.yaml")
     pools = json.loads(invoke("check", dp4, "--json").output)["runtime"]["cpu_pools"]
     assert pools == {"ranks_on_node": 4, "threads_per_rank": 96, "hardware_threads": 192,
-                     "oversubscription": 2.0, "capacity_threads": 192 / (1 + 1.655 * (2 - 1)),
+                     "oversubscription": 2.0, "capacity_threads": 192 / (1 + 0.702 * (2 - 1)),
                      "region_wait_ms": pytest.approx(1.28, rel=1e-12)}
     text = " ".join(invoke("check", dp4).output.split())
-    assert ("4 ranks x 96 OpenMP threads on 192 hardware threads: oversubscribed x2.00, 72 "
+    assert ("4 ranks x 96 OpenMP threads on 192 hardware threads: oversubscribed x2.00, 113 "
             "threads' worth of throughput shared, each OpenMP region waits 1.28 ms more "
             "(runtime.cpu_threads_per_rank 48 would not oversubscribe)") in text
     fits = invoke("check", dp4, "--set", "runtime.cpu_threads_per_rank=48").output

@@ -65,8 +65,9 @@ def test_the_numbers_of_the_formula():
 def _catalog_with(simd: dict[str, str]) -> dict:
     """Two models alike in all but their family's SIMD extension."""
     quoted = {"value": 3.0, "basis": "assumed", "source": "test"}
-    tree = {"cpu_adam": yaml.safe_load((ROOT / "zerosim/hardware/cpus.yaml").read_text())
-            ["cpu_adam"], "families": {}, "models": {}}
+    shipped = yaml.safe_load((ROOT / "zerosim/hardware/cpus.yaml").read_text())
+    tree = {"cpu_adam": shipped["cpu_adam"],
+            "fp16_overflow_check": shipped["fp16_overflow_check"], "families": {}, "models": {}}
     for key, ext in simd.items():
         tree["families"][key] = {"description": key, "simd": ext}
         tree["models"][key] = {"name": key, "family": key, "cores": 8, "threads_per_core": 2,
@@ -200,11 +201,27 @@ def test_a_bad_catalog_entry_names_the_catalog_and_key():
         parse_catalog(tree)
 
 
-def test_a_catalog_without_the_scalar_loops_cycles_names_the_key():
-    tree = _catalog_with({"x": "sve2"})
-    del tree["cpu_adam"]["scalar_cycles_per_element"]
-    with pytest.raises(ScenarioError, match=r"zerosim/hardware/cpus\.yaml: "
-                       r"cpu_adam\.scalar_cycles_per_element"):
+def test_the_fp16_overflow_check_runs_at_the_clock_over_its_measured_cycles():
+    """17.3 cycles an element (benchmarks/node_probe/overflow_check_probe.py: 2.24e8 elements
+    a second at 3.868 GHz on one thread): the Xeon 8468's 3.1 GHz all-core clock gives
+    1.79e8 a thread, derived; a profile without a CPU model takes the measured core's rate."""
+    probe = json.loads((ROOT / "benchmarks" / "node_probe"
+                        / "overflow_check_devbox_2026-12-05.json").read_text())
+    assert round(probe["cycles_per_element_one_thread"], 1) == 17.3
+    h100 = load_profile("h100-jlse")
+    assert h100.fp16_check_elements_per_s_per_thread == pytest.approx(3.1e9 / 17.3)
+    assert h100.provenance["cpu.fp16_check_elements_per_s_per_thread"].basis == "derived"
+    assert load_profile("h200-vm").fp16_check_elements_per_s_per_thread == 2.24e8
+
+
+@pytest.mark.parametrize(("simd", "section", "key"), [
+    ("avx512", "fp16_overflow_check", "cycles_per_element"),
+    ("sve2", "cpu_adam", "scalar_cycles_per_element"),
+])
+def test_a_catalog_without_a_measured_cycle_count_names_the_key(simd, section, key):
+    tree = _catalog_with({"x": simd})
+    del tree[section][key]
+    with pytest.raises(ScenarioError, match=rf"zerosim/hardware/cpus\.yaml: {section}\.{key}"):
         parse_catalog(tree)
 
 

@@ -255,7 +255,7 @@ def test_update_phase_sub_group_by_sub_group(dp1_ga1):
     # embed (16384) + layer 0 (41088) = 57472; the rest is layer 1 + norm + lm_head.
     groups = [16384 + 41088, 41088 + 64 + 16384]
     assert groups == [57472, 57536]
-    # Overflow check: 4 B/element over 4 threads x 1 GB/s: 115008 ns.
+    # Overflow check: 115008 elements at 4 threads x 2.5e8 a second: 115008 ns.
     t = start
     cpu = [("overflow check", t, t + 1000 * TOTAL_PARAMS)]
     t += 1000 * TOTAL_PARAMS
@@ -582,8 +582,8 @@ def test_two_ranks_share_one_numa_domain_max_min_fair(toy):
     (1.0, 2, 115008000),  # 2 threads per rank: no oversubscription, no penalty
 ])
 def test_cpu_oversubscription_between_ranks(toy, penalty, threads_per_rank, overflow_ps):
-    """The overflow check of each rank reads 57504 fp32 grads (4 B each) at 1 GB/s per
-    thread: 230016 B / (threads x 1e9 B/s)."""
+    """The overflow check of each rank runs over its 57504 16-bit grads at 2.5e8 elements a
+    second per thread: 57504 / (threads x 2.5e8) s."""
     result = toy.run({"hardware": {"cpu": {"oversubscription_penalty": {"value": penalty}}},
                       "runtime": {"cpu_threads_per_rank": threads_per_rank}}, gpus=2)
     spans = result.spans
@@ -594,14 +594,15 @@ def test_cpu_oversubscription_between_ranks(toy, penalty, threads_per_rank, over
 
 
 @pytest.mark.parametrize(("threads_per_rank", "lost_ps"), [
-    (None, 3_000_000_000),  # 2 ranks x 4 threads on 4: oversubscribed x2, 3 ms x (2 - 1)
+    (None, 5 * 3_000_000_000),  # 2 ranks x 4 threads on 4: oversubscribed x2, 3 ms x (2 - 1)
     (2, 0),  # 2 threads per rank fill the 4 hardware threads: nothing lost
 ])
 def test_a_parallel_region_on_an_oversubscribed_node_waits_at_its_join(toy, threads_per_rank,
                                                                        lost_ps):
-    """The overflow check is one OpenMP region: 230016 B at 1 GB/s per thread over the 2
-    threads each rank gets either way (115008000 ps), then, when the node's pools oversubscribe
-    its hardware threads, the region's join waits `oversubscribed_region_ms` per extra pool."""
+    """The overflow check runs five OpenMP regions (PyTorch's `abs`, `==`, `any`, `!=`,
+    `any`): 57504 elements at 2.5e8 a second per thread over the 2 threads each rank gets
+    either way (115008000 ps), then, when the node's pools oversubscribe its hardware
+    threads, each region's join waits `oversubscribed_region_ms` per extra pool."""
     result = toy.run({"hardware": {"cpu": {"oversubscribed_region_ms": {
                           "value": 3, "basis": "assumed", "source": "this test"}}},
                       "runtime": {"cpu_threads_per_rank": threads_per_rank}}, gpus=2)

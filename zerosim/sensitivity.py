@@ -59,7 +59,8 @@ MORE_IS_FASTER = frozenset({
     "hardware.pcie.d2h_pageable_GBps", "hardware.nvlink.bus_GBps", "hardware.network.nic_GBps",
     "hardware.host.cpu_boost_GHz", "hardware.host.memory_GBps_per_domain",
     "hardware.host.socket_link_GBps", "hardware.host.socket_link_total_GBps",
-    "hardware.cpu.adam_params_per_s_per_thread", "hardware.cpu.elementwise_GBps_per_thread",
+    "hardware.cpu.adam_params_per_s_per_thread",
+    "hardware.cpu.fp16_check_elements_per_s_per_thread", "hardware.cpu.elementwise_GBps_per_thread",
     "hardware.cpu.page_zeroing_GBps", "hardware.cpu.cast_threads",
     "hardware.nvme.read_GBps_per_drive", "hardware.nvme.write_GBps_per_drive"})
 """Values a larger one of which can only give the work more of a resource (a bandwidth, a

@@ -180,9 +180,16 @@ class CpuStep:
 
 
 def check_overflow_on_host(core: RankCore) -> Gen:
-    yield from core.cpu_work("overflow check", OpKind.OVERFLOW_CHECK,
-                             core.machine.elementwise(core.rank, core.plan.partition_numel,
-                                                      costs.OVERFLOW_CHECK_HOST_BYTES))
+    """stage3.py `has_overflow` with the optimizer offloaded: `isinf(b).any()` and
+    `isnan(b).any()` over the host's 16-bit gradient buffer, compute-bound on the rank's pool
+    (`cpu.fp16_check_elements_per_s_per_thread`) in PyTorch's parallel regions
+    (`costs.OVERFLOW_CHECK_REGIONS`)."""
+    yield from core.cpu_work(
+        "overflow check", OpKind.OVERFLOW_CHECK,
+        core.machine.cpu_kernel(
+            core.rank, core.plan.partition_numel, host=costs.OVERFLOW_CHECK_HOST_BYTES,
+            elements_per_s_per_thread=core.profile.fp16_check_elements_per_s_per_thread,
+            regions=costs.OVERFLOW_CHECK_REGIONS))
 
 
 def offloaded_grad_norms(core: RankCore) -> Gen:
@@ -435,7 +442,8 @@ class GpuStep:
         for the flag."""
         elements = sum(self.groups)
         yield self.core.hbm_op(self.core.compute, "overflow check", OpKind.OVERFLOW_CHECK,
-                               costs.OVERFLOW_CHECK_HOST_BYTES.total * elements, passes=1.0)
+                               costs.OVERFLOW_CHECK_GPU_BYTES_PER_ELEMENT * elements,
+                               passes=1.0)
 
 
 def begin_step(core: RankCore, check_overflow: Callable[[], Gen],

@@ -44,15 +44,22 @@ exp_avg and exp_avg_sq (spread): 28 B per element."""
 UNSCALE_HOST_BYTES = HostBytes(home=8)
 """unscale_and_clip_grads: an in-place multiply of the fp32 gradient (read 4 B, write 4 B)."""
 
-OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4)
-"""ZeRO-3's fp16 overflow check (stage3.py `has_overflow`): `isinf(b).any()` and
-`isnan(b).any()` over the host's 16-bit gradient accumulation buffer `b` (pinned: home pages),
-priced as its two reads of `b`, 2 x 2 B. PyTorch computes `isinf` as `b.abs() == inf` and
-`isnan` as `b != b` (ATen TensorCompare.cpp), whose fresh temporaries (one 16-bit, two bool)
-would add 8 B per element through the pool's domains and 4 B of pages to zero; they are not
-priced: with them the study's Table 2 updates come out +11%, +14% and +22% (DP=1, 2, 4) with
-host memory already at the DDR5 peak, so something else in that update is priced long
-(scenarios/calibration/README.md, 2026-12-05)."""
+OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4, spread=12)
+"""ZeRO-3's fp16 overflow check with the optimizer offloaded (stage3.py `has_overflow`):
+`isinf(b).any()` and `isnan(b).any()` over the host's 16-bit gradient buffer `b` (pinned: home
+pages), which PyTorch computes as `b.abs() == inf` and `b != b` (ATen TensorCompare.cpp):
+`b` read twice (4 B), and through fresh temporaries the pool's threads first touch (spread)
+`abs` writes 2 B, `==` reads them and writes a bool, `!=` writes a bool, each `any()` reads
+one (8 B), with 4 B of fresh pages zeroed: 16 B per element of host traffic. Its time is the
+CPU's (`cpu.fp16_check_elements_per_s_per_thread`, measured whole), the traffic what it takes
+from the other ranks' copies and kernels."""
+
+OVERFLOW_CHECK_GPU_BYTES_PER_ELEMENT = 4
+"""The same check on the GPU (stage3.py without offload), priced as its two 2-byte reads of
+the buffer: the temporaries' traffic at HBM rates is a fraction of a millisecond."""
+
+OVERFLOW_CHECK_REGIONS = 5
+"""The check's OpenMP parallel regions: `abs`, `==`, `any`, `!=`, `any`."""
 
 INF_OR_NAN_GPU_BYTES_PER_ELEMENT = 4 + 5 + 5 + 3 + 5 + 4
 """stage_1_and_2.py `_has_inf_or_nan` on a gradient, besides reading it: `x.float()` writes 4

@@ -23,11 +23,12 @@ from zerosim.yamlio import dotted_leaf, parse_yaml_text
 
 CATALOG = "zerosim/hardware/cpus.yaml"
 ADAM_KEY = "cpu.adam_params_per_s_per_thread"
+CHECK_KEY = "cpu.fp16_check_elements_per_s_per_thread"
 FAMILY_KEYS = ("cpu.elementwise_GBps_per_thread", "cpu.page_zeroing_GBps")
 """Per-thread rates a family inherits from its testbed: no spec sheet gives them."""
 BOOST_KEY = "host.cpu_boost_GHz"
 NAME_KEY = "host.cpu_name"
-SUPPLIED_KEYS = (ADAM_KEY, BOOST_KEY, *FAMILY_KEYS)
+SUPPLIED_KEYS = (ADAM_KEY, CHECK_KEY, BOOST_KEY, *FAMILY_KEYS)
 """Quantities a profile that names its CPU model may leave out."""
 
 
@@ -85,6 +86,8 @@ class CpuModel:
 @dataclass(frozen=True)
 class CpuCatalog:
     adam: CpuAdamLoop
+    check_cycles_per_element: Quoted
+    """DeepSpeed's fp16 overflow check on the host, per element (`fp16_overflow_check`)."""
     models: Mapping[str, CpuModel]
 
     def model(self, key: Any, *, source: str, key_path: str = "host.cpu_model") -> CpuModel:
@@ -103,6 +106,12 @@ def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
     if lanes == 1:
         return clock_Hz / adam.scalar_cycles_per_element.value
     return clock_Hz * lanes * adam.params_per_lane_cycle(model.family.simd)
+
+
+def check_elements_per_s_per_thread(model: CpuModel, cycles: Quoted) -> float:
+    """The fp16 overflow check's elements per second on one thread: all-core clock over its
+    measured cycles per element."""
+    return model.all_core_GHz.value * GHZ / cycles.value
 
 
 def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
@@ -156,6 +165,16 @@ def cpu_values(flat: Mapping[str, Any], model: CpuModel, source: str,
         rate = adam_params_per_s_per_thread(model, adam)
         values[ADAM_KEY] = {"value": rate, "basis": DERIVED,
                             "source": _adam_source(model, adam, rate)}
+    if CHECK_KEY not in flat:
+        cycles = load_catalog().check_cycles_per_element
+        rate = check_elements_per_s_per_thread(model, cycles)
+        clock = model.all_core_GHz
+        values[CHECK_KEY] = {
+            "value": rate, "basis": DERIVED,
+            "source": (f"all-core clock {clock.value:g} GHz / {cycles.value:g} cycles per "
+                       f"element = {rate:.4g} elements/s per thread ({model.name}); clock "
+                       f"({clock.basis}): {clock.source}; cycles per element ({cycles.basis}): "
+                       f"{cycles.source}")}
     if BOOST_KEY not in flat:
         turbo = model.max_turbo_GHz
         values[BOOST_KEY] = {"value": turbo.value, "basis": turbo.basis,
@@ -272,7 +291,10 @@ def parse_catalog(tree: Any) -> CpuCatalog:
                 for key, raw in _mapping(tree.get("families"), "families").items()}
     models = {key: _model(key, raw, families)
               for key, raw in _mapping(tree.get("models"), "models").items()}
-    return CpuCatalog(_adam(tree.get("cpu_adam")), models)
+    adam = _adam(tree.get("cpu_adam"))
+    check = _mapping(tree.get("fp16_overflow_check"), "fp16_overflow_check")
+    return CpuCatalog(adam, _quoted(check.get("cycles_per_element"),
+                                    "fp16_overflow_check.cycles_per_element"), models)
 
 
 @cache

@@ -116,6 +116,7 @@ class HardwareProfile:
     remote_access_cost: float
     rank_memory_placement: str
     adam_params_per_s_per_thread: float
+    fp16_check_elements_per_s_per_thread: float
     elementwise_Bps_per_thread: float
     page_zeroing_Bps: float
     page_zeroing_contention: float
@@ -240,6 +241,8 @@ QUANTITIES: dict[str, Quantity] = {
                                 "a cost factor >= 1 (1: remote bytes cost what local ones do)"),
     "cpu.adam_params_per_s_per_thread": ("adam_params_per_s_per_thread", 1.0, _positive,
                                          "a positive rate in params/s"),
+    "cpu.fp16_check_elements_per_s_per_thread": ("fp16_check_elements_per_s_per_thread", 1.0,
+                                                 _positive, "a positive rate in elements/s"),
     "cpu.elementwise_GBps_per_thread": ("elementwise_Bps_per_thread", GB, _positive,
                                         "a positive bandwidth in GB/s"),
     "cpu.page_zeroing_GBps": ("page_zeroing_Bps", GB, _positive, "a positive bandwidth in GB/s"),
@@ -286,6 +289,9 @@ TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
+FP16_CHECK_DEFAULT = 2.24e8
+"""`cpu.fp16_check_elements_per_s_per_thread` of a profile that names no CPU model: the
+measured core's (`benchmarks/node_probe/overflow_check_devbox_2026-12-05.json`)."""
 CUDA_MALLOC_DEFAULT_GBPS = 183.0
 """`gpu.cuda_malloc_GBps` of a profile that does not state it: h100-jlse's fitted value."""
 DEFAULTS: dict[str, tuple[Any, str]] = {
@@ -311,6 +317,10 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.cuda_malloc_GBps": (CUDA_MALLOC_DEFAULT_GBPS, "no measurement of this GPU: the rate "
                              "fitted on the study's H100 node (h100-jlse), which only runs "
                              "that empty the CUDA cache at every phase pay"),
+    "cpu.fp16_check_elements_per_s_per_thread": (
+        FP16_CHECK_DEFAULT, "no CPU model named: the rate measured on a Sapphire Rapids-class "
+        "core at 3.868 GHz (zerosim/hardware/cpus.yaml, fp16_overflow_check), whose all-core "
+        "clock scales it where a profile names its CPU"),
     "host.socket_link_total_GBps": (0, "no limit shared by the two directions: profiles "
                                     "written before the key existed let each direction carry "
                                     "host.socket_link_GBps whatever the other did"),

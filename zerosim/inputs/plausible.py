@@ -161,6 +161,8 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
                                                       "(0: no shared limit)"),
     "hardware.nvme.capacity_GiB_per_drive": Plausible(1e-3, 1e8, "a capacity in GiB"),
     "hardware.cpu.adam_params_per_s_per_thread": Plausible(1, 1e13, "a rate in params/s"),
+    "hardware.cpu.fp16_check_elements_per_s_per_thread": Plausible(1, 1e13,
+                                                                  "a rate in elements/s"),
     "hardware.cpu.cast_threads": Plausible(1e-3, 1e6, "an effective thread count"),
     "hardware.cpu.oversubscription_penalty": Plausible(0, 1e4, "a penalty factor"),
     "hardware.cpu.oversubscribed_region_ms": Plausible(0, 1e3, "milliseconds per region"),
