@@ -57,7 +57,12 @@ def test_which_steps_check_the_gradients_for_overflow(version, dtype, stage, sta
         overrides["deepspeed.bf16.check_grad_overflow"] = stated
     scenario = zerosim.load_scenario(ROOT, overrides)
     assert scenario.deepspeed.check_grad_overflow is checks
-    result = zerosim.simulate(ROOT, {**overrides, "model": "llama2-7b"})
+    # the optimizer on the GPU (four of them, for it to fit), where the step checks the
+    # gradients itself: with it offloaded, ZeRO-1/2 check each gradient in the boundary
+    # backward and the step reads the flag
+    result = zerosim.simulate(ROOT, {**overrides, "model": "llama2-7b", "data_parallel": 4,
+                                     "deepspeed.zero_optimization.offload_optimizer.device":
+                                     "none"})
     spans = result.spans
     checked = spans[(spans.phase == "update") & (spans.op == "overflow check")]
     assert (not checked.empty) is checks

@@ -183,7 +183,12 @@ def check_overflow_on_host(core: RankCore) -> Gen:
     """stage3.py `has_overflow` with the optimizer offloaded: `isinf(b).any()` and
     `isnan(b).any()` over the host's 16-bit gradient buffer, compute-bound on the rank's pool
     (`cpu.fp16_check_elements_per_s_per_thread`) in PyTorch's parallel regions
-    (`costs.OVERFLOW_CHECK_REGIONS`)."""
+    (`costs.OVERFLOW_CHECK_REGIONS`). ZeRO-1/2 check each gradient on the GPU as the boundary
+    backward offloads it (stage_1_and_2.py `update_offload_overflow_tracker_for_param_grad`,
+    `HostAccumulation`), and the step only reads that flag (`has_overflow`: `local_overflow`
+    with `cpu_offload`)."""
+    if core.ds.stage != 3:
+        return
     yield from core.cpu_work(
         "overflow check", OpKind.OVERFLOW_CHECK,
         core.machine.cpu_kernel(
