@@ -8,6 +8,10 @@
 A `fitted` or `measured` value may say how well it is known: `stderr_pct`, its standard error
 in percent of the value (what `zerosim calibrate` or the fit behind a measured value gave).
 `zerosim sensitivity` carries it into the prediction's uncertainty.
+
+A profile value taken over from another shipped profile (the same CPU family's fitted rate, the
+same GPU's measured one) names it: `carried_from: h100-jlse`. The profile loader then holds the
+two equal, so a refit of the source cannot leave its copies behind.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ class Provenance:
     source: str
     stderr: float | None = None
     """Relative standard error (a fraction of the value), when one is known."""
+    carried_from: str | None = None
+    """The shipped profile whose value for the same key this one is, when it says so."""
 
     def as_dict(self) -> dict[str, Any]:
         """As a file writes it: value, basis, source, and stderr_pct when known."""
         out = {"value": self.value, "basis": self.basis, "source": self.source}
         if self.stderr is not None:
             out["stderr_pct"] = round(100 * self.stderr, 6)
+        if self.carried_from is not None:
+            out["carried_from"] = self.carried_from
         return out
 
     def describe_basis(self) -> str:
@@ -57,10 +65,11 @@ def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware"
     if not isinstance(raw, Mapping):
         raise ScenarioError(source, key, "{value: ..., basis: spec|measured|fitted|assumed, "
                             "source: '...'}", raw)
-    unknown = set(raw) - {"value", "basis", "source", "stderr_pct"}
+    unknown = set(raw) - {"value", "basis", "source", "stderr_pct", "carried_from"}
     if unknown:
         raise ScenarioError(source, f"{key}.{sorted(unknown)[0]}",
-                            "only value, basis, source and stderr_pct", sorted(unknown)[0])
+                            "only value, basis, source, stderr_pct and carried_from",
+                            sorted(unknown)[0])
     if raw.get("basis") not in bases:
         raise ScenarioError(source, f"{key}.basis", f"one of {', '.join(bases)}",
                             raw.get("basis"))
@@ -70,7 +79,7 @@ def parse_provenance(raw: Any, source: str, key: str, *, table: str = "hardware"
     check_plausible(f"{table}.{key}.source", raw["source"], source=source,
                     key_path=f"{key}.source")
     return Provenance(raw.get("value"), raw["basis"], raw["source"],
-                      _stderr(raw, source, key))
+                      _stderr(raw, source, key), _carried_from(raw, source, key))
 
 
 def _stderr(raw: Mapping[str, Any], source: str, key: str) -> float | None:
@@ -87,3 +96,14 @@ def _stderr(raw: Mapping[str, Any], source: str, key: str) -> float | None:
                             f"value, in (0, {MAX_STDERR_PCT:g}]", pct)
     return float(pct) / 100
 
+
+
+def _carried_from(raw: Mapping[str, Any], source: str, key: str) -> str | None:
+    """`carried_from` as given: a profile's name (the profile loader checks the value)."""
+    name = raw.get("carried_from")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip():
+        raise ScenarioError(source, f"{key}.carried_from", "the name of the shipped profile "
+                            "the value is taken from", name)
+    return name
