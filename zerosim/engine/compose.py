@@ -17,6 +17,8 @@ which ZeRO stage and offload target.
 |                       |                              | CPU/GPU (Deep Optimizer States            |
 |                       |                              | `prefetch_optimizer`)                     |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
+| overflow check (CPU   | stage                        | over the host's 16-bit gradients (3); the |
+| step)                 |                              | flag the backward's GPU checks set (1/2)  |
 | copy-back             | offload_param; stage;        | CPU cast + H2D; fp32 H2D + GPU cast       |
 |                       | DeepSpeed behaviours         | (ZeRO-1/2 0.14.1-0.16); CPU cast into a   |
 |                       |                              | 16-bit host buffer + H2D (ZeRO-1/2 from   |
@@ -41,8 +43,10 @@ from zerosim.engine.optimizer import (
     cast_into_16bit_buffer_then_upload,
     cast_into_host_params,
     cast_then_upload,
+    check_overflow_on_host,
     download_into_host_params,
     nothing_to_gather,
+    read_backward_overflow_flag,
     regather_persistent,
     upload_fp32_then_cast_on_gpu,
 )
@@ -144,7 +148,8 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         return GpuStep(core, groups, _post_step(core), adam, write_back)
     if gpu_gradients is not None:
         return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
-    return CpuStep(core, groups, _copy_back(core), _post_step(core), states)
+    check = check_overflow_on_host if ds.stage == 3 else read_backward_overflow_flag
+    return CpuStep(core, groups, _copy_back(core), _post_step(core), states, check)
 
 
 def _copy_back(core: RankCore) -> CopyBack:

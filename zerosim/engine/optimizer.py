@@ -92,18 +92,19 @@ class StateStore(Protocol):
 
 class CpuStep:
     def __init__(self, core: RankCore, groups: tuple[int, ...], copy_back: CopyBack,
-                 post_step: PostStep, states: StateStore):
+                 post_step: PostStep, states: StateStore, check_overflow: OverflowCheck):
         self.core = core
         self.groups = groups
         self.copy_back = copy_back
         self.post_step = post_step
         self.states = states
+        self.check_overflow = check_overflow
         self._gpu_copied_out: list[simpy.Event] = []
         self._gpu_state_buffers: int | None = None
 
     def run(self) -> Gen:
         core = self.core
-        yield from begin_step(core, lambda: check_overflow_on_host(core),
+        yield from begin_step(core, lambda: self.check_overflow(core),
                               lambda: offloaded_grad_norms(core))
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
@@ -179,22 +180,29 @@ class CpuStep:
         yield from self.states.swap_out(group)
 
 
+OverflowCheck = Callable[[RankCore], Gen]
+"""How an offloaded step finds an overflow in the gradients (`compose` picks it by stage)."""
+
+
 def check_overflow_on_host(core: RankCore) -> Gen:
     """stage3.py `has_overflow` with the optimizer offloaded: `isinf(b).any()` and
     `isnan(b).any()` over the host's 16-bit gradient buffer, compute-bound on the rank's pool
     (`cpu.fp16_check_elements_per_s_per_thread`) in PyTorch's parallel regions
-    (`costs.OVERFLOW_CHECK_REGIONS`). ZeRO-1/2 check each gradient on the GPU as the boundary
-    backward offloads it (stage_1_and_2.py `update_offload_overflow_tracker_for_param_grad`,
-    `HostAccumulation`), and the step only reads that flag (`has_overflow`: `local_overflow`
-    with `cpu_offload`)."""
-    if core.ds.stage != 3:
-        return
+    (`costs.OVERFLOW_CHECK_REGIONS`)."""
     yield from core.cpu_work(
         "overflow check", OpKind.OVERFLOW_CHECK,
         core.machine.cpu_kernel(
             core.rank, core.plan.partition_numel, host=costs.OVERFLOW_CHECK_HOST_BYTES,
             elements_per_s_per_thread=core.profile.fp16_check_elements_per_s_per_thread,
             regions=costs.OVERFLOW_CHECK_REGIONS))
+
+
+def read_backward_overflow_flag(core: RankCore) -> Gen:
+    """ZeRO-1/2 with the optimizer offloaded: the boundary backward checked each gradient on
+    the GPU as it offloaded it (stage_1_and_2.py `update_offload_overflow_tracker_for_param_grad`,
+    `HostAccumulation`), and the step only reads that flag (`has_overflow`: `local_overflow`
+    with `cpu_offload`): nothing to price."""
+    yield from ()
 
 
 def offloaded_grad_norms(core: RankCore) -> Gen:
