@@ -77,6 +77,7 @@ def test_carried_from_is_a_name_and_travels_with_the_value():
                              "carried_from": "h100-jlse"}, "p.yaml", "cpu.x")
     assert prov.as_dict() == {"value": 0.702, "basis": "assumed", "source": "s",
                               "carried_from": "h100-jlse"}
+    assert prov.describe_basis() == "assumed, carried from h100-jlse"
     with pytest.raises(ScenarioError, match=r"p.yaml: cpu.x.carried_from: expected the name"):
         parse_provenance({"value": 1, "basis": "assumed", "source": "s", "carried_from": 3},
                          "p.yaml", "cpu.x")

@@ -50,7 +50,9 @@ class Provenance:
         return out
 
     def describe_basis(self) -> str:
-        return basis_text(self.basis, self.stderr)
+        """'fitted ±4%', 'assumed, carried from h100-jlse', or the basis alone."""
+        text = basis_text(self.basis, self.stderr)
+        return text if self.carried_from is None else f"{text}, carried from {self.carried_from}"
 
 
 def basis_text(basis: str, stderr: float | None) -> str:
