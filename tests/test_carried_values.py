@@ -1,5 +1,5 @@
-"""A profile value taken over from another shipped profile says so (`carried_from`), and the
-loader holds the two equal: a refit of the source cannot leave its copies behind."""
+"""A profile or stack value taken over from another shipped one says so (`carried_from`), and
+the loader holds the two equal: a refit of the source cannot leave its copies behind."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from zerosim.hardware.profile import (
     profile_names,
 )
 from zerosim.hardware.provenance import parse_provenance
+from zerosim.stacks import builtin_stack_tree, load_stack, parse_stack
 
 
 def _carried(name: str) -> dict[str, str]:
@@ -87,3 +88,18 @@ def test_a_scenario_override_replaces_a_carried_value():
     profile = load_profile("dgx-h100", {"cpu.oversubscription_penalty": 1.2})
     prov = profile.provenance["cpu.oversubscription_penalty"]
     assert (prov.value, prov.basis, prov.carried_from) == (1.2, "override", None)
+
+
+def test_a_stack_carries_values_the_same_way():
+    """The HF stack's launch times are Megatron-DeepSpeed's (the data cannot tell them apart):
+    a refit of those moves both."""
+    hf, megatron = load_stack("hf-transformers"), load_stack("megatron-deepspeed")
+    for key in ("host.kernel_launch_us", "host.collective_launch_us"):
+        assert hf.provenance[key].carried_from == "megatron-deepspeed"
+        assert hf.provenance[key].value == megatron.provenance[key].value
+    tree = copy.deepcopy(builtin_stack_tree("hf-transformers"))
+    tree["host"]["collective_launch_us"]["value"] = 600
+    with pytest.raises(ScenarioError, match=r"my.yaml: host.collective_launch_us.value: "
+                       r"expected megatron-deepspeed's host.collective_launch_us, 529, .*"
+                       r"got 600"):
+        parse_stack(tree, "my.yaml")

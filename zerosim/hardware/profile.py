@@ -32,7 +32,14 @@ from typing import Any
 
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware import cpus
-from zerosim.hardware.provenance import BASES, DERIVED, Provenance, parse_provenance
+from zerosim.hardware.provenance import (
+    BASES,
+    DERIVED,
+    Provenance,
+    check_carried,
+    parse_provenance,
+    provenance_values,
+)
 from zerosim.inputs import check_plausible
 from zerosim.units import GB, GHZ, MS, TFLOPS, US, GiB
 from zerosim.yamlio import flatten_nested, parse_yaml_text, read_yaml_file
@@ -503,39 +510,19 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     if model is not None:
         cpus.check_memory(values["memory_Bps_per_domain"] / GB, values["sockets"],
                           values["numa_domains"], model, source)
-    _check_carried(provenance, values["name"], source)
+    check_carried(provenance, values["name"], source, kind="profile", names=profile_names(),
+                  values_of=_builtin_values)
     _check_streaming_rates(values, provenance, source)
     _check_pageable_rates(values, provenance, source)
     _check_pcie_link(flat.get("pcie.generation"), values, source)
     return HardwareProfile(**values, provenance=provenance, observed=observed)
 
 
-def _check_carried(provenance: Mapping[str, Provenance], name: str, source: str) -> None:
-    """A value that says `carried_from: P` is shipped profile P's value for the same key."""
-    for key, prov in provenance.items():
-        origin = prov.carried_from
-        if origin is None:
-            continue
-        if origin not in profile_names() or origin == name:
-            raise ScenarioError(source, f"{key}.carried_from", "another shipped profile's name "
-                                f"({', '.join(n for n in profile_names() if n != name)})",
-                                origin)
-        carried = _builtin_values(origin)
-        if key not in carried:
-            raise ScenarioError(source, f"{key}.carried_from",
-                                f"a shipped profile that gives {key}", origin)
-        if prov.value != carried[key]:
-            raise ScenarioError(source, f"{key}.value", f"{origin}'s {key}, {carried[key]!r}, "
-                                f"which it says it carries (carried_from: {origin}): copy the "
-                                "value over, or drop carried_from", prov.value)
-
-
 @functools.cache
 def _builtin_values(name: str) -> Mapping[str, Any]:
     """The values a shipped profile's file gives, by dotted key."""
-    flat = _walk(builtin_profile_tree(name, source=f"profile {name}"))
-    return MappingProxyType({key: leaf["value"] for key, leaf in flat.items()
-                             if _is_provenance(leaf)})
+    return MappingProxyType(provenance_values(builtin_profile_tree(name,
+                                                                   source=f"profile {name}")))
 
 
 PCIE_LANE_GBps = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}

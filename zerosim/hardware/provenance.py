@@ -9,14 +9,14 @@ A `fitted` or `measured` value may say how well it is known: `stderr_pct`, its s
 in percent of the value (what `zerosim calibrate` or the fit behind a measured value gave).
 `zerosim sensitivity` carries it into the prediction's uncertainty.
 
-A profile value taken over from another shipped profile (the same CPU family's fitted rate, the
-same GPU's measured one) names it: `carried_from: h100-jlse`. The profile loader then holds the
-two equal, so a refit of the source cannot leave its copies behind.
+A value taken over from another shipped profile (the same CPU family's fitted rate, the same
+GPU's measured one) or stack names it: `carried_from: h100-jlse`. The loader then holds the two
+equal (`check_carried`), so a refit of the source cannot leave its copies behind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +109,35 @@ def _carried_from(raw: Mapping[str, Any], source: str, key: str) -> str | None:
         raise ScenarioError(source, f"{key}.carried_from", "the name of the shipped profile "
                             "the value is taken from", name)
     return name
+
+
+def check_carried(provenance: Mapping[str, Provenance], name: str, source: str, *, kind: str,
+                  names: Sequence[str], values_of: Callable[[str], Mapping[str, Any]]) -> None:
+    """Every value of a profile or stack (`kind`) called `name` that says `carried_from: X` is
+    shipped `kind` X's value for the same key (`values_of(X)`: its values by dotted key)."""
+    for key, prov in provenance.items():
+        origin = prov.carried_from
+        if origin is None:
+            continue
+        if origin not in names or origin == name:
+            raise ScenarioError(source, f"{key}.carried_from", f"another shipped {kind}'s name "
+                                f"({', '.join(n for n in names if n != name)})", origin)
+        carried = values_of(origin)
+        if key not in carried:
+            raise ScenarioError(source, f"{key}.carried_from",
+                                f"a shipped {kind} that gives {key}", origin)
+        if prov.value != carried[key]:
+            raise ScenarioError(source, f"{key}.value", f"{origin}'s {key}, {carried[key]!r}, "
+                                f"which it says it carries (carried_from: {origin}): copy the "
+                                "value over, or drop carried_from", prov.value)
+
+
+def provenance_values(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The values of a file's `{value, basis, source}` leaves, by dotted key."""
+    values: dict[str, Any] = {}
+    for key, node in tree.items():
+        if isinstance(node, Mapping) and "value" in node:
+            values[f"{prefix}{key}"] = node["value"]
+        elif isinstance(node, Mapping):
+            values.update(provenance_values(node, f"{prefix}{key}."))
+    return values

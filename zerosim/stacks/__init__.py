@@ -12,14 +12,21 @@ per ZeRO-3 module hook and per collective. Host times are quoted for a core at t
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from zerosim.errors import ScenarioError
-from zerosim.hardware.provenance import Provenance, parse_provenance
+from zerosim.hardware.provenance import (
+    Provenance,
+    check_carried,
+    parse_provenance,
+    provenance_values,
+)
 from zerosim.inputs import check_plausible, referenced_path
 from zerosim.models.breakdown import (
     ANY_ACTIVATION,
@@ -497,14 +504,23 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, f"host.{sorted(extra)[0]}", "a known host key",
                             sorted(extra)[0])
     reference_Hz = _non_negative(reference, source, "host.reference_GHz", positive=True) * 1e9
-    return SoftwareStack(name=name, description=str(tree.get("description", "")),
-                         recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
-                         heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance),
-                         one_process_group=_one_process_group(tree, source),
-                         vector_param_group=_vector_param_group(tree, source),
-                         dataloader_workers=_dataloader_workers(tree, source),
-                         rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
-                         **_gc_objects(tree, source, provenance), **times)
+    stack = SoftwareStack(name=name, description=str(tree.get("description", "")),
+                          recipe=recipe, reference_Hz=reference_Hz, provenance=provenance,
+                          heap_reuse_bytes=_heap_reuse_bytes(tree, source, provenance),
+                          one_process_group=_one_process_group(tree, source),
+                          vector_param_group=_vector_param_group(tree, source),
+                          dataloader_workers=_dataloader_workers(tree, source),
+                          rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
+                          **_gc_objects(tree, source, provenance), **times)
+    check_carried(provenance, name, source, kind="stack", names=stack_names(),
+                  values_of=_builtin_stack_values)
+    return stack
+
+
+@functools.cache
+def _builtin_stack_values(name: str) -> Mapping[str, Any]:
+    """The values a shipped stack's file gives, by dotted key."""
+    return MappingProxyType(provenance_values(builtin_stack_tree(name, source=f"stack {name}")))
 
 
 def _ungated_activations(tree: Mapping[str, Any], source: str
