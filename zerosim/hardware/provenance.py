@@ -38,7 +38,8 @@ class Provenance:
     stderr: float | None = None
     """Relative standard error (a fraction of the value), when one is known."""
     carried_from: str | None = None
-    """The shipped profile whose value for the same key this one is, when it says so."""
+    """The shipped profile (or stack) whose value for the same key this one is, when it says
+    so (`check_carried`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """As a file writes it: value, basis, source, and stderr_pct when known."""
@@ -99,15 +100,15 @@ def _stderr(raw: Mapping[str, Any], source: str, key: str) -> float | None:
     return float(pct) / 100
 
 
-
 def _carried_from(raw: Mapping[str, Any], source: str, key: str) -> str | None:
-    """`carried_from` as given: a profile's name (the profile loader checks the value)."""
+    """`carried_from` as given: a shipped profile's or stack's name (its loader checks the
+    value: `check_carried`)."""
     name = raw.get("carried_from")
     if name is None:
         return None
     if not isinstance(name, str) or not name.strip():
         raise ScenarioError(source, f"{key}.carried_from", "the name of the shipped profile "
-                            "the value is taken from", name)
+                            "or stack the value is taken from", name)
     return name
 
 
