@@ -103,3 +103,14 @@ def test_a_stack_carries_values_the_same_way():
                        r"expected megatron-deepspeed's host.collective_launch_us, 529, .*"
                        r"got 600"):
         parse_stack(tree, "my.yaml")
+
+
+def test_a_default_taken_from_a_shipped_profile_follows_it():
+    """A profile that states no cudaMalloc rate takes h100-jlse's fitted one, read
+    from its file (no copy of the number in code): polaris-a100's runs pay it."""
+    polaris = load_profile("polaris-a100").provenance["gpu.cuda_malloc_GBps"]
+    jlse = load_profile("h100-jlse").provenance["gpu.cuda_malloc_GBps"]
+    assert "cuda_malloc_GBps" not in builtin_profile_tree("polaris-a100")["gpu"]
+    assert (polaris.value, polaris.basis, polaris.carried_from) == (jlse.value, "assumed",
+                                                                    "h100-jlse")
+    assert jlse.basis == "fitted"

@@ -301,8 +301,15 @@ GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
 FP16_CHECK_DEFAULT = 2.24e8
 """`cpu.fp16_check_elements_per_s_per_thread` of a profile that names no CPU model: the
 measured core's (`benchmarks/node_probe/overflow_check_devbox_2026-12-05.json`)."""
-CUDA_MALLOC_DEFAULT_GBPS = 183.0
-"""`gpu.cuda_malloc_GBps` of a profile that does not state it: h100-jlse's fitted value."""
+
+
+@dataclass(frozen=True)
+class CarriedDefault:
+    """A default that is a shipped profile's own value for the key (`carried_from` it)."""
+
+    origin: str
+
+
 DEFAULTS: dict[str, tuple[Any, str]] = {
     "gpu.gemm_tile_m": (256, "cuBLAS's usual output tile for large 16-bit GEMMs on A100/H100 "
                         "is 256 x 128 (rows x columns)"),
@@ -323,9 +330,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
                             "tiles alone"),
     "gpu.sm_clock_fraction": (1.0, "the GPU sustains the SM clock its tensor-core rates were "
                               "measured at"),
-    "gpu.cuda_malloc_GBps": (CUDA_MALLOC_DEFAULT_GBPS, "no measurement of this GPU: the rate "
-                             "fitted on the study's H100 node (h100-jlse), which only runs "
-                             "that empty the CUDA cache at every phase pay"),
+    "gpu.cuda_malloc_GBps": (CarriedDefault("h100-jlse"), "no measurement of this GPU: the "
+                             "rate fitted on the study's H100 node (h100-jlse), which only "
+                             "runs that empty the CUDA cache at every phase pay"),
     "cpu.fp16_check_elements_per_s_per_thread": (
         FP16_CHECK_DEFAULT, "no CPU model named: the rate measured on a Sapphire Rapids-class "
         "core at 3.868 GHz (zerosim/hardware/cpus.yaml, fp16_overflow_check), whose all-core "
@@ -388,7 +395,10 @@ def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
     for key, (value, why) in DEFAULTS.items():
         if key in filled:
             continue
-        if key in QUANTITIES:
+        if isinstance(value, CarriedDefault):
+            filled[key] = {"value": _builtin_values(value.origin)[key], "basis": "assumed",
+                           "carried_from": value.origin, "source": f"default: {why}"}
+        elif key in QUANTITIES:
             filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
         else:
             filled[key] = value
