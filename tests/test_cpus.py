@@ -242,3 +242,20 @@ def test_calibration_starts_a_derived_value_from_the_formula():
                   "megatron-deepspeed", {}, {})
     parameter = parse_parameter(f"polaris-a100:{ADAM}=5e6:5e9", bases)
     assert parameter.start == pytest.approx(2.8e9 * 8 * 1.12 / 17)
+
+
+def test_the_overflow_checks_second_measurement_is_within_the_catalogs_error():
+    """PyTorch 2.2.2 (the study's release generation) and 2.13.0 side by side on one VM: the
+    release moves the check by less than 5%; the session's mean sits within two of the
+    catalog's standard errors of 17.3."""
+    probe = json.loads((ROOT / "benchmarks" / "node_probe"
+                        / "overflow_check_devbox_2026-12-05_torch222_vs_213.json").read_text())
+    cycles: dict[str, list[float]] = {}
+    for run in probe["runs"]:
+        cycles.setdefault(run["versions"]["torch"][:6], []).append(
+            run["cycles_per_element_one_thread"])
+    old, new = (sum(cycles[v]) / len(cycles[v]) for v in ("2.2.2+", "2.13.0"))
+    assert abs(old / new - 1) < 0.05
+    stated = load_catalog().check_cycles_per_element
+    mean = (old + new) / 2
+    assert abs(mean / stated.value - 1) < 2 * stated.stderr

@@ -25,11 +25,15 @@ input gradient into the later projections' (autograd's InputBuffer: read 2, writ
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from conftest import q, toy_stack
 
 from zerosim.errors import ScenarioError
+from zerosim.stacks import load_stack
 
 PS = 1e-12
 
@@ -245,6 +249,25 @@ def test_a_temporary_of_exactly_the_heap_reuse_size_is_mapped_anew(toy, dp1_ga1)
     before = dp1_ga1.phases.set_index("phase").loc["backward", "end_s"]
     after = reused.phases.set_index("phase").loc["backward", "end_s"]
     assert (before - after) / PS == pytest.approx(2000 * 5 * 64, rel=1e-9)
+
+
+def test_the_shipped_heap_reuse_size_is_what_glibc_does_in_the_hook_thread():
+    """benchmarks/node_probe/heap_reuse_probe.py on glibc 2.36: the boundary flush's 16-bit
+    temporaries, replayed in the main thread and in a worker (where the backward's hooks
+    run), get fresh pages above the stacks' 32 MiB and mostly reused ones below it, from
+    the third round on; with a fixed mmap threshold in the environment, all fresh."""
+    folder = Path(__file__).parents[1] / "benchmarks" / "node_probe"
+    reuse = load_stack("megatron-deepspeed").heap_reuse_bytes
+    assert reuse == 32 * 2**20 == load_stack("hf-transformers").heap_reuse_bytes
+    measured = json.loads((folder / "heap_reuse_devbox_2026-12-05.json").read_text())
+    fixed = json.loads((folder / "heap_reuse_devbox_2026-12-05_fixed_threshold.json")
+                       .read_text())
+    for pattern in measured["patterns"]:
+        for size, fresh in pattern["fresh_by_size"].items():
+            nbytes = float(size.removesuffix(" MB")) * 1e6
+            assert fresh == 1.0 if nbytes > reuse else fresh <= 0.25, (pattern["pattern"], size)
+    assert {fresh for pattern in fixed["patterns"]
+            for fresh in pattern["fresh_by_size"].values()} == {1.0}
 
 
 def test_update_phase_sub_group_by_sub_group(dp1_ga1):

@@ -39,6 +39,8 @@ class Quoted:
     value: float
     basis: str
     source: str
+    stderr: float | None = None
+    """Relative standard error (a fraction of the value), where the catalog states one."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +222,7 @@ def _quoted(raw: Any, key_path: str) -> Quoted:
     value = prov.value
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ScenarioError(CATALOG, f"{key_path}.value", "a positive number", value)
-    return Quoted(float(value), prov.basis, prov.source)
+    return Quoted(float(value), prov.basis, prov.source, prov.stderr)
 
 
 def _mapping(raw: Any, key_path: str) -> Mapping[str, Any]:
