@@ -114,3 +114,13 @@ def test_a_default_taken_from_a_shipped_profile_follows_it():
     assert (polaris.value, polaris.basis, polaris.carried_from) == (jlse.value, "assumed",
                                                                     "h100-jlse")
     assert jlse.basis == "fitted"
+
+
+def test_a_copy_of_the_origin_under_its_name_takes_the_default_without_carrying_it():
+    """A profile of one's own named like the origin (an edited copy of h100-jlse) that leaves
+    the cudaMalloc rate out takes the shipped value, not a carry from itself."""
+    tree = copy.deepcopy(builtin_profile_tree("h100-jlse"))
+    del tree["gpu"]["cuda_malloc_GBps"]
+    prov = parse_profile(tree, "mine.yaml").provenance["gpu.cuda_malloc_GBps"]
+    assert (prov.value, prov.carried_from) == (
+        load_profile("h100-jlse").provenance["gpu.cuda_malloc_GBps"].value, None)

@@ -397,7 +397,9 @@ def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, CarriedDefault):
             filled[key] = {"value": _builtin_values(value.origin)[key], "basis": "assumed",
-                           "carried_from": value.origin, "source": f"default: {why}"}
+                           "source": f"default: {why}"}
+            if filled.get("name") != value.origin:
+                filled[key]["carried_from"] = value.origin
         elif key in QUANTITIES:
             filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
         else:
