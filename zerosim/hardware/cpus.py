@@ -60,8 +60,14 @@ class CpuAdamLoop:
         """fp32 lanes of the loop DeepSpeed builds for a CPU with `simd` (1: the scalar loop)."""
         return self.lanes.get(simd, 1)
 
-    def params_per_lane_cycle(self, simd: str) -> float:
-        return self.instructions_per_cycle[simd].value / self.vector_instructions.value
+    def issue_rate(self, family: CpuFamily) -> Quoted:
+        """The vector loop's instructions per cycle on `family`'s cores: the family's own
+        where the catalog gives one (the divider differs between vendors' cores), else the
+        rate measured for its SIMD extension."""
+        return family.adam_instructions_per_cycle or self.instructions_per_cycle[family.simd]
+
+    def params_per_lane_cycle(self, family: CpuFamily) -> float:
+        return self.issue_rate(family).value / self.vector_instructions.value
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,9 @@ class CpuFamily:
     description: str
     simd: str
     testbed: str | None
+    adam_instructions_per_cycle: Quoted | None = None
+    """`CpuAdamLoop.issue_rate` on these cores, where it was measured on them or on a
+    nearer relative than the extension's own measurement."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,10 @@ class CpuCatalog:
     adam: CpuAdamLoop
     check_cycles_per_element: Quoted
     """DeepSpeed's fp16 overflow check on the host, per element (`fp16_overflow_check`)."""
+    check_clock_GHz: Quoted
+    """The core clock those cycles were counted at."""
     models: Mapping[str, CpuModel]
+    families: Mapping[str, CpuFamily]
 
     def model(self, key: Any, *, source: str, key_path: str = "host.cpu_model") -> CpuModel:
         if not isinstance(key, str) or key not in self.models:
@@ -107,13 +119,20 @@ def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
     lanes = adam.lanes_for(model.family.simd)
     if lanes == 1:
         return clock_Hz / adam.scalar_cycles_per_element.value
-    return clock_Hz * lanes * adam.params_per_lane_cycle(model.family.simd)
+    return clock_Hz * lanes * adam.params_per_lane_cycle(model.family)
 
 
 def check_elements_per_s_per_thread(model: CpuModel, cycles: Quoted) -> float:
     """The fp16 overflow check's elements per second on one thread: all-core clock over its
     measured cycles per element."""
     return model.all_core_GHz.value * GHZ / cycles.value
+
+
+def measured_core_check_rate() -> float:
+    """The fp16 overflow check's elements per second on one thread of the core its cycles
+    were counted on: what a profile that names no CPU model takes."""
+    catalog = load_catalog()
+    return catalog.check_clock_GHz.value * GHZ / catalog.check_cycles_per_element.value
 
 
 def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
@@ -125,15 +144,19 @@ def _adam_source(model: CpuModel, adam: CpuAdamLoop, rate: float) -> str:
                 f"of the scalar loop on {model.family.simd} = {rate:.4g} params/s per thread "
                 f"({model.name}); clock ({clock.basis}): {clock.source}; lanes: "
                 f"{adam.lanes_source}; cycles per element ({cycles.basis}): {cycles.source}")
-    per_cycle = adam.instructions_per_cycle[model.family.simd]
+    per_cycle = adam.issue_rate(model.family)
     return (f"all-core clock {clock.value:g} GHz x {lanes} fp32 lanes x "
             f"{per_cycle.value:g}/{adam.vector_instructions.value:g} params per "
             f"lane-cycle = {rate:.4g} params/s per thread ({model.name}); "
             f"clock ({clock.basis}): {clock.source}; lanes: {adam.lanes_source}; "
             f"{adam.vector_instructions.value:g} vector instructions per vector "
             f"({adam.vector_instructions.basis}): {adam.vector_instructions.source}; "
-            f"{per_cycle.value:g} per cycle with {model.family.simd} ({per_cycle.basis}): "
-            f"{per_cycle.source}")
+            f"{per_cycle.value:g} per cycle with {model.family.simd}{_on_family(model.family)} "
+            f"({per_cycle.basis}): {per_cycle.source}")
+
+
+def _on_family(family: CpuFamily) -> str:
+    return f" on {family.key} cores" if family.adam_instructions_per_cycle else ""
 
 
 def _testbed_cpu(tree: Mapping[str, Any], testbed: str) -> str:
@@ -263,13 +286,20 @@ def _adam(raw: Any) -> CpuAdamLoop:
                                "cpu_adam.scalar_cycles_per_element"))
 
 
-def _family(key: str, raw: Any) -> CpuFamily:
+def _family(key: str, raw: Any, lanes: Mapping[str, int]) -> CpuFamily:
     path = f"families.{key}"
     raw = _mapping(raw, path)
     testbed = raw.get("testbed")
     if testbed is not None and not isinstance(testbed, str):
         raise ScenarioError(CATALOG, f"{path}.testbed", "a shipped profile's name", testbed)
-    return CpuFamily(key, _text(raw, "description", path), _text(raw, "simd", path), testbed)
+    simd = _text(raw, "simd", path)
+    rate = raw.get("adam_instructions_per_cycle")
+    if rate is not None and simd not in lanes:
+        raise ScenarioError(CATALOG, f"{path}.adam_instructions_per_cycle",
+                            f"none: DeepSpeed builds its scalar loop for {simd}, which "
+                            "cpu_adam.scalar_cycles_per_element prices", Described("a rate"))
+    return CpuFamily(key, _text(raw, "description", path), simd, testbed,
+                     None if rate is None else _quoted(rate, f"{path}.adam_instructions_per_cycle"))
 
 
 def _model(key: str, raw: Any, families: Mapping[str, CpuFamily]) -> CpuModel:
@@ -289,14 +319,16 @@ def _model(key: str, raw: Any, families: Mapping[str, CpuFamily]) -> CpuModel:
 
 def parse_catalog(tree: Any) -> CpuCatalog:
     tree = _mapping(tree, "<root>")
-    families = {key: _family(key, raw)
+    adam = _adam(tree.get("cpu_adam"))
+    families = {key: _family(key, raw, adam.lanes)
                 for key, raw in _mapping(tree.get("families"), "families").items()}
     models = {key: _model(key, raw, families)
               for key, raw in _mapping(tree.get("models"), "models").items()}
-    adam = _adam(tree.get("cpu_adam"))
     check = _mapping(tree.get("fp16_overflow_check"), "fp16_overflow_check")
     return CpuCatalog(adam, _quoted(check.get("cycles_per_element"),
-                                    "fp16_overflow_check.cycles_per_element"), models)
+                                    "fp16_overflow_check.cycles_per_element"),
+                      _quoted(check.get("clock_GHz"), "fp16_overflow_check.clock_GHz"),
+                      models, families)
 
 
 @cache

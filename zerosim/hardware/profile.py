@@ -298,9 +298,6 @@ TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
-FP16_CHECK_DEFAULT = 2.24e8
-"""`cpu.fp16_check_elements_per_s_per_thread` of a profile that names no CPU model: the
-measured core's (`benchmarks/node_probe/overflow_check_devbox_2026-12-05.json`)."""
 
 
 @dataclass(frozen=True)
@@ -308,6 +305,13 @@ class CarriedDefault:
     """A default that is a shipped profile's own value for the key (`carried_from` it)."""
 
     origin: str
+
+
+@dataclass(frozen=True)
+class CatalogDefault:
+    """A default the CPU catalog (`cpus.yaml`) computes, read when a profile needs it."""
+
+    read: Callable[[], float]
 
 
 DEFAULTS: dict[str, tuple[Any, str]] = {
@@ -334,9 +338,10 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
                              "rate fitted on the study's H100 node (h100-jlse), which only "
                              "runs that empty the CUDA cache at every phase pay"),
     "cpu.fp16_check_elements_per_s_per_thread": (
-        FP16_CHECK_DEFAULT, "no CPU model named: the rate measured on a Sapphire Rapids-class "
-        "core at 3.868 GHz (zerosim/hardware/cpus.yaml, fp16_overflow_check), whose all-core "
-        "clock scales it where a profile names its CPU"),
+        CatalogDefault(cpus.measured_core_check_rate), "no CPU model named: the rate of the "
+        "Sapphire Rapids-class core its cycles were counted on, their clock over their count "
+        "(zerosim/hardware/cpus.yaml, fp16_overflow_check), which a named CPU's all-core "
+        "clock replaces"),
     "host.socket_link_total_GBps": (0, "no limit shared by the two directions: profiles "
                                     "written before the key existed let each direction carry "
                                     "host.socket_link_GBps whatever the other did"),
@@ -400,6 +405,9 @@ def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
                            "source": f"default: {why}"}
             if filled.get("name") != value.origin:
                 filled[key]["carried_from"] = value.origin
+        elif isinstance(value, CatalogDefault):
+            filled[key] = {"value": value.read(), "basis": "assumed",
+                           "source": f"default: {why}"}
         elif key in QUANTITIES:
             filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
         else:
