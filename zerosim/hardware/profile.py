@@ -306,12 +306,22 @@ class CarriedDefault:
 
     origin: str
 
+    def leaf(self, key: str, why: str, profile_name: Any) -> dict[str, Any]:
+        leaf = {"value": _builtin_values(self.origin)[key], "basis": "assumed",
+                "source": f"default: {why}"}
+        if profile_name != self.origin:
+            leaf["carried_from"] = self.origin
+        return leaf
+
 
 @dataclass(frozen=True)
 class CatalogDefault:
     """A default the CPU catalog (`cpus.yaml`) computes, read when a profile needs it."""
 
     read: Callable[[], float]
+
+    def leaf(self, key: str, why: str, profile_name: Any) -> dict[str, Any]:
+        return {"value": self.read(), "basis": "assumed", "source": f"default: {why}"}
 
 
 DEFAULTS: dict[str, tuple[Any, str]] = {
@@ -400,14 +410,8 @@ def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
     for key, (value, why) in DEFAULTS.items():
         if key in filled:
             continue
-        if isinstance(value, CarriedDefault):
-            filled[key] = {"value": _builtin_values(value.origin)[key], "basis": "assumed",
-                           "source": f"default: {why}"}
-            if filled.get("name") != value.origin:
-                filled[key]["carried_from"] = value.origin
-        elif isinstance(value, CatalogDefault):
-            filled[key] = {"value": value.read(), "basis": "assumed",
-                           "source": f"default: {why}"}
+        if isinstance(value, CarriedDefault | CatalogDefault):
+            filled[key] = value.leaf(key, why, filled.get("name"))
         elif key in QUANTITIES:
             filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
         else:
