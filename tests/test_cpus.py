@@ -23,10 +23,6 @@ def adam_rate(profile_name: str) -> float:
     return load_profile(profile_name).adam_params_per_s_per_thread
 
 
-def p_family(model: str):
-    return load_catalog().models[model].family
-
-
 @pytest.mark.parametrize(("profile", "rate"), [
     # all-core clock x fp32 lanes x instructions per cycle (measured per extension on one
     # Intel core: 0.76 with AVX-512; AMD's Zen 2 and 3 take AVX2's on a Zen 4 core, 1.81)
@@ -98,15 +94,9 @@ def test_half_the_lanes_step_at_0_74_of_the_rate_at_the_same_clock():
 def test_the_issue_rates_are_what_deepspeeds_loop_measured():
     """17 instructions a vector over (lanes x cycles per parameter): the probe's one-thread,
     in-L2 rates over the clock read beside them, the mean of its two runs."""
-    probe = ROOT / "benchmarks" / "node_probe"
-    runs = [json.loads(line)["run"] | {"simd": json.loads(line)["simd"]}
-            for name in ("cpu_adam_emr_2026-12-04_run1.jsonl", "cpu_adam_emr_2026-12-04_run2.jsonl")
-            for line in (probe / name).read_text().splitlines()
-            if json.loads(line)["case"] == "cached" and json.loads(line)["run"]["threads"] == 1]
     adam = load_catalog().adam
     for simd, build, lanes in (("avx512", "AVX512", 16), ("avx2", "AVX256", 8)):
-        cycles = [r["scalar_clock_GHz"] * 1e9 / r["params_per_s"] for r in runs
-                  if r["simd"] == build]
+        cycles = _loop_cycles("cpu_adam_emr_2026-12-04", build)
         assert len(cycles) == 2
         rate = 17 / (lanes * sum(cycles) / len(cycles))
         assert round(rate, 2) == adam.instructions_per_cycle[simd].value
@@ -131,7 +121,8 @@ def test_a_value_the_profile_writes_wins_with_its_provenance():
     assert p.provenance[ADAM].basis == "derived"
     adam = load_catalog().adam
     assert p.adam_params_per_s_per_thread == pytest.approx(
-        3.1e9 * 16 * adam.params_per_lane_cycle(p_family("xeon-8468")), rel=1e-12)
+        3.1e9 * 16 * adam.params_per_lane_cycle(load_catalog().families["sapphire-rapids"]),
+        rel=1e-12)
     assert p.adam_params_per_s_per_thread == pytest.approx(2.2174e9, rel=1e-4)
 
 
@@ -271,12 +262,12 @@ def test_the_overflow_checks_second_measurement_is_within_the_catalogs_error():
     assert abs(mean / stated.value - 1) < 2 * stated.stderr
 
 
-def _zen4_cycles(build: str) -> list[float]:
-    """Cycles a parameter of DeepSpeed's loop on one Zen 4 core, per run (in-L2, one thread)."""
+def _loop_cycles(record: str, build: str) -> list[float]:
+    """Cycles a parameter of DeepSpeed's loop per run of a probe record (`record`_run1 and
+    _run2.jsonl of benchmarks/node_probe), one thread with its arrays in L2."""
     probe = ROOT / "benchmarks" / "node_probe"
-    runs = [json.loads(line) for name in ("cpu_adam_zen4_2026-12-06_run1.jsonl",
-                                          "cpu_adam_zen4_2026-12-06_run2.jsonl")
-            for line in (probe / name).read_text().splitlines()]
+    runs = [json.loads(line) for run in ("run1", "run2")
+            for line in (probe / f"{record}_{run}.jsonl").read_text().splitlines()]
     return [r["run"]["scalar_clock_GHz"] * 1e9 / r["run"]["params_per_s"] for r in runs
             if r["simd"] == build and r["case"] == "cached" and r["run"]["threads"] == 1]
 
@@ -290,12 +281,13 @@ def test_amd_families_take_the_rates_measured_on_an_amd_core():
     for build, lanes, family, basis in (("AVX512", 16, "zen4", "measured"),
                                         ("AVX256", 8, "zen3", "assumed"),
                                         ("AVX256", 8, "zen2", "assumed")):
-        cycles = _zen4_cycles(build)
+        cycles = _loop_cycles("cpu_adam_zen4_2026-12-06", build)
         assert len(cycles) == 2
         quoted = catalog.families[family].adam_instructions_per_cycle
         assert round(17 / (lanes * sum(cycles) / len(cycles)), 2) == quoted.value
         assert quoted.basis == basis
-    assert sum(_zen4_cycles("AVX256")) < sum(_zen4_cycles("AVX512"))
+    assert sum(_loop_cycles("cpu_adam_zen4_2026-12-06", "AVX256")) < sum(
+        _loop_cycles("cpu_adam_zen4_2026-12-06", "AVX512"))
     for intel in ("sapphire-rapids", "cascade-lake"):
         assert catalog.adam.issue_rate(catalog.families[intel]) is (
             catalog.adam.instructions_per_cycle["avx512"])
