@@ -203,6 +203,30 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "first in v0.18.7): base_optimizer.py should_refresh_expected_hook_count",
               "the count of grad_hooks_count_used_params runs at a backward phase's first "
               "hook only (the backward's, and each reentrant checkpoint's recompute)"),
+    Behaviour("zenflow", (0, 17, 5),
+              "PR #7391 'Add Zenflow code for Stage 1 & 2' (1d7b90ad, first in v0.17.5): "
+              "runtime/zenflow/zenflow_stage_1_and_2.py, runtime/zenflow/engine.py",
+              "zero_optimization.zenflow is read (ZeRO-1/2 with the optimizer on the CPU): "
+              "the top-k gradient columns are updated on the GPU at every step, the rest "
+              "accumulate for update_interval steps and are stepped on the CPU, with "
+              "overlap_step in a process of its own while the next steps run (before: the "
+              "key is refused)"),
+    Behaviour("zenflow_worker_affinity_split", (0, 17, 6),
+              "PR #7506 'Autotune ZenFlow affinity' (43537d0a, first in v0.17.6): "
+              "zenflow_utils.py start_optimizer_process",
+              "ZenFlow's optimizer process runs on the rank's cores after the first "
+              "ceil(pt_reserved_cores_perc x n), which the training process keeps (before: "
+              "on os.cpu_count() / world_size logical CPUs of its own, counted from CPU 0 "
+              "whatever the rank's binding)"),
+    Behaviour("zenflow_native_worker", (0, 19, 3),
+              "PR #8058 'run the overlapped CPU optimizer in a native process' (1ddbe484, "
+              "first in v0.19.3): zenflow_utils.py, zenflow_stage_1_and_2.py "
+              "wait_last_update_and_copy",
+              "ZenFlow's optimizer process steps the partition in C++ and writes the stale "
+              "fp32 snapshot as it goes (before: a Python process that clones the stepped "
+              "partition and copies the clone into the snapshot); the copy-back is "
+              "bit16.copy_(snapshot), a CPU cast and a blocking H2D (before: "
+              "snapshot.to(device), a blocking fp32 H2D, cast on the GPU)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -246,6 +270,9 @@ class Behaviours:
     zero12_copy_back_fp32_to_gpu: bool
     zero12_copy_back_via_16bit_host_buffer: bool
     zero12_master_pinned_only_with_pin_memory: bool
+    zenflow: bool
+    zenflow_worker_affinity_split: bool
+    zenflow_native_worker: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

@@ -227,6 +227,11 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                       "compute held: per micro-batch, how long other streams' kernels kept "
                       "compute off the SMs", highlight=False)
     console.print(_phase_table(summary, totals, counts))
+    if (step := summary.get("zenflow_step_s")) is not None:
+        steps = round(summary["iteration_s"] / step)
+        console.print(f"ZenFlow: an iteration is a window of {steps} training steps "
+                      f"(update_interval), the last one the optimizer boundary: "
+                      f"[bold]{_seconds(step)}[/bold] s per training step", highlight=False)
     memory = _memory_table(summary)
     if memory is not None:
         console.print(memory)

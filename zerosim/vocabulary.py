@@ -39,6 +39,9 @@ class Stream(StrEnum):
     COPIER_EXP_AVG_SQ = "copier.exp_avg_sq"
     COPIER_FP16 = "copier.fp16"
     CPU_DOWNSCALE = "cpu.downscale"
+    CPU_ZENFLOW = "cpu.zenflow"
+    """ZenFlow's optimizer process: the CPU update of the previous window's gradients, which
+    runs while this window's steps do."""
     NVME_READ = "nvme.read"
     NVME_WRITE = "nvme.write"
     SWAP = "swap"
@@ -108,6 +111,9 @@ class OpKind(StrEnum):
     """The gradient partitions' fp64 norms a step without offload takes on the GPU."""
     UNSCALE = "unscale"
     OPTIMIZER_STEP = "optimizer_step"
+    SELECTIVE_UPDATE = "selective_update"
+    """ZenFlow's GPU work on the top-k gradient columns: their selection and broadcast, and
+    the AdamW step of those columns on the GPU."""
     PARAM_COPY_BACK = "param_copy_back"
     """Updated 16-bit parameters written back to where the GPU reads them."""
     STATE_TO_GPU = "state_to_gpu"

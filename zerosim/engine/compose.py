@@ -32,6 +32,9 @@ which ZeRO stage and offload target.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 from zerosim.engine.gradients import BoundaryAllReduce, GradientPath, IpgBuckets
 from zerosim.engine.interleaved import GpuGradients, InterleavedStep
 from zerosim.engine.optimizer import (
@@ -69,6 +72,7 @@ from zerosim.engine.swapping import (
     PartitionsOnNvme,
     cast_into_host_or_swap_out,
 )
+from zerosim.engine.zenflow import OverlappedStep, SelectiveUpdate, Worker, then_selective_step
 from zerosim.hardware import costs
 from zerosim.vocabulary import Collective
 
@@ -79,11 +83,39 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     gpu_gradients = GpuGradients(core) if core.plan.interleaved else None
     gathers = NcclQueue(core.env)
     reductions = gathers if ctx.scenario.stack.one_process_group else NcclQueue(core.env)
+    zenflow = _zenflow(core, reductions)
     return RankProgram(core, _params(core, gathers),
-                       _gradients(core, states, gpu_gradients, reductions),
-                       _optimizer(core, states, gpu_gradients),
+                       _gradients(core, states, gpu_gradients, reductions, zenflow),
+                       _optimizer(core, states, gpu_gradients, zenflow),
                        model_states(core.ds, core.plan, core.profile, core.behaviours,
-                                    ctx.scenario.stack))
+                                    ctx.scenario.stack),
+                       background=(zenflow.worker.start,) if zenflow and zenflow.worker else ())
+
+
+@dataclass(frozen=True)
+class ZenFlowParts:
+    """ZenFlow's parts (`zenflow.py`): its GPU work after each reduction and at the step, and
+    with `overlap_step` the optimizer process."""
+
+    selective: SelectiveUpdate
+    worker: Worker | None
+
+
+def _zenflow(core: RankCore, reductions: NcclQueue) -> ZenFlowParts | None:
+    settings = core.ds.zenflow
+    if settings is None:
+        return None
+    worker = None
+    if settings.overlap_step:
+        machine, profile = core.machine, core.profile
+        threads = costs.zenflow_worker_threads(
+            profile, len(core.ranks), min(len(core.ranks), profile.gpus_per_node),
+            bound=core.ctx.scenario.runtime.bind_cores_to_rank,
+            reserved_share=settings.pt_reserved_cores_perc,
+            split=core.behaviours.zenflow_worker_affinity_split)
+        worker = Worker(core, update_groups(core.plan, core.ds.stage),
+                        min(threads, machine.threads_per_rank))
+    return ZenFlowParts(SelectiveUpdate(core, settings, reductions), worker)
 
 
 def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:
@@ -101,7 +133,8 @@ def _per_tensor_collectives(core: RankCore) -> bool:
 
 
 def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
-               gpu_gradients: GpuGradients | None, nccl: NcclQueue) -> GradientPath:
+               gpu_gradients: GpuGradients | None, nccl: NcclQueue,
+               zenflow: ZenFlowParts | None) -> GradientPath:
     ds = core.ds
     if ds.stage == 0:
         return BoundaryAllReduce(core)
@@ -111,11 +144,14 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     elif ds.stage == 3:
         sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients))
     else:
-        sink = HostAccumulation(core)
+        overlapped = zenflow is not None and zenflow.worker is not None
+        sink = HostAccumulation(core, flush_pinned=False if overlapped else None)
     return IpgBuckets(core, sink, collective, nccl, per_tensor=_per_tensor_collectives(core),
                       compute_waits=_compute_waits_for_reduction(core),
                       waits_for_each_bucket=_compute_waits_for_each_bucket(core),
-                      copies_on_compute=ds.stage in (1, 2))
+                      copies_on_compute=ds.stage in (1, 2),
+                      after_reduce=zenflow.selective if zenflow else None,
+                      transposed_copies=zenflow is not None)
 
 
 def _compute_waits_for_reduction(core: RankCore) -> bool:
@@ -139,7 +175,8 @@ def _post_step(core: RankCore) -> PostStep:
 
 
 def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
-               gpu_gradients: GpuGradients | None) -> OptimizerStep:
+               gpu_gradients: GpuGradients | None, zenflow: ZenFlowParts | None
+               ) -> OptimizerStep:
     ds = core.ds
     groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
@@ -148,8 +185,24 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         return GpuStep(core, groups, _post_step(core), adam, write_back)
     if gpu_gradients is not None:
         return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
+    if zenflow is not None and zenflow.worker is not None:
+        return OverlappedStep(core, groups, _zenflow_copy_back(core), _post_step(core),
+                              zenflow.worker, zenflow.selective)
+    post_step = _post_step(core)
+    if zenflow is not None:
+        post_step = then_selective_step(post_step, zenflow.selective)
     check = check_overflow_on_host if ds.stage == 3 else read_backward_overflow_flag
-    return CpuStep(core, groups, _copy_back(core), _post_step(core), states, check)
+    return CpuStep(core, groups, _copy_back(core), post_step, states, check)
+
+
+def _zenflow_copy_back(core: RankCore) -> CopyBack:
+    """ZenFlow's `wait_last_update_and_copy` from the optimizer process's fp32 snapshot, in
+    shared (pageable) memory: `bit16.copy_(snapshot.to(device))` up to DeepSpeed 0.19.2 (a
+    blocking fp32 H2D, cast on the GPU), `bit16.copy_(snapshot)` from 0.19.3 (a CPU cast into
+    a pageable temporary, a blocking H2D)."""
+    if core.behaviours.zenflow_native_worker:
+        return cast_then_upload
+    return partial(upload_fp32_then_cast_on_gpu, pinned=False)
 
 
 def _copy_back(core: RankCore) -> CopyBack:

@@ -20,7 +20,8 @@ import simpy
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
-from zerosim.engine.streams import Body, NcclQueue
+from zerosim.engine.streams import Body, InOrderStream, NcclQueue
+from zerosim.hardware import costs
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import Category, Collective, OpKind
 
@@ -72,6 +73,14 @@ class GradientSink(Protocol):
     def frees_grads_after_backward(self, boundary: bool) -> bool: ...
 
 
+class AfterReduce(Protocol):
+    """Work a mode adds on the reduction's stream after each bucket's reductions, before its
+    partitions move (ZenFlow's `_process_selected_fp32_groups_grad`: `zenflow.SelectiveUpdate`)."""
+
+    def after_reduce(self, bucket: list[BucketEntry], stream: InOrderStream,
+                     boundary: bool) -> Gen: ...
+
+
 class GradientPath(Protocol):
     store: GradientStore
 
@@ -82,7 +91,8 @@ class GradientPath(Protocol):
 class IpgBuckets:
     def __init__(self, core: RankCore, sink: GradientSink, collective: Collective,
                  nccl: NcclQueue, *, per_tensor: bool = False, compute_waits: bool = False,
-                 waits_for_each_bucket: bool = False, copies_on_compute: bool = False):
+                 waits_for_each_bucket: bool = False, copies_on_compute: bool = False,
+                 after_reduce: AfterReduce | None = None, transposed_copies: bool = False):
         self.core = core
         self.sink = sink
         self.collective = collective
@@ -106,6 +116,11 @@ class IpgBuckets:
         (`__add_grad_to_ipg_bucket`), ZeRO-1/2 on the default stream
         (`reduce_independent_p_g_buckets_and_remove_grads`), the reduction then waiting for
         it (`average_tensor`: `stream.wait_stream(current_stream)`)."""
+        self.after_reduce = after_reduce
+        self.transposed_copies = transposed_copies
+        """Each gradient is copied into the bucket transposed (ZenFlow's
+        `grad_reduc.permute(...).contiguous()`, then the copy): a strided pass more (taken for
+        every gradient)."""
         self.names = {c: (c.value.replace("_", "-"), OpKind(c.value))
                       for c in (collective, Collective.REDUCE_SCATTER)}
         """How each reduction's op is named, and its kind (`Enum.value` is slow on the hot
@@ -125,8 +140,15 @@ class IpgBuckets:
         in_bucket = core.ds.contiguous_gradients and self.bucket_numel + param.numel <= size
         if in_bucket:
             nbytes = core.dtype_bytes * param.numel
-            copy = core.hbm_op(self.copies, f"copy grad {core.plan.modules[param.module].name}",
-                               OpKind.GRAD_TO_BUCKET, nbytes, after=(produced,))
+            name = f"copy grad {core.plan.modules[param.module].name}"
+            if self.transposed_copies:
+                seconds = costs.hbm_s(4 * nbytes, core.profile, strided_nbytes=2 * nbytes)
+                copy = self.copies.launch(name, core.gpu_time(seconds, self.copies),
+                                          kind=OpKind.GRAD_TO_BUCKET, after=(produced,),
+                                          nbytes=nbytes)
+            else:
+                copy = core.hbm_op(self.copies, name, OpKind.GRAD_TO_BUCKET, nbytes,
+                                   after=(produced,))
             core.when_done(copy, lambda: self.store.free(param))
         else:
             self.stream.launch("wait grad", core.no_kernel, kind=OpKind.GRAD_WAIT,
@@ -285,6 +307,8 @@ class IpgBuckets:
                                 kind=OpKind.STREAM_WAIT, after=(self.stream.idle_event(),))
         self.stream.launch(f"{label} {reduced / 1e6:.0f}M", reduce_body, kind=kind,
                            after=(copied,), nbytes=core.comm_bytes * reduced)
+        if self.after_reduce is not None:
+            yield from self.after_reduce.after_reduce(bucket, self.stream, boundary)
         body, host_waits = self.sink.partition(bucket, micro, boundary)
         moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
         done = self.stream.launch(f"partition grads {len(bucket)} params", body,

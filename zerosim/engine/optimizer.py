@@ -272,17 +272,18 @@ def cast_then_upload(core: RankCore, group: int, elements: int, track: Stream) -
     core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
 
-def upload_fp32_then_cast_on_gpu(core: RankCore, group: int, elements: int, track: Stream
-                                 ) -> Gen:
+def upload_fp32_then_cast_on_gpu(core: RankCore, group: int, elements: int, track: Stream,
+                                 *, pinned: bool | None = None) -> Gen:
     """ZeRO-1/2 from DeepSpeed 0.14.1 to 0.16.x (`zero12_copy_back_fp32_to_gpu`):
     `bit16.copy_(fp32_partition.to(device))`. `.to` copies the fp32 partition (pinned in
-    these releases, `stage12_master_pinned`) H2D into a fp32 GPU temporary, the host waiting
-    for it; the compute stream then casts it into the 16-bit partition and the temporary
-    goes. Nothing runs on the host's pool (`track` unused)."""
+    these releases, `stage12_master_pinned`, unless `pinned` says otherwise) H2D into a fp32
+    GPU temporary, the host waiting for it; the compute stream then casts it into the 16-bit
+    partition and the temporary goes. Nothing runs on the host's pool (`track` unused)."""
     fp32 = FP32_BYTES * elements
     temp = core.gpu.allocate(Category.WORKSPACE, fp32, f"sub-group {group} fp32 params")
 
-    pinned = stage12_master_pinned(core.ds, core.behaviours)
+    if pinned is None:
+        pinned = stage12_master_pinned(core.ds, core.behaviours)
 
     def upload() -> Gen:
         yield from core.dma("h2d", fp32, pinned=pinned, op=f"fp32 params sub-group {group}",

@@ -7,6 +7,7 @@ gradients go and how the optimizer steps are the parts `compose.py` picked for t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from zerosim.engine.gradients import GradientPath
@@ -22,12 +23,16 @@ class OptimizerStep(Protocol):
 
 class RankProgram:
     def __init__(self, core: RankCore, params: ParameterCoordinator, gradients: GradientPath,
-                 optimizer: OptimizerStep, states: list[Holding]):
+                 optimizer: OptimizerStep, states: list[Holding], *,
+                 background: tuple[Callable[[], None], ...] = ()):
         self.core = core
         self.params = params
         self.gradients = gradients
         self.optimizer = optimizer
         self.states = states
+        self.background = background
+        """What the iteration finds running as it starts (ZenFlow's optimizer process,
+        stepping the previous window's gradients): each started with the iteration."""
         self.held: list[tuple[Holding, int]] = []
         self.recomputed_bytes = 0.0
         """The activations the last recomputed block saved: freed by its backward, they are
@@ -40,6 +45,8 @@ class RankProgram:
         what the step left running past its timer (the interleaved step's helper thread, which
         overlaps the next iteration's forward) finishes before the model states are let go."""
         self.hold_model_states()
+        for start in self.background:
+            start()
         steps = self.core.ds.gradient_accumulation_steps
         core = self.core
         yield from core.host_time(core.step_s)

@@ -274,8 +274,12 @@ def gpu_cast_then_d2h(core: RankCore, elements: int, name: str, *, pinned: bool 
 class HostAccumulation:
     """Stages 1/2 with the optimizer offloaded."""
 
-    def __init__(self, core: RankCore):
+    def __init__(self, core: RankCore, *, flush_pinned: bool | None = None):
         self.core = core
+        self.flush_pinned = flush_pinned
+        """Whether the boundary's fp32 gradient buffer is pinned, where that is not
+        `pin_memory` (ZenFlow's overlapped step copies into buffers `share_memory_` moved to
+        shared, pageable memory); None: as `pin_memory` says."""
         self.accumulates = core.ds.gradient_accumulation_steps > 1
         """`copy_grads_in_partition` runs `async_accumulate_grad_in_cpu_via_gpu` whenever
         gradient accumulation is on: stage 2 at every micro-batch, stage 1 at the boundary
@@ -334,7 +338,7 @@ class HostAccumulation:
             yield from core.gpu_kernel(
                 core.hbm_seconds((core.dtype_bytes + costs.INF_OR_NAN_GPU_BYTES_PER_ELEMENT)
                                  * checked, passes=1.0), core.reduction_stream)
-            yield from gpu_cast_then_d2h(core, elements, name)
+            yield from gpu_cast_then_d2h(core, elements, name, pinned=self.flush_pinned)
 
 
 class GpuPartitions:

@@ -62,3 +62,15 @@ PYTORCH_GRAIN_SIZE = 32_768
 every elementwise op and cast on the CPU) runs a range of fewer elements serially in the
 calling thread, with no OpenMP parallel region (ATen Parallel-inl.h: `(end - begin) <
 grain_size` runs `f(begin, end)` inline)."""
+
+ZENFLOW_ADAMW_LAUNCHES_BEFORE_SYNC = 5
+"""ZenFlow's selective AdamW (`zenflow_torch_adam.py` `_multi_tensor_adamw`) before it reads
+the step counts back: the foreach add to the steps, the weight decay `mul_`, `lerp_`, `mul_`
+and `addcmul_`, one launch each over the bucket's tensors."""
+
+ZENFLOW_ADAMW_LAUNCHES_AFTER_SYNC = 4
+"""After: `sqrt`, `div_`, `add_` and `addcdiv_`."""
+
+ZENFLOW_STEP_COUNT_READS = 2
+"""Per param, with capturable off: `_get_value(step)` for each of the two bias corrections, a
+blocking `.item()` of the param's step count, which lives on the GPU."""

@@ -320,17 +320,24 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     part = plan.partition_numel
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     master = BufferKind.PINNED if stage12_master_pinned(ds, behaviours) else BufferKind.NONE
+    overlapped = ds.zenflow is not None and ds.zenflow.overlap_step
+    if overlapped:
+        master = kind = BufferKind.PAGEABLE
     held = [
         Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params"),
         Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * dtype * ds.reduce_bucket_size,
                 "IPG bucket buffers"),
         Holding(host, Category.FP32_MASTER, _host_allocations([FP32_BYTES * part], master),
                 "fp32 partition", master),
-        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * part,
-                "exp_avg, exp_avg_sq"),
-        Holding(host, Category.FP32_GRADS, _host_allocations([FP32_BYTES * part], kind),
-                "fp32 gradients", kind),
+        Holding(host, Category.OPTIMIZER_STATES,
+                (2 if overlapped else 1) * ADAM_STATES * FP32_BYTES * part,
+                "exp_avg, exp_avg_sq" + (" (two of each)" if overlapped else "")),
+        Holding(host, Category.FP32_GRADS,
+                _host_allocations([FP32_BYTES * part] * (2 if overlapped else 1), kind),
+                "fp32 gradients" + (" (two buffers)" if overlapped else ""), kind),
     ]
+    if ds.zenflow is not None:
+        held += _zenflow_holdings(ds, part, total, dtype)
     if behaviours.zero12_copy_back_via_16bit_host_buffer:
         held.append(Holding(host, Category.PARAMS_16BIT,
                             _host_allocations([dtype * part], kind),
@@ -338,6 +345,32 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     if ds.gradient_accumulation_steps > 1:
         held.append(Holding(host, Category.GRAD_ACCUMULATION, accum * part,
                             "accumulated_grads_in_cpu", kind))
+    return held
+
+
+def _zenflow_holdings(ds: DeepSpeedConfig, part: int, total: int, dtype: int
+                      ) -> list[Holding]:
+    """What ZenFlow adds (`ds.zenflow`): the selective AdamW's exp_avg and exp_avg_sq, in the
+    params' dtype, over the selected columns of every param (each rank steps them all), in
+    HBM or, with `offload`, in host memory (pinned when `pin_memory`); with `overlap_step`
+    the optimizer process's fp32 snapshot of the partition (`stale_param`, in shared memory,
+    made after the data loader forked: its workers never see it).
+    The two Adam moments per state and the two gradient buffers of the overlapped step are
+    counted with ZeRO-1/2's own holdings (`_offloaded_stage12`), which `share_memory_` moves
+    into shared, pageable memory."""
+    zenflow = ds.zenflow
+    moments = 2 * dtype * zenflow.topk_ratio * total
+    if zenflow.offload:
+        kind = host_buffer(ds.offload_optimizer.pin_memory)
+        held = [Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES, moments,
+                        "ZenFlow's selected-column exp_avg, exp_avg_sq", kind)]
+    else:
+        held = [Holding(DeviceKind.GPU, Category.OPTIMIZER_STATES_GPU, moments,
+                        "ZenFlow's selected-column exp_avg, exp_avg_sq")]
+    if zenflow.overlap_step:
+        held.append(Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES, FP32_BYTES * part,
+                            "ZenFlow's stale fp32 snapshot of the partition",
+                            BufferKind.PAGEABLE))
     return held
 
 

@@ -133,6 +133,27 @@ grads)` (12), `_foreach_mul_(exp_avg_sqs)` (8), `_foreach_addcmul_(exp_avg_sqs, 
 `_foreach_add_(exp_avg_sq_sqrt)` (8 each), `_foreach_addcdiv_(params, exp_avgs,
 exp_avg_sq_sqrt)` (16): 80 B per element."""
 
+TORCH_ADAMW_PASSES_BEFORE_BIAS_CORRECTION = (8 + 12 + 8 + 12) / FP32_BYTES
+"""Of `TORCH_ADAMW_PASSES_BYTES`, in passes of one element: the kernels `_multi_tensor_adamw`
+launches before it reads each step count back to the host for the bias corrections
+(`_get_value(step)` with capturable off: the weight decay, the lerp, the mul and the addcmul,
+10 passes); the other 10 follow."""
+
+TORCH_ADAMW_PASSES = TORCH_ADAMW_PASSES_BYTES / FP32_BYTES
+"""The same step in passes of one element, 20: ZenFlow's selective AdamW runs it over 16-bit
+tensors (the columns it gathers from a 16-bit param, its 16-bit gradient and moments)."""
+
+ZENFLOW_STALE_COPY_HOST_BYTES = HostBytes(home=8, spread=8)
+"""ZenFlow's optimizer process up to DeepSpeed 0.19.2, after each partition's Adam:
+`stale_param.copy_(p.data.clone())`: the clone reads the fp32 master (home: `share_memory_`
+copied it into shared memory from the rank's thread) and writes a fresh temporary its pool
+faults in (spread), the copy reads that and writes the snapshot (home, copied into shared
+memory the same way): 16 B per element."""
+
+ZENFLOW_NATIVE_STALE_HOST_BYTES = HostBytes(home=4)
+"""From 0.19.3 the native process writes the fp32 snapshot as its Adam goes (`adam_update_multi`
+writes `stale` beside the param): 4 B per element more on the Adam's pass."""
+
 TORCH_ADAMW = GpuAdam(UNSCALE_HOST_BYTES.total + TORCH_ADAMW_PASSES_BYTES, FP32_BYTES)
 """The GPU optimizer DeepSpeed's ZeRO-3 steps a sub-group with when the CPU optimizer does
 not: `backup_optimizer`, a `torch.optim.AdamW` (stage3.py, the sub-groups of an
@@ -337,6 +358,23 @@ def tree_all_reduce_latency(gpus_per_node: Sequence[int], *, nvlink_latency_s: f
     106, 454 and 14,794 (`zerosim validate`, collective latencies)."""
     levels = math.ceil(math.log2(len(gpus_per_node)))
     return 2 * ((max(gpus_per_node) - 1) * nvlink_latency_s + levels * network_latency_s)
+
+
+def zenflow_worker_threads(profile: HardwareProfile, world: int, ranks_on_node: int, *,
+                           bound: bool, reserved_share: float, split: bool) -> int:
+    """The cores of ZenFlow's optimizer process, one thread on each.
+
+    From DeepSpeed 0.17.6 (`split`, zenflow_utils.py `start_optimizer_process`): the rank's
+    cores, the physical cores its launcher bound it to (`bound`) or, unbound, an even share
+    of the node's physical cores over the world's ranks, less the first ceil(reserved_share x
+    n) the training process keeps (none kept where that leaves none or all). Before: the
+    logical CPUs os.cpu_count() // world_size from CPU 0 up, whatever the binding."""
+    if not split:
+        return max(1, profile.hardware_threads // world)
+    cores = (max(1, profile.physical_cores // ranks_on_node) if bound
+             else max(1, profile.physical_cores // world))
+    kept = math.ceil(reserved_share * cores)
+    return cores - kept if 0 < kept < cores else cores
 
 
 def default_threads_per_rank(profile: HardwareProfile, ranks_on_node: int, *,

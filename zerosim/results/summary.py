@@ -244,6 +244,15 @@ def _memory_reports_s(raw: RawRun) -> float:
     return 0.0 if reports is None else reports.per_step_s
 
 
+def _zenflow_step_s(ds: Any, iteration: float | None) -> float | None:
+    """With ZenFlow an iteration is a window of `update_interval` training steps, each one
+    micro-batch and one call of the engine's `step` (what ZenFlow's users time per step); None
+    without ZenFlow."""
+    if ds.zenflow is None or not iteration:
+        return None
+    return iteration / ds.gradient_accumulation_steps
+
+
 def summarize(raw: RawRun) -> dict[str, Any]:
     """The summary of every rank: a folded run's phases and PCIe spans are given for every
     rank of the simulated node (as `RawRun.every_rank` gives them; its GPU peaks are those of
@@ -269,6 +278,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "nodes": -(-ranks // scenario.hardware.gpus_per_node),
         "deepspeed_version": scenario.runtime.version_text,
         "iteration_s": iteration,
+        "zenflow_step_s": _zenflow_step_s(ds, iteration),
         "phases_s": phase_seconds(phases, ds.gradient_accumulation_steps),
         "compute_held_s": compute_held_seconds(phases, ds.gradient_accumulation_steps),
         "memory_reports_s": _memory_reports_s(raw) if iteration else None,

@@ -125,6 +125,23 @@ class _Aio(_Open):
     _whole = field_validator("block_size", "queue_depth", "thread_count", mode="before")(_whole)
 
 
+class _ZenFlow(_Open):
+    """`zero_optimization.zenflow` (runtime/zenflow/zenflow_config.py, DeepSpeed 0.17.5+)."""
+
+    topk_ratio: float = Field(0.1, ge=0, le=1)
+    select_strategy: Literal["auto", "step", "epoch"] = "auto"
+    select_interval: Literal["auto"] | int = "auto"
+    update_interval: Literal["auto"] | int = "auto"
+    overlap_step: bool = False
+    offload: bool = False
+    auto_ratio: float = Field(0.99, ge=0, le=1)
+    full_warm_up_rounds: int = Field(0, ge=0)
+    pt_reserved_cores_perc: float = Field(0.5, ge=0, le=1)
+
+    _whole = field_validator("select_interval", "update_interval", "full_warm_up_rounds",
+                             mode="before")(_whole)
+
+
 class _Zero(_Open):
     stage: Literal[0, 1, 2, 3] = 0
     overlap_comm: bool | None = None
@@ -139,6 +156,7 @@ class _Zero(_Open):
     stage3_param_persistence_threshold: float = Field(1e5, ge=0)
     offload_optimizer: _OffloadOptimizer = _OffloadOptimizer()
     offload_param: _OffloadParam = _OffloadParam()
+    zenflow: _ZenFlow | None = None
 
 
 class _Optimizer(_Open):
@@ -222,6 +240,34 @@ class AioSettings:
                 "overlap_events": self.overlap_events}
 
 
+@dataclass(frozen=True)
+class ZenFlowSettings:
+    """`zero_optimization.zenflow` as resolved. `update_interval` None is DeepSpeed's "auto"
+    (the gradients' norms decide when the CPU update runs: `zerosim.scenario.support`
+    refuses it); otherwise DeepSpeed makes it the run's gradient accumulation
+    (`configure_zenflow`), and one replayed iteration is that many training steps. The
+    gradient selection, once per epoch by default, and the `full_warm_up_rounds` before it
+    are start-up work that a steady-state window does not hold."""
+
+    topk_ratio: float = 0.1
+    update_interval: int | None = None
+    overlap_step: bool = False
+    offload: bool = False
+    select_strategy: str = "auto"
+    select_interval: int | str = "auto"
+    full_warm_up_rounds: int = 0
+    pt_reserved_cores_perc: float = 0.5
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topk_ratio": self.topk_ratio, "select_strategy": self.select_strategy,
+                "select_interval": self.select_interval,
+                "update_interval": ("auto" if self.update_interval is None
+                                    else self.update_interval),
+                "overlap_step": self.overlap_step, "offload": self.offload,
+                "full_warm_up_rounds": self.full_warm_up_rounds,
+                "pt_reserved_cores_perc": self.pt_reserved_cores_perc}
+
+
 def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
     """DeepSpeed's memory reports in an optimizer step with `memory_breakdown` on: before and
     after each micro-batch's forward and backward, and before and after the step
@@ -265,6 +311,8 @@ class DeepSpeedConfig:
     memory_breakdown: bool = False
     """The engine prints rank 0's memory before and after each forward, backward and step
     (`see_memory_usage(..., force=True)`), each time after a full `gc.collect()`."""
+    zenflow: ZenFlowSettings | None = None
+    """ZenFlow's options (DeepSpeed 0.17.5+), None without the key."""
 
     @property
     def memory_reports(self) -> int:
@@ -290,6 +338,7 @@ class DeepSpeedConfig:
             "stage3_param_persistence_threshold": self.stage3_param_persistence_threshold,
             "offload_optimizer": _offload_optimizer_dict(self.offload_optimizer),
             "offload_param": _offload_param_dict(self.offload_param),
+            **({"zenflow": self.zenflow.to_dict()} if self.zenflow is not None else {}),
         }
         return {
             "train_batch_size": self.train_batch_size,
@@ -515,6 +564,76 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
             "divides by gap - 1)", o.prefetch_optimizer_gap)
 
 
+ZENFLOW_KEY = f"{ZERO_KEY}.zenflow"
+
+
+def _zenflow(zero: _Zero, behaviours: Behaviours, source: str) -> ZenFlowSettings | None:
+    """`zero_optimization.zenflow`, refused where DeepSpeed refuses it: a release before
+    0.17.5 does not know the key (its ZeRO config forbids extra keys); ZenFlow's optimizer
+    raises "Zenflow must be used with cpu offload" and asserts `overlap_comm` for its
+    `offload`; `configure_zenflow` and the config's validator raise on the select and update
+    intervals below."""
+    raw = zero.zenflow
+    if raw is None:
+        return None
+    if not behaviours.zenflow:
+        raise ScenarioError(source, ZENFLOW_KEY, "absent before DeepSpeed 0.17.5 (ZenFlow "
+                            "came with PR #7391; an earlier release refuses the key)",
+                            "a zenflow section")
+    if zero.offload_optimizer.device != "cpu":
+        raise ScenarioError(source, f"{ZERO_KEY}.offload_optimizer.device",
+                            "'cpu' with zenflow (DeepSpeed: 'Zenflow must be used with cpu "
+                            "offload')", zero.offload_optimizer.device)
+    if raw.offload and not zero.overlap_comm:
+        raise ScenarioError(source, f"{ZERO_KEY}.overlap_comm", "true with zenflow.offload "
+                            "(DeepSpeed asserts 'offload selective optimizer should be used "
+                            "with overlap_comm')", zero.overlap_comm)
+    update = raw.update_interval
+    if update != "auto" and update < 1:
+        raise ScenarioError(source, f"{ZENFLOW_KEY}.update_interval",
+                            "'auto' or a whole number >= 1 (DeepSpeed makes it the gradient "
+                            "accumulation)", update)
+    _check_zenflow_selection(raw, source)
+    return ZenFlowSettings(
+        topk_ratio=raw.topk_ratio, update_interval=None if update == "auto" else update,
+        overlap_step=raw.overlap_step, offload=raw.offload,
+        select_strategy=raw.select_strategy, select_interval=raw.select_interval,
+        full_warm_up_rounds=raw.full_warm_up_rounds,
+        pt_reserved_cores_perc=raw.pt_reserved_cores_perc)
+
+
+def _check_zenflow_selection(raw: _ZenFlow, source: str) -> None:
+    """`configure_zenflow`: the "auto" strategy takes no interval (it raises `Warning`, an
+    exception), the others need one, and a fixed selection interval of steps may not be
+    shorter than a fixed update interval."""
+    key = f"{ZENFLOW_KEY}.select_interval"
+    interval = raw.select_interval
+    if raw.select_strategy == "auto" and interval != "auto":
+        raise ScenarioError(source, key, "'auto' with select_strategy 'auto' (DeepSpeed "
+                            "raises: the auto strategy selects once per epoch)", interval)
+    if raw.select_strategy != "auto" and interval == "auto":
+        raise ScenarioError(source, key, f"a whole number with select_strategy "
+                            f"'{raw.select_strategy}' (DeepSpeed: 'If don't use auto select "
+                            "strategy, select_interval must be a number')", interval)
+    if interval != "auto" and interval < 0:
+        raise ScenarioError(source, key, "a whole number >= 0", interval)
+    update = raw.update_interval
+    if (raw.select_strategy == "step" and update != "auto" and interval != 0
+            and interval < update):
+        raise ScenarioError(source, key, f"0 or at least update_interval ({update}) "
+                            "(DeepSpeed: 'Select interval must be greater or equal to update "
+                            "interval')", interval)
+
+
+def _accumulation(steps: int, zenflow: ZenFlowSettings | None) -> int:
+    """ZenFlow with a fixed update interval makes it the engine's gradient accumulation
+    (`configure_zenflow`: `_config.gradient_accumulation_steps = update_interval`), whatever
+    the config says; the micro-batch stays what the config's sizes give."""
+    if zenflow is None or zenflow.update_interval is None:
+        return steps
+    return zenflow.update_interval
+
+
 def _aio_settings(raw: _Aio | None) -> AioSettings:
     raw = raw or _Aio()
     return AioSettings(raw.block_size, raw.queue_depth, raw.thread_count, raw.single_submit,
@@ -595,6 +714,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                             zero.offload_optimizer.ratio)
     _check_nvme(zero, source)
     _check_fork_options(zero, behaviours, build_label, source)
+    zenflow = _zenflow(zero, behaviours, source)
     aio = _aio_settings(raw.aio)
     pin_default = behaviours.offload_pin_memory_default_true
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0
@@ -602,7 +722,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                                      _fork_gap(zero, build_label))
     resolved = DeepSpeedConfig(
         train_micro_batch_size_per_gpu=batch.train_micro_batch_size_per_gpu,
-        gradient_accumulation_steps=batch.gradient_accumulation_steps,
+        gradient_accumulation_steps=_accumulation(batch.gradient_accumulation_steps, zenflow),
         dtype=dtype,
         grad_accum_dtype=raw.data_types.grad_accum_dtype or dtype,
         communication_dtype=raw.communication_data_type or dtype,
@@ -628,6 +748,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         autotp_size=_autotp_size(raw, behaviours, source),
         torch_adam=torch_adam,
         memory_breakdown=raw.memory_breakdown,
+        zenflow=zenflow,
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

@@ -18,6 +18,7 @@ def check_supported(scenario: Any) -> None:
                  _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
                  _what_ifs_not_with_nvme, _interleaved_update_is_offloaded_stage3,
                  _step_what_ifs_not_with_the_interleaved_update,
+                 _zenflow_is_zero12_with_a_fixed_interval,
                  _nvme_buffers_suffice):
         rule(scenario)
 
@@ -214,6 +215,25 @@ def _step_what_ifs_not_with_the_interleaved_update(scenario: Any) -> None:
                 _refuse(scenario, f"what_if.{name}", "off with the Deep Optimizer States "
                         "fork's prefetch_optimizer (its interleaved update replaces the step "
                         "this what-if changes)", getattr(what_if, name))
+
+
+def _zenflow_is_zero12_with_a_fixed_interval(scenario: Any) -> None:
+    """zerosim replays ZenFlow's ZeRO-1/2 optimizer (`zenflow_stage_1_and_2.py`) over a
+    window of `update_interval` training steps; ZeRO-3's (DeepSpeed 0.18.1+) is not modelled,
+    and an "auto" interval is set at run time by the gradients' norms."""
+    ds = scenario.deepspeed
+    zenflow = ds.zenflow
+    if zenflow is None:
+        return
+    if ds.stage not in (1, 2):
+        _refuse(scenario, f"{ZERO}.stage", "1 or 2 with zenflow (zerosim replays ZenFlow's "
+                "ZeRO-1/2 optimizer; its ZeRO-3 one, from DeepSpeed 0.18.1, is not modelled)",
+                ds.stage)
+    if zenflow.update_interval is None:
+        _refuse(scenario, f"{ZERO}.zenflow.update_interval",
+                "a whole number of steps (with 'auto' ZenFlow runs the CPU update when the "
+                "accumulated gradients' norms say so, which depends on the data: give the "
+                "interval to replay, 4 in DeepSpeed's ZenFlow examples)", "auto")
 
 
 def _nvme_buffers_suffice(scenario: Any) -> None:

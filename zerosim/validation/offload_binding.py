@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.validation.reference import reference_data
+from zerosim.vocabulary import PhaseTime
 
 DATA_FILE = "deepspeed_offload_dgx_a100.yaml"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +63,16 @@ def load_offload_study() -> OffloadStudy:
 def timed_step_s(summary: Mapping[str, Any]) -> float | None:
     """What the script's per-step timer holds, from a run's summary: its forward, backward and
     update (one micro-batch a step), not the work between them (the data loader's next
-    batch, which the timer leaves out). None when the run did not finish."""
+    batch, which the timer leaves out). With ZenFlow an iteration is a window of steps (one
+    micro-batch each, the last the boundary): the window's phases over its steps, as the
+    blog's averages over many steps take them. None when the run did not finish."""
     if summary["status"] != "ok":
         return None
-    return sum(seconds for seconds in summary["phases_s"].values() if seconds is not None)
+    phases = {key: seconds or 0.0 for key, seconds in summary["phases_s"].items()}
+    if summary.get("zenflow_step_s") is None:
+        return sum(phases.values())
+    steps = round(summary["iteration_s"] / summary["zenflow_step_s"])
+    window = (steps * phases[PhaseTime.FORWARD] + (steps - 1)
+              * phases[PhaseTime.BACKWARD_NON_BOUNDARY] + phases[PhaseTime.BACKWARD_BOUNDARY]
+              + phases[PhaseTime.UPDATE])
+    return window / steps
