@@ -4,16 +4,17 @@ Run: `python benchmarks/physics.py [--quick] [--step 0.1] [--workers 2]`. For co
 shaped like the ones zerosim's predictions are judged on (the study's three, Polaris runs at
 DP=1 and DP=4 on both testbeds, bound and unbound, the Deep Optimizer States fork's
 asynchronous flush and interleaved update, two and eight Polaris nodes, the MLP-Offload NVMe
-run, ZeRO-2 Offload on a DGX A100, the parameters offloaded on the H200 VM, the seed's 64
-p4d nodes and a mixture of experts on a DGX H100), it runs `zerosim sensitivity` (each value of
-the profile and the stack moved by --step both ways, one at a time) and checks the sign of the
-iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger bandwidth, rate,
-clock, efficiency or thread count may only shorten the iteration; a larger latency, fixed
-cost, host time or contention may only lengthen it. A value that moves it the other way by
-`SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can make that
-real (a copy that ends sooner runs into a kernel it missed before), but rarely by much, so a
-large one is where to look for a fault in the engine. The exit status is 1 if any is listed.
-No time is asserted here: the figures are the elasticities, and the tests hold the exact ones.
+run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, the parameters offloaded on the H200 VM,
+the seed's 64 p4d nodes and a mixture of experts on a DGX H100), it runs `zerosim sensitivity`
+(each value of the profile and the stack moved by --step both ways, one at a time) and checks
+the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
+bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a larger
+latency, fixed cost, host time or contention may only lengthen it. A value that moves it the
+other way by `SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can
+make that real (a copy that ends sooner runs into a kernel it missed before), but rarely by
+much, so a large one is where to look for a fault in the engine. The exit status is 1 if any is
+listed. No time is asserted here: the figures are the elasticities, and the tests hold the
+exact ones.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      SCENARIOS / "calibration" / "h100_nvme" / "mlp-offload-44.28b-dp4-mb1-ga1-sg1e08-bound.yaml",
      {}),
     ("ZeRO-2 Offload, DGX A100", SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b.yaml", {}),
+    ("ZenFlow, DGX A100", SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b-zenflow.yaml", {}),
     ("parameters offloaded, H200", SCENARIOS / "h200_vm" / "llama3b_param.yaml", {}),
     ("64 p4d nodes", SCENARIOS / "seed003" / "roberta10b_p4d64.yaml", {}),
     ("MoE on a DGX H100", SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),

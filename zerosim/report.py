@@ -39,6 +39,10 @@ def _mode(scenario: Scenario) -> str:
         where = [f"optimizer on {optimizer}"]
     if ds.offload_param.enabled:
         where.append(f"params on {ds.offload_param.device}")
+    if ds.zenflow is not None:
+        overlap = ", its CPU step overlapped" if ds.zenflow.overlap_step else ""
+        where.append(f"ZenFlow (top {ds.zenflow.topk_ratio:g} of the gradient columns on the "
+                     f"GPU, the rest every {ds.gradient_accumulation_steps} steps{overlap})")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 
@@ -71,6 +75,9 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank {_threads_text(scenario)}")
     top.add_row("cpu pools", _pools_text(scenario.cpu_pools()))
+    if (threads := scenario.zenflow_worker_threads()) is not None:
+        top.add_row("zenflow", f"the optimizer process of each rank on {threads} threads "
+                    f"(pt_reserved_cores_perc {ds.zenflow.pt_reserved_cores_perc:g})")
     if scenario.deepspeed.offload_optimizer.enabled:
         top.add_row("cpu adam", _adam_text(scenario))
     if reports := _reports_text(scenario):

@@ -13,17 +13,19 @@ which ZeRO stage and offload target.
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
 | optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
 |                       | (optimizer.params.torch_adam;| (FusedAdam or torch AdamW; each group     |
-|                       | offload_param)               | written back to host params); interleaved |
+|                       | offload_param; zenflow)      | written back to host params); interleaved |
 |                       |                              | CPU/GPU (Deep Optimizer States            |
-|                       |                              | `prefetch_optimizer`)                     |
+|                       |                              | `prefetch_optimizer`); ZenFlow's step,    |
+|                       |                              | overlapped with its optimizer process     |
+| after each reduction  | zenflow                      | nothing; ZenFlow's selective update       |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
 | overflow check (CPU   | stage                        | over the host's 16-bit gradients (3); the |
 | step)                 |                              | flag the backward's GPU checks set (1/2)  |
 | copy-back             | offload_param; stage;        | CPU cast + H2D; fp32 H2D + GPU cast       |
-|                       | DeepSpeed behaviours         | (ZeRO-1/2 0.14.1-0.16); CPU cast into a   |
-|                       |                              | 16-bit host buffer + H2D (ZeRO-1/2 from   |
-|                       |                              | 0.17.0); cast into host params (and swap  |
-|                       |                              | out to NVMe)                              |
+|                       | DeepSpeed behaviours;        | (ZeRO-1/2 0.14.1-0.16; ZenFlow's, pageable|
+|                       | zenflow                      | to 0.19.2); CPU cast into a 16-bit host   |
+|                       |                              | buffer + H2D (ZeRO-1/2 from 0.17.0); cast |
+|                       |                              | into host params (and swap out to NVMe)   |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
 | NCCL queues           | stack `process_groups`       | one for the all-gathers and one for the   |
 |                       |                              | gradient reductions; one for both         |
@@ -105,16 +107,9 @@ def _zenflow(core: RankCore, reductions: NcclQueue) -> ZenFlowParts | None:
     settings = core.ds.zenflow
     if settings is None:
         return None
-    worker = None
-    if settings.overlap_step:
-        machine, profile = core.machine, core.profile
-        threads = costs.zenflow_worker_threads(
-            profile, len(core.ranks), min(len(core.ranks), profile.gpus_per_node),
-            bound=core.ctx.scenario.runtime.bind_cores_to_rank,
-            reserved_share=settings.pt_reserved_cores_perc,
-            split=core.behaviours.zenflow_worker_affinity_split)
-        worker = Worker(core, update_groups(core.plan, core.ds.stage),
-                        min(threads, machine.threads_per_rank))
+    threads = core.ctx.scenario.zenflow_worker_threads()
+    worker = (Worker(core, update_groups(core.plan, core.ds.stage), threads)
+              if threads is not None else None)
     return ZenFlowParts(SelectiveUpdate(core, settings, reductions), worker)
 
 
@@ -145,7 +140,8 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients))
     else:
         overlapped = zenflow is not None and zenflow.worker is not None
-        sink = HostAccumulation(core, flush_pinned=False if overlapped else None)
+        sink = HostAccumulation(core, flush_pinned=False if overlapped else None,
+                                reduces_every_step=zenflow is not None)
     return IpgBuckets(core, sink, collective, nccl, per_tensor=_per_tensor_collectives(core),
                       compute_waits=_compute_waits_for_reduction(core),
                       waits_for_each_bucket=_compute_waits_for_each_bucket(core),

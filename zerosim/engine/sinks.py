@@ -274,12 +274,17 @@ def gpu_cast_then_d2h(core: RankCore, elements: int, name: str, *, pinned: bool 
 class HostAccumulation:
     """Stages 1/2 with the optimizer offloaded."""
 
-    def __init__(self, core: RankCore, *, flush_pinned: bool | None = None):
+    def __init__(self, core: RankCore, *, flush_pinned: bool | None = None,
+                 reduces_every_step: bool = False):
         self.core = core
         self.flush_pinned = flush_pinned
         """Whether the boundary's fp32 gradient buffer is pinned, where that is not
         `pin_memory` (ZenFlow's overlapped step copies into buffers `share_memory_` moved to
         shared, pageable memory); None: as `pin_memory` says."""
+        self.reduces_every_step = reduces_every_step or core.ds.stage == 2
+        """Stage 2 reduces at every micro-batch, stage 1 at the boundary only, unless ZenFlow
+        runs it (engine.py `allreduce_gradients`: `elif self.zenflow: reduce_gradients`,
+        after each backward; replayed as stage 2's, bucket by bucket during it)."""
         self.accumulates = core.ds.gradient_accumulation_steps > 1
         """`copy_grads_in_partition` runs `async_accumulate_grad_in_cpu_via_gpu` whenever
         gradient accumulation is on: stage 2 at every micro-batch, stage 1 at the boundary
@@ -288,10 +293,10 @@ class HostAccumulation:
 
     def reduces_at(self, micro: int, boundary: bool) -> bool:
         """Stage 1 keeps accumulating full gradients on the GPU and reduces at the boundary."""
-        return self.core.ds.stage == 2 or boundary
+        return self.reduces_every_step or boundary
 
     def frees_grads_after_backward(self, boundary: bool) -> bool:
-        return self.core.ds.stage == 2 or boundary
+        return self.reduces_every_step or boundary
 
     def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
                   ) -> tuple[Body, bool]:

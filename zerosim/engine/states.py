@@ -337,7 +337,7 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                 "fp32 gradients" + (" (two buffers)" if overlapped else ""), kind),
     ]
     if ds.zenflow is not None:
-        held += _zenflow_holdings(ds, part, total, dtype)
+        held += _zenflow_holdings(ds, plan, dtype)
     if behaviours.zero12_copy_back_via_16bit_host_buffer:
         held.append(Holding(host, Category.PARAMS_16BIT,
                             _host_allocations([dtype * part], kind),
@@ -348,27 +348,27 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     return held
 
 
-def _zenflow_holdings(ds: DeepSpeedConfig, part: int, total: int, dtype: int
-                      ) -> list[Holding]:
+def _zenflow_holdings(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]:
     """What ZenFlow adds (`ds.zenflow`): the selective AdamW's exp_avg and exp_avg_sq, in the
     params' dtype, over the selected columns of every param (each rank steps them all), in
-    HBM or, with `offload`, in host memory (pinned when `pin_memory`); with `overlap_step`
-    the optimizer process's fp32 snapshot of the partition (`stale_param`, in shared memory,
-    made after the data loader forked: its workers never see it).
-    The two Adam moments per state and the two gradient buffers of the overlapped step are
-    counted with ZeRO-1/2's own holdings (`_offloaded_stage12`), which `share_memory_` moves
-    into shared, pageable memory."""
+    HBM or, with `offload`, in host memory (each param's two pinned apart when `pin_memory`);
+    with `overlap_step` the optimizer process's fp32 snapshot of the partition
+    (`stale_param`, in shared memory, made after the data loader forked: its workers never
+    see it). The two Adam moments per state and the two gradient buffers of the overlapped
+    step are counted with ZeRO-1/2's own holdings (`_offloaded_stage12`), which
+    `share_memory_` moves into shared, pageable memory."""
     zenflow = ds.zenflow
-    moments = 2 * dtype * zenflow.topk_ratio * total
+    moments = [dtype * zenflow.topk_ratio * p.numel for p in plan.all_params] * 2
+    what = "ZenFlow's selected-column exp_avg, exp_avg_sq"
     if zenflow.offload:
         kind = host_buffer(ds.offload_optimizer.pin_memory)
-        held = [Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES, moments,
-                        "ZenFlow's selected-column exp_avg, exp_avg_sq", kind)]
+        held = [Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES,
+                        _host_allocations(moments, kind), what, kind)]
     else:
-        held = [Holding(DeviceKind.GPU, Category.OPTIMIZER_STATES_GPU, moments,
-                        "ZenFlow's selected-column exp_avg, exp_avg_sq")]
+        held = [Holding(DeviceKind.GPU, Category.OPTIMIZER_STATES_GPU, sum(moments), what)]
     if zenflow.overlap_step:
-        held.append(Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES, FP32_BYTES * part,
+        held.append(Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES,
+                            FP32_BYTES * plan.partition_numel,
                             "ZenFlow's stale fp32 snapshot of the partition",
                             BufferKind.PAGEABLE))
     return held

@@ -93,6 +93,7 @@ class SelectiveUpdate:
         clone_s = core.hbm_seconds(GATHER_PASSES * d * selected, passes=1.0)
         key = core.next_key(Collective.ALL_GATHER)
         turn = self.nccl.issue()
+        held: dict[str, int] = {}
 
         def select() -> Gen:
             flat = core.gpu.allocate(Category.GRAD_PARTITIONS, d * selected,
@@ -109,7 +110,6 @@ class SelectiveUpdate:
             core.gpu.free(Category.GRAD_PARTITIONS, flat)
             held["clones"] = clones
 
-        held: dict[str, int] = {}
         stream.launch(f"zenflow select {params} params", select,
                       kind=OpKind.SELECTIVE_UPDATE, nbytes=d * selected)
         if boundary:

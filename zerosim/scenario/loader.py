@@ -20,7 +20,12 @@ from zerosim.behaviours import (
     unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
-from zerosim.hardware.costs import CpuPools, cpu_pools
+from zerosim.hardware.costs import (
+    CpuPools,
+    cpu_pools,
+    default_threads_per_rank,
+    zenflow_worker_threads,
+)
 from zerosim.hardware.placement import CoreOrder
 from zerosim.hardware.profile import (
     HardwareProfile,
@@ -166,6 +171,22 @@ class Scenario:
         return cpu_pools(self.hardware, self.ranks_on_fullest_node,
                          self.runtime.cpu_threads_per_rank,
                          bound=self.runtime.bind_cores_to_rank)
+
+    def zenflow_worker_threads(self) -> int | None:
+        """Threads of ZenFlow's optimizer process on a rank of the fullest node (its cores,
+        `costs.zenflow_worker_threads`, at most the rank's pool); None without its
+        overlapped step."""
+        zenflow = self.deepspeed.zenflow
+        if zenflow is None or not zenflow.overlap_step:
+            return None
+        bound = self.runtime.bind_cores_to_rank
+        ranks = self.ranks_on_fullest_node
+        pool = (self.runtime.cpu_threads_per_rank
+                or default_threads_per_rank(self.hardware, ranks, bound=bound))
+        return min(pool, zenflow_worker_threads(
+            self.hardware, self.data_parallel, ranks, bound=bound,
+            reserved_share=zenflow.pt_reserved_cores_perc,
+            split=self.behaviours.zenflow_worker_affinity_split))
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario with every default filled in (what `zerosim check` prints)."""
