@@ -251,3 +251,11 @@ def test_zero1_reduces_at_every_step_under_zenflow(toy):
                      "deepspeed": {"gradient_accumulation_steps": 2,
                                    "zero_optimization": {"stage": 1}}}).spans
     assert sorted(set(plain[plain.op_kind == "reduce_scatter"].micro_batch)) == [1]
+
+
+def test_tune_refuses_a_zenflow_scenario():
+    """ZenFlow fixes the stage, the offload and the accumulation that tune moves."""
+    from zerosim.tune import TuneError, tune
+
+    with pytest.raises(TuneError, match=r"zero_optimization\.zenflow"):
+        tune(ZENFLOW_SCENARIO)

@@ -360,6 +360,12 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     started = time.perf_counter()
     fixed = dict(overrides or {})
     scenario = load_scenario(scenario_path, fixed)
+    if scenario.deepspeed.zenflow is not None:
+        raise TuneError(f"{scenario.source}: deepspeed.zero_optimization.zenflow: expected a "
+                        "scenario without ZenFlow (its update_interval is the run's gradient "
+                        "accumulation and it needs ZeRO-1/2 with the optimizer on the CPU, "
+                        "which are knobs tune moves; compare ZenFlow's settings with zerosim "
+                        "sweep over zero_optimization.zenflow keys), got a zenflow section")
     base = as_given(scenario)
     tokens = (base.micro_batch * base.gradient_accumulation * scenario.data_parallel
               * scenario.sequence_length)
