@@ -259,3 +259,10 @@ def test_tune_refuses_a_zenflow_scenario():
 
     with pytest.raises(TuneError, match=r"zero_optimization\.zenflow"):
         tune(ZENFLOW_SCENARIO)
+
+
+def test_a_selection_every_few_steps_is_said_not_to_be_replayed(toy):
+    from zerosim.scenario.support import UnreplayedSelectionWarning
+
+    with pytest.warns(UnreplayedSelectionWarning, match="select_interval: 4 steps"):
+        toy.scenario(_zenflow(select_strategy="step", select_interval=4))

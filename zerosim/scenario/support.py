@@ -35,12 +35,34 @@ class ForkStepFailsWarning(ScenarioWarning):
     """A layout the Deep Optimizer States fork's step, as its code reads, stops on."""
 
 
+class UnreplayedSelectionWarning(ScenarioWarning):
+    """ZenFlow re-selects its gradient columns every few steps, which zerosim does not
+    replay."""
+
+
 def warn_inert(scenario: Any) -> None:
     """Warn about settings that are valid but do nothing here (a sweep may pass through them
     on purpose, so they are not refused)."""
     _warn_unpriced_reports(scenario)
     _warn_inert_gpu_update(scenario)
     _warn_gpu_subgroup_of_a_later_param_group(scenario)
+    _warn_zenflow_selection_by_steps(scenario)
+
+
+def _warn_zenflow_selection_by_steps(scenario: Any) -> None:
+    """ZenFlow's `select_strategy: step` re-selects the top-k columns every `select_interval`
+    steps (`update_selected_channels` after each reduction, the fp32 partition re-synced from
+    the GPU, the moments cleared); a replayed window holds none of that, as with the default
+    once-per-epoch selection."""
+    zenflow = scenario.deepspeed.zenflow
+    if zenflow is None or zenflow.select_strategy != "step" or not zenflow.select_interval:
+        return
+    warnings.warn(
+        f"{scenario.source}: {ZERO}.zenflow.select_interval: {zenflow.select_interval} steps "
+        "between selections of the gradient columns; zerosim does not replay the selection "
+        "(its column sums, top-k and index broadcasts, and the fp32 partition re-synced from "
+        "the GPU), so a window that holds one is priced short", UnreplayedSelectionWarning,
+        stacklevel=5)
 
 
 def _warn_unpriced_reports(scenario: Any) -> None:
