@@ -9,18 +9,17 @@ models on 2 to 16 Polaris nodes at micro-batch 1 and 4; the MLP-Offload runs on 
 (optimizer on NVMe) and four Polaris models with ZeRO-3's gradients reduce-scattered and
 all-reduced (`reduce_scatter`); and ZeRO-1/2/3 with and without offload and gradient
 accumulation at every release where a DeepSpeed behaviour changes, and ZeRO-3 with the
-parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam)
-at each of those releases; and Qwen3-8B, Qwen3-30B-A3B and Mixtral-8x7B on the
-hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or the CPU, and
-DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager and
-flash attention. It
-prints how many ran, how many did not fit (a result, not a failure) grouped by the device,
-kind of allocation and module that did not fit, with how far past the device's capacity
-(GiB: a fraction of one is within the memory model's error), every clear refusal grouped by
-its message,
-and every crash
-or non-finite phase time with its case; the exit status is 1 if there was any. No figure is
-asserted here: a crash is a bug to fix, an OOM or a refusal a result to read.
+parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam) at
+each of those releases; and ZenFlow at ZeRO-1 and 2, its step overlapped or not, at DP=1 and 4
+(its moments offloaded at DP=4), at each release from 0.17.5; and Qwen3-8B, Qwen3-30B-A3B and
+Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
+the CPU, and DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager
+and flash attention. It prints how many ran, how many did not fit (a result, not a failure)
+grouped by the device, kind of allocation and module that did not fit, with how far past the
+device's capacity (GiB: a fraction of one is within the memory model's error), every clear
+refusal grouped by its message, and every crash or non-finite phase time with its case; the exit
+status is 1 if there was any. No figure is asserted here: a crash is a bug to fix, an OOM or a
+refusal a result to read.
 """
 
 from __future__ import annotations
@@ -122,6 +121,17 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     OFFLOAD + "device": optimizer, PARAMS + "device": "cpu",
                     PARAMS + "pin_memory": True, "deepspeed.optimizer.params.torch_adam":
                     optimizer == "none" and dp == 4}))
+    zenflow_releases = [since for since in releases if since >= (0, 17, 5)]
+    for since in zenflow_releases[::3] if quick else zenflow_releases:
+        for stage in (1, 2):
+            for overlap in (True, False):
+                for dp in (1, 4):
+                    out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                        "runtime.deepspeed_version": format_version(since), "data_parallel": dp,
+                        "deepspeed.zero_optimization.stage": stage, OFFLOAD + "device": "cpu",
+                        "deepspeed.zero_optimization.overlap_comm": True,
+                        "deepspeed.zero_optimization.zenflow": {
+                            "update_interval": 4, "overlap_step": overlap, "offload": dp == 4}}))
     for model in HF_MODELS[::2] if quick else HF_MODELS:
         layouts = ((("fused", "hooked"), ("per_expert", "hooked"), ("per_expert", "leaf"))
                    if model.startswith("Mixtral") else (("fused", "hooked"),))
