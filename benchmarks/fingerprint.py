@@ -53,6 +53,7 @@ CASES: dict[str, tuple[Path, dict]] = {
         Z + "offload_optimizer.prefetch_optimizer": True,
         Z + "offload_optimizer.prefetch_optimizer_gap": 2}),
     "qwen3-moe-dgx-h100": (SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
+    "dgx-a100-zenflow": (SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b-zenflow.yaml", {}),
 }
 
 
