@@ -266,3 +266,11 @@ def test_a_selection_every_few_steps_is_said_not_to_be_replayed(toy):
 
     with pytest.warns(UnreplayedSelectionWarning, match="select_interval: 4 steps"):
         toy.scenario(_zenflow(select_strategy="step", select_interval=4))
+
+
+def test_only_what_zenflow_shares_leaves_pinned_memory(toy):
+    """`share_memory_` moves the fp32 master, the gradient buffers and the snapshot; the host
+    accumulator and the 16-bit copy-back buffer stay pinned (`pin_memory`)."""
+    first = toy.run(_zenflow("0.17.6")).memory.groupby(["device", "category"]).bytes.first()
+    assert first["host0", "grad accumulation (pinned)"] == 2 * N
+    assert first["host0", "params 16-bit (pinned)"] == costs.pinned_bytes(2 * N)
