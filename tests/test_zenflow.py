@@ -274,3 +274,14 @@ def test_only_what_zenflow_shares_leaves_pinned_memory(toy):
     first = toy.run(_zenflow("0.17.6")).memory.groupby(["device", "category"]).bytes.first()
     assert first["host0", "grad accumulation (pinned)"] == 2 * N
     assert first["host0", "params 16-bit (pinned)"] == costs.pinned_bytes(2 * N)
+
+
+def test_a_sweep_of_zenflow_points_shows_and_ranks_by_the_time_per_step():
+    from zerosim.sweep.report import TABLE_METRICS, _metrics, _step_s
+
+    plain = {"iteration_s": "3.0", "zenflow_step_s": ""}
+    windows = [{"iteration_s": "4.0", "zenflow_step_s": "2.0"},
+               {"iteration_s": "6.0", "zenflow_step_s": "0.75"}]
+    assert _metrics([plain]) == TABLE_METRICS
+    assert list(_metrics([plain, *windows]))[:2] == ["iteration_s", "zenflow_step_s"]
+    assert sorted([plain, *windows], key=_step_s) == [windows[1], windows[0], plain]

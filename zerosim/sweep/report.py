@@ -13,6 +13,9 @@ from zerosim.sweep.spec import VARIANT_COLUMN
 
 TABLE_METRICS = {"iteration_s": "iteration s", "tflops_per_gpu": "TFLOPS/GPU",
                  "peak_hbm_GiB": "peak HBM GiB", "peak_host_GiB": "peak host GiB"}
+ZENFLOW_METRIC = {"zenflow_step_s": "s per step"}
+"""Shown after the iteration when a point runs ZenFlow, whose iteration is a window of
+`update_interval` training steps."""
 MAX_TABLE_ROWS = 30
 CONSOLE_WIDTH = 120
 FASTEST_SHOWN = 10
@@ -37,20 +40,35 @@ def _rows(outcome: SweepOutcome) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def _metrics(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The table's figures: the time per training step too where a point runs ZenFlow."""
+    if not any(row.get("zenflow_step_s") for row in rows):
+        return TABLE_METRICS
+    first, *rest = TABLE_METRICS.items()
+    return dict([first, *ZENFLOW_METRIC.items(), *rest])
+
+
+def _step_s(row: dict[str, Any]) -> float:
+    """What the fastest points are ranked by: the time per training step, which is the
+    iteration but for ZenFlow's windows of several steps."""
+    return float(row.get("zenflow_step_s") or row["iteration_s"])
+
+
 def _table(outcome: SweepOutcome, rows: list[dict[str, Any]], title: str) -> Table:
     axes = outcome.spec.axis_columns
+    metrics = _metrics(rows)
     table = Table(title=title, title_justify="left", caption_justify="left",
                   caption="- in an axis column: the base scenario's value")
     for column in axes:
         table.add_column(_axis_header(column), overflow="fold")
     table.add_column("status")
-    for label in TABLE_METRICS.values():
+    for label in metrics.values():
         table.add_column(label, justify="right")
     for row in rows:
         status = row.get("status", "")
         colour = {"ok": "green", "oom": "yellow"}.get(status, "red")
         table.add_row(*(_number(row.get(c, "")) for c in axes), f"[{colour}]{status}[/{colour}]",
-                      *(_number(row.get(m, "")) for m in TABLE_METRICS))
+                      *(_number(row.get(m, "")) for m in metrics))
     return table
 
 
@@ -77,7 +95,7 @@ def render_outcome(outcome: SweepOutcome, console: Console | None = None) -> Non
         console.print(_table(outcome, rows, "points"))
     else:
         fastest = sorted((r for r in rows if r.get("iteration_s")),
-                         key=lambda r: float(r["iteration_s"]))[:FASTEST_SHOWN]
+                         key=_step_s)[:FASTEST_SHOWN]
         if fastest:
             console.print(_table(outcome, fastest, f"the {len(fastest)} fastest points"))
     console.print(f"results: {outcome.results_csv}", highlight=False)
