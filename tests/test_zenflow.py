@@ -285,3 +285,16 @@ def test_a_sweep_of_zenflow_points_shows_and_ranks_by_the_time_per_step():
     assert _metrics([plain]) == TABLE_METRICS
     assert list(_metrics([plain, *windows]))[:2] == ["iteration_s", "zenflow_step_s"]
     assert sorted([plain, *windows], key=_step_s) == [windows[1], windows[0], plain]
+
+
+@pytest.mark.parametrize(("patch", "key"), [
+    (_zenflow(top_k_ratio=0.2), "deepspeed.zero_optimization.zenflow.top_k_ratio"),
+    (_zenflow(cores=4), "deepspeed.zero_optimization.zenflow.cores"),
+    (_zenflow("0.17.5", pt_reserved_cores_perc=0.5),
+     "deepspeed.zero_optimization.zenflow.pt_reserved_cores_perc"),
+])
+def test_zenflow_config_refuses_keys_it_does_not_have(toy, patch, key):
+    """ZenFlowConfig forbids extra keys; `pt_reserved_cores_perc` is 0.17.6's."""
+    with pytest.raises(ScenarioError) as error:
+        toy.scenario(patch)
+    assert error.value.key_path == key

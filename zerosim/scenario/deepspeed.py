@@ -137,6 +137,8 @@ class _ZenFlow(_Open):
     auto_ratio: float = Field(0.99, ge=0, le=1)
     full_warm_up_rounds: int = Field(0, ge=0)
     pt_reserved_cores_perc: float = Field(0.5, ge=0, le=1)
+    steps_per_epoch: int | None = None
+    """Set by DeepSpeed from the data loader ("should not be set by users"); read, unused."""
 
     _whole = field_validator("select_interval", "update_interval", "full_warm_up_rounds",
                              mode="before")(_whole)
@@ -580,6 +582,7 @@ def _zenflow(zero: _Zero, behaviours: Behaviours, source: str) -> ZenFlowSetting
         raise ScenarioError(source, ZENFLOW_KEY, "absent before DeepSpeed 0.17.5 (ZenFlow "
                             "came with PR #7391; an earlier release refuses the key)",
                             "a zenflow section")
+    _check_zenflow_keys(raw, behaviours, source)
     if zero.offload_optimizer.device != "cpu":
         raise ScenarioError(source, f"{ZERO_KEY}.offload_optimizer.device",
                             "'cpu' with zenflow (DeepSpeed: 'Zenflow must be used with cpu "
@@ -600,6 +603,22 @@ def _zenflow(zero: _Zero, behaviours: Behaviours, source: str) -> ZenFlowSetting
         select_strategy=raw.select_strategy, select_interval=raw.select_interval,
         full_warm_up_rounds=raw.full_warm_up_rounds,
         pt_reserved_cores_perc=raw.pt_reserved_cores_perc)
+
+
+def _check_zenflow_keys(raw: _ZenFlow, behaviours: Behaviours, source: str) -> None:
+    """ZenFlow's config is a `DeepSpeedConfigModel`, which forbids keys it does not have;
+    `pt_reserved_cores_perc` came with PR #7506 (0.17.6)."""
+    known = list(type(raw).model_fields)
+    for key in raw.model_extra or {}:
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ScenarioError(source, f"{ZENFLOW_KEY}.{key}", "one of the keys of DeepSpeed's "
+                            f"ZenFlowConfig, which refuses any other{hint}", key)
+    if ("pt_reserved_cores_perc" in raw.model_fields_set
+            and not behaviours.zenflow_worker_affinity_split):
+        raise ScenarioError(source, f"{ZENFLOW_KEY}.pt_reserved_cores_perc", "absent before "
+                            "DeepSpeed 0.17.6 (PR #7506 added it; 0.17.5's ZenFlowConfig "
+                            "refuses keys it does not have)", raw.pt_reserved_cores_perc)
 
 
 def _check_zenflow_selection(raw: _ZenFlow, source: str) -> None:
