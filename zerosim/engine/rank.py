@@ -315,12 +315,14 @@ class RankCore:
                             nbytes, kind._value_, BufferKind.NVME._value_))
 
     def cpu_work(self, op: str, kind: OpKind, work: Gen, nbytes: float = 0.0,
-                 track: Stream = Stream.CPU) -> Gen:
+                 track: Stream = Stream.CPU, tag: tuple[str, int] | None = None) -> Gen:
         """CPU work done by the thread running it (it blocks that thread), drawn on `track`
-        (`cpu` for the rank's main thread)."""
+        (`cpu` for the rank's main thread), in the phase it ends in unless `tag` (phase,
+        micro-batch) names the one it belongs to."""
         start = self.env.now
         yield from work
-        self.ctx.spans.add((self.rank, track._value_, self.phase, self.micro, op, start,
+        phase, micro = tag if tag is not None else (self.phase, self.micro)
+        self.ctx.spans.add((self.rank, track._value_, phase, micro, op, start,
                             self.env.now, nbytes, kind._value_, ""))
 
     def gets_fresh_pages(self, nbytes: float) -> bool:

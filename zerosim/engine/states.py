@@ -321,20 +321,19 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     master = BufferKind.PINNED if stage12_master_pinned(ds, behaviours) else BufferKind.NONE
     overlapped = ds.zenflow is not None and ds.zenflow.overlap_step
-    grads = kind
-    if overlapped:  # `share_memory_` copies them into shared, pageable memory
-        master = grads = BufferKind.PAGEABLE
+    grads, copies = kind, 1
+    if overlapped:  # two of each, and `share_memory_` copies them into pageable memory
+        master, grads, copies = BufferKind.PAGEABLE, BufferKind.PAGEABLE, 2
     held = [
         Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params"),
         Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * dtype * ds.reduce_bucket_size,
                 "IPG bucket buffers"),
         Holding(host, Category.FP32_MASTER, _host_allocations([FP32_BYTES * part], master),
                 "fp32 partition", master),
-        Holding(host, Category.OPTIMIZER_STATES,
-                (2 if overlapped else 1) * ADAM_STATES * FP32_BYTES * part,
+        Holding(host, Category.OPTIMIZER_STATES, copies * ADAM_STATES * FP32_BYTES * part,
                 "exp_avg, exp_avg_sq" + (" (two of each)" if overlapped else "")),
         Holding(host, Category.FP32_GRADS,
-                _host_allocations([FP32_BYTES * part] * (2 if overlapped else 1), grads),
+                _host_allocations([FP32_BYTES * part] * copies, grads),
                 "fp32 gradients" + (" (two buffers)" if overlapped else ""), grads),
     ]
     if ds.zenflow is not None:

@@ -234,20 +234,23 @@ class Worker:
 
     def _update(self) -> Gen:
         core, m = self.core, self.core.machine
+        tag = (Phase.UPDATE._value_, core.ds.gradient_accumulation_steps - 1)
         for group, elements in enumerate(self.groups):
             host = costs.ADAM_HOST_BYTES
             if self.native:
                 host = costs.HostBytes(home=host.home + costs.ZENFLOW_NATIVE_STALE_HOST_BYTES.home,
                                        spread=host.spread)
             regions = 0 if self.native else math.ceil(elements / costs.CPU_ADAM_TILE_ELEMENTS)
-            yield from self._record(
+            yield from core.cpu_work(
                 f"cpu adam sub-group {group} (previous window)", OpKind.OPTIMIZER_STEP,
                 m.cpu_kernel(core.rank, elements, host=host,
                              elements_per_s_per_thread=core.profile.adam_params_per_s_per_thread,
-                             threads=self.threads, regions=regions))
+                             threads=self.threads, regions=regions),
+                track=Stream.CPU_ZENFLOW, tag=tag)
             if not self.native:
-                yield from self._record(f"stale snapshot sub-group {group}", OpKind.CAST,
-                                        self._snapshot(elements))
+                yield from core.cpu_work(f"stale snapshot sub-group {group}", OpKind.CAST,
+                                         self._snapshot(elements), track=Stream.CPU_ZENFLOW,
+                                         tag=tag)
 
     def _snapshot(self, elements: int) -> Gen:
         """`stale_param.copy_(p.data.clone())` on the process's threads."""
@@ -261,15 +264,6 @@ class Worker:
                                             costs.ZENFLOW_STALE_COPY_HOST_BYTES,
                                             threads=self.threads)
         core.host.free(Category.PAGEABLE_TEMPORARIES, temp)
-
-    def _record(self, op: str, kind: OpKind, work: Gen) -> Gen:
-        """Work on the process's track, tagged as the update it belongs to."""
-        core = self.core
-        start = core.env.now
-        yield from work
-        core.ctx.spans.add((core.rank, Stream.CPU_ZENFLOW._value_, Phase.UPDATE._value_,
-                            core.ds.gradient_accumulation_steps - 1, op, start, core.env.now,
-                            0.0, kind._value_, ""))
 
 
 class OverlappedStep:

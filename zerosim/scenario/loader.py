@@ -20,12 +20,7 @@ from zerosim.behaviours import (
     unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
-from zerosim.hardware.costs import (
-    CpuPools,
-    cpu_pools,
-    default_threads_per_rank,
-    zenflow_worker_threads,
-)
+from zerosim.hardware.costs import CpuPools, cpu_pools, zenflow_worker_threads
 from zerosim.hardware.placement import CoreOrder
 from zerosim.hardware.profile import (
     HardwareProfile,
@@ -179,12 +174,9 @@ class Scenario:
         zenflow = self.deepspeed.zenflow
         if zenflow is None or not zenflow.overlap_step:
             return None
-        bound = self.runtime.bind_cores_to_rank
-        ranks = self.ranks_on_fullest_node
-        pool = (self.runtime.cpu_threads_per_rank
-                or default_threads_per_rank(self.hardware, ranks, bound=bound))
-        return min(pool, zenflow_worker_threads(
-            self.hardware, self.data_parallel, ranks, bound=bound,
+        return min(self.cpu_pools().threads_per_rank, zenflow_worker_threads(
+            self.hardware, self.data_parallel, self.ranks_on_fullest_node,
+            bound=self.runtime.bind_cores_to_rank,
             reserved_share=zenflow.pt_reserved_cores_perc,
             split=self.behaviours.zenflow_worker_affinity_split))
 
