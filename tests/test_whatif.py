@@ -7,6 +7,9 @@ Sub-groups: 57,472 and 57,536 elements (sub_group_size 50000 over the 115,008 pa
 
 import pytest
 
+from zerosim.behaviours import resolve_behaviours
+from zerosim.scenario.version import parse_version
+
 N0, N1 = 57_472, 57_536
 US = 1e-6
 ROOMY = {"hardware": {"host": {"cores_per_socket": 64}},
@@ -148,6 +151,38 @@ def test_twin_flow_keeps_the_last_sub_group_on_the_gpu(toy):
     assert step.end_s - step.start_s == pytest.approx(94 * N1 / 1e12, rel=1e-9)
     flushed = spans[(spans.stream == "pcie.d2h") & spans.op.str.startswith("fp32 flush")]
     assert flushed.bytes.sum() == 2 * N0
+
+
+def test_twin_flow_keeps_the_first_sub_group_on_the_gpu_from_deepspeed_0_18(toy):
+    """From DeepSpeed 0.18.0 stage3.py puts sub-group i on the CPU when i >= int((1 - ratio)
+    x n): ratio 0.5 over two sub-groups steps the first (N0) on the GPU, 94 B x N0 at 1e12
+    B/s, and the second is flushed and stepped on the CPU."""
+    result = toy.run({"deepspeed": {"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}},
+                      "runtime": {"deepspeed_version": "0.18.0"}})
+    memory = result.memory
+    gpu_states = memory[(memory.device == "gpu0") & (memory.category == "optimizer states (GPU)")]
+    host_states = memory[(memory.device == "host0") & (memory.category == "optimizer states")]
+    assert gpu_states.bytes.max() == 8 * N0
+    assert host_states.bytes.max() == 8 * N1
+    spans = result.spans
+    step = spans[spans.op == "gpu adam sub-group 0"].iloc[0]
+    assert step.end_s - step.start_s == pytest.approx(94 * N0 / 1e12, rel=1e-9)
+    assert not (spans.op == "gpu adam sub-group 1").any()
+    flushed = spans[(spans.stream == "pcie.d2h") & spans.op.str.startswith("fp32 grad")]
+    assert flushed.bytes.sum() == 4 * N1
+
+
+@pytest.mark.parametrize(("version", "ratio", "count", "on_gpu"), [
+    ("0.17.6", 0.9, 10, {9}), ("0.18.0", 0.9, 10, set()), ("0.18.0", 0.9, 37, {0, 1, 2}),
+    ("0.17.6", 0.9, 37, {33, 34, 35, 36}), ("0.19.5", 0.25, 4, {0, 1, 2})])
+def test_twin_flow_sub_groups_on_the_gpu_by_release(version, ratio, count, on_gpu):
+    """DeepSpeed's own floating-point products: (1 - 0.9) x 10 is 0.9999..., so from 0.18.0
+    ratio 0.9 over ten sub-groups steps none on the GPU; before, int(0.9 x 10) = 9 on the
+    CPU leaves the last one there."""
+    from zerosim.engine.plan import _gpu_subgroups
+
+    first = resolve_behaviours(parse_version(version)).twin_flow_gpu_subgroups_first
+    assert _gpu_subgroups(count, ratio, first) == frozenset(on_gpu)
 
 
 def test_what_ifs_are_off_by_default(toy):

@@ -227,6 +227,12 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "partition and copies the clone into the snapshot); the copy-back is "
               "bit16.copy_(snapshot), a CPU cast and a blocking H2D (before: "
               "snapshot.to(device), a blocking fp32 H2D, cast on the GPU)"),
+    Behaviour("twin_flow_gpu_subgroups_first", (0, 18, 0),
+              "PR #7559 'SuperOffload Release' (af56ed4d, first in v0.18.0): stage3.py "
+              "_create_fp32_partitions, subgroup_to_device",
+              "Twin-Flow (offload_optimizer.ratio < 1): the first int((1 - ratio) x n) of the "
+              "n sub-groups are stepped on the GPU and the rest on the CPU (before: the first "
+              "int(ratio x n) on the CPU and the rest, the last ones, on the GPU)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -273,6 +279,7 @@ class Behaviours:
     zenflow: bool
     zenflow_worker_affinity_split: bool
     zenflow_native_worker: bool
+    twin_flow_gpu_subgroups_first: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

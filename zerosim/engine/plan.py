@@ -242,10 +242,18 @@ def _norm_group_tensors(stage: int, ranks: int, param_groups: Sequence[Sequence[
                  for group in param_groups)
 
 
-def _gpu_subgroups(count: int, ratio: float) -> frozenset[int]:
-    """Twin-Flow (`offload_optimizer.ratio` < 1): stage3.py puts sub-group i on the CPU when
-    i < int(ratio x count), the remaining (last) ones on the GPU."""
-    return frozenset(range(int(ratio * count), count)) if ratio < 1 else frozenset()
+def _gpu_subgroups(count: int, ratio: float, first: bool) -> frozenset[int]:
+    """Twin-Flow (`offload_optimizer.ratio` < 1), as stage3.py `_create_fp32_partitions`
+    assigns `subgroup_to_device`: up to DeepSpeed 0.17, sub-group i on the CPU when
+    i < int(ratio x count), the remaining (last) ones on the GPU; from 0.18.0 (`first`), on
+    the CPU when i >= int((1 - ratio) x count), the first ones on the GPU. The products are
+    DeepSpeed's own, in floating point: ratio 0.9 over 10 sub-groups puts none on the GPU
+    from 0.18.0 (int(0.0999... x 10) = 0), one before (int(9.0) = 9 on the CPU)."""
+    if ratio >= 1:
+        return frozenset()
+    if first:
+        return frozenset(range(int((1 - ratio) * count)))
+    return frozenset(range(int(ratio * count), count))
 
 
 def interleaved_devices(count: int, gap: int) -> tuple[UpdateDevice, ...]:
@@ -308,7 +316,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
     embeddings = [i for i, m in enumerate(modules) if m.kind == EMBEDDING_KIND]
     param_groups = optimizer_param_groups(modules, params, vector_group)
     groups, member, group_of = _subgroups(param_groups, ds.sub_group_size)
-    on_gpu = _gpu_subgroups(len(groups), ds.offload_optimizer.ratio)
+    on_gpu = _gpu_subgroups(len(groups), ds.offload_optimizer.ratio,
+                            ds.offload_optimizer.gpu_subgroups_first)
     return Plan(
         modules=tuple(modules),
         params=tuple(params),

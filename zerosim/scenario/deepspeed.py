@@ -208,6 +208,9 @@ class OffloadSettings:
     part_grads_async: bool = False
     prefetch_optimizer: bool = False
     prefetch_optimizer_gap: int = 0
+    gpu_subgroups_first: bool = False
+    """Twin-Flow steps the first sub-groups on the GPU, not the last (DeepSpeed 0.18.0+,
+    `twin_flow_gpu_subgroups_first`)."""
 
     @property
     def enabled(self) -> bool:
@@ -659,13 +662,16 @@ def _aio_settings(raw: _Aio | None) -> AioSettings:
                        raw.overlap_events)
 
 
-def _offload_optimizer(raw: _OffloadOptimizer, pin_default: bool, gap: int) -> OffloadSettings:
+def _offload_optimizer(raw: _OffloadOptimizer, behaviours: Behaviours, gap: int
+                       ) -> OffloadSettings:
+    pin_default = behaviours.offload_pin_memory_default_true
     return OffloadSettings(
         raw.device, pin_default if raw.pin_memory is None else raw.pin_memory, raw.ratio,
         nvme_path=raw.nvme_path, buffer_count=raw.buffer_count,
         pipeline_read=raw.pipeline_read, pipeline_write=raw.pipeline_write,
         fast_init=raw.fast_init, part_grads_async=raw.part_grads_async,
-        prefetch_optimizer=raw.prefetch_optimizer, prefetch_optimizer_gap=gap)
+        prefetch_optimizer=raw.prefetch_optimizer, prefetch_optimizer_gap=gap,
+        gpu_subgroups_first=behaviours.twin_flow_gpu_subgroups_first)
 
 
 def _offload_param(raw: _OffloadParam) -> OffloadSettings:
@@ -735,9 +741,8 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
     _check_fork_options(zero, behaviours, build_label, source)
     zenflow = _zenflow(zero, behaviours, source)
     aio = _aio_settings(raw.aio)
-    pin_default = behaviours.offload_pin_memory_default_true
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0
-    offload_opt = _offload_optimizer(zero.offload_optimizer, pin_default,
+    offload_opt = _offload_optimizer(zero.offload_optimizer, behaviours,
                                      _fork_gap(zero, build_label))
     resolved = DeepSpeedConfig(
         train_micro_batch_size_per_gpu=batch.train_micro_batch_size_per_gpu,
