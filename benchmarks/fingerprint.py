@@ -54,6 +54,7 @@ CASES: dict[str, tuple[Path, dict]] = {
         Z + "offload_optimizer.prefetch_optimizer_gap": 2}),
     "qwen3-moe-dgx-h100": (SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
     "dgx-a100-zenflow": (SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b-zenflow.yaml", {}),
+    "gh200-superoffload": (SCENARIOS / "gh200" / "qwen3-14b-superoffload.yaml", {}),
 }
 
 

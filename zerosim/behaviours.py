@@ -233,6 +233,24 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "Twin-Flow (offload_optimizer.ratio < 1): the first int((1 - ratio) x n) of the "
               "n sub-groups are stepped on the GPU and the rest on the CPU (before: the first "
               "int(ratio x n) on the CPU and the rest, the last ones, on the GPU)"),
+    Behaviour("super_offload", (0, 18, 0),
+              "PR #7559 'SuperOffload Release' (af56ed4d, first in v0.18.0): "
+              "runtime/zero/offload_config.py, runtime/superoffload/superoffload_stage3.py",
+              "offload_optimizer.super_offload and cpuadam_cores_perc are read (ZeRO-3): an "
+              "optimizer process on its own cores steps each sub-group as the boundary "
+              "backward completes its gradients (before: the keys are refused)"),
+    Behaviour("superoffload_shared_buffers", (0, 18, 9),
+              "PR #7906 'fix(superoffload) preserve multi-group updates with shared cpu "
+              "buffers' (729df6ca, first in v0.18.9): superoffload_stage3.py, "
+              "superoffload_utils.py",
+              "SuperOffload casts and copies each gradient to the host as it is partitioned, "
+              "synchronises the stream once a sub-group is complete and only then hands it to "
+              "the optimizer process, steps nothing early when gradient_clipping is set, and "
+              "writes every CPU sub-group back into the 16-bit partition in the step (before: "
+              "buckets cut at sub-group edges, each sub-group's gradient concatenated on the "
+              "GPU and submitted at once, a rollback and re-step when the norm clips, and "
+              "_reassign_or_swap_out_partitioned_parameters only re-viewing a CPU "
+              "sub-group's 16-bit partition, without copying its fp32 update into it)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -280,6 +298,8 @@ class Behaviours:
     zenflow_worker_affinity_split: bool
     zenflow_native_worker: bool
     twin_flow_gpu_subgroups_first: bool
+    super_offload: bool
+    superoffload_shared_buffers: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

@@ -84,6 +84,7 @@ STREAM_COLORS: dict[Stream, str] = {
     Stream.COPIER_FP16: TOL_MUTED[3],
     Stream.CPU_DOWNSCALE: TOL_MUTED[8],
     Stream.CPU_ZENFLOW: TOL_MUTED[7],
+    Stream.CPU_SUPEROFFLOAD: TOL_MUTED[7],
     Stream.NVME_READ: TOL_MUTED[4],
     Stream.NVME_WRITE: TOL_MUTED[5],
     Stream.SWAP: TOL_MUTED[1],

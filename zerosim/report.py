@@ -43,6 +43,10 @@ def _mode(scenario: Scenario) -> str:
         overlap = ", its CPU step overlapped" if ds.zenflow.overlap_step else ""
         where.append(f"ZenFlow (top {ds.zenflow.topk_ratio:g} of the gradient columns on the "
                      f"GPU, the rest every {ds.gradient_accumulation_steps} steps{overlap})")
+    if ds.offload_optimizer.super_offload:
+        when = ("as the backward completes them" if not ds.gradient_clipping
+                else "in the step (gradient_clipping set: nothing stepped early)")
+        where.append(f"SuperOffload (sub-groups stepped by an optimizer process {when})")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 
@@ -78,6 +82,9 @@ def render_scenario(scenario: Scenario) -> None:
     if (threads := scenario.zenflow_worker_threads()) is not None:
         top.add_row("zenflow", f"the optimizer process of each rank on {threads} threads "
                     f"(pt_reserved_cores_perc {ds.zenflow.pt_reserved_cores_perc:g})")
+    if (threads := scenario.superoffload_worker_threads()) is not None:
+        top.add_row("superoffload", f"the optimizer process of each rank on {threads} threads "
+                    f"(cpuadam_cores_perc {ds.offload_optimizer.cpuadam_cores_perc:g})")
     if scenario.deepspeed.offload_optimizer.enabled:
         top.add_row("cpu adam", _adam_text(scenario))
     if reports := _reports_text(scenario):

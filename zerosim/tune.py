@@ -366,6 +366,11 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                         "accumulation and it needs ZeRO-1/2 with the optimizer on the CPU, "
                         "which are knobs tune moves; compare ZenFlow's settings with zerosim "
                         "sweep over zero_optimization.zenflow keys), got a zenflow section")
+    if scenario.deepspeed.offload_optimizer.super_offload:
+        raise TuneError(f"{scenario.source}: deepspeed.zero_optimization.offload_optimizer."
+                        "super_offload: expected false (SuperOffload needs ZeRO-3 with the "
+                        "optimizer on the CPU, which are knobs tune moves; compare it with "
+                        "zerosim sweep over offload_optimizer.super_offload), got true")
     base = as_given(scenario)
     tokens = (base.micro_batch * base.gradient_accumulation * scenario.data_parallel
               * scenario.sequence_length)

@@ -42,6 +42,9 @@ class Stream(StrEnum):
     CPU_ZENFLOW = "cpu.zenflow"
     """ZenFlow's optimizer process: the CPU update of the previous window's gradients, which
     runs while this window's steps do."""
+    CPU_SUPEROFFLOAD = "cpu.superoffload"
+    """SuperOffload's optimizer process: each sub-group's CPU Adam, from the moment the
+    boundary backward completes its gradients."""
     NVME_READ = "nvme.read"
     NVME_WRITE = "nvme.write"
     SWAP = "swap"

@@ -9,15 +9,20 @@ which ZeRO stage and offload target.
 | gradient sink         | stage; offload_optimizer     | host partitions (3); host accumulation    |
 |                       |                              | (1/2); GPU partitions (no offload)        |
 | boundary flush        | DeepSpeed behaviours; fork   | CPU cast; GPU cast (blocking or not);     |
-|                       | options                      | kept in HBM (interleaved GPU sub-groups)  |
+|                       | options; super_offload       | kept in HBM (interleaved GPU sub-groups); |
+|                       |                              | GPU cast into shared memory               |
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
 | optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
 |                       | (optimizer.params.torch_adam;| (FusedAdam or torch AdamW; each group     |
-|                       | offload_param; zenflow)      | written back to host params); interleaved |
-|                       |                              | CPU/GPU (Deep Optimizer States            |
+|                       | offload_param; zenflow;      | written back to host params); interleaved |
+|                       | super_offload)               | CPU/GPU (Deep Optimizer States            |
 |                       |                              | `prefetch_optimizer`); ZenFlow's step,    |
-|                       |                              | overlapped with its optimizer process     |
+|                       |                              | overlapped with its optimizer process;    |
+|                       |                              | SuperOffload's, its process stepping      |
+|                       |                              | sub-groups during the backward            |
 | after each reduction  | zenflow                      | nothing; ZenFlow's selective update       |
+| after each partition  | super_offload                | nothing; SuperOffload's hand-over of the  |
+|                       |                              | sub-groups a bucket completes             |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
 | overflow check (CPU   | stage                        | over the host's 16-bit gradients (3); the |
 | step)                 |                              | flag the backward's GPU checks set (1/2)  |
@@ -68,6 +73,7 @@ from zerosim.engine.rank import RankCore, RunContext
 from zerosim.engine.sinks import BoundaryFlush, GpuPartitions, HostAccumulation, HostPartitions
 from zerosim.engine.states import model_states
 from zerosim.engine.streams import NcclQueue
+from zerosim.engine.superoffload import AdamWorker, SubGroupHandOff, SuperOffloadStep
 from zerosim.engine.swapping import (
     InMemoryStates,
     OptimizerSwapper,
@@ -86,9 +92,11 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     gathers = NcclQueue(core.env)
     reductions = gathers if ctx.scenario.stack.one_process_group else NcclQueue(core.env)
     zenflow = _zenflow(core, reductions)
+    superoffload = _superoffload(core)
     return RankProgram(core, _params(core, gathers),
-                       _gradients(core, states, gpu_gradients, reductions, zenflow),
-                       _optimizer(core, states, gpu_gradients, zenflow),
+                       _gradients(core, states, gpu_gradients, reductions, zenflow,
+                                  superoffload),
+                       _optimizer(core, states, gpu_gradients, zenflow, superoffload),
                        model_states(core.ds, core.plan, core.profile, core.behaviours,
                                     ctx.scenario.stack),
                        background=(zenflow.worker.start,) if zenflow and zenflow.worker else ())
@@ -113,6 +121,28 @@ def _zenflow(core: RankCore, reductions: NcclQueue) -> ZenFlowParts | None:
     return ZenFlowParts(SelectiveUpdate(core, settings, reductions), worker)
 
 
+@dataclass(frozen=True)
+class SuperOffloadParts:
+    """SuperOffload's parts (`superoffload.py`): its optimizer process and the hand-over of
+    the sub-groups each boundary bucket completes."""
+
+    worker: AdamWorker
+    hand_off: SubGroupHandOff
+
+    @property
+    def early(self) -> bool:
+        return self.hand_off.early
+
+
+def _superoffload(core: RankCore) -> SuperOffloadParts | None:
+    threads = core.ctx.scenario.superoffload_worker_threads()
+    if threads is None:
+        return None
+    worker = AdamWorker(core, threads)
+    return SuperOffloadParts(worker, SubGroupHandOff(core, worker,
+                                                     early=not core.ds.gradient_clipping))
+
+
 def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:
     if core.ds.stage < 3:
         return ReplicatedParams()
@@ -129,7 +159,8 @@ def _per_tensor_collectives(core: RankCore) -> bool:
 
 def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                gpu_gradients: GpuGradients | None, nccl: NcclQueue,
-               zenflow: ZenFlowParts | None) -> GradientPath:
+               zenflow: ZenFlowParts | None, superoffload: SuperOffloadParts | None
+               ) -> GradientPath:
     ds = core.ds
     if ds.stage == 0:
         return BoundaryAllReduce(core)
@@ -137,7 +168,8 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     if not ds.offload_optimizer.enabled:
         sink = GpuPartitions(core)
     elif ds.stage == 3:
-        sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients))
+        sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients,
+                                                  shared_grads=superoffload is not None))
     else:
         overlapped = zenflow is not None and zenflow.worker is not None
         sink = HostAccumulation(core, flush_pinned=False if overlapped else None,
@@ -147,6 +179,7 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                       waits_for_each_bucket=_compute_waits_for_each_bucket(core),
                       copies_on_compute=ds.stage in (1, 2),
                       after_reduce=zenflow.selective if zenflow else None,
+                      after_partition=superoffload.hand_off if superoffload else None,
                       transposed_copies=zenflow is not None)
 
 
@@ -171,8 +204,8 @@ def _post_step(core: RankCore) -> PostStep:
 
 
 def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
-               gpu_gradients: GpuGradients | None, zenflow: ZenFlowParts | None
-               ) -> OptimizerStep:
+               gpu_gradients: GpuGradients | None, zenflow: ZenFlowParts | None,
+               superoffload: SuperOffloadParts | None) -> OptimizerStep:
     ds = core.ds
     groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
@@ -181,6 +214,10 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         return GpuStep(core, groups, _post_step(core), adam, write_back)
     if gpu_gradients is not None:
         return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
+    if superoffload is not None:
+        return SuperOffloadStep(core, groups, _copy_back(core), _post_step(core),
+                                superoffload.worker, check_overflow_on_host,
+                                early=superoffload.early)
     if zenflow is not None and zenflow.worker is not None:
         return OverlappedStep(core, groups, _zenflow_copy_back(core), _post_step(core),
                               zenflow.worker, zenflow.selective)

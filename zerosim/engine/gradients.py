@@ -81,6 +81,15 @@ class AfterReduce(Protocol):
                      boundary: bool) -> Gen: ...
 
 
+class AfterPartition(Protocol):
+    """Work a mode adds on the host once a bucket's partition copies are issued (and, where
+    the host waits for them, done): SuperOffload hands each sub-group the bucket completes to
+    its optimizer process (`superoffload.SubGroupHandOff`). `moved` is the copies' event."""
+
+    def after_partition(self, bucket: list[BucketEntry], moved: simpy.Event,
+                        boundary: bool) -> Gen: ...
+
+
 class GradientPath(Protocol):
     store: GradientStore
 
@@ -92,7 +101,9 @@ class IpgBuckets:
     def __init__(self, core: RankCore, sink: GradientSink, collective: Collective,
                  nccl: NcclQueue, *, per_tensor: bool = False, compute_waits: bool = False,
                  waits_for_each_bucket: bool = False, copies_on_compute: bool = False,
-                 after_reduce: AfterReduce | None = None, transposed_copies: bool = False):
+                 after_reduce: AfterReduce | None = None,
+                 after_partition: AfterPartition | None = None,
+                 transposed_copies: bool = False):
         self.core = core
         self.sink = sink
         self.collective = collective
@@ -117,6 +128,7 @@ class IpgBuckets:
         (`reduce_independent_p_g_buckets_and_remove_grads`), the reduction then waiting for
         it (`average_tensor`: `stream.wait_stream(current_stream)`)."""
         self.after_reduce = after_reduce
+        self.after_partition = after_partition
         self.transposed_copies = transposed_copies
         """Each gradient is copied into the bucket transposed (ZenFlow's
         `grad_reduc.permute(...).contiguous()`, then the copy): a strided pass more (taken for
@@ -317,6 +329,8 @@ class IpgBuckets:
         self.outstanding.append(done)
         if host_waits:
             yield done
+        if self.after_partition is not None:
+            yield from self.after_partition.after_partition(bucket, done, boundary)
         return done
 
     def epilogue(self, micro: int, boundary: bool) -> Gen:

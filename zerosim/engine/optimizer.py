@@ -235,12 +235,15 @@ def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
     core.gil.release()
 
 
-def cpu_adam(machine: Machine, rank: int, elements: float) -> Gen:
-    """DeepSpeedCPUAdam's `adam_update` over `elements` fp32 elements on `rank`'s OpenMP pool,
-    one parallel region per tile (what `zerosim validate` also times alone)."""
+def cpu_adam(machine: Machine, rank: int, elements: float, *, threads: int | None = None
+             ) -> Gen:
+    """DeepSpeedCPUAdam's `adam_update` over `elements` fp32 elements on `rank`'s OpenMP pool
+    (or `threads` of a process of its own), one parallel region per tile (what `zerosim
+    validate` also times alone)."""
     return machine.cpu_kernel(rank, elements, host=costs.ADAM_HOST_BYTES,
                               elements_per_s_per_thread=(
                                   machine.profile.adam_params_per_s_per_thread),
+                              threads=threads,
                               regions=math.ceil(elements / costs.CPU_ADAM_TILE_ELEMENTS))
 
 
@@ -461,14 +464,17 @@ class GpuStep:
 
 
 def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
-               norms: Callable[[], Gen]) -> Gen:
-    """The update phase opens (ZeRO-3) with the host's work per parameter tensor in the step,
-    taken together here (`step_tensor_s`: releasing the gathered ones, then per sub-group
-    flattening the gradients and unflattening the partition), then the overflow check
-    (`DeepSpeedConfig.check_grad_overflow`: fp16, and bf16 ZeRO-1/2 where the release and the
-    config say so) and its all-reduced flag, then the gradient norms and their all-reduces
-    (`norms`)."""
+               norms: Callable[[], Gen], first: Callable[[], Gen] | None = None) -> Gen:
+    """The update phase opens (with `first`, what a mode's step does before anything else:
+    SuperOffload's wait for its optimizer process), then (ZeRO-3) the host's work per
+    parameter tensor in the step, taken together here (`step_tensor_s`: releasing the
+    gathered ones, then per sub-group flattening the gradients and unflattening the
+    partition), then the overflow check (`DeepSpeedConfig.check_grad_overflow`: fp16, and bf16
+    ZeRO-1/2 where the release and the config say so) and its all-reduced flag, then the
+    gradient norms and their all-reduces (`norms`)."""
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
+    if first is not None:
+        yield from first()
     if core.ds.stage == 3:
         yield from core.host_time(core.step_tensor_s * len(core.plan.all_params))
     if core.ds.check_grad_overflow:

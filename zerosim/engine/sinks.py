@@ -56,19 +56,22 @@ class HostPartitions:
                   ) -> tuple[Body, bool]:
         buffered = boundary and self.flush.can_buffer(bucket)
         stays_on_gpu = boundary and self.flush.stays_on_gpu(bucket)
+        pageable = boundary and self.flush.flushes_to_shared_memory(bucket)
 
         def move(param: Param) -> Gen:
             return self._move(param, micro, boundary, buffered)
 
         end = self.flush.swap.swap_out_gradients if boundary else None
         return (_per_param(bucket, move, end),
-                self._host_blocks(boundary, buffered or stays_on_gpu))
+                pageable or self._host_blocks(boundary, buffered or stays_on_gpu))
 
     def _host_blocks(self, boundary: bool, non_blocking: bool) -> bool:
-        """Any copy to or from pageable memory blocks the host thread, and so does the
+        """Any copy to or from pageable memory blocks the host thread (SuperOffload's flush
+        into shared memory too: `BoundaryFlush.flushes_to_shared_memory`), and so does the
         boundary flush unless it is `non_blocking` (`boundary_flush_non_blocking`, the fork's
-        `part_grads_async`) or none of the bucket leaves the GPU (the what-if buffers it,
-        or all of it belongs to sub-groups the interleaved update steps on the GPU)."""
+        `part_grads_async`, SuperOffload's) or none of the bucket leaves the GPU (the what-if
+        buffers it, or all of it belongs to sub-groups the interleaved update steps on the
+        GPU)."""
         if not self.core.pinned:
             return True
         return (boundary and not self.flush.non_blocking() and not non_blocking)
@@ -109,11 +112,15 @@ class BoundaryFlush:
     when its sub-group's state is swapped: `swap`)."""
 
     def __init__(self, core: RankCore, swap: GradientSwap,
-                 gpu_gradients: GpuGradients | None = None):
+                 gpu_gradients: GpuGradients | None = None, *, shared_grads: bool = False):
         self.core = core
         self.swap = swap
         self.gpu_gradients = gpu_gradients
         """Where the interleaved update keeps its GPU sub-groups' gradients (None without)."""
+        self.shared_grads = shared_grads
+        """SuperOffload: the CPU sub-groups' fp32 gradients are in shared, pageable memory
+        (`superoffload.py`), where a `non_blocking` D2H runs at the pageable rate, the host
+        waiting for it."""
         self.cast_accumulated = costs.HostBytes(home=core.accum_bytes + FP32_BYTES)
         """What casting the accumulated gradient into the fp32 buffer touches per element."""
         self.cast_16bit = costs.HostBytes(home=core.dtype_bytes + FP32_BYTES)
@@ -133,10 +140,17 @@ class BoundaryFlush:
                 and core.gpu.used + need <= core.gpu.capacity)
 
     def non_blocking(self) -> bool:
-        """The copy to the host does not wait: DeepSpeed from 0.19.5, or the Deep Optimizer
-        States fork's `part_grads_async`."""
-        return (self.core.behaviours.boundary_flush_non_blocking
-                or self.core.ds.offload_optimizer.part_grads_async)
+        """The copy to the host is `non_blocking`: DeepSpeed from 0.19.5, the Deep Optimizer
+        States fork's `part_grads_async`, SuperOffload's `partition_grads`."""
+        o = self.core.ds.offload_optimizer
+        return (self.core.behaviours.boundary_flush_non_blocking or o.part_grads_async
+                or o.super_offload)
+
+    def flushes_to_shared_memory(self, bucket: list[BucketEntry]) -> bool:
+        """Some gradient of the bucket goes to a CPU sub-group's fp32 gradient in shared
+        memory (SuperOffload): the host waits for the bucket's copies."""
+        plan = self.core.plan
+        return self.shared_grads and any(not plan.on_gpu(e.param) for e in bucket)
 
     def stays_on_gpu(self, bucket: list[BucketEntry]) -> bool:
         """Every gradient of the bucket goes to a sub-group the interleaved update steps on
@@ -157,6 +171,8 @@ class BoundaryFlush:
         elif core.plan.on_gpu(param):
             seconds = core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
             yield from core.gpu_kernel(seconds, core.reduction_stream)
+        elif self.shared_grads:
+            yield from self._into_shared_memory(elements, name)
         elif buffered:
             yield from self._buffer_and_flush_async(elements, name)
         elif self.swap.swaps(param):
@@ -170,6 +186,18 @@ class BoundaryFlush:
             yield from self._via_pinned_staging(elements, name)
         else:
             yield from gpu_cast_then_d2h(core, elements, name)
+
+    def _into_shared_memory(self, elements: int, name: str) -> Gen:
+        """SuperOffload's `fp32_grad.copy_(grad_buffer.to(fp32), non_blocking=True)` into a
+        CPU sub-group's fp32 gradient, which `torch.multiprocessing` moved into shared memory
+        when it was first handed to the optimizer process (`share_memory_` takes the pinned
+        buffer's bytes to a new, pageable segment): the cast on the GPU (none when the
+        gradients accumulate in fp32), then a D2H at the pageable rate."""
+        core = self.core
+        if core.ds.grad_accum_dtype == "fp32":
+            yield from fp32_d2h(core, elements, name, pinned=False)
+        else:
+            yield from gpu_cast_then_d2h(core, elements, name, pinned=False)
 
     def _buffer_and_flush_async(self, elements: int, name: str) -> Gen:
         """What-if (study section 4): keep the boundary gradient in GPU memory freed by the

@@ -74,3 +74,8 @@ ZENFLOW_ADAMW_LAUNCHES_AFTER_SYNC = 4
 ZENFLOW_STEP_COUNT_READS = 2
 """Per param, with capturable off: `_get_value(step)` for each of the two bias corrections, a
 blocking `.item()` of the param's step count, which lives on the GPU."""
+
+SUPEROFFLOAD_POLL_S = 0.001
+"""SuperOffload's host, waiting for its optimizer process, sleeps this long whenever the result
+queue is empty (superoffload_stage3.py `_wait_for_async_operations` and
+`_wait_for_single_async_result`: `time.sleep(0.001)`)."""

@@ -158,8 +158,7 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     # when pin_memory; _setup_for_real_optimizer: one accumulation buffer for the whole
     # partition (grad_partitions_flat_buffer), pinned likewise.
     gradients = [
-        Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
-                "fp32 gradients", kind),
+        *_fp32_gradients(ds, plan, cpu_groups, kind),
         Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accum * part], kind),
                 "host gradient accumulation buffer", kind),
     ]
@@ -172,9 +171,10 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                                  "pinned gradient staging buffer", BufferKind.PINNED))
     if plan.interleaved:
         return [*held, *_interleaved_states(ds, plan), *gradients]
+    master = BufferKind.PAGEABLE if ds.offload_optimizer.super_offload else BufferKind.NONE
     return [
         *held,
-        Holding(host, Category.FP32_MASTER, FP32_BYTES * on_cpu, "fp32 partition"),
+        Holding(host, Category.FP32_MASTER, FP32_BYTES * on_cpu, "fp32 partition", master),
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_cpu,
                 "exp_avg, exp_avg_sq"),
         *gradients,
@@ -183,6 +183,30 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                 "Twin-Flow Adam states"),
         Holding(gpu, Category.FP32_GRADS_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 gradients"),
         *_swapped_optimizer(ds, plan),
+    ]
+
+
+def _fp32_gradients(ds: DeepSpeedConfig, plan: Plan, cpu_groups: list[float],
+                    kind: BufferKind) -> list[Holding]:
+    """The CPU sub-groups' fp32 gradient buffers. With SuperOffload in the steady state, in
+    shared memory: the optimizer queue's `share_memory_` copied each into a new, pageable
+    segment at the first step, and the pinned block it left went back to PyTorch's caching
+    host allocator, which keeps it; the optimizer process pins one buffer of the largest
+    sub-group (`max_grad_numel`) to copy each gradient into."""
+    host = DeviceKind.HOST
+    if not ds.offload_optimizer.super_offload:
+        return [Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
+                        "fp32 gradients", kind)]
+    pinned = BufferKind.PINNED
+    return [
+        Holding(host, Category.FP32_GRADS, sum(cpu_groups), "fp32 gradients (shared memory)",
+                BufferKind.PAGEABLE),
+        Holding(host, Category.FP32_GRADS,
+                _host_allocations(cpu_groups, kind) if kind is pinned else 0.0,
+                "fp32 gradients' pinned blocks, cached by PyTorch's host allocator", pinned),
+        Holding(host, Category.FP32_GRADS,
+                costs.pinned_bytes(FP32_BYTES * max(plan.subgroups, default=0)),
+                "SuperOffload process's pinned gradient buffer", pinned),
     ]
 
 

@@ -44,6 +44,11 @@ exp_avg and exp_avg_sq (spread): 28 B per element."""
 UNSCALE_HOST_BYTES = HostBytes(home=8)
 """unscale_and_clip_grads: an in-place multiply of the fp32 gradient (read 4 B, write 4 B)."""
 
+SUPEROFFLOAD_GRAD_COPY_HOST_BYTES = HostBytes(home=8)
+"""SuperOffload's optimizer process copies a sub-group's fp32 gradient out of shared memory
+into its own pinned buffer (`param_grad_cpu.copy_(param_grad)`): read 4 B, write 4 B, each
+buffer first touched by one process's main thread."""
+
 OVERFLOW_CHECK_HOST_BYTES = HostBytes(home=4, spread=12)
 """ZeRO-3's fp16 overflow check with the optimizer offloaded (stage3.py `has_overflow`):
 `isinf(b).any()` and `isnan(b).any()` over the host's 16-bit gradient buffer `b` (pinned: home
@@ -375,6 +380,20 @@ def zenflow_worker_threads(profile: HardwareProfile, world: int, ranks_on_node: 
              else max(1, profile.physical_cores // world))
     kept = math.ceil(reserved_share * cores)
     return cores - kept if 0 < kept < cores else cores
+
+
+def superoffload_worker_threads(profile: HardwareProfile, ranks_on_node: int, *,
+                                bound: bool, cores_perc: float) -> int:
+    """The CPUs of SuperOffload's optimizer process, one thread on each
+    (superoffload_utils.py `SuperOffloadCPUOptimizer._set_cpu_affinity`): of the CPUs in the
+    rank's affinity, its physical cores when its launcher bound it (`bound`), else every
+    logical CPU of the node, the training process keeps the first int((1 - cores_perc) x n)
+    and the optimizer process takes the rest (psutil reads an empty list as every CPU: all n
+    when either side would get none). Unbound ranks' processes all take the same last CPUs of
+    the node, so they share them: an even share each."""
+    cpus = max(1, profile.physical_cores // ranks_on_node) if bound else profile.hardware_threads
+    worker = cpus - int((1 - cores_perc) * cpus) or cpus
+    return worker if bound else max(1, worker // ranks_on_node)
 
 
 def default_threads_per_rank(profile: HardwareProfile, ranks_on_node: int, *,

@@ -73,6 +73,7 @@ STREAM_NAMES: dict[str, str] = {
     Stream.COPIER_FP16: "copier: 16-bit params",
     Stream.CPU_DOWNSCALE: "CPU downscale",
     Stream.CPU_ZENFLOW: "CPU ZenFlow optimizer",
+    Stream.CPU_SUPEROFFLOAD: "CPU SuperOffload optimizer",
     Stream.NVME_READ: "NVMe read",
     Stream.NVME_WRITE: "NVMe write",
     Stream.SWAP: "swap",

@@ -96,6 +96,8 @@ class _OffloadOptimizer(_Open):
     part_grads_async: bool = False
     prefetch_optimizer: bool = False
     prefetch_optimizer_gap: int = Field(0, ge=0)
+    super_offload: bool = False
+    cpuadam_cores_perc: float = Field(0.8, ge=0, le=1)
 
     _whole = field_validator("buffer_count", "prefetch_optimizer_gap", mode="before")(_whole)
 
@@ -211,6 +213,11 @@ class OffloadSettings:
     gpu_subgroups_first: bool = False
     """Twin-Flow steps the first sub-groups on the GPU, not the last (DeepSpeed 0.18.0+,
     `twin_flow_gpu_subgroups_first`)."""
+    super_offload: bool = False
+    """SuperOffload (DeepSpeed 0.18.0+): an optimizer process steps each sub-group as the
+    boundary backward completes its gradients (`zerosim.engine.superoffload`)."""
+    cpuadam_cores_perc: float = 0.8
+    """The share of the rank's CPUs SuperOffload's optimizer process runs on."""
 
     @property
     def enabled(self) -> bool:
@@ -368,7 +375,9 @@ def _offload_optimizer_dict(o: OffloadSettings) -> dict[str, Any]:
     return {"device": o.device, "nvme_path": o.nvme_path, "pin_memory": o.pin_memory,
             "ratio": o.ratio, "buffer_count": o.buffer_count, "pipeline_read": o.pipeline_read,
             "pipeline_write": o.pipeline_write, "fast_init": o.fast_init,
-            **_fork_keys(o)}
+            **_fork_keys(o),
+            **({"super_offload": True, "cpuadam_cores_perc": o.cpuadam_cores_perc}
+               if o.super_offload else {})}
 
 
 def _fork_keys(o: OffloadSettings) -> dict[str, Any]:
@@ -569,6 +578,33 @@ def _check_fork_options(zero: _Zero, behaviours: Behaviours, label: str, source:
             "divides by gap - 1)", o.prefetch_optimizer_gap)
 
 
+SUPER_OFFLOAD_KEYS = ("super_offload", "cpuadam_cores_perc")
+
+
+def _check_super_offload(zero: _Zero, behaviours: Behaviours, source: str) -> None:
+    """SuperOffload's keys (offload_config.py, DeepSpeed 0.18.0+): a release before does not
+    know them (its offload config forbids extra keys). DeepSpeed builds SuperOffload's
+    optimizer for ZeRO-3 only, where its step reads `subgroup_to_device`, which only an
+    offloaded optimizer sets; zerosim refuses what that leaves meaningless or broken. Where
+    zerosim replays it is decided with the other modes (`support._super_offload_is_replayed`)."""
+    o = zero.offload_optimizer
+    given = [key for key in SUPER_OFFLOAD_KEYS if key in o.model_fields_set]
+    if given and not behaviours.super_offload:
+        raise ScenarioError(source, f"{OFFLOAD_OPTIMIZER_KEY}.{given[0]}",
+                            "absent before DeepSpeed 0.18.0 (SuperOffload came with PR #7559; "
+                            "an earlier release refuses the key)", getattr(o, given[0]))
+    if not o.super_offload:
+        return
+    if zero.stage != 3:
+        raise ScenarioError(source, f"{OFFLOAD_OPTIMIZER_KEY}.super_offload",
+                            f"true only with stage 3 (DeepSpeed builds SuperOffload's optimizer "
+                            f"for ZeRO-3 alone; stage is {zero.stage})", o.super_offload)
+    if o.device == "none":
+        raise ScenarioError(source, f"{OFFLOAD_OPTIMIZER_KEY}.device",
+                            "'cpu' with super_offload (its step looks up each sub-group's "
+                            "device, which only an offloaded optimizer assigns)", o.device)
+
+
 ZENFLOW_KEY = f"{ZERO_KEY}.zenflow"
 
 
@@ -671,7 +707,8 @@ def _offload_optimizer(raw: _OffloadOptimizer, behaviours: Behaviours, gap: int
         pipeline_read=raw.pipeline_read, pipeline_write=raw.pipeline_write,
         fast_init=raw.fast_init, part_grads_async=raw.part_grads_async,
         prefetch_optimizer=raw.prefetch_optimizer, prefetch_optimizer_gap=gap,
-        gpu_subgroups_first=behaviours.twin_flow_gpu_subgroups_first)
+        gpu_subgroups_first=behaviours.twin_flow_gpu_subgroups_first,
+        super_offload=raw.super_offload, cpuadam_cores_perc=raw.cpuadam_cores_perc)
 
 
 def _offload_param(raw: _OffloadParam) -> OffloadSettings:
@@ -739,6 +776,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                             zero.offload_optimizer.ratio)
     _check_nvme(zero, source)
     _check_fork_options(zero, behaviours, build_label, source)
+    _check_super_offload(zero, behaviours, source)
     zenflow = _zenflow(zero, behaviours, source)
     aio = _aio_settings(raw.aio)
     clip_default = 1.0 if behaviours.gradient_clipping_default_one else 0.0

@@ -20,7 +20,12 @@ from zerosim.behaviours import (
     unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
-from zerosim.hardware.costs import CpuPools, cpu_pools, zenflow_worker_threads
+from zerosim.hardware.costs import (
+    CpuPools,
+    cpu_pools,
+    superoffload_worker_threads,
+    zenflow_worker_threads,
+)
 from zerosim.hardware.placement import CoreOrder
 from zerosim.hardware.profile import (
     HardwareProfile,
@@ -179,6 +184,17 @@ class Scenario:
             bound=self.runtime.bind_cores_to_rank,
             reserved_share=zenflow.pt_reserved_cores_perc,
             split=self.behaviours.zenflow_worker_affinity_split))
+
+    def superoffload_worker_threads(self) -> int | None:
+        """Threads of SuperOffload's optimizer process on a rank of the fullest node (its
+        CPUs, `costs.superoffload_worker_threads`, at most the rank's pool); None without
+        SuperOffload."""
+        o = self.deepspeed.offload_optimizer
+        if not o.super_offload:
+            return None
+        return min(self.cpu_pools().threads_per_rank, superoffload_worker_threads(
+            self.hardware, self.ranks_on_fullest_node, bound=self.runtime.bind_cores_to_rank,
+            cores_perc=o.cpuadam_cores_perc))
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario with every default filled in (what `zerosim check` prints)."""

@@ -18,7 +18,7 @@ def check_supported(scenario: Any) -> None:
                  _twin_flow_needs_offload, _what_ifs_need_offloaded_stage3, _nvme_needs_drives,
                  _what_ifs_not_with_nvme, _interleaved_update_is_offloaded_stage3,
                  _step_what_ifs_not_with_the_interleaved_update,
-                 _zenflow_is_zero12_with_a_fixed_interval,
+                 _zenflow_is_zero12_with_a_fixed_interval, _super_offload_is_replayed,
                  _nvme_buffers_suffice):
         rule(scenario)
 
@@ -256,6 +256,32 @@ def _zenflow_is_zero12_with_a_fixed_interval(scenario: Any) -> None:
                 "a whole number of steps (with 'auto' ZenFlow runs the CPU update when the "
                 "accumulated gradients' norms say so, which depends on the data: give the "
                 "interval to replay, 4 in DeepSpeed's ZenFlow examples)", "auto")
+
+
+def _super_offload_is_replayed(scenario: Any) -> None:
+    """zerosim replays SuperOffload (`offload_optimizer.super_offload`) as DeepSpeed 0.18.9 and
+    later run it (`superoffload_shared_buffers`), with the optimizer state in host memory and
+    DeepSpeed's own step around it: the earlier releases' bucketing by sub-group and
+    re-step on clipping, NVMe swapping and the study's what-ifs are not modelled with it."""
+    ds = scenario.deepspeed
+    if not ds.offload_optimizer.super_offload:
+        return
+    if not scenario.behaviours.superoffload_shared_buffers:
+        _refuse(scenario, "runtime.deepspeed_version",
+                "0.18.9 or later with super_offload (zerosim replays SuperOffload as PR #7906 "
+                "rewrote it; 0.18.0-0.18.8 cut the gradient buckets at sub-group edges and "
+                "re-stepped every sub-group when the norm clipped, which is not modelled)",
+                scenario.runtime.version_text)
+    for name, settings in (("offload_optimizer", ds.offload_optimizer),
+                           ("offload_param", ds.offload_param)):
+        if settings.nvme:
+            _refuse(scenario, f"{ZERO}.{name}.device", "'cpu' or 'none' with super_offload "
+                    "(zerosim does not replay SuperOffload with state on NVMe)", "nvme")
+    for name in ("overlap_copy_back", "buffer_boundary_grads", "gpu_update_every"):
+        if getattr(scenario.what_if, name):
+            _refuse(scenario, f"what_if.{name}", "off with super_offload (the what-if changes "
+                    "DeepSpeed's own CPU step, which SuperOffload's replaces)",
+                    getattr(scenario.what_if, name))
 
 
 def _nvme_buffers_suffice(scenario: Any) -> None:
