@@ -11,7 +11,9 @@ all-reduced (`reduce_scatter`); and ZeRO-1/2/3 with and without offload and grad
 accumulation at every release where a DeepSpeed behaviour changes, and ZeRO-3 with the
 parameters on the CPU and the optimizer on the CPU or the GPU (PyTorch's AdamW or FusedAdam) at
 each of those releases; and ZenFlow at ZeRO-1 and 2, its step overlapped or not, at DP=1 and 4
-(its moments offloaded at DP=4), at each release from 0.17.5; and Qwen3-8B, Qwen3-30B-A3B and
+(its moments offloaded at DP=4), at each release from 0.17.5; and SuperOffload with and without
+gradient clipping and Twin-Flow, at DP=1 and 4 (bound, or unbound with the parameters on the
+CPU) on the H100 node, at each release from 0.18.9; and Qwen3-8B, Qwen3-30B-A3B and
 Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
 the CPU, and DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager
 and flash attention. It prints how many ran, how many did not fit (a result, not a failure)
@@ -132,6 +134,17 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                         "deepspeed.zero_optimization.overlap_comm": True,
                         "deepspeed.zero_optimization.zenflow": {
                             "update_interval": 4, "overlap_step": overlap, "offload": dp == 4}}))
+    superoffload_releases = [since for since in releases if since >= (0, 18, 9)]
+    for since in superoffload_releases[::3] if quick else superoffload_releases:
+        for clip in (0.0, 1.0):
+            for ratio in (1.0, 0.9):
+                for dp, bound in ((1, False), (4, False), (4, True)):
+                    out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                        "runtime.deepspeed_version": format_version(since), "data_parallel": dp,
+                        "runtime.bind_cores_to_rank": bound, "hardware": "h100-jlse",
+                        "deepspeed.gradient_clipping": clip, OFFLOAD + "ratio": ratio,
+                        OFFLOAD + "super_offload": True, PARAMS + "device":
+                        "cpu" if dp == 4 and not bound else "none"}))
     for model in HF_MODELS[::2] if quick else HF_MODELS:
         layouts = ((("fused", "hooked"), ("per_expert", "hooked"), ("per_expert", "leaf"))
                    if model.startswith("Mixtral") else (("fused", "hooked"),))

@@ -198,12 +198,21 @@ def test_tune_refuses_a_superoffload_scenario():
 def test_the_shipped_example_steps_early_until_clipping_defaults_to_one():
     """DeepSpeedExamples' Qwen3-14B config sets no gradient_clipping: 0 on 0.18.9, where the
     process steps the sub-groups during the backward; 1.0 from 0.19.3, where they wait for
-    the step and the iteration is longer than ZeRO-Offload's."""
+    the step and the iteration is longer than ZeRO-Offload's. Every CPU sub-group is stepped
+once by the process."""
+    import zerosim
     from zerosim.api import simulate_summary
+    from zerosim.engine.plan import plan_of
     from zerosim.scenario import load_scenario
 
     so = "deepspeed.zero_optimization.offload_optimizer.super_offload=false"
-    early = simulate_summary(load_scenario(SCENARIO))["iteration_s"]
+    result = zerosim.simulate(SCENARIO)
+    plan = plan_of(load_scenario(SCENARIO))
+    stepped = result.spans[result.spans.stream == "cpu.superoffload"]
+    assert sorted(stepped[stepped.op.str.startswith("cpu adam")].op) == sorted(
+        f"cpu adam sub-group {g}" for g in range(len(plan.subgroups))
+        if g not in plan.gpu_subgroups)
+    early = result.summary["iteration_s"]
     plain = simulate_summary(load_scenario(SCENARIO, [so]))["iteration_s"]
     late = simulate_summary(load_scenario(SCENARIO, ["runtime.deepspeed_version=0.19.5"]))
     assert early < plain < late["iteration_s"]
