@@ -151,10 +151,54 @@ def test_a_release_before_0_18_refuses_the_keys(toy):
             "zero_optimization": {"offload_optimizer": {"cpuadam_cores_perc": 0.5}}}})
 
 
-def test_releases_before_0_18_9_are_not_replayed(toy):
-    with pytest.raises(UnsupportedConfigError, match=r"0\.18\.9 or later"):
-        toy.scenario(_so(version="0.18.8"))
-    assert toy.scenario(_so(version="0.18.9")).deepspeed.offload_optimizer.super_offload
+def test_up_to_0_18_8_each_sub_group_is_a_bucket_of_its_own(toy):
+    """The toy's one bucket is cut at the sub-groups' edge: sub-group 1 (the later layers) is
+    reduced and partitioned as soon as its last gradient is in, then sub-group 0. Each
+    partition concatenates and casts its sub-group on the GPU and copies it, pinned, into its
+    fp32 gradient; the process gets the GPU tensor and copies it out itself once that
+    partition is done (no host synchronisation), then steps it (2 threads: N1 in
+    287.68 us), one sub-group after the other."""
+    result = toy.run(_so(version="0.18.8"))
+    spans = result.spans
+    assert (spans.op_kind == "reduce_scatter").sum() == 2
+    partitions = spans[spans.op.str.startswith("partition grads")]
+    d2h = _spans(result, "pcie.d2h")
+    for group, elements in ((1, N1), (0, N0)):
+        flush = spans[spans.op == f"fp32 grad sub-group {group} (pinned)"]
+        assert list(flush.bytes) == [4 * elements]
+    first = d2h["fp32 grad sub-group 1 (optimizer process) (pinned)"]
+    assert first[0] == pytest.approx(partitions.iloc[0].end_s / US)
+    adam = _spans(result, "cpu.superoffload")["cpu adam sub-group 1"]
+    assert adam == (pytest.approx(first[1]), pytest.approx(first[1] + 287.68))
+    second = d2h["fp32 grad sub-group 0 (optimizer process) (pinned)"]
+    assert second[0] == pytest.approx(adam[1])
+    assert partitions.iloc[1].end_s / US < adam[1]
+
+
+def test_up_to_0_18_8_the_step_writes_no_cpu_sub_group_back(toy):
+    """`_reassign_or_swap_out_partitioned_parameters` only re-views a CPU sub-group's 16-bit
+    partition: after the wait and the overflow check the step unscales each sub-group and
+    ends (no cast, no H2D), the host having noticed the process's last result at the first
+    millisecond poll after the backward."""
+    result = toy.run(_so(version="0.18.8"))
+    spans = result.spans
+    update = spans[spans.phase == "update"]
+    assert not (update.op_kind == "param_copy_back").any()
+    assert not (update.op_kind == "cast").any()
+    host = _spans(result, "cpu")
+    backward = result.phases[result.phases.phase == "backward"].end_s.max() / US
+    assert host["overflow check"][0] == pytest.approx(backward + 1000)
+    assert result.summary["iteration_s"] / US == pytest.approx(
+        host["unscale sub-group 1"][1], rel=1e-12)
+
+
+def test_up_to_0_18_8_clipping_still_steps_early_and_is_warned(toy):
+    from zerosim.scenario.support import UnreplayedRollbackWarning
+
+    with pytest.warns(UnreplayedRollbackWarning, match="does not clip"):
+        result = toy.run(_so(version="0.18.8", clip=1.0))
+    worker = _spans(result, "cpu.superoffload")
+    assert worker["cpu adam sub-group 0"][1] < _spans(result, "cpu")["overflow check"][0]
 
 
 @pytest.mark.parametrize(("patch", "key"), [
@@ -216,3 +260,29 @@ once by the process."""
     plain = simulate_summary(load_scenario(SCENARIO, [so]))["iteration_s"]
     late = simulate_summary(load_scenario(SCENARIO, ["runtime.deepspeed_version=0.19.5"]))
     assert early < plain < late["iteration_s"]
+
+
+def test_the_example_script_counts_four_passes_with_checkpointing():
+    """finetune_zero3.py: batch x (2 x 4 x params x seq + 2 x 2 x 4 x layers x hidden x seq^2):
+    4 x (8 x 14,768,307,200 x 4096 + 16 x 40 x 5120 x 4096^2) = 2.1556e15 FLOPs a step."""
+    from zerosim.validation.superoffload_examples import script_tflops
+
+    flops = 4 * (8 * 14_768_307_200 * 4096 + 16 * 40 * 5120 * 4096**2)
+    assert script_tflops(14_768_307_200, 4096, 40, 5120, 4, 2.0) == pytest.approx(
+        flops / 2e12, rel=1e-12)
+    assert script_tflops(1, 1, 0, 0, 1, 1.0, checkpointed=False) == pytest.approx(6e-12)
+
+
+def test_the_examples_figures_are_reported_beside_the_replay():
+    """Round figures, reported: the replay of the Qwen3-14B example on DeepSpeed 0.18.0."""
+    import warnings
+
+    from zerosim.validation.validate import superoffload_example_cells
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cells = superoffload_example_cells()
+    assert [(c.quantity, c.measured, c.status) for c in cells] == [
+        ("SuperOffload TFLOPS (the script's count)", 500, "reported"),
+        ("SuperOffload over ZeRO-Offload", 1.5, "reported")]
+    assert 300 < cells[0].simulated < 700

@@ -10,7 +10,9 @@ which ZeRO stage and offload target.
 |                       |                              | (1/2); GPU partitions (no offload)        |
 | boundary flush        | DeepSpeed behaviours; fork   | CPU cast; GPU cast (blocking or not);     |
 |                       | options; super_offload       | kept in HBM (interleaved GPU sub-groups); |
-|                       |                              | GPU cast into shared memory               |
+|                       |                              | GPU cast into shared memory; a sub-group  |
+|                       |                              | concatenated and cast on the GPU          |
+| buckets               | super_offload (to 0.18.8)    | by reduce_bucket_size; one per sub-group  |
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
 | optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
 |                       | (optimizer.params.torch_adam;| (FusedAdam or torch AdamW; each group     |
@@ -42,7 +44,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from zerosim.engine.gradients import BoundaryAllReduce, GradientPath, IpgBuckets
+from zerosim.engine.gradients import (
+    BoundaryAllReduce,
+    GradientPath,
+    IpgBuckets,
+    SubGroupBuckets,
+)
 from zerosim.engine.interleaved import GpuGradients, InterleavedStep
 from zerosim.engine.optimizer import (
     CopyBack,
@@ -70,7 +77,13 @@ from zerosim.engine.params import (
 from zerosim.engine.plan import update_groups
 from zerosim.engine.program import OptimizerStep, RankProgram
 from zerosim.engine.rank import RankCore, RunContext
-from zerosim.engine.sinks import BoundaryFlush, GpuPartitions, HostAccumulation, HostPartitions
+from zerosim.engine.sinks import (
+    BoundaryFlush,
+    ConcatenatedSubGroups,
+    GpuPartitions,
+    HostAccumulation,
+    HostPartitions,
+)
 from zerosim.engine.states import model_states
 from zerosim.engine.streams import NcclQueue
 from zerosim.engine.superoffload import AdamWorker, SubGroupHandOff, SuperOffloadStep
@@ -123,11 +136,14 @@ def _zenflow(core: RankCore, reductions: NcclQueue) -> ZenFlowParts | None:
 
 @dataclass(frozen=True)
 class SuperOffloadParts:
-    """SuperOffload's parts (`superoffload.py`): its optimizer process and the hand-over of
-    the sub-groups each boundary bucket completes."""
+    """SuperOffload's parts (`superoffload.py`): its optimizer process, the hand-over of the
+    sub-groups each boundary bucket completes and, up to DeepSpeed 0.18.8, the partition of
+    whole sub-groups concatenated on the GPU (`concatenated`; from 0.18.9 ZeRO-3's host
+    partitions, into shared memory)."""
 
     worker: AdamWorker
     hand_off: SubGroupHandOff
+    concatenated: ConcatenatedSubGroups | None
 
     @property
     def early(self) -> bool:
@@ -138,9 +154,12 @@ def _superoffload(core: RankCore) -> SuperOffloadParts | None:
     threads = core.ctx.scenario.superoffload_worker_threads()
     if threads is None:
         return None
-    worker = AdamWorker(core, threads)
-    return SuperOffloadParts(worker, SubGroupHandOff(core, worker,
-                                                     early=not core.ds.gradient_clipping))
+    shared = core.behaviours.superoffload_shared_buffers
+    concatenated = None if shared else ConcatenatedSubGroups(core)
+    worker = AdamWorker(core, threads, concatenated)
+    early = not core.ds.gradient_clipping or not shared
+    return SuperOffloadParts(worker, SubGroupHandOff(core, worker, early=early,
+                                                     synchronises=shared), concatenated)
 
 
 def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:
@@ -167,6 +186,8 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     collective = Collective.REDUCE_SCATTER if ds.reduce_scatter else Collective.ALL_REDUCE
     if not ds.offload_optimizer.enabled:
         sink = GpuPartitions(core)
+    elif superoffload is not None and superoffload.concatenated is not None:
+        sink = superoffload.concatenated
     elif ds.stage == 3:
         sink = HostPartitions(core, BoundaryFlush(core, states, gpu_gradients,
                                                   shared_grads=superoffload is not None))
@@ -180,7 +201,9 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                       copies_on_compute=ds.stage in (1, 2),
                       after_reduce=zenflow.selective if zenflow else None,
                       after_partition=superoffload.hand_off if superoffload else None,
-                      transposed_copies=zenflow is not None)
+                      transposed_copies=zenflow is not None,
+                      by_subgroup=(SubGroupBuckets(core.plan)
+                                   if superoffload and superoffload.concatenated else None))
 
 
 def _compute_waits_for_reduction(core: RankCore) -> bool:
@@ -217,7 +240,8 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     if superoffload is not None:
         return SuperOffloadStep(core, groups, _copy_back(core), _post_step(core),
                                 superoffload.worker, check_overflow_on_host,
-                                early=superoffload.early)
+                                early=superoffload.early,
+                                writes_back=superoffload.concatenated is None)
     if zenflow is not None and zenflow.worker is not None:
         return OverlappedStep(core, groups, _zenflow_copy_back(core), _post_step(core),
                               zenflow.worker, zenflow.selective)

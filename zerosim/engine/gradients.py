@@ -12,12 +12,12 @@ gradients at the accumulation boundary (engine.py `allreduce_gradients`).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from typing import NamedTuple, Protocol
 
 import simpy
 
-from zerosim.engine.plan import Param
+from zerosim.engine.plan import Param, Plan
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
 from zerosim.engine.streams import Body, InOrderStream, NcclQueue
@@ -90,6 +90,37 @@ class AfterPartition(Protocol):
                         boundary: bool) -> Gen: ...
 
 
+class SubGroupBuckets:
+    """SuperOffload's `reduce_independent_p_g_buckets_and_remove_grads` up to DeepSpeed 0.18.8:
+    a bucket holds the gradients of one optimizer sub-group and is reduced as soon as it holds
+    all of them, whatever `reduce_bucket_size` says (the contiguous buffer still takes only
+    what fits in it). A gradient of another sub-group that comes while a bucket is open waits
+    for it to be reduced, then goes into the next bucket."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.sizes = Counter(plan.group_of(p) for p in plan.all_params)
+        """Parameters per sub-group (`sub_group_to_param_num`)."""
+        self.group: int | None = None
+        self.waiting: deque[tuple[Param, simpy.Event]] = deque()
+
+    def add(self, buckets: IpgBuckets, param: Param, produced: simpy.Event, micro: int,
+            boundary: bool) -> Gen:
+        group = self.plan.group_of(param)
+        if buckets.bucket and group != self.group:
+            self.waiting.append((param, produced))
+            return
+        self.group = group
+        buckets.append(param, produced)
+        if len(buckets.bucket) < self.sizes[group]:
+            return
+        yield from buckets.reduce(micro, boundary)
+        while self.waiting:
+            param, produced = self.waiting.popleft()
+            self.group = self.plan.group_of(param)
+            buckets.append(param, produced)
+
+
 class GradientPath(Protocol):
     store: GradientStore
 
@@ -103,7 +134,7 @@ class IpgBuckets:
                  waits_for_each_bucket: bool = False, copies_on_compute: bool = False,
                  after_reduce: AfterReduce | None = None,
                  after_partition: AfterPartition | None = None,
-                 transposed_copies: bool = False):
+                 transposed_copies: bool = False, by_subgroup: SubGroupBuckets | None = None):
         self.core = core
         self.sink = sink
         self.collective = collective
@@ -129,6 +160,8 @@ class IpgBuckets:
         it (`average_tensor`: `stream.wait_stream(current_stream)`)."""
         self.after_reduce = after_reduce
         self.after_partition = after_partition
+        self.by_subgroup = by_subgroup
+        """Buckets cut at optimizer sub-group edges (SuperOffload before DeepSpeed 0.18.9)."""
         self.transposed_copies = transposed_copies
         """Each gradient is copied into the bucket transposed (ZenFlow's
         `grad_reduc.permute(...).contiguous()`, then the copy): a strided pass more (taken for
@@ -140,8 +173,12 @@ class IpgBuckets:
 
     def add(self, param: Param, produced: simpy.Event, micro: int, boundary: bool) -> Gen:
         """`__add_grad_to_ipg_bucket`: reduce the bucket first if the gradient would overflow
-        it, then copy the gradient in (or, without contiguous gradients, wait for it)."""
+        it, then copy the gradient in (or, without contiguous gradients, wait for it). With
+        `by_subgroup`, a bucket holds one optimizer sub-group instead."""
         if not self.sink.reduces_at(micro, boundary):
+            return
+        if self.by_subgroup is not None:
+            yield from self.by_subgroup.add(self, param, produced, micro, boundary)
             return
         core, size = self.core, self.core.ds.reduce_bucket_size
         if self.bucket and self.bucket_numel + param.numel > size:
@@ -149,6 +186,12 @@ class IpgBuckets:
             if self.waits_for_each_bucket:
                 core.compute.launch("wait for the reduction stream", core.no_kernel,
                                     kind=OpKind.STREAM_WAIT, after=(done,))
+        self.append(param, produced)
+
+    def append(self, param: Param, produced: simpy.Event) -> None:
+        """Copy the gradient into the contiguous buffer where it fits (else it is reduced in
+        place, once produced), and count it in the bucket."""
+        core, size = self.core, self.core.ds.reduce_bucket_size
         in_bucket = core.ds.contiguous_gradients and self.bucket_numel + param.numel <= size
         if in_bucket:
             nbytes = core.dtype_bytes * param.numel

@@ -101,6 +101,66 @@ class HostPartitions:
         core.gpu.free(Category.GRAD_PARTITIONS, buffer)
 
 
+class ConcatenatedSubGroups:
+    """SuperOffload's `partition_grads` up to DeepSpeed 0.18.8 (buckets cut at sub-group edges,
+    `gradients.SubGroupBuckets`): nothing before the boundary (no host accumulation: only the
+    boundary micro-batch's gradients reach the optimizer); at the boundary each partition's
+    fp64 norm, then the sub-group's partitions concatenated and cast to fp32 on the GPU
+    (`torch.cat(...).to(fp32)`: read and write 16-bit, read 16-bit and write 4 B) and copied
+    `non_blocking` into its fp32 gradient: pinned host memory for a CPU sub-group, HBM for a
+    Twin-Flow one. The fp32 copy on the GPU stays allocated until the optimizer process has
+    copied it out too (it got it as a CUDA tensor through its queue): `held[group]`."""
+
+    def __init__(self, core: RankCore):
+        self.core = core
+        self.held: dict[int, int] = {}
+        """Each handed-over sub-group's fp32 copy on the GPU, until the process frees it."""
+
+    def reduces_at(self, micro: int, boundary: bool) -> bool:
+        return True
+
+    def frees_grads_after_backward(self, boundary: bool) -> bool:
+        return False
+
+    def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
+                  ) -> tuple[Body, bool]:
+        core = self.core
+        if not boundary:
+            return core.no_kernel, False
+        sizes: dict[int, int] = {}
+        for entry in bucket:
+            group = core.plan.group_of(entry.param)
+            sizes[group] = sizes.get(group, 0) + entry.param.partition_numel
+
+        def body() -> Gen:
+            for entry in bucket:
+                param = entry.param
+                yield from fp64_grad_norm(core, param.partition_numel,
+                                          core.plan.modules[param.module].name,
+                                          source_bytes=core.dtype_bytes)
+            for group, elements in sizes.items():
+                yield from self._concatenate(group, elements)
+
+        return body, False
+
+    def _concatenate(self, group: int, elements: int) -> Gen:
+        core, d = self.core, self.core.dtype_bytes
+        name = f"sub-group {group}"
+        flat = core.gpu.allocate(Category.GRAD_PARTITIONS, d * elements, f"concatenated {name}")
+        fp32 = core.gpu.allocate(Category.GRAD_PARTITIONS, FP32_BYTES * elements,
+                                 f"fp32 gradient {name}")
+        yield from core.gpu_kernel(core.hbm_seconds((3 * d + FP32_BYTES) * elements,
+                                                    passes=1.0), core.reduction_stream)
+        core.gpu.free(Category.GRAD_PARTITIONS, flat)
+        if group in core.plan.gpu_subgroups:
+            yield from core.gpu_kernel(core.hbm_seconds(FP32_BYTES * elements),
+                                       core.reduction_stream)
+            core.gpu.free(Category.GRAD_PARTITIONS, fp32)
+            return
+        yield from fp32_d2h(core, elements, name)
+        self.held[group] = fp32
+
+
 class GradientSwap(Protocol):
     def swaps(self, param: Param) -> bool: ...
     def flush_gradient(self, param: Param, name: str) -> Gen: ...

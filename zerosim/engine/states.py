@@ -158,7 +158,8 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     # when pin_memory; _setup_for_real_optimizer: one accumulation buffer for the whole
     # partition (grad_partitions_flat_buffer), pinned likewise.
     gradients = [
-        *_fp32_gradients(ds, plan, cpu_groups, kind),
+        *_fp32_gradients(ds, plan, cpu_groups, kind,
+                         behaviours.superoffload_shared_buffers),
         Holding(host, Category.GRAD_ACCUMULATION, _host_allocations([accum * part], kind),
                 "host gradient accumulation buffer", kind),
     ]
@@ -187,26 +188,32 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
 
 
 def _fp32_gradients(ds: DeepSpeedConfig, plan: Plan, cpu_groups: list[float],
-                    kind: BufferKind) -> list[Holding]:
-    """The CPU sub-groups' fp32 gradient buffers. With SuperOffload in the steady state, in
-    shared memory: the optimizer queue's `share_memory_` copied each into a new, pageable
-    segment at the first step, and the pinned block it left went back to PyTorch's caching
-    host allocator, which keeps it; the optimizer process pins one buffer of the largest
-    sub-group (`max_grad_numel`) to copy each gradient into."""
+                    kind: BufferKind, shared: bool) -> list[Holding]:
+    """The CPU sub-groups' fp32 gradient buffers. With SuperOffload the optimizer process pins
+    one buffer of the largest sub-group (`max_grad_numel`) to copy each gradient into, and
+    from DeepSpeed 0.18.9 (`shared`) the buffers are in shared memory in the steady state:
+    the optimizer queue's `share_memory_` copied each into a new, pageable segment at the
+    first step, and the pinned block it left went back to PyTorch's caching host allocator,
+    which keeps it (up to 0.18.8 the gradients went to the process as CUDA tensors and the
+    buffers stayed where they were)."""
     host = DeviceKind.HOST
+    own = [Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
+                   "fp32 gradients", kind)]
     if not ds.offload_optimizer.super_offload:
-        return [Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
-                        "fp32 gradients", kind)]
+        return own
     pinned = BufferKind.PINNED
+    worker = Holding(host, Category.FP32_GRADS,
+                     costs.pinned_bytes(FP32_BYTES * max(plan.subgroups, default=0)),
+                     "SuperOffload process's pinned gradient buffer", pinned)
+    if not shared:
+        return [*own, worker]
     return [
         Holding(host, Category.FP32_GRADS, sum(cpu_groups), "fp32 gradients (shared memory)",
                 BufferKind.PAGEABLE),
         Holding(host, Category.FP32_GRADS,
                 _host_allocations(cpu_groups, kind) if kind is pinned else 0.0,
                 "fp32 gradients' pinned blocks, cached by PyTorch's host allocator", pinned),
-        Holding(host, Category.FP32_GRADS,
-                costs.pinned_bytes(FP32_BYTES * max(plan.subgroups, default=0)),
-                "SuperOffload process's pinned gradient buffer", pinned),
+        worker,
     ]
 
 

@@ -35,6 +35,12 @@ class ForkStepFailsWarning(ScenarioWarning):
     """A layout the Deep Optimizer States fork's step, as its code reads, stops on."""
 
 
+class UnreplayedRollbackWarning(ScenarioWarning):
+    """SuperOffload before DeepSpeed 0.18.9 steps the sub-groups early even with gradient
+    clipping, and rolls them back and re-steps them when the norm clips, which depends on the
+    data: zerosim replays the steps where it does not clip."""
+
+
 class UnreplayedSelectionWarning(ScenarioWarning):
     """ZenFlow re-selects its gradient columns every few steps, which zerosim does not
     replay."""
@@ -47,6 +53,22 @@ def warn_inert(scenario: Any) -> None:
     _warn_inert_gpu_update(scenario)
     _warn_gpu_subgroup_of_a_later_param_group(scenario)
     _warn_zenflow_selection_by_steps(scenario)
+    _warn_superoffload_rollback(scenario)
+
+
+def _warn_superoffload_rollback(scenario: Any) -> None:
+    """SuperOffload up to 0.18.8 with `gradient_clipping`: `check_clip_grads` decides at each
+    step whether to roll back and re-step every CPU sub-group, on the gradients' norm."""
+    ds = scenario.deepspeed
+    if (not ds.offload_optimizer.super_offload or not ds.gradient_clipping
+            or scenario.behaviours.superoffload_shared_buffers):
+        return
+    warnings.warn(
+        f"{scenario.source}: deepspeed.gradient_clipping: {ds.gradient_clipping:g} with "
+        f"SuperOffload on DeepSpeed {scenario.runtime.version_text}: its sub-groups are stepped "
+        "during the backward and, at a step whose gradient norm exceeds the clip, rolled back "
+        "and stepped again in the step; zerosim replays a step where the norm does not clip",
+        UnreplayedRollbackWarning, stacklevel=5)
 
 
 def _warn_zenflow_selection_by_steps(scenario: Any) -> None:
@@ -259,19 +281,12 @@ def _zenflow_is_zero12_with_a_fixed_interval(scenario: Any) -> None:
 
 
 def _super_offload_is_replayed(scenario: Any) -> None:
-    """zerosim replays SuperOffload (`offload_optimizer.super_offload`) as DeepSpeed 0.18.9 and
-    later run it (`superoffload_shared_buffers`), with the optimizer state in host memory and
-    DeepSpeed's own step around it: the earlier releases' bucketing by sub-group and
-    re-step on clipping, NVMe swapping and the study's what-ifs are not modelled with it."""
+    """zerosim replays SuperOffload (`offload_optimizer.super_offload`) with the optimizer state
+    in host memory and DeepSpeed's own step around it: NVMe swapping and the study's
+    what-ifs are not modelled with it."""
     ds = scenario.deepspeed
     if not ds.offload_optimizer.super_offload:
         return
-    if not scenario.behaviours.superoffload_shared_buffers:
-        _refuse(scenario, "runtime.deepspeed_version",
-                "0.18.9 or later with super_offload (zerosim replays SuperOffload as PR #7906 "
-                "rewrote it; 0.18.0-0.18.8 cut the gradient buckets at sub-group edges and "
-                "re-stepped every sub-group when the norm clipped, which is not modelled)",
-                scenario.runtime.version_text)
     for name, settings in (("offload_optimizer", ds.offload_optimizer),
                            ("offload_param", ds.offload_param)):
         if settings.nvme:

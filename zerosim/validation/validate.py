@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import simpy
@@ -983,6 +984,36 @@ def offload_binding_cells() -> list[Cell]:
     return cells
 
 
+def superoffload_example_cells() -> list[Cell]:
+    """DeepSpeedExamples' SuperOffload figures for one GH200 (data/superoffload_examples.yaml)
+    beside zerosim's replay of its Qwen3-14B example, TFLOPS as its script counts them."""
+    from zerosim.engine.plan import plan_of
+    from zerosim.validation.superoffload_examples import load_superoffload_claims, script_tflops
+
+    claims = load_superoffload_claims()
+    release = {"runtime.deepspeed_version": claims.version}
+    scenario = load_scenario(claims.scenario, release)
+    model, ds = scenario.model, scenario.deepspeed
+    params = sum(p.numel for p in plan_of(scenario).all_params)
+
+    def tflops(overrides: Mapping[str, Any]) -> float:
+        step = simulate_summary(claims.scenario, {**release, **overrides})["iteration_s"]
+        return script_tflops(params, scenario.sequence_length, model.num_hidden_layers,
+                             model.hidden_size, ds.train_batch_size, step,
+                             checkpointed=scenario.activation_checkpointing)
+
+    superoffload, zero_offload = tflops({}), tflops(claims.zero_offload_overrides)
+    note = (f"{claims.source}; the figures as round as the README gives them, for the "
+            f"example replayed on DeepSpeed {claims.version}; nothing fitted on them")
+    case = "Qwen3-14B on one GH200, the example's config"
+    return [
+        judge(claims.group, case, "SuperOffload TFLOPS (the script's count)", "TFLOPS",
+              claims.tflops, superoffload, None, note=note),
+        judge(claims.group, case, "SuperOffload over ZeRO-Offload", "", claims.over_zero_offload,
+              superoffload / zero_offload, None, note=note),
+    ]
+
+
 VM_RUN_NOTE = "nothing fitted on it: the scenario's profile, h200-vm, is the node probe's"
 VM_RUN_FITTED_NOTE = "in-sample: {} fitted on this run"
 STEP_END_EPSILON_S = 1e-9
@@ -1056,7 +1087,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     cells += collective_cells() + xla_h100_collective_cells() + cpu_adam_cells()
     if polaris:
         cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
-        cells += h200_vm_run_cells()
+        cells += h200_vm_run_cells() + superoffload_example_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results
