@@ -39,18 +39,23 @@ def _per_param(bucket: list[BucketEntry], move, end=None) -> Body:
     return body
 
 
-class HostPartitions:
-    """Stage 3 with the optimizer offloaded."""
-
-    def __init__(self, core: RankCore, flush: BoundaryFlush):
-        self.core = core
-        self.flush = flush
+class PartitionedEveryMicroBatch:
+    """What ZeRO-3's sinks share: every micro-batch's gradients are reduced and partitioned as
+    their buckets fill, and none is held for the backward's end."""
 
     def reduces_at(self, micro: int, boundary: bool) -> bool:
         return True
 
     def frees_grads_after_backward(self, boundary: bool) -> bool:
         return False
+
+
+class HostPartitions(PartitionedEveryMicroBatch):
+    """Stage 3 with the optimizer offloaded."""
+
+    def __init__(self, core: RankCore, flush: BoundaryFlush):
+        self.core = core
+        self.flush = flush
 
     def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
                   ) -> tuple[Body, bool]:
@@ -101,7 +106,7 @@ class HostPartitions:
         core.gpu.free(Category.GRAD_PARTITIONS, buffer)
 
 
-class ConcatenatedSubGroups:
+class ConcatenatedSubGroups(PartitionedEveryMicroBatch):
     """SuperOffload's `partition_grads` up to DeepSpeed 0.18.8 (buckets cut at sub-group edges,
     `gradients.SubGroupBuckets`): nothing before the boundary (no host accumulation: only the
     boundary micro-batch's gradients reach the optimizer); at the boundary each partition's
@@ -115,12 +120,6 @@ class ConcatenatedSubGroups:
         self.core = core
         self.held: dict[int, int] = {}
         """Each handed-over sub-group's fp32 copy on the GPU, until the process frees it."""
-
-    def reduces_at(self, micro: int, boundary: bool) -> bool:
-        return True
-
-    def frees_grads_after_backward(self, boundary: bool) -> bool:
-        return False
 
     def partition(self, bucket: list[BucketEntry], micro: int, boundary: bool
                   ) -> tuple[Body, bool]:
