@@ -115,6 +115,8 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "deepspeed.zero_optimization.stage3_param_persistence_threshold":
         Plausible(0, ELEMENTS_MAX, ELEMENTS),
     "deepspeed.zero_optimization.offload_optimizer.ratio": Plausible(0, 1, "a fraction"),
+    "deepspeed.zero_optimization.offload_optimizer.cpuadam_cores_perc":
+        Plausible(0, 1, "a fraction"),
     "deepspeed.zero_optimization.offload_optimizer.buffer_count":
         _count(0, 1e6, "a buffer count"),
     "deepspeed.zero_optimization.offload_param.buffer_count": _count(0, 1e6, "a buffer count"),
