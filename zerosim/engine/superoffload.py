@@ -8,7 +8,7 @@ takes one sub-group at a time from a queue, copies its fp32 gradient into a pinn
 its own and steps it. Handing a sub-group over pickles its fp32 params and gradient through a
 `torch.multiprocessing` queue, which moves their storage into shared memory the first time
 (`share_memory_`): from the second step on, the steady state zerosim replays, both are
-pageable shared memory (`states._superoffload_holdings`).
+pageable shared memory (`states._fp32_gradients`).
 
 Boundary backward (`partition_grads`): each gradient partition is cast on the GPU and copied
 into its sub-group's fp32 gradient with `non_blocking=True`, which into shared memory runs at
