@@ -4,7 +4,8 @@ Run: `python benchmarks/physics.py [--quick] [--step 0.1] [--workers 2]`. For co
 shaped like the ones zerosim's predictions are judged on (the study's three, Polaris runs at
 DP=1 and DP=4 on both testbeds, bound and unbound, the Deep Optimizer States fork's
 asynchronous flush and interleaved update, two and eight Polaris nodes, the MLP-Offload NVMe
-run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, the parameters offloaded on the H200 VM,
+run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 0.18.9 and
+0.18.0 run it, the parameters offloaded on the H200 VM,
 the seed's 64 p4d nodes and a mixture of experts on a DGX H100), it runs `zerosim sensitivity`
 (each value of the profile and the stack moved by --step both ways, one at a time) and checks
 the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
@@ -61,6 +62,9 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      {}),
     ("ZeRO-2 Offload, DGX A100", SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b.yaml", {}),
     ("ZenFlow, DGX A100", SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b-zenflow.yaml", {}),
+    ("SuperOffload, GH200", SCENARIOS / "gh200" / "qwen3-14b-superoffload.yaml", {}),
+    ("SuperOffload 0.18.0, GH200", SCENARIOS / "gh200" / "qwen3-14b-superoffload.yaml",
+     {"runtime.deepspeed_version": "0.18.0"}),
     ("parameters offloaded, H200", SCENARIOS / "h200_vm" / "llama3b_param.yaml", {}),
     ("64 p4d nodes", SCENARIOS / "seed003" / "roberta10b_p4d64.yaml", {}),
     ("MoE on a DGX H100", SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
