@@ -135,20 +135,28 @@ def test_with_room_for_one_state_the_next_waits_for_the_last_to_go_out(toy):
         t0 + IN0 + STEP0 + IN1 + STEP1, rel=1e-9)
 
 
+def _assert_twin_flow(result, *, gpu: tuple[int, int], cpu: int) -> None:
+    """Sub-group `gpu` = (index, size) has its Adam state (8 B a parameter) in HBM and steps
+    there, 94 B x size at 1e12 B/s; the other's state, of `cpu` elements, is in host memory."""
+    memory = result.memory
+    gpu_states = memory[(memory.device == "gpu0") & (memory.category == "optimizer states (GPU)")]
+    host_states = memory[(memory.device == "host0") & (memory.category == "optimizer states")]
+    group, size = gpu
+    assert gpu_states.bytes.max() == 8 * size
+    assert host_states.bytes.max() == 8 * cpu
+    spans = result.spans
+    step = spans[spans.op == f"gpu adam sub-group {group}"].iloc[0]
+    assert step.end_s - step.start_s == pytest.approx(94 * size / 1e12, rel=1e-9)
+
+
 def test_twin_flow_keeps_the_last_sub_group_on_the_gpu(toy):
     """ratio 0.5 with two sub-groups: int(0.5 x 2) = 1 sub-group on the CPU (the first), the
     last on the GPU (stage3.py `subgroup_to_device`): its fp32 state is in HBM, its gradient
     never crosses PCIe at the boundary, and its step runs on the GPU: PyTorch's AdamW with the
     unscale (88 B) and the cast to 16 bits (6 B), 94 B x N1 at 1e12 B/s."""
     result = toy.run({"deepspeed": {"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}}})
-    memory = result.memory
-    gpu_states = memory[(memory.device == "gpu0") & (memory.category == "optimizer states (GPU)")]
-    host_states = memory[(memory.device == "host0") & (memory.category == "optimizer states")]
-    assert gpu_states.bytes.max() == 8 * N1
-    assert host_states.bytes.max() == 8 * N0
+    _assert_twin_flow(result, gpu=(1, N1), cpu=N0)
     spans = result.spans
-    step = spans[spans.op == "gpu adam sub-group 1"].iloc[0]
-    assert step.end_s - step.start_s == pytest.approx(94 * N1 / 1e12, rel=1e-9)
     flushed = spans[(spans.stream == "pcie.d2h") & spans.op.str.startswith("fp32 flush")]
     assert flushed.bytes.sum() == 2 * N0
 
@@ -159,14 +167,8 @@ def test_twin_flow_keeps_the_first_sub_group_on_the_gpu_from_deepspeed_0_18(toy)
     B/s, and the second is flushed and stepped on the CPU."""
     result = toy.run({"deepspeed": {"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}},
                       "runtime": {"deepspeed_version": "0.18.0"}})
-    memory = result.memory
-    gpu_states = memory[(memory.device == "gpu0") & (memory.category == "optimizer states (GPU)")]
-    host_states = memory[(memory.device == "host0") & (memory.category == "optimizer states")]
-    assert gpu_states.bytes.max() == 8 * N0
-    assert host_states.bytes.max() == 8 * N1
+    _assert_twin_flow(result, gpu=(0, N0), cpu=N1)
     spans = result.spans
-    step = spans[spans.op == "gpu adam sub-group 0"].iloc[0]
-    assert step.end_s - step.start_s == pytest.approx(94 * N0 / 1e12, rel=1e-9)
     assert not (spans.op == "gpu adam sub-group 1").any()
     flushed = spans[(spans.stream == "pcie.d2h") & spans.op.str.startswith("fp32 grad")]
     assert flushed.bytes.sum() == 4 * N1
