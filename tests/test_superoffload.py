@@ -228,6 +228,15 @@ def test_check_names_the_mode_and_the_process(toy, capsys):
         "cpuadam_cores_perc"] == 0.5
 
 
+def test_check_prices_cpu_adam_on_the_process_threads(toy):
+    """`zerosim check`'s CPU Adam line: the process's 2 threads at 1e8 params/s each, not the
+    rank's pool of 4."""
+    from zerosim.engine.probes import node_adam_rates
+
+    assert node_adam_rates(toy.scenario(_so())).threads_params_per_s == pytest.approx(2e8)
+    assert node_adam_rates(toy.scenario()).threads_params_per_s == pytest.approx(4e8)
+
+
 SCENARIO = "scenarios/gh200/qwen3-14b-superoffload.yaml"
 
 

@@ -71,21 +71,24 @@ class AdamRates:
 
 
 def node_adam_rates(scenario: Scenario) -> AdamRates:
-    """The scenario's CPU Adam on its fullest node (`AdamRates`)."""
+    """The scenario's CPU Adam on its fullest node (`AdamRates`): on the ranks' pools, or on
+    SuperOffload's optimizer processes' threads."""
     profile = scenario.hardware
     runtime = scenario.runtime
     ranks = scenario.ranks_on_fullest_node
     elements = update_groups(plan_of(scenario), scenario.deepspeed.stage)[0]
-    pools = scenario.cpu_pools()
+    worker = scenario.superoffload_worker_threads()
+    threads = worker if worker is not None else scenario.cpu_pools().threads_per_rank
 
     def seconds(p: HardwareProfile) -> float:
         return cpu_adam_seconds(p, elements, ranks=ranks,
-                                threads_per_rank=runtime.cpu_threads_per_rank,
+                                threads_per_rank=(worker if worker is not None
+                                                  else runtime.cpu_threads_per_rank),
                                 bound=runtime.bind_cores_to_rank,
                                 core_order=runtime.bind_core_list)
 
     return AdamRates(ranks, elements, elements / seconds(profile),
-                     pools.threads_per_rank * profile.adam_params_per_s_per_thread,
+                     threads * profile.adam_params_per_s_per_thread,
                      elements / seconds(without_adam_ceiling(profile)))
 
 
