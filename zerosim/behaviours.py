@@ -251,6 +251,21 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "GPU and submitted at once, a rollback and re-step when the norm clips, and "
               "_reassign_or_swap_out_partitioned_parameters only re-viewing a CPU "
               "sub-group's 16-bit partition, without copying its fp32 update into it)"),
+    Behaviour("low_precision_master_weights", (0, 18, 3),
+              "PR #7700 'Low-precision master params/grads/optimizer states' (39a682d7, first "
+              "in v0.18.3): runtime/precision_config.py, base_optimizer.py "
+              "_configure_master_weights, stage3.py _create_fp32_partitions",
+              "bf16.bf16_master_weights_and_grads keeps the optimizer's master params and "
+              "gradients in bf16 (offloaded: DeepSpeedCPUAdam over bf16 params, Adam moments in "
+              "fp32 unless optimizer.params.fp32_optimizer_states is false) and "
+              "bf16.bf16_optimizer_states is read (before: the keys are refused)"),
+    Behaviour("bf16_optimizer_states_on_cpu", (0, 19, 1),
+              "PR #8010 'Support bf16 optimizer states with CPU offload' (3c337b54, first in "
+              "v0.19.1): engine.py _configure_basic_optimizer, base_optimizer.py "
+              "_configure_master_weights",
+              "with bf16.bf16_optimizer_states the engine builds DeepSpeedCPUAdam with "
+              "fp32_optimizer_states=False, so offloaded Adam moments are bf16 (before: fp32 "
+              "unless optimizer.params.fp32_optimizer_states said false)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -300,6 +315,8 @@ class Behaviours:
     twin_flow_gpu_subgroups_first: bool
     super_offload: bool
     superoffload_shared_buffers: bool
+    low_precision_master_weights: bool
+    bf16_optimizer_states_on_cpu: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

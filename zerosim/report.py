@@ -661,7 +661,11 @@ def _adam_text(scenario: Scenario) -> str:
         return re.sub(r"e\+?0*(\d)", r"e\1", f"{value:.3g}")
 
     rates = node_adam_rates(scenario)
-    return (f"{rate(rates.params_per_s)} params/s per rank, {_count(rates.ranks, 'rank')} "
+    ds = scenario.deepspeed
+    dtypes = (f" over {ds.master_dtype} params with {ds.optimizer_state_dtype} moments"
+              if ds.low_precision_master else "")
+    return (f"{rate(rates.params_per_s)} params/s per rank{dtypes}, "
+            f"{_count(rates.ranks, 'rank')} "
             f"stepping at once: held by {rates.binding} (the threads' ceiling "
             f"{rate(rates.threads_params_per_s)}, host memory's {rate(rates.memory_params_per_s)})")
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError, ZerosimError, with_scenario_warnings
+from zerosim.hardware.cpus import BF16_ADAM_KEYS
 from zerosim.hardware.profile import (
     AT_LEAST_ONE_KEYS,
     CAPACITY_KEYS,
@@ -60,6 +61,7 @@ MORE_IS_FASTER = frozenset({
     "hardware.host.cpu_boost_GHz", "hardware.host.memory_GBps_per_domain",
     "hardware.host.socket_link_GBps", "hardware.host.socket_link_total_GBps",
     "hardware.cpu.adam_params_per_s_per_thread",
+    *(f"hardware.{key}" for key in BF16_ADAM_KEYS.values()),
     "hardware.cpu.fp16_check_elements_per_s_per_thread", "hardware.cpu.elementwise_GBps_per_thread",
     "hardware.cpu.page_zeroing_GBps", "hardware.cpu.cast_threads",
     "hardware.nvme.read_GBps_per_drive", "hardware.nvme.write_GBps_per_drive"})
@@ -228,11 +230,18 @@ def elasticity(base: float | None, low: tuple[float, float | None] | None,
                  ELASTICITY_DIGITS) + 0.0
 
 
+def _unread(scenario, key: str) -> bool:
+    """A hardware value the scenario's replay never reads: the bf16 CPU Adam ceilings without
+    bf16 master params."""
+    return key in BF16_ADAM_KEYS.values() and not scenario.deepspeed.low_precision_master
+
+
 def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidate]:
     """Every numeric hardware and stack value of a loaded scenario (or only `keys`, given as
     `--set` names them), with the values each is tried at."""
     found = {f"hardware.{key}": prov for key, prov in scenario.hardware.provenance.items()
-             if key in QUANTITIES and key not in CAPACITY_KEYS}
+             if key in QUANTITIES and key not in CAPACITY_KEYS
+             and not _unread(scenario, key)}
     found.update({f"stack.{key}": scenario.stack.provenance[key] for key in STACK_KEYS})
     if memory_reports := scenario.stack.provenance.get(GC_OBJECT_KEY):
         found[f"stack.{GC_OBJECT_KEY}"] = memory_reports

@@ -16,35 +16,7 @@
 #include <vector>
 
 #include "cpu_adam.h"
-
-static double now_s()
-{
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-// Core clock of each thread, all threads at once: a chain of 8 dependent 64-bit multiplies per
-// iteration, 3 cycles each on every x86 core since Nehalem and Zen (the loop's own overhead runs
-// beside the chain). Not adds: Golden Cove's renamer folds chains of adds of an immediate.
-static double scalar_clock_GHz()
-{
-    const long iterations = 20000000;
-    std::vector<double> ghz(omp_get_max_threads());
-#pragma omp parallel
-    {
-        unsigned long x = omp_get_thread_num();
-        double t0 = now_s();
-        for (long i = 0; i < iterations; ++i) {
-            asm volatile(
-                "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
-                "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
-                : "+r"(x));
-        }
-        ghz[omp_get_thread_num()] = 24.0 * iterations / (now_s() - t0) / 1e9;
-    }
-    std::sort(ghz.begin(), ghz.end());
-    return ghz[ghz.size() / 2];
-}
+#include "probe_timing.h"
 
 int main(int argc, char** argv)
 {
@@ -66,18 +38,10 @@ int main(int argc, char** argv)
         arrays[2][i] = 0.0f;
         arrays[3][i] = 0.0f;
     }
-    // Megatron-DeepSpeed's optimizer: AdamW (DeepSpeedCPUAdam's default) with weight decay.
-    Adam_Optimizer opt(1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, true);
     const double clock_GHz = scalar_clock_GHz();
-    std::vector<double> seconds;
-    for (int step = 1; step <= reps + 2; ++step) {
-        opt.IncrementStep(step, 0.9f, 0.95f);
-        opt.update_state(1e-4f, 1e-8f, 0.1f, true);
-        double t0 = now_s();
-        opt.Step_8(arrays[0], arrays[1], arrays[2], arrays[3], n);
-        if (step > 2) seconds.push_back(now_s() - t0);
-    }
-    std::sort(seconds.begin(), seconds.end());
+    const std::vector<double> seconds = timed_steps<Adam_Optimizer>(
+        reps,
+        [&](Adam_Optimizer& opt) { opt.Step_8(arrays[0], arrays[1], arrays[2], arrays[3], n); });
     const double median = seconds[seconds.size() / 2];
     std::printf(
         "{\"threads\": %d, \"params\": %zu, \"reps\": %d, \"median_s\": %.9g, "

@@ -10,18 +10,10 @@
 #   csrc/adam/cpu_adam_impl.cpp (v0.13.3 is what zerosim's stacks replay).
 # Writes OUT_DIR/cpu_adam_probe.jsonl (one JSON object a run, with "simd" and "case" added)
 # and OUT_DIR/cpu_adam_machine.txt (lscpu). Needs g++ with OpenMP; no torch, no GPU.
-set -euo pipefail
-src=$(cd "$1" && pwd); out=$(mkdir -p "$2" && cd "$2" && pwd)
-here=$(cd "$(dirname "$0")" && pwd)
-build=$(mktemp -d)
-trap 'rm -rf "$build"' EXIT
-mkdir -p "$build/torch"
-# The Step functions use nothing of torch; cpu_adam.h only declares the bindings' signatures.
-echo 'namespace torch { struct Tensor; }' > "$build/torch/extension.h"
+source "$(dirname "$0")/cpu_adam_build.sh"
 # cpu_adam_impl.cpp up to its first torch binding (ds_adam_step): the Step_1/4/8 loops.
 awk '/^int ds_adam_step\(/ {exit} {print}' "$src/csrc/adam/cpu_adam_impl.cpp" > "$build/steps.cpp"
 grep -q "Adam_Optimizer::Step_8" "$build/steps.cpp" || { echo "no Step_8 in $src" >&2; exit 1; }
-lscpu > "$out/cpu_adam_machine.txt" 2>&1 || true
 threads_all=$(nproc)
 sizes_cached=${CPU_ADAM_CACHED_PARAMS:-65536}   # 1 MiB of the four fp32 arrays per thread: inside L2
 params_memory=${CPU_ADAM_MEMORY_PARAMS:-$((1 << 28))}   # 4 GiB of arrays: far outside the caches

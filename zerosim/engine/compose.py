@@ -30,9 +30,10 @@ which ZeRO stage and offload target.
 | step)                 |                              | flag the backward's GPU checks set (1/2)  |
 | copy-back             | offload_param; stage;        | CPU cast + H2D; fp32 H2D + GPU cast       |
 |                       | DeepSpeed behaviours;        | (ZeRO-1/2 0.14.1-0.16; ZenFlow's, pageable|
-|                       | zenflow                      | to 0.19.2); CPU cast into a 16-bit host   |
+|                       | zenflow; master dtype        | to 0.19.2); CPU cast into a 16-bit host   |
 |                       |                              | buffer + H2D (ZeRO-1/2 from 0.17.0); cast |
-|                       |                              | into host params (and swap out to NVMe)   |
+|                       |                              | into host params (and swap out to NVMe);  |
+|                       |                              | H2D of bf16 master params                 |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
 | NCCL queues           | stack `process_groups`       | one for the all-gathers and one for the   |
 |                       |                              | gradient reductions; one for both         |
@@ -66,6 +67,7 @@ from zerosim.engine.optimizer import (
     read_backward_overflow_flag,
     regather_persistent,
     upload_fp32_then_cast_on_gpu,
+    upload_master_partition,
 )
 from zerosim.engine.params import (
     ParameterCoordinator,
@@ -265,10 +267,13 @@ def _zenflow_copy_back(core: RankCore) -> CopyBack:
 def _copy_back(core: RankCore) -> CopyBack:
     """How a stepped group's 16-bit params reach where the GPU reads them: into the host
     partition with `offload_param`; ZeRO-1/2 as its DeepSpeed release does it; else (ZeRO-3,
-    and ZeRO-1/2 up to 0.14.0) a CPU cast into a pageable temporary and a blocking H2D."""
+    and ZeRO-1/2 up to 0.14.0) a CPU cast into a pageable temporary and a blocking H2D; from
+    bf16 master params a blocking H2D of the partition itself."""
     offloaded = {"cpu": cast_into_host_params, "nvme": cast_into_host_or_swap_out}
     if core.ds.offload_param.device in offloaded:
         return offloaded[core.ds.offload_param.device]
+    if core.ds.low_precision_master:
+        return upload_master_partition
     behaviours = core.behaviours
     if core.ds.stage in (1, 2):
         if behaviours.zero12_copy_back_via_16bit_host_buffer:

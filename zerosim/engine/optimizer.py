@@ -227,22 +227,23 @@ def unscale_and_adam_on_cpu(core: RankCore, group: int, elements: int) -> Gen:
     """`unscale_and_clip_grads` on the fp32 gradient, then DeepSpeedCPUAdam, on the rank's
     thread; `adam_update` holds the GIL throughout (`RankCore.gil`)."""
     m = core.machine
+    precision = core.adam_precision
     yield from core.cpu_work(f"unscale sub-group {group}", OpKind.UNSCALE,
-                             m.elementwise(core.rank, elements, costs.UNSCALE_HOST_BYTES))
+                             m.elementwise(core.rank, elements, precision.unscale_bytes))
     core.gil.hold()
     yield from core.cpu_work(f"cpu adam sub-group {group}", OpKind.OPTIMIZER_STEP,
-                             cpu_adam(m, core.rank, elements))
+                             cpu_adam(m, core.rank, elements, precision=precision))
     core.gil.release()
 
 
-def cpu_adam(machine: Machine, rank: int, elements: float, *, threads: int | None = None
-             ) -> Gen:
-    """DeepSpeedCPUAdam's `adam_update` over `elements` fp32 elements on `rank`'s OpenMP pool
-    (or `threads` of a process of its own), one parallel region per tile (what `zerosim
-    validate` also times alone)."""
-    return machine.cpu_kernel(rank, elements, host=costs.ADAM_HOST_BYTES,
+def cpu_adam(machine: Machine, rank: int, elements: float, *, threads: int | None = None,
+             precision: costs.AdamPrecision = costs.FP32_ADAM) -> Gen:
+    """DeepSpeedCPUAdam's `adam_update` over `elements` elements (fp32, or what `precision`
+    says) on `rank`'s OpenMP pool (or `threads` of a process of its own), one parallel region
+    per tile (what `zerosim validate` also times alone)."""
+    return machine.cpu_kernel(rank, elements, host=precision.host_bytes,
                               elements_per_s_per_thread=(
-                                  machine.profile.adam_params_per_s_per_thread),
+                                  precision.params_per_s_per_thread(machine.profile)),
                               threads=threads,
                               regions=math.ceil(elements / costs.CPU_ADAM_TILE_ELEMENTS))
 
@@ -331,14 +332,36 @@ def cast_into_16bit_buffer_then_upload(core: RankCore, group: int, elements: int
         yield uploaded
 
 
+def upload_master_partition(core: RankCore, group: int, elements: int, track: Stream) -> Gen:
+    """ZeRO-3 with bf16 master params (`bf16.bf16_master_weights_and_grads`): stage3.py
+    `_reassign_or_swap_out_partitioned_parameters` copies the stepped partition into the 16-bit
+    one, `fp16_flat.copy_(fp32_flat)`, now of one dtype: no cast, a blocking H2D straight from
+    the master partition, pageable (`_create_fp32_partitions` clones it from a `.to("cpu")`,
+    on the rank's home pages). Nothing runs on the host's pool (`track` unused)."""
+    nbytes = core.dtype_bytes * elements
+
+    def upload() -> Gen:
+        yield from core.dma("h2d", nbytes, pinned=False, buffer=costs.HOME_PAGES,
+                            op=f"params sub-group {group}", kind=OpKind.PARAM_COPY_BACK)
+
+    yield core.compute.launch(f"H2D params sub-group {group}", upload,
+                              kind=OpKind.PARAM_COPY_BACK, nbytes=nbytes)
+
+
 def cast_into_host_params(core: RankCore, group: int, elements: int, track: Stream) -> Gen:
-    """With `offload_param` the 16-bit partition lives in host memory: the cast writes it
-    there and nothing crosses PCIe until the next fetch."""
-    cast = costs.HostBytes(home=FP32_BYTES + core.dtype_bytes)
-    yield from core.cpu_work(f"cast fp32→16-bit sub-group {group}", OpKind.CAST,
+    """With `offload_param` the 16-bit partition lives in host memory: the cast (a plain copy
+    from bf16 master params) writes it there and nothing crosses PCIe until the next fetch."""
+    cast = costs.HostBytes(home=core.master_bytes + core.dtype_bytes)
+    yield from core.cpu_work(f"{_into_params(core)} sub-group {group}", OpKind.CAST,
                              core.machine.elementwise(core.rank, elements, cast,
                                                       threads=core.profile.cast_threads),
                              track=track)
+
+
+def _into_params(core: RankCore) -> str:
+    """What writing the master partition into the 16-bit one is: a cast, or a copy."""
+    master = core.ds.master_dtype
+    return "cast fp32→16-bit" if master == "fp32" else f"copy {master}"
 
 
 def download_into_host_params(core: RankCore, group: int, elements: int,

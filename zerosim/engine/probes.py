@@ -11,6 +11,7 @@ import simpy
 from zerosim.engine.machine import Machine
 from zerosim.engine.optimizer import cpu_adam
 from zerosim.engine.plan import plan_of, update_groups
+from zerosim.hardware.costs import FP32_ADAM, AdamPrecision
 from zerosim.hardware.placement import CoreOrder
 from zerosim.hardware.profile import HardwareProfile
 
@@ -24,21 +25,25 @@ memory alone."""
 
 def cpu_adam_seconds(profile: HardwareProfile, elements: float, *, ranks: int = 1,
                      threads_per_rank: int | None = None, bound: bool = False,
-                     core_order: CoreOrder = "by_gpu") -> float:
+                     core_order: CoreOrder = "by_gpu",
+                     precision: AdamPrecision = FP32_ADAM) -> float:
     """`ranks` ranks of one node each stepping `elements` with DeepSpeedCPUAdam at once, as the
     engine replays a sub-group's step: until the last of them is done."""
     env = simpy.Environment()
     machine = Machine(env, profile, ranks, threads_per_rank, bound=bound,
                       core_order=core_order)
     for rank in range(ranks):
-        env.process(cpu_adam(machine, rank, elements))
+        env.process(cpu_adam(machine, rank, elements, precision=precision))
     env.run()
     return env.now
 
 
 def without_adam_ceiling(profile: HardwareProfile) -> HardwareProfile:
-    """`profile` with DeepSpeedCPUAdam's per-thread compute ceiling lifted."""
-    return replace(profile, adam_params_per_s_per_thread=UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD)
+    """`profile` with DeepSpeedCPUAdam's per-thread compute ceilings lifted."""
+    unbound = UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD
+    return replace(profile, adam_params_per_s_per_thread=unbound,
+                   adam_bf16_params_per_s_per_thread=unbound,
+                   adam_bf16_states_params_per_s_per_thread=unbound)
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,8 @@ class AdamRates:
     params_per_s: float
     """params/s of the slowest rank, as the engine replays it."""
     threads_params_per_s: float
-    """The rank's pool: threads x the per-thread ceiling (`cpu.adam_params_per_s_per_thread`)."""
+    """The rank's pool: threads x the per-thread ceiling (`cpu.adam_params_per_s_per_thread`,
+    or its bf16 counterpart for bf16 master params)."""
     memory_params_per_s: float
     """The same step with no compute ceiling: what host memory lets each rank reach."""
 
@@ -79,16 +85,18 @@ def node_adam_rates(scenario: Scenario) -> AdamRates:
     elements = update_groups(plan_of(scenario), scenario.deepspeed.stage)[0]
     worker = scenario.superoffload_worker_threads()
     threads = worker if worker is not None else scenario.cpu_pools().threads_per_rank
+    ds = scenario.deepspeed
+    precision = AdamPrecision(ds.master_dtype, ds.optimizer_state_dtype)
 
     def seconds(p: HardwareProfile) -> float:
         return cpu_adam_seconds(p, elements, ranks=ranks,
                                 threads_per_rank=(worker if worker is not None
                                                   else runtime.cpu_threads_per_rank),
                                 bound=runtime.bind_cores_to_rank,
-                                core_order=runtime.bind_core_list)
+                                core_order=runtime.bind_core_list, precision=precision)
 
     return AdamRates(ranks, elements, elements / seconds(profile),
-                     threads * profile.adam_params_per_s_per_thread,
+                     threads * precision.params_per_s_per_thread(profile),
                      elements / seconds(without_adam_ceiling(profile)))
 
 

@@ -137,6 +137,10 @@ class RankCore:
         self.dtype_bytes = BYTES_PER_DTYPE[self.ds.dtype]
         self.comm_bytes = BYTES_PER_DTYPE[self.ds.communication_dtype]
         self.accum_bytes = BYTES_PER_DTYPE[self.ds.grad_accum_dtype]
+        self.adam_precision = costs.AdamPrecision(self.ds.master_dtype,
+                                                  self.ds.optimizer_state_dtype)
+        self.master_bytes = self.adam_precision.param_bytes
+        """Per element of the optimizer's master params and of their gradients."""
         self.pinned = self.ds.offload_optimizer.pin_memory
         self.buffer = host_buffer(self.pinned)
         self.activations: dict[int, int] = {}

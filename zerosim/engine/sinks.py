@@ -219,11 +219,11 @@ class BoundaryFlush:
             plan.interleaved_on_gpu(plan.group_of(e.param)) for e in bucket)
 
     def send(self, param: Param, name: str, buffered: bool) -> Gen:
-        """As each DeepSpeed version does it. With fp32 accumulation the buffer already holds
-        fp32: a plain D2H, no cast."""
+        """As each DeepSpeed version does it. Where the gradients accumulate in the master
+        gradients' dtype (fp32 accumulation; bf16 with bf16 master weights) the buffer already
+        holds it: a plain D2H, no cast."""
         core = self.core
         elements = param.partition_numel
-        fp32 = FP32_BYTES * elements
         group = core.plan.group_of(param)
         if self.gpu_gradients is not None and core.plan.interleaved_on_gpu(group):
             yield from self.gpu_gradients.receive(group, elements)
@@ -236,8 +236,9 @@ class BoundaryFlush:
             yield from self._buffer_and_flush_async(elements, name)
         elif self.swap.swaps(param):
             yield from self.swap.flush_gradient(param, name)
-        elif core.ds.grad_accum_dtype == "fp32":
-            yield from core.dma("d2h", fp32, pinned=core.pinned, op=f"fp32 flush {name}",
+        elif core.ds.grad_accum_dtype == core.ds.master_dtype:
+            yield from core.dma("d2h", core.master_bytes * elements, pinned=core.pinned,
+                                op=f"{core.ds.master_dtype} flush {name}",
                                 kind=OpKind.GRAD_FLUSH)
         elif not core.behaviours.boundary_flush_cast_on_gpu and not self.non_blocking():
             yield from self._via_cpu_cast(elements, name)

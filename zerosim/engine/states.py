@@ -152,7 +152,9 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                             "IPG bucket buffer"))
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     on_cpu, on_gpu = plan.numel_on("cpu"), plan.numel_on("gpu")
-    cpu_groups = [FP32_BYTES * size for g, size in enumerate(plan.subgroups)
+    master_bytes, state_bytes = BYTES_PER_DTYPE[ds.master_dtype], BYTES_PER_DTYPE[
+        ds.optimizer_state_dtype]
+    cpu_groups = [master_bytes * size for g, size in enumerate(plan.subgroups)
                   if g not in plan.gpu_subgroups and g not in plan.nvme_subgroups]
     # stage3.py initialize_optimizer_states: one fp32 gradient buffer per sub-group, pinned
     # when pin_memory; _setup_for_real_optimizer: one accumulation buffer for the whole
@@ -175,8 +177,9 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     master = BufferKind.PAGEABLE if ds.offload_optimizer.super_offload else BufferKind.NONE
     return [
         *held,
-        Holding(host, Category.FP32_MASTER, FP32_BYTES * on_cpu, "fp32 partition", master),
-        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * on_cpu,
+        Holding(host, Category.FP32_MASTER, master_bytes * on_cpu,
+                f"{ds.master_dtype} partition", master),
+        Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * state_bytes * on_cpu,
                 "exp_avg, exp_avg_sq"),
         *gradients,
         Holding(gpu, Category.FP32_MASTER_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 partition"),
@@ -198,7 +201,7 @@ def _fp32_gradients(ds: DeepSpeedConfig, plan: Plan, cpu_groups: list[float],
     buffers stayed where they were)."""
     host = DeviceKind.HOST
     own = [Holding(host, Category.FP32_GRADS, _host_allocations(cpu_groups, kind),
-                   "fp32 gradients", kind)]
+                   f"{ds.master_dtype} gradients", kind)]
     if not ds.offload_optimizer.super_offload:
         return own
     pinned = BufferKind.PINNED

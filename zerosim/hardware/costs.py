@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.models.breakdown import Module
 from zerosim.models.kernels import FusedAttention, Gemm, Kernel
-from zerosim.units import FP32_BYTES, FP64_BYTES
+from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES, FP64_BYTES
 
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward computes grads w.r.t. inputs and weights: twice the forward matmul work (used for
@@ -37,12 +37,60 @@ class HostBytes:
         return self.home + self.spread
 
 
-ADAM_HOST_BYTES = HostBytes(home=12, spread=16)
-"""CPU Adam reads the fp32 param and grad and writes the param (home); reads and writes
-exp_avg and exp_avg_sq (spread): 28 B per element."""
+def adam_host_bytes(param_bytes: int, state_bytes: int) -> HostBytes:
+    """CPU Adam reads the param and grad and writes the param (home); reads and writes exp_avg
+    and exp_avg_sq (spread)."""
+    return HostBytes(home=3 * param_bytes, spread=4 * state_bytes)
 
-UNSCALE_HOST_BYTES = HostBytes(home=8)
-"""unscale_and_clip_grads: an in-place multiply of the fp32 gradient (read 4 B, write 4 B)."""
+
+def unscale_host_bytes(grad_bytes: int) -> HostBytes:
+    """unscale_and_clip_grads: an in-place multiply of the master gradient (read, write)."""
+    return HostBytes(home=2 * grad_bytes)
+
+
+ADAM_HOST_BYTES = adam_host_bytes(FP32_BYTES, FP32_BYTES)
+"""With fp32 params, grads and moments: 28 B per element."""
+
+UNSCALE_HOST_BYTES = unscale_host_bytes(FP32_BYTES)
+"""Of a fp32 gradient: read 4 B, write 4 B."""
+
+
+@dataclass(frozen=True)
+class AdamPrecision:
+    """What DeepSpeedCPUAdam steps: its params and gradients (the master partition's dtype) and
+    Adam's moments, fp32 both unless `bf16.bf16_master_weights_and_grads` (DeepSpeed 0.18.3+)
+    makes the first bf16 and, with `fp32_optimizer_states` off, the second too."""
+
+    params: str = "fp32"
+    states: str = "fp32"
+
+    @property
+    def param_bytes(self) -> int:
+        return BYTES_PER_DTYPE[self.params]
+
+    @property
+    def state_bytes(self) -> int:
+        return BYTES_PER_DTYPE[self.states]
+
+    @property
+    def host_bytes(self) -> HostBytes:
+        return adam_host_bytes(self.param_bytes, self.state_bytes)
+
+    @property
+    def unscale_bytes(self) -> HostBytes:
+        return unscale_host_bytes(self.param_bytes)
+
+    def params_per_s_per_thread(self, profile: HardwareProfile) -> float:
+        """The loop's per-thread ceiling for these dtypes (`zerosim/hardware/cpus.yaml`,
+        `bf16_cpu_adam`: a different loop, not only fewer bytes)."""
+        if self.params == "fp32":
+            return profile.adam_params_per_s_per_thread
+        if self.states == "fp32":
+            return profile.adam_bf16_params_per_s_per_thread
+        return profile.adam_bf16_states_params_per_s_per_thread
+
+
+FP32_ADAM = AdamPrecision()
 
 SUPEROFFLOAD_GRAD_COPY_HOST_BYTES = HostBytes(home=8)
 """SuperOffload's optimizer process copies a sub-group's fp32 gradient out of shared memory

@@ -26,9 +26,14 @@ ADAM_KEY = "cpu.adam_params_per_s_per_thread"
 CHECK_KEY = "cpu.fp16_check_elements_per_s_per_thread"
 FAMILY_KEYS = ("cpu.elementwise_GBps_per_thread", "cpu.page_zeroing_GBps")
 """Per-thread rates a family inherits from its testbed: no spec sheet gives them."""
+BF16_ADAM_KEYS = {"bf16_params": "cpu.adam_bf16_params_per_s_per_thread",
+                  "bf16_states": "cpu.adam_bf16_states_params_per_s_per_thread"}
+"""DeepSpeedCPUAdam's ceiling over bf16 params and gradients with fp32 moments, and over bf16
+moments too (`bf16.bf16_master_weights_and_grads`, DeepSpeed 0.18.3+): a profile may write
+them; else they are its fp32 ceiling over the catalog's relative cost (`bf16_adam_values`)."""
 BOOST_KEY = "host.cpu_boost_GHz"
 NAME_KEY = "host.cpu_name"
-SUPPLIED_KEYS = (ADAM_KEY, CHECK_KEY, BOOST_KEY, *FAMILY_KEYS)
+SUPPLIED_KEYS = (ADAM_KEY, CHECK_KEY, BOOST_KEY, *FAMILY_KEYS, *BF16_ADAM_KEYS.values())
 """Quantities a profile that names its CPU model may leave out."""
 
 
@@ -103,6 +108,9 @@ class CpuCatalog:
     """The core clock those cycles were counted at."""
     models: Mapping[str, CpuModel]
     families: Mapping[str, CpuFamily]
+    bf16_adam_cost: Mapping[str, Mapping[str, Quoted]]
+    """Per build ("avx512", "avx2", "scalar") and dtype pair ("bf16_params", "bf16_states"):
+    cycles per parameter of DeepSpeedCPUAdam over bf16 against its fp32 loop (`bf16_cpu_adam`)."""
 
     def model(self, key: Any, *, source: str, key_path: str = "host.cpu_model") -> CpuModel:
         if not isinstance(key, str) or key not in self.models:
@@ -120,6 +128,47 @@ def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
     if lanes == 1:
         return clock_Hz / adam.scalar_cycles_per_element.value
     return clock_Hz * lanes * adam.params_per_lane_cycle(model.family)
+
+
+ASSUMED_BUILD = "avx512"
+"""The build taken for a profile that names no CPU model (`ASSUMED_BUILD_WHY`)."""
+
+
+def adam_build(simd: str, adam: CpuAdamLoop) -> str:
+    """The CPU Adam build DeepSpeed's op builder makes for a CPU with `simd`: its vector loop
+    where it has lanes for it, else the scalar one."""
+    return simd if adam.lanes_for(simd) > 1 else "scalar"
+
+
+def bf16_adam_values(flat: Mapping[str, Any], model: CpuModel | None) -> dict[str, Any]:
+    """The bf16 CPU Adam ceilings (`BF16_ADAM_KEYS`) a profile (`flat`, its CPU model's values
+    merged) leaves out: its fp32 ceiling over the relative cost of its CPU's build (with no
+    CPU model named, the AVX-512 build's, assumed). Nothing while the fp32 ceiling is missing
+    or malformed: the profile's own check reports that."""
+    fp32 = flat.get(ADAM_KEY)
+    rate = fp32.get("value") if isinstance(fp32, Mapping) else None
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
+        return {}
+    catalog = load_catalog()
+    build = adam_build(model.family.simd, catalog.adam) if model else ASSUMED_BUILD
+    cpu = (f"{model.name}, {model.family.key} cores: the {build} build" if model else
+           f"no host.cpu_model: the {ASSUMED_BUILD} build assumed, "
+           f"{ASSUMED_BUILD_WHY}")
+    values = {}
+    for pair, key in BF16_ADAM_KEYS.items():
+        if key in flat:
+            continue
+        cost = catalog.bf16_adam_cost[build][pair]
+        values[key] = {
+            "value": rate / cost.value, "basis": DERIVED if model else "assumed",
+            "source": (f"{ADAM_KEY} {rate:.4g} / {cost.value:g}, the cost of bf16 over fp32 "
+                       f"per parameter ({cpu}; {cost.basis}): {cost.source}; fp32 ceiling "
+                       f"({fp32.get('basis')}): {fp32.get('source')}")}
+    return values
+
+
+ASSUMED_BUILD_WHY = ("what DeepSpeed builds on Intel Xeons since Skylake-SP and AMD EPYC since "
+                     "Zen 4")
 
 
 def check_elements_per_s_per_thread(model: CpuModel, cycles: Quoted) -> float:
@@ -317,6 +366,19 @@ def _model(key: str, raw: Any, families: Mapping[str, CpuFamily]) -> CpuModel:
                                                    f"{path}.memory_GBps_per_socket"))
 
 
+BF16_BUILDS = ("avx512", "avx2", "scalar")
+
+
+def _bf16_adam_cost(raw: Any) -> dict[str, dict[str, Quoted]]:
+    raw = _mapping(raw, "bf16_cpu_adam")
+    costs = {}
+    for build in BF16_BUILDS:
+        pairs = _mapping(raw.get(build), f"bf16_cpu_adam.{build}")
+        costs[build] = {pair: _quoted(pairs.get(pair), f"bf16_cpu_adam.{build}.{pair}")
+                        for pair in BF16_ADAM_KEYS}
+    return costs
+
+
 def parse_catalog(tree: Any) -> CpuCatalog:
     tree = _mapping(tree, "<root>")
     adam = _adam(tree.get("cpu_adam"))
@@ -328,7 +390,7 @@ def parse_catalog(tree: Any) -> CpuCatalog:
     return CpuCatalog(adam, _quoted(check.get("cycles_per_element"),
                                     "fp16_overflow_check.cycles_per_element"),
                       _quoted(check.get("clock_GHz"), "fp16_overflow_check.clock_GHz"),
-                      models, families)
+                      models, families, _bf16_adam_cost(tree.get("bf16_cpu_adam")))
 
 
 @cache

@@ -42,8 +42,9 @@ NO_EFFECT_KEYS = {
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
 }
-READ_BENEATH_NO_EFFECT = ("optimizer.params.torch_adam",)
-"""Keys zerosim reads inside a NO_EFFECT_KEYS section (`_torch_adam`)."""
+READ_BENEATH_NO_EFFECT = ("optimizer.params.torch_adam",
+                          "optimizer.params.fp32_optimizer_states")
+"""Keys zerosim reads inside a NO_EFFECT_KEYS section (`_torch_adam`, `_master_precision`)."""
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
 CLOSED_SECTIONS = {
     "optimizer": ("type", "params", "legacy_fusion"),
@@ -65,6 +66,8 @@ class _Precision(_Open):
 
 class _Bf16(_Precision):
     check_grad_overflow: bool | None = None
+    bf16_master_weights_and_grads: StrictBool = False
+    bf16_optimizer_states: StrictBool = False
 
 
 def _whole(value: Any) -> Any:
@@ -325,6 +328,15 @@ class DeepSpeedConfig:
     (`see_memory_usage(..., force=True)`), each time after a full `gc.collect()`."""
     zenflow: ZenFlowSettings | None = None
     """ZenFlow's options (DeepSpeed 0.17.5+), None without the key."""
+    master_dtype: str = "fp32"
+    """The optimizer's master params and gradient partitions: "bf16" with
+    `bf16.bf16_master_weights_and_grads` (DeepSpeed 0.18.3+)."""
+    optimizer_state_dtype: str = "fp32"
+    """Adam's exp_avg and exp_avg_sq (`_master_precision`)."""
+
+    @property
+    def low_precision_master(self) -> bool:
+        return self.master_dtype != "fp32"
 
     @property
     def memory_reports(self) -> int:
@@ -359,16 +371,27 @@ class DeepSpeedConfig:
             "fp16": {"enabled": self.dtype == "fp16"},
             "bf16": {"enabled": self.dtype == "bf16",
                      **({"check_grad_overflow": self.check_grad_overflow}
-                        if self.dtype == "bf16" else {})},
+                        if self.dtype == "bf16" else {}),
+                     **({"bf16_master_weights_and_grads": True,
+                         "bf16_optimizer_states": self.optimizer_state_dtype == "bf16"}
+                        if self.low_precision_master else {})},
             "gradient_clipping": self.gradient_clipping,
-            "optimizer": {"type": self.optimizer,
-                          **({"params": {"torch_adam": True}} if self.torch_adam else {})},
+            "optimizer": {"type": self.optimizer, **self._optimizer_params()},
             "data_types": {"grad_accum_dtype": self.grad_accum_dtype},
             "communication_data_type": self.communication_dtype,
             "zero_optimization": zero,
             "aio": self.aio.to_dict(),
             "memory_breakdown": self.memory_breakdown,
         }
+
+
+    def _optimizer_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if self.torch_adam:
+            params["torch_adam"] = True
+        if self.low_precision_master and self.optimizer_state_dtype == "bf16":
+            params["fp32_optimizer_states"] = False
+        return {"params": params} if params else {}
 
 
 def _offload_optimizer_dict(o: OffloadSettings) -> dict[str, Any]:
@@ -605,6 +628,68 @@ def _check_super_offload(zero: _Zero, behaviours: Behaviours, source: str) -> No
                             "device, which only an offloaded optimizer assigns)", o.device)
 
 
+BF16_KEY = "deepspeed.bf16"
+LOW_PRECISION_KEYS = ("bf16_master_weights_and_grads", "bf16_optimizer_states")
+
+
+def _master_precision(raw: _DeepSpeedRaw, zero: _Zero, dtype: str, behaviours: Behaviours,
+                      source: str) -> dict[str, str]:
+    """The dtypes of the optimizer's master params and gradients and of Adam's moments, as
+    DeepSpeed 0.18.3+ sets them (PR #7700): `bf16.bf16_master_weights_and_grads` makes the
+    master partition and its gradient bf16 (`_configure_master_weights`); the moments are the
+    optimizer's own: offloaded, DeepSpeedCPUAdam keeps them fp32 unless built with
+    `fp32_optimizer_states=False` (`optimizer.params`; from 0.19.1, PR #8010, the engine sets it
+    so whenever `bf16.bf16_optimizer_states` is on), on the GPU FusedAdam makes them in the
+    params' dtype. Refused where DeepSpeed refuses: a release before 0.18.3 (its bf16 config
+    forbids unknown keys), without ZeRO, the optimizer states without the master weights, the
+    master weights without an offloaded optimizer unless the states are bf16 too
+    (`_enforce_optimizer_offload`)."""
+    bf16 = raw.bf16
+    given = [key for key in LOW_PRECISION_KEYS if key in bf16.model_fields_set]
+    if given and not behaviours.low_precision_master_weights:
+        raise ScenarioError(source, f"{BF16_KEY}.{given[0]}", "absent before DeepSpeed 0.18.3 "
+                            "(low-precision master weights came with PR #7700; an earlier "
+                            "release refuses the key)", getattr(bf16, given[0]))
+    fp32_states = _fp32_optimizer_states(raw, source)
+    if not bf16.bf16_master_weights_and_grads:
+        if bf16.bf16_optimizer_states:
+            raise ScenarioError(source, f"{BF16_KEY}.bf16_optimizer_states", "false unless "
+                                "bf16_master_weights_and_grads is true (DeepSpeed asserts "
+                                "'bf16_optimizer_states requires bf16_master_weights_and_grads')",
+                                True)
+        return {}
+    key = f"{BF16_KEY}.bf16_master_weights_and_grads"
+    if zero.stage == 0:
+        raise ScenarioError(source, key, "false without ZeRO (DeepSpeed asserts "
+                            "'Bf16_master_weights_and_grads is only supported with ZeRO Stage "
+                            "1, 2, or 3')", True)
+    if dtype != "bf16":
+        raise ScenarioError(source, key, "false unless bf16.enabled is true (zerosim replays "
+                            f"bf16 master weights under bf16 training; this one trains in "
+                            f"{dtype})", True)
+    offloaded = zero.offload_optimizer.device != "none"
+    if not offloaded and not bf16.bf16_optimizer_states:
+        raise ScenarioError(source, f"{ZERO_KEY}.offload_optimizer.device", "'cpu' or 'nvme' "
+                            "with bf16_master_weights_and_grads and fp32 optimizer states "
+                            "(DeepSpeed asserts 'Master weights feature requires ZeRO Offload "
+                            "with DeepSpeedCPUAdam')", zero.offload_optimizer.device)
+    if not offloaded or (bf16.bf16_optimizer_states and behaviours.bf16_optimizer_states_on_cpu):
+        states = "bf16"
+    else:
+        states = "fp32" if fp32_states else "bf16"
+    return {"master_dtype": "bf16", "optimizer_state_dtype": states}
+
+
+def _fp32_optimizer_states(raw: _DeepSpeedRaw, source: str) -> bool:
+    """`optimizer.params.fp32_optimizer_states`, DeepSpeedCPUAdam's choice of fp32 Adam
+    moments over the params' dtype (default true); it matters only for bf16 master params."""
+    value = raw.optimizer.params.get("fp32_optimizer_states", True)
+    if not isinstance(value, bool):
+        raise ScenarioError(source, "deepspeed.optimizer.params.fp32_optimizer_states",
+                            "true or false", value)
+    return value
+
+
 ZENFLOW_KEY = f"{ZERO_KEY}.zenflow"
 
 
@@ -811,6 +896,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         torch_adam=torch_adam,
         memory_breakdown=raw.memory_breakdown,
         zenflow=zenflow,
+        **_master_precision(raw, zero, dtype, behaviours, source),
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

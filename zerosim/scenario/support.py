@@ -19,7 +19,7 @@ def check_supported(scenario: Any) -> None:
                  _what_ifs_not_with_nvme, _interleaved_update_is_offloaded_stage3,
                  _step_what_ifs_not_with_the_interleaved_update,
                  _zenflow_is_zero12_with_a_fixed_interval, _super_offload_is_replayed,
-                 _nvme_buffers_suffice):
+                 _low_precision_master_is_replayed, _nvme_buffers_suffice):
         rule(scenario)
 
 
@@ -296,6 +296,45 @@ def _super_offload_is_replayed(scenario: Any) -> None:
         if getattr(scenario.what_if, name):
             _refuse(scenario, f"what_if.{name}", "off with super_offload (the what-if changes "
                     "DeepSpeed's own CPU step, which SuperOffload's replaces)",
+                    getattr(scenario.what_if, name))
+
+
+def _low_precision_master_is_replayed(scenario: Any) -> None:
+    """zerosim replays bf16 master weights (`bf16.bf16_master_weights_and_grads`, DeepSpeed
+    0.18.3+) where the project's runs live: ZeRO-3 with the whole optimizer offloaded to host
+    memory and DeepSpeed's own step. ZeRO-1/2's low-precision path, the optimizer on the GPU or
+    on NVMe, Twin-Flow, ZenFlow, SuperOffload and the study's what-ifs are not modelled with
+    it."""
+    ds = scenario.deepspeed
+    if not ds.low_precision_master:
+        return
+    why = "with bf16_master_weights_and_grads (zerosim replays it for ZeRO-3 with the whole "
+    if ds.stage != 3:
+        _refuse(scenario, f"{ZERO}.stage", why + "optimizer offloaded to host memory; ZeRO-1/2's "
+                "low-precision path, stage_1_and_2.py's, is not modelled)", ds.stage)
+    o = ds.offload_optimizer
+    if o.device != "cpu":
+        _refuse(scenario, f"{ZERO}.offload_optimizer.device", "'cpu' " + why + "optimizer in "
+                "host memory: on the GPU or on NVMe it is not modelled)", o.device)
+    if ds.offload_param.nvme:
+        _refuse(scenario, f"{ZERO}.offload_param.device", "'cpu' or 'none' " + why +
+                "optimizer in host memory and the params not on NVMe)", "nvme")
+    if o.ratio < 1:
+        _refuse(scenario, f"{ZERO}.offload_optimizer.ratio", "1.0 " + why + "optimizer "
+                "offloaded: Twin-Flow's GPU sub-groups are not modelled with it)", o.ratio)
+    for section, on in (("offload_optimizer.super_offload", o.super_offload),
+                        ("zenflow", ds.zenflow is not None)):
+        if on:
+            _refuse(scenario, f"{ZERO}.{section}", "off " + why + "optimizer stepped by "
+                    "DeepSpeed's own ZeRO-3 step)", "on")
+    if ds.grad_accum_dtype != "bf16":
+        _refuse(scenario, "deepspeed.data_types.grad_accum_dtype", "bf16 " + why +
+                "gradients accumulated in bf16, the master gradients' dtype)",
+                ds.grad_accum_dtype)
+    for name in ("overlap_copy_back", "buffer_boundary_grads", "gpu_update_every"):
+        if getattr(scenario.what_if, name):
+            _refuse(scenario, f"what_if.{name}", "off " + why + "optimizer stepped by "
+                    "DeepSpeed's own ZeRO-3 step: the what-ifs move fp32 state)",
                     getattr(scenario.what_if, name))
 
 

@@ -1,0 +1,235 @@
+"""bf16 master params and gradients (`bf16.bf16_master_weights_and_grads`, DeepSpeed 0.18.3+)
+with the optimizer offloaded, on the toy (conftest.py), by hand.
+
+The toy trains in bf16 on DeepSpeed 0.19.5 here, its two sub-groups holding N0 = 57,472 and
+N1 = 57,536 elements; its 4 threads step bf16 params at 5e7 params/s each with fp32 moments
+and 4e7 with bf16 ones (written into the toy profile); host memory never binds.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import toy_tree
+
+import zerosim
+from zerosim.errors import ScenarioError, UnsupportedConfigError
+from zerosim.hardware import costs
+from zerosim.hardware.profile import load_profile
+from zerosim.scenario.loader import deep_merge
+
+N0, N1 = 57_472, 57_536
+US = 1e-6
+BF16_RATE, BF16_STATES_RATE = 5e7, 4e7
+
+
+def _bf16(version: str = "0.19.5", *, states: bool | None = None, **deepspeed) -> dict:
+    bf16 = {"enabled": True, "bf16_master_weights_and_grads": True}
+    if states is not None:
+        bf16["bf16_optimizer_states"] = states
+    rates = {"adam_bf16_params_per_s_per_thread": {"value": BF16_RATE, "basis": "assumed",
+                                                   "source": "test"},
+             "adam_bf16_states_params_per_s_per_thread": {
+                 "value": BF16_STATES_RATE, "basis": "assumed", "source": "test"}}
+    return {"runtime": {"deepspeed_version": version}, "hardware": {"cpu": rates},
+            "deepspeed": {"fp16": {"enabled": False}, "bf16": bf16, **deepspeed}}
+
+
+def _fp32_master(version: str = "0.19.5") -> dict:
+    return {"runtime": {"deepspeed_version": version},
+            "deepspeed": {"fp16": {"enabled": False}, "bf16": {"enabled": True}}}
+
+
+def _spans(result, stream: str) -> dict[str, tuple[float, float]]:
+    rows = result.spans[result.spans.stream == stream]
+    return {row.op: (row.start_s / US, row.end_s / US) for row in rows.itertuples()}
+
+
+def _host_peak(result) -> dict[str, float]:
+    memory = result.memory
+    return memory[memory.device == "host0"].groupby("category").bytes.max().to_dict()
+
+
+def test_each_sub_group_is_unscaled_stepped_and_uploaded_without_a_cast(toy):
+    """Per sub-group on the rank's 4 threads: the unscale of its bf16 gradient (4 B x n at
+    4 x 1 GB/s), CPU Adam over bf16 params with fp32 moments (n at 4 x 5e7/s), then the
+    blocking H2D of the bf16 master partition itself (2 B x n at the pageable 5 GB/s): for N0
+    57.472 + 287.36 + 22.9888 us, for N1 57.536 + 287.68 + 23.0144 us. No cast anywhere."""
+    result = toy.run(_bf16())
+    host = _spans(result, "cpu")
+    t = host["unscale sub-group 0"][0]
+    assert host["unscale sub-group 0"][1] == pytest.approx(t + 57.472)
+    assert host["cpu adam sub-group 0"] == (pytest.approx(t + 57.472),
+                                            pytest.approx(t + 344.832))
+    h2d = _spans(result, "pcie.h2d")
+    assert h2d["params sub-group 0 (pageable)"] == (pytest.approx(t + 344.832),
+                                                    pytest.approx(t + 367.8208))
+    assert host["unscale sub-group 1"][0] == pytest.approx(t + 367.8208)
+    end = t + 367.8208 + 57.536 + 287.68 + 23.0144
+    assert result.summary["iteration_s"] / US == pytest.approx(end, rel=1e-12)
+    assert not any(op.startswith("cast") for op in host)
+
+
+def test_bf16_moments_step_at_their_own_rate(toy):
+    """bf16_optimizer_states on 0.19.1+: DeepSpeedCPUAdam built with fp32_optimizer_states
+    off, its loop over bf16 moments at 4 x 4e7/s: N0 in 359.2 us."""
+    host = _spans(toy.run(_bf16(states=True)), "cpu")
+    start, end = host["cpu adam sub-group 0"]
+    assert end - start == pytest.approx(N0 / 1.6e8 / US)
+
+
+def test_the_boundary_flush_copies_the_bf16_partition_as_it_is(toy):
+    """The boundary's gradient partitions accumulate in bf16, the master gradients' dtype:
+    DeepSpeed's `.to(bf16)` is no cast, and each goes D2H into the pinned bf16 gradient
+    buffer at 10 GB/s, 2 B per element."""
+    spans = toy.run(_bf16()).spans
+    flush = spans[spans.op.str.startswith("bf16 flush")]
+    assert flush.bytes.sum() == 2 * (N0 + N1)
+    assert set(flush.buffer_kind) == {"pinned"}
+    row = flush.iloc[0]
+    assert (row.end_s - row.start_s) / US == pytest.approx(row.bytes / 10e9 / US)
+    assert not spans.op.str.startswith("fp32 cast").any()
+
+
+def test_host_memory_holds_bf16_master_params_and_gradients(toy):
+    """2 B x N of master params (pageable) and of gradients (pinned, one buffer a sub-group,
+    each rounded up to a power of two: 2^17 B), and the moments at 8 B x N in fp32, 4 B x N
+    in bf16."""
+    n = N0 + N1
+    fp32_moments = _host_peak(toy.run(_bf16()))
+    assert fp32_moments["fp32 master params"] == 2 * n
+    assert fp32_moments["fp32 grads (pinned)"] == 2 * 2**17
+    assert fp32_moments["optimizer states"] == 8 * n
+    assert _host_peak(toy.run(_bf16(states=True)))["optimizer states"] == 4 * n
+    fp32 = _host_peak(toy.run(_fp32_master()))
+    assert fp32["fp32 master params"] == 4 * n and fp32["optimizer states"] == 8 * n
+
+
+@pytest.mark.parametrize(("version", "states", "fp32_states", "expected"), [
+    ("0.18.3", None, None, "fp32"),
+    ("0.18.3", True, None, "fp32"),
+    ("0.18.3", True, False, "bf16"),
+    ("0.19.0", True, True, "fp32"),
+    ("0.19.1", True, None, "bf16"),
+    ("0.19.5", True, True, "bf16"),
+    ("0.19.5", None, False, "bf16"),
+    ("0.19.5", False, None, "fp32"),
+])
+def test_the_moments_dtype_by_release(version, states, fp32_states, expected):
+    """Up to 0.19.0 DeepSpeedCPUAdam keeps fp32 moments unless `optimizer.params` turns
+    `fp32_optimizer_states` off, whatever bf16_optimizer_states says; from 0.19.1 (PR #8010)
+    the engine turns it off whenever bf16_optimizer_states is on."""
+    bf16 = {"enabled": True, "bf16_master_weights_and_grads": True}
+    if states is not None:
+        bf16["bf16_optimizer_states"] = states
+    optimizer = {"type": "AdamW"}
+    if fp32_states is not None:
+        optimizer["params"] = {"fp32_optimizer_states": fp32_states}
+    ds = _resolve({"bf16": bf16, "optimizer": optimizer}, version)
+    assert (ds.master_dtype, ds.optimizer_state_dtype) == ("bf16", expected)
+
+
+def _resolve(deepspeed: dict, version: str):
+    """The toy's ds_config, bf16 and Adam moments as `deepspeed` says, resolved."""
+    tree = toy_tree()
+    tree["runtime"]["deepspeed_version"] = version
+    tree["deepspeed"]["fp16"] = {"enabled": False}
+    return zerosim.scenario_from_dict(deep_merge(tree, {"deepspeed": deepspeed}),
+                                      source="<toy>").deepspeed
+
+
+@pytest.mark.parametrize(("version", "bf16", "stage", "device", "key"), [
+    ("0.18.2", {"enabled": True, "bf16_master_weights_and_grads": True}, 3, "cpu",
+     "deepspeed.bf16.bf16_master_weights_and_grads"),
+    ("0.18.2", {"enabled": True, "bf16_optimizer_states": False}, 3, "cpu",
+     "deepspeed.bf16.bf16_optimizer_states"),
+    ("0.19.5", {"enabled": True, "bf16_optimizer_states": True}, 3, "cpu",
+     "deepspeed.bf16.bf16_optimizer_states"),
+    ("0.19.5", {"enabled": False, "bf16_master_weights_and_grads": True}, 3, "cpu",
+     "deepspeed.bf16.bf16_master_weights_and_grads"),
+    ("0.19.5", {"enabled": True, "bf16_master_weights_and_grads": True}, 0, "none",
+     "deepspeed.bf16.bf16_master_weights_and_grads"),
+    ("0.19.5", {"enabled": True, "bf16_master_weights_and_grads": True}, 3, "none",
+     "deepspeed.zero_optimization.offload_optimizer.device"),
+])
+def test_what_deepspeed_refuses_is_refused(version, bf16, stage, device, key):
+    data = {"bf16": bf16, "fp16": {"enabled": not bf16["enabled"]},
+            "zero_optimization": {"stage": stage, "offload_optimizer": {"device": device}}}
+    with pytest.raises(ScenarioError) as caught:
+        _resolve(data, version)
+    assert caught.value.key_path == key
+
+
+def test_fp32_optimizer_states_must_be_true_or_false():
+    with pytest.raises(ScenarioError) as caught:
+        _resolve({"bf16": {"enabled": True, "bf16_master_weights_and_grads": True},
+                  "optimizer": {"type": "AdamW", "params": {"fp32_optimizer_states": "no"}}},
+                 "0.19.5")
+    assert caught.value.key_path == "deepspeed.optimizer.params.fp32_optimizer_states"
+
+
+@pytest.mark.parametrize(("patch", "key"), [
+    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, "deepspeed.zero_optimization.stage"),
+    ({"deepspeed": {"bf16": {"bf16_optimizer_states": True},
+                    "zero_optimization": {"offload_optimizer": {"device": "none"}}}},
+     "deepspeed.zero_optimization.offload_optimizer.device"),
+    ({"deepspeed": {"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}}},
+     "deepspeed.zero_optimization.offload_optimizer.ratio"),
+    ({"deepspeed": {"zero_optimization": {"offload_optimizer": {"super_offload": True}}}},
+     "deepspeed.zero_optimization.offload_optimizer.super_offload"),
+    ({"deepspeed": {"data_types": {"grad_accum_dtype": "fp32"}}},
+     "deepspeed.data_types.grad_accum_dtype"),
+    ({"what_if": {"overlap_copy_back": True}}, "what_if.overlap_copy_back"),
+])
+def test_what_zerosim_does_not_replay_is_refused(toy, patch, key):
+    tree = toy.tree(_bf16())
+    with pytest.raises(UnsupportedConfigError) as caught:
+        zerosim.scenario_from_dict(deep_merge(tree, patch), source="<toy>")
+    assert caught.value.key_path == key
+
+
+def test_the_resolved_config_says_what_it_replays(toy):
+    ds = toy.scenario(_bf16(states=True)).deepspeed.to_dict()
+    assert ds["bf16"]["bf16_master_weights_and_grads"] is True
+    assert ds["bf16"]["bf16_optimizer_states"] is True
+    assert ds["optimizer"]["params"] == {"fp32_optimizer_states": False}
+
+
+@pytest.mark.parametrize(("profile", "bf16", "bf16_states"), [
+    ("h100-jlse", 1.50, 1.83), ("dgx-h100", 1.50, 1.83), ("polaris-a100", 7.3, 10.1),
+    ("dgx-a100", 7.3, 10.1), ("gh200", 1.18, 1.60), ("h200-vm", 1.50, 1.83)])
+def test_the_bf16_ceilings_are_the_fp32_one_over_the_builds_measured_cost(profile, bf16,
+                                                                        bf16_states):
+    """An AVX-512 build converts bf16 in its vector loop; an AVX2 build (AMD Zen 2 and 3) has
+    none and steps every element in the scalar loop; Arm's scalar build converts in its
+    scalar loop (zerosim/hardware/cpus.yaml, bf16_cpu_adam). h200-vm names no CPU model: the
+    AVX-512 build is assumed."""
+    p = load_profile(profile)
+    assert p.adam_bf16_params_per_s_per_thread == pytest.approx(
+        p.adam_params_per_s_per_thread / bf16, rel=1e-12)
+    assert p.adam_bf16_states_params_per_s_per_thread == pytest.approx(
+        p.adam_params_per_s_per_thread / bf16_states, rel=1e-12)
+    basis = p.provenance["cpu.adam_bf16_params_per_s_per_thread"].basis
+    assert basis == ("assumed" if profile == "h200-vm" else "derived")
+
+
+def test_a_profile_may_write_its_own_bf16_ceiling():
+    p = load_profile("polaris-a100", {"cpu": {"adam_bf16_params_per_s_per_thread": 1e9}})
+    assert p.adam_bf16_params_per_s_per_thread == 1e9
+    assert p.adam_bf16_states_params_per_s_per_thread == pytest.approx(
+        p.adam_params_per_s_per_thread / 10.1)
+
+
+def test_the_precision_prices_bytes_and_rate():
+    precision = costs.AdamPrecision("bf16", "fp32")
+    assert precision.host_bytes == costs.HostBytes(home=6, spread=16)
+    assert precision.unscale_bytes == costs.HostBytes(home=4)
+    assert costs.AdamPrecision("bf16", "bf16").host_bytes.total == 14
+    assert costs.FP32_ADAM.host_bytes == costs.ADAM_HOST_BYTES
+
+
+def test_check_names_the_dtypes_of_cpu_adam(toy):
+    from zerosim.report import _adam_text
+
+    text = _adam_text(toy.scenario(_bf16()))
+    assert "over bf16 params with fp32 moments" in text
+    assert text.startswith("2e8 params/s per rank")
