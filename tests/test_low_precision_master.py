@@ -1,5 +1,5 @@
 """bf16 master params and gradients (`bf16.bf16_master_weights_and_grads`, DeepSpeed 0.18.3+)
-with the optimizer offloaded, on the toy (conftest.py), by hand.
+with the optimizer offloaded, on the toy (conftest.py), by hand: ZeRO-3, and ZeRO-2.
 
 The toy trains in bf16 on DeepSpeed 0.19.5 here, its two sub-groups holding N0 = 57,472 and
 N1 = 57,536 elements; its 4 threads step bf16 params at 5e7 params/s each with fp32 moments
@@ -104,6 +104,31 @@ def test_host_memory_holds_bf16_master_params_and_gradients(toy):
     assert fp32["fp32 master params"] == 4 * n and fp32["optimizer states"] == 8 * n
 
 
+def test_zero2_steps_and_copies_back_its_bf16_partition(toy):
+    """ZeRO-2 at DP=1 (one partition of all N = 115,008 elements, GA 2): each gradient goes
+    D2H as it is (2 B x N in all) into the pinned bf16 master gradient; the step unscales it
+    (4 B x N at 4 GB/s: 115.008 us), steps it (N at 2e8/s: 575.04 us), copies the bf16
+    partition into the 16-bit host buffer (2 B read, 2 B written, at 2 threads x 1 GB/s:
+    230.016 us: a copy, no cast) and queues its pinned H2D (2 B x N at 10 GB/s: 23.0016 us).
+    Host memory: master params, gradients and the 16-bit buffer 2 B x N each, pinned (2^18 B
+    rounded), the moments 8 B x N, and no accumulator: with bf16 master gradients the
+    micro-batches accumulate into them."""
+    n = N0 + N1
+    result = toy.run(deep_merge(_bf16(), {"deepspeed": {
+        "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}}))
+    spans = result.spans
+    assert spans[spans.op.str.startswith("bf16 flush")].bytes.sum() == 2 * n
+    host = _spans(result, "cpu")
+    t = host["unscale sub-group 0"][0]
+    assert host["cpu adam sub-group 0"] == (pytest.approx(t + 115.008),
+                                            pytest.approx(t + 690.048))
+    assert host["copy bf16 sub-group 0"][1] == pytest.approx(t + 920.064)
+    assert result.summary["iteration_s"] / US == pytest.approx(t + 943.0656, rel=1e-12)
+    assert _host_peak(result) == {"fp32 master params (pinned)": 2**18,
+                                  "fp32 grads (pinned)": 2**18, "params 16-bit (pinned)": 2**18,
+                                  "optimizer states": 8 * n}
+
+
 @pytest.mark.parametrize(("version", "states", "fp32_states", "expected"), [
     ("0.18.3", None, None, "fp32"),
     ("0.18.3", True, None, "fp32"),
@@ -168,7 +193,8 @@ def test_fp32_optimizer_states_must_be_true_or_false():
 
 
 @pytest.mark.parametrize(("patch", "key"), [
-    ({"deepspeed": {"zero_optimization": {"stage": 2}}}, "deepspeed.zero_optimization.stage"),
+    ({"deepspeed": {"zero_optimization": {"stage": 2, "zenflow": {"update_interval": 4}}}},
+     "deepspeed.zero_optimization.zenflow"),
     ({"deepspeed": {"bf16": {"bf16_optimizer_states": True},
                     "zero_optimization": {"offload_optimizer": {"device": "none"}}}},
      "deepspeed.zero_optimization.offload_optimizer.device"),

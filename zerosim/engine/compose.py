@@ -272,7 +272,7 @@ def _copy_back(core: RankCore) -> CopyBack:
     offloaded = {"cpu": cast_into_host_params, "nvme": cast_into_host_or_swap_out}
     if core.ds.offload_param.device in offloaded:
         return offloaded[core.ds.offload_param.device]
-    if core.ds.low_precision_master:
+    if core.ds.low_precision_master and core.ds.stage == 3:
         return upload_master_partition
     behaviours = core.behaviours
     if core.ds.stage in (1, 2):

@@ -310,14 +310,15 @@ def cast_into_16bit_buffer_then_upload(core: RankCore, group: int, elements: int
     """ZeRO-1/2 from DeepSpeed 0.17.0 (`zero12_copy_back_via_16bit_host_buffer`):
     `bit16_buffer.copy_(fp32_partition)`, a CPU cast into the 16-bit host buffer made at
     start-up (its pages faulted in then: pinned ones by the rank's thread, pageable ones by
-    `torch.full`'s pool), then `bit16.copy_(bit16_buffer, non_blocking=True)`: from a pinned
+    `torch.full`'s pool; from bf16 master params a plain copy), then
+    `bit16.copy_(bit16_buffer, non_blocking=True)`: from a pinned
     buffer the H2D is queued on the compute stream and the host goes on, from a pageable one
     the host waits for it."""
     nbytes = core.dtype_bytes * elements
     buffer = costs.HOME_PAGES if core.pinned else costs.SPREAD_PAGES
-    cast = costs.HostBytes(home=FP32_BYTES + buffer.home * core.dtype_bytes,
+    cast = costs.HostBytes(home=core.master_bytes + buffer.home * core.dtype_bytes,
                            spread=buffer.spread * core.dtype_bytes)
-    yield from core.cpu_work(f"cast fp32→16-bit sub-group {group}", OpKind.CAST,
+    yield from core.cpu_work(f"{_into_params(core)} sub-group {group}", OpKind.CAST,
                              core.machine.elementwise(core.rank, elements, cast,
                                                       threads=core.profile.cast_threads),
                              track=track)

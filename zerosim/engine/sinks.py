@@ -237,9 +237,7 @@ class BoundaryFlush:
         elif self.swap.swaps(param):
             yield from self.swap.flush_gradient(param, name)
         elif core.ds.grad_accum_dtype == core.ds.master_dtype:
-            yield from core.dma("d2h", core.master_bytes * elements, pinned=core.pinned,
-                                op=f"{core.ds.master_dtype} flush {name}",
-                                kind=OpKind.GRAD_FLUSH)
+            yield from master_grad_d2h(core, elements, name)
         elif not core.behaviours.boundary_flush_cast_on_gpu and not self.non_blocking():
             yield from self._via_cpu_cast(elements, name)
         elif core.behaviours.boundary_flush_stages_in_pinned_buffer and not self.non_blocking():
@@ -350,6 +348,16 @@ def fp32_d2h(core: RankCore, elements: int, name: str, *, pinned: bool | None = 
                         op=f"fp32 grad {name}", kind=OpKind.GRAD_FLUSH)
 
 
+def master_grad_d2h(core: RankCore, elements: int, name: str, *, pinned: bool | None = None
+                    ) -> Gen:
+    """`master_grad.copy_(grad.to(master dtype))` where the gradient already has the master
+    gradient's dtype (fp32 accumulation; bf16 with bf16 master weights): no cast, a D2H of the
+    master's bytes (into a buffer pinned as `pin_memory` says, unless told)."""
+    yield from core.dma("d2h", core.master_bytes * elements,
+                        pinned=core.pinned if pinned is None else pinned,
+                        op=f"{core.ds.master_dtype} flush {name}", kind=OpKind.GRAD_FLUSH)
+
+
 def gpu_cast_then_d2h(core: RankCore, elements: int, name: str, *, pinned: bool | None = None
                       ) -> Gen:
     """`copy_(src.float())`: cast to fp32 into a GPU temporary, then a D2H of it (into the
@@ -407,7 +415,10 @@ class HostAccumulation:
         `update_overflow_tracker_for_param_grad` (`_has_inf_or_nan` over the parameter's
         gradient, whose result `if` turns into a blocking copy: the host waits for the
         reduction stream at every parameter, `partition`), then
-        `async_inplace_copy_grad_to_fp32_buffer_from_gpu`."""
+        `async_inplace_copy_grad_to_fp32_buffer_from_gpu` (a GPU cast to fp32 first, none to
+        bf16 master gradients). With bf16 master gradients the host accumulator is a slice of
+        them (`buffer_to_accumulate_to_in_cpu`), as large as the partition's part, priced
+        alike."""
         core = self.core
         name = core.plan.modules[param.module].name
         acc = core.accum_bytes * param.partition_numel
@@ -431,7 +442,10 @@ class HostAccumulation:
             yield from core.gpu_kernel(
                 core.hbm_seconds((core.dtype_bytes + costs.INF_OR_NAN_GPU_BYTES_PER_ELEMENT)
                                  * checked, passes=1.0), core.reduction_stream)
-            yield from gpu_cast_then_d2h(core, elements, name, pinned=self.flush_pinned)
+            if core.ds.low_precision_master:
+                yield from master_grad_d2h(core, elements, name, pinned=self.flush_pinned)
+            else:
+                yield from gpu_cast_then_d2h(core, elements, name, pinned=self.flush_pinned)
 
 
 class GpuPartitions:

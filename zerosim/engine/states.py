@@ -139,6 +139,13 @@ def _sizes(ds: DeepSpeedConfig, plan: Plan) -> tuple[int, int, int]:
     return dtype, accum, total
 
 
+def _master_sizes(ds: DeepSpeedConfig) -> tuple[int, int]:
+    """Bytes per element of the optimizer's master params (and of their gradients), and of
+    each Adam moment: fp32, or bf16 as `bf16.bf16_master_weights_and_grads` and the moments'
+    dtype say."""
+    return BYTES_PER_DTYPE[ds.master_dtype], BYTES_PER_DTYPE[ds.optimizer_state_dtype]
+
+
 def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                       ) -> list[Holding]:
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
@@ -152,8 +159,7 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
                             "IPG bucket buffer"))
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     on_cpu, on_gpu = plan.numel_on("cpu"), plan.numel_on("gpu")
-    master_bytes, state_bytes = BYTES_PER_DTYPE[ds.master_dtype], BYTES_PER_DTYPE[
-        ds.optimizer_state_dtype]
+    master_bytes, state_bytes = _master_sizes(ds)
     cpu_groups = [master_bytes * size for g, size in enumerate(plan.subgroups)
                   if g not in plan.gpu_subgroups and g not in plan.nvme_subgroups]
     # stage3.py initialize_optimizer_states: one fp32 gradient buffer per sub-group, pinned
@@ -348,9 +354,12 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
     `stage12_master_pinned` says), the Adam moments CPU Adam makes, the fp32 gradient
     partition (pinned when `pin_memory`), from DeepSpeed 0.17.0 a 16-bit copy-back buffer
     of the partition (pinned when `pin_memory`), and with gradient accumulation the host
-    accumulator (stage 1 too: its boundary reduction goes through it)."""
+    accumulator (stage 1 too: its boundary reduction goes through it), which with bf16 master
+    gradients is a slice of them (`buffer_to_accumulate_to_in_cpu`): nothing more. The master
+    partition, its gradient and the moments have the dtypes `_master_sizes` says."""
     gpu, host = DeviceKind.GPU, DeviceKind.HOST
     dtype, accum, total = _sizes(ds, plan)
+    master_bytes, state_bytes = _master_sizes(ds)
     part = plan.partition_numel
     kind = host_buffer(ds.offload_optimizer.pin_memory)
     master = BufferKind.PINNED if stage12_master_pinned(ds, behaviours) else BufferKind.NONE
@@ -362,13 +371,14 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
         Holding(gpu, Category.PARAMS_16BIT, dtype * total, "replicated 16-bit params"),
         Holding(gpu, Category.IPG_BUCKET, ipg_buffers(ds) * dtype * ds.reduce_bucket_size,
                 "IPG bucket buffers"),
-        Holding(host, Category.FP32_MASTER, _host_allocations([FP32_BYTES * part], master),
-                "fp32 partition", master),
-        Holding(host, Category.OPTIMIZER_STATES, copies * ADAM_STATES * FP32_BYTES * part,
+        Holding(host, Category.FP32_MASTER, _host_allocations([master_bytes * part], master),
+                f"{ds.master_dtype} partition", master),
+        Holding(host, Category.OPTIMIZER_STATES, copies * ADAM_STATES * state_bytes * part,
                 "exp_avg, exp_avg_sq" + (" (two of each)" if overlapped else "")),
         Holding(host, Category.FP32_GRADS,
-                _host_allocations([FP32_BYTES * part] * copies, grads),
-                "fp32 gradients" + (" (two buffers)" if overlapped else ""), grads),
+                _host_allocations([master_bytes * part] * copies, grads),
+                f"{ds.master_dtype} gradients" + (" (two buffers)" if overlapped else ""),
+                grads),
     ]
     if ds.zenflow is not None:
         held += _zenflow_holdings(ds, plan, dtype)
@@ -376,7 +386,7 @@ def _offloaded_stage12(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
         held.append(Holding(host, Category.PARAMS_16BIT,
                             _host_allocations([dtype * part], kind),
                             "16-bit copy-back buffer", kind))
-    if ds.gradient_accumulation_steps > 1:
+    if ds.gradient_accumulation_steps > 1 and not ds.low_precision_master:
         held.append(Holding(host, Category.GRAD_ACCUMULATION, accum * part,
                             "accumulated_grads_in_cpu", kind))
     return held

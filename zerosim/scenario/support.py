@@ -301,17 +301,13 @@ def _super_offload_is_replayed(scenario: Any) -> None:
 
 def _low_precision_master_is_replayed(scenario: Any) -> None:
     """zerosim replays bf16 master weights (`bf16.bf16_master_weights_and_grads`, DeepSpeed
-    0.18.3+) where the project's runs live: ZeRO-3 with the whole optimizer offloaded to host
-    memory and DeepSpeed's own step. ZeRO-1/2's low-precision path, the optimizer on the GPU or
-    on NVMe, Twin-Flow, ZenFlow, SuperOffload and the study's what-ifs are not modelled with
-    it."""
+    0.18.3+) where the project's runs live: ZeRO with the whole optimizer offloaded to host
+    memory and DeepSpeed's own step. The optimizer on the GPU or on NVMe, Twin-Flow, ZenFlow,
+    SuperOffload and the study's what-ifs are not modelled with it."""
     ds = scenario.deepspeed
     if not ds.low_precision_master:
         return
-    why = "with bf16_master_weights_and_grads (zerosim replays it for ZeRO-3 with the whole "
-    if ds.stage != 3:
-        _refuse(scenario, f"{ZERO}.stage", why + "optimizer offloaded to host memory; ZeRO-1/2's "
-                "low-precision path, stage_1_and_2.py's, is not modelled)", ds.stage)
+    why = "with bf16_master_weights_and_grads (zerosim replays it with the whole "
     o = ds.offload_optimizer
     if o.device != "cpu":
         _refuse(scenario, f"{ZERO}.offload_optimizer.device", "'cpu' " + why + "optimizer in "
