@@ -1,5 +1,6 @@
 """bf16 master params and gradients (`bf16.bf16_master_weights_and_grads`, DeepSpeed 0.18.3+)
-with the optimizer offloaded, on the toy (conftest.py), by hand: ZeRO-3, and ZeRO-2.
+on the toy (conftest.py), by hand: ZeRO-3 and ZeRO-2 with the optimizer offloaded, and on the
+GPU with bf16 moments.
 
 The toy trains in bf16 on DeepSpeed 0.19.5 here, its two sub-groups holding N0 = 57,472 and
 N1 = 57,536 elements; its 4 threads step bf16 params at 5e7 params/s each with fp32 moments
@@ -129,6 +130,43 @@ def test_zero2_steps_and_copies_back_its_bf16_partition(toy):
                                   "optimizer states": 8 * n}
 
 
+def _on_gpu(stage: int) -> dict:
+    return deep_merge(_bf16(states=True), {"deepspeed": {"zero_optimization": {
+        "stage": stage, "offload_optimizer": {"device": "none"}}}})
+
+
+def test_zero3_on_the_gpu_steps_the_bf16_partition_in_place(toy):
+    """No offload, bf16 moments: per sub-group the flat gradient is the master gradient
+    (flattening reads and writes 2 B: 4 B x n through HBM, no cast), FusedAdam reads and writes
+    18 B (4 B of unscale, 14 B of Adam over bf16) and nothing is written back: the master is
+    the 16-bit partition itself. HBM holds 4 B x N of moments and no master copy."""
+    result = toy.run(_on_gpu(3))
+    spans = result.spans
+    compute = spans[(spans.phase == "update") & (spans.stream == "compute")]
+    by_op = {row.op: row for row in compute.itertuples()}
+    flat, adam = by_op["bf16 gradient sub-group 0"], by_op["gpu adam sub-group 0"]
+    assert (flat.end_s - flat.start_s) / US == pytest.approx(4 * N0 / 1e12 / US)
+    assert adam.bytes == 18 * N0
+    assert (adam.end_s - adam.start_s) / US == pytest.approx(18 * N0 / 1e12 / US)
+    memory = result.memory
+    gpu = memory[memory.device == "gpu0"].groupby("category").bytes.max()
+    assert gpu["optimizer states"] == 4 * (N0 + N1)
+    assert "fp32 master params" not in gpu
+
+
+def test_zero2_on_the_gpu_copies_its_bf16_master_into_the_params(toy):
+    """ZeRO-2 keeps a bf16 clone of its partition as master (2 B x N in HBM) and copies it
+    into the 16-bit params after FusedAdam: 18 + 4 B per element."""
+    result = toy.run(_on_gpu(2))
+    spans = result.spans
+    adam = spans[spans.op == "gpu adam sub-group 0"].iloc[0]
+    assert adam.bytes == 22 * (N0 + N1)
+    memory = result.memory
+    gpu = memory[memory.device == "gpu0"].groupby("category").bytes.max()
+    assert gpu["fp32 master params"] == 2 * (N0 + N1)
+    assert gpu["optimizer states"] == 4 * (N0 + N1)
+
+
 @pytest.mark.parametrize(("version", "states", "fp32_states", "expected"), [
     ("0.18.3", None, None, "fp32"),
     ("0.18.3", True, None, "fp32"),
@@ -196,8 +234,13 @@ def test_fp32_optimizer_states_must_be_true_or_false():
     ({"deepspeed": {"zero_optimization": {"stage": 2, "zenflow": {"update_interval": 4}}}},
      "deepspeed.zero_optimization.zenflow"),
     ({"deepspeed": {"bf16": {"bf16_optimizer_states": True},
+                    "optimizer": {"type": "AdamW", "params": {"torch_adam": True}},
                     "zero_optimization": {"offload_optimizer": {"device": "none"}}}},
-     "deepspeed.zero_optimization.offload_optimizer.device"),
+     "deepspeed.optimizer.params.torch_adam"),
+    ({"deepspeed": {"bf16": {"bf16_optimizer_states": True},
+                    "zero_optimization": {"offload_optimizer": {"device": "none"},
+                                          "offload_param": {"device": "cpu"}}}},
+     "deepspeed.zero_optimization.offload_param.device"),
     ({"deepspeed": {"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}}},
      "deepspeed.zero_optimization.offload_optimizer.ratio"),
     ({"deepspeed": {"zero_optimization": {"offload_optimizer": {"super_offload": True}}}},

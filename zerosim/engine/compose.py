@@ -234,9 +234,10 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     ds = core.ds
     groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
-        adam = costs.TORCH_ADAMW if ds.torch_adam else costs.FUSED_ADAM
+        adam = costs.TORCH_ADAMW if ds.torch_adam else costs.fused_adam(core.adam_precision)
         write_back = download_into_host_params if ds.offload_param.enabled else None
-        return GpuStep(core, groups, _post_step(core), adam, write_back)
+        return GpuStep(core, groups, _post_step(core), adam, write_back,
+                       cast_bytes=_gpu_params_copy_bytes(core))
     if gpu_gradients is not None:
         return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
     if superoffload is not None:
@@ -252,6 +253,16 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
         post_step = then_selective_step(post_step, zenflow.selective)
     check = check_overflow_on_host if ds.stage == 3 else read_backward_overflow_flag
     return CpuStep(core, groups, _copy_back(core), post_step, states, check)
+
+
+def _gpu_params_copy_bytes(core: RankCore) -> int:
+    """Writing a group stepped on the GPU into the 16-bit params, per element: none at ZeRO-3
+    with bf16 master params, which are the 16-bit partition itself (`_create_fp32_partitions`
+    keeps a flat partition of the master's dtype on the device as its master copy, so the
+    step's `copy_` is of a tensor onto itself); else a cast, or a copy, of the master."""
+    if core.ds.stage == 3 and core.ds.low_precision_master:
+        return 0
+    return costs.params_copy_bytes(core.master_bytes, core.dtype_bytes)
 
 
 def _zenflow_copy_back(core: RankCore) -> CopyBack:

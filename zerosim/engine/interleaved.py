@@ -166,7 +166,7 @@ class InterleavedStep:
             if device is UpdateDevice.GPU:
                 yield from self._wait(STATE_COPIERS)
                 self._drop_stale()
-                yield from gpu_adam(core, group, elements, costs.TORCH_ADAMW, casts=False)
+                yield from gpu_adam(core, group, elements, costs.TORCH_ADAMW, cast_bytes=0)
                 continue
             if device is UpdateDevice.CPU_PREFETCH:
                 yield from self._move_states(group)

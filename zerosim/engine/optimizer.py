@@ -40,13 +40,13 @@ PostStep = Callable[[RankCore], Gen]
 
 
 def gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
-             casts: bool = True) -> Gen:
+             cast_bytes: float = costs.CAST_TO_16BIT_BYTES_PER_ELEMENT) -> Gen:
     """`launch_gpu_adam`, the host first taking the optimizer's temporary from the CUDA cache
     (`cudaMalloc` where the phase emptied it: `RankCore.reserve_s`) and dropping it once the
     launch returns; the caching allocator hands the block to the next request on the stream.
     Returns the kernels' event."""
     yield from host_allocation(core, adam.temporary_bytes_per_element * elements, dropped=True)
-    return launch_gpu_adam(core, group, elements, adam, casts=casts)
+    return launch_gpu_adam(core, group, elements, adam, cast_bytes=cast_bytes)
 
 
 def host_allocation(core: RankCore, nbytes: float, *, dropped: bool = False) -> Waits:
@@ -60,13 +60,13 @@ def host_allocation(core: RankCore, nbytes: float, *, dropped: bool = False) -> 
 
 
 def launch_gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
-                    casts: bool = True) -> simpy.Event:
-    """Unscale, Adam (`adam`: FusedAdam or PyTorch's AdamW) and (`casts`) the fp32 -> 16-bit
-    cast of a group whose state is in HBM: GPU kernels the host launches without waiting. The
-    optimizer's temporary is allocated at the launch and freed once its kernels have run (the
-    HBM it holds; its `cudaMalloc` is `gpu_adam`'s)."""
-    per_element = adam.bytes_per_element + (costs.CAST_TO_16BIT_BYTES_PER_ELEMENT if casts
-                                            else 0)
+                    cast_bytes: float = costs.CAST_TO_16BIT_BYTES_PER_ELEMENT) -> simpy.Event:
+    """Unscale, Adam (`adam`: FusedAdam or PyTorch's AdamW) and the write of the 16-bit params
+    (`cast_bytes` per element: the fp32 -> 16-bit cast; 0 where nothing is written) of a group
+    whose state is in HBM: GPU kernels the host launches without waiting. The optimizer's
+    temporary is allocated at the launch and freed once its kernels have run (the HBM it
+    holds; its `cudaMalloc` is `gpu_adam`'s)."""
+    per_element = adam.bytes_per_element + cast_bytes
     nbytes = per_element * elements
     seconds = core.hbm_seconds(nbytes, passes=1.0)
     temporary = adam.temporary_bytes_per_element * elements
@@ -393,13 +393,19 @@ class GpuStep:
     run (`_release_sub_group`; `single_partition_of_fp32_groups[i].grad = None`)."""
 
     def __init__(self, core: RankCore, groups: tuple[int, ...], post_step: PostStep,
-                 adam: costs.GpuAdam, write_back: WriteBack | None = None):
+                 adam: costs.GpuAdam, write_back: WriteBack | None = None, *,
+                 cast_bytes: float = costs.CAST_TO_16BIT_BYTES_PER_ELEMENT):
         self.core = core
         self.groups = groups
         self.post_step = post_step
         self.adam = adam
         self.write_back = write_back
-        """Where the 16-bit params are written when not in HBM (None: cast on the GPU)."""
+        """Where the 16-bit params are written when not in HBM (None: on the GPU)."""
+        self.cast_bytes = cast_bytes if write_back is None else 0
+        """Per element, writing the stepped master into the 16-bit params on the GPU."""
+        self.casts_gradient = core.accum_bytes != core.master_bytes
+        """Whether the flat gradient is cast into a master gradient of its own (fp32 master
+        params; with bf16 ones `.to(bf16)` gives the flat copy itself)."""
 
     def run(self) -> Gen:
         core = self.core
@@ -411,9 +417,9 @@ class GpuStep:
                 yield from self._fp32_gradient_allocations(size)
                 release = self._launch_fp32_gradient(group, size)
             stepped = yield from gpu_adam(core, group, size, self.adam,
-                                          casts=self.write_back is None)
+                                          cast_bytes=self.cast_bytes)
             if release is not None:
-                core.release_device_memory(FP32_BYTES * size)
+                core.release_device_memory(self._master_gradient_bytes(size))
                 core.when_done(stepped, release)
             if self.write_back is not None:
                 yield from self.write_back(core, group, size, stepped)
@@ -447,35 +453,49 @@ class GpuStep:
                                   nbytes=core.accum_bytes * elements)
         yield from all_reduce_norm(core)
 
+    def _master_gradient_bytes(self, elements: int) -> int:
+        """What the group's master gradient holds until `_release_sub_group`."""
+        core = self.core
+        return (core.master_bytes if self.casts_gradient else core.accum_bytes) * elements
+
     def _fp32_gradient_allocations(self, elements: int) -> Gen:
-        """The host's `cudaMalloc` for a group's fp32 gradient (`_launch_fp32_gradient`): the
-        flat 16-bit copy, dropped once cast, and the fp32 gradient, dropped by
-        `_release_sub_group` once the group's Adam is launched."""
+        """The host's `cudaMalloc` for a group's master gradient (`_launch_fp32_gradient`):
+        the flat 16-bit copy, dropped once cast, and the fp32 gradient, dropped by
+        `_release_sub_group` once the group's Adam is launched (with bf16 master params the
+        flat copy is the gradient)."""
         core = self.core
         yield from host_allocation(core, core.accum_bytes * elements)
-        yield from host_allocation(core, FP32_BYTES * elements)
-        core.release_device_memory(core.accum_bytes * elements)
+        if self.casts_gradient:
+            yield from host_allocation(core, core.master_bytes * elements)
+            core.release_device_memory(core.accum_bytes * elements)
 
     def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
-        """The group's fp32 gradient: the 16-bit partitions flattened (a copy: read and write
-        the 16-bit bytes) and cast (read them, write 4 B), the flat copy freed once cast.
-        Returns what frees the fp32 gradient, once the group's Adam has run."""
+        """The group's master gradient: the 16-bit partitions flattened (a copy: read and
+        write the 16-bit bytes) and cast to fp32 (read them, write 4 B), the flat copy freed
+        once cast; with bf16 master params the flat copy itself. Returns what frees it, once
+        the group's Adam has run."""
         core = self.core
         flat_bytes = core.accum_bytes * elements
-        seconds = core.hbm_seconds((3 * core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
-        held: dict[str, int] = {}
+        cast = core.accum_bytes + core.master_bytes if self.casts_gradient else 0
+        seconds = core.hbm_seconds((2 * core.accum_bytes + cast) * elements, passes=1.0)
+        held: dict[str, tuple[Category, int]] = {}
 
         def body() -> Gen:
             flat = core.gpu.allocate(Category.GRAD_PARTITIONS, flat_bytes,
                                      f"flat gradient sub-group {group}")
-            held["fp32"] = core.gpu.allocate(Category.FP32_GRADS, FP32_BYTES * elements,
-                                             f"fp32 gradient sub-group {group}")
+            if not self.casts_gradient:
+                held["grad"] = (Category.GRAD_PARTITIONS, flat)
+                yield from core.sms.compute(seconds)
+                return
+            held["grad"] = (Category.FP32_GRADS, core.gpu.allocate(
+                Category.FP32_GRADS, core.master_bytes * elements,
+                f"fp32 gradient sub-group {group}"))
             yield from core.sms.compute(seconds)
             core.gpu.free(Category.GRAD_PARTITIONS, flat)
 
-        core.compute.launch(f"fp32 gradient sub-group {group}", body, kind=OpKind.CAST,
-                            nbytes=flat_bytes)
-        return lambda: core.gpu.free(Category.FP32_GRADS, held["fp32"])
+        core.compute.launch(f"{core.ds.master_dtype} gradient sub-group {group}", body,
+                            kind=OpKind.CAST, nbytes=flat_bytes)
+        return lambda: core.gpu.free(*held["grad"])
 
     def _check_overflow(self) -> Gen:
         """4 B per element on the GPU (stage3.py `has_overflow` without offload runs `isinf`

@@ -6,7 +6,8 @@ partitioned parameter (16-bit param, fp32 master, fp32 gradient, two Adam states
 2 B per parameter replicated plus 12 B (stage 1) or 18 B (stage 2, its 16-bit gradient
 partition and fp32 gradient) per partitioned one, stage 0 the 16-bit params and 12 B of fp32
 state for every parameter; the 16-bit gradients that stages 0 and 1 keep across micro-batches
-are tracked as `grads` while they live.
+are tracked as `grads` while they live. With bf16 master params (`bf16_master_weights_and_grads`)
+the master copy, its gradient and the moments take their dtypes' sizes (`_master_sizes`).
 """
 
 from __future__ import annotations
@@ -435,8 +436,12 @@ def _on_gpu(ds: DeepSpeedConfig, plan: Plan) -> list[Holding]:
             held.append(Holding(gpu, Category.IPG_BUCKET,
                                 ipg_buffers(ds) * dtype * ds.reduce_bucket_size,
                                 "IPG bucket buffers"))
-    held += [Holding(gpu, Category.FP32_MASTER, FP32_BYTES * stepped, "fp32 master params"),
-             Holding(gpu, Category.OPTIMIZER_STATES, ADAM_STATES * FP32_BYTES * stepped,
+    master_bytes, state_bytes = _master_sizes(ds)
+    if ds.stage == 3 and ds.low_precision_master:
+        master_bytes = 0  # the bf16 partition is its own master copy (`_create_fp32_partitions`)
+    held += [Holding(gpu, Category.FP32_MASTER, master_bytes * stepped,
+                     f"{ds.master_dtype} master params"),
+             Holding(gpu, Category.OPTIMIZER_STATES, ADAM_STATES * state_bytes * stepped,
                      "exp_avg, exp_avg_sq")]
     # The gradient partitions the backward reduces into stay for the run (stage3.py
     # grad_partitions_flat_buffer, stage_1_and_2.py grads_in_partition); the fp32 gradient

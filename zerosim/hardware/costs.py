@@ -172,10 +172,15 @@ class GpuAdam:
     temporary_bytes_per_element: int = 0
 
 
-FUSED_ADAM = GpuAdam(UNSCALE_HOST_BYTES.total + ADAM_HOST_BYTES.total)
-"""DeepSpeed's FusedAdam (`multi_tensor_adam.cu`), the optimizer of a run without offload: one
-pass reading the param, gradient and both moments and writing the param and moments (28 B),
-after the unscale; 36 B, nothing allocated."""
+def fused_adam(precision: AdamPrecision) -> GpuAdam:
+    """DeepSpeed's FusedAdam (`multi_tensor_adam.cu`), the optimizer of a run without offload:
+    one pass reading the param, gradient and both moments and writing the param and moments,
+    after the unscale, at `precision`'s sizes; nothing allocated."""
+    return GpuAdam(precision.unscale_bytes.total + precision.host_bytes.total)
+
+
+FUSED_ADAM = fused_adam(FP32_ADAM)
+"""Over fp32 master params and moments: 28 B, after the 8 B unscale; 36 B."""
 
 TORCH_ADAMW_PASSES_BYTES = 8 + 12 + 8 + 12 + 8 + 8 + 8 + 16
 """`torch.optim.AdamW`'s multi-tensor step (PyTorch 2.x `_multi_tensor_adamw`, the default
@@ -216,6 +221,12 @@ runs."""
 
 CAST_TO_16BIT_BYTES_PER_ELEMENT = 6
 """The fp32 -> 16-bit copy of a stepped partition on the GPU (read 4 B, write 2 B)."""
+
+
+def params_copy_bytes(master_bytes: int, dtype_bytes: int) -> int:
+    """Writing a stepped master partition into the 16-bit params on the GPU, per element:
+    read the master, write the param (a cast from fp32, a copy from bf16)."""
+    return master_bytes + dtype_bytes
 
 GPU_STEP_BYTES_PER_ELEMENT = FUSED_ADAM.bytes_per_element + CAST_TO_16BIT_BYTES_PER_ELEMENT
 """A sub-group stepped on the GPU, fused: unscale, Adam, then the fp32 -> 16-bit cast (the

@@ -301,20 +301,24 @@ def _super_offload_is_replayed(scenario: Any) -> None:
 
 def _low_precision_master_is_replayed(scenario: Any) -> None:
     """zerosim replays bf16 master weights (`bf16.bf16_master_weights_and_grads`, DeepSpeed
-    0.18.3+) where the project's runs live: ZeRO with the whole optimizer offloaded to host
-    memory and DeepSpeed's own step. The optimizer on the GPU or on NVMe, Twin-Flow, ZenFlow,
-    SuperOffload and the study's what-ifs are not modelled with it."""
+    0.18.3+) with DeepSpeed's own step over the whole optimizer, in host memory or (bf16
+    moments) in HBM. NVMe, Twin-Flow, ZenFlow, SuperOffload, PyTorch's AdamW and the study's
+    what-ifs are not modelled with it."""
     ds = scenario.deepspeed
     if not ds.low_precision_master:
         return
     why = "with bf16_master_weights_and_grads (zerosim replays it with the whole "
     o = ds.offload_optimizer
-    if o.device != "cpu":
-        _refuse(scenario, f"{ZERO}.offload_optimizer.device", "'cpu' " + why + "optimizer in "
-                "host memory: on the GPU or on NVMe it is not modelled)", o.device)
-    if ds.offload_param.nvme:
-        _refuse(scenario, f"{ZERO}.offload_param.device", "'cpu' or 'none' " + why +
-                "optimizer in host memory and the params not on NVMe)", "nvme")
+    if o.nvme:
+        _refuse(scenario, f"{ZERO}.offload_optimizer.device", "'cpu' or 'none' " + why +
+                "optimizer in host memory or in HBM: on NVMe it is not modelled)", o.device)
+    if ds.offload_param.enabled and not (o.device == "cpu" and ds.offload_param.device == "cpu"):
+        _refuse(scenario, f"{ZERO}.offload_param.device", "'none', or 'cpu' with the optimizer "
+                "on the CPU, " + why + "params on the GPU, or in host memory beside the "
+                "optimizer)", ds.offload_param.device)
+    if ds.torch_adam:
+        _refuse(scenario, "deepspeed.optimizer.params.torch_adam", "false " + why +
+                "optimizer stepped by DeepSpeedCPUAdam or FusedAdam)", True)
     if o.ratio < 1:
         _refuse(scenario, f"{ZERO}.offload_optimizer.ratio", "1.0 " + why + "optimizer "
                 "offloaded: Twin-Flow's GPU sub-groups are not modelled with it)", o.ratio)
@@ -322,7 +326,7 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
                         ("zenflow", ds.zenflow is not None)):
         if on:
             _refuse(scenario, f"{ZERO}.{section}", "off " + why + "optimizer stepped by "
-                    "DeepSpeed's own ZeRO-3 step)", "on")
+                    "DeepSpeed's own step)", "on")
     if ds.grad_accum_dtype != "bf16":
         _refuse(scenario, "deepspeed.data_types.grad_accum_dtype", "bf16 " + why +
                 "gradients accumulated in bf16, the master gradients' dtype)",
@@ -330,7 +334,7 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
     for name in ("overlap_copy_back", "buffer_boundary_grads", "gpu_update_every"):
         if getattr(scenario.what_if, name):
             _refuse(scenario, f"what_if.{name}", "off " + why + "optimizer stepped by "
-                    "DeepSpeed's own ZeRO-3 step: the what-ifs move fp32 state)",
+                    "DeepSpeed's own step: the what-ifs move fp32 state)",
                     getattr(scenario.what_if, name))
 
 
