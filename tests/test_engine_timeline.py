@@ -587,6 +587,18 @@ def test_fp32_accumulation_flush_is_a_plain_fp32_copy(toy):
     assert spans[(spans.stream == "cpu") & (spans.phase == "backward")].empty
 
 
+def test_fp32_accumulation_on_the_gpu_steps_the_flat_gradient_uncast(toy):
+    """Without offload, `flatten(averaged_gradients).to(fp32)` of fp32 gradients is the flat
+    copy itself: flattening reads and writes 4 B per element, no cast, and the flat copy is
+    what Adam steps."""
+    on_gpu = {"offload_optimizer": {"device": "none"}}
+    result = toy.run({"deepspeed": {"data_types": {"grad_accum_dtype": "fp32"},
+                                    "zero_optimization": on_gpu}})
+    spans = result.spans
+    flat = spans[spans.op == "fp32 gradient sub-group 0"].iloc[0]
+    assert (flat.end_s - flat.start_s) == pytest.approx(8 * 57_472 / 1e12)
+
+
 def test_summary_tflops_and_pcie_rates(dp1_ga1):
     """Model FLOPs per micro-batch: 3 x forward matmul/attention FLOPs (norms, activations and
     the loss count 0): per layer 4 x 65536 + 16384 + 3 x 131072 = 671744, two layers, plus
