@@ -5,7 +5,8 @@ shaped like the ones zerosim's predictions are judged on (the study's three, Pol
 DP=1 and DP=4 on both testbeds, bound and unbound, the Deep Optimizer States fork's
 asynchronous flush and interleaved update, two and eight Polaris nodes, the MLP-Offload NVMe
 run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 0.18.9 and
-0.18.0 run it, the parameters offloaded on the H200 VM,
+0.18.0 run it, bf16 master weights (and moments) on bound Polaris ranks and on the DGX A100,
+the parameters offloaded on the H200 VM,
 the seed's 64 p4d nodes and a mixture of experts on a DGX H100), it runs `zerosim sensitivity`
 (each value of the profile and the stack moved by --step both ways, one at a time) and checks
 the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
@@ -33,6 +34,8 @@ SCENARIOS = ROOT / "scenarios"
 POLARIS = SCENARIOS / "calibration" / "polaris"
 OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."
 FORK = {"runtime.deepspeed_version": "0.13.3+4570a955"}
+BF16_MASTER = {"runtime.deepspeed_version": "0.19.5",
+               "deepspeed.bf16.bf16_master_weights_and_grads": True}
 POLARIS_NODES = {"hardware": {"profile": "polaris-a100", "overrides": {"nodes": 8}},
                  "data_parallel": 32}
 CASES: tuple[tuple[str, Path, dict], ...] = (
@@ -65,6 +68,11 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("SuperOffload, GH200", SCENARIOS / "gh200" / "qwen3-14b-superoffload.yaml", {}),
     ("SuperOffload 0.18.0, GH200", SCENARIOS / "gh200" / "qwen3-14b-superoffload.yaml",
      {"runtime.deepspeed_version": "0.18.0"}),
+    ("bf16 master and moments, Polaris bound",
+     POLARIS / "polaris-5.95b-dp4-mb1-ga1-sg1e08.yaml", BF16_MASTER | {
+         "runtime.bind_cores_to_rank": True, "deepspeed.bf16.bf16_optimizer_states": True}),
+    ("bf16 master, ZeRO-2 Offload, DGX A100",
+     SCENARIOS / "dgx_a100_offload" / "qwen2.5-3b.yaml", BF16_MASTER),
     ("parameters offloaded, H200", SCENARIOS / "h200_vm" / "llama3b_param.yaml", {}),
     ("64 p4d nodes", SCENARIOS / "seed003" / "roberta10b_p4d64.yaml", {}),
     ("MoE on a DGX H100", SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
