@@ -130,6 +130,28 @@ def test_zero2_steps_and_copies_back_its_bf16_partition(toy):
                                   "optimizer states": 8 * n}
 
 
+def test_twin_flow_steps_its_gpu_sub_group_over_bf16(toy):
+    """ratio 0.5 on 0.19.5: sub-group 0 is the GPU's; its torch.optim.AdamW over bf16 params
+    makes bf16 moments and runs 44 B per element with the unscale (half the fp32 88 B), then
+    the bf16 master is copied into the params (4 B): 48 B x N0 through HBM, `exp_avg_sq_sqrt`
+    (2 B x N0) held meanwhile. HBM holds its master, moments and gradient at 2, 4 and 2 B x N0;
+    the host sub-group 1's master at 2 B x N1 and moments at 8 B x N1."""
+    result = toy.run(deep_merge(_bf16(), {"deepspeed": {"zero_optimization": {
+        "offload_optimizer": {"ratio": 0.5}}}}))
+    spans = result.spans
+    adam = spans[spans.op == "gpu adam sub-group 0"].iloc[0]
+    assert adam.bytes == 48 * N0
+    assert (adam.end_s - adam.start_s) / US == pytest.approx(48 * N0 / 1e12 / US)
+    memory = result.memory
+    peaks = memory.groupby(["device", "category"]).bytes.max()
+    assert peaks["gpu0", "workspace"] == 2 * N0
+    assert peaks["gpu0", "fp32 master params (GPU)"] == 2 * N0
+    assert peaks["gpu0", "optimizer states (GPU)"] == 4 * N0
+    assert peaks["gpu0", "fp32 grads (GPU)"] == 2 * N0
+    assert peaks["host0", "fp32 master params"] == 2 * N1
+    assert peaks["host0", "optimizer states"] == 8 * N1
+
+
 def _on_gpu(stage: int) -> dict:
     return deep_merge(_bf16(states=True), {"deepspeed": {"zero_optimization": {
         "stage": stage, "offload_optimizer": {"device": "none"}}}})
@@ -241,8 +263,6 @@ def test_fp32_optimizer_states_must_be_true_or_false():
                     "zero_optimization": {"offload_optimizer": {"device": "none"},
                                           "offload_param": {"device": "cpu"}}}},
      "deepspeed.zero_optimization.offload_param.device"),
-    ({"deepspeed": {"zero_optimization": {"offload_optimizer": {"ratio": 0.5}}}},
-     "deepspeed.zero_optimization.offload_optimizer.ratio"),
     ({"deepspeed": {"zero_optimization": {"offload_optimizer": {"super_offload": True}}}},
      "deepspeed.zero_optimization.offload_optimizer.super_offload"),
     ({"deepspeed": {"data_types": {"grad_accum_dtype": "fp32"}}},

@@ -109,7 +109,9 @@ class CpuStep:
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:
-                yield from gpu_adam(core, group, elements, costs.TORCH_ADAMW)
+                yield from gpu_adam(core, group, elements, costs.torch_adamw(core.master_bytes),
+                                    cast_bytes=costs.params_copy_bytes(core.master_bytes,
+                                                                       core.dtype_bytes))
             elif self._steps_on_gpu(group):
                 self._step_prefetched_on_gpu(group, elements)
             else:

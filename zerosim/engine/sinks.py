@@ -228,7 +228,8 @@ class BoundaryFlush:
         if self.gpu_gradients is not None and core.plan.interleaved_on_gpu(group):
             yield from self.gpu_gradients.receive(group, elements)
         elif core.plan.on_gpu(param):
-            seconds = core.hbm_seconds((core.accum_bytes + FP32_BYTES) * elements, passes=1.0)
+            seconds = core.hbm_seconds((core.accum_bytes + core.master_bytes) * elements,
+                                       passes=1.0)
             yield from core.gpu_kernel(seconds, core.reduction_stream)
         elif self.shared_grads:
             yield from self._into_shared_memory(elements, name)

@@ -189,10 +189,13 @@ def _offloaded_stage3(ds: DeepSpeedConfig, plan: Plan, behaviours: Behaviours
         Holding(host, Category.OPTIMIZER_STATES, ADAM_STATES * state_bytes * on_cpu,
                 "exp_avg, exp_avg_sq"),
         *gradients,
-        Holding(gpu, Category.FP32_MASTER_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 partition"),
-        Holding(gpu, Category.OPTIMIZER_STATES_GPU, ADAM_STATES * FP32_BYTES * on_gpu,
+        # Twin-Flow's GPU sub-groups: torch.optim.AdamW makes its moments in the params' dtype
+        Holding(gpu, Category.FP32_MASTER_GPU, master_bytes * on_gpu,
+                f"Twin-Flow {ds.master_dtype} partition"),
+        Holding(gpu, Category.OPTIMIZER_STATES_GPU, ADAM_STATES * master_bytes * on_gpu,
                 "Twin-Flow Adam states"),
-        Holding(gpu, Category.FP32_GRADS_GPU, FP32_BYTES * on_gpu, "Twin-Flow fp32 gradients"),
+        Holding(gpu, Category.FP32_GRADS_GPU, master_bytes * on_gpu,
+                f"Twin-Flow {ds.master_dtype} gradients"),
         *_swapped_optimizer(ds, plan),
     ]
 

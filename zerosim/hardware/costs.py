@@ -212,12 +212,20 @@ ZENFLOW_NATIVE_STALE_HOST_BYTES = HostBytes(home=4)
 """From 0.19.3 the native process writes the fp32 snapshot as its Adam goes (`adam_update_multi`
 writes `stale` beside the param): 4 B per element more on the Adam's pass."""
 
-TORCH_ADAMW = GpuAdam(UNSCALE_HOST_BYTES.total + TORCH_ADAMW_PASSES_BYTES, FP32_BYTES)
+def torch_adamw(param_bytes: int) -> GpuAdam:
+    """`torch.optim.AdamW` over params of `param_bytes` per element, whose moments it makes in
+    the params' dtype: its passes (`TORCH_ADAMW_PASSES`) and the unscale over tensors of that
+    size, and `exp_avg_sq_sqrt`, one element's worth, held while it runs."""
+    return GpuAdam(unscale_host_bytes(param_bytes).total + TORCH_ADAMW_PASSES * param_bytes,
+                   param_bytes)
+
+
+TORCH_ADAMW = torch_adamw(FP32_BYTES)
 """The GPU optimizer DeepSpeed's ZeRO-3 steps a sub-group with when the CPU optimizer does
 not: `backup_optimizer`, a `torch.optim.AdamW` (stage3.py, the sub-groups of an
-`offload_optimizer.ratio` below 1, and the Deep Optimizer States fork's GPU sub-groups):
-88 B per element with the unscale, and `exp_avg_sq_sqrt`, 4 B per element, held while it
-runs."""
+`offload_optimizer.ratio` below 1, and the Deep Optimizer States fork's GPU sub-groups), over
+fp32 master params: 88 B per element with the unscale, and `exp_avg_sq_sqrt`, 4 B per element,
+held while it runs."""
 
 CAST_TO_16BIT_BYTES_PER_ELEMENT = 6
 """The fp32 -> 16-bit copy of a stepped partition on the GPU (read 4 B, write 2 B)."""

@@ -302,8 +302,8 @@ def _super_offload_is_replayed(scenario: Any) -> None:
 def _low_precision_master_is_replayed(scenario: Any) -> None:
     """zerosim replays bf16 master weights (`bf16.bf16_master_weights_and_grads`, DeepSpeed
     0.18.3+) with DeepSpeed's own step over the whole optimizer, in host memory or (bf16
-    moments) in HBM. NVMe, Twin-Flow, ZenFlow, SuperOffload, PyTorch's AdamW and the study's
-    what-ifs are not modelled with it."""
+    moments) in HBM, Twin-Flow's GPU sub-groups included. NVMe, ZenFlow, SuperOffload,
+    PyTorch's AdamW as the optimizer and the study's what-ifs are not modelled with it."""
     ds = scenario.deepspeed
     if not ds.low_precision_master:
         return
@@ -319,9 +319,6 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
     if ds.torch_adam:
         _refuse(scenario, "deepspeed.optimizer.params.torch_adam", "false " + why +
                 "optimizer stepped by DeepSpeedCPUAdam or FusedAdam)", True)
-    if o.ratio < 1:
-        _refuse(scenario, f"{ZERO}.offload_optimizer.ratio", "1.0 " + why + "optimizer "
-                "offloaded: Twin-Flow's GPU sub-groups are not modelled with it)", o.ratio)
     for section, on in (("offload_optimizer.super_offload", o.super_offload),
                         ("zenflow", ds.zenflow is not None)):
         if on:
