@@ -14,8 +14,8 @@ each of those releases; and ZenFlow at ZeRO-1 and 2, its step overlapped or not,
 (its moments offloaded at DP=4), at each release from 0.17.5; and SuperOffload with and without
 gradient clipping and Twin-Flow, at DP=1 and 4 (bound, or unbound with the parameters on the
 CPU) on the H100 node, at each release from 0.18.9; and bf16 master weights (and moments) at
-ZeRO-1/2/3 with the optimizer on the CPU or the GPU, on both testbeds, at each release from
-0.18.3; and Qwen3-8B, Qwen3-30B-A3B and
+ZeRO-1/2/3 with the optimizer on the CPU (Twin-Flow too) or the GPU, on both testbeds, at each
+release from 0.18.3; and Qwen3-8B, Qwen3-30B-A3B and
 Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
 the CPU, and DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager
 and flash attention. It prints how many ran, how many did not fit (a result, not a failure)
@@ -149,9 +149,10 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                         "cpu" if dp == 4 and not bound else "none"}))
     master_releases = [since for since in releases if since >= (0, 18, 3)]
     for since in master_releases[::3] if quick else master_releases:
-        for stage, device, params in ((1, "cpu", "none"), (2, "cpu", "none"), (3, "cpu", "none"),
-                                      (3, "cpu", "cpu"), (2, "none", "none"),
-                                      (3, "none", "none")):
+        for stage, device, params, ratio in (
+                (1, "cpu", "none", 1.0), (2, "cpu", "none", 1.0), (3, "cpu", "none", 1.0),
+                (3, "cpu", "none", 0.5), (3, "cpu", "cpu", 1.0), (2, "none", "none", 1.0),
+                (3, "none", "none", 1.0)):
             for states in (False, True):
                 if device == "none" and not states:
                     continue  # DeepSpeed asks for bf16 moments with the optimizer on the GPU
@@ -159,7 +160,8 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
                         "runtime.deepspeed_version": format_version(since), "hardware": hw,
                         "deepspeed.zero_optimization.stage": stage, OFFLOAD + "device": device,
-                        PARAMS + "device": params, "deepspeed.gradient_accumulation_steps": 2,
+                        OFFLOAD + "ratio": ratio, PARAMS + "device": params,
+                        "deepspeed.gradient_accumulation_steps": 2,
                         "deepspeed.bf16.bf16_master_weights_and_grads": True,
                         "deepspeed.bf16.bf16_optimizer_states": states}))
     for model in HF_MODELS[::2] if quick else HF_MODELS:
