@@ -319,11 +319,14 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
     if ds.torch_adam:
         _refuse(scenario, "deepspeed.optimizer.params.torch_adam", "false " + why +
                 "optimizer stepped by DeepSpeedCPUAdam or FusedAdam)", True)
-    for section, on in (("offload_optimizer.super_offload", o.super_offload),
-                        ("zenflow", ds.zenflow is not None)):
-        if on:
-            _refuse(scenario, f"{ZERO}.{section}", "off " + why + "optimizer stepped by "
-                    "DeepSpeed's own step)", "on")
+    if o.super_offload:
+        _refuse(scenario, f"{ZERO}.offload_optimizer.super_offload", "false " + why +
+                "optimizer stepped by DeepSpeed's own step; SuperOffload's optimizer process "
+                "copies each gradient into a fp32 pinned buffer, superoffload_utils.py, which "
+                "does not match the bf16 params it steps, up to 0.19.5)", True)
+    if ds.zenflow is not None:
+        _refuse(scenario, f"{ZERO}.zenflow", "absent " + why + "optimizer stepped by "
+                "DeepSpeed's own step)", "a zenflow section")
     if ds.grad_accum_dtype != "bf16":
         _refuse(scenario, "deepspeed.data_types.grad_accum_dtype", "bf16 " + why +
                 "gradients accumulated in bf16, the master gradients' dtype)",
