@@ -416,8 +416,8 @@ class GpuStep:
         for group, size in enumerate(self.groups):
             release = None
             if core.ds.stage > 0:
-                yield from self._fp32_gradient_allocations(size)
-                release = self._launch_fp32_gradient(group, size)
+                yield from self._master_gradient_allocations(size)
+                release = self._launch_master_gradient(group, size)
             stepped = yield from gpu_adam(core, group, size, self.adam,
                                           cast_bytes=self.cast_bytes)
             if release is not None:
@@ -460,8 +460,8 @@ class GpuStep:
         core = self.core
         return (core.master_bytes if self.casts_gradient else core.accum_bytes) * elements
 
-    def _fp32_gradient_allocations(self, elements: int) -> Gen:
-        """The host's `cudaMalloc` for a group's master gradient (`_launch_fp32_gradient`):
+    def _master_gradient_allocations(self, elements: int) -> Gen:
+        """The host's `cudaMalloc` for a group's master gradient (`_launch_master_gradient`):
         the flat 16-bit copy, dropped once cast, and the fp32 gradient, dropped by
         `_release_sub_group` once the group's Adam is launched (with bf16 master params the
         flat copy is the gradient)."""
@@ -471,7 +471,7 @@ class GpuStep:
             yield from host_allocation(core, core.master_bytes * elements)
             core.release_device_memory(core.accum_bytes * elements)
 
-    def _launch_fp32_gradient(self, group: int, elements: int) -> Callable[[], None]:
+    def _launch_master_gradient(self, group: int, elements: int) -> Callable[[], None]:
         """The group's master gradient: the 16-bit partitions flattened (a copy: read and
         write the 16-bit bytes) and cast to fp32 (read them, write 4 B), the flat copy freed
         once cast; with bf16 master params the flat copy itself. Returns what frees it, once

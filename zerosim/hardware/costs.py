@@ -236,6 +236,7 @@ def params_copy_bytes(master_bytes: int, dtype_bytes: int) -> int:
     read the master, write the param (a cast from fp32, a copy from bf16)."""
     return master_bytes + dtype_bytes
 
+
 GPU_STEP_BYTES_PER_ELEMENT = FUSED_ADAM.bytes_per_element + CAST_TO_16BIT_BYTES_PER_ELEMENT
 """A sub-group stepped on the GPU, fused: unscale, Adam, then the fp32 -> 16-bit cast (the
 what-if GPU update of `what_if.gpu_update_every`)."""

@@ -132,6 +132,8 @@ def adam_params_per_s_per_thread(model: CpuModel, adam: CpuAdamLoop) -> float:
 
 ASSUMED_BUILD = "avx512"
 """The build taken for a profile that names no CPU model (`ASSUMED_BUILD_WHY`)."""
+ASSUMED_BUILD_WHY = ("what DeepSpeed builds on Intel Xeons since Skylake-SP and AMD EPYC since "
+                     "Zen 4")
 
 
 def adam_build(simd: str, adam: CpuAdamLoop) -> str:
@@ -165,10 +167,6 @@ def bf16_adam_values(flat: Mapping[str, Any], model: CpuModel | None) -> dict[st
                        f"per parameter ({cpu}; {cost.basis}): {cost.source}; fp32 ceiling "
                        f"({fp32.get('basis')}): {fp32.get('source')}")}
     return values
-
-
-ASSUMED_BUILD_WHY = ("what DeepSpeed builds on Intel Xeons since Skylake-SP and AMD EPYC since "
-                     "Zen 4")
 
 
 def check_elements_per_s_per_thread(model: CpuModel, cycles: Quoted) -> float:

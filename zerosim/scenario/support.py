@@ -307,35 +307,34 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
     ds = scenario.deepspeed
     if not ds.low_precision_master:
         return
-    why = "with bf16_master_weights_and_grads (zerosim replays it with the whole "
+    why = "with bf16_master_weights_and_grads (zerosim replays it with "
     o = ds.offload_optimizer
     if o.nvme:
         _refuse(scenario, f"{ZERO}.offload_optimizer.device", "'cpu' or 'none' " + why +
-                "optimizer in host memory or in HBM: on NVMe it is not modelled)", o.device)
+                "the optimizer in host memory or in HBM: on NVMe it is not modelled)", o.device)
     if ds.offload_param.enabled and not (o.device == "cpu" and ds.offload_param.device == "cpu"):
         _refuse(scenario, f"{ZERO}.offload_param.device", "'none', or 'cpu' with the optimizer "
-                "on the CPU, " + why + "params on the GPU, or in host memory beside the "
+                "on the CPU, " + why + "the params on the GPU, or in host memory beside the "
                 "optimizer)", ds.offload_param.device)
     if ds.torch_adam:
         _refuse(scenario, "deepspeed.optimizer.params.torch_adam", "false " + why +
-                "optimizer stepped by DeepSpeedCPUAdam or FusedAdam)", True)
+                "DeepSpeedCPUAdam or FusedAdam as the optimizer)", True)
     if o.super_offload:
         _refuse(scenario, f"{ZERO}.offload_optimizer.super_offload", "false " + why +
-                "optimizer stepped by DeepSpeed's own step; SuperOffload's optimizer process "
-                "copies each gradient into a fp32 pinned buffer, superoffload_utils.py, which "
-                "does not match the bf16 params it steps, up to 0.19.5)", True)
+                "DeepSpeed's own step; SuperOffload's optimizer process copies each gradient "
+                "into a fp32 pinned buffer, superoffload_utils.py, which does not match the "
+                "bf16 params it steps, up to 0.19.5)", True)
     if ds.zenflow is not None:
-        _refuse(scenario, f"{ZERO}.zenflow", "absent " + why + "optimizer stepped by "
-                "DeepSpeed's own step)", "a zenflow section")
+        _refuse(scenario, f"{ZERO}.zenflow", "absent " + why + "DeepSpeed's own step)",
+                "a zenflow section")
     if ds.grad_accum_dtype != "bf16":
         _refuse(scenario, "deepspeed.data_types.grad_accum_dtype", "bf16 " + why +
-                "gradients accumulated in bf16, the master gradients' dtype)",
+                "the gradients accumulated in bf16, the master gradients' dtype)",
                 ds.grad_accum_dtype)
     for name in ("overlap_copy_back", "buffer_boundary_grads", "gpu_update_every"):
         if getattr(scenario.what_if, name):
-            _refuse(scenario, f"what_if.{name}", "off " + why + "optimizer stepped by "
-                    "DeepSpeed's own step: the what-ifs move fp32 state)",
-                    getattr(scenario.what_if, name))
+            _refuse(scenario, f"what_if.{name}", "off " + why + "DeepSpeed's own step: the "
+                    "what-ifs move fp32 state)", getattr(scenario.what_if, name))
 
 
 def _nvme_buffers_suffice(scenario: Any) -> None:
