@@ -317,8 +317,10 @@ def test_the_precision_prices_bytes_and_rate():
 
 
 def test_check_names_the_dtypes_of_cpu_adam(toy):
-    from zerosim.report import _adam_text
+    from zerosim.report import _adam_text, _mode
 
     text = _adam_text(toy.scenario(_bf16()))
     assert "over bf16 params with fp32 moments" in text
     assert text.startswith("2e8 params/s per rank")
+    assert _mode(toy.scenario(_bf16(states=True))) == (
+        "ZeRO-3, optimizer on cpu, bf16 master params and gradients, bf16 Adam moments")

@@ -47,6 +47,9 @@ def _mode(scenario: Scenario) -> str:
         when = ("as the backward completes them" if not ds.gradient_clipping
                 else "in the step (gradient_clipping set: nothing stepped early)")
         where.append(f"SuperOffload (sub-groups stepped by an optimizer process {when})")
+    if ds.low_precision_master:
+        where.append(f"{ds.master_dtype} master params and gradients, "
+                     f"{ds.optimizer_state_dtype} Adam moments")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 
