@@ -4,6 +4,7 @@ fixed knobs, and the ranked table."""
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,49 @@ def test_filling_threads_fill_the_node_where_the_default_pools_oversubscribe_it(
     so only four ranks oversubscribe it, and 48 each fill it."""
     scenario = zerosim.load_scenario(ROOT / "scenarios" / f"llama13b_dp{dp}.yaml")
     assert filling_threads(scenario) == threads
+
+
+def _bf16_toy(toy, **bf16):
+    return toy.scenario({"runtime": {"deepspeed_version": "0.19.5"},
+                         "deepspeed": {"fp16": {"enabled": False},
+                                       "bf16": {"enabled": True, **bf16}}})
+
+
+def test_the_master_precision_is_a_knob_under_bf16_training_from_0_18_3(toy):
+    """fp32, bf16 or bf16 master params and moments where the release reads the keys and the
+    run trains in bf16; None (nothing set) elsewhere: the study's fp16 0.13.3 toy."""
+    assert as_given(toy.scenario()).master is None
+    assert as_given(_bf16_toy(toy)).master == "fp32"
+    assert as_given(_bf16_toy(toy, bf16_master_weights_and_grads=True)).master == "bf16"
+    both = _bf16_toy(toy, bf16_master_weights_and_grads=True, bf16_optimizer_states=True)
+    assert as_given(both).master == "bf16+moments"
+    assert "master" not in free_knobs() and "master" in free_knobs(free=["master"])
+
+
+def test_the_master_precision_is_searched_where_the_engine_replays_it(toy):
+    """Freed, each offloaded or GPU configuration is tried at the three precisions, but bf16
+    master params with fp32 moments on the GPU (DeepSpeed wants the optimizer offloaded for
+    them) and bf16 ones with the params alone offloaded; it sets DeepSpeedCPUAdam's own flag
+    only with the optimizer on the CPU."""
+    base = as_given(_bf16_toy(toy))
+    found = candidates(base, free_knobs(free=["master"], fix=[
+        "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing",
+        "binding", "threads"]))
+    by_offload = {}
+    for config in found:
+        if config.stage == 3:
+            by_offload.setdefault(config.offload, set()).add(config.master)
+    assert by_offload == {"cpu": {"fp32", "bf16", "bf16+moments"},
+                          "cpu+params": {"fp32", "bf16", "bf16+moments"},
+                          "none": {"fp32", "bf16+moments"}, "params": {"fp32"}}
+    gpu = next(c for c in found if c.stage == 3 and c.offload == "none"
+               and c.master == "bf16+moments")
+    overrides = gpu.overrides()
+    assert overrides["deepspeed.bf16.bf16_master_weights_and_grads"] is True
+    assert overrides["deepspeed.bf16.bf16_optimizer_states"] is True
+    assert "deepspeed.optimizer.params.fp32_optimizer_states" not in overrides
+    cpu = replace(base, master="bf16")
+    assert cpu.overrides()["deepspeed.optimizer.params.fp32_optimizer_states"] is True
+    assert cpu.describe().endswith("bf16 master")
+    assert not candidates(as_given(toy.scenario()), free_knobs(free=["master"]))[0].master
+

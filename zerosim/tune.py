@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "gap", "binding", "threads", "what_if")
+         "checkpointing", "gap", "binding", "threads", "what_if", "master")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
                    "ratio", "checkpointing", "gap", "binding", "threads")
 STAGES = (0, 1, 2, 3)
@@ -60,6 +60,11 @@ thread per physical core, or the rank's share of them when bound. The knob also 
 that fills the node's hardware threads without oversubscribing them (`OMP_NUM_THREADS`), for
 the offloaded configurations, where the default pools oversubscribe the node."""
 WHAT_IFS = ("none", "overlap_copy_back", "buffer_boundary_grads", "gpu_update_every")
+MASTERS = ("fp32", "bf16", "bf16+moments")
+"""The optimizer's master params and gradients, fp32 or bf16 (`bf16.bf16_master_weights_and_grads`),
+and with bf16 ones the Adam moments too (`bf16_optimizer_states`, and DeepSpeedCPUAdam's
+`fp32_optimizer_states` off): searched with `--free master` only (they change the numerics),
+under bf16 training on DeepSpeed 0.18.3+; elsewhere the knob is None and sets nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -67,7 +72,7 @@ MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
-           "threads", "what_if", "iteration_s",
+           "threads", "what_if", "master", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -94,6 +99,8 @@ class Config:
     """Each rank's threads and pages on its part of the node (`runtime.bind_cores_to_rank`)."""
     threads: int = DEFAULT_THREADS
     """OpenMP threads per rank (`runtime.cpu_threads_per_rank`; 0: the default pool)."""
+    master: str | None = None
+    """One of `MASTERS`, or None where the release or the precision has no such choice."""
 
     def devices(self) -> tuple[str, str]:
         """Where the optimizer and the 16-bit params live (`offload_*.device`)."""
@@ -125,6 +132,12 @@ class Config:
         }
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
+        if self.master is not None:
+            out["deepspeed.bf16.bf16_master_weights_and_grads"] = self.master != "fp32"
+            out["deepspeed.bf16.bf16_optimizer_states"] = self.master == "bf16+moments"
+            if optimizer != "none":  # DeepSpeedCPUAdam's own flag (FusedAdam has none)
+                out["deepspeed.optimizer.params.fp32_optimizer_states"] = (
+                    self.master != "bf16+moments")
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -157,6 +170,8 @@ class Config:
             parts.append(f"{self.threads} threads per rank")
         if self.what_if != "none":
             parts.append(self.what_if)
+        if self.master in ("bf16", "bf16+moments"):
+            parts.append("bf16 master" + (" and moments" if self.master != "bf16" else ""))
         return ", ".join(parts)
 
 
@@ -178,7 +193,20 @@ def replayed(config: Config) -> bool:
     if config.gap and not (offloaded3 and config.offload == "cpu" and config.ratio == 1
                            and config.what_if in ("none", "buffer_boundary_grads")):
         return False
+    if config.master in ("bf16", "bf16+moments") and not _replays_bf16_master(config):
+        return False
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
+
+
+def _replays_bf16_master(config: Config) -> bool:
+    """bf16 master params: the optimizer in host memory (the params beside it at most), or on
+    the GPU with bf16 moments and the params there too; no NVMe, no interleaved update, no
+    what-if (`support._low_precision_master_is_replayed`, and DeepSpeed's own refusals)."""
+    if config.stage == 0 or "nvme" in config.offload or config.gap or config.what_if != "none":
+        return False
+    if config.offload == "none":
+        return config.master == "bf16+moments"
+    return config.offload != PARAMS_ALONE
 
 
 def as_given(scenario: Scenario) -> Config:
@@ -198,7 +226,19 @@ def as_given(scenario: Scenario) -> Config:
                   scenario.activation_checkpointing,
                   o.prefetch_optimizer_gap if o.prefetch_optimizer else 0,
                   scenario.runtime.bind_cores_to_rank,
-                  scenario.runtime.cpu_threads_per_rank or DEFAULT_THREADS)
+                  scenario.runtime.cpu_threads_per_rank or DEFAULT_THREADS,
+                  _master(scenario))
+
+
+def _master(scenario: Scenario) -> str | None:
+    """The scenario's `MASTERS` value; None where its release or its precision has no bf16
+    master params to choose."""
+    ds = scenario.deepspeed
+    if ds.dtype != "bf16" or not scenario.behaviours.low_precision_master_weights:
+        return None
+    if not ds.low_precision_master:
+        return "fp32"
+    return "bf16+moments" if ds.optimizer_state_dtype == "bf16" else "bf16"
 
 
 def _divisors(n: int) -> list[int]:
@@ -245,12 +285,14 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
         "binding": list(BINDINGS) if "binding" in free and numa else [base.binding],
         "threads": (sorted({DEFAULT_THREADS, filling_threads, base.threads})
                     if "threads" in free and filling_threads else [base.threads]),
+        "master": (list(MASTERS) if "master" in free and base.master is not None
+                   else [base.master]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding, threads) in product(*values.values()):
+         gap, binding, threads, master) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap, binding, threads)
+                        what_if, checkpointing, gap, binding, threads, master)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -321,7 +363,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
             "checkpointing": config.checkpointing, "gap": config.gap,
             "binding": config.binding, "threads": config.threads, "what_if": config.what_if,
-            "iteration_s": None, "tokens_per_s": None,
+            "master": config.master or "", "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}, "tight": ()}
 
