@@ -732,17 +732,23 @@ def test_a_zero3_leaf_moe_block_holds_its_parameters_in_its_first_module():
     modules hold none, and the model's count is unchanged."""
     from dataclasses import replace
 
+    from zerosim.models.leaves import LeafRules, find_leaves, hold_in_first
+
     spec, _ = hf(QWEN3_MOE_TINY)
-    recipe = replace(_hf_recipe(), fused_experts=False, moe_block_leaf=True)
-    w = Workload(sequence_length=8)
-    hooked = [m for m in build_modules(spec, w, replace(recipe, moe_block_leaf=False))
-              if m.layer == 1 and ".mlp." in m.name]
-    leaf = [m for m in build_modules(spec, w, recipe) if m.layer == 1 and ".mlp." in m.name]
+    recipe = replace(_hf_recipe(), fused_experts=False)
+    modules = build_modules(spec, Workload(sequence_length=8), recipe)
+    leaves = find_leaves(modules, LeafRules(moe_blocks=True))
+    assert leaves.names == ("model.layers.1.mlp",)
+    held = hold_in_first(modules, leaves.spans)
+    hooked = [m for m in modules if m.layer == 1 and ".mlp." in m.name]
+    leaf = [m for m in held if m.layer == 1 and ".mlp." in m.name]
     assert [m.name for m in leaf] == [m.name for m in hooked]
     assert leaf[0].params == sum(m.params for m in hooked) == 64 * 4 + 4 * 3 * 64 * 32
     assert leaf[0].param_numels == tuple(n for m in hooked for n in m.param_numels)
+    assert leaf[0].keeps_gathered_for == len(leaf) - 1
     assert not any(m.params for m in leaf[1:])
     assert [m.host_syncs for m in leaf] == [m.host_syncs for m in hooked]
+    assert sum(m.params for m in held) == sum(m.params for m in modules)
 
 
 GLM45_AIR = {"model_type": "glm4_moe", "hidden_size": 4096, "num_hidden_layers": 46,

@@ -13,6 +13,7 @@ import zerosim
 from zerosim.engine.plan import plan_of, update_groups, workload_of
 from zerosim.models import CATALOG, build_modules, spec_from_hf_fields
 from zerosim.models.breakdown import vector_flags
+from zerosim.models.leaves import LeafRules, find_leaves, hold_in_first
 from zerosim.scenario.support import ForkStepFailsWarning
 
 STUDY = "scenarios/llama13b_dp4.yaml"
@@ -91,7 +92,8 @@ def test_a_zero3_leaf_block_keeps_each_tensors_flag():
         "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 256}, name="tiny-moe")
     scenario = zerosim.load_scenario(STUDY, {"stack.modules.moe_block.value": "leaf"})
     modules = build_modules(spec, workload_of(scenario), scenario.stack.recipe)
-    leaf = next(m for m in modules if m.keeps_gathered_for)
+    spans = find_leaves(modules, LeafRules(moe_blocks=True)).spans
+    leaf = next(m for m in hold_in_first(modules, spans) if m.keeps_gathered_for)
     assert len(leaf.one_dimensional) == len(leaf.param_numels) > 2
     assert not any(leaf.one_dimensional)
 

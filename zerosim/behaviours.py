@@ -266,6 +266,30 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "with bf16.bf16_optimizer_states the engine builds DeepSpeedCPUAdam with "
               "fp32_optimizer_states=False, so offloaded Adam moments are bf16 (before: fp32 "
               "unless optimizer.params.fp32_optimizer_states said false)"),
+    Behaviour("module_granularity_threshold", (0, 16, 0),
+              "PR #6649 'add zero3 module_granularity_threshold to zero optimization' "
+              "(7af3a4be, first in v0.16.0): zero/config.py, parameter_offload.py "
+              "_set_z3_leaf_modules_by_threshold",
+              "zero_optimization.module_granularity_threshold (stage3_module_granularity_"
+              "threshold) is read: ZeRO-3 makes a leaf of each outermost module whose "
+              "parameters per module under it, itself included, are at most the threshold; "
+              "its hook fetches everything under it at once and no module inside fires a "
+              "hook (before: the key is refused)"),
+    Behaviour("leaf_fetch_skips_event_bound", (0, 16, 3),
+              "PR #6694 'Reduce the device bubble introduced by heavy loop synchronization in "
+              "coalesced fetch/release(z3_leaf_module)' (b0040b6c, first in v0.16.3): "
+              "partitioned_param_coordinator.py fetch_sub_module (fast_fetch)",
+              "with module_granularity_threshold set, the host waits on a leaf module's "
+              "parameters without recording an event per parameter, so the bound on "
+              "unfinished fetch events never holds it there"),
+    Behaviour("leaf_module_config", (0, 18, 0),
+              "PR #7604 'Improve leaf module interface (enable via config, ...)' (7d9a2f2b, "
+              "first in v0.18.0): zero/leaf_module_config.py, utils/z3_leaf_module.py "
+              "apply_zero_leaf_module_config, engine.py _configure_distributed_model",
+              "zero_optimization.leaf_module (classes, names, name_suffixes) is read, and by "
+              "default makes transformers' MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock and "
+              "Qwen3MoeSparseMoeBlock ZeRO-3 leaves (before: the key is refused, and a module "
+              "is a leaf only where the training script says so)"),
     Behaviour("autotp_training", (0, 16, 4),
               "PR #7004 'autotp training' (f04649d2, first in v0.16.4): "
               "runtime/tensor_parallel/config.py TPTrainingConfig",
@@ -317,6 +341,9 @@ class Behaviours:
     superoffload_shared_buffers: bool
     low_precision_master_weights: bool
     bf16_optimizer_states_on_cpu: bool
+    module_granularity_threshold: bool
+    leaf_fetch_skips_event_bound: bool
+    leaf_module_config: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 

@@ -53,6 +53,21 @@ def _mode(scenario: Scenario) -> str:
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 
+def _leaves_text(scenario: Scenario) -> str:
+    """The ZeRO-3 leaves, grouped by name pattern: 'model.layers.*.self_attn (22)'."""
+    from zerosim.engine.plan import leaves_of
+
+    names = leaves_of(scenario).names
+    if not names:
+        return ""
+    counts: dict[str, int] = {}
+    for name in names:
+        pattern = re.sub(r"\.\d+(?=\.|$)", ".*", name) or "the whole model"
+        counts[pattern] = counts.get(pattern, 0) + 1
+    return (", ".join(f"{pattern} ({count})" for pattern, count in counts.items())
+            + ": each fetched whole by one hook, no module inside it hooked")
+
+
 def _experts_text(model) -> str:
     moe = model.moe
     if moe is None:
@@ -97,6 +112,8 @@ def render_scenario(scenario: Scenario) -> None:
     top.add_row("framework", f"{scenario.stack.name}: " + ", ".join(
         f"{key} {value}" for key, value in scenario.stack.layout().items()))
     top.add_row("mode", _mode(scenario))
+    if leaves := _leaves_text(scenario):
+        top.add_row("leaves", leaves)
     behaviours = scenario.behaviours.describe()
     top.add_row("behaviours", ", ".join(f"{name} {_yes_no(on)}"
                                         for name, on in behaviours.items()))

@@ -74,6 +74,17 @@ RUNS = {
                                 offload_param=False, offload_optimizer=False),
     "tinyshape_cpu_hooks_param": dict(model="tinyllama-shape", micro_batch=1, seq=16, ga=1,
                                       offload_param=True, offload_optimizer=False),
+    # ZeRO-3 leaves on the CPU accelerator: every tensor gathered and released (no persistent
+    # one), none, each attention (granularity 2048 <= 2,048), each decoder layer (3,680 <=
+    # 3,700) or the whole model (4,099 <= 4,100) a leaf (module_granularity_threshold); and
+    # the same model without ZeRO (stage 0: no hook at all)
+    **{f"tinyshape_cpu_leaves_{label}": dict(model="tinyllama-shape", micro_batch=1, seq=16,
+                                             ga=1, offload_param=False, offload_optimizer=False,
+                                             persistence=0, granularity=threshold)
+       for label, threshold in (("none", 0), ("attention", 2048), ("layer", 3700),
+                                ("model", 4100))},
+    "tinyshape_cpu_leaves_stage0": dict(model="tinyllama-shape", micro_batch=1, seq=16, ga=1,
+                                        offload_param=False, offload_optimizer=False, stage=0),
     "toy_cpu": dict(model="toy", micro_batch=2, seq=128, ga=2, offload_param=False),
     "toy_cpu_hooks": dict(model="toy", micro_batch=1, seq=128, ga=1, offload_param=False,
                           offload_optimizer=False),
@@ -83,16 +94,18 @@ RUNS = {
 def ds_config(run: dict) -> dict:
     """The DeepSpeed configuration, every ZeRO-3 knob zerosim reads stated at its default."""
     zero = {
-        "stage": 3,
+        "stage": run.get("stage", 3),
         "overlap_comm": True,
         "contiguous_gradients": True,
         "reduce_bucket_size": 500_000_000,
         "stage3_prefetch_bucket_size": 50_000_000,
-        "stage3_param_persistence_threshold": 100_000,
+        "stage3_param_persistence_threshold": run.get("persistence", 100_000),
         "stage3_max_live_parameters": 1_000_000_000,
         "stage3_max_reuse_distance": 1_000_000_000,
         "sub_group_size": 1_000_000_000,
     }
+    if run.get("granularity"):
+        zero["module_granularity_threshold"] = run["granularity"]
     if offloads_optimizer(run):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if run["offload_param"]:

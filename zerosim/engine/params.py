@@ -283,7 +283,9 @@ class PartitionedParams:
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
         """The host's wait on a module's in-flight parameters: one event per parameter tensor
         it gathers, and a block on the oldest unfinished one while more than
-        `MAX_ONGOING_FETCH_EVENTS` are. Returns the event the module's kernels wait for."""
+        `MAX_ONGOING_FETCH_EVENTS` are; a leaf's wait records none where the fetch is DeepSpeed's
+        fast one (`Plan.fast_leaf_fetch`), though it still blocks on older ones. Returns the
+        event the module's kernels wait for."""
         if self.waited[index]:
             return ready
         self.waited[index] = True
@@ -291,14 +293,17 @@ class PartitionedParams:
         ready = self._behind_copies(ready)
         if ready is None or not self.bounded_fetches:
             return ready
-        for param in self.core.plan.params[index]:
+        plan = self.core.plan
+        records = not (plan.fast_leaf_fetch and index in plan.leaves)
+        for param in plan.params[index]:
             if param.persistent:
                 continue
             while self.ongoing and self.ongoing[0].triggered:
                 self.ongoing.popleft()
             if len(self.ongoing) > MAX_ONGOING_FETCH_EVENTS:
                 yield self.ongoing.popleft()
-            self.ongoing.append(ready)
+            if records:
+                self.ongoing.append(ready)
         return ready
 
     def _behind_copies(self, ready: simpy.Event | None) -> simpy.Event | None:

@@ -4,9 +4,10 @@ release-or-keep after forward, optimizer sub-groups."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from types import MappingProxyType
 
 from zerosim.hardware import costs, nvme
 from zerosim.hardware.profile import HardwareProfile
@@ -19,6 +20,7 @@ from zerosim.models.breakdown import (
     vector_flags,
 )
 from zerosim.models.kernels import kernel_count
+from zerosim.models.leaves import LeafRules, Leaves, find_leaves, hold_in_first
 from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
@@ -78,6 +80,35 @@ class Plan:
     how many gradient tensors this rank holds a part of in it."""
     persistent_numel: int
     ranks: int
+    leaves: Mapping[int, int] = field(default_factory=dict)
+    """ZeRO-3 leaves (`zerosim.models.leaves`), by the module that holds each one's
+    parameters, its first: how many of its modules had parameters of their own. Its hooks
+    fetch them before its first module in the forward and its last in the backward; no module
+    inside it fires a hook."""
+    fast_leaf_fetch: bool = False
+    """The host waits on a leaf's parameters without the bound on unfinished fetch events
+    (`LeafSettings.fast_fetch`)."""
+
+    @cached_property
+    def forward_hooks(self) -> tuple[int | None, ...]:
+        """Per module, whose parameters the hooks that fire before its forward (or recompute)
+        fetch: its own, or at a leaf's first module the leaf's; None inside a leaf, where no
+        hook fires."""
+        return self._hooks(reverse=False)
+
+    @cached_property
+    def backward_hooks(self) -> tuple[int | None, ...]:
+        """As `forward_hooks`, before each module's backward: a leaf's fire at its last
+        module, the first the backward reaches."""
+        return self._hooks(reverse=True)
+
+    def _hooks(self, *, reverse: bool) -> tuple[int | None, ...]:
+        hooks: list[int | None] = list(range(len(self.modules)))
+        for first in self.leaves:
+            last = first + self.modules[first].keeps_gathered_for
+            hooks[first:last + 1] = [None] * (last + 1 - first)
+            hooks[last if reverse else first] = first
+        return tuple(hooks)
 
     @cached_property
     def gathered_tensors(self) -> tuple[tuple[Param, ...], ...]:
@@ -296,11 +327,15 @@ def _nvme_params(params: list[Param], groups: list[int], member: dict[tuple[int,
 
 
 def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
-              vector_group: bool = False) -> Plan:
+              vector_group: bool = False, leaves: Sequence[tuple[int, int]] = ()) -> Plan:
     """What DeepSpeed decides for `modules` under `ds` on `ranks` data-parallel ranks, the
     framework handing the optimizer the one-dimensional tensors apart or not
-    (`optimizer_param_groups`)."""
+    (`optimizer_param_groups`), with ZeRO-3's `leaves` (first and last module of each)."""
     sharded = ds.stage == 3
+    leaves = leaves if sharded else ()
+    owners = {first: sum(1 for m in modules[first:last + 1] if m.params)
+              for first, last in leaves}
+    modules = hold_in_first(modules, leaves)
     params = []
     for m_index, module in enumerate(modules):
         params.append(tuple(
@@ -340,6 +375,8 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
                                                len(groups)),
         persistent_numel=sum(p.numel for p in flat if p.persistent),
         ranks=ranks,
+        leaves=MappingProxyType(owners),
+        fast_leaf_fetch=ds.leaves.fast_fetch,
     )
 
 
@@ -376,8 +413,29 @@ def plan_of(scenario: Scenario) -> Plan:
 @lru_cache(maxsize=MODELS_REMEMBERED)
 def _plan(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedConfig,
           data_parallel: int, vector_group: bool) -> Plan:
-    return make_plan(ds, data_parallel, _modules(spec, workload, recipe),
-                     vector_group=vector_group)
+    modules = _modules(spec, workload, recipe)
+    return make_plan(ds, data_parallel, modules, vector_group=vector_group,
+                     leaves=_leaves(spec, workload, recipe, ds).spans)
+
+
+def leaves_of(scenario: Scenario) -> Leaves:
+    """The ZeRO-3 leaves DeepSpeed makes of the scenario's model (`zerosim.models.leaves`):
+    what the stack's script, `leaf_module` and `module_granularity_threshold` flag."""
+    return _leaves(scenario.model, workload_of(scenario), scenario.stack.recipe,
+                   scenario.deepspeed)
+
+
+@lru_cache(maxsize=MODELS_REMEMBERED)
+def _leaves(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedConfig
+            ) -> Leaves:
+    if ds.stage != 3:
+        return Leaves()
+    rules = LeafRules(kind=recipe.module_tree, model_type=spec.model_type,
+                      moe_blocks=recipe.moe_block_leaf,
+                      granularity_threshold=ds.leaves.granularity_threshold,
+                      classes=ds.leaves.classes, names=ds.leaves.names,
+                      name_suffixes=ds.leaves.name_suffixes)
+    return find_leaves(_modules(spec, workload, recipe), rules)
 
 
 @lru_cache(maxsize=MODELS_REMEMBERED)

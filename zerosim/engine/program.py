@@ -81,19 +81,26 @@ class RankProgram:
             self._pool(holding).free(holding.category, amount, holding.buffer)
         self.held = []
 
-    def _pre_hook(self, index: int, *, backward: bool) -> Gen:
-        """A module's pre-hook: for a module with parameters, host time and its fetch; for
-        every module under ZeRO-3, a prefetch ahead (`backward`: in the backward's order) and
-        the launches of the collectives just issued. Returns the fetch's event, if any."""
+    def _pre_hook(self, index: int, *, backward: bool, reverse: bool = False) -> Gen:
+        """The hooks before module `index` runs (going forward, or `reverse`: its backward):
+        for a module with parameters, host time and its fetch; for every module under ZeRO-3,
+        a prefetch ahead (`backward`: in the backward's order) and the launches of the
+        collectives just issued. A ZeRO-3 leaf's hooks fire once, before its first module
+        going forward and its last going back, and fetch everything in it; no hook fires
+        before its other modules (`Plan.forward_hooks`). Returns the fetch's event, if any."""
         core = self.core
+        plan = core.plan
+        target = (plan.backward_hooks if reverse else plan.forward_hooks)[index]
+        if target is None:
+            return None
         ready = None
-        if core.plan.modules[index].params:
+        if plan.modules[target].params:
             if self.params.module_hooks:
-                yield from core.fetch_hooks()
-            ready = self.params.fetch(index)
-            ready = yield from self.params.wait_ongoing(index, ready)
+                yield from core.fetch_hooks(plan.leaves.get(target, 1))
+            ready = self.params.fetch(target)
+            ready = yield from self.params.wait_ongoing(target, ready)
         if self.params.module_hooks:
-            self.params.prefetch_after(index, backward)
+            self.params.prefetch_after(target, backward)
             yield from core.pay_launches()
         return ready
 
@@ -134,15 +141,17 @@ class RankProgram:
             if core.ctx.scenario.activation_checkpointing and self._last_of_block(index):
                 yield from self.recompute_block(module.layer)
                 phase_starts = True
-            ready = yield from self._pre_hook(index, backward=True)
+            ready = yield from self._pre_hook(index, backward=True, reverse=True)
             yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
             done = core.compute.launch(
                 f"backward {module.name}",
                 core.backward_body(index, core.ctx.costs.backward_s[index],
                                    on_end=lambda i=index: self.gradients.store.produce(i)),
                 kind=OpKind.BACKWARD, after=(ready,))
-            for param in core.plan.params[index]:
-                if counting == "every_hook" or (counting == "per_phase" and phase_starts):
+            once = index in core.plan.leaves
+            for k, param in enumerate(core.plan.params[index]):
+                if ((counting == "every_hook" and not (once and k))
+                        or (counting == "per_phase" and phase_starts)):
                     yield from core.host_time(core.count_used_params_s)
                     phase_starts = False
                 yield from self.gradients.add(param, done, micro, boundary)

@@ -148,6 +148,7 @@ class RankCore:
         stack, core_Hz = ctx.scenario.stack, self.profile.cpu_boost_Hz
         self.kernel_launch_s = stack.on_core(stack.kernel_launch_s, core_Hz)
         self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
+        self.leaf_hook_share = stack.leaf_hook_share
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
@@ -396,9 +397,10 @@ class RankCore:
         yield self.env.timeout(done - self.env.now)
         self.gil.release()
 
-    def fetch_hooks(self) -> Waits:
-        """Host time of ZeRO-3's pre/post hooks around a module that owns parameters."""
-        return self.host_time(self.fetch_hook_s)
+    def fetch_hooks(self, modules: int = 1) -> Waits:
+        """Host time of ZeRO-3's pre/post hooks around a module that owns parameters, or
+        around a leaf that holds `modules` such modules (`SoftwareStack.leaf_hook_share`)."""
+        return self.host_time(self.fetch_hook_s * (1 + self.leaf_hook_share * (modules - 1)))
 
     def reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:
         """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache on `stream`:

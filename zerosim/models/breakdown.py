@@ -201,8 +201,10 @@ class Recipe:
     module per expert (an `nn.ModuleList` of MLPs: transformers 4).
     `moe_block_leaf`: the training script marks each mixture-of-experts block a ZeRO-3 leaf
     (DeepSpeed's `set_z3_leaf_modules`, as LLaMA-Factory does for MoE models): the block's
-    pre-forward hook gathers every parameter under it at once, its children fire no hooks,
-    and their gradients are reduced when the block's backward ends.
+    hooks gather every parameter under it at once, its children fire no hooks, and their
+    gradients are reduced when the block's backward ends (`zerosim.models.leaves`, which
+    the plan applies under ZeRO-3). `module_tree`: how the framework wraps the layers in its
+    top-level modules (`leaves.MODULE_TREES`), which the granularity threshold reads.
     `kv_repeat_before_rotary`: grouped-query attention's K and V are expanded to every head
     right after the QKV split, whatever the attention kernel, and the rotary embedding acts on
     the expanded K (Megatron-DeepSpeed); otherwise they are expanded inside eager attention,
@@ -245,6 +247,7 @@ class Recipe:
     grouped_qkv: str | None = None
     fused_experts: bool = False
     moe_block_leaf: bool = False
+    module_tree: str = "transformers"
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
     projection_split: Elementwise = Elementwise()
@@ -398,7 +401,7 @@ class Module:
     host_syncs: int = 0
     keeps_gathered_for: int = 0
     """How many of the modules after this one run before its gathered parameters are released
-    (a ZeRO-3 leaf block's hook releases them after its last child: `Recipe.moe_block_leaf`)."""
+    (a ZeRO-3 leaf's hook releases them after its last child: `zerosim.models.leaves`)."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -847,21 +850,7 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
     experts in one module (`Recipe.fused_experts`), transformers 5's order: the router, the
     experts module, the shared expert (Qwen2-MoE's first, `MoESpec.shared_expert_first`) and
     its gate."""
-    modules = list(_moe_modules(spec, p, layer, w, r, residual))
-    yield from _as_leaf_block(modules) if r.moe_block_leaf else modules
-
-
-def _as_leaf_block(modules: list[Module]) -> list[Module]:
-    """A ZeRO-3 leaf block (`Recipe.moe_block_leaf`): its first module holds every parameter
-    of the block, so one hook gathers them all, they stay gathered until the block's last
-    module has run, and their gradients come when its backward, the block's last, ends; the
-    others hold none, so no hook of theirs fires."""
-    numels = tuple(n for m in modules for n in m.param_numels)
-    vectors = tuple(flag for m in modules for flag in vector_flags(m))
-    first = replace(modules[0], params=sum(numels), param_numels=numels,
-                    one_dimensional=vectors, keeps_gathered_for=len(modules) - 1)
-    return [first, *(replace(m, params=0, param_numels=(), one_dimensional=())
-                     for m in modules[1:])]
+    yield from _moe_modules(spec, p, layer, w, r, residual)
 
 
 def _moe_modules(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,

@@ -18,6 +18,7 @@ CATALOG: dict[str, ModelSpec] = {
     "llama2-7b": ModelSpec(
         name="llama2-7b",
         family="llama",
+        model_type="llama",
         hidden_size=4096,
         num_hidden_layers=32,
         intermediate_size=11008,
@@ -30,6 +31,7 @@ CATALOG: dict[str, ModelSpec] = {
     "llama2-13b": ModelSpec(
         name="llama2-13b",
         family="llama",
+        model_type="llama",
         hidden_size=5120,
         num_hidden_layers=40,
         intermediate_size=13824,
@@ -42,6 +44,7 @@ CATALOG: dict[str, ModelSpec] = {
     "llama2-70b": ModelSpec(
         name="llama2-70b",
         family="llama",
+        model_type="llama",
         hidden_size=8192,
         num_hidden_layers=80,
         intermediate_size=28672,

@@ -771,7 +771,9 @@ def spec_from_hf_fields(fields: Mapping[str, Any], *, name: str, source: str = "
     values.update({k: layout.pop(k) for k in ("attention_dropout", "hidden_dropout")
                    if k in layout})
     _warn_unread(f)
-    return ModelSpec(name=name, family=family, **values, **layout)
+    model_type = f.data.get("model_type")
+    return ModelSpec(name=name, family=family, **values, **layout,
+                     model_type=model_type if model_type in MODEL_TYPES else "")
 
 
 def looks_like_hf_config(path: Path) -> bool:

@@ -157,6 +157,9 @@ class ModelSpec:
     moe: MoESpec | None = field(default=None)
     mla: MLASpec | None = field(default=None)
     """Multi-head latent attention in place of Q/K/V projections (DeepSeek-V2, V3)."""
+    model_type: str = ""
+    """The transformers `model_type` the fields were read as ("" where none was given): it
+    names the model's module classes (`zerosim.models.leaves`)."""
 
     def __post_init__(self) -> None:
         if not self.head_dim:

@@ -13,7 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+)
 
 from zerosim.behaviours import (
     DEEP_OPTIMIZER_STATES_REPOSITORY,
@@ -149,6 +157,24 @@ class _ZenFlow(_Open):
                              mode="before")(_whole)
 
 
+def _listed(value: Any) -> Any:
+    """DeepSpeed's leaf-module lists take one string as a list of it."""
+    return [value] if isinstance(value, str) else value
+
+
+class _LeafModule(BaseModel):
+    """`zero_optimization.leaf_module` (runtime/zero/leaf_module_config.py, DeepSpeed 0.18.0+:
+    a `DeepSpeedConfigModel`, which refuses any other key). `classes` None: DeepSpeed's
+    default list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    classes: list[StrictStr] | None = None
+    names: list[StrictStr] = Field(default_factory=list)
+    name_suffixes: list[StrictStr] = Field(default_factory=list)
+
+    _listed = field_validator("classes", "names", "name_suffixes", mode="before")(_listed)
+
+
 class _Zero(_Open):
     stage: Literal[0, 1, 2, 3] = 0
     overlap_comm: bool | None = None
@@ -164,6 +190,11 @@ class _Zero(_Open):
     offload_optimizer: _OffloadOptimizer = _OffloadOptimizer()
     offload_param: _OffloadParam = _OffloadParam()
     zenflow: _ZenFlow | None = None
+    module_granularity_threshold: int = Field(0, ge=0, validation_alias=AliasChoices(
+        "module_granularity_threshold", "stage3_module_granularity_threshold"))
+    leaf_module: _LeafModule | None = None
+
+    _whole = field_validator("module_granularity_threshold", mode="before")(_whole)
 
 
 class _Optimizer(_Open):
@@ -283,6 +314,34 @@ class ZenFlowSettings:
                 "pt_reserved_cores_perc": self.pt_reserved_cores_perc}
 
 
+@dataclass(frozen=True)
+class LeafSettings:
+    """What makes modules ZeRO-3 leaves, as resolved (`zerosim.models.leaves` finds them): the
+    granularity threshold (0: off), and the classes, full names and name suffixes of
+    `leaf_module` (DeepSpeed 0.18.0+, whose default classes are transformers' three
+    mixture-of-experts blocks). `fast_fetch`: the host waits on a leaf's parameters without
+    the bound on unfinished fetch events (a threshold set, DeepSpeed 0.16.3+)."""
+
+    granularity_threshold: int = 0
+    classes: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    name_suffixes: tuple[str, ...] = ()
+    fast_fetch: bool = False
+
+    @property
+    def any(self) -> bool:
+        return bool(self.granularity_threshold or self.classes or self.names
+                    or self.name_suffixes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys as the ds_config writes them (none that a release without them refuses)."""
+        listed = {"classes": list(self.classes), "names": list(self.names),
+                  "name_suffixes": list(self.name_suffixes)}
+        return {**({"module_granularity_threshold": self.granularity_threshold}
+                   if self.granularity_threshold else {}),
+                **({"leaf_module": listed} if any(listed.values()) else {})}
+
+
 def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
     """DeepSpeed's memory reports in an optimizer step with `memory_breakdown` on: before and
     after each micro-batch's forward and backward, and before and after the step
@@ -333,6 +392,8 @@ class DeepSpeedConfig:
     `bf16.bf16_master_weights_and_grads` (DeepSpeed 0.18.3+)."""
     optimizer_state_dtype: str = "fp32"
     """Adam's exp_avg and exp_avg_sq (`_master_precision`)."""
+    leaves: LeafSettings = LeafSettings()
+    """What makes modules ZeRO-3 leaves (`_leaves`)."""
 
     @property
     def low_precision_master(self) -> bool:
@@ -363,6 +424,7 @@ class DeepSpeedConfig:
             "offload_optimizer": _offload_optimizer_dict(self.offload_optimizer),
             "offload_param": _offload_param_dict(self.offload_param),
             **({"zenflow": self.zenflow.to_dict()} if self.zenflow is not None else {}),
+            **self.leaves.to_dict(),
         }
         return {
             "train_batch_size": self.train_batch_size,
@@ -690,6 +752,50 @@ def _fp32_optimizer_states(raw: _DeepSpeedRaw, source: str) -> bool:
     return value
 
 
+LEAF_MODULE_KEY = f"{ZERO_KEY}.leaf_module"
+GRANULARITY_KEY = f"{ZERO_KEY}.module_granularity_threshold"
+DEFAULT_LEAF_MODULE_CLASSES = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+"""runtime/zero/leaf_module_config.py `DEFAULT_LEAF_MODULE_CLASSES` (0.18.0 to 0.19.5)."""
+
+
+def _leaves(zero: _Zero, behaviours: Behaviours, source: str) -> LeafSettings:
+    """`module_granularity_threshold` (alias `stage3_module_granularity_threshold`, DeepSpeed
+    0.16.0+) and `leaf_module` (0.18.0+, applied to the model by the engine whatever the
+    stage, with its default classes when the key is absent), refused by a release before
+    them (its ZeRO config forbids unknown keys). Lists keep their first occurrences, as
+    `DeepSpeedZeroLeafModuleConfig` dedupes them."""
+    if "stage3_module_granularity_threshold" in (zero.model_extra or {}):
+        raise ScenarioError(source, f"{ZERO_KEY}.stage3_module_granularity_threshold",
+                            "one of module_granularity_threshold and its alias "
+                            "stage3_module_granularity_threshold (DeepSpeed reads one key)",
+                            zero.model_extra["stage3_module_granularity_threshold"])
+    threshold = zero.module_granularity_threshold
+    if "module_granularity_threshold" in zero.model_fields_set and not (
+            behaviours.module_granularity_threshold):
+        raise ScenarioError(source, GRANULARITY_KEY, "absent before DeepSpeed 0.16.0 (it came "
+                            "with PR #6649; an earlier release refuses the key)", threshold)
+    raw = zero.leaf_module
+    if "leaf_module" in zero.model_fields_set and not behaviours.leaf_module_config:
+        raise ScenarioError(source, LEAF_MODULE_KEY, "absent before DeepSpeed 0.18.0 (it came "
+                            "with PR #7604; an earlier release refuses the key)",
+                            None if raw is None else raw.model_dump())
+    classes: tuple[str, ...] = ()
+    if behaviours.leaf_module_config:
+        given = None if raw is None else raw.classes
+        classes = DEFAULT_LEAF_MODULE_CLASSES if given is None else tuple(given)
+    names = () if raw is None else tuple(raw.names)
+    suffixes = () if raw is None else tuple(raw.name_suffixes)
+    return LeafSettings(
+        granularity_threshold=threshold,
+        classes=tuple(dict.fromkeys(classes)), names=tuple(dict.fromkeys(names)),
+        name_suffixes=tuple(dict.fromkeys(suffixes)),
+        fast_fetch=threshold > 0 and behaviours.leaf_fetch_skips_event_bound)
+
+
 ZENFLOW_KEY = f"{ZERO_KEY}.zenflow"
 
 
@@ -897,6 +1003,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         memory_breakdown=raw.memory_breakdown,
         zenflow=zenflow,
         **_master_precision(raw, zero, dtype, behaviours, source),
+        leaves=_leaves(zero, behaviours, source),
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

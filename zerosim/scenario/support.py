@@ -41,6 +41,11 @@ class UnreplayedRollbackWarning(ScenarioWarning):
     data: zerosim replays the steps where it does not clip."""
 
 
+class LeafModuleWarning(ScenarioWarning):
+    """ZeRO-3 leaf-module settings that flag nothing (DeepSpeed warns likewise), or that
+    zerosim cannot place in the model it builds."""
+
+
 class UnreplayedSelectionWarning(ScenarioWarning):
     """ZenFlow re-selects its gradient columns every few steps, which zerosim does not
     replay."""
@@ -54,6 +59,48 @@ def warn_inert(scenario: Any) -> None:
     _warn_gpu_subgroup_of_a_later_param_group(scenario)
     _warn_zenflow_selection_by_steps(scenario)
     _warn_superoffload_rollback(scenario)
+    _warn_idle_leaf_rules(scenario)
+
+
+def _warn_idle_leaf_rules(scenario: Any) -> None:
+    """`module_granularity_threshold` or a `leaf_module` entry given but flagging no module:
+    below ZeRO-3 (no hooks to spare), a threshold under every module's granularity
+    (DeepSpeed logs the finest), or a class, name or suffix of no module zerosim builds
+    (`zerosim.models.leaves`: transformers' Llama-style names, the classes of the model
+    types in `HF_CLASSES`)."""
+    from zerosim.scenario.deepspeed import DEFAULT_LEAF_MODULE_CLASSES
+
+    rules = scenario.deepspeed.leaves
+    classes = () if rules.classes == DEFAULT_LEAF_MODULE_CLASSES else rules.classes
+    given = {"module_granularity_threshold": rules.granularity_threshold,
+             "leaf_module": classes or rules.names or rules.name_suffixes}
+    said = [key for key, value in given.items() if value]
+    if not said:
+        return
+    if scenario.deepspeed.stage != 3:
+        _warn_leaves(scenario, said[0], f"does nothing at ZeRO-{scenario.deepspeed.stage}: "
+                     "only ZeRO-3 hooks modules and fetches their parameters")
+        return
+    from zerosim.engine.plan import leaves_of
+
+    found = leaves_of(scenario)
+    if found.finest is not None:
+        name, grain = found.finest
+        _warn_leaves(scenario, "module_granularity_threshold",
+                     f"{rules.granularity_threshold} makes no module a leaf: the finest, "
+                     f"'{name}', has a granularity of {grain}")
+    unplaced = [f"class {c}" for c in found.unmatched_classes if c in classes] + [
+        f"name {n}" for n in found.unmatched_names] + [
+        f"name suffix {n}" for n in found.unmatched_suffixes]
+    if unplaced:
+        _warn_leaves(scenario, "leaf_module", f"{', '.join(unplaced)} match no module of "
+                     f"the model as zerosim builds it (names as transformers' Llama has them, "
+                     f"model.layers.N.self_attn; classes of known model types), so nothing is "
+                     f"a leaf by them")
+
+
+def _warn_leaves(scenario: Any, key: str, what: str) -> None:
+    warnings.warn(f"{scenario.source}: {ZERO}.{key} {what}", LeafModuleWarning, stacklevel=6)
 
 
 def _warn_superoffload_rollback(scenario: Any) -> None:

@@ -39,6 +39,7 @@ from zerosim.models.breakdown import (
     ScoreMemory,
     UngatedActivation,
 )
+from zerosim.models.leaves import MODULE_TREES
 from zerosim.units import MS, US, GiB, MiB
 from zerosim.yamlio import dotted_leaf, flatten_nested, parse_yaml_text, read_yaml_file
 
@@ -61,6 +62,10 @@ REGATHER_TENSOR_KEY = "host.regather_per_tensor_us"
 """The optional host times of a ZeRO-3 optimizer step per parameter tensor (releasing it,
 flattening its gradient, unflattening its partition) and per persistent tensor re-gathered
 after it (`SoftwareStack.step_tensor_s`, `regather_tensor_s`; 0 when absent)."""
+LEAF_HOOK_KEY = "host.leaf_hook_share"
+"""The optional share of `host.fetch_hook_us` that a ZeRO-3 leaf's hook still pays for each
+module with parameters inside it beyond its first (`SoftwareStack.leaf_hook_share`; 0 when
+absent: a leaf's hook costs one module's)."""
 GC_OBJECT_KEY = "host.gc_per_object_ns"
 """The optional host time of a full `gc.collect()` per object the collector tracks
 (`SoftwareStack.gc_object_s`; 0 when absent): what DeepSpeed's `memory_breakdown` costs."""
@@ -100,6 +105,11 @@ MOE_BLOCK_CHOICES = ("hooked", "leaf")
 the default: each of its modules with parameters is fetched as its own hooks fire; `leaf`: the
 training script makes the block a ZeRO-3 leaf, `deepspeed.utils.set_z3_leaf_modules`, one
 fetch of everything under it; `Recipe.moe_block_leaf`)."""
+MODULE_TREE_KEY = "modules.module_tree"
+"""How the framework wraps the layers in its top-level modules, as `{value: ..., source:
+'...'}` (`transformers`, the default: `XForCausalLM` holding `model` and `lm_head`;
+`megatron`: `GPTModel`, `language_model`, its `embedding` and `encoder`;
+`Recipe.module_tree`, `zerosim.models.leaves`)."""
 KV_REPEAT_KEY = "modules.kv_repeat"
 KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
 """Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
@@ -220,6 +230,11 @@ class SoftwareStack:
     gradient, `_reassign_or_swap_out_partitioned_parameters` unflattening its partition."""
     regather_tensor_s: float = 0.0
     """Host time per persistent tensor the step's `_post_step` gathers again."""
+    leaf_hook_share: float = 0.0
+    """What a ZeRO-3 leaf's hooks cost beyond one module's, per module with parameters inside
+    it beyond its first, as a share of `fetch_hook_s`: the leaf spares those modules' own hooks
+    and the parameter-less modules' around them, not the fetch, wait and release of their
+    tensors (`RankCore.fetch_hooks`)."""
     heap_reuse_bytes: float = 0.0
     """Host temporaries up to this size come from the C allocator's heap, on pages earlier
     temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
@@ -263,6 +278,7 @@ class SoftwareStack:
                 "kv_repeat": KV_REPEAT_CHOICES[r.kv_repeat_before_rotary],
                 "experts": EXPERTS_CHOICES[r.fused_experts],
                 "moe_block": MOE_BLOCK_CHOICES[r.moe_block_leaf],
+                "module_tree": r.module_tree,
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "param_groups": PARAM_GROUP_CHOICES[self.vector_param_group],
                 "dataloader_workers": self.dataloader_workers}
@@ -450,7 +466,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
     module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
-                   EXPERTS_KEY, MOE_BLOCK_KEY, FUSED_SOFTMAX_KEY)
+                   EXPERTS_KEY, MOE_BLOCK_KEY, MODULE_TREE_KEY, FUSED_SOFTMAX_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -470,6 +486,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                         tree, EXPERTS_KEY, EXPERTS_CHOICES, source) == "fused",
                     moe_block_leaf=_choice_leaf(
                         tree, MOE_BLOCK_KEY, MOE_BLOCK_CHOICES, source) == "leaf",
+                    module_tree=_choice_leaf(tree, MODULE_TREE_KEY, MODULE_TREES, source),
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
@@ -497,7 +514,12 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
             prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
             provenance[key] = prov
             times[attr] = _non_negative(prov, source, key) * scale
-    known = {"reference_GHz", *(k[5:] for k in OPTIONAL_HOST_TIMES),
+    if dotted_leaf(tree, LEAF_HOOK_KEY) is not None:
+        prov = parse_provenance(dotted_leaf(tree, LEAF_HOOK_KEY), source, LEAF_HOOK_KEY,
+                                table="stack")
+        provenance[LEAF_HOOK_KEY] = prov
+        times["leaf_hook_share"] = _non_negative(prov, source, LEAF_HOOK_KEY)
+    known = {"reference_GHz", LEAF_HOOK_KEY[5:], *(k[5:] for k in OPTIONAL_HOST_TIMES),
              *(k[5:] for k in HOST_TIMES)}
     extra = set(dotted_leaf(tree, "host") or {}) - known
     if extra:
