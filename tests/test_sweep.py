@@ -593,3 +593,15 @@ def test_a_fixed_hardware_patch_applies_to_every_swept_profile(tmp_path):
                  for p in load_sweep(path).points()]
     assert [(s.hardware.name, s.hardware.h2d_pinned_Bps) for s in scenarios] == [
         ("h100-jlse", 20e9), ("polaris-a100", 20e9)]
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[1] / "scenarios"
+                                         / "sweeps").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_sweep_resolves_every_point(path):
+    """Each sweep under scenarios/sweeps loads and each of its points resolves as `zerosim
+    run` would resolve it (the sweep's pre-check, nothing simulated)."""
+    from zerosim.sweep.spec import load_sweep, validate
+
+    spec = load_sweep(path)
+    assert spec.points()
+    validate(spec, spec.points())

@@ -319,3 +319,28 @@ def test_the_master_precision_is_searched_where_the_engine_replays_it(toy):
     assert cpu.describe().endswith("bf16 master")
     assert not candidates(as_given(toy.scenario()), free_knobs(free=["master"]))[0].master
 
+
+
+def test_leaf_modules_are_a_knob_where_the_release_reads_the_threshold(toy):
+    """`module_granularity_threshold` from DeepSpeed 0.16.0: the toy (granularity 3,276 its
+    attentions, 3,424 its decoder layers, 3,652 `model`, 3,965 the whole model) makes four sets
+    of leaves besides none; searched at stage 3 only, and nothing set on 0.13.3."""
+    from zerosim.engine.plan import granularity_thresholds
+
+    old = as_given(toy.scenario())
+    assert old.leaves is None and "leaves" in free_knobs()
+    assert "module_granularity_threshold" not in str(old.overrides())
+    scenario = toy.scenario({"runtime": {"deepspeed_version": "0.19.5"}})
+    base = as_given(scenario)
+    thresholds = granularity_thresholds(scenario)
+    assert base.leaves == 0 and thresholds == (3276, 3424, 3652, 3965)
+    found = candidates(base, free_knobs(fix=["micro_batch", "reduce_bucket_size",
+                                             "sub_group_size", "ratio", "checkpointing"]),
+                       thresholds=thresholds)
+    by_stage = {}
+    for config in found:
+        by_stage.setdefault(config.stage, set()).add(config.leaves)
+    assert by_stage == {0: {0}, 1: {0}, 2: {0}, 3: {0, *thresholds}}
+    layers = next(c for c in found if c.leaves == 3424)
+    assert layers.overrides()["deepspeed.zero_optimization.module_granularity_threshold"] == 3424
+    assert "leaf modules at granularity 3.4e3" in layers.describe()

@@ -4,8 +4,8 @@ The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
 the Twin-Flow ratio, activation checkpointing, the interleaved update's gap on a build of the
 Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains, the
-OpenMP threads per rank where the default pools oversubscribe the node and, when freed, the
-study's what-ifs), keeps
+OpenMP threads per rank where the default pools oversubscribe the node, ZeRO-3 leaf modules
+by granularity on DeepSpeed 0.16.0+ and, when freed, the study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "gap", "binding", "threads", "what_if", "master")
+         "checkpointing", "gap", "binding", "threads", "leaves", "what_if", "master")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
-                   "ratio", "checkpointing", "gap", "binding", "threads")
+                   "ratio", "checkpointing", "gap", "binding", "threads", "leaves")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "params", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the params alone (the optimizer on the GPU), the
@@ -65,6 +65,11 @@ MASTERS = ("fp32", "bf16", "bf16+moments")
 and with bf16 ones the Adam moments too (`bf16_optimizer_states`, and DeepSpeedCPUAdam's
 `fp32_optimizer_states` off): searched with `--free master` only (they change the numerics),
 under bf16 training on DeepSpeed 0.18.3+; elsewhere the knob is None and sets nothing."""
+NO_LEAVES = 0
+"""The `leaves` knob's value without leaves by granularity; its others are the
+`module_granularity_threshold` values that make distinct sets of ZeRO-3 leaves of the model
+(`plan.granularity_thresholds`), searched at stage 3 on DeepSpeed 0.16.0+; elsewhere the knob
+is None and sets nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -72,7 +77,7 @@ MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
-           "threads", "what_if", "master", "iteration_s",
+           "threads", "leaves", "what_if", "master", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -101,6 +106,8 @@ class Config:
     """OpenMP threads per rank (`runtime.cpu_threads_per_rank`; 0: the default pool)."""
     master: str | None = None
     """One of `MASTERS`, or None where the release or the precision has no such choice."""
+    leaves: int | None = None
+    """`module_granularity_threshold` (0: none), or None where the release does not read it."""
 
     def devices(self) -> tuple[str, str]:
         """Where the optimizer and the 16-bit params live (`offload_*.device`)."""
@@ -138,6 +145,8 @@ class Config:
             if optimizer != "none":  # DeepSpeedCPUAdam's own flag (FusedAdam has none)
                 out["deepspeed.optimizer.params.fp32_optimizer_states"] = (
                     self.master != "bf16+moments")
+        if self.leaves is not None:
+            out[Z + "module_granularity_threshold"] = self.leaves
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -168,6 +177,8 @@ class Config:
             parts.append("cores bound")
         if self.threads:
             parts.append(f"{self.threads} threads per rank")
+        if self.leaves:
+            parts.append(f"leaf modules at granularity {_short(self.leaves)}")
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master in ("bf16", "bf16+moments"):
@@ -194,6 +205,8 @@ def replayed(config: Config) -> bool:
                            and config.what_if in ("none", "buffer_boundary_grads")):
         return False
     if config.master in ("bf16", "bf16+moments") and not _replays_bf16_master(config):
+        return False
+    if config.leaves and config.stage != 3:
         return False
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
@@ -227,7 +240,9 @@ def as_given(scenario: Scenario) -> Config:
                   o.prefetch_optimizer_gap if o.prefetch_optimizer else 0,
                   scenario.runtime.bind_cores_to_rank,
                   scenario.runtime.cpu_threads_per_rank or DEFAULT_THREADS,
-                  _master(scenario))
+                  _master(scenario),
+                  ds.leaves.granularity_threshold
+                  if scenario.behaviours.module_granularity_threshold else None)
 
 
 def _master(scenario: Scenario) -> str | None:
@@ -260,13 +275,14 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 
 
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
-               fork: bool = False, numa: bool = False, filling_threads: int = 0
-               ) -> list[Config]:
+               fork: bool = False, numa: bool = False, filling_threads: int = 0,
+               thresholds: Iterable[int] = ()) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
     ranks when `numa` (the node has several NUMA domains), the default pool and
-    `filling_threads` per rank when that is given (the default pools oversubscribe the node)."""
+    `filling_threads` per rank when that is given (the default pools oversubscribe the node),
+    no leaves and each of `thresholds` where the release reads the granularity threshold."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -287,12 +303,14 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                     if "threads" in free and filling_threads else [base.threads]),
         "master": (list(MASTERS) if "master" in free and base.master is not None
                    else [base.master]),
+        "leaves": (sorted({NO_LEAVES, *thresholds, base.leaves})
+                   if "leaves" in free and base.leaves is not None else [base.leaves]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding, threads, master) in product(*values.values()):
+         gap, binding, threads, master, leaves) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap, binding, threads, master)
+                        what_if, checkpointing, gap, binding, threads, master, leaves)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -300,10 +318,12 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
 
 def _matters(config: Config, base: Config) -> bool:
     """Sub-group size only changes an offloaded ZeRO-3 step, binding and the threads per rank
-    only an offloaded run's host work: elsewhere keep the base value, so that equal runs are
-    not simulated twice."""
+    only an offloaded run's host work, leaves only ZeRO-3's hooks: elsewhere keep the base
+    value, so that equal runs are not simulated twice."""
     if (config.offload in ("none", PARAMS_ALONE)
             and (config.binding, config.threads) != (base.binding, base.threads)):
+        return False
+    if config.stage != 3 and config.leaves != base.leaves:
         return False
     if not (config.stage == 3 and config.offload != "none"):
         return config.sub_group_size == base.sub_group_size
@@ -362,7 +382,9 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "reduce_bucket_size": config.reduce_bucket_size,
             "sub_group_size": config.sub_group_size, "ratio": config.ratio,
             "checkpointing": config.checkpointing, "gap": config.gap,
-            "binding": config.binding, "threads": config.threads, "what_if": config.what_if,
+            "binding": config.binding, "threads": config.threads,
+            "leaves": "" if config.leaves is None else config.leaves,
+            "what_if": config.what_if,
             "master": config.master or "", "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}, "tight": ()}
@@ -394,6 +416,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
          on_progress: Callable[[int, int], None] | None = None) -> TuneOutcome:
     """Search the free knobs of the scenario at `scenario_path`; write `tune.csv` to
     `out_dir` when given."""
+    from zerosim.engine.plan import granularity_thresholds
     from zerosim.errors import ScenarioError
     from zerosim.scenario import load_scenario
     from zerosim.sweep.runner import drive, open_executor
@@ -423,7 +446,9 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     searched = candidates(base, free_knobs(free, fix), nvme=scenario.hardware.has_nvme,
                           fork=scenario.behaviours.fork_options,
                           numa=scenario.hardware.numa_domains > 1,
-                          filling_threads=filling_threads(scenario))
+                          filling_threads=filling_threads(scenario),
+                          thresholds=granularity_thresholds(scenario)
+                          if base.leaves is not None else ())
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (

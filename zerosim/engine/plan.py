@@ -20,7 +20,13 @@ from zerosim.models.breakdown import (
     vector_flags,
 )
 from zerosim.models.kernels import kernel_count
-from zerosim.models.leaves import LeafRules, Leaves, find_leaves, hold_in_first
+from zerosim.models.leaves import (
+    LeafRules,
+    Leaves,
+    find_leaves,
+    hold_in_first,
+    leaf_thresholds,
+)
 from zerosim.models.spec import ModelSpec
 from zerosim.scenario import DeepSpeedConfig, Scenario
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
@@ -430,12 +436,23 @@ def _leaves(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedCo
             ) -> Leaves:
     if ds.stage != 3:
         return Leaves()
-    rules = LeafRules(kind=recipe.module_tree, model_type=spec.model_type,
-                      moe_blocks=recipe.moe_block_leaf,
-                      granularity_threshold=ds.leaves.granularity_threshold,
-                      classes=ds.leaves.classes, names=ds.leaves.names,
-                      name_suffixes=ds.leaves.name_suffixes)
-    return find_leaves(_modules(spec, workload, recipe), rules)
+    return find_leaves(_modules(spec, workload, recipe), _leaf_rules(spec, recipe, ds))
+
+
+def _leaf_rules(spec: ModelSpec, recipe: Recipe, ds: DeepSpeedConfig) -> LeafRules:
+    return LeafRules(kind=recipe.module_tree, model_type=spec.model_type,
+                     moe_blocks=recipe.moe_block_leaf,
+                     granularity_threshold=ds.leaves.granularity_threshold,
+                     classes=ds.leaves.classes, names=ds.leaves.names,
+                     name_suffixes=ds.leaves.name_suffixes)
+
+
+def granularity_thresholds(scenario: Scenario) -> tuple[int, ...]:
+    """The `module_granularity_threshold` values that make distinct sets of ZeRO-3 leaves of
+    the scenario's model (`leaves.leaf_thresholds`), for a search."""
+    spec, recipe = scenario.model, scenario.stack.recipe
+    return leaf_thresholds(_modules(spec, workload_of(scenario), recipe),
+                           _leaf_rules(spec, recipe, scenario.deepspeed))
 
 
 @lru_cache(maxsize=MODELS_REMEMBERED)

@@ -378,3 +378,18 @@ def hold_in_first(modules: Sequence[Module], spans: Sequence[tuple[int, int]]
             out[index] = replace(out[index], params=0, param_numels=(), one_dimensional=(),
                                  external=False)
     return tuple(out)
+
+
+def leaf_thresholds(modules: Sequence[Module], rules: LeafRules) -> tuple[int, ...]:
+    """The granularity thresholds that give `modules` distinct sets of leaves besides none
+    (with what else `rules` flags), each the smallest that gives its set: what a search over
+    `module_granularity_threshold` needs to try."""
+    grain = granularity(module_tree(modules, rules.kind))
+    found: list[int] = []
+    seen = {find_leaves(modules, replace(rules, granularity_threshold=0)).spans}
+    for threshold in sorted(set(grain.values()) - {COARSE}):
+        spans = find_leaves(modules, replace(rules, granularity_threshold=threshold)).spans
+        if spans not in seen:
+            seen.add(spans)
+            found.append(threshold)
+    return tuple(found)
