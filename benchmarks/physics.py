@@ -7,7 +7,8 @@ asynchronous flush and interleaved update, two and eight Polaris nodes, the MLP-
 run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 0.18.9 and
 0.18.0 run it, bf16 master weights (and moments) on bound Polaris ranks and on the DGX A100,
 the parameters offloaded on the H200 VM,
-the seed's 64 p4d nodes and a mixture of experts on a DGX H100), it runs `zerosim sensitivity`
+the seed's 64 p4d nodes, a mixture of experts on a DGX H100 and TinyLlama's decoder layers as
+ZeRO-3 leaves on the H200 VM), it runs `zerosim sensitivity`
 (each value of the profile and the stack moved by --step both ways, one at a time) and checks
 the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
 bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a larger
@@ -76,6 +77,8 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("parameters offloaded, H200", SCENARIOS / "h200_vm" / "llama3b_param.yaml", {}),
     ("64 p4d nodes", SCENARIOS / "seed003" / "roberta10b_p4d64.yaml", {}),
     ("MoE on a DGX H100", SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
+    ("decoder layers as ZeRO-3 leaves, H200", SCENARIOS / "h200_vm" / "tinyllama_hooks.yaml",
+     {"deepspeed.zero_optimization.module_granularity_threshold": 4 * 10**6}),
 )
 QUICK = 6
 """`--quick` runs the first cases only."""

@@ -15,7 +15,9 @@ each of those releases; and ZenFlow at ZeRO-1 and 2, its step overlapped or not,
 gradient clipping and Twin-Flow, at DP=1 and 4 (bound, or unbound with the parameters on the
 CPU) on the H100 node, at each release from 0.18.9; and bf16 master weights (and moments) at
 ZeRO-1/2/3 with the optimizer on the CPU (Twin-Flow too) or the GPU, on both testbeds, at each
-release from 0.18.3; and Qwen3-8B, Qwen3-30B-A3B and
+release from 0.18.3; and ZeRO-3 leaf modules by granularity (thresholds 1e6 to 1e9) on four
+models under both stacks, with and without checkpointing and the parameters on the CPU; and
+Qwen3-8B, Qwen3-30B-A3B and
 Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
 the CPU, and DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager
 and flash attention. It prints how many ran, how many did not fit (a result, not a failure)
@@ -84,6 +86,15 @@ attention, post-norms and soft-capping, Q/K norms without pre-norms, attention s
 that run every token)."""
 MULTI_NODE_MODELS = ("polaris-5.90b-dp4-mb4-ga1-sg1e08", "polaris-11.20b-dp4-mb4-ga1-sg1e08",
                      "polaris-9.14b-dp4-mb1-ga1-sg1e08")
+LEAF_MODELS = (
+    ({"hf_config": str(REAL_MODELS / "Mixtral-8x7B-v0.1" / "config.json")}, "hf-transformers"),
+    ({"hf_config": str(REAL_MODELS / "Qwen3-8B" / "config.json")}, "megatron-deepspeed"),
+    (INLINE_MODELS["gpt-oss-20b"], "hf-transformers"),
+    ({**INLINE_MODELS["olmo-2-7b"], "num_hidden_layers": 4}, "megatron-deepspeed"),
+)
+"""Models whose ZeRO-3 leaves by granularity (DeepSpeed 0.19.5) reach from each attention to
+the whole model: under a billion parameters the 4-layer OLMo-2's model and its encoder qualify."""
+LEAF_THRESHOLDS = (10**6, 10**7, 4 * 10**7, 10**8, 10**9)
 
 
 def cases(quick: bool) -> list[tuple[Path, dict]]:
@@ -185,6 +196,16 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "hardware": "dgx-h100", "attention": attention,
                     "stack.modules.experts.value": experts,
                     "deepspeed.train_micro_batch_size_per_gpu": 1}))
+    for model, framework in LEAF_MODELS[::2] if quick else LEAF_MODELS:
+        for threshold in LEAF_THRESHOLDS[::2] if quick else LEAF_THRESHOLDS:
+            for checkpointing, params in ((False, False), (True, False), (True, True)):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "model": model, "runtime.framework": framework,
+                    "runtime.deepspeed_version": "0.19.5", "hardware": "dgx-h100",
+                    "activation_checkpointing": checkpointing,
+                    "deepspeed.train_micro_batch_size_per_gpu": 1,
+                    "deepspeed.zero_optimization.module_granularity_threshold": threshold,
+                    PARAMS + "device": "cpu" if params else "none"}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):

@@ -93,6 +93,17 @@ def test_candidates_are_every_numeric_value_but_the_capacities_and_keys_are_chec
     assert [c.key for c in candidates(scenario, 0.1, twice)] == twice[:2]
 
 
+def test_the_leaf_hook_share_is_a_value_where_zero3_makes_leaves():
+    """`host.leaf_hook_share` prices ZeRO-3 leaves: offered (and a larger one slower) where
+    the scenario has leaves, not where it has none."""
+    tinyllama = "scenarios/h200_vm/tinyllama_hooks.yaml"
+    key = "stack.host.leaf_hook_share"
+    assert key not in [c.key for c in candidates(load_scenario(tinyllama), 0.1)]
+    leaves = load_scenario(tinyllama, {
+        "deepspeed.zero_optimization.module_granularity_threshold": 4e6})
+    assert key in [c.key for c in candidates(leaves, 0.1)] and expected_sign(key) == 1
+
+
 @pytest.fixture(scope="module")
 def dp1():
     return sensitivity(DP1, workers=1, keys=["hardware.network.nic_GBps",

@@ -32,7 +32,7 @@ from zerosim.hardware.profile import (
     FRACTION_KEYS,
     QUANTITIES,
 )
-from zerosim.stacks import GC_OBJECT_KEY
+from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
 
@@ -74,7 +74,7 @@ MORE_IS_SLOWER = frozenset({
     "hardware.network.latency_us", "hardware.host.remote_access_cost",
     "hardware.cpu.page_zeroing_contention", "hardware.cpu.oversubscription_penalty",
     "hardware.cpu.oversubscribed_region_ms", "hardware.nvme.latency_us",
-    *(f"stack.{key}" for key in (*STACK_KEYS, GC_OBJECT_KEY))})
+    *(f"stack.{key}" for key in (*STACK_KEYS, GC_OBJECT_KEY, LEAF_HOOK_KEY))})
 """Values a larger one of which can only add work or wait (a latency, a fixed cost, a host
 time, a contention or cost factor, bytes moved): a time they shorten is against their
 physics. `hardware.host.dma_memory_weight` is in neither: it shares a domain's bandwidth
@@ -236,6 +236,14 @@ def _unread(scenario, key: str) -> bool:
     return key in BF16_ADAM_KEYS.values() and not scenario.deepspeed.low_precision_master
 
 
+def _has_leaves(scenario) -> bool:
+    """Whether ZeRO-3 makes leaves of the scenario's model (which `host.leaf_hook_share`
+    prices)."""
+    from zerosim.engine.plan import leaves_of
+
+    return bool(leaves_of(scenario).spans)
+
+
 def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidate]:
     """Every numeric hardware and stack value of a loaded scenario (or only `keys`, given as
     `--set` names them), with the values each is tried at."""
@@ -245,6 +253,8 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
     found.update({f"stack.{key}": scenario.stack.provenance[key] for key in STACK_KEYS})
     if memory_reports := scenario.stack.provenance.get(GC_OBJECT_KEY):
         found[f"stack.{GC_OBJECT_KEY}"] = memory_reports
+    if (leaf_hooks := scenario.stack.provenance.get(LEAF_HOOK_KEY)) and _has_leaves(scenario):
+        found[f"stack.{LEAF_HOOK_KEY}"] = leaf_hooks
     wanted = list(dict.fromkeys(keys)) or list(found)
     unknown = [k for k in wanted if k not in found]
     if unknown:
