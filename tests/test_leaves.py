@@ -132,7 +132,9 @@ def test_the_keys_by_release(toy):
     def resolved(version, **keys):
         tree = toy.tree({"runtime": {"deepspeed_version": version},
                          "deepspeed": {"zero_optimization": keys}})
-        return zerosim.scenario_from_dict(tree, source="<toy>").deepspeed.leaves
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return zerosim.scenario_from_dict(tree, source="<toy>").deepspeed.leaves
 
     assert resolved("0.17.6").classes == () and resolved("0.17.6").granularity_threshold == 0
     assert resolved("0.18.0").classes[2].endswith("Qwen3MoeSparseMoeBlock")
@@ -192,3 +194,39 @@ def test_the_plans_hooks_fire_at_a_leafs_ends():
     object.__setattr__(plan, "leaves", {1: 4})
     assert plan.forward_hooks == (0, 1, None, None, None, 5)
     assert plan.backward_hooks == (0, None, None, None, 1, 5)
+
+
+def test_megatrons_leaf_hook_share_is_the_one_measured_with_transformers():
+    """Megatron-DeepSpeed's `host.leaf_hook_share` is assumed at the hf-transformers stack's
+    measured value (written out, not `carried_from`, so that loading one stack does not parse
+    the other)."""
+    from zerosim.stacks import LEAF_HOOK_KEY, load_stack
+
+    hf, megatron = load_stack("hf-transformers"), load_stack("megatron-deepspeed")
+    assert hf.provenance[LEAF_HOOK_KEY].basis == "measured"
+    assert megatron.provenance[LEAF_HOOK_KEY].basis == "assumed"
+    assert megatron.leaf_hook_share == hf.leaf_hook_share == 0.42
+
+
+@pytest.mark.parametrize(("zero", "said"), [
+    ({"module_granularity_threshold": 5},
+     "module_granularity_threshold 5 makes no module a leaf: the finest, "
+     "'model.layers.0.self_attn', has a granularity of 3276"),
+    ({"leaf_module": {"classes": ["GPT2Block"], "names": ["model.h.0"]}},
+     "leaf_module class GPT2Block, name model.h.0 match no module"),
+    ({"stage": 2, "module_granularity_threshold": 3500},
+     "module_granularity_threshold does nothing at ZeRO-2"),
+    ({"module_granularity_threshold": 3500}, None),
+])
+def test_leaf_rules_that_flag_nothing_are_a_warning(toy, zero, said):
+    """As DeepSpeed logs a threshold under every module's granularity, zerosim warns, and of
+    a class, name or suffix it cannot place, or of the keys below ZeRO-3; a rule that flags
+    leaves says nothing."""
+    from zerosim.scenario.support import LeafModuleWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        toy.scenario({"runtime": {"deepspeed_version": "0.19.5"},
+                      "deepspeed": {"zero_optimization": zero}})
+    told = [str(w.message) for w in caught if issubclass(w.category, LeafModuleWarning)]
+    assert (told == []) if said is None else (len(told) == 1 and said in told[0])
