@@ -12,7 +12,7 @@ import zerosim
 from tests.conftest import deep_merge, q, toy_profile, toy_tree
 from zerosim import scenario_from_dict
 from zerosim.engine.machine import Machine
-from zerosim.errors import ScenarioError
+from zerosim.errors import ScenarioError, UnsupportedConfigError
 from zerosim.hardware import nvme
 from zerosim.hardware.profile import apply_overrides, load_profile, parse_profile
 
@@ -532,3 +532,27 @@ def test_swap_buffers_are_pinned_as_pytorch_pins_them():
     start = memory[(memory.device == "host0") & (memory.t_s == 0)]
     swap = start[start.category == "swap buffers (pinned)"].bytes.iloc[-1]
     assert swap == 4 * 2**24 + 2**30 + 2**23
+
+
+def test_a_leaf_takes_a_swap_buffer_per_tensor_and_fewer_than_its_tensors_are_refused():
+    """The whole model one ZeRO-3 leaf (`leaf_module.names: [""]`, DeepSpeed 0.19.5): its hook
+    swaps in the embedding and the LM head, both on NVMe, at once, a buffer each; with one
+    buffer DeepSpeed's swapper asserts 'Not enough buffers', so the configuration is refused."""
+    from zerosim.engine.plan import plan_of
+
+    def wide(buffers):
+        tree = deep_merge(toy_tree(), {
+            "model": WIDE, "hardware": {"nvme": dict(TOY_NVME)},
+            "runtime": {"deepspeed_version": "0.19.5"},
+            "deepspeed": {"zero_optimization": {
+                "sub_group_size": 2e6, **NVME_OPT, "leaf_module": {"names": [""]},
+                "offload_param": {"device": "nvme", "nvme_path": "/local_nvme", "max_in_cpu": 0,
+                                  "pin_memory": True, "buffer_count": buffers}}}})
+        return scenario_from_dict(tree, source="wide.yaml")
+
+    plan = plan_of(wide(2))
+    assert list(plan.leaves) == [0] and plan.nvme_tensors(0) == 2
+    assert zerosim.simulate(wide(2)).summary["status"] == "ok"
+    with pytest.raises(UnsupportedConfigError, match=r"offload_param\.buffer_count: expected at "
+                       r"least 2, the tensors on NVMe of the widest ZeRO-3 leaf"):
+        wide(1)

@@ -2,10 +2,12 @@
 // DeepSpeed 0.18.3+ where it is a template over the parameter and state dtypes) for the dtype
 // pairs DeepSpeedCPUAdam steps: fp32 params and states (the default), bf16 params with fp32
 // states (`bf16.bf16_master_weights_and_grads`), bf16 params and states (with
-// `bf16.bf16_optimizer_states`). Built by cpu_adam_dtype_probe.sh, which includes the checkout's
-// Step functions into this file (one translation unit) with DeepSpeed's own flags.
+// `bf16.bf16_optimizer_states`), fp16 params with fp32 or fp16 states
+// (`fp16.fp16_master_weights_and_grads`, the moments fp16 with `fp32_optimizer_states` off).
+// Built by cpu_adam_dtype_probe.sh, which includes the checkout's Step functions into this file
+// (one translation unit) with DeepSpeed's own flags.
 //
-// usage: cpu_adam_dtype_probe PARAMS_PER_THREAD REPS PARAM_DTYPE STATE_DTYPE  (fp32 or bf16)
+// usage: cpu_adam_dtype_probe PARAMS_PER_THREAD REPS PARAM_DTYPE STATE_DTYPE  (fp32, bf16, fp16)
 // prints one JSON object, as cpu_adam_probe does, with the two dtypes added.
 #include <omp.h>
 
@@ -66,6 +68,9 @@ int main(int argc, char** argv)
     if (p == "bf16" && s == "fp32") return run<c10::BFloat16, float>(per_thread, reps, "bf16", "fp32");
     if (p == "bf16" && s == "bf16")
         return run<c10::BFloat16, c10::BFloat16>(per_thread, reps, "bf16", "bf16");
-    std::fprintf(stderr, "dtype pair %s/%s: one of fp32/fp32, bf16/fp32, bf16/bf16\n", argv[3], argv[4]);
+    if (p == "fp16" && s == "fp32") return run<c10::Half, float>(per_thread, reps, "fp16", "fp32");
+    if (p == "fp16" && s == "fp16") return run<c10::Half, c10::Half>(per_thread, reps, "fp16", "fp16");
+    std::fprintf(stderr, "dtype pair %s/%s: one of fp32/fp32, bf16/fp32, bf16/bf16, fp16/fp32, fp16/fp16\n",
+                 argv[3], argv[4]);
     return 2;
 }

@@ -4,8 +4,8 @@
 # builder would choose (-O3 -std=c++17 -march=native -fopenmp, and -D__AVX512__ or -D__AVX256__),
 # or neither (-D__SCALAR__, what it builds on a CPU with neither, Arm included),
 # and times the loop on one thread with its four arrays in the core's cache, for fp32/fp32,
-# bf16/fp32 and bf16/bf16 (param/state), then with every thread over arrays far larger than the
-# caches. With -D__AVX256__ a bf16 pair leaves Step_AVX at once (cpu_adam.h: "#if
+# bf16/fp32, bf16/bf16, fp16/fp32 and fp16/fp16 (param/state), then with every thread over arrays
+# far larger than the caches. With -D__AVX256__ a bf16 pair leaves Step_AVX at once (cpu_adam.h: "#if
 # !defined(__AVX512__)") and the scalar Step_1 loop steps every element.
 #
 # usage: [CPU_ADAM_ROUNDS=5] [CPU_ADAM_AVX256_MARCH=znver3] cpu_adam_dtype_probe.sh DEEPSPEED_SRC OUT_DIR
@@ -41,7 +41,7 @@ done
 for round in $(seq "$rounds"); do
   for b in "${builds[@]}"; do
     simd=${b%%:*}; march=${b#*:}
-    for pair in "fp32 fp32" "bf16 fp32" "bf16 bf16"; do
+    for pair in "fp32 fp32" "bf16 fp32" "bf16 bf16" "fp16 fp32" "fp16 fp16"; do
       r=$(OMP_NUM_THREADS=1 "$build/adam_$simd" $sizes_cached 500 $pair)
       echo "{\"simd\": \"$simd\", \"march\": \"$march\", \"case\": \"cached\", \"round\": $round, \"run\": $r}" \
         | tee -a "$out/cpu_adam_dtype_probe.jsonl"
@@ -50,7 +50,7 @@ for round in $(seq "$rounds"); do
 done
 for b in "${builds[@]}"; do
   simd=${b%%:*}; march=${b#*:}
-  for pair in "fp32 fp32" "bf16 fp32" "bf16 bf16"; do
+  for pair in "fp32 fp32" "bf16 fp32" "bf16 bf16" "fp16 fp32" "fp16 fp16"; do
     r=$(OMP_NUM_THREADS=$threads_all OMP_PROC_BIND=spread "$build/adam_$simd" $((params_memory / threads_all)) 5 $pair)
     echo "{\"simd\": \"$simd\", \"march\": \"$march\", \"case\": \"memory\", \"run\": $r}" \
       | tee -a "$out/cpu_adam_dtype_probe.jsonl"

@@ -172,8 +172,9 @@ class PartitionedParams:
         self.partition_numel = plan.gathered_partition_numel
         self.bundles: dict[int, _Bundle] = {}
         """Modules whose tensors came in a coalesced all-gather of several, not yet waited on."""
-        self.on_nvme = frozenset(i for i in self.trace if plan.params_on_nvme(i))
-        """Modules whose partition is read from NVMe into a swap buffer before its gather."""
+        self.on_nvme = {i: n for i in self.trace if (n := plan.nvme_tensors(i))}
+        """Modules whose partition is read from NVMe into swap buffers before its gather, and
+        how many buffers each takes: one per tensor (a ZeRO-3 leaf holds several)."""
         self.swap_buffers_held = 0
         self.not_gathered = list(range(len(self.trace)))
         """Forward-trace positions of the modules not gathered, ascending (what a prefetch may
@@ -228,7 +229,7 @@ class PartitionedParams:
             return
         for index in todo:
             self.is_gathered[index] = True
-            self.swap_buffers_held += index in self.on_nvme
+            self.swap_buffers_held += self.on_nvme.get(index, 0)
             del self.not_gathered[bisect_left(self.not_gathered, self.forward_position[index])]
             self.live_numel += plan.gathered_numel[index]
             self.waited[index] = False
@@ -362,8 +363,8 @@ class PartitionedParams:
         budget is `stage3_max_live_parameters` less the gathered numel, plus the count's
         drift (`reset_step`), which DeepSpeed's count leaves out. The forward's trace goes
         on into the backward's, which takes the modules in reverse. A module whose partition
-        is on NVMe needs one of `offload_param.buffer_count` swap buffers, held until its
-        release: with none free the prefetch stops there (DeepSpeed keeps the trace's
+        is on NVMe needs one of `offload_param.buffer_count` swap buffers per tensor, held until
+        its release: without enough free the prefetch stops there (DeepSpeed keeps the trace's
         order)."""
         ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
@@ -384,10 +385,10 @@ class PartitionedParams:
             if issued >= budget:
                 break
             module = self.trace[pending[k]]
-            if module in self.on_nvme:
-                if swap_buffers <= 0:
-                    break
-                swap_buffers -= 1
+            need = self.on_nvme.get(module, 0)
+            if need > swap_buffers:
+                break
+            swap_buffers -= need
             ahead_modules.append(module)
             issued += numel[module]
         if ahead_modules:
@@ -416,7 +417,7 @@ class PartitionedParams:
         if unwaited is not None:
             self._leave(unwaited)
         self.is_gathered[index] = False
-        self.swap_buffers_held -= index in self.on_nvme
+        self.swap_buffers_held -= self.on_nvme.get(index, 0)
         insort(self.not_gathered, self.forward_position[index])
         self.live_numel -= self.core.plan.gathered_numel[index]
         self.gathered[index] = None

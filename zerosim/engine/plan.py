@@ -171,6 +171,11 @@ class Plan:
         nvme = sum(size for g, size in enumerate(self.subgroups) if g in self.nvme_subgroups)
         return {"gpu": gpu, "nvme": nvme}.get(device, self.partition_numel - gpu - nvme)
 
+    def nvme_tensors(self, module: int) -> int:
+        """How many of the module's 16-bit partitions live on NVMe: the swap buffers its
+        fetch takes, one a tensor."""
+        return sum(1 for p in self.params[module] if (p.module, p.index) in self.nvme_params)
+
     def params_on_nvme(self, module: int) -> int:
         """Partition numel of the module's 16-bit parameters that live on NVMe."""
         return sum(p.partition_numel for p in self.params[module]

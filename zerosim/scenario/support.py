@@ -386,7 +386,8 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
 
 def _nvme_buffers_suffice(scenario: Any) -> None:
     """DeepSpeed's own limits that depend on the model (docs/nvme.md): enough optimizer swap
-    buffers for the pipelining asked for, and parameter partitions smaller than one buffer."""
+    buffers for the pipelining asked for, enough parameter swap buffers for the widest ZeRO-3
+    leaf's tensors, and parameter partitions smaller than one buffer."""
     if not _nvme_sections(scenario):
         return
     from zerosim.engine.plan import plan_of
@@ -402,6 +403,12 @@ def _nvme_buffers_suffice(scenario: Any) -> None:
                 f"at least {needed} (DeepSpeed: 'ran out of swap buffers, try increasing "
                 "buffer_count': 4 per sub-group in flight, with "
                 f"{len(plan.nvme_subgroups)} swapped sub-groups)", opt.buffer_count)
+    widest = max((plan.nvme_tensors(m) for m in range(len(plan.modules))), default=0)
+    if widest > ds.offload_param.buffer_count:
+        _refuse(scenario, f"{ZERO}.offload_param.buffer_count",
+                f"at least {widest}, the tensors on NVMe of the widest ZeRO-3 leaf, which its "
+                "hook swaps in at once (DeepSpeed asserts 'Not enough buffers')",
+                ds.offload_param.buffer_count)
     largest = max((p.partition_numel for p in plan.all_params
                    if (p.module, p.index) in plan.nvme_params), default=0)
     if largest and largest >= ds.offload_param.buffer_size:
