@@ -15,7 +15,8 @@ each of those releases; and ZenFlow at ZeRO-1 and 2, its step overlapped or not,
 gradient clipping and Twin-Flow, at DP=1 and 4 (bound, or unbound with the parameters on the
 CPU) on the H100 node, at each release from 0.18.9; and bf16 master weights (and moments) at
 ZeRO-1/2/3 with the optimizer on the CPU (Twin-Flow too) or the GPU, on both testbeds, at each
-release from 0.18.3; and ZeRO-3 leaf modules by granularity (thresholds 1e6 to 1e9) on four
+release from 0.18.3, and fp16 master weights (and moments) at ZeRO-1/2/3; and ZeRO-3 leaf
+modules by granularity (thresholds 1e6 to 1e9) on four
 models under both stacks, with and without checkpointing and the parameters on the CPU; and
 Qwen3-8B, Qwen3-30B-A3B and
 Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
@@ -175,6 +176,16 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                         "deepspeed.gradient_accumulation_steps": 2,
                         "deepspeed.bf16.bf16_master_weights_and_grads": True,
                         "deepspeed.bf16.bf16_optimizer_states": states}))
+    for since in master_releases[::3] if quick else master_releases:
+        for stage, params in ((1, "none"), (2, "none"), (3, "none"), (3, "cpu")):
+            for fp32_states in (True, False):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "runtime.deepspeed_version": format_version(since), "hardware": "h100-jlse",
+                    "deepspeed.bf16.enabled": False, "deepspeed.fp16.enabled": True,
+                    "deepspeed.zero_optimization.stage": stage, OFFLOAD + "device": "cpu",
+                    PARAMS + "device": params, "deepspeed.gradient_accumulation_steps": 2,
+                    "deepspeed.fp16.fp16_master_weights_and_grads": True,
+                    "deepspeed.optimizer.params.fp32_optimizer_states": fp32_states}))
     for model in HF_MODELS[::2] if quick else HF_MODELS:
         layouts = ((("fused", "hooked"), ("per_expert", "hooked"), ("per_expert", "leaf"))
                    if model.startswith("Mixtral") else (("fused", "hooked"),))

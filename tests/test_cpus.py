@@ -70,6 +70,7 @@ def _catalog_with(simd: dict[str, str]) -> dict:
     quoted = {"value": 3.0, "basis": "assumed", "source": "test"}
     shipped = yaml.safe_load((ROOT / "zerosim/hardware/cpus.yaml").read_text())
     tree = {"cpu_adam": shipped["cpu_adam"], "bf16_cpu_adam": shipped["bf16_cpu_adam"],
+            "fp16_cpu_adam": shipped["fp16_cpu_adam"],
             "fp16_overflow_check": shipped["fp16_overflow_check"], "families": {}, "models": {}}
     for key, ext in simd.items():
         tree["families"][key] = {"description": key, "simd": ext}

@@ -324,3 +324,104 @@ def test_check_names_the_dtypes_of_cpu_adam(toy):
     assert text.startswith("2e8 params/s per rank")
     assert _mode(toy.scenario(_bf16(states=True))) == (
         "ZeRO-3, optimizer on cpu, bf16 master params and gradients, bf16 Adam moments")
+
+
+FP16_RATE, FP16_STATES_RATE = 5e7, 4e7
+
+
+def _fp16(version: str = "0.19.5", *, fp32_states: bool = True, **zero) -> dict:
+    """The toy's own fp16 training with fp16 master params (`fp16.fp16_master_weights_and_grads`)
+    and the fp16 CPU Adam ceilings written into its profile."""
+    rates = {"adam_fp16_params_per_s_per_thread": {"value": FP16_RATE, "basis": "assumed",
+                                                   "source": "test"},
+             "adam_fp16_states_params_per_s_per_thread": {
+                 "value": FP16_STATES_RATE, "basis": "assumed", "source": "test"}}
+    deepspeed = {"fp16": {"enabled": True, "fp16_master_weights_and_grads": True},
+                 "zero_optimization": zero}
+    if not fp32_states:
+        deepspeed["optimizer"] = {"type": "Adam", "params": {"fp32_optimizer_states": False}}
+    return {"runtime": {"deepspeed_version": version}, "hardware": {"cpu": rates},
+            "deepspeed": deepspeed}
+
+
+def test_fp16_master_params_step_at_their_own_rate_and_upload_without_a_cast(toy):
+    """fp16 master params (0.18.3+, through bf16's path): CPU Adam over fp16 params with fp32
+    moments at 4 x 5e7/s (N0 in 287.36 us), or over fp16 moments at 4 x 4e7/s (359.2 us),
+    then the blocking H2D of the fp16 master partition itself, 2 B per element; no cast."""
+    result = toy.run(_fp16())
+    host = _spans(result, "cpu")
+    start, end = host["cpu adam sub-group 0"]
+    assert end - start == pytest.approx(N0 / 2e8 / US)
+    h2d = result.spans[result.spans.op == "params sub-group 0 (pageable)"]
+    assert list(h2d.bytes) == [2 * N0] and h2d.start_s.iloc[0] / US == pytest.approx(end)
+    assert not any(op.startswith("cast") for op in host)
+    start, end = _spans(toy.run(_fp16(fp32_states=False)), "cpu")["cpu adam sub-group 0"]
+    assert end - start == pytest.approx(N0 / 1.6e8 / US)
+
+
+def test_host_memory_holds_fp16_master_params_and_their_moments(toy):
+    """2 B x N of master params, the moments 8 B x N in fp32 and 4 B x N in fp16."""
+    n = N0 + N1
+    peak = _host_peak(toy.run(_fp16()))
+    assert peak["fp32 master params"] == 2 * n and peak["optimizer states"] == 8 * n
+    assert _host_peak(toy.run(_fp16(fp32_states=False)))["optimizer states"] == 4 * n
+    ds = toy.scenario(_fp16(fp32_states=False)).deepspeed
+    assert (ds.master_dtype, ds.optimizer_state_dtype) == ("fp16", "fp16")
+    assert ds.to_dict()["fp16"]["fp16_master_weights_and_grads"] is True
+    assert ds.to_dict()["optimizer"]["params"] == {"fp32_optimizer_states": False}
+
+
+@pytest.mark.parametrize(("version", "zero", "error", "key"), [
+    ("0.18.2", {}, ScenarioError, "fp16.fp16_master_weights_and_grads"),
+    ("0.18.2", {"stage": 2}, UnsupportedConfigError, "fp16.fp16_master_weights_and_grads"),
+    ("0.19.5", {"stage": 0, "offload_optimizer": {"device": "none"}}, ScenarioError,
+     "fp16.fp16_master_weights_and_grads"),
+    ("0.19.5", {"offload_optimizer": {"device": "none"}}, ScenarioError,
+     "zero_optimization.offload_optimizer.device"),
+])
+def test_what_deepspeed_refuses_or_zerosim_does_not_replay_of_fp16_master(toy, version, zero,
+                                                                          error, key):
+    """Up to 0.18.2 DeepSpeed reads the key for ZeRO-2 alone, a path of its own zerosim does
+    not replay; from 0.18.3 for ZeRO-1/2/3, always with the optimizer offloaded."""
+    with pytest.raises(error, match=rf"deepspeed\.{key}"):
+        toy.scenario(_fp16(version, **zero))
+
+
+def test_fp16_master_belongs_to_fp16_training(toy):
+    patch = deep_merge(_fp16(), {"deepspeed": {"fp16": {"enabled": False},
+                                               "bf16": {"enabled": True}}})
+    with pytest.raises(ScenarioError, match=r"unless fp16\.enabled is true"):
+        toy.scenario(patch)
+
+
+@pytest.mark.parametrize(("profile", "fp16", "fp16_states"), [
+    ("h100-jlse", 0.98, 1.11), ("polaris-a100", 0.99, 1.16), ("gh200", 1.21, 1.49)])
+def test_the_fp16_ceilings_are_the_fp32_one_over_the_builds_measured_cost(profile, fp16,
+                                                                        fp16_states):
+    """fp16 has a vector path in both x86 builds (F16C), so neither slows as bf16 does on AVX2
+    (zerosim/hardware/cpus.yaml, fp16_cpu_adam)."""
+    p = load_profile(profile)
+    assert p.adam_fp16_params_per_s_per_thread == pytest.approx(
+        p.adam_params_per_s_per_thread / fp16, rel=1e-12)
+    assert p.adam_fp16_states_params_per_s_per_thread == pytest.approx(
+        p.adam_params_per_s_per_thread / fp16_states, rel=1e-12)
+    assert costs.AdamPrecision("fp16", "fp16").params_per_s_per_thread(p) == (
+        p.adam_fp16_states_params_per_s_per_thread)
+
+
+def test_tune_searches_the_training_dtypes_master_precisions(toy):
+    """`--free master` under fp16 training: fp32, fp16 and fp16 with fp16 moments, each with
+    the optimizer offloaded (DeepSpeed wants it so for fp16 master weights)."""
+    from zerosim.tune import as_given, candidates, free_knobs, masters
+
+    base = as_given(toy.scenario({"runtime": {"deepspeed_version": "0.19.5"}}))
+    assert base.master == "fp32" and masters(base, "fp16") == ["fp32", "fp16", "fp16+moments"]
+    found = candidates(base, free_knobs(free=["master"]), training="fp16")
+    on_gpu = {c.master for c in found if c.offload in ("none", "params")}
+    assert on_gpu == {"fp32"}
+    moments = next(c for c in found if c.master == "fp16+moments")
+    overrides = moments.overrides()
+    assert overrides["deepspeed.fp16.fp16_master_weights_and_grads"] is True
+    assert overrides["deepspeed.bf16.bf16_master_weights_and_grads"] is False
+    assert overrides["deepspeed.optimizer.params.fp32_optimizer_states"] is False
+    assert moments.describe().endswith("fp16 master and moments")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError, ZerosimError, with_scenario_warnings
-from zerosim.hardware.cpus import BF16_ADAM_KEYS
+from zerosim.hardware.cpus import BF16_ADAM_KEYS, FP16_ADAM_KEYS, LOW_PRECISION_ADAM_KEYS
 from zerosim.hardware.profile import (
     AT_LEAST_ONE_KEYS,
     CAPACITY_KEYS,
@@ -61,7 +61,7 @@ MORE_IS_FASTER = frozenset({
     "hardware.host.cpu_boost_GHz", "hardware.host.memory_GBps_per_domain",
     "hardware.host.socket_link_GBps", "hardware.host.socket_link_total_GBps",
     "hardware.cpu.adam_params_per_s_per_thread",
-    *(f"hardware.{key}" for key in BF16_ADAM_KEYS.values()),
+    *(f"hardware.{key}" for key in LOW_PRECISION_ADAM_KEYS.values()),
     "hardware.cpu.fp16_check_elements_per_s_per_thread", "hardware.cpu.elementwise_GBps_per_thread",
     "hardware.cpu.page_zeroing_GBps", "hardware.cpu.cast_threads",
     "hardware.nvme.read_GBps_per_drive", "hardware.nvme.write_GBps_per_drive"})
@@ -231,9 +231,11 @@ def elasticity(base: float | None, low: tuple[float, float | None] | None,
 
 
 def _unread(scenario, key: str) -> bool:
-    """A hardware value the scenario's replay never reads: the bf16 CPU Adam ceilings without
-    bf16 master params."""
-    return key in BF16_ADAM_KEYS.values() and not scenario.deepspeed.low_precision_master
+    """A hardware value the scenario's replay never reads: the bf16 (fp16) CPU Adam ceilings
+    without bf16 (fp16) master params."""
+    master = scenario.deepspeed.master_dtype
+    return ((key in BF16_ADAM_KEYS.values() and master != "bf16")
+            or (key in FP16_ADAM_KEYS.values() and master != "fp16"))
 
 
 def _has_leaves(scenario) -> bool:

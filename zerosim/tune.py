@@ -60,11 +60,13 @@ thread per physical core, or the rank's share of them when bound. The knob also 
 that fills the node's hardware threads without oversubscribing them (`OMP_NUM_THREADS`), for
 the offloaded configurations, where the default pools oversubscribe the node."""
 WHAT_IFS = ("none", "overlap_copy_back", "buffer_boundary_grads", "gpu_update_every")
-MASTERS = ("fp32", "bf16", "bf16+moments")
-"""The optimizer's master params and gradients, fp32 or bf16 (`bf16.bf16_master_weights_and_grads`),
-and with bf16 ones the Adam moments too (`bf16_optimizer_states`, and DeepSpeedCPUAdam's
-`fp32_optimizer_states` off): searched with `--free master` only (they change the numerics),
-under bf16 training on DeepSpeed 0.18.3+; elsewhere the knob is None and sets nothing."""
+MASTERS = ("fp32", "bf16", "bf16+moments", "fp16", "fp16+moments")
+"""The optimizer's master params and gradients, fp32 or in the training's 16-bit dtype
+(`bf16.bf16_master_weights_and_grads`, `fp16.fp16_master_weights_and_grads`), and with 16-bit
+ones the Adam moments too (`bf16_optimizer_states`; DeepSpeedCPUAdam's `fp32_optimizer_states`
+off): searched with `--free master` only (they change the numerics), under 16-bit training on
+DeepSpeed 0.18.3+, fp32 and the training dtype's (`masters`); elsewhere the knob is None and
+sets nothing."""
 NO_LEAVES = 0
 """The `leaves` knob's value without leaves by granularity; its others are the
 `module_granularity_threshold` values that make distinct sets of ZeRO-3 leaves of the model
@@ -140,11 +142,13 @@ class Config:
         if params != "none":
             out[Z + "offload_param.pin_memory"] = True
         if self.master is not None:
-            out["deepspeed.bf16.bf16_master_weights_and_grads"] = self.master != "fp32"
-            out["deepspeed.bf16.bf16_optimizer_states"] = self.master == "bf16+moments"
+            dtype = self.master.removesuffix("+moments")
+            moments = self.master.endswith("+moments")
+            out["deepspeed.bf16.bf16_master_weights_and_grads"] = dtype == "bf16"
+            out["deepspeed.bf16.bf16_optimizer_states"] = dtype == "bf16" and moments
+            out["deepspeed.fp16.fp16_master_weights_and_grads"] = dtype == "fp16"
             if optimizer != "none":  # DeepSpeedCPUAdam's own flag (FusedAdam has none)
-                out["deepspeed.optimizer.params.fp32_optimizer_states"] = (
-                    self.master != "bf16+moments")
+                out["deepspeed.optimizer.params.fp32_optimizer_states"] = not moments
         if self.leaves is not None:
             out[Z + "module_granularity_threshold"] = self.leaves
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
@@ -181,8 +185,9 @@ class Config:
             parts.append(f"leaf modules at granularity {_short(self.leaves)}")
         if self.what_if != "none":
             parts.append(self.what_if)
-        if self.master in ("bf16", "bf16+moments"):
-            parts.append("bf16 master" + (" and moments" if self.master != "bf16" else ""))
+        if self.master not in (None, "fp32"):
+            dtype = self.master.removesuffix("+moments")
+            parts.append(f"{dtype} master" + (" and moments" if self.master != dtype else ""))
         return ", ".join(parts)
 
 
@@ -204,17 +209,18 @@ def replayed(config: Config) -> bool:
     if config.gap and not (offloaded3 and config.offload == "cpu" and config.ratio == 1
                            and config.what_if in ("none", "buffer_boundary_grads")):
         return False
-    if config.master in ("bf16", "bf16+moments") and not _replays_bf16_master(config):
+    if config.master not in (None, "fp32") and not _replays_low_precision_master(config):
         return False
     if config.leaves and config.stage != 3:
         return False
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
 
-def _replays_bf16_master(config: Config) -> bool:
-    """bf16 master params: the optimizer in host memory (the params beside it at most), or on
-    the GPU with bf16 moments and the params there too; no NVMe, no interleaved update, no
-    what-if (`support._low_precision_master_is_replayed`, and DeepSpeed's own refusals)."""
+def _replays_low_precision_master(config: Config) -> bool:
+    """16-bit master params: the optimizer in host memory (the params beside it at most), or,
+    bf16 ones only, on the GPU with bf16 moments and the params there too; no NVMe, no
+    interleaved update, no what-if (`support._low_precision_master_is_replayed`, and
+    DeepSpeed's own refusals: fp16 master weights want the optimizer offloaded)."""
     if config.stage == 0 or "nvme" in config.offload or config.gap or config.what_if != "none":
         return False
     if config.offload == "none":
@@ -246,14 +252,23 @@ def as_given(scenario: Scenario) -> Config:
 
 
 def _master(scenario: Scenario) -> str | None:
-    """The scenario's `MASTERS` value; None where its release or its precision has no bf16
+    """The scenario's `MASTERS` value; None where its release or its precision has no 16-bit
     master params to choose."""
     ds = scenario.deepspeed
-    if ds.dtype != "bf16" or not scenario.behaviours.low_precision_master_weights:
+    if ds.dtype == "fp32" or not scenario.behaviours.low_precision_master_weights:
         return None
     if not ds.low_precision_master:
         return "fp32"
-    return "bf16+moments" if ds.optimizer_state_dtype == "bf16" else "bf16"
+    moments = "+moments" if ds.optimizer_state_dtype != "fp32" else ""
+    return f"{ds.master_dtype}{moments}"
+
+
+def masters(base: Config, training: str) -> list[str | None]:
+    """The master precisions a search tries: fp32 and the `training` dtype's, where the
+    scenario has the choice (`base.master` not None)."""
+    if base.master is None:
+        return [None]
+    return [m for m in MASTERS if m == "fp32" or m.startswith(training)]
 
 
 def _divisors(n: int) -> list[int]:
@@ -276,13 +291,14 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                fork: bool = False, numa: bool = False, filling_threads: int = 0,
-               thresholds: Iterable[int] = ()) -> list[Config]:
+               thresholds: Iterable[int] = (), training: str = "bf16") -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
     ranks when `numa` (the node has several NUMA domains), the default pool and
     `filling_threads` per rank when that is given (the default pools oversubscribe the node),
-    no leaves and each of `thresholds` where the release reads the granularity threshold."""
+    no leaves and each of `thresholds` where the release reads the granularity threshold, and
+    the master precisions of the `training` dtype."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -301,8 +317,7 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
         "binding": list(BINDINGS) if "binding" in free and numa else [base.binding],
         "threads": (sorted({DEFAULT_THREADS, filling_threads, base.threads})
                     if "threads" in free and filling_threads else [base.threads]),
-        "master": (list(MASTERS) if "master" in free and base.master is not None
-                   else [base.master]),
+        "master": masters(base, training) if "master" in free else [base.master],
         "leaves": (sorted({NO_LEAVES, *thresholds, base.leaves})
                    if "leaves" in free and base.leaves is not None else [base.leaves]),
     }
@@ -448,7 +463,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                           numa=scenario.hardware.numa_domains > 1,
                           filling_threads=filling_threads(scenario),
                           thresholds=granularity_thresholds(scenario)
-                          if base.leaves is not None else ())
+                          if base.leaves is not None else (),
+                          training=scenario.deepspeed.dtype)
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (

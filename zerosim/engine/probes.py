@@ -43,7 +43,9 @@ def without_adam_ceiling(profile: HardwareProfile) -> HardwareProfile:
     unbound = UNBOUND_ADAM_PARAMS_PER_S_PER_THREAD
     return replace(profile, adam_params_per_s_per_thread=unbound,
                    adam_bf16_params_per_s_per_thread=unbound,
-                   adam_bf16_states_params_per_s_per_thread=unbound)
+                   adam_bf16_states_params_per_s_per_thread=unbound,
+                   adam_fp16_params_per_s_per_thread=unbound,
+                   adam_fp16_states_params_per_s_per_thread=unbound)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class AdamRates:
     """params/s of the slowest rank, as the engine replays it."""
     threads_params_per_s: float
     """The rank's pool: threads x the per-thread ceiling (`cpu.adam_params_per_s_per_thread`,
-    or its bf16 counterpart for bf16 master params)."""
+    or its 16-bit counterpart for 16-bit master params)."""
     memory_params_per_s: float
     """The same step with no compute ceiling: what host memory lets each rank reach."""
 

@@ -59,7 +59,8 @@ UNSCALE_HOST_BYTES = unscale_host_bytes(FP32_BYTES)
 class AdamPrecision:
     """What DeepSpeedCPUAdam steps: its params and gradients (the master partition's dtype) and
     Adam's moments, fp32 both unless `bf16.bf16_master_weights_and_grads` (DeepSpeed 0.18.3+)
-    makes the first bf16 and, with `fp32_optimizer_states` off, the second too."""
+    or `fp16.fp16_master_weights_and_grads` makes the first 16-bit and, with
+    `fp32_optimizer_states` off, the second too."""
 
     params: str = "fp32"
     states: str = "fp32"
@@ -82,12 +83,11 @@ class AdamPrecision:
 
     def params_per_s_per_thread(self, profile: HardwareProfile) -> float:
         """The loop's per-thread ceiling for these dtypes (`zerosim/hardware/cpus.yaml`,
-        `bf16_cpu_adam`: a different loop, not only fewer bytes)."""
+        `bf16_cpu_adam`, `fp16_cpu_adam`: a different loop, not only fewer bytes)."""
         if self.params == "fp32":
             return profile.adam_params_per_s_per_thread
-        if self.states == "fp32":
-            return profile.adam_bf16_params_per_s_per_thread
-        return profile.adam_bf16_states_params_per_s_per_thread
+        states = "" if self.states == "fp32" else "_states"
+        return getattr(profile, f"adam_{self.params}{states}_params_per_s_per_thread")
 
 
 FP32_ADAM = AdamPrecision()

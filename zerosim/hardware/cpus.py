@@ -30,10 +30,18 @@ BF16_ADAM_KEYS = {"bf16_params": "cpu.adam_bf16_params_per_s_per_thread",
                   "bf16_states": "cpu.adam_bf16_states_params_per_s_per_thread"}
 """DeepSpeedCPUAdam's ceiling over bf16 params and gradients with fp32 moments, and over bf16
 moments too (`bf16.bf16_master_weights_and_grads`, DeepSpeed 0.18.3+): a profile may write
-them; else they are its fp32 ceiling over the catalog's relative cost (`bf16_adam_values`)."""
+them; else they are its fp32 ceiling over the catalog's relative cost
+(`low_precision_adam_values`)."""
+FP16_ADAM_KEYS = {"fp16_params": "cpu.adam_fp16_params_per_s_per_thread",
+                  "fp16_states": "cpu.adam_fp16_states_params_per_s_per_thread"}
+"""The same over fp16 params (`fp16.fp16_master_weights_and_grads`) and fp16 moments."""
+LOW_PRECISION_ADAM_KEYS = {**BF16_ADAM_KEYS, **FP16_ADAM_KEYS}
+"""Every 16-bit CPU Adam ceiling, by the catalog's dtype pair."""
+LOW_PRECISION_SECTIONS = {"bf16_cpu_adam": BF16_ADAM_KEYS, "fp16_cpu_adam": FP16_ADAM_KEYS}
+"""The catalog sections holding each dtype's costs against the fp32 loop."""
 BOOST_KEY = "host.cpu_boost_GHz"
 NAME_KEY = "host.cpu_name"
-SUPPLIED_KEYS = (ADAM_KEY, CHECK_KEY, BOOST_KEY, *FAMILY_KEYS, *BF16_ADAM_KEYS.values())
+SUPPLIED_KEYS = (ADAM_KEY, CHECK_KEY, BOOST_KEY, *FAMILY_KEYS, *LOW_PRECISION_ADAM_KEYS.values())
 """Quantities a profile that names its CPU model may leave out."""
 
 
@@ -108,9 +116,10 @@ class CpuCatalog:
     """The core clock those cycles were counted at."""
     models: Mapping[str, CpuModel]
     families: Mapping[str, CpuFamily]
-    bf16_adam_cost: Mapping[str, Mapping[str, Quoted]]
-    """Per build ("avx512", "avx2", "scalar") and dtype pair ("bf16_params", "bf16_states"):
-    cycles per parameter of DeepSpeedCPUAdam over bf16 against its fp32 loop (`bf16_cpu_adam`)."""
+    low_precision_adam_cost: Mapping[str, Mapping[str, Quoted]]
+    """Per build ("avx512", "avx2", "scalar") and dtype pair ("bf16_params", "bf16_states",
+    "fp16_params", "fp16_states"): cycles per parameter of DeepSpeedCPUAdam over 16-bit params
+    (and moments) against its fp32 loop (`bf16_cpu_adam`, `fp16_cpu_adam`)."""
 
     def model(self, key: Any, *, source: str, key_path: str = "host.cpu_model") -> CpuModel:
         if not isinstance(key, str) or key not in self.models:
@@ -142,11 +151,12 @@ def adam_build(simd: str, adam: CpuAdamLoop) -> str:
     return simd if adam.lanes_for(simd) > 1 else "scalar"
 
 
-def bf16_adam_values(flat: Mapping[str, Any], model: CpuModel | None) -> dict[str, Any]:
-    """The bf16 CPU Adam ceilings (`BF16_ADAM_KEYS`) a profile (`flat`, its CPU model's values
-    merged) leaves out: its fp32 ceiling over the relative cost of its CPU's build (with no
-    CPU model named, the AVX-512 build's, assumed). Nothing while the fp32 ceiling is missing
-    or malformed: the profile's own check reports that."""
+def low_precision_adam_values(flat: Mapping[str, Any], model: CpuModel | None
+                              ) -> dict[str, Any]:
+    """The 16-bit CPU Adam ceilings (`LOW_PRECISION_ADAM_KEYS`) a profile (`flat`, its CPU
+    model's values merged) leaves out: its fp32 ceiling over the relative cost of its CPU's
+    build (with no CPU model named, the AVX-512 build's, assumed). Nothing while the fp32
+    ceiling is missing or malformed: the profile's own check reports that."""
     fp32 = flat.get(ADAM_KEY)
     rate = fp32.get("value") if isinstance(fp32, Mapping) else None
     if isinstance(rate, bool) or not isinstance(rate, int | float) or rate <= 0:
@@ -157,13 +167,14 @@ def bf16_adam_values(flat: Mapping[str, Any], model: CpuModel | None) -> dict[st
            f"no host.cpu_model: the {ASSUMED_BUILD} build assumed, "
            f"{ASSUMED_BUILD_WHY}")
     values = {}
-    for pair, key in BF16_ADAM_KEYS.items():
+    for pair, key in LOW_PRECISION_ADAM_KEYS.items():
         if key in flat:
             continue
-        cost = catalog.bf16_adam_cost[build][pair]
+        cost = catalog.low_precision_adam_cost[build][pair]
+        dtype = pair.split("_")[0]
         values[key] = {
             "value": rate / cost.value, "basis": DERIVED if model else "assumed",
-            "source": (f"{ADAM_KEY} {rate:.4g} / {cost.value:g}, the cost of bf16 over fp32 "
+            "source": (f"{ADAM_KEY} {rate:.4g} / {cost.value:g}, the cost of {dtype} over fp32 "
                        f"per parameter ({cpu}; {cost.basis}): {cost.source}; fp32 ceiling "
                        f"({fp32.get('basis')}): {fp32.get('source')}")}
     return values
@@ -364,16 +375,18 @@ def _model(key: str, raw: Any, families: Mapping[str, CpuFamily]) -> CpuModel:
                                                    f"{path}.memory_GBps_per_socket"))
 
 
-BF16_BUILDS = ("avx512", "avx2", "scalar")
+LOW_PRECISION_BUILDS = ("avx512", "avx2", "scalar")
 
 
-def _bf16_adam_cost(raw: Any) -> dict[str, dict[str, Quoted]]:
-    raw = _mapping(raw, "bf16_cpu_adam")
-    costs = {}
-    for build in BF16_BUILDS:
-        pairs = _mapping(raw.get(build), f"bf16_cpu_adam.{build}")
-        costs[build] = {pair: _quoted(pairs.get(pair), f"bf16_cpu_adam.{build}.{pair}")
-                        for pair in BF16_ADAM_KEYS}
+def _low_precision_adam_cost(tree: Mapping[str, Any]) -> dict[str, dict[str, Quoted]]:
+    """Per build, every dtype pair of `LOW_PRECISION_SECTIONS`, each section's own."""
+    costs: dict[str, dict[str, Quoted]] = {build: {} for build in LOW_PRECISION_BUILDS}
+    for section, keys in LOW_PRECISION_SECTIONS.items():
+        raw = _mapping(tree.get(section), section)
+        for build in LOW_PRECISION_BUILDS:
+            pairs = _mapping(raw.get(build), f"{section}.{build}")
+            costs[build].update({pair: _quoted(pairs.get(pair), f"{section}.{build}.{pair}")
+                                 for pair in keys})
     return costs
 
 
@@ -388,7 +401,7 @@ def parse_catalog(tree: Any) -> CpuCatalog:
     return CpuCatalog(adam, _quoted(check.get("cycles_per_element"),
                                     "fp16_overflow_check.cycles_per_element"),
                       _quoted(check.get("clock_GHz"), "fp16_overflow_check.clock_GHz"),
-                      models, families, _bf16_adam_cost(tree.get("bf16_cpu_adam")))
+                      models, families, _low_precision_adam_cost(tree))
 
 
 @cache

@@ -129,6 +129,11 @@ class HardwareProfile:
     """DeepSpeedCPUAdam's ceiling over bf16 params and gradients with fp32 moments."""
     adam_bf16_states_params_per_s_per_thread: float
     """The same with bf16 moments (`bf16.bf16_optimizer_states`)."""
+    adam_fp16_params_per_s_per_thread: float
+    """DeepSpeedCPUAdam's ceiling over fp16 params and gradients with fp32 moments
+    (`fp16.fp16_master_weights_and_grads`)."""
+    adam_fp16_states_params_per_s_per_thread: float
+    """The same with fp16 moments (`optimizer.params.fp32_optimizer_states` off)."""
     fp16_check_elements_per_s_per_thread: float
     elementwise_Bps_per_thread: float
     page_zeroing_Bps: float
@@ -258,6 +263,10 @@ QUANTITIES: dict[str, Quantity] = {
                                               _positive, "a positive rate in params/s"),
     "cpu.adam_bf16_states_params_per_s_per_thread": (
         "adam_bf16_states_params_per_s_per_thread", 1.0, _positive, "a positive rate in params/s"),
+    "cpu.adam_fp16_params_per_s_per_thread": ("adam_fp16_params_per_s_per_thread", 1.0,
+                                              _positive, "a positive rate in params/s"),
+    "cpu.adam_fp16_states_params_per_s_per_thread": (
+        "adam_fp16_states_params_per_s_per_thread", 1.0, _positive, "a positive rate in params/s"),
     "cpu.fp16_check_elements_per_s_per_thread": ("fp16_check_elements_per_s_per_thread", 1.0,
                                                  _positive, "a positive rate in elements/s"),
     "cpu.elementwise_GBps_per_thread": ("elementwise_Bps_per_thread", GB, _positive,
@@ -497,7 +506,7 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     given = _walk(tree)
     model, supplied = _from_cpu_model(given, source)
-    supplied.update(cpus.bf16_adam_values({**given, **supplied}, model))
+    supplied.update(cpus.low_precision_adam_values({**given, **supplied}, model))
     flat = _with_defaults({**given, **supplied})
     known = (set(QUANTITIES) | set(COUNTS) | set(OPTIONAL_COUNTS) | set(TEXTS) | set(CHOICES)
              | OTHER_KEYS)

@@ -72,6 +72,10 @@ class _Precision(_Open):
     enabled: bool = False
 
 
+class _Fp16(_Precision):
+    fp16_master_weights_and_grads: StrictBool = False
+
+
 class _Bf16(_Precision):
     check_grad_overflow: bool | None = None
     bf16_master_weights_and_grads: StrictBool = False
@@ -210,7 +214,7 @@ class _DeepSpeedRaw(_Open):
     train_micro_batch_size_per_gpu: int | None = Field(None, ge=1)
     gradient_accumulation_steps: int | None = Field(None, ge=1)
     train_batch_size: int | None = Field(None, ge=1)
-    fp16: _Precision = _Precision()
+    fp16: _Fp16 = _Fp16()
     bf16: _Bf16 = _Bf16()
     gradient_clipping: float | None = Field(None, ge=0)
     optimizer: _Optimizer = _Optimizer()
@@ -389,7 +393,8 @@ class DeepSpeedConfig:
     """ZenFlow's options (DeepSpeed 0.17.5+), None without the key."""
     master_dtype: str = "fp32"
     """The optimizer's master params and gradient partitions: "bf16" with
-    `bf16.bf16_master_weights_and_grads` (DeepSpeed 0.18.3+)."""
+    `bf16.bf16_master_weights_and_grads` (DeepSpeed 0.18.3+), "fp16" with
+    `fp16.fp16_master_weights_and_grads`."""
     optimizer_state_dtype: str = "fp32"
     """Adam's exp_avg and exp_avg_sq (`_master_precision`)."""
     leaves: LeafSettings = LeafSettings()
@@ -430,13 +435,15 @@ class DeepSpeedConfig:
             "train_batch_size": self.train_batch_size,
             "train_micro_batch_size_per_gpu": self.train_micro_batch_size_per_gpu,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "fp16": {"enabled": self.dtype == "fp16"},
+            "fp16": {"enabled": self.dtype == "fp16",
+                     **({"fp16_master_weights_and_grads": True}
+                        if self.master_dtype == "fp16" else {})},
             "bf16": {"enabled": self.dtype == "bf16",
                      **({"check_grad_overflow": self.check_grad_overflow}
                         if self.dtype == "bf16" else {}),
                      **({"bf16_master_weights_and_grads": True,
                          "bf16_optimizer_states": self.optimizer_state_dtype == "bf16"}
-                        if self.low_precision_master else {})},
+                        if self.master_dtype == "bf16" else {})},
             "gradient_clipping": self.gradient_clipping,
             "optimizer": {"type": self.optimizer, **self._optimizer_params()},
             "data_types": {"grad_accum_dtype": self.grad_accum_dtype},
@@ -451,7 +458,7 @@ class DeepSpeedConfig:
         params: dict[str, Any] = {}
         if self.torch_adam:
             params["torch_adam"] = True
-        if self.low_precision_master and self.optimizer_state_dtype == "bf16":
+        if self.low_precision_master and self.optimizer_state_dtype != "fp32":
             params["fp32_optimizer_states"] = False
         return {"params": params} if params else {}
 
@@ -719,7 +726,7 @@ def _master_precision(raw: _DeepSpeedRaw, zero: _Zero, dtype: str, behaviours: B
                                 "bf16_master_weights_and_grads is true (DeepSpeed asserts "
                                 "'bf16_optimizer_states requires bf16_master_weights_and_grads')",
                                 True)
-        return {}
+        return _fp16_master(raw, zero, dtype, behaviours, fp32_states, source)
     key = f"{BF16_KEY}.bf16_master_weights_and_grads"
     if zero.stage == 0:
         raise ScenarioError(source, key, "false without ZeRO (DeepSpeed asserts "
@@ -742,9 +749,38 @@ def _master_precision(raw: _DeepSpeedRaw, zero: _Zero, dtype: str, behaviours: B
     return {"master_dtype": "bf16", "optimizer_state_dtype": states}
 
 
+FP16_MASTER_KEY = "deepspeed.fp16.fp16_master_weights_and_grads"
+
+
+def _fp16_master(raw: _DeepSpeedRaw, zero: _Zero, dtype: str, behaviours: Behaviours,
+                 fp32_states: bool, source: str) -> dict[str, str]:
+    """`fp16.fp16_master_weights_and_grads`: the master params and gradients in fp16, under
+    fp16 training. Every release zerosim knows reads it: up to 0.18.2 for ZeRO-2 alone
+    (config.py asserts 'only supported with ZeRO Stage 2 for now'), from 0.18.3 (PR #7700) for
+    ZeRO-1/2/3 through the `_configure_master_weights` bf16's goes through; always with the
+    optimizer offloaded to DeepSpeedCPUAdam (`_enforce_cpu_offload`,
+    `_enforce_optimizer_offload`), whose moments stay fp32 unless `fp32_optimizer_states` is
+    off. Refused where DeepSpeed refuses; what zerosim replays is `support`'s."""
+    if not raw.fp16.fp16_master_weights_and_grads:
+        return {}
+    if dtype != "fp16":
+        raise ScenarioError(source, FP16_MASTER_KEY, "false unless fp16.enabled is true (fp16 "
+                            f"master weights belong to fp16 training; this one trains in "
+                            f"{dtype})", True)
+    if zero.stage == 0 or (zero.stage != 2 and not behaviours.low_precision_master_weights):
+        allowed = "1, 2 or 3" if behaviours.low_precision_master_weights else "2"
+        raise ScenarioError(source, FP16_MASTER_KEY, f"false unless ZeRO stage is {allowed} "
+                            "(DeepSpeed's config asserts it for this release)", True)
+    if zero.offload_optimizer.device == "none":
+        raise ScenarioError(source, f"{ZERO_KEY}.offload_optimizer.device", "'cpu' or 'nvme' "
+                            "with fp16_master_weights_and_grads (DeepSpeed asserts the optimizer "
+                            "offloaded to DeepSpeedCPUAdam)", zero.offload_optimizer.device)
+    return {"master_dtype": "fp16", "optimizer_state_dtype": "fp32" if fp32_states else "fp16"}
+
+
 def _fp32_optimizer_states(raw: _DeepSpeedRaw, source: str) -> bool:
     """`optimizer.params.fp32_optimizer_states`, DeepSpeedCPUAdam's choice of fp32 Adam
-    moments over the params' dtype (default true); it matters only for bf16 master params."""
+    moments over the params' dtype (default true); it matters only for 16-bit master params."""
     value = raw.optimizer.params.get("fp32_optimizer_states", True)
     if not isinstance(value, bool):
         raise ScenarioError(source, "deepspeed.optimizer.params.fp32_optimizer_states",

@@ -348,13 +348,20 @@ def _super_offload_is_replayed(scenario: Any) -> None:
 
 def _low_precision_master_is_replayed(scenario: Any) -> None:
     """zerosim replays bf16 master weights (`bf16.bf16_master_weights_and_grads`, DeepSpeed
-    0.18.3+) with DeepSpeed's own step over the whole optimizer, in host memory or (bf16
-    moments) in HBM, Twin-Flow's GPU sub-groups included. NVMe, ZenFlow, SuperOffload,
-    PyTorch's AdamW as the optimizer and the study's what-ifs are not modelled with it."""
+    0.18.3+) and fp16 ones (`fp16.fp16_master_weights_and_grads`, as 0.18.3+ steps them) with
+    DeepSpeed's own step over the whole optimizer, in host memory or (bf16 moments) in HBM,
+    Twin-Flow's GPU sub-groups included. NVMe, ZenFlow, SuperOffload, PyTorch's AdamW as the
+    optimizer and the study's what-ifs are not modelled with them, nor ZeRO-2's fp16 master
+    weights before 0.18.3, a path of their own."""
     ds = scenario.deepspeed
     if not ds.low_precision_master:
         return
-    why = "with bf16_master_weights_and_grads (zerosim replays it with "
+    if not scenario.behaviours.low_precision_master_weights:
+        _refuse(scenario, "deepspeed.fp16.fp16_master_weights_and_grads", "false before "
+                "DeepSpeed 0.18.3 (zerosim replays fp16 master weights as 0.18.3+ steps them, "
+                "through the master-weights path PR #7700 made common to fp16 and bf16; up to "
+                "0.18.2 ZeRO-2 has a path of its own, not modelled)", True)
+    why = (f"with {ds.master_dtype}_master_weights_and_grads (zerosim replays it with ")
     o = ds.offload_optimizer
     if o.nvme:
         _refuse(scenario, f"{ZERO}.offload_optimizer.device", "'cpu' or 'none' " + why +
@@ -370,13 +377,13 @@ def _low_precision_master_is_replayed(scenario: Any) -> None:
         _refuse(scenario, f"{ZERO}.offload_optimizer.super_offload", "false " + why +
                 "DeepSpeed's own step; SuperOffload's optimizer process copies each gradient "
                 "into a fp32 pinned buffer, superoffload_utils.py, which does not match the "
-                "bf16 params it steps, up to 0.19.5)", True)
+                "16-bit params it steps, up to 0.19.5)", True)
     if ds.zenflow is not None:
         _refuse(scenario, f"{ZERO}.zenflow", "absent " + why + "DeepSpeed's own step)",
                 "a zenflow section")
-    if ds.grad_accum_dtype != "bf16":
-        _refuse(scenario, "deepspeed.data_types.grad_accum_dtype", "bf16 " + why +
-                "the gradients accumulated in bf16, the master gradients' dtype)",
+    if ds.grad_accum_dtype != ds.master_dtype:
+        _refuse(scenario, "deepspeed.data_types.grad_accum_dtype", f"{ds.master_dtype} " + why +
+                f"the gradients accumulated in {ds.master_dtype}, the master gradients' dtype)",
                 ds.grad_accum_dtype)
     for name in ("overlap_copy_back", "buffer_boundary_grads", "gpu_update_every"):
         if getattr(scenario.what_if, name):
