@@ -6,18 +6,17 @@ DP=1 and DP=4 on both testbeds, bound and unbound, the Deep Optimizer States for
 asynchronous flush and interleaved update, two and eight Polaris nodes, the MLP-Offload NVMe
 run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 0.18.9 and
 0.18.0 run it, bf16 master weights (and moments) on bound Polaris ranks and on the DGX A100,
-the parameters offloaded on the H200 VM,
-the seed's 64 p4d nodes, a mixture of experts on a DGX H100 and TinyLlama's decoder layers as
-ZeRO-3 leaves on the H200 VM), it runs `zerosim sensitivity`
-(each value of the profile and the stack moved by --step both ways, one at a time) and checks
-the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
-bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a larger
-latency, fixed cost, host time or contention may only lengthen it. A value that moves it the
-other way by `SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can
-make that real (a copy that ends sooner runs into a kernel it missed before), but rarely by
-much, so a large one is where to look for a fault in the engine. The exit status is 1 if any is
-listed. No time is asserted here: the figures are the elasticities, and the tests hold the
-exact ones.
+the parameters offloaded on the H200 VM, the seed's 64 p4d nodes, a mixture of experts on a DGX
+H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM and fp16 master weights and
+moments on the study's node), it runs `zerosim sensitivity` (each value of the profile and the
+stack moved by --step both ways, one at a time) and checks the sign of the iteration's
+elasticity against `zerosim.sensitivity.expected_sign`: a larger bandwidth, rate, clock,
+efficiency or thread count may only shorten the iteration; a larger latency, fixed cost, host
+time or contention may only lengthen it. A value that moves it the other way by
+`SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can make that
+real (a copy that ends sooner runs into a kernel it missed before), but rarely by much, so a
+large one is where to look for a fault in the engine. The exit status is 1 if any is listed. No
+time is asserted here: the figures are the elasticities, and the tests hold the exact ones.
 """
 
 from __future__ import annotations
@@ -79,6 +78,9 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("MoE on a DGX H100", SCENARIOS / "qwen3_moe_dgx_h100.yaml", {}),
     ("decoder layers as ZeRO-3 leaves, H200", SCENARIOS / "h200_vm" / "tinyllama_hooks.yaml",
      {"deepspeed.zero_optimization.module_granularity_threshold": 4 * 10**6}),
+    ("fp16 master and moments, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
+     {"runtime.deepspeed_version": "0.19.5", "deepspeed.fp16.fp16_master_weights_and_grads": True,
+      "deepspeed.optimizer.params.fp32_optimizer_states": False}),
 )
 QUICK = 6
 """`--quick` runs the first cases only."""

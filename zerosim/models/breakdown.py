@@ -850,11 +850,6 @@ def _moe_mlp(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
     experts in one module (`Recipe.fused_experts`), transformers 5's order: the router, the
     experts module, the shared expert (Qwen2-MoE's first, `MoESpec.shared_expert_first`) and
     its gate."""
-    yield from _moe_modules(spec, p, layer, w, r, residual)
-
-
-def _moe_modules(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe,
-                 residual: tuple[MemoryPass, ...]) -> Iterator[Module]:
     moe = spec.moe
     shared = moe.shared_expert_intermediate_size
     if moe.experts_layout == "list" or (moe.experts_layout == "stack" and not r.fused_experts):
