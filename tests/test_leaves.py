@@ -230,3 +230,23 @@ def test_leaf_rules_that_flag_nothing_are_a_warning(toy, zero, said):
                       "deepspeed": {"zero_optimization": zero}})
     told = [str(w.message) for w in caught if issubclass(w.category, LeafModuleWarning)]
     assert (told == []) if said is None else (len(told) == 1 and said in told[0])
+
+
+def test_check_names_the_leaves(tmp_path):
+    """`zerosim check` prints the leaves by pattern; `--json` lists each with its modules."""
+    import json
+
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    args = ["check", "scenarios/h200_vm/tinyllama_hooks.yaml", "--set",
+            "deepspeed.zero_optimization.module_granularity_threshold=4e6"]
+    text = CliRunner().invoke(main, args, catch_exceptions=False).output
+    assert "leaves      model.layers.* (22): each fetched whole by one hook" in text
+    listed = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)["leaves"]
+    assert len(listed) == 22 and listed[0] == {
+        "name": "model.layers.0", "first_module": "layers.0.input_layernorm",
+        "last_module": "layers.0.mlp.down_proj", "modules": 11}
+    plain = json.loads(CliRunner().invoke(main, [*args[:2], "--json"]).output)
+    assert "leaves" not in plain

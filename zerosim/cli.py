@@ -206,6 +206,20 @@ def _cpu_adam(scenario: Scenario) -> dict[str, Any]:
     return {"cpu_adam": node_adam_rates(scenario).to_dict()}
 
 
+def _zero3_leaves(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `leaves`, where ZeRO-3 makes leaves of the model (what its `leaves`
+    line says): each one's name and the first and last of the modules its hooks fetch."""
+    from zerosim.engine.plan import leaves_of, plan_of
+
+    found = leaves_of(scenario)
+    if not found.names:
+        return {}
+    modules = plan_of(scenario).modules
+    return {"leaves": [{"name": name, "first_module": modules[first].name,
+                        "last_module": modules[last].name, "modules": last - first + 1}
+                       for name, (first, last) in zip(found.names, found.spans, strict=True)]}
+
+
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
     line says)."""
@@ -243,7 +257,7 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     summary = _model_summary(loaded.model, loaded.sequence_length, loaded.stack.recipe)
     if as_json:
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
-                     **_cpu_adam(loaded), **_memory_reports(loaded)})
+                     **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())
