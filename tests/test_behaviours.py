@@ -69,11 +69,14 @@ def test_which_steps_check_the_gradients_for_overflow(version, dtype, stage, sta
 
 
 @pytest.mark.parametrize(("version", "expected"), [
-    ((0, 15, 3), (False, False, "backward", "never")),
-    ((0, 16, 2), (True, False, "step", "never")),
-    ((0, 18, 4), (False, True, "forward", "never")),
-    ((0, 18, 5), (False, False, "forward", "every_hook")),
-    ((0, 19, 5), (False, False, "forward", "per_phase")),
+    ((0, 13, 1), (False, False, "backward", "never", False)),
+    ((0, 13, 3), (False, False, "backward", "never", True)),
+    ((0, 14, 2), (False, False, "backward", "never", True)),
+    ((0, 15, 3), (False, False, "backward", "never", False)),
+    ((0, 16, 2), (True, False, "step", "never", False)),
+    ((0, 18, 4), (False, True, "forward", "never", False)),
+    ((0, 18, 5), (False, False, "forward", "every_hook", False)),
+    ((0, 19, 5), (False, False, "forward", "per_phase", False)),
 ])
 def test_rows_added_then_taken_out_come_to_their_window(version, expected):
     """Behaviours one release adds and a later one takes out are in effect in between only,

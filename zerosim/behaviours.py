@@ -295,6 +295,37 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "runtime/tensor_parallel/config.py TPTrainingConfig",
               "tensor_parallel.autotp_size > 1 trains with automatic tensor parallelism "
               "(before: the tensor_parallel key is ignored)"),
+    Behaviour("zero_plus_plus", (0, 10, 0),
+              "PR #3784 'ZeRO++' (d18aa2c7, first in v0.10.0): zero/config.py, "
+              "partition_parameters.py _partition_param_sec and all_gather_coalesced "
+              "(quantize), utils/groups.py _create_zero_param_parallel_group",
+              "zero_optimization.zero_hpz_partition_size (hpZ: a secondary partition of "
+              "each parameter over groups of that many consecutive ranks) and "
+              "zero_quantized_weights (qwZ: int8 all-gathers with fp32 scales, quantized and "
+              "dequantized on DeepSpeed's all-gather stream) are read (before: refused)"),
+    Behaviour("hpz_secondary_by_presence", (0, 13, 2),
+              "PR #4906 'Enable hpz based on secondary tensor presence' (75ed63c9, first in "
+              "v0.13.2): partition_parameters.py all_gather_coalesced, "
+              "partitioned_param_coordinator.py __all_gather_params_",
+              "a ZeRO-3 fetch all-gathers over the hpZ group wherever the parameters have a "
+              "secondary partition, forward and backward alike, and over every rank where "
+              "they have none (one call each); each release re-copies the secondary "
+              "partition from the gathered parameter (before: the forward flag picks, which "
+              "zerosim does not replay)"),
+    Behaviour("hpz_secondary_sync", (0, 13, 5),
+              "PR #5216 '[zero++] Synchronize at the end of secondary partitioning' "
+              "(4578c249, first in v0.13.5): partition_parameters.py _partition_param_sec",
+              "after copying a parameter's secondary partition the host synchronizes the "
+              "current (compute) stream, once per parameter tensor"),
+    Behaviour("hpz_secondary_once", (0, 14, 3),
+              "PR #5613 'fixes in _partition_param_sec function' (b6e24adb, first in "
+              "v0.14.3): partition_parameters.py _partition_param_sec",
+              "a parameter's secondary partition is copied (and synchronized) only when it "
+              "is made, at its first release after a step, not at every release"),
+    Behaviour("hpz_secondary_zeroed", (0, 19, 5),
+              "PR #8210 'Fix ZeRO++ secondary shard copy for small params' (2d4488ef, first "
+              "in v0.19.5): partition_parameters.py _partition_param_sec",
+              "the secondary partition is zeroed (zero_()) before the copy into it"),
 )
 
 
@@ -344,6 +375,11 @@ class Behaviours:
     module_granularity_threshold: bool
     leaf_fetch_skips_event_bound: bool
     leaf_module_config: bool
+    zero_plus_plus: bool
+    hpz_secondary_by_presence: bool
+    hpz_secondary_sync: bool
+    hpz_secondary_once: bool
+    hpz_secondary_zeroed: bool
     fork_options: bool = False
     """The Deep Optimizer States keys are read (a build of the fork)."""
 
@@ -387,7 +423,14 @@ class Behaviours:
                 self.boundary_flush_stages_in_pinned_buffer,
                 "zero12_waits_for_each_bucket": self.zero12_waits_for_each_bucket,
                 "live_count_reset": self.live_count_reset,
-                "used_params_counted": self.used_params_counted}
+                "used_params_counted": self.used_params_counted,
+                "hpz_secondary_recopied": self.hpz_secondary_recopied}
+
+    @property
+    def hpz_secondary_recopied(self) -> bool:
+        """Every release copies hpZ's secondary partition again (0.13.2 to 0.14.2: added by
+        one row, taken out by the next)."""
+        return self.hpz_secondary_by_presence and not self.hpz_secondary_once
 
     def describe(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -101,6 +101,8 @@ MEMORY_COLORS: dict[Category, str] = {
     Category.PARAMS_PERSISTENT: TOL_MUTED[0],
     Category.IPG_BUCKET: OKABE_ITO["yellow"],
     Category.PARAMS_GATHERED: OKABE_ITO["sky blue"],
+    Category.PARAMS_SECONDARY: "#4477AA",
+    Category.QUANTIZED_GATHER: "#CCBB44",
     Category.GRADS: OKABE_ITO["orange"],
     Category.GRAD_PARTITIONS: OKABE_ITO["vermillion"],
     Category.BOUNDARY_GRAD_BUFFER: TOL_MUTED[6],

@@ -50,7 +50,24 @@ def _mode(scenario: Scenario) -> str:
     if ds.low_precision_master:
         where.append(f"{ds.master_dtype} master params and gradients, "
                      f"{ds.optimizer_state_dtype} Adam moments")
+    if ds.stage == 3 and (zero_plus_plus := _zero_plus_plus_text(scenario)):
+        where.append(zero_plus_plus)
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
+
+
+def _zero_plus_plus_text(scenario: Scenario) -> str:
+    """hpZ and qwZ in a few words ('' without either, or on one rank)."""
+    settings = scenario.deepspeed.zero_plus_plus
+    if scenario.data_parallel == 1:
+        return ""
+    parts = []
+    if (group := settings.hpz_group(scenario.data_parallel)) > 1:
+        where = ("in host memory" if scenario.deepspeed.offload_param.device == "cpu"
+                 else "in HBM")
+        parts.append(f"hpZ (secondary partitions over groups of {group} ranks, {where})")
+    if settings.quantized_weights:
+        parts.append("qwZ (int8 all-gathers of the parameters)")
+    return "ZeRO++ " + " and ".join(parts) if parts else ""
 
 
 def _leaves_text(scenario: Scenario) -> str:

@@ -29,7 +29,9 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
+from math import ceil, isqrt
 from typing import Protocol
 
 import simpy
@@ -37,6 +39,7 @@ import simpy
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.streams import NcclQueue
+from zerosim.hardware import costs
 from zerosim.vocabulary import Category, Collective, OpKind, Stream
 
 
@@ -49,9 +52,10 @@ class ParameterCoordinator(Protocol):
     def fetch(self, index: int) -> simpy.Event | None: ...
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
     def prefetch_after(self, index: int, backward: bool) -> None: ...
-    def release(self, index: int, *, backward: bool) -> None: ...
-    def release_after_backward(self) -> None: ...
-    def release_all(self) -> None: ...
+    def release(self, index: int, *, backward: bool) -> Iterable[simpy.Event]: ...
+    def release_after_backward(self) -> Iterable[simpy.Event]: ...
+    def release_all(self) -> Iterable[simpy.Event]: ...
+    def after_step(self) -> None: ...
     def keep_after_forward(self, index: int) -> bool: ...
 
 
@@ -77,13 +81,16 @@ class ReplicatedParams:
     def prefetch_after(self, index: int, backward: bool) -> None:
         return None
 
-    def release(self, index: int, *, backward: bool) -> None:
-        return None
+    def release(self, index: int, *, backward: bool) -> Iterable[simpy.Event]:
+        return ()
 
-    def release_after_backward(self) -> None:
-        return None
+    def release_after_backward(self) -> Iterable[simpy.Event]:
+        return ()
 
-    def release_all(self) -> None:
+    def release_all(self) -> Iterable[simpy.Event]:
+        return ()
+
+    def after_step(self) -> None:
         return None
 
     def keep_after_forward(self, index: int) -> bool:
@@ -123,15 +130,50 @@ class PartitionsInHost:
 
 @dataclass
 class _Bundle:
-    """A coalesced all-gather of several tensors (`AllGatherCoalescedHandle`)."""
+    """An all-gather call whose first wait has work to do on DeepSpeed's all-gather stream
+    (`AllGatherCoalescedHandle.wait`): a call of several tensors copies each out of the flat
+    buffer; a quantized one (qwZ) dequantizes the int8 blocks first."""
 
     tensors: int
     nbytes: float
+    """The gathered 16-bit bytes."""
     waiting: int
     """Modules of the call whose hook has not yet waited on it."""
     copies: simpy.Event | None = None
     """The copies out of the flat buffer, once the first module's wait has issued them."""
     extra: int = 0
+    quantized: bool = False
+    quantized_held: int = 0
+    """qwZ's int8 buffer and scales, held from the call to the last module's wait."""
+
+
+QUANTIZER_TARGET_GROUP = 8000
+"""partition_parameters.py `CUDAQuantizer.target_group_size`: elements per quantization group
+(one fp32 scale each) aimed below."""
+
+QUANTIZER_SCALE_BYTES = 4
+"""Each group's scale is fp32 (`quant_scale_buffer`)."""
+
+
+@lru_cache(maxsize=4096)
+def quantization_groups(numel: int) -> int:
+    """How many groups `CUDAQuantizer.quantize` cuts `numel` elements into: from
+    ceil(numel / 8000) up to the first count g with numel divisible by 8g, then doubled while
+    numel stays divisible by 16g and groups stay above 8000 elements. Where no such count
+    exists (numel not a multiple of 8) DeepSpeed's assertion fails; zerosim keeps the
+    ceil(numel / 8000) groups then (only the scales' few bytes depend on it)."""
+    groups = ceil(numel / QUANTIZER_TARGET_GROUP)
+    if numel <= 0 or numel % 8:
+        return max(groups, 1)
+    blocks = numel // 8
+    divisors = [d for k in range(1, isqrt(blocks) + 1) if blocks % k == 0
+                for d in (k, blocks // k) if d >= groups]
+    if not divisors:
+        return groups
+    groups = min(divisors)
+    while numel % (16 * groups) == 0 and numel / groups > QUANTIZER_TARGET_GROUP:
+        groups *= 2
+    return groups
 
 
 MAX_ONGOING_FETCH_EVENTS = 2
@@ -139,7 +181,17 @@ MAX_ONGOING_FETCH_EVENTS = 2
 
 
 class PartitionedParams:
-    """ZeRO-3's partitioned parameter coordinator for one rank."""
+    """ZeRO-3's partitioned parameter coordinator for one rank.
+
+    With ZeRO++ (DeepSpeed 0.10.0+): hpZ keeps, besides each parameter's partition over every
+    rank, a secondary partition over its group of `zero_hpz_partition_size` consecutive ranks
+    (`_partition_param_sec`), made when a gathered parameter is first released after a step
+    (0.13.2-0.14.2: at every release), on the GPU or, with `offload_param: cpu`, in host
+    memory; a fetch of parameters that have one all-gathers it over the group alone, and the
+    step drops them all (`invalidate_secondary_tensor`). qwZ quantizes what a call gathers
+    to int8 blocks with fp32 scales on DeepSpeed's all-gather stream, all-gathers both, and
+    dequantizes at the first wait.
+    """
 
     module_hooks = True
 
@@ -188,6 +240,19 @@ class PartitionedParams:
         self.live_count_reset = behaviours.live_count_reset
         self.drift = 0
         """How far DeepSpeed's live count is below what is gathered (`reset_step`)."""
+        zero_plus_plus = core.ds.zero_plus_plus
+        world = len(core.ranks)
+        self.hpz = zero_plus_plus.hpz_group(world)
+        """Ranks per secondary partition (hpZ; 1: off)."""
+        first = core.rank // self.hpz * self.hpz
+        self.hpz_ranks = tuple(range(first, first + self.hpz))
+        self.hpz_groups = world // self.hpz
+        self.secondary_numel = [numel * self.hpz_groups for numel in self.partition_numel]
+        self.has_secondary = [False] * len(plan.modules)
+        self.secondary_held = [0] * len(plan.modules)
+        self.secondary_on_host = core.ds.offload_param.device == "cpu"
+        self.recopies_secondary = behaviours.hpz_secondary_recopied
+        self.quantized = zero_plus_plus.quantized_weights and not self.per_tensor
 
     def reset_step(self, micro: int) -> None:
         """Where DeepSpeed's live count stands as micro-batch `micro`'s forward starts.
@@ -222,7 +287,8 @@ class PartitionedParams:
 
     def _gather(self, indices: tuple[int, ...]) -> None:
         """One all-gather call over the modules' parameters (`__all_gather_params`: a module's
-        own fetch, or every module of one prefetch)."""
+        own fetch, or every module of one prefetch); with hpZ, one over the group for those
+        with a secondary partition, then one over every rank for the others."""
         core, plan = self.core, self.core.plan
         todo = [i for i in indices if not self.is_gathered[i] and plan.gathered_numel[i] > 0]
         if not todo:
@@ -236,49 +302,105 @@ class PartitionedParams:
             self.gathered[index] = None
         if not core.distributed and not self.source.always_gathers:
             return
+        if self.hpz == 1:
+            self._issue(todo, secondary=False)
+            return
+        with_secondary = [index for index in todo if self.has_secondary[index]]
+        for modules, secondary in ((with_secondary, True),
+                                   ([i for i in todo if not self.has_secondary[i]], False)):
+            if modules:
+                self._issue(modules, secondary=secondary)
+
+    def _issue(self, todo: list[int], *, secondary: bool) -> None:
+        """`all_gather_coalesced` over the modules' tensors: from their secondary partitions
+        over the hpZ group, or from their partitions over every rank."""
+        core, plan = self.core, self.core.plan
         tensors = [p for index in todo for p in self.to_gather[index]]
         numel = sum([plan.gathered_numel[index] for index in todo])
         sizes = [p.numel for p in tensors] if self.per_tensor else [numel]
-        keys = [core.next_key(Collective.ALL_GATHER) for _ in sizes]
-        core.launches += core.distributed * len(sizes)
+        ranks = self.hpz_ranks if secondary else core.ranks
+        keys = [self._key(Collective.ALL_GATHER, ranks) for _ in sizes]
+        quantized = self.quantized and core.distributed
+        core.launches += core.distributed * len(sizes) * (1 + quantized)
         for index in todo:
             self.gathered_bytes[index], reserve_s = self._hold(
                 core.dtype_bytes * plan.gathered_numel[index], plan.modules[index].name)
             core.deferred_host_s += reserve_s
         names = " + ".join([plan.modules[index].name for index in todo])
+        shares = [(self.secondary_numel if secondary else self.partition_numel)[index]
+                  for index in todo]
         if self.source.always_gathers:
-            self._bring(todo, names)
+            self._bring(todo, names, shares)
+        element_bytes, scale_bytes, quantized_held = core.dtype_bytes, 0, 0
+        if quantized:
+            element_bytes = 1
+            scale_bytes = (QUANTIZER_SCALE_BYTES * quantization_groups(sum(shares))
+                           * len(ranks))
+            quantized_held = self._quantize(names, sum(shares), len(tensors), numel,
+                                            scale_bytes)
+            scale_key = self._key("all_gather_scales", ranks)
         turn = self.nccl.issue()
 
         def body() -> Gen:
             yield from turn.wait()
             for key, size in zip(keys, sizes, strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
-                                                   core.dtype_bytes * size, core.ranks)
+                                                   element_bytes * size, ranks)
+            if scale_bytes:
+                yield from core.machine.collective(core.rank, scale_key, Collective.ALL_GATHER,
+                                                   scale_bytes, ranks)
             turn.done()
 
-        event = self.allgather.launch(f"all-gather {names}", body,
-                                      kind=OpKind.ALL_GATHER, nbytes=core.dtype_bytes * numel,
+        label = f"all-gather {names}" + (f" over its hpZ group of {len(ranks)}" if secondary
+                                         else "")
+        event = self.allgather.launch(label, body, kind=OpKind.ALL_GATHER,
+                                      nbytes=element_bytes * numel + scale_bytes,
                                       after=(self.copies.idle_event(),))
-        if core.distributed and not self.per_tensor and len(tensors) > 1:
-            bundle = _Bundle(len(tensors), core.dtype_bytes * numel, waiting=len(todo))
+        if core.distributed and not self.per_tensor and (len(tensors) > 1 or quantized):
+            bundle = _Bundle(len(tensors), core.dtype_bytes * numel, waiting=len(todo),
+                             quantized=quantized, quantized_held=quantized_held)
             for index in todo:
                 self.bundles[index] = bundle
         for index in todo:
             self.gathered[index] = event
 
-    def _bring(self, todo: list[int], names: str) -> None:
-        """The partitions copied to the GPU (and read from NVMe first, where they live there)
-        on DeepSpeed's all-gather stream, where `all_gather_coalesced` makes them
-        (`ds_tensor.to(device)`), so the all-gather issued after them waits for them and they
-        do not wait for the all-gathers issued before."""
+    def _key(self, kind: str, ranks: tuple[int, ...]) -> tuple:
+        """A collective's key: the call's sequence number among the rank's calls of its kind,
+        and, for a group short of every rank (hpZ), which group."""
+        if ranks is self.core.ranks:
+            return self.core.next_key(kind)
+        return (*self.core.next_key(f"{kind} hpz"), ranks[0])
+
+    def _quantize(self, names: str, share_numel: int, tensors: int, numel: int,
+                  scale_bytes: int) -> int:
+        """qwZ before the all-gather, on DeepSpeed's all-gather stream: the partitions
+        concatenated (`torch.cat`, for several tensors) and quantized to int8 with a scale per
+        group, into buffers for the gathered int8 blocks and scales. Returns the bytes held
+        until the call's last wait."""
+        core = self.core
+        element = core.dtype_bytes
+        several = tensors > 1
+        held = core.gpu.allocate(Category.QUANTIZED_GATHER,
+                                 numel + share_numel + scale_bytes, f"qwZ {names}")
+        core.deferred_host_s += ((1 + several) * core.kernel_launch_s
+                                 + core.reserve_s(held, Stream.FETCH_COPIES))
+        core.hbm_op(self.copies, f"quantize {names}", OpKind.QUANTIZE,
+                    (2 * element * several + element + 1) * share_numel, passes=1)
+        return held
+
+    def _bring(self, todo: list[int], names: str, shares: list[int]) -> None:
+        """The partitions (`shares` numel each: secondary ones with hpZ) copied to the GPU
+        (and read from NVMe first, where they live there) on DeepSpeed's all-gather stream,
+        where `all_gather_coalesced` makes them (`ds_tensor.to(device)`), so the all-gather
+        issued after them waits for them and they do not wait for the all-gathers issued
+        before."""
         core = self.core
 
         def body() -> Gen:
-            for index in todo:
-                yield from self.source.bring(core, index, self.partition_numel[index])
+            for index, share in zip(todo, shares, strict=True):
+                yield from self.source.bring(core, index, share)
 
-        nbytes = core.dtype_bytes * sum([self.partition_numel[index] for index in todo])
+        nbytes = core.dtype_bytes * sum(shares)
         self.copies.launch(f"fetch {names}", body, kind=OpKind.PARAM_FETCH, nbytes=nbytes)
 
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen:
@@ -328,10 +450,19 @@ class PartitionedParams:
             return ready
         core = self.core
         if bundle.copies is None:
-            bundle.extra, reserve_s = self._hold(bundle.nbytes, "all-gather flat buffer")
-            yield from core.host_time(bundle.tensors * core.kernel_launch_s + reserve_s)
-            bundle.copies = core.hbm_op(self.copies, "split all-gather", OpKind.GATHER_SPLIT,
-                                        bundle.nbytes, after=(ready,))
+            split = bundle.tensors > 1
+            reserve_s = 0.0
+            if split:
+                bundle.extra, reserve_s = self._hold(bundle.nbytes, "all-gather flat buffer")
+            yield from core.host_time((bundle.tensors * split + bundle.quantized)
+                                      * core.kernel_launch_s + reserve_s)
+            if bundle.quantized:
+                ready = core.hbm_op(self.copies, "dequantize all-gather", OpKind.DEQUANTIZE,
+                                    bundle.nbytes * (1 + 1 / core.dtype_bytes), passes=1,
+                                    after=(ready,))
+            bundle.copies = ready if not split else core.hbm_op(
+                self.copies, "split all-gather", OpKind.GATHER_SPLIT, bundle.nbytes,
+                after=(ready,))
         self._leave(bundle)
         return bundle.copies
 
@@ -350,10 +481,16 @@ class PartitionedParams:
         self.core.release_device_memory(held, Stream.FETCH_COPIES)
 
     def _leave(self, bundle: _Bundle) -> None:
-        """One module of the bundle is done with the handle; the last frees the flat buffer."""
+        """One module of the bundle is done with the handle; the last frees the flat buffer
+        (and qwZ's int8 buffer)."""
         bundle.waiting -= 1
-        if bundle.waiting == 0 and bundle.extra:
+        if bundle.waiting:
+            return
+        if bundle.extra:
             self._drop(bundle.extra)
+        if bundle.quantized_held:
+            self.core.gpu.free(Category.QUANTIZED_GATHER, bundle.quantized_held)
+            self.core.release_device_memory(bundle.quantized_held, Stream.FETCH_COPIES)
 
     def prefetch_after(self, index: int, backward: bool) -> None:
         """`fetch_sub_module`'s prefetch, run by every module's pre-hook (a module without
@@ -407,8 +544,71 @@ class PartitionedParams:
         streams and reuses those blocks rather than failing.
         """
         plan = self.core.plan
-        if index not in (plan.unreleased_modules if backward else plan.external):
-            self._free(index)
+        if index in (plan.unreleased_modules if backward else plan.external):
+            return ()
+        if self._makes_secondary(index):
+            return self._release_into_secondary(index)
+        self._free(index)
+        return ()
+
+    def _makes_secondary(self, index: int) -> bool:
+        """Whether releasing the module's gathered parameters copies them into secondary
+        partitions (hpZ): at the first release since the step, or every release (0.13.2 to
+        0.14.2)."""
+        return (self.hpz > 1 and self.is_gathered[index]
+                and (self.recopies_secondary or not self.has_secondary[index]))
+
+    def _release_into_secondary(self, index: int) -> Gen:
+        yield from self._make_secondary(index)
+        self._free(index)
+
+    def _make_secondary(self, index: int) -> Gen:
+        """`_partition_param_sec` for each of the module's gathered tensors: its share copied
+        (zeroed first, from 0.19.5) into its secondary partition, then, from 0.13.5, the host
+        synchronizes the current stream, the compute stream, once per tensor."""
+        core = self.core
+        name = core.plan.modules[index].name
+        fresh = not self.has_secondary[index]
+        self.has_secondary[index] = True
+        if self.secondary_on_host:
+            yield from self._make_secondary_on_host(name, index, fresh)
+            return
+        behaviours, element = core.behaviours, core.dtype_bytes
+        if fresh:
+            held = self.secondary_held[index] = core.gpu.allocate(
+                Category.PARAMS_SECONDARY, element * self.secondary_numel[index], name)
+            yield from core.host_time(core.reserve_s(held))
+        zeroed = behaviours.hpz_secondary_zeroed
+        for tensor in self.to_gather[index]:
+            yield from core.issue_kernels(1 + zeroed)
+            core.hbm_op(core.compute, f"secondary {name}", OpKind.SECONDARY_PARTITION,
+                        element * tensor.partition_numel * self.hpz_groups, passes=2 + zeroed)
+            if behaviours.hpz_secondary_sync:
+                yield from core.wait_for_stream(core.compute, 0)
+
+    def _make_secondary_on_host(self, name: str, index: int, fresh: bool) -> Gen:
+        """With `offload_param: cpu` the secondary partitions live in host memory
+        (`remote_device`), pinned with `pin_memory` (held for the run: `zerosim.engine.states`,
+        as PyTorch's host cache keeps the blocks the step lets go): a new one is made pageable
+        and copied into a pinned block (`pin_memory()`); 0.19.5 zeroes it on the CPU; the
+        share goes there by a blocking D2H, which waits for the compute stream."""
+        core = self.core
+        element, pinned = core.dtype_bytes, core.ds.offload_param.pin_memory
+        for tensor in self.to_gather[index]:
+            share = tensor.partition_numel * self.hpz_groups
+            if fresh and pinned:
+                yield from core.cpu_work(
+                    f"pin secondary {name}", OpKind.SECONDARY_PARTITION,
+                    core.machine.elementwise(core.rank, share, costs.HostBytes(home=2 * element)),
+                    nbytes=element * share)
+            if core.behaviours.hpz_secondary_zeroed:
+                yield from core.cpu_work(
+                    f"zero secondary {name}", OpKind.SECONDARY_PARTITION,
+                    core.machine.elementwise(core.rank, share, costs.HostBytes(home=element)),
+                    nbytes=element * share)
+            yield from core.wait_for_stream(core.compute, 1)
+            yield from core.dma("d2h", element * share, pinned=pinned,
+                                op=f"secondary {name}", kind=OpKind.SECONDARY_PARTITION)
 
     def _free(self, index: int) -> None:
         if not self.is_gathered[index]:
@@ -424,15 +624,38 @@ class PartitionedParams:
         self._drop(self.gathered_bytes[index])
         self.gathered_bytes[index] = 0
 
-    def release_after_backward(self) -> None:
+    def release_after_backward(self) -> Iterable[simpy.Event]:
         """Free what is still gathered when a backward ends (prefetched, never used), but not
         `kept_after_backward`: the next micro-batch and the step find the external params
         gathered, and up to 0.19.2 the embeddings too."""
-        for index in self.trace:
-            if index not in self.kept_after_backward:
-                self._free(index)
+        return self._release_each([index for index in self.trace
+                                   if index not in self.kept_after_backward])
 
-    def release_all(self) -> None:
+    def release_all(self) -> Iterable[simpy.Event]:
         """The optimizer step's `_partition_all_parameters`, first thing in the step."""
-        for index in self.trace:
+        return self._release_each(self.trace)
+
+    def _release_each(self, indices: list[int]) -> Iterable[simpy.Event]:
+        """Partition every module of `indices` still gathered; with hpZ each gets its
+        secondary partitions there, as any partition of an available parameter makes them."""
+        if self.hpz > 1:
+            return self._release_each_into_secondaries(indices)
+        for index in indices:
             self._free(index)
+        return ()
+
+    def _release_each_into_secondaries(self, indices: list[int]) -> Gen:
+        for index in indices:
+            if self._makes_secondary(index):
+                yield from self._make_secondary(index)
+            self._free(index)
+
+    def after_step(self) -> None:
+        """The step's `invalidate_secondary_tensor` (`_post_step`): every secondary partition
+        dropped, so the next forward gathers from the partitions over every rank."""
+        for held in self.secondary_held:
+            if held:
+                self.core.gpu.free(Category.PARAMS_SECONDARY, held)
+                self.core.release_device_memory(held)
+        self.secondary_held = [0] * len(self.secondary_held)
+        self.has_secondary = [False] * len(self.has_secondary)

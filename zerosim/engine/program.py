@@ -59,8 +59,9 @@ class RankProgram:
             yield from self.backward(micro, boundary=micro == steps - 1)
             yield from core.report_memory()
         yield from core.report_memory()
-        self.params.release_all()
+        yield from self.params.release_all()
         yield from self.optimizer.run()
+        self.params.after_step()
         yield from core.synchronize()
         self.release_model_states()
 
@@ -116,7 +117,7 @@ class RankProgram:
                                             backward=False)
             for owner in released_after[index]:
                 if not self.params.keep_after_forward(owner):
-                    self.params.release(owner, backward=False)
+                    yield from self.params.release(owner, backward=False)
         yield from core.end(host_waits=False)
 
     def _released_after_forward(self) -> dict[int, tuple[int, ...]]:
@@ -155,9 +156,9 @@ class RankProgram:
                     yield from core.host_time(core.count_used_params_s)
                     phase_starts = False
                 yield from self.gradients.add(param, done, micro, boundary)
-            self.params.release(index, backward=True)
+            yield from self.params.release(index, backward=True)
         yield from self.gradients.epilogue(micro, boundary)
-        self.params.release_after_backward()
+        yield from self.params.release_after_backward()
         yield from core.end()
 
     def _last_of_block(self, index: int) -> bool:

@@ -286,7 +286,8 @@ def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]
                 Holding(host, Category.PARAMS_16BIT, zero_init_partitions_cached(plan, dtype,
                                                                                  pinned),
                         "zero.Init's per-parameter partitions, cached by the host allocator",
-                        pinned)]
+                        pinned),
+                *_host_secondary_partitions(ds, plan, dtype, pinned)]
     held = [Holding(host, Category.PARAMS_16BIT, dtype * (part - on_nvme), "fp16 partition",
                     pinned)]
     if ds.offload_param.nvme:
@@ -302,6 +303,23 @@ def _stage3_params(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holding]
                     "16-bit swap-out pool of the largest sub-group", BufferKind.PINNED),
         ]
     return held
+
+
+def _host_secondary_partitions(ds: DeepSpeedConfig, plan: Plan, dtype: int,
+                               buffer: BufferKind) -> list[Holding]:
+    """hpZ with `offload_param: cpu`: each non-persistent parameter's secondary partition
+    (its share over the hpZ group) lives in host memory, pinned with `pin_memory`, made at
+    its first release after a step and dropped by the step; PyTorch's host cache keeps the
+    pinned blocks for the next iteration's, so they stay resident (a pageable one is held
+    from the forward to the step, where the peak is)."""
+    group = ds.zero_plus_plus.hpz_group(plan.ranks)
+    if group == 1:
+        return []
+    share = plan.ranks // group
+    sizes = [dtype * p.partition_numel * share for params in plan.params for p in params
+             if not p.persistent]
+    return [Holding(DeviceKind.HOST, Category.PARAMS_SECONDARY,
+                    _host_allocations(sizes, buffer), "hpZ secondary partitions", buffer)]
 
 
 def zero_init_partitions_cached(plan: Plan, dtype: int, buffer: BufferKind) -> float:

@@ -197,8 +197,11 @@ class _Zero(_Open):
     module_granularity_threshold: int = Field(0, ge=0, validation_alias=AliasChoices(
         "module_granularity_threshold", "stage3_module_granularity_threshold"))
     leaf_module: _LeafModule | None = None
+    zero_hpz_partition_size: int = Field(1, ge=0)
+    zero_quantized_weights: bool = False
 
-    _whole = field_validator("module_granularity_threshold", mode="before")(_whole)
+    _whole = field_validator("module_granularity_threshold", "zero_hpz_partition_size",
+                             mode="before")(_whole)
 
 
 class _Optimizer(_Open):
@@ -346,6 +349,34 @@ class LeafSettings:
                 **({"leaf_module": listed} if any(listed.values()) else {})}
 
 
+@dataclass(frozen=True)
+class ZeroPlusPlusSettings:
+    """ZeRO++'s parameter side (DeepSpeed 0.10.0+, PR #3784), as resolved: hpZ's
+    `hpz_partition_size` (`zero_hpz_partition_size`; 1: off), how many consecutive ranks
+    share a secondary partition of every parameter, which the fetches after a parameter's
+    first release since the step all-gather over those ranks alone; qwZ's
+    `quantized_weights` (`zero_quantized_weights`), all-gathers of int8 blocks and their
+    fp32 scales, quantized before and dequantized after."""
+
+    hpz_partition_size: int = 1
+    quantized_weights: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.hpz_partition_size > 1 or self.quantized_weights
+
+    def hpz_group(self, world: int) -> int:
+        """Ranks per secondary partition: DeepSpeed's `_create_zero_param_parallel_group`
+        takes min(size, world); 1 where hpZ is off."""
+        return min(self.hpz_partition_size, world) if self.hpz_partition_size > 1 else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys as the ds_config writes them (none that a release without them refuses)."""
+        return {**({"zero_hpz_partition_size": self.hpz_partition_size}
+                   if self.hpz_partition_size != 1 else {}),
+                **({"zero_quantized_weights": True} if self.quantized_weights else {})}
+
+
 def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
     """DeepSpeed's memory reports in an optimizer step with `memory_breakdown` on: before and
     after each micro-batch's forward and backward, and before and after the step
@@ -399,6 +430,8 @@ class DeepSpeedConfig:
     """Adam's exp_avg and exp_avg_sq (`_master_precision`)."""
     leaves: LeafSettings = LeafSettings()
     """What makes modules ZeRO-3 leaves (`_leaves`)."""
+    zero_plus_plus: ZeroPlusPlusSettings = ZeroPlusPlusSettings()
+    """hpZ and qwZ (`_zero_plus_plus`)."""
 
     @property
     def low_precision_master(self) -> bool:
@@ -430,6 +463,7 @@ class DeepSpeedConfig:
             "offload_param": _offload_param_dict(self.offload_param),
             **({"zenflow": self.zenflow.to_dict()} if self.zenflow is not None else {}),
             **self.leaves.to_dict(),
+            **self.zero_plus_plus.to_dict(),
         }
         return {
             "train_batch_size": self.train_batch_size,
@@ -832,6 +866,36 @@ def _leaves(zero: _Zero, behaviours: Behaviours, source: str) -> LeafSettings:
         fast_fetch=threshold > 0 and behaviours.leaf_fetch_skips_event_bound)
 
 
+ZERO_PLUS_PLUS_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights")
+
+
+def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
+                    ) -> ZeroPlusPlusSettings:
+    """`zero_hpz_partition_size` and `zero_quantized_weights` (DeepSpeed 0.10.0+, PR #3784),
+    refused where DeepSpeed fails on them: a release before them forbids the keys; the
+    data-parallel world must split into groups of min(size, world) ranks
+    (`_create_zero_param_parallel_group`'s `_ensure_divisibility`); with the parameters on
+    NVMe the secondary partition would be made on `remote_device` 'nvme', which
+    `torch.empty` rejects."""
+    for key in ZERO_PLUS_PLUS_KEYS:
+        if key in zero.model_fields_set and not behaviours.zero_plus_plus:
+            raise ScenarioError(source, f"{ZERO_KEY}.{key}", "absent before DeepSpeed 0.10.0 "
+                                "(ZeRO++ came with PR #3784; an earlier release refuses the "
+                                "key)", getattr(zero, key))
+    settings = ZeroPlusPlusSettings(zero.zero_hpz_partition_size, zero.zero_quantized_weights)
+    group = settings.hpz_group(world)
+    key = f"{ZERO_KEY}.zero_hpz_partition_size"
+    if world % group:
+        raise ScenarioError(source, key, f"a size whose min with the {world} data-parallel "
+                            f"ranks divides them (DeepSpeed asserts '{world} is not divisible "
+                            f"by {group}')", zero.zero_hpz_partition_size)
+    if group > 1 and zero.stage == 3 and zero.offload_param.device == "nvme":
+        raise ScenarioError(source, key, "1 with offload_param.device nvme (DeepSpeed makes "
+                            "each secondary partition with torch.empty on remote_device "
+                            "'nvme', which PyTorch rejects)", zero.zero_hpz_partition_size)
+    return settings
+
+
 ZENFLOW_KEY = f"{ZERO_KEY}.zenflow"
 
 
@@ -1040,6 +1104,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         zenflow=zenflow,
         **_master_precision(raw, zero, dtype, behaviours, source),
         leaves=_leaves(zero, behaviours, source),
+        zero_plus_plus=_zero_plus_plus(zero, behaviours, trainer.world_size, source),
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

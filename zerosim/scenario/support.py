@@ -19,7 +19,8 @@ def check_supported(scenario: Any) -> None:
                  _what_ifs_not_with_nvme, _interleaved_update_is_offloaded_stage3,
                  _step_what_ifs_not_with_the_interleaved_update,
                  _zenflow_is_zero12_with_a_fixed_interval, _super_offload_is_replayed,
-                 _low_precision_master_is_replayed, _nvme_buffers_suffice):
+                 _low_precision_master_is_replayed, _nvme_buffers_suffice,
+                 _hpz_is_replayed):
         rule(scenario)
 
 
@@ -46,6 +47,10 @@ class LeafModuleWarning(ScenarioWarning):
     zerosim cannot place in the model it builds."""
 
 
+class ZeroPlusPlusWarning(ScenarioWarning):
+    """ZeRO++ settings that change nothing in this configuration."""
+
+
 class UnreplayedSelectionWarning(ScenarioWarning):
     """ZenFlow re-selects its gradient columns every few steps, which zerosim does not
     replay."""
@@ -60,6 +65,27 @@ def warn_inert(scenario: Any) -> None:
     _warn_zenflow_selection_by_steps(scenario)
     _warn_superoffload_rollback(scenario)
     _warn_idle_leaf_rules(scenario)
+    _warn_idle_zero_plus_plus(scenario)
+
+
+def _warn_idle_zero_plus_plus(scenario: Any) -> None:
+    """hpZ or qwZ asked for where DeepSpeed does nothing with it: below ZeRO-3 (only ZeRO-3's
+    parameter coordinator reads them), hpZ on one rank (a group of one), qwZ on one rank
+    with the parameters in HBM (nothing is all-gathered)."""
+    ds = scenario.deepspeed
+    zpp = ds.zero_plus_plus
+    said = [key for key, value in (("zero_hpz_partition_size", zpp.hpz_partition_size > 1),
+                                   ("zero_quantized_weights", zpp.quantized_weights)) if value]
+    if not said:
+        return
+    if ds.stage != 3:
+        why = f"does nothing at ZeRO-{ds.stage}: only ZeRO-3 partitions and gathers parameters"
+    elif scenario.data_parallel == 1:
+        why = "does nothing on one rank: there is nothing to gather from other ranks"
+    else:
+        return
+    warnings.warn(f"{scenario.source}: {ZERO}.{said[0]} {why}", ZeroPlusPlusWarning,
+                  stacklevel=5)
 
 
 def _warn_idle_leaf_rules(scenario: Any) -> None:
@@ -344,6 +370,20 @@ def _super_offload_is_replayed(scenario: Any) -> None:
             _refuse(scenario, f"what_if.{name}", "off with super_offload (the what-if changes "
                     "DeepSpeed's own CPU step, which SuperOffload's replaces)",
                     getattr(scenario.what_if, name))
+
+
+def _hpz_is_replayed(scenario: Any) -> None:
+    """hpZ is replayed from DeepSpeed 0.13.2, where a fetch uses the secondary partitions
+    wherever they exist (PR #4906); before, the coordinator's forward flag (grad enabled at
+    the module's pre-forward hook) picked the process group, which zerosim does not
+    replay."""
+    ds = scenario.deepspeed
+    if (ds.stage == 3 and ds.zero_plus_plus.hpz_group(scenario.data_parallel) > 1
+            and not scenario.behaviours.hpz_secondary_by_presence):
+        _refuse(scenario, f"{ZERO}.zero_hpz_partition_size", "1 before DeepSpeed 0.13.2 "
+                "(zerosim replays hpZ as PR #4906 made it: before, the forward flag picks "
+                "between the secondary and the primary partitions, not modelled)",
+                ds.zero_plus_plus.hpz_partition_size)
 
 
 def _low_precision_master_is_replayed(scenario: Any) -> None:

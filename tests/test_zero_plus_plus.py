@@ -1,0 +1,219 @@
+"""ZeRO++'s parameter side: hpZ's secondary partitions (`zero_hpz_partition_size`) and qwZ's
+int8 all-gathers (`zero_quantized_weights`), as each DeepSpeed release resolves and runs them."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+
+from zerosim.engine.params import quantization_groups
+from zerosim.errors import ScenarioError, UnsupportedConfigError
+from zerosim.scenario.support import ZeroPlusPlusWarning
+from zerosim.vocabulary import Category, DeviceKind, OpKind, Phase, Stream, device_name
+
+Z = "deepspeed.zero_optimization"
+
+
+def _patch(version: str = "0.19.5", *, ga: int = 2, **zero) -> dict:
+    """GA 2; no prefetch and nothing kept for the backward (each module gathered on its own,
+    at its own hook, forward and backward)."""
+    zero = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0, **zero}
+    return {"runtime": {"deepspeed_version": version},
+            "deepspeed": {"gradient_accumulation_steps": ga, "zero_optimization": zero}}
+
+
+def _run(toy, patch, gpus=4):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = toy.run(patch, gpus=gpus)
+    assert result.summary["status"] == "ok"
+    return result
+
+
+def _deepspeed_groups(numel: int) -> int:
+    """partition_parameters.py `CUDAQuantizer.quantize`'s group count, as its code reads."""
+    groups = math.ceil(numel / 8000)
+    while groups < numel:
+        if numel % (8 * groups) == 0:
+            break
+        groups += 1
+    while numel % (8 * groups * 2) == 0 and numel / groups > 8000:
+        groups *= 2
+    return groups
+
+
+@pytest.mark.parametrize("numel", [5120, 1280, 6_553_600, 13824 * 5120 // 4, 8 * 1_234_567,
+                                   8 * 97 * 101 * 7, 16 * 1_000_003, 40_961_280])
+def test_quantization_groups_as_the_quantizer_cuts_them(numel):
+    assert quantization_groups(numel) == _deepspeed_groups(numel)
+
+
+def test_quantization_groups_of_an_odd_size_keep_the_target():
+    """A size that is not a multiple of 8 fails DeepSpeed's assertion; zerosim keeps
+    ceil(numel / 8000) groups for its scales."""
+    assert quantization_groups(8001) == 2
+    assert quantization_groups(6_553_600) == 1024  # 6,400 elements a group
+
+
+def test_the_keys_resolve_and_write_back(toy):
+    ds = toy.scenario(_patch(zero_hpz_partition_size=2, zero_quantized_weights=True),
+                      gpus=4).deepspeed
+    assert ds.zero_plus_plus.hpz_partition_size == 2 and ds.zero_plus_plus.quantized_weights
+    zero = ds.to_dict()["zero_optimization"]
+    assert zero["zero_hpz_partition_size"] == 2 and zero["zero_quantized_weights"] is True
+    plain = toy.scenario(_patch(), gpus=4).deepspeed.to_dict()["zero_optimization"]
+    assert "zero_hpz_partition_size" not in plain and "zero_quantized_weights" not in plain
+
+
+@pytest.mark.parametrize(("version", "zero", "gpus", "match"), [
+    ("0.9.5", {"zero_hpz_partition_size": 2}, 4, "absent before DeepSpeed 0.10.0"),
+    ("0.9.5", {"zero_quantized_weights": True}, 4, "absent before DeepSpeed 0.10.0"),
+    ("0.19.5", {"zero_hpz_partition_size": 3}, 4, "4 is not divisible by 3"),
+    ("0.19.5", {"zero_hpz_partition_size": 2,
+                "offload_param": {"device": "nvme", "nvme_path": "/local"}}, 4, "'nvme'"),
+])
+def test_what_deepspeed_refuses_is_an_error(toy, version, zero, gpus, match):
+    with pytest.raises(ScenarioError, match=match):
+        toy.scenario(_patch(version, **zero), gpus=gpus)
+
+
+def test_a_group_larger_than_the_world_is_the_world(toy):
+    """`_create_zero_param_parallel_group` takes min(size, world)."""
+    ds = toy.scenario(_patch(zero_hpz_partition_size=8), gpus=4).deepspeed
+    assert ds.zero_plus_plus.hpz_group(4) == 4 and ds.zero_plus_plus.hpz_group(1) == 1
+
+
+def test_hpz_before_secondary_presence_decides_is_not_replayed(toy):
+    """Before 0.13.2 the coordinator's forward flag picked the group; zerosim refuses."""
+    with pytest.raises(UnsupportedConfigError, match=r"before DeepSpeed 0\.13\.2"):
+        toy.scenario(_patch("0.13.1", zero_hpz_partition_size=2), gpus=4)
+    toy.scenario(_patch("0.13.1", zero_quantized_weights=True), gpus=4)
+
+
+@pytest.mark.parametrize(("stage", "gpus", "zero", "said"), [
+    (2, 4, {"zero_hpz_partition_size": 2}, "does nothing at ZeRO-2"),
+    (3, 1, {"zero_quantized_weights": True}, "does nothing on one rank"),
+])
+def test_zero_plus_plus_that_does_nothing_is_a_warning(toy, stage, gpus, zero, said):
+    patch = _patch(stage=stage, **zero)
+    with pytest.warns(ZeroPlusPlusWarning, match=said):
+        toy.scenario(patch, gpus=gpus)
+
+
+def _gathers(result, rank=0):
+    spans = result.spans
+    return spans[(spans["rank"] == rank) & (spans.op_kind == OpKind.ALL_GATHER)]
+
+
+def test_hpz_gathers_the_first_forward_over_every_rank_and_the_rest_over_the_group(toy):
+    """After the step every secondary partition is gone: the first micro-batch's forward
+    gathers over all four ranks and makes them as it releases; the second micro-batch's
+    forward and both backwards gather over the rank's group of two."""
+    gathers = _gathers(_run(toy, _patch(zero_hpz_partition_size=2)))
+    grouped = gathers.op.str.endswith("over its hpZ group of 2")
+    first = (gathers.phase == Phase.FORWARD) & (gathers.micro_batch == 0)
+    assert first.any() and not grouped[first].any()
+    assert grouped[~first].all() and len(gathers[~first]) > 0
+
+
+def _secondary_bytes(toy, gpus=4, hpz=2):
+    from zerosim.engine.plan import plan_of
+
+    plan = plan_of(toy.scenario(_patch(zero_hpz_partition_size=hpz), gpus=gpus))
+    return sum(2 * p.partition_numel * (gpus // hpz) for params in plan.params
+               for p in params if not p.persistent)
+
+
+def test_hpz_holds_a_secondary_partition_of_every_parameter_until_the_step(toy):
+    """Each tensor's share over its group of two, 16-bit, on the GPU: all of them once the
+    first forward has released every module (the external ones in the step's release), none
+    after the step."""
+    result = _run(toy, _patch(zero_hpz_partition_size=2))
+    memory = result.memory
+    secondary = memory[(memory.device == "gpu0")
+                       & (memory.category == Category.PARAMS_SECONDARY.value)]
+    assert secondary.bytes.max() == _secondary_bytes(toy)
+    assert secondary.bytes.iloc[-1] == 0
+
+
+@pytest.mark.parametrize(("version", "once"), [("0.13.3", False), ("0.14.2", False),
+                                               ("0.14.3", True), ("0.19.5", True)])
+def test_the_secondary_copies_by_release(toy, version, once):
+    """From 0.14.3 a tensor's secondary partition is copied once between steps; 0.13.2 to
+    0.14.2 copy it again at every release."""
+    result = _run(toy, _patch(version, zero_hpz_partition_size=2))
+    spans = result.spans
+    copies = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.SECONDARY_PARTITION)]
+    from zerosim.engine.plan import plan_of
+
+    plan = plan_of(toy.scenario(_patch(version, zero_hpz_partition_size=2), gpus=4))
+    tensors = sum(1 for params in plan.params for p in params if not p.persistent)
+    assert (len(copies) == tensors) == once
+    assert len(copies) >= tensors
+
+
+def test_the_secondary_copy_is_zeroed_first_from_0_19_5(toy):
+    """0.19.5's `zero_()` before the copy: three passes over the share instead of two."""
+    def durations(version):
+        spans = _run(toy, _patch(version, zero_hpz_partition_size=2)).spans
+        copies = spans[(spans["rank"] == 0) & (spans.op_kind == OpKind.SECONDARY_PARTITION)]
+        return sorted(copies.end_s - copies.start_s)
+
+    before, after = durations("0.19.4"), durations("0.19.5")
+    assert len(before) == len(after)
+    for two, three in zip(before, after, strict=True):
+        assert three == pytest.approx(1.5 * two)
+    # lm_head, 256 x 64: a 4,096-element partition on each of 4 ranks, a share of 8,192 over
+    # a group of two, 16,384 B read and written at the toy's 1e12 B/s (zeroed: written twice)
+    assert max(before) == pytest.approx(2 * 16_384e-12)
+    assert max(after) == pytest.approx(3 * 16_384e-12)
+
+
+def test_hpz_with_params_in_host_memory_keeps_the_secondaries_there(toy):
+    """`offload_param: cpu`: the secondary partitions are pinned host blocks (held for the
+    run, as PyTorch's host cache keeps them) and each share goes there by a D2H."""
+    patch = _patch(zero_hpz_partition_size=2, offload_param={"device": "cpu",
+                                                             "pin_memory": True})
+    result = _run(toy, patch)
+    memory = result.memory
+    host = memory[memory.category.str.startswith(Category.PARAMS_SECONDARY.value)]
+    assert not host.empty and set(host.device) == {device_name(DeviceKind.HOST, 0)}
+    assert not (memory.category == Category.PARAMS_SECONDARY.value).any()
+    spans = result.spans
+    d2h = spans[(spans.op_kind == OpKind.SECONDARY_PARTITION) & (spans["rank"] == 0)
+                & (spans.stream == Stream.PCIE_D2H)]
+    assert len(d2h) > 0 and d2h.bytes.sum() > 0
+
+
+def test_qwz_gathers_int8_with_fp32_scales(toy):
+    """Each all-gather call moves one byte an element and a fp32 scale per quantization group
+    of every rank's share, quantized before and dequantized at the first wait on DeepSpeed's
+    all-gather stream."""
+    plain = _gathers(_run(toy, _patch()))
+    quantized = _run(toy, _patch(zero_quantized_weights=True))
+    gathers = _gathers(quantized)
+    assert list(gathers.op) == list(plain.op)
+    for sixteen_bit, int8 in zip(plain.bytes, gathers.bytes, strict=True):
+        numel = sixteen_bit / 2
+        assert int8 == numel + 4 * quantization_groups(int(numel // 4)) * 4
+    # lm_head, 16,384 elements: 4,096 a rank, one group each, 4 B of scale from each of 4
+    assert gathers[gathers.op == "all-gather lm_head"].bytes.tolist() == [16_384 + 16] * 4
+    spans = quantized.spans
+    rank0 = spans[spans["rank"] == 0]
+    assert (rank0.op_kind == OpKind.QUANTIZE).sum() == len(gathers)
+    assert (rank0.op_kind == OpKind.DEQUANTIZE).sum() == len(gathers)
+    memory = quantized.memory
+    buffers = memory[(memory.device == "gpu0")
+                     & (memory.category == Category.QUANTIZED_GATHER.value)]
+    assert buffers.bytes.max() > 0 and buffers.bytes.iloc[-1] == 0
+
+
+def test_check_says_zero_plus_plus(toy):
+    from zerosim.report import _mode
+
+    scenario = toy.scenario(_patch(zero_hpz_partition_size=2, zero_quantized_weights=True),
+                            gpus=4)
+    assert _mode(scenario).endswith("ZeRO++ hpZ (secondary partitions over groups of 2 ranks, "
+                                    "in HBM) and qwZ (int8 all-gathers of the parameters)")
