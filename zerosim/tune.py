@@ -5,7 +5,8 @@ gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `su
 the Twin-Flow ratio, activation checkpointing, the interleaved update's gap on a build of the
 Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains, the
 OpenMP threads per rank where the default pools oversubscribe the node, ZeRO-3 leaf modules
-by granularity on DeepSpeed 0.16.0+ and, when freed, the study's what-ifs), keeps
+by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ and qwZ where the ranks span nodes and,
+when freed, the study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
@@ -32,9 +33,11 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "gap", "binding", "threads", "leaves", "what_if", "master")
+         "checkpointing", "gap", "binding", "threads", "leaves", "zero_plus_plus", "what_if",
+         "master")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
-                   "ratio", "checkpointing", "gap", "binding", "threads", "leaves")
+                   "ratio", "checkpointing", "gap", "binding", "threads", "leaves",
+                   "zero_plus_plus")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "params", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the params alone (the optimizer on the GPU), the
@@ -72,6 +75,12 @@ NO_LEAVES = 0
 `module_granularity_threshold` values that make distinct sets of ZeRO-3 leaves of the model
 (`plan.granularity_thresholds`), searched at stage 3 on DeepSpeed 0.16.0+; elsewhere the knob
 is None and sets nothing."""
+NO_ZERO_PLUS_PLUS = "none"
+"""The `zero_plus_plus` knob's value without hpZ or qwZ; its others are `qwz` (int8
+all-gathers), `hpzG` (secondary partitions over groups of G ranks, G a node's GPUs) and
+`hpzG+qwz`, searched at stage 3 on DeepSpeed 0.10.0+ (hpZ from 0.13.2, where zerosim replays
+it) when the ranks span nodes, where the all-gathers cross the network; elsewhere the knob is
+None and sets nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -79,7 +88,7 @@ MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
-           "threads", "leaves", "what_if", "master", "iteration_s",
+           "threads", "leaves", "zero_plus_plus", "what_if", "master", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -110,6 +119,19 @@ class Config:
     """One of `MASTERS`, or None where the release or the precision has no such choice."""
     leaves: int | None = None
     """`module_granularity_threshold` (0: none), or None where the release does not read it."""
+    zero_plus_plus: str | None = None
+    """`NO_ZERO_PLUS_PLUS`, `qwz`, `hpzG` or `hpzG+qwz`, or None where the release does not
+    read ZeRO++'s keys."""
+
+    @property
+    def hpz_group(self) -> int:
+        """hpZ's group size (1: off)."""
+        hpz = (self.zero_plus_plus or "").split("+")[0]
+        return int(hpz.removeprefix("hpz")) if hpz.startswith("hpz") else 1
+
+    @property
+    def quantized_weights(self) -> bool:
+        return (self.zero_plus_plus or "").endswith("qwz")
 
     def devices(self) -> tuple[str, str]:
         """Where the optimizer and the 16-bit params live (`offload_*.device`)."""
@@ -151,6 +173,9 @@ class Config:
                 out["deepspeed.optimizer.params.fp32_optimizer_states"] = not moments
         if self.leaves is not None:
             out[Z + "module_granularity_threshold"] = self.leaves
+        if self.zero_plus_plus is not None:
+            out[Z + "zero_hpz_partition_size"] = self.hpz_group
+            out[Z + "zero_quantized_weights"] = self.quantized_weights
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -183,6 +208,10 @@ class Config:
             parts.append(f"{self.threads} threads per rank")
         if self.leaves:
             parts.append(f"leaf modules at granularity {_short(self.leaves)}")
+        if self.hpz_group > 1:
+            parts.append(f"hpZ over {self.hpz_group} ranks")
+        if self.quantized_weights:
+            parts.append("qwZ")
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master not in (None, "fp32"):
@@ -212,6 +241,8 @@ def replayed(config: Config) -> bool:
     if config.master not in (None, "fp32") and not _replays_low_precision_master(config):
         return False
     if config.leaves and config.stage != 3:
+        return False
+    if config.zero_plus_plus not in (None, NO_ZERO_PLUS_PLUS) and config.stage != 3:
         return False
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
@@ -248,7 +279,31 @@ def as_given(scenario: Scenario) -> Config:
                   scenario.runtime.cpu_threads_per_rank or DEFAULT_THREADS,
                   _master(scenario),
                   ds.leaves.granularity_threshold
-                  if scenario.behaviours.module_granularity_threshold else None)
+                  if scenario.behaviours.module_granularity_threshold else None,
+                  _zero_plus_plus(scenario))
+
+
+def _zero_plus_plus(scenario: Scenario) -> str | None:
+    """The scenario's `zero_plus_plus` knob value; None where its release reads no ZeRO++
+    key."""
+    if not scenario.behaviours.zero_plus_plus:
+        return None
+    settings = scenario.deepspeed.zero_plus_plus
+    group = settings.hpz_group(scenario.data_parallel)
+    parts = ([f"hpz{group}"] if group > 1 else []) + (["qwz"] if settings.quantized_weights
+                                                       else [])
+    return "+".join(parts) or NO_ZERO_PLUS_PLUS
+
+
+def zero_plus_plus_choices(scenario: Scenario) -> list[str]:
+    """What the `zero_plus_plus` knob tries: where the ranks span nodes, qwZ, and from 0.13.2
+    hpZ with a group per node, alone and with qwZ; none on one node (NVLink carries the
+    all-gathers there, and hpZ's group would be every rank)."""
+    hardware, behaviours = scenario.hardware, scenario.behaviours
+    if not behaviours.zero_plus_plus or scenario.data_parallel <= hardware.gpus_per_node:
+        return []
+    hpz = f"hpz{hardware.gpus_per_node}"
+    return ["qwz", *([hpz, f"{hpz}+qwz"] if behaviours.hpz_secondary_by_presence else [])]
 
 
 def _master(scenario: Scenario) -> str | None:
@@ -291,14 +346,16 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                fork: bool = False, numa: bool = False, filling_threads: int = 0,
-               thresholds: Iterable[int] = (), training: str = "bf16") -> list[Config]:
+               thresholds: Iterable[int] = (), training: str = "bf16",
+               zero_plus_plus: Iterable[str] = ()) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
     ranks when `numa` (the node has several NUMA domains), the default pool and
     `filling_threads` per rank when that is given (the default pools oversubscribe the node),
-    no leaves and each of `thresholds` where the release reads the granularity threshold, and
-    the master precisions of the `training` dtype."""
+    no leaves and each of `thresholds` where the release reads the granularity threshold,
+    none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, and the master
+    precisions of the `training` dtype."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -320,12 +377,18 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
         "master": masters(base, training) if "master" in free else [base.master],
         "leaves": (sorted({NO_LEAVES, *thresholds, base.leaves})
                    if "leaves" in free and base.leaves is not None else [base.leaves]),
+        "zero_plus_plus": (list(dict.fromkeys([NO_ZERO_PLUS_PLUS, *zero_plus_plus,
+                                               base.zero_plus_plus]))
+                           if "zero_plus_plus" in free and base.zero_plus_plus is not None
+                           else [base.zero_plus_plus]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding, threads, master, leaves) in product(*values.values()):
+         gap, binding, threads, master, leaves, zero_plus_plus_value) in product(
+            *values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap, binding, threads, master, leaves)
+                        what_if, checkpointing, gap, binding, threads, master, leaves,
+                        zero_plus_plus_value)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -333,12 +396,15 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
 
 def _matters(config: Config, base: Config) -> bool:
     """Sub-group size only changes an offloaded ZeRO-3 step, binding and the threads per rank
-    only an offloaded run's host work, leaves only ZeRO-3's hooks: elsewhere keep the base
-    value, so that equal runs are not simulated twice."""
+    only an offloaded run's host work, leaves only ZeRO-3's hooks, ZeRO++ only ZeRO-3's
+    fetches: elsewhere keep the base value (ZeRO++ none), so that equal runs are not
+    simulated twice."""
     if (config.offload in ("none", PARAMS_ALONE)
             and (config.binding, config.threads) != (base.binding, base.threads)):
         return False
     if config.stage != 3 and config.leaves != base.leaves:
+        return False
+    if config.stage != 3 and config.zero_plus_plus not in (None, NO_ZERO_PLUS_PLUS):
         return False
     if not (config.stage == 3 and config.offload != "none"):
         return config.sub_group_size == base.sub_group_size
@@ -399,6 +465,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "checkpointing": config.checkpointing, "gap": config.gap,
             "binding": config.binding, "threads": config.threads,
             "leaves": "" if config.leaves is None else config.leaves,
+            "zero_plus_plus": config.zero_plus_plus or "",
             "what_if": config.what_if,
             "master": config.master or "", "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
@@ -464,7 +531,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                           filling_threads=filling_threads(scenario),
                           thresholds=granularity_thresholds(scenario)
                           if base.leaves is not None else (),
-                          training=scenario.deepspeed.dtype)
+                          training=scenario.deepspeed.dtype,
+                          zero_plus_plus=zero_plus_plus_choices(scenario))
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (
