@@ -7,16 +7,17 @@ asynchronous flush and interleaved update, two and eight Polaris nodes, the MLP-
 run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 0.18.9 and
 0.18.0 run it, bf16 master weights (and moments) on bound Polaris ranks and on the DGX A100,
 the parameters offloaded on the H200 VM, the seed's 64 p4d nodes, a mixture of experts on a DGX
-H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM and fp16 master weights and
-moments on the study's node), it runs `zerosim sensitivity` (each value of the profile and the
-stack moved by --step both ways, one at a time) and checks the sign of the iteration's
-elasticity against `zerosim.sensitivity.expected_sign`: a larger bandwidth, rate, clock,
-efficiency or thread count may only shorten the iteration; a larger latency, fixed cost, host
-time or contention may only lengthen it. A value that moves it the other way by
-`SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can make that
-real (a copy that ends sooner runs into a kernel it missed before), but rarely by much, so a
-large one is where to look for a fault in the engine. The exit status is 1 if any is listed. No
-time is asserted here: the figures are the elasticities, and the tests hold the exact ones.
+H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM, fp16 master weights and
+moments on the study's node, and ZeRO++'s hpZ and qwZ on four Polaris nodes), it runs `zerosim
+sensitivity` (each value of the profile and the stack moved by --step both ways, one at a time)
+and checks the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`:
+a larger bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a
+larger latency, fixed cost, host time or contention may only lengthen it. A value that moves it
+the other way by `SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention
+can make that real (a copy that ends sooner runs into a kernel it missed before), but rarely by
+much, so a large one is where to look for a fault in the engine. The exit status is 1 if any is
+listed. No time is asserted here: the figures are the elasticities, and the tests hold the
+exact ones.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ BF16_MASTER = {"runtime.deepspeed_version": "0.19.5",
                "deepspeed.bf16.bf16_master_weights_and_grads": True}
 POLARIS_NODES = {"hardware": {"profile": "polaris-a100", "overrides": {"nodes": 8}},
                  "data_parallel": 32}
+ZERO = "deepspeed.zero_optimization."
+ZERO_PLUS_PLUS_NODES = {"hardware.overrides.nodes": 4, "data_parallel": 16,
+                        "runtime.deepspeed_version": "0.19.5",
+                        "deepspeed.train_micro_batch_size_per_gpu": 1,
+                        "deepspeed.gradient_accumulation_steps": 4}
 CASES: tuple[tuple[str, Path, dict], ...] = (
     ("study DP=1", SCENARIOS / "llama13b_dp1.yaml", {}),
     ("study DP=4", SCENARIOS / "llama13b_dp4.yaml", {}),
@@ -81,6 +87,10 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("fp16 master and moments, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"runtime.deepspeed_version": "0.19.5", "deepspeed.fp16.fp16_master_weights_and_grads": True,
       "deepspeed.optimizer.params.fp32_optimizer_states": False}),
+    ("hpZ per node, 4 Polaris nodes, mb 1", SCENARIOS / "polaris_2nodes.yaml",
+     ZERO_PLUS_PLUS_NODES | {ZERO + "zero_hpz_partition_size": 4}),
+    ("qwZ, 4 Polaris nodes, mb 1", SCENARIOS / "polaris_2nodes.yaml",
+     ZERO_PLUS_PLUS_NODES | {ZERO + "zero_quantized_weights": True}),
 )
 QUICK = 6
 """`--quick` runs the first cases only."""

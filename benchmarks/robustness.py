@@ -18,6 +18,8 @@ ZeRO-1/2/3 with the optimizer on the CPU (Twin-Flow too) or the GPU, on both tes
 release from 0.18.3, and fp16 master weights (and moments) at ZeRO-1/2/3; and ZeRO-3 leaf
 modules by granularity (thresholds 1e6 to 1e9) on four
 models under both stacks, with and without checkpointing and the parameters on the CPU; and
+ZeRO++'s hpZ (groups of 2, 4 and 8 ranks) and qwZ on two Polaris nodes at each release where
+they changed, the parameters on the GPU or the CPU; and
 Qwen3-8B, Qwen3-30B-A3B and
 Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
 the CPU, and DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager
@@ -96,6 +98,9 @@ LEAF_MODELS = (
 """Models whose ZeRO-3 leaves by granularity (DeepSpeed 0.19.5) reach from each attention to
 the whole model: under a billion parameters the 4-layer OLMo-2's model and its encoder qualify."""
 LEAF_THRESHOLDS = (10**6, 10**7, 4 * 10**7, 10**8, 10**9)
+ZERO_PLUS_PLUS_RELEASES = ((0, 10, 0), (0, 13, 2), (0, 13, 5), (0, 14, 3), (0, 19, 5))
+"""Where ZeRO++ came and where hpZ's secondary partitions changed (hpZ before 0.13.2 is
+refused)."""
 
 
 def cases(quick: bool) -> list[tuple[Path, dict]]:
@@ -217,6 +222,18 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "deepspeed.train_micro_batch_size_per_gpu": 1,
                     "deepspeed.zero_optimization.module_granularity_threshold": threshold,
                     PARAMS + "device": "cpu" if params else "none"}))
+    for since in ZERO_PLUS_PLUS_RELEASES[::2] if quick else ZERO_PLUS_PLUS_RELEASES:
+        for hpz in (1, 2, 4, 8):
+            for qwz in (False, True) if hpz > 1 else (True,):
+                for params in (False, True):
+                    out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                        "hardware": {"profile": "polaris-a100", "overrides": {"nodes": 2}},
+                        "data_parallel": 8, "runtime.deepspeed_version": format_version(since),
+                        "deepspeed.train_micro_batch_size_per_gpu": 1,
+                        "deepspeed.gradient_accumulation_steps": 2,
+                        "deepspeed.zero_optimization.zero_hpz_partition_size": hpz,
+                        "deepspeed.zero_optimization.zero_quantized_weights": qwz,
+                        PARAMS + "device": "cpu" if params else "none"}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
