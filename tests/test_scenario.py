@@ -178,6 +178,23 @@ def test_unmodelled_deepspeed_keys_warn_once_and_go_on():
     assert [w.category for w in caught] == [UnmodelledKeysWarning]
 
 
+def test_deepspeeds_activation_checkpointing_section_changes_nothing_and_says_so():
+    """Megatron-DeepSpeed's flags override the section and the HF Trainer never reads it:
+    one warning saying so, no 'does not model' one, the run the same as without it."""
+    from zerosim.scenario.loader import FrameworkOverriddenWarning
+
+    tree = minimal()
+    plain = scenario_from_dict(minimal())
+    tree["deepspeed"]["activation_checkpointing"] = {"cpu_checkpointing": True,
+                                                     "partition_activations": True}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        s = scenario_from_dict(tree)
+    assert [w.category for w in caught] == [FrameworkOverriddenWarning]
+    assert "deepspeed.activation_checkpointing changes nothing here" in str(caught[0].message)
+    assert s.unmodelled_keys == () and s.deepspeed == plain.deepspeed
+
+
 def test_yaml_syntax_error_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("model: llama2-7b\nsequence_length: [\n")

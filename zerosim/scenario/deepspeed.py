@@ -49,10 +49,17 @@ NO_EFFECT_KEYS = {
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.ignore_unused_parameters", "zero_optimization.round_robin_gradients",
+    "activation_checkpointing",
 }
 READ_BENEATH_NO_EFFECT = ("optimizer.params.torch_adam",
                           "optimizer.params.fp32_optimizer_states")
 """Keys zerosim reads inside a NO_EFFECT_KEYS section (`_torch_adam`, `_master_precision`)."""
+FRAMEWORK_OVERRIDDEN_KEYS = ("activation_checkpointing",)
+"""Sections a training script that calls DeepSpeed's own helpers reads, but not the frameworks
+zerosim replays: Megatron-DeepSpeed hands `deepspeed.checkpointing.configure` its own flags
+(`--partition-activations`, `--checkpoint-in-cpu`, ...; store_true, never None), which override
+the section, and the Hugging Face Trainer checkpoints with `torch.utils.checkpoint`. No effect
+(NO_EFFECT_KEYS), but said once, as a user who set one expects it to act."""
 MODELLED_OPTIMIZERS = {"adam", "adamw", "cpuadam", "deepspeedcpuadam"}
 CLOSED_SECTIONS = {
     "optimizer": ("type", "params", "legacy_fusion"),
@@ -1030,6 +1037,8 @@ class DeepSpeedResolution:
     unmodelled: tuple[str, ...]
     legacy: tuple[str, ...]
     auto: tuple[AutoFill, ...]
+    overridden: tuple[str, ...] = ()
+    """FRAMEWORK_OVERRIDDEN_KEYS given (`deepspeed.activation_checkpointing`)."""
 
 
 def _prepare(data: Any, behaviours: Behaviours, trainer: TrainerContext, source: str
@@ -1108,4 +1117,6 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]
-    return DeepSpeedResolution(resolved, tuple(unmodelled), legacy, auto)
+    overridden = tuple(f"deepspeed.{key}" for key in FRAMEWORK_OVERRIDDEN_KEYS
+                       if isinstance(data, Mapping) and key in data)
+    return DeepSpeedResolution(resolved, tuple(unmodelled), legacy, auto, overridden)

@@ -58,6 +58,10 @@ class UnmodelledKeysWarning(ScenarioWarning):
     """ds_config keys that zerosim does not model: reported once per load, then ignored."""
 
 
+class FrameworkOverriddenWarning(ScenarioWarning):
+    """ds_config sections the replayed frameworks do not read (`FRAMEWORK_OVERRIDDEN_KEYS`)."""
+
+
 class LegacyKeyWarning(ScenarioWarning):
     """A deprecated ds_config key, mapped as DeepSpeed maps it (`zerosim.scenario.legacy`)."""
 
@@ -519,6 +523,13 @@ def _warn_resolution(resolution: Any, ds_source: str) -> None:
     if resolution.unmodelled:
         warnings.warn(f"{ds_source}: zerosim does not model these keys and ignores them: "
                       f"{', '.join(resolution.unmodelled)}", UnmodelledKeysWarning, stacklevel=4)
+    if resolution.overridden:
+        warnings.warn(f"{ds_source}: {', '.join(resolution.overridden)} changes nothing here: "
+                      "Megatron-DeepSpeed gives deepspeed.checkpointing.configure its own flags "
+                      "(--partition-activations, --checkpoint-in-cpu, ...), which override the "
+                      "section, and the Hugging Face Trainer checkpoints with "
+                      "torch.utils.checkpoint; the scenario's activation_checkpointing switch "
+                      "is what checkpoints each block", FrameworkOverriddenWarning, stacklevel=4)
     for line in resolution.legacy:
         warnings.warn(f"{ds_source}: {line}", LegacyKeyWarning, stacklevel=4)
     defaulted = [f"deepspeed.{fill.key} = {fill.value}" for fill in resolution.auto
