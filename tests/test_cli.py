@@ -39,14 +39,14 @@ def test_check_names_the_framework_s_structural_choices():
                       "syncs_before_mlp": 2, "grouped_qkv": "q_kv",
                       "kv_repeat": "before_rotary", "experts": "per_expert",
                       "moe_block": "hooked", "module_tree": "megatron",
-                      "process_groups": "same",
+                      "checkpoint_function": "deepspeed", "process_groups": "same",
                       "param_groups": "weight_decay_split", "dataloader_workers": 2}
     hf = invoke("check", DP1, "--json", "--set", "runtime.framework=hf-transformers")
     assert json.loads(hf.output)["runtime"]["framework"]["layout"] == {
         "qkv": "separate", "gate_up": "separate", "output_weight": "module",
         "syncs_before_mlp": 0, "grouped_qkv": "as_qkv", "kv_repeat": "in_attention",
         "experts": "fused", "moe_block": "hooked", "module_tree": "transformers",
-        "process_groups": "separate",
+        "checkpoint_function": "torch", "process_groups": "separate",
         "param_groups": "one", "dataloader_workers": 0}
     text = " ".join(invoke("check", DP1).output.split())
     assert "process_groups same" in text and "dataloader_workers 2" in text

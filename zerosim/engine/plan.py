@@ -408,6 +408,7 @@ def workload_of(scenario: Scenario) -> Workload:
         micro_batch_size=scenario.deepspeed.train_micro_batch_size_per_gpu,
         attention=scenario.attention,
         activation_checkpointing=scenario.activation_checkpointing,
+        checkpoint_in_cpu=scenario.activation_checkpointing and scenario.runtime.checkpoint_in_cpu,
         dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
         bfloat16=scenario.deepspeed.dtype == "bf16",
     )

@@ -14,7 +14,7 @@ from zerosim.engine.gradients import GradientPath
 from zerosim.engine.params import ParameterCoordinator
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.states import Holding
-from zerosim.vocabulary import DeviceKind, OpKind, Phase
+from zerosim.vocabulary import BufferKind, Category, DeviceKind, OpKind, Phase
 
 
 class OptimizerStep(Protocol):
@@ -37,6 +37,12 @@ class RankProgram:
         self.recomputed_bytes = 0.0
         """The activations the last recomputed block saved: freed by its backward, they are
         back in the cache when the next block is recomputed."""
+        runtime = core.ctx.scenario.runtime
+        self.checkpoint_in_cpu = runtime.checkpoint_in_cpu
+        self.synchronize_each_layer = runtime.synchronize_each_layer
+        self.host_checkpoints: dict[int, int] = {}
+        """Per block's first module, the host bytes holding the block's input
+        (`checkpoint_in_cpu`), from its forward to its recompute."""
 
     def run(self) -> Gen:
         """The iteration's phases, with the engine's memory reports around each (none unless
@@ -113,12 +119,40 @@ class RankProgram:
         yield from core.pay_launches()
         released_after = self._released_after_forward()
         for index, module in enumerate(core.plan.modules):
+            if module.checkpoint_bytes:
+                yield from self._checkpoint_forward_starts(index)
             yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
                                             backward=False)
             for owner in released_after[index]:
                 if not self.params.keep_after_forward(owner):
                     yield from self.params.release(owner, backward=False)
+            if self.synchronize_each_layer and self._last_of_block(index):
+                yield from core.synchronize()
         yield from core.end(host_waits=False)
+
+    def _checkpoint_forward_starts(self, index: int) -> Gen:
+        """`deepspeed.checkpointing.checkpoint`'s forward before it runs the block: with
+        `synchronize_each_layer` a device synchronize; with `checkpoint_in_cpu` the block's
+        input copied to a new pageable host tensor (`.to('cpu')`: the host waits for the
+        compute stream, which makes the input, then for the copy; the staging thread faults
+        fresh pages in first)."""
+        core = self.core
+        if self.synchronize_each_layer:
+            yield from core.synchronize()
+        if not self.checkpoint_in_cpu:
+            return
+        module = core.plan.modules[index]
+        nbytes = module.checkpoint_bytes
+        if (pending := core.compute.idle_event()) is not None:
+            yield pending
+        self.host_checkpoints[index] = core.host.allocate(
+            Category.ACTIVATIONS, nbytes, f"checkpoint {module.name}", BufferKind.PAGEABLE)
+        if core.gets_fresh_pages(nbytes):
+            yield from core.cpu_work(f"zero pages checkpoint {module.name}", OpKind.ZERO_PAGES,
+                                     core.machine.zero_pages(core.rank, nbytes, threads=1),
+                                     nbytes=nbytes)
+        yield from core.dma("d2h", nbytes, pinned=False, op=f"checkpoint {module.name}",
+                            kind=OpKind.CHECKPOINT_TO_HOST)
 
     def _released_after_forward(self) -> dict[int, tuple[int, ...]]:
         """The modules whose gathered params the host releases after each module's forward:
@@ -157,6 +191,8 @@ class RankProgram:
                     phase_starts = False
                 yield from self.gradients.add(param, done, micro, boundary)
             yield from self.params.release(index, backward=True)
+            if self.synchronize_each_layer and module.checkpoint_bytes:
+                yield from core.synchronize()
         yield from self.gradients.epilogue(micro, boundary)
         yield from self.params.release_after_backward()
         yield from core.end()
@@ -172,11 +208,34 @@ class RankProgram:
         core = self.core
         core.release_device_memory(self.recomputed_bytes)
         self.recomputed_bytes = 0.0
+        if self.synchronize_each_layer:
+            yield from core.synchronize()
         for index, module in enumerate(core.plan.modules):
-            if module.layer == layer:
-                self.recomputed_bytes += module.recompute_bytes
-                yield from self._forward_module(index, OpKind.RECOMPUTE, module.recompute_bytes,
-                                                backward=True)
+            if module.layer != layer:
+                continue
+            if index in self.host_checkpoints:
+                yield from self._checkpoint_back_to_gpu(index)
+            self.recomputed_bytes += module.recompute_bytes
+            yield from self._forward_module(index, OpKind.RECOMPUTE, module.recompute_bytes,
+                                            backward=True)
+
+    def _checkpoint_back_to_gpu(self, index: int) -> Gen:
+        """`checkpoint_in_cpu`: the block's input back to the GPU before its recompute
+        (`move_to_device`: a blocking pageable H2D after what the compute stream holds), held
+        there until its first module's backward, as the input kept on the GPU would be; the
+        host tensor goes."""
+        core = self.core
+        module = core.plan.modules[index]
+        nbytes = module.checkpoint_bytes
+        if (pending := core.compute.idle_event()) is not None:
+            yield pending
+        held = core.gpu.allocate(Category.ACTIVATIONS, nbytes, module.name)
+        core.activations[index] = core.activations.get(index, 0) + held
+        yield from core.host_time(core.reserve_s(held))
+        yield from core.dma("h2d", nbytes, pinned=False, op=f"checkpoint {module.name}",
+                            kind=OpKind.CHECKPOINT_FROM_HOST)
+        core.host.free(Category.ACTIVATIONS, self.host_checkpoints.pop(index),
+                       BufferKind.PAGEABLE)
 
     def _forward_module(self, index: int, kind: OpKind, saved_bytes: float, *,
                         backward: bool) -> Gen:

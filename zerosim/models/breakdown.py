@@ -52,6 +52,9 @@ class Workload:
     micro_batch_size: int = 1
     attention: Attention = "eager"
     activation_checkpointing: bool = False
+    checkpoint_in_cpu: bool = False
+    """A checkpointed block's input is kept in host memory, not on the GPU (DeepSpeed's
+    `CPU_CHECKPOINT`)."""
     dtype_bytes: int = 2
     bfloat16: bool = False
     """16-bit activations in bfloat16 (PyTorch runs some ops differently than in float16: it
@@ -248,6 +251,9 @@ class Recipe:
     fused_experts: bool = False
     moe_block_leaf: bool = False
     module_tree: str = "transformers"
+    deepspeed_checkpointing: bool = False
+    """Blocks are checkpointed by `deepspeed.checkpointing.checkpoint` (Megatron-DeepSpeed with
+    `--deepspeed-activation-checkpointing`), not `torch.utils.checkpoint`."""
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
     projection_split: Elementwise = Elementwise()
@@ -402,6 +408,10 @@ class Module:
     keeps_gathered_for: int = 0
     """How many of the modules after this one run before its gathered parameters are released
     (a ZeRO-3 leaf's hook releases them after its last child: `zerosim.models.leaves`)."""
+    checkpoint_bytes: float = 0.0
+    """The first module of a checkpointed block: the block's input, which the checkpoint keeps
+    for the block's recompute, in `saved_bytes` or, with `Workload.checkpoint_in_cpu`, in host
+    memory."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -1105,7 +1115,9 @@ def _block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> list[Module]:
         return modules
     block_input = w.dtype_bytes * spec.hidden_size * w.tokens
     first, rest = modules[0], modules[1:]
-    return [replace(first, saved_bytes=block_input, recompute_bytes=first.saved_bytes)] + [
+    kept = 0.0 if w.checkpoint_in_cpu else block_input
+    return [replace(first, saved_bytes=kept, recompute_bytes=first.saved_bytes,
+                    checkpoint_bytes=block_input)] + [
         replace(m, saved_bytes=0.0, recompute_bytes=m.saved_bytes) for m in rest]
 
 

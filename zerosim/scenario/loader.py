@@ -86,6 +86,8 @@ class _Runtime(BaseModel):
     bind_core_list: CoreOrder = "by_gpu"
     empty_cache_each_phase: StrictBool | None = None
     framework: Any = None
+    checkpoint_in_cpu: StrictBool = False
+    synchronize_each_layer: StrictBool = False
 
 
 class WhatIf(BaseModel):
@@ -132,6 +134,13 @@ class Runtime:
     bind_core_list: CoreOrder = "by_gpu"
     """The core list a bound launch cuts into the ranks' parts (`hardware.placement.CoreOrder`):
     by GPU, or none given (the cores in their numbering)."""
+    checkpoint_in_cpu: bool = False
+    """Megatron-DeepSpeed's `--checkpoint-in-cpu`: `deepspeed.checkpointing.checkpoint` keeps
+    each block's input in host memory (a blocking D2H as the block's forward starts, an H2D
+    before its recompute)."""
+    synchronize_each_layer: bool = False
+    """Megatron-DeepSpeed's `--synchronize-each-layer`: the checkpoint synchronizes the device
+    at the start and end of each block's forward and of its backward."""
 
     @property
     def version_text(self) -> str:
@@ -225,6 +234,10 @@ class Scenario:
                            if self.runtime.bind_cores_to_rank else {}),
                         **({"empty_cache_each_phase": True}
                            if self.runtime.empty_cache_each_phase else {}),
+                        **({"checkpoint_in_cpu": True}
+                           if self.runtime.checkpoint_in_cpu else {}),
+                        **({"synchronize_each_layer": True}
+                           if self.runtime.synchronize_each_layer else {}),
                         "cpu_pools": _pools_dict(self.cpu_pools()),
                         "framework": {"name": self.stack.name, "layout": self.stack.layout(),
                                       "values": {
@@ -591,13 +604,28 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
         runtime=Runtime(version, raw.runtime.cpu_threads_per_rank, label,
                         raw.runtime.bind_cores_to_rank,
                         empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label),
-                        raw.runtime.bind_core_list),
+                        raw.runtime.bind_core_list,
+                        *_checkpoint_flags(raw.runtime, stack, source)),
         what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
     check_supported(scenario)
     warn_inert(scenario)
     return scenario
+
+
+def _checkpoint_flags(runtime: _Runtime, stack: SoftwareStack, source: str
+                      ) -> tuple[bool, bool]:
+    """`runtime.checkpoint_in_cpu` and `synchronize_each_layer`, Megatron-DeepSpeed's flags
+    for `deepspeed.checkpointing`: refused with a stack whose blocks `torch.utils.checkpoint`
+    checkpoints (the Hugging Face Trainer has neither option)."""
+    for key in ("checkpoint_in_cpu", "synchronize_each_layer"):
+        if getattr(runtime, key) and not stack.recipe.deepspeed_checkpointing:
+            raise ScenarioError(source, f"runtime.{key}", "false with a stack whose blocks "
+                                "torch.utils.checkpoint checkpoints, which has no such option "
+                                f"(the {stack.name} stack's modules.checkpoint_function is "
+                                "torch)", True)
+    return runtime.checkpoint_in_cpu, runtime.synchronize_each_layer
 
 
 def load_scenario(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] | None = None

@@ -25,7 +25,8 @@ def check_supported(scenario: Any) -> None:
 
 
 class InertWhatIfWarning(ScenarioWarning):
-    """A what-if switched on that changes nothing in this configuration."""
+    """A what-if (or a framework flag) switched on that changes nothing in this
+    configuration."""
 
 
 class UnpricedReportsWarning(ScenarioWarning):
@@ -66,6 +67,19 @@ def warn_inert(scenario: Any) -> None:
     _warn_superoffload_rollback(scenario)
     _warn_idle_leaf_rules(scenario)
     _warn_idle_zero_plus_plus(scenario)
+    _warn_checkpoint_flags_without_checkpointing(scenario)
+
+
+def _warn_checkpoint_flags_without_checkpointing(scenario: Any) -> None:
+    """Megatron-DeepSpeed's checkpointing flags with no block checkpointed: DeepSpeed takes
+    them, and nothing calls its checkpoint."""
+    runtime = scenario.runtime
+    said = [key for key in ("checkpoint_in_cpu", "synchronize_each_layer")
+            if getattr(runtime, key)]
+    if said and not scenario.activation_checkpointing:
+        warnings.warn(f"{scenario.source}: runtime.{said[0]} does nothing without "
+                      "activation_checkpointing: no block is checkpointed",
+                      InertWhatIfWarning, stacklevel=5)
 
 
 def _warn_idle_zero_plus_plus(scenario: Any) -> None:

@@ -110,6 +110,13 @@ MODULE_TREE_KEY = "modules.module_tree"
 '...'}` (`transformers`, the default: `XForCausalLM` holding `model` and `lm_head`;
 `megatron`: `GPTModel`, `language_model`, its `embedding` and `encoder`;
 `Recipe.module_tree`, `zerosim.models.leaves`)."""
+CHECKPOINT_KEY = "modules.checkpoint_function"
+CHECKPOINT_CHOICES = ("torch", "deepspeed")
+"""Which function checkpoints a block, as `{value: ..., source: '...'}` (`torch`, the default:
+`torch.utils.checkpoint`, which keeps the block's input on the GPU and has no other option;
+`deepspeed`: `deepspeed.checkpointing.checkpoint`, which can keep it in host memory
+(`runtime.checkpoint_in_cpu`) and synchronize the device around each block
+(`runtime.synchronize_each_layer`); `Recipe.deepspeed_checkpointing`)."""
 KV_REPEAT_KEY = "modules.kv_repeat"
 KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
 """Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
@@ -279,6 +286,7 @@ class SoftwareStack:
                 "experts": EXPERTS_CHOICES[r.fused_experts],
                 "moe_block": MOE_BLOCK_CHOICES[r.moe_block_leaf],
                 "module_tree": r.module_tree,
+                "checkpoint_function": CHECKPOINT_CHOICES[r.deepspeed_checkpointing],
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "param_groups": PARAM_GROUP_CHOICES[self.vector_param_group],
                 "dataloader_workers": self.dataloader_workers}
@@ -466,7 +474,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, OUTPUT_WEIGHT_KEY, f"one of {', '.join(OUTPUT_WEIGHTS)}",
                             output_weight)
     module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
-                   EXPERTS_KEY, MOE_BLOCK_KEY, MODULE_TREE_KEY, FUSED_SOFTMAX_KEY)
+                   EXPERTS_KEY, MOE_BLOCK_KEY, MODULE_TREE_KEY, FUSED_SOFTMAX_KEY,
+                   CHECKPOINT_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -487,6 +496,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     moe_block_leaf=_choice_leaf(
                         tree, MOE_BLOCK_KEY, MOE_BLOCK_CHOICES, source) == "leaf",
                     module_tree=_choice_leaf(tree, MODULE_TREE_KEY, MODULE_TREES, source),
+                    deepspeed_checkpointing=_choice_leaf(
+                        tree, CHECKPOINT_KEY, CHECKPOINT_CHOICES, source) == "deepspeed",
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
