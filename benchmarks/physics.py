@@ -8,16 +8,16 @@ run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 
 0.18.0 run it, bf16 master weights (and moments) on bound Polaris ranks and on the DGX A100,
 the parameters offloaded on the H200 VM, the seed's 64 p4d nodes, a mixture of experts on a DGX
 H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM, fp16 master weights and
-moments on the study's node, and ZeRO++'s hpZ and qwZ on four Polaris nodes), it runs `zerosim
-sensitivity` (each value of the profile and the stack moved by --step both ways, one at a time)
-and checks the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`:
-a larger bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a
-larger latency, fixed cost, host time or contention may only lengthen it. A value that moves it
-the other way by `SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention
-can make that real (a copy that ends sooner runs into a kernel it missed before), but rarely by
-much, so a large one is where to look for a fault in the engine. The exit status is 1 if any is
-listed. No time is asserted here: the figures are the elasticities, and the tests hold the
-exact ones.
+moments on the study's node, ZeRO++'s hpZ and qwZ on four Polaris nodes, and checkpointed block
+inputs in host memory on the study's node), it runs `zerosim sensitivity` (each value of the
+profile and the stack moved by --step both ways, one at a time) and checks the sign of the
+iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger bandwidth, rate,
+clock, efficiency or thread count may only shorten the iteration; a larger latency, fixed cost,
+host time or contention may only lengthen it. A value that moves it the other way by
+`SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can make that
+real (a copy that ends sooner runs into a kernel it missed before), but rarely by much, so a
+large one is where to look for a fault in the engine. The exit status is 1 if any is listed. No
+time is asserted here: the figures are the elasticities, and the tests hold the exact ones.
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      ZERO_PLUS_PLUS_NODES | {ZERO + "zero_hpz_partition_size": 4}),
     ("qwZ, 4 Polaris nodes, mb 1", SCENARIOS / "polaris_2nodes.yaml",
      ZERO_PLUS_PLUS_NODES | {ZERO + "zero_quantized_weights": True}),
+    ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
+     {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
+      "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),
 )
 QUICK = 6
 """`--quick` runs the first cases only."""

@@ -19,7 +19,9 @@ release from 0.18.3, and fp16 master weights (and moments) at ZeRO-1/2/3; and Ze
 modules by granularity (thresholds 1e6 to 1e9) on four
 models under both stacks, with and without checkpointing and the parameters on the CPU; and
 ZeRO++'s hpZ (groups of 2, 4 and 8 ranks) and qwZ on two Polaris nodes at each release where
-they changed, the parameters on the GPU or the CPU; and
+they changed, the parameters on the GPU or the CPU; and three models with their checkpointed
+block inputs in host memory (`runtime.checkpoint_in_cpu`) on both testbeds at micro-batches 1
+to 16, synchronizing each layer or not, the parameters on the GPU or the CPU; and
 Qwen3-8B, Qwen3-30B-A3B and
 Mixtral-8x7B on the hf-transformers stack on Polaris and a DGX H100, parameters on the GPU or
 the CPU, and DeepSeek-V2-Lite, Gemma-2-9B, OLMo-2-7B, Llama-4-Scout and GPT-OSS-20B under eager
@@ -234,6 +236,16 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                         "deepspeed.zero_optimization.zero_hpz_partition_size": hpz,
                         "deepspeed.zero_optimization.zero_quantized_weights": qwz,
                         PARAMS + "device": "cpu" if params else "none"}))
+    for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
+        for hw in ("polaris-a100", "h100-jlse"):
+            for micro_batch, params, synchronize in ((1, False, False), (4, False, True),
+                                                     (4, True, False), (16, False, False)):
+                out.append((POLARIS / f"{name}.yaml", {
+                    "hardware": hw, "activation_checkpointing": True,
+                    "runtime.checkpoint_in_cpu": True,
+                    "runtime.synchronize_each_layer": synchronize,
+                    "deepspeed.train_micro_batch_size_per_gpu": micro_batch,
+                    PARAMS + "device": "cpu" if params else "none"}))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
