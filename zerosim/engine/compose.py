@@ -78,7 +78,7 @@ from zerosim.engine.params import (
 )
 from zerosim.engine.plan import update_groups
 from zerosim.engine.program import OptimizerStep, RankProgram
-from zerosim.engine.rank import RankCore, RunContext
+from zerosim.engine.rank import Gen, RankCore, RunContext
 from zerosim.engine.sinks import (
     BoundaryFlush,
     ConcatenatedSubGroups,
@@ -108,10 +108,12 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     reductions = gathers if ctx.scenario.stack.one_process_group else NcclQueue(core.env)
     zenflow = _zenflow(core, reductions)
     superoffload = _superoffload(core)
-    return RankProgram(core, _params(core, gathers),
+    params = _params(core, gathers)
+    return RankProgram(core, params,
                        _gradients(core, states, gpu_gradients, reductions, zenflow,
                                   superoffload),
-                       _optimizer(core, states, gpu_gradients, zenflow, superoffload),
+                       _optimizer(core, states, gpu_gradients, zenflow, superoffload,
+                                  _post_step(core, params)),
                        model_states(core.ds, core.plan, core.profile, core.behaviours,
                                     ctx.scenario.stack),
                        background=(zenflow.worker.start,) if zenflow and zenflow.worker else ())
@@ -224,31 +226,40 @@ def _compute_waits_for_each_bucket(core: RankCore) -> bool:
             and core.behaviours.zero12_waits_for_each_bucket)
 
 
-def _post_step(core: RankCore) -> PostStep:
-    return {0: nothing_to_gather, 3: regather_persistent}.get(core.ds.stage, allgather_updated)
+def _post_step(core: RankCore, params: ParameterCoordinator) -> PostStep:
+    """The step's `_post_step`: the gathers after it, then, with hpZ, every secondary
+    partition dropped (`invalidate_secondary_tensor`, last)."""
+    gathers = {0: nothing_to_gather, 3: regather_persistent}.get(core.ds.stage,
+                                                                 allgather_updated)
+    if not isinstance(params, PartitionedParams) or params.hpz == 1:
+        return gathers
+
+    def run(core: RankCore) -> Gen:
+        yield from gathers(core)
+        params.invalidate_secondaries()
+    return run
 
 
 def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                gpu_gradients: GpuGradients | None, zenflow: ZenFlowParts | None,
-               superoffload: SuperOffloadParts | None) -> OptimizerStep:
+               superoffload: SuperOffloadParts | None, post_step: PostStep) -> OptimizerStep:
     ds = core.ds
     groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
         adam = costs.TORCH_ADAMW if ds.torch_adam else costs.fused_adam(core.adam_precision)
         write_back = download_into_host_params if ds.offload_param.enabled else None
-        return GpuStep(core, groups, _post_step(core), adam, write_back,
+        return GpuStep(core, groups, post_step, adam, write_back,
                        cast_bytes=_gpu_params_copy_bytes(core))
     if gpu_gradients is not None:
-        return InterleavedStep(core, groups, _post_step(core), gpu_gradients)
+        return InterleavedStep(core, groups, post_step, gpu_gradients)
     if superoffload is not None:
-        return SuperOffloadStep(core, groups, _copy_back(core), _post_step(core),
+        return SuperOffloadStep(core, groups, _copy_back(core), post_step,
                                 superoffload.worker, check_overflow_on_host,
                                 early=superoffload.early,
                                 writes_back=superoffload.concatenated is None)
     if zenflow is not None and zenflow.worker is not None:
-        return OverlappedStep(core, groups, _zenflow_copy_back(core), _post_step(core),
+        return OverlappedStep(core, groups, _zenflow_copy_back(core), post_step,
                               zenflow.worker, zenflow.selective)
-    post_step = _post_step(core)
     if zenflow is not None:
         post_step = then_selective_step(post_step, zenflow.selective)
     check = check_overflow_on_host if ds.stage == 3 else read_backward_overflow_flag

@@ -55,7 +55,6 @@ class ParameterCoordinator(Protocol):
     def release(self, index: int, *, backward: bool) -> Iterable[simpy.Event]: ...
     def release_after_backward(self) -> Iterable[simpy.Event]: ...
     def release_all(self) -> Iterable[simpy.Event]: ...
-    def after_step(self) -> None: ...
     def keep_after_forward(self, index: int) -> bool: ...
 
 
@@ -89,9 +88,6 @@ class ReplicatedParams:
 
     def release_all(self) -> Iterable[simpy.Event]:
         return ()
-
-    def after_step(self) -> None:
-        return None
 
     def keep_after_forward(self, index: int) -> bool:
         return True
@@ -650,7 +646,7 @@ class PartitionedParams:
                 yield from self._make_secondary(index)
             self._free(index)
 
-    def after_step(self) -> None:
+    def invalidate_secondaries(self) -> None:
         """The step's `invalidate_secondary_tensor` (`_post_step`): every secondary partition
         dropped, so the next forward gathers from the partitions over every rank."""
         for held in self.secondary_held:

@@ -67,7 +67,6 @@ class RankProgram:
         yield from core.report_memory()
         yield from self.params.release_all()
         yield from self.optimizer.run()
-        self.params.after_step()
         yield from core.synchronize()
         self.release_model_states()
 
