@@ -136,6 +136,9 @@ def test_hpz_holds_a_secondary_partition_of_every_parameter_until_the_step(toy):
                        & (memory.category == Category.PARAMS_SECONDARY.value)]
     assert secondary.bytes.max() == _secondary_bytes(toy)
     assert secondary.bytes.iloc[-1] == 0
+    phases = result.phases
+    update_end = phases[(phases["rank"] == 0) & (phases.phase == Phase.UPDATE)].end_s.iloc[0]
+    assert secondary[secondary.t_s <= update_end].bytes.iloc[-1] == 0
 
 
 @pytest.mark.parametrize(("version", "once"), [("0.13.3", False), ("0.14.2", False),
