@@ -218,5 +218,8 @@ def test_check_says_zero_plus_plus(toy):
 
     scenario = toy.scenario(_patch(zero_hpz_partition_size=2, zero_quantized_weights=True),
                             gpus=4)
-    assert _mode(scenario).endswith("ZeRO++ hpZ (secondary partitions over groups of 2 ranks, "
-                                    "in HBM) and qwZ (int8 all-gathers of the parameters)")
+    secondary = _secondary_bytes(toy) / 2**30
+    assert _mode(scenario).endswith(
+        "ZeRO++ hpZ (secondary partitions over groups of 2 ranks, in HBM, "
+        f"{secondary:.1f} GiB a rank from the first forward to the step) and qwZ (int8 "
+        "all-gathers of the parameters)")
