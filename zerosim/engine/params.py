@@ -315,7 +315,8 @@ class PartitionedParams:
         numel = sum([plan.gathered_numel[index] for index in todo])
         sizes = [p.numel for p in tensors] if self.per_tensor else [numel]
         ranks = self.hpz_ranks if secondary else core.ranks
-        keys = [self._key(Collective.ALL_GATHER, ranks) for _ in sizes]
+        keys = ([self._key(Collective.ALL_GATHER, ranks) for _ in sizes] if secondary
+                else [core.next_key(Collective.ALL_GATHER) for _ in sizes])
         quantized = self.quantized and core.distributed
         core.launches += core.distributed * len(sizes) * (1 + quantized)
         for index in todo:
@@ -542,16 +543,16 @@ class PartitionedParams:
         plan = self.core.plan
         if index in (plan.unreleased_modules if backward else plan.external):
             return ()
-        if self._makes_secondary(index):
+        if self.hpz > 1 and self._makes_secondary(index):
             return self._release_into_secondary(index)
         self._free(index)
         return ()
 
     def _makes_secondary(self, index: int) -> bool:
-        """Whether releasing the module's gathered parameters copies them into secondary
-        partitions (hpZ): at the first release since the step, or every release (0.13.2 to
-        0.14.2)."""
-        return (self.hpz > 1 and self.is_gathered[index]
+        """With hpZ, whether releasing the module's gathered parameters copies them into
+        secondary partitions: at the first release since the step, or every release (0.13.2
+        to 0.14.2)."""
+        return (self.is_gathered[index]
                 and (self.recopies_secondary or not self.has_secondary[index]))
 
     def _release_into_secondary(self, index: int) -> Gen:

@@ -123,8 +123,9 @@ class RankProgram:
             yield from self._forward_module(index, OpKind.FORWARD, module.saved_bytes,
                                             backward=False)
             for owner in released_after[index]:
-                if not self.params.keep_after_forward(owner):
-                    yield from self.params.release(owner, backward=False)
+                if not self.params.keep_after_forward(owner) and (
+                        waits := self.params.release(owner, backward=False)):
+                    yield from waits
             if self.synchronize_each_layer and self._last_of_block(index):
                 yield from core.synchronize()
         yield from core.end(host_waits=False)
@@ -189,7 +190,8 @@ class RankProgram:
                     yield from core.host_time(core.count_used_params_s)
                     phase_starts = False
                 yield from self.gradients.add(param, done, micro, boundary)
-            yield from self.params.release(index, backward=True)
+            if waits := self.params.release(index, backward=True):
+                yield from waits
             if self.synchronize_each_layer and module.checkpoint_bytes:
                 yield from core.synchronize()
         yield from self.gradients.epilogue(micro, boundary)
