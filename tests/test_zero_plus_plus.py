@@ -223,3 +223,21 @@ def test_check_says_zero_plus_plus(toy):
         "ZeRO++ hpZ (secondary partitions over groups of 2 ranks, in HBM, "
         f"{secondary:.1f} GiB a rank from the first forward to the step) and qwZ (int8 "
         "all-gathers of the parameters)")
+
+
+def test_hpz_gathers_over_nvlink_what_crossed_the_nics(toy):
+    """Two toy nodes of two GPUs (NVLink 100 GB/s a GPU, 10 GB/s of NIC a node, no latency),
+    a group per node. lm_head, 32,768 B gathered: over all four ranks each GPU sends 3/4 of
+    it, half of that out of its node, and the node's NIC carries both GPUs' halves, so a GPU's
+    ring runs at 10 GB/s: 24,576 B / 10 GB/s; over its group of two, 16,384 B over NVLink at
+    100 GB/s."""
+    patch = _patch(zero_hpz_partition_size=2)
+    patch["hardware"] = {"nodes": 2}
+    patch["data_parallel"] = 4
+    gathers = _gathers(_run(toy, patch, gpus=2))
+    forward = gathers[gathers.phase == Phase.FORWARD]
+    first = forward[(forward.micro_batch == 0) & (forward.op == "all-gather lm_head")]
+    second = forward[(forward.micro_batch == 1)
+                     & (forward.op == "all-gather lm_head over its hpZ group of 2")]
+    assert list(first.end_s - first.start_s) == pytest.approx([24_576 / 10e9])
+    assert list(second.end_s - second.start_s) == pytest.approx([16_384 / 100e9])
