@@ -241,3 +241,24 @@ def test_hpz_gathers_over_nvlink_what_crossed_the_nics(toy):
                      & (forward.op == "all-gather lm_head over its hpZ group of 2")]
     assert list(first.end_s - first.start_s) == pytest.approx([24_576 / 10e9])
     assert list(second.end_s - second.start_s) == pytest.approx([16_384 / 100e9])
+
+
+def test_check_json_says_zero_plus_plus(toy, tmp_path):
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(toy.tree(_patch(zero_hpz_partition_size=2,
+                                                   zero_quantized_weights=True), gpus=4)))
+    result = CliRunner().invoke(main, ["check", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["zero_plus_plus"] == {
+        "hpz_group": 2, "secondary_bytes_per_rank": _secondary_bytes(toy),
+        "secondary_on": "gpu", "quantized_weights": True}
+    path.write_text(yaml.safe_dump(toy.tree(_patch(), gpus=4)))
+    plain = CliRunner().invoke(main, ["check", str(path), "--json"])
+    assert "zero_plus_plus" not in json.loads(plain.output)

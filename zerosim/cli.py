@@ -220,6 +220,22 @@ def _zero3_leaves(scenario: Scenario) -> dict[str, Any]:
                        for name, (first, last) in zip(found.names, found.spans, strict=True)]}
 
 
+def _zero_plus_plus(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `zero_plus_plus`, where ZeRO-3 runs hpZ or qwZ over several ranks
+    (what its `mode` line says): the hpZ group, the bytes each rank's secondary partitions
+    hold, and whether the all-gathers are quantized."""
+    from zerosim.engine.plan import hpz_secondary_bytes
+
+    ds = scenario.deepspeed
+    group = ds.zero_plus_plus.hpz_group(scenario.data_parallel)
+    if ds.stage != 3 or scenario.data_parallel == 1 or not ds.zero_plus_plus.any:
+        return {}
+    return {"zero_plus_plus": {
+        "hpz_group": group, "secondary_bytes_per_rank": hpz_secondary_bytes(scenario),
+        "secondary_on": ("host" if ds.offload_param.device == "cpu" else "gpu") if group > 1
+        else None, "quantized_weights": ds.zero_plus_plus.quantized_weights}}
+
+
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
     line says)."""
@@ -257,7 +273,8 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     summary = _model_summary(loaded.model, loaded.sequence_length, loaded.stack.recipe)
     if as_json:
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
-                     **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded)})
+                     **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded),
+                     **_zero_plus_plus(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

@@ -20,7 +20,7 @@ from zerosim.results.summary import (
 from zerosim.runs import BETWEEN_PHASES as BETWEEN_PHASES_QUANTITY
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
-from zerosim.units import BYTES_PER_DTYPE, MS, GiB
+from zerosim.units import MS, GiB
 from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
 
 
@@ -62,15 +62,13 @@ def _zero_plus_plus_text(scenario: Scenario) -> str:
         return ""
     parts = []
     if (group := settings.hpz_group(scenario.data_parallel)) > 1:
-        from zerosim.engine.plan import plan_of
+        from zerosim.engine.plan import hpz_secondary_bytes
 
         where = ("in host memory" if scenario.deepspeed.offload_param.device == "cpu"
                  else "in HBM")
-        shares = scenario.data_parallel // group * sum(
-            p.partition_numel for p in plan_of(scenario).all_params if not p.persistent)
-        nbytes = BYTES_PER_DTYPE[scenario.deepspeed.dtype] * shares
         parts.append(f"hpZ (secondary partitions over groups of {group} ranks, {where}, "
-                     f"{nbytes / 2**30:.1f} GiB a rank from the first forward to the step)")
+                     f"{hpz_secondary_bytes(scenario) / 2**30:.1f} GiB a rank from the first "
+                     "forward to the step)")
     if settings.quantized_weights:
         parts.append("qwZ (int8 all-gathers of the parameters)")
     return "ZeRO++ " + " and ".join(parts) if parts else ""

@@ -430,6 +430,18 @@ def _plan(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedConf
                      leaves=_leaves(spec, workload, recipe, ds).spans)
 
 
+def hpz_secondary_bytes(scenario: Scenario) -> int:
+    """What one rank's hpZ secondary partitions hold once every parameter has one (from the
+    first forward to the step): each non-persistent tensor's share over its group, 16-bit;
+    0 without hpZ, or below ZeRO-3."""
+    group = scenario.deepspeed.zero_plus_plus.hpz_group(scenario.data_parallel)
+    if group == 1 or scenario.deepspeed.stage != 3:
+        return 0
+    shares = scenario.data_parallel // group * sum(
+        p.partition_numel for p in plan_of(scenario).all_params if not p.persistent)
+    return BYTES_PER_DTYPE[scenario.deepspeed.dtype] * shares
+
+
 def leaves_of(scenario: Scenario) -> Leaves:
     """The ZeRO-3 leaves DeepSpeed makes of the scenario's model (`zerosim.models.leaves`):
     what the stack's script, `leaf_module` and `module_granularity_threshold` flag."""
