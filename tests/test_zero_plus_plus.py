@@ -94,6 +94,7 @@ def test_hpz_before_secondary_presence_decides_is_not_replayed(toy):
 
 @pytest.mark.parametrize(("stage", "gpus", "zero", "said"), [
     (2, 4, {"zero_hpz_partition_size": 2}, "does nothing at ZeRO-2"),
+    (2, 4, {"zero_quantized_gradients": True}, "does nothing at ZeRO-2"),
     (3, 1, {"zero_quantized_weights": True}, "does nothing on one rank"),
 ])
 def test_zero_plus_plus_that_does_nothing_is_a_warning(toy, stage, gpus, zero, said):
@@ -262,3 +263,22 @@ def test_check_json_says_zero_plus_plus(toy, tmp_path):
     path.write_text(yaml.safe_dump(toy.tree(_patch(), gpus=4)))
     plain = CliRunner().invoke(main, ["check", str(path), "--json"])
     assert "zero_plus_plus" not in json.loads(plain.output)
+
+
+def test_qgz_changes_nothing_on_one_node_and_is_not_replayed_across_nodes(toy):
+    """DeepSpeed's `__avg_scatter_grads` takes qgZ's all-to-alls only when the ranks span
+    nodes: on one node the key is read and changes nothing; across nodes zerosim says it
+    reduce-scatters as without it. A release before ZeRO++ refuses the key."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = toy.scenario(_patch(zero_quantized_gradients=True), gpus=4)
+    assert one.deepspeed.zero_plus_plus.quantized_gradients
+    assert one.deepspeed.to_dict()["zero_optimization"]["zero_quantized_gradients"] is True
+    assert one.unmodelled_keys == ()
+    patch = _patch(zero_quantized_gradients=True)
+    patch["hardware"] = {"nodes": 2}
+    patch["data_parallel"] = 4
+    with pytest.warns(ZeroPlusPlusWarning, match="is not replayed across nodes"):
+        toy.scenario(patch, gpus=2)
+    with pytest.raises(ScenarioError, match=r"absent before DeepSpeed 0\.10\.0"):
+        toy.scenario(_patch("0.9.5", zero_quantized_gradients=True), gpus=4)

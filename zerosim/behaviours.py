@@ -300,9 +300,11 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "partition_parameters.py _partition_param_sec and all_gather_coalesced "
               "(quantize), utils/groups.py _create_zero_param_parallel_group",
               "zero_optimization.zero_hpz_partition_size (hpZ: a secondary partition of "
-              "each parameter over groups of that many consecutive ranks) and "
+              "each parameter over groups of that many consecutive ranks), "
               "zero_quantized_weights (qwZ: int8 all-gathers with fp32 scales, quantized and "
-              "dequantized on DeepSpeed's all-gather stream) are read (before: refused)"),
+              "dequantized on DeepSpeed's all-gather stream) and zero_quantized_gradients "
+              "(qgZ: int4 all-to-all gradient reduction across nodes; not replayed there) are "
+              "read (before: refused)"),
     Behaviour("hpz_secondary_by_presence", (0, 13, 2),
               "PR #4906 'Enable hpz based on secondary tensor presence' (75ed63c9, first in "
               "v0.13.2): partition_parameters.py all_gather_coalesced, "

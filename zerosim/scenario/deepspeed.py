@@ -206,6 +206,7 @@ class _Zero(_Open):
     leaf_module: _LeafModule | None = None
     zero_hpz_partition_size: int = Field(1, ge=0)
     zero_quantized_weights: bool = False
+    zero_quantized_gradients: bool = False
 
     _whole = field_validator("module_granularity_threshold", "zero_hpz_partition_size",
                              mode="before")(_whole)
@@ -367,6 +368,9 @@ class ZeroPlusPlusSettings:
 
     hpz_partition_size: int = 1
     quantized_weights: bool = False
+    quantized_gradients: bool = False
+    """qgZ (`zero_quantized_gradients`): read, but replayed only where it changes nothing (one
+    node: DeepSpeed's `__avg_scatter_grads` takes it across nodes only)."""
 
     @property
     def any(self) -> bool:
@@ -381,7 +385,8 @@ class ZeroPlusPlusSettings:
         """The keys as the ds_config writes them (none that a release without them refuses)."""
         return {**({"zero_hpz_partition_size": self.hpz_partition_size}
                    if self.hpz_partition_size != 1 else {}),
-                **({"zero_quantized_weights": True} if self.quantized_weights else {})}
+                **({"zero_quantized_weights": True} if self.quantized_weights else {}),
+                **({"zero_quantized_gradients": True} if self.quantized_gradients else {})}
 
 
 def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
@@ -873,7 +878,8 @@ def _leaves(zero: _Zero, behaviours: Behaviours, source: str) -> LeafSettings:
         fast_fetch=threshold > 0 and behaviours.leaf_fetch_skips_event_bound)
 
 
-ZERO_PLUS_PLUS_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights")
+ZERO_PLUS_PLUS_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights",
+                       "zero_quantized_gradients")
 
 
 def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
@@ -889,7 +895,8 @@ def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
             raise ScenarioError(source, f"{ZERO_KEY}.{key}", "absent before DeepSpeed 0.10.0 "
                                 "(ZeRO++ came with PR #3784; an earlier release refuses the "
                                 "key)", getattr(zero, key))
-    settings = ZeroPlusPlusSettings(zero.zero_hpz_partition_size, zero.zero_quantized_weights)
+    settings = ZeroPlusPlusSettings(zero.zero_hpz_partition_size, zero.zero_quantized_weights,
+                                    zero.zero_quantized_gradients)
     group = settings.hpz_group(world)
     key = f"{ZERO_KEY}.zero_hpz_partition_size"
     if world % group:

@@ -89,13 +89,20 @@ def _warn_idle_zero_plus_plus(scenario: Any) -> None:
     ds = scenario.deepspeed
     zpp = ds.zero_plus_plus
     said = [key for key, value in (("zero_hpz_partition_size", zpp.hpz_partition_size > 1),
-                                   ("zero_quantized_weights", zpp.quantized_weights)) if value]
+                                   ("zero_quantized_weights", zpp.quantized_weights),
+                                   ("zero_quantized_gradients", zpp.quantized_gradients))
+            if value]
     if not said:
         return
     if ds.stage != 3:
-        why = f"does nothing at ZeRO-{ds.stage}: only ZeRO-3 partitions and gathers parameters"
+        why = f"does nothing at ZeRO-{ds.stage}: only ZeRO-3 reads ZeRO++'s keys"
     elif scenario.data_parallel == 1:
         why = "does nothing on one rank: there is nothing to gather from other ranks"
+    elif zpp.quantized_gradients and scenario.data_parallel > scenario.hardware.gpus_per_node:
+        said = ["zero_quantized_gradients"]
+        why = ("is not replayed across nodes: zerosim reduce-scatters the gradients as without "
+               "it (qgZ's int4 all-to-alls within and across nodes are not modelled); on one "
+               "node DeepSpeed reduce-scatters them as without it too")
     else:
         return
     warnings.warn(f"{scenario.source}: {ZERO}.{said[0]} {why}", ZeroPlusPlusWarning,
