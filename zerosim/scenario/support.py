@@ -83,9 +83,10 @@ def _warn_checkpoint_flags_without_checkpointing(scenario: Any) -> None:
 
 
 def _warn_idle_zero_plus_plus(scenario: Any) -> None:
-    """hpZ or qwZ asked for where DeepSpeed does nothing with it: below ZeRO-3 (only ZeRO-3's
-    parameter coordinator reads them), hpZ on one rank (a group of one), qwZ on one rank
-    with the parameters in HBM (nothing is all-gathered)."""
+    """ZeRO++ asked for where DeepSpeed does nothing with it: below ZeRO-3 (only ZeRO-3 reads
+    the keys), on one rank (nothing to gather); and qgZ where it acts and zerosim does not
+    replay it: `__avg_scatter_grads` takes it when the ranks over the GPUs a node has
+    (`device_count()`) make more than one node."""
     ds = scenario.deepspeed
     zpp = ds.zero_plus_plus
     said = [key for key, value in (("zero_hpz_partition_size", zpp.hpz_partition_size > 1),
@@ -98,7 +99,8 @@ def _warn_idle_zero_plus_plus(scenario: Any) -> None:
         why = f"does nothing at ZeRO-{ds.stage}: only ZeRO-3 reads ZeRO++'s keys"
     elif scenario.data_parallel == 1:
         why = "does nothing on one rank: there is nothing to gather from other ranks"
-    elif zpp.quantized_gradients and scenario.data_parallel > scenario.hardware.gpus_per_node:
+    elif (zpp.quantized_gradients
+          and scenario.data_parallel // scenario.hardware.gpus_per_node > 1):
         said = ["zero_quantized_gradients"]
         why = ("is not replayed across nodes: zerosim reduce-scatters the gradients as without "
                "it (qgZ's int4 all-to-alls within and across nodes are not modelled); on one "
