@@ -139,6 +139,12 @@ class Plan:
     def all_params(self) -> list[Param]:
         return [p for params in self.params for p in params]
 
+    def secondary_shares(self, group: int) -> list[int]:
+        """hpZ with groups of `group` ranks: each non-persistent tensor's secondary partition,
+        its share over the group (numel), as `_partition_param_sec` sizes it."""
+        return [p.partition_numel * (self.ranks // group) for p in self.all_params
+                if not p.persistent]
+
     def on_gpu(self, param: Param) -> bool:
         return self.subgroup_of[(param.module, param.index)] in self.gpu_subgroups
 
@@ -437,9 +443,8 @@ def hpz_secondary_bytes(scenario: Scenario) -> int:
     group = scenario.deepspeed.zero_plus_plus.hpz_group(scenario.data_parallel)
     if group == 1 or scenario.deepspeed.stage != 3:
         return 0
-    shares = scenario.data_parallel // group * sum(
-        p.partition_numel for p in plan_of(scenario).all_params if not p.persistent)
-    return BYTES_PER_DTYPE[scenario.deepspeed.dtype] * shares
+    return BYTES_PER_DTYPE[scenario.deepspeed.dtype] * sum(
+        plan_of(scenario).secondary_shares(group))
 
 
 def leaves_of(scenario: Scenario) -> Leaves:

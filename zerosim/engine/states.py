@@ -315,9 +315,7 @@ def _host_secondary_partitions(ds: DeepSpeedConfig, plan: Plan, dtype: int,
     group = ds.zero_plus_plus.hpz_group(plan.ranks)
     if group == 1:
         return []
-    share = plan.ranks // group
-    sizes = [dtype * p.partition_numel * share for params in plan.params for p in params
-             if not p.persistent]
+    sizes = [dtype * share for share in plan.secondary_shares(group)]
     return [Holding(DeviceKind.HOST, Category.PARAMS_SECONDARY,
                     _host_allocations(sizes, buffer), "hpZ secondary partitions", buffer)]
 
