@@ -168,6 +168,25 @@ def test_an_all_reduce_across_nodes_takes_the_trees_latency_where_shorter(nodes,
     assert large.latency_s == pytest.approx(2 * ring_steps, rel=1e-12)
 
 
+@pytest.mark.parametrize(("layout", "nvlink", "network", "latency_us"), [
+    ((4,), (1.0,), (0.0,), 0.5),  # qgZ's group within a node: all over NVLink
+    ((1, 1, 1, 1), (0.0,) * 4, (1.0,) * 4, 2.0),  # its group across nodes: all through NICs
+    ((2, 2), (1 / 3, 1 / 3), (2 / 3, 2 / 3), 2.0),  # one peer on the node, two beyond
+])
+def test_an_all_to_all_sends_each_peer_its_share_in_one_step(layout, nvlink, network,
+                                                             latency_us):
+    """`all_to_all_single` of a 12-byte buffer over 4 ranks: each sends 3/4 of it, a quarter
+    to each peer, those on its node over NVLink and the others through its node's NICs, all
+    at once (one step of the latency that crosses)."""
+    from zerosim.hardware import costs
+
+    shape = costs.all_to_all(12, layout, nvlink_latency_s=0.5e-6, network_latency_s=2e-6)
+    assert shape.bytes_per_gpu == 9
+    assert shape.nvlink_share == pytest.approx(nvlink, rel=1e-12)
+    assert shape.network_share == pytest.approx(network, rel=1e-12)
+    assert shape.latency_s == latency_us * 1e-6
+
+
 def test_inter_node_part_halves_with_twice_the_nics(toy):
     """Same all-gather, 1 vs 2 NICs: the latency (one step across, two within) stays, the
     transfer goes from 2457600 to 1228800 ps."""

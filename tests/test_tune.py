@@ -47,31 +47,40 @@ def test_the_scenario_as_given_is_a_config(toy):
 
 
 def test_zero_plus_plus_is_searched_where_the_ranks_span_nodes(toy):
-    """Two toy nodes of two GPUs: qwZ, hpZ with a group per node, and both, at ZeRO-3 only;
-    on one node, or on a release before ZeRO++, the knob stays where it is."""
+    """Two toy nodes of two GPUs: qwZ, qgZ, hpZ with a group per node, hpZ and qwZ, and all
+    three, at ZeRO-3 only; qgZ only where whole nodes hold the ranks; on one node, or on a
+    release before ZeRO++, the knob stays where it is."""
     from zerosim.tune import candidates, free_knobs, zero_plus_plus_choices
 
     two_nodes = {"hardware": {"nodes": 2}, "runtime": {"deepspeed_version": "0.19.5"},
                  "deepspeed": {"gradient_accumulation_steps": 2}}
     scenario = toy.scenario({**two_nodes, "data_parallel": 4}, gpus=2)
-    assert zero_plus_plus_choices(scenario) == ["qwz", "hpz2", "hpz2+qwz"]
+    assert zero_plus_plus_choices(scenario) == ["qwz", "qgz", "hpz2", "hpz2+qwz",
+                                                "hpz2+qwz+qgz"]
     base = as_given(scenario)
     found = candidates(base, free_knobs(fix=["micro_batch", "reduce_bucket_size",
                                              "sub_group_size", "ratio", "checkpointing"]),
                        zero_plus_plus=zero_plus_plus_choices(scenario))
     stage3 = {(c.offload, c.zero_plus_plus) for c in found if c.stage == 3}
-    assert {z for _, z in stage3} == {"none", "qwz", "hpz2", "hpz2+qwz"}
+    assert {z for _, z in stage3} == {"none", "qwz", "qgz", "hpz2", "hpz2+qwz",
+                                      "hpz2+qwz+qgz"}
     assert {c.zero_plus_plus for c in found if c.stage != 3} == {"none"}
     hpz = next(c for c in found if c.zero_plus_plus == "hpz2+qwz")
     zero = "deepspeed.zero_optimization."
     assert hpz.overrides()[zero + "zero_hpz_partition_size"] == 2
     assert hpz.overrides()[zero + "zero_quantized_weights"] is True
+    assert hpz.overrides()[zero + "zero_quantized_gradients"] is False
     assert hpz.describe().endswith("hpZ over 2 ranks, qwZ")
+    whole = next(c for c in found if c.zero_plus_plus == "hpz2+qwz+qgz")
+    assert whole.overrides()[zero + "zero_quantized_gradients"] is True
+    assert whole.describe().endswith("hpZ over 2 ranks, qwZ, qgZ")
+    odd = toy.scenario({**two_nodes, "hardware": {"nodes": 3}, "data_parallel": 5}, gpus=2)
+    assert zero_plus_plus_choices(odd) == ["qwz"]
     one_node = toy.scenario({"runtime": {"deepspeed_version": "0.19.5"}}, gpus=2)
     assert zero_plus_plus_choices(one_node) == []
     old = toy.scenario({**two_nodes, "data_parallel": 4,
                         "runtime": {"deepspeed_version": "0.13.1"}}, gpus=2)
-    assert zero_plus_plus_choices(old) == ["qwz"]
+    assert zero_plus_plus_choices(old) == ["qwz", "qgz"]
     assert as_given(toy.scenario({"runtime": {"deepspeed_version": "0.9.5"}},
                                  gpus=2)).zero_plus_plus is None
 

@@ -259,26 +259,132 @@ def test_check_json_says_zero_plus_plus(toy, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["zero_plus_plus"] == {
         "hpz_group": 2, "secondary_bytes_per_rank": _secondary_bytes(toy),
-        "secondary_on": "gpu", "quantized_weights": True}
+        "secondary_on": "gpu", "quantized_weights": True, "quantized_gradients": False}
     path.write_text(yaml.safe_dump(toy.tree(_patch(), gpus=4)))
     plain = CliRunner().invoke(main, ["check", str(path), "--json"])
     assert "zero_plus_plus" not in json.loads(plain.output)
 
 
-def test_qgz_changes_nothing_on_one_node_and_is_not_replayed_across_nodes(toy):
-    """DeepSpeed's `__avg_scatter_grads` takes qgZ's all-to-alls only when the ranks span
-    nodes: on one node the key is read and changes nothing; across nodes zerosim says it
-    reduce-scatters as without it. A release before ZeRO++ refuses the key."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+def _two_nodes(version: str = "0.19.5", nodes: int = 2, **zero) -> dict:
+    """qgZ on `nodes` toy nodes of two GPUs, GA 1."""
+    patch = _patch(version, ga=1, zero_quantized_gradients=True, **zero)
+    patch["hardware"] = {"nodes": nodes}
+    patch["data_parallel"] = 2 * nodes
+    return patch
+
+
+def test_qgz_changes_nothing_on_one_node(toy):
+    """DeepSpeed's `__avg_scatter_grads` takes qgZ's all-to-alls only when the ranks over a
+    node's GPUs make more than one node: on one node the key is read, zerosim warns that it
+    does nothing, and the gradients are reduce-scattered as without it. A release before
+    ZeRO++ refuses the key."""
+    with pytest.warns(ZeroPlusPlusWarning, match="does nothing on one node"):
         one = toy.scenario(_patch(zero_quantized_gradients=True), gpus=4)
     assert one.deepspeed.zero_plus_plus.quantized_gradients
     assert one.deepspeed.to_dict()["zero_optimization"]["zero_quantized_gradients"] is True
     assert one.unmodelled_keys == ()
-    patch = _patch(zero_quantized_gradients=True)
-    patch["hardware"] = {"nodes": 2}
-    patch["data_parallel"] = 4
-    with pytest.warns(ZeroPlusPlusWarning, match="is not replayed across nodes"):
-        toy.scenario(patch, gpus=2)
+    spans = _run(toy, _patch(zero_quantized_gradients=True)).spans
+    assert not (spans.op_kind == OpKind.ALL_TO_ALL).any()
     with pytest.raises(ScenarioError, match=r"absent before DeepSpeed 0\.10\.0"):
         toy.scenario(_patch("0.9.5", zero_quantized_gradients=True), gpus=4)
+
+
+def _reductions(result):
+    spans = result.spans
+    return spans[(spans["rank"] == 0) & spans.op_kind.isin([OpKind.ALL_TO_ALL,
+                                                             OpKind.REDUCE_SCATTER])]
+
+
+def test_qgz_reduces_each_matrix_by_all_to_alls_and_each_vector_by_a_reduce_scatter(toy):
+    """Across two nodes the bucket is reduced tensor by tensor in parameter order: each of
+    the 16 weight matrices by qgZ's all-to-alls, each of the 5 norm weights by a
+    reduce-scatter of its own."""
+    reductions = _reductions(_run(toy, _two_nodes(), gpus=2))
+    layer = ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+             "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
+             "mlp.down_proj"]
+    names = ["embed_tokens", *[f"layers.{i}.{n}" for i in (0, 1) for n in layer], "norm",
+             "lm_head"]
+    kinds = [OpKind.REDUCE_SCATTER if n.endswith("norm") else OpKind.ALL_TO_ALL
+             for n in names]
+    assert list(reductions.op_kind) == kinds
+    assert [op.split(" ", 2)[-1] if op.startswith("qgZ") else op.split(" ", 1)[1]
+            for op in reductions.op] == names
+
+
+def test_qgz_times_a_matrix_as_its_kernels_and_all_to_alls_take(toy):
+    """lm_head, 256 x 64 = 16,384 fp16 gradients, world 4 on two nodes of two GPUs (HBM
+    1e12 B/s, NVLink 100 GB/s a GPU, 10 GB/s of NIC a node, no latency, the compute stream
+    idle): G = max(256, 64, 4) = 256 groups.
+    quantize: read 32,768 B, write 8,192 B of int4 and 1,024 B of scales: 41.984 ns;
+    all-to-all over the node: half of 8,192 B, then of 1,024 B, over NVLink: 40.96 + 5.12 ns;
+    reduction: read 8,192 + 1,024 B, write 4,096 + 512 B: 13.824 ns;
+    all-to-all across the nodes: half of 4,096 B, then of 512 B, from each GPU, both GPUs of
+    the node through its NIC: 409.6 + 51.2 ns;
+    dequantize: read 4,096 + 512 B, write 8,192 fp16 elements: 20.992 ns;
+    the chunks' sum and the division: 4,096 elements of 2 B, (2 + 3 + 2) passes: 57.344 ns.
+    Its buffers, 44,032 B, are held until the next tensor's are made, the last down_proj's
+    (22,016 B) until lm_head's: the peak, 66,048 B."""
+    result = _run(toy, _two_nodes(), gpus=2)
+    reductions = _reductions(result)
+    head = reductions[reductions.op == "qgZ all-to-all lm_head"]
+    expected_ns = 41.984 + 40.96 + 5.12 + 13.824 + 409.6 + 51.2 + 20.992 + 57.344
+    assert list(head.end_s - head.start_s) == pytest.approx([expected_ns * 1e-9], rel=1e-9)
+    memory = result.memory
+    buffers = memory[(memory.device == "gpu0")
+                     & (memory.category == Category.QUANTIZED_REDUCE.value)]
+    assert buffers.bytes.max() == 66_048 and buffers.bytes.iloc[-1] == 0
+
+
+@pytest.mark.parametrize(("version", "falls_back"), [("0.13.1", None), ("0.13.2", True)])
+def test_qgz_on_a_matrix_that_does_not_split_in_two_world_sizes(toy, version, falls_back):
+    """World 6 on three nodes: the 64 x 64 projections (4,096 elements) are not a multiple of
+    12. Before 0.13.2 DeepSpeed's all-to-all fails on them; from it they are reduce-scattered
+    (the 8,192- and 16,384-element ones are not multiples of 12 either)."""
+    patch = _two_nodes(version, nodes=3)
+    if falls_back is None:
+        with pytest.raises(UnsupportedConfigError, match="not a multiple of twice the 6"):
+            toy.scenario(patch, gpus=2)
+        return
+    reductions = _reductions(_run(toy, patch, gpus=2))
+    assert (reductions.op_kind == OpKind.REDUCE_SCATTER).all() and len(reductions) == 21
+
+
+@pytest.mark.parametrize(("patch", "gpus", "match"), [
+    ({"hardware": {"nodes": 2}, "data_parallel": 3}, 2, "must be a multiple of 2"),
+    ({"hardware": {"nodes": 3}, "data_parallel": 5}, 2, "must be a multiple of 2"),
+    ({"deepspeed": {"zero_optimization": {"reduce_scatter": False}}}, 4,
+     "reduce_scatter should also be enabled"),
+])
+def test_what_deepspeed_fails_on_with_qgz_is_refused(toy, patch, gpus, match):
+    """qgZ's all-to-all groups take whole nodes (three ranks on nodes of two: the group
+    builder asserts; five: rank 4 has no group), and ZeRO-3 asserts `reduce_scatter` with
+    them."""
+    from zerosim.scenario.loader import deep_merge
+
+    with pytest.raises(UnsupportedConfigError, match=match):
+        toy.scenario(deep_merge(_patch(zero_quantized_gradients=True), patch), gpus=gpus)
+
+
+def test_qgz_at_zero_2_on_odd_ranks_is_only_a_warning_where_groups_are_built(toy):
+    """Below ZeRO-3 nothing looks the groups up: five ranks on nodes of two build them and
+    run (a warning says qgZ does nothing); three, under two nodes' worth, fail the builder's
+    assertion."""
+    from zerosim.scenario.loader import deep_merge
+
+    five = deep_merge(_patch(stage=2, zero_quantized_gradients=True),
+                      {"hardware": {"nodes": 3}, "data_parallel": 5})
+    with pytest.warns(ZeroPlusPlusWarning, match="does nothing at ZeRO-2"):
+        toy.scenario(five, gpus=2)
+    three = deep_merge(_patch(stage=2, zero_quantized_gradients=True),
+                       {"hardware": {"nodes": 2}, "data_parallel": 3})
+    with pytest.raises(UnsupportedConfigError, match="must be a multiple of 2"):
+        toy.scenario(three, gpus=2)
+
+
+def test_check_says_qgz_across_nodes(toy):
+    from zerosim.report import _mode
+
+    scenario = toy.scenario(_two_nodes(), gpus=2)
+    assert _mode(scenario).endswith("ZeRO++ qgZ (int4 all-to-all reductions of the gradients, "
+                                    "within then across nodes)")

@@ -303,8 +303,9 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "each parameter over groups of that many consecutive ranks), "
               "zero_quantized_weights (qwZ: int8 all-gathers with fp32 scales, quantized and "
               "dequantized on DeepSpeed's all-gather stream) and zero_quantized_gradients "
-              "(qgZ: int4 all-to-all gradient reduction across nodes; not replayed there) are "
-              "read (before: refused)"),
+              "(qgZ: ZeRO-3 reduces each multi-dimensional gradient by int4 all-to-alls "
+              "within its node, then across nodes, where the ranks span several; "
+              "coalesced_collectives.py all_to_all_quant_reduce) are read (before: refused)"),
     Behaviour("hpz_secondary_by_presence", (0, 13, 2),
               "PR #4906 'Enable hpz based on secondary tensor presence' (75ed63c9, first in "
               "v0.13.2): partition_parameters.py all_gather_coalesced, "
@@ -314,6 +315,13 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "they have none (one call each); each release re-copies the secondary "
               "partition from the gathered parameter (before: the forward flag picks, which "
               "zerosim does not replay)"),
+    Behaviour("qgz_indivisible_fallback", (0, 13, 2),
+              "PR #5056 '[Zero++ qgZ] Fall back to reduce_scatter if tensor.numel() % (2 * "
+              "global_world_size) != 0' (592325ab, first in v0.13.2): "
+              "coalesced_collectives.py all_to_all_quant_reduce",
+              "qgZ reduce-scatters a multi-dimensional gradient whose element count is not a "
+              "multiple of twice the world size, as a vector (before: its all-to-all fails "
+              "on the buffers' sizes, which zerosim refuses)"),
     Behaviour("hpz_secondary_sync", (0, 13, 5),
               "PR #5216 '[zero++] Synchronize at the end of secondary partitioning' "
               "(4578c249, first in v0.13.5): partition_parameters.py _partition_param_sec",
@@ -379,6 +387,7 @@ class Behaviours:
     leaf_module_config: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool
+    qgz_indivisible_fallback: bool
     hpz_secondary_sync: bool
     hpz_secondary_once: bool
     hpz_secondary_zeroed: bool

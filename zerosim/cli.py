@@ -221,19 +221,24 @@ def _zero3_leaves(scenario: Scenario) -> dict[str, Any]:
 
 
 def _zero_plus_plus(scenario: Scenario) -> dict[str, Any]:
-    """`check --json`'s `zero_plus_plus`, where ZeRO-3 runs hpZ or qwZ over several ranks
-    (what its `mode` line says): the hpZ group, the bytes each rank's secondary partitions
-    hold, and whether the all-gathers are quantized."""
+    """`check --json`'s `zero_plus_plus`, where ZeRO-3 runs hpZ, qwZ or qgZ over several
+    ranks (what its `mode` line says): the hpZ group, the bytes each rank's secondary
+    partitions hold, whether the all-gathers are quantized, and whether the gradients are
+    (qgZ acts across nodes only)."""
     from zerosim.engine.plan import hpz_secondary_bytes
 
     ds = scenario.deepspeed
     group = ds.zero_plus_plus.hpz_group(scenario.data_parallel)
-    if ds.stage != 3 or scenario.data_parallel == 1 or not ds.zero_plus_plus.any:
+    gradients = ds.zero_plus_plus.quantizes_gradients(ds.stage, scenario.data_parallel,
+                                                      scenario.hardware.gpus_per_node)
+    if (ds.stage != 3 or scenario.data_parallel == 1
+            or not (ds.zero_plus_plus.any or gradients)):
         return {}
     return {"zero_plus_plus": {
         "hpz_group": group, "secondary_bytes_per_rank": hpz_secondary_bytes(scenario),
         "secondary_on": ("host" if ds.offload_param.device == "cpu" else "gpu") if group > 1
-        else None, "quantized_weights": ds.zero_plus_plus.quantized_weights}}
+        else None, "quantized_weights": ds.zero_plus_plus.quantized_weights,
+        "quantized_gradients": gradients}}
 
 
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:

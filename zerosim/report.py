@@ -56,7 +56,8 @@ def _mode(scenario: Scenario) -> str:
 
 
 def _zero_plus_plus_text(scenario: Scenario) -> str:
-    """hpZ and qwZ in a few words ('' without either, or on one rank)."""
+    """hpZ, qwZ and qgZ in a few words ('' without any, or on one rank; qgZ only where it
+    acts, across nodes)."""
     settings = scenario.deepspeed.zero_plus_plus
     if scenario.data_parallel == 1:
         return ""
@@ -71,6 +72,10 @@ def _zero_plus_plus_text(scenario: Scenario) -> str:
                      "forward to the step)")
     if settings.quantized_weights:
         parts.append("qwZ (int8 all-gathers of the parameters)")
+    if settings.quantizes_gradients(scenario.deepspeed.stage, scenario.data_parallel,
+                                    scenario.hardware.gpus_per_node):
+        parts.append("qgZ (int4 all-to-all reductions of the gradients, within then across "
+                     "nodes)")
     return "ZeRO++ " + " and ".join(parts) if parts else ""
 
 

@@ -76,11 +76,12 @@ NO_LEAVES = 0
 (`plan.granularity_thresholds`), searched at stage 3 on DeepSpeed 0.16.0+; elsewhere the knob
 is None and sets nothing."""
 NO_ZERO_PLUS_PLUS = "none"
-"""The `zero_plus_plus` knob's value without hpZ or qwZ; its others are `qwz` (int8
-all-gathers), `hpzG` (secondary partitions over groups of G ranks, G a node's GPUs) and
-`hpzG+qwz`, searched at stage 3 on DeepSpeed 0.10.0+ (hpZ from 0.13.2, where zerosim replays
-it) when the ranks span nodes, where the all-gathers cross the network; elsewhere the knob is
-None and sets nothing."""
+"""The `zero_plus_plus` knob's value without ZeRO++; its others join with `+` the parts `hpzG`
+(secondary partitions over groups of G ranks, G a node's GPUs), `qwz` (int8 all-gathers) and
+`qgz` (int4 all-to-all gradient reductions): `qwz`, `qgz`, `hpzG`, `hpzG+qwz` and
+`hpzG+qwz+qgz`, searched at stage 3 on DeepSpeed 0.10.0+ (hpZ from 0.13.2, where zerosim
+replays it; qgZ where whole nodes hold the ranks) when the ranks span nodes, where the
+all-gathers and reductions cross the network; elsewhere the knob is None and sets nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -120,7 +121,7 @@ class Config:
     leaves: int | None = None
     """`module_granularity_threshold` (0: none), or None where the release does not read it."""
     zero_plus_plus: str | None = None
-    """`NO_ZERO_PLUS_PLUS`, `qwz`, `hpzG` or `hpzG+qwz`, or None where the release does not
+    """`NO_ZERO_PLUS_PLUS` or ZeRO++'s parts (see there), or None where the release does not
     read ZeRO++'s keys."""
 
     @property
@@ -131,7 +132,11 @@ class Config:
 
     @property
     def quantized_weights(self) -> bool:
-        return (self.zero_plus_plus or "").endswith("qwz")
+        return "qwz" in (self.zero_plus_plus or "").split("+")
+
+    @property
+    def quantized_gradients(self) -> bool:
+        return "qgz" in (self.zero_plus_plus or "").split("+")
 
     def devices(self) -> tuple[str, str]:
         """Where the optimizer and the 16-bit params live (`offload_*.device`)."""
@@ -176,6 +181,7 @@ class Config:
         if self.zero_plus_plus is not None:
             out[Z + "zero_hpz_partition_size"] = self.hpz_group
             out[Z + "zero_quantized_weights"] = self.quantized_weights
+            out[Z + "zero_quantized_gradients"] = self.quantized_gradients
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -212,6 +218,8 @@ class Config:
             parts.append(f"hpZ over {self.hpz_group} ranks")
         if self.quantized_weights:
             parts.append("qwZ")
+        if self.quantized_gradients:
+            parts.append("qgZ")
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master not in (None, "fp32"):
@@ -292,18 +300,25 @@ def _zero_plus_plus(scenario: Scenario) -> str | None:
     group = settings.hpz_group(scenario.data_parallel)
     parts = ([f"hpz{group}"] if group > 1 else []) + (["qwz"] if settings.quantized_weights
                                                        else [])
+    parts += ["qgz"] if settings.quantized_gradients else []
     return "+".join(parts) or NO_ZERO_PLUS_PLUS
 
 
 def zero_plus_plus_choices(scenario: Scenario) -> list[str]:
-    """What the `zero_plus_plus` knob tries: where the ranks span nodes, qwZ, and from 0.13.2
-    hpZ with a group per node, alone and with qwZ; none on one node (NVLink carries the
-    all-gathers there, and hpZ's group would be every rank)."""
+    """What the `zero_plus_plus` knob tries: where the ranks span nodes, qwZ; where whole nodes
+    hold them (DeepSpeed's all-to-all groups and hpZ's groups of a node need them), qgZ, and
+    from 0.13.2 hpZ with a group per node, alone, with qwZ and with both (ZeRO++ whole); none
+    on one node (NVLink carries the collectives there, and hpZ's group would be every
+    rank)."""
     hardware, behaviours = scenario.hardware, scenario.behaviours
-    if not behaviours.zero_plus_plus or scenario.data_parallel <= hardware.gpus_per_node:
+    world, per_node = scenario.data_parallel, hardware.gpus_per_node
+    if not behaviours.zero_plus_plus or world <= per_node:
         return []
-    hpz = f"hpz{hardware.gpus_per_node}"
-    return ["qwz", *([hpz, f"{hpz}+qwz"] if behaviours.hpz_secondary_by_presence else [])]
+    if world % per_node:
+        return ["qwz"]
+    hpz = f"hpz{per_node}"
+    return ["qwz", "qgz", *([hpz, f"{hpz}+qwz", f"{hpz}+qwz+qgz"]
+                            if behaviours.hpz_secondary_by_presence else [])]
 
 
 def _master(scenario: Scenario) -> str | None:

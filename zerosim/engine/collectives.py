@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import simpy
@@ -111,8 +112,10 @@ class Collectives:
         ring = self._rings.get(cache_key)
         if ring is None:
             p = self.profile
-            ring = self._rings[cache_key] = costs.ring_collective(
-                kind, total_bytes, layout.per_node, nvlink_latency_s=p.nvlink_latency_s,
+            shape = costs.all_to_all if kind == Collective.ALL_TO_ALL else partial(
+                costs.ring_collective, kind)
+            ring = self._rings[cache_key] = shape(
+                total_bytes, layout.per_node, nvlink_latency_s=p.nvlink_latency_s,
                 network_latency_s=p.network_latency_s)
         return ring
 

@@ -78,6 +78,7 @@ from zerosim.engine.params import (
 )
 from zerosim.engine.plan import update_groups
 from zerosim.engine.program import OptimizerStep, RankProgram
+from zerosim.engine.quantized_gradients import QuantizedGradientReduction
 from zerosim.engine.rank import Gen, RankCore, RunContext
 from zerosim.engine.sinks import (
     BoundaryFlush,
@@ -207,7 +208,16 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                       after_partition=superoffload.hand_off if superoffload else None,
                       transposed_copies=zenflow is not None,
                       by_subgroup=(SubGroupBuckets(core.plan)
-                                   if superoffload and superoffload.concatenated else None))
+                                   if superoffload and superoffload.concatenated else None),
+                      quantized=_quantized_gradients(core, nccl))
+
+
+def _quantized_gradients(core: RankCore, nccl: NcclQueue) -> QuantizedGradientReduction | None:
+    """qgZ's reduction where it acts: ZeRO-3 over ranks that span more than one node."""
+    if core.ds.zero_plus_plus.quantizes_gradients(core.ds.stage, len(core.ranks),
+                                                  core.profile.gpus_per_node):
+        return QuantizedGradientReduction(core, nccl)
+    return None
 
 
 def _compute_waits_for_reduction(core: RankCore) -> bool:

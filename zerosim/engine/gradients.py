@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 import simpy
 
 from zerosim.engine.plan import Param, Plan
+from zerosim.engine.quantized_gradients import QuantizedGradientReduction
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.software import MAX_PARAM_REDUCE_EVENTS, STAGE0_ALLREDUCE_BUCKET_NUMEL
 from zerosim.engine.streams import Body, InOrderStream, NcclQueue
@@ -134,7 +135,8 @@ class IpgBuckets:
                  waits_for_each_bucket: bool = False, copies_on_compute: bool = False,
                  after_reduce: AfterReduce | None = None,
                  after_partition: AfterPartition | None = None,
-                 transposed_copies: bool = False, by_subgroup: SubGroupBuckets | None = None):
+                 transposed_copies: bool = False, by_subgroup: SubGroupBuckets | None = None,
+                 quantized: QuantizedGradientReduction | None = None):
         self.core = core
         self.sink = sink
         self.collective = collective
@@ -162,6 +164,8 @@ class IpgBuckets:
         self.after_partition = after_partition
         self.by_subgroup = by_subgroup
         """Buckets cut at optimizer sub-group edges (SuperOffload before DeepSpeed 0.18.9)."""
+        self.quantized = quantized
+        """qgZ across nodes: each bucket reduced tensor by tensor by int4 all-to-alls."""
         self.transposed_copies = transposed_copies
         """Each gradient is copied into the bucket transposed (ZenFlow's
         `grad_reduc.permute(...).contiguous()`, then the copy): a strided pass more (taken for
@@ -316,6 +320,29 @@ class IpgBuckets:
             yield self.outstanding.popleft()
         bucket, numel = self.bucket, self.bucket_numel
         self.bucket, self.bucket_numel = [], 0
+        if self.quantized is not None:
+            held = yield from self._reduce_quantized(bucket, numel)
+        else:
+            held = yield from self._reduce_whole(bucket, numel)
+        if self.after_reduce is not None:
+            yield from self.after_reduce.after_reduce(bucket, self.stream, boundary)
+        body, host_waits = self.sink.partition(bucket, micro, boundary)
+        moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
+        done = self.stream.launch(f"partition grads {len(bucket)} params", body,
+                                  kind=OpKind.PARTITION_GRADS, nbytes=moved)
+        core.when_done(done, lambda: self._free_partitions(held))
+        self.outstanding.append(done)
+        if host_waits:
+            yield done
+        if self.after_partition is not None:
+            yield from self.after_partition.after_partition(bucket, done, boundary)
+        return done
+
+    def _reduce_whole(self, bucket: list[BucketEntry], numel: int) -> Gen:
+        """Issue the bucket's reduction as one op on the reduction stream: the collective
+        (or, before `coalesced_collectives`, one a tensor) with its scalings and casts.
+        Returns what it holds until the partitions are moved (filled as it runs)."""
+        core = self.core
         collective = self.collective_for(bucket)
         averaged = self.averaged_numel(bucket, numel)
         reduced = averaged if collective == Collective.ALL_REDUCE else numel
@@ -329,12 +356,12 @@ class IpgBuckets:
         cast_in_s, cast_out_s = self.cast_seconds(bucket, collective, averaged)
         before_s, after_s = before_s + cast_in_s, after_s + cast_out_s
         cast_bytes = core.comm_bytes * averaged if cast_in_s else 0
-        held: dict[str, int] = {}
+        held: list[int] = []
         turn = self.nccl.issue()
 
         def reduce_body() -> Gen:
-            held["out"] = core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
-                                            "reduce-scatter buffer")
+            held.append(core.gpu.allocate(Category.GRAD_PARTITIONS, out_bytes,
+                                          "reduce-scatter buffer"))
             cast = core.gpu.allocate(Category.GRAD_PARTITIONS, cast_bytes,
                                      "gradients in the communication dtype")
             if before_s:
@@ -351,9 +378,7 @@ class IpgBuckets:
             if after_s:
                 yield from core.gpu_kernel(after_s, self.stream)
             core.gpu.free(Category.GRAD_PARTITIONS, cast)
-            for entry in bucket:
-                if not entry.in_bucket:
-                    self.store.free(entry.param)
+            self._free_unbucketed(bucket)
 
         label, kind = self.names[collective]
         copied = self.copies.idle_event() if self.copies is not self.stream else None
@@ -362,19 +387,28 @@ class IpgBuckets:
                                 kind=OpKind.STREAM_WAIT, after=(self.stream.idle_event(),))
         self.stream.launch(f"{label} {reduced / 1e6:.0f}M", reduce_body, kind=kind,
                            after=(copied,), nbytes=core.comm_bytes * reduced)
-        if self.after_reduce is not None:
-            yield from self.after_reduce.after_reduce(bucket, self.stream, boundary)
-        body, host_waits = self.sink.partition(bucket, micro, boundary)
-        moved = core.accum_bytes * sum(e.param.partition_numel for e in bucket)
-        done = self.stream.launch(f"partition grads {len(bucket)} params", body,
-                                  kind=OpKind.PARTITION_GRADS, nbytes=moved)
-        core.when_done(done, lambda: core.gpu.free(Category.GRAD_PARTITIONS, held["out"]))
-        self.outstanding.append(done)
-        if host_waits:
-            yield done
-        if self.after_partition is not None:
-            yield from self.after_partition.after_partition(bucket, done, boundary)
-        return done
+        return held
+
+    def _reduce_quantized(self, bucket: list[BucketEntry], numel: int) -> Gen:
+        """qgZ (`QuantizedGradientReduction`): the bucket's tensors in parameter order, one op
+        each; the gradients outside the contiguous buffer are freed after the last."""
+        assert self.quantized is not None
+        cast_s = self.cast_seconds(bucket, Collective.REDUCE_SCATTER, numel)
+        cast_bytes = self.core.comm_bytes * numel if cast_s[0] else 0
+        params = sorted((e.param for e in bucket), key=lambda p: (p.module, p.index))
+        held, last = yield from self.quantized.reduce(params, self.stream, cast_s, cast_bytes)
+        self.core.when_done(last, lambda: self._free_unbucketed(bucket))
+        return held
+
+    def _free_unbucketed(self, bucket: list[BucketEntry]) -> None:
+        """Gradients reduced where they lie (outside the contiguous buffer) go once reduced."""
+        for entry in bucket:
+            if not entry.in_bucket:
+                self.store.free(entry.param)
+
+    def _free_partitions(self, held: list[int]) -> None:
+        for nbytes in held:
+            self.core.gpu.free(Category.GRAD_PARTITIONS, nbytes)
 
     def epilogue(self, micro: int, boundary: bool) -> Gen:
         """`independent_gradient_partition_epilogue`: the last bucket, then synchronize."""

@@ -410,6 +410,25 @@ def ring_collective(kind: str, total_bytes: float, gpus_per_node: Sequence[int],
                           tuple(1 / g for g in gpus_per_node), latency_s)
 
 
+def all_to_all(total_bytes: float, gpus_per_node: Sequence[int], *, nvlink_latency_s: float,
+               network_latency_s: float) -> RingCollective:
+    """An all-to-all of a `total_bytes` buffer per rank (`all_to_all_single`: each rank sends
+    one N-th of it to every rank, itself included) over ranks that sit `gpus_per_node[i]` to
+    a node. NCCL runs it as a send and a receive to each peer at once (grouped point-to-point
+    calls), so a GPU sends (N - 1)/N x S in one step, at one step's latency (the network's
+    when the ranks span nodes). Of a GPU's peers, g_i - 1 are on its node (its NVLink port)
+    and N - g_i beyond it (its node's NICs, pooled with the node's other GPUs): one on each
+    node (qgZ's inter-node groups) sends everything through the NICs, all on one node
+    (its intra-node groups) everything over NVLink."""
+    ranks = sum(gpus_per_node)
+    nbytes = (ranks - 1) / ranks * total_bytes
+    if len(gpus_per_node) == 1:
+        return RingCollective(nbytes, (1.0,), (0.0,), nvlink_latency_s)
+    peers = ranks - 1
+    return RingCollective(nbytes, tuple((g - 1) / peers for g in gpus_per_node),
+                          tuple((ranks - g) / peers for g in gpus_per_node), network_latency_s)
+
+
 TREE_ALL_REDUCE_MAX_BYTES = 64 * 1024
 """The all-reduces across nodes zerosim starts after NCCL's tree's latency: those of at most
 64 KiB, where ALCF's nccl-tests on Polaris stay latency-bound (on 8 nodes an 8-byte one takes

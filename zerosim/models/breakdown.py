@@ -378,6 +378,8 @@ class Module:
     `one_dimensional` which of them are vectors (a bias, a norm's weight or bias, GPT-OSS's
     sinks; empty: none), which a framework may give the optimizer as a group of their own
     (`Recipe.vector_param_group`);
+    `param_shapes` gives each tensor's shape where it has more than one dimension (empty:
+    every tensor a vector of its numel; `shapes_of`), which qgZ's quantization groups follow;
     `recompute_bytes` are the activations a checkpointed block re-creates for this module.
     `kernels` and `backward_kernels` are what its forward and backward launch on the GPU.
     `external`: its weights are read by the enclosing module's forward, not through its own
@@ -400,6 +402,7 @@ class Module:
     buffer_bytes: float = 0.0
     param_numels: tuple[int, ...] = ()
     one_dimensional: tuple[bool, ...] = ()
+    param_shapes: tuple[tuple[int, ...], ...] = ()
     recompute_bytes: float = 0.0
     kernels: tuple[Kernel, ...] = ()
     backward_kernels: tuple[Kernel, ...] = ()
@@ -436,6 +439,11 @@ def vector_flags(module: Module) -> tuple[bool, ...]:
     return module.one_dimensional or (False,) * len(module.param_numels)
 
 
+def shapes_of(module: Module) -> tuple[tuple[int, ...], ...]:
+    """Each of the module's parameter tensors' shape (a vector where none is given)."""
+    return module.param_shapes or tuple((numel,) for numel in module.param_numels)
+
+
 GRADIENT_SUM_ELEMENTS = 3
 """Elements autograd's InputBuffer moves per element of a tensor that feeds several ops, for
 each gradient after the first: `old + new` (or its in-place form), read 2, write 1."""
@@ -459,7 +467,8 @@ def _linear(name: str, layer: int | None, d_in: int, d_out: int, bias: bool, w: 
     flops = 2.0 * d_in * d_out * t
     saved = w.dtype_bytes * d_in * t if saves_input else 0.0
     module = Module(name, "linear", "matmul", layer, params, flops, flops, 0.0, saved,
-                    param_numels=numels, one_dimensional=(False, True)[:len(numels)])
+                    param_numels=numels, one_dimensional=(False, True)[:len(numels)],
+                    param_shapes=((d_out, d_in), (d_out,))[:len(numels)])
     gemm = Gemm(t, d_out, d_in, dtype_bytes=w.dtype_bytes)
     module = _with_backward(module, (gemm, *after), r)
     if not sums_input_gradient:
@@ -972,15 +981,17 @@ def _fused_experts(spec: ModelSpec, name: str, layer: int, w: Workload, r: Recip
                            GROUPED_ROW_PASSES - 2)
     top_k_sum = MemoryPass(size * (rows + w.tokens) * h)
     numels = (experts * 2 * width * h, experts * h * width)
+    shapes: tuple[tuple[int, ...], ...] = ((experts, 2 * width, h), (experts, h, width))
     biases: tuple[MemoryPass, ...] = ()
     if moe.expert_bias:
         numels = (numels[0], experts * 2 * width, numels[1], experts * h)
+        shapes = (shapes[0], (experts, 2 * width), shapes[1], (experts, h))
         biases = (MemoryPass(BIAS_ROW_BYTES * size * rows * (2 * width + h), 4),)
     flops = gate_up.flops + down.flops
     saved = (2 * size * rows * h + size * rows * width
              + r.activation_memory.gated_activation_saved * size / 2 * rows * width)
     module = Module(name, "experts", "matmul", layer, sum(numels), flops, flops, 0.0, saved,
-                    param_numels=numels)
+                    param_numels=numels, param_shapes=shapes)
     return _with_backward(module, (index, gather, gate_up, masked_gate_up, *activation, down,
                                    *biases, to_tokens, top_k_sum, *after), r)
 
@@ -1009,7 +1020,8 @@ def _every_token_experts(spec: ModelSpec, name: str, layer: int, w: Workload, r:
     saved = (2 * size * rows * h + size * rows * width
              + r.activation_memory.gated_activation_saved * size / 2 * rows * width)
     module = Module(name, "experts", "matmul", layer, sum(numels), flops,
-                    flops * moe.routed_share, 0.0, saved, param_numels=numels)
+                    flops * moe.routed_share, 0.0, saved, param_numels=numels,
+                    param_shapes=((experts, h, 2 * width), (experts, width, h)))
     return _with_backward(module, (spread, gate_up, *activation, down, summed, *after), r)
 
 
@@ -1063,7 +1075,7 @@ def _lookup(name: str, rows: int, w: Workload, r: Recipe, h: int) -> Module:
     """An embedding table: its forward writes one row per token."""
     table = rows * h
     module = Module(name, EMBEDDING_KIND, "embedding", None, table, 0.0, 0.0, 0.0, 0.0,
-                    param_numels=(table,))
+                    param_numels=(table,), param_shapes=((rows, h),))
     return _with_backward(module, (MemoryPass(w.dtype_bytes * h * w.tokens),), r)
 
 
@@ -1091,7 +1103,8 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
     if spec.tie_word_embeddings:
         bias = head.param_numels[1:]
         head = replace(head, params=sum(bias), param_numels=bias,
-                       one_dimensional=head.one_dimensional[1:])
+                       one_dimensional=head.one_dimensional[1:],
+                       param_shapes=head.param_shapes[1:])
     logits = v * t
     if spec.logit_softcap:
         head = _with_backward(replace(head, saved_bytes=head.saved_bytes

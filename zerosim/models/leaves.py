@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from zerosim.models.breakdown import Module, vector_flags
+from zerosim.models.breakdown import Module, shapes_of, vector_flags
 
 Z3_MAX_LEAF_SIZE = 1_000_000_000
 """parameter_offload.py `_get_granularity_recursively`: a module holding more parameters is
@@ -371,12 +371,13 @@ def hold_in_first(modules: Sequence[Module], spans: Sequence[tuple[int, int]]
         block = out[first:last + 1]
         numels = tuple(n for m in block for n in m.param_numels)
         vectors = tuple(flag for m in block for flag in vector_flags(m))
+        shapes = tuple(shape for m in block for shape in shapes_of(m))
         out[first] = replace(block[0], params=sum(numels), param_numels=numels,
-                             one_dimensional=vectors, keeps_gathered_for=last - first,
-                             external=False)
+                             one_dimensional=vectors, param_shapes=shapes,
+                             keeps_gathered_for=last - first, external=False)
         for index in range(first + 1, last + 1):
             out[index] = replace(out[index], params=0, param_numels=(), one_dimensional=(),
-                                 external=False)
+                                 param_shapes=(), external=False)
     return tuple(out)
 
 

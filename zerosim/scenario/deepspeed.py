@@ -369,12 +369,18 @@ class ZeroPlusPlusSettings:
     hpz_partition_size: int = 1
     quantized_weights: bool = False
     quantized_gradients: bool = False
-    """qgZ (`zero_quantized_gradients`): read, but replayed only where it changes nothing (one
-    node: DeepSpeed's `__avg_scatter_grads` takes it across nodes only)."""
+    """qgZ (`zero_quantized_gradients`): ZeRO-3 reduces each multi-dimensional gradient by
+    int4 all-to-alls within its node and then across nodes, instead of a reduce-scatter, where
+    the ranks span several nodes (`quantizes_gradients`)."""
 
     @property
     def any(self) -> bool:
         return self.hpz_partition_size > 1 or self.quantized_weights
+
+    def quantizes_gradients(self, stage: int, world: int, gpus_per_node: int) -> bool:
+        """Whether qgZ acts: ZeRO-3, and DeepSpeed's node count, the world over the GPUs a
+        node has (`device_count()`, floored), above one (stage3.py `__avg_scatter_grads`)."""
+        return self.quantized_gradients and stage == 3 and world // gpus_per_node > 1
 
     def hpz_group(self, world: int) -> int:
         """Ranks per secondary partition: DeepSpeed's `_create_zero_param_parallel_group`

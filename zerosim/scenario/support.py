@@ -20,7 +20,8 @@ def check_supported(scenario: Any) -> None:
                  _step_what_ifs_not_with_the_interleaved_update,
                  _zenflow_is_zero12_with_a_fixed_interval, _super_offload_is_replayed,
                  _low_precision_master_is_replayed, _nvme_buffers_suffice,
-                 _hpz_is_replayed):
+                 _hpz_is_replayed, _qgz_groups_fit, _qgz_reduces_by_reduce_scatter,
+                 _qgz_tensors_divide):
         rule(scenario)
 
 
@@ -84,9 +85,9 @@ def _warn_checkpoint_flags_without_checkpointing(scenario: Any) -> None:
 
 def _warn_idle_zero_plus_plus(scenario: Any) -> None:
     """ZeRO++ asked for where DeepSpeed does nothing with it: below ZeRO-3 (only ZeRO-3 reads
-    the keys), on one rank (nothing to gather); and qgZ where it acts and zerosim does not
-    replay it: `__avg_scatter_grads` takes it when the ranks over the GPUs a node has
-    (`device_count()`) make more than one node."""
+    the keys), on one rank (nothing to gather); and qgZ on one node: `__avg_scatter_grads`
+    takes it only where the ranks over the GPUs a node has (`device_count()`) make more than
+    one node."""
     ds = scenario.deepspeed
     zpp = ds.zero_plus_plus
     said = [key for key, value in (("zero_hpz_partition_size", zpp.hpz_partition_size > 1),
@@ -99,12 +100,12 @@ def _warn_idle_zero_plus_plus(scenario: Any) -> None:
         why = f"does nothing at ZeRO-{ds.stage}: only ZeRO-3 reads ZeRO++'s keys"
     elif scenario.data_parallel == 1:
         why = "does nothing on one rank: there is nothing to gather from other ranks"
-    elif (zpp.quantized_gradients
-          and scenario.data_parallel // scenario.hardware.gpus_per_node > 1):
+    elif zpp.quantized_gradients and not zpp.quantizes_gradients(
+            ds.stage, scenario.data_parallel, scenario.hardware.gpus_per_node):
         said = ["zero_quantized_gradients"]
-        why = ("is not replayed across nodes: zerosim reduce-scatters the gradients as without "
-               "it (qgZ's int4 all-to-alls within and across nodes are not modelled); on one "
-               "node DeepSpeed reduce-scatters them as without it too")
+        why = (f"does nothing on one node ({scenario.data_parallel} ranks, "
+               f"{scenario.hardware.gpus_per_node} GPUs a node): DeepSpeed quantizes the "
+               "gradients only across nodes and reduce-scatters them here as without it")
     else:
         return
     warnings.warn(f"{scenario.source}: {ZERO}.{said[0]} {why}", ZeroPlusPlusWarning,
@@ -407,6 +408,54 @@ def _hpz_is_replayed(scenario: Any) -> None:
                 "(zerosim replays hpZ as PR #4906 made it: before, the forward flag picks "
                 "between the secondary and the primary partitions, not modelled)",
                 ds.zero_plus_plus.hpz_partition_size)
+
+
+def _qgz_groups_fit(scenario: Any) -> None:
+    """qgZ's all-to-all groups, which the engine builds whenever `zero_quantized_gradients`
+    is on, at any stage (utils/groups.py `_get_local_all_to_all_group`): one of the
+    `device_count()` consecutive ranks of each node, and one of each local index across the
+    nodes. A world above one node's GPUs that they do not divide fails: under two nodes'
+    worth the builder asserts; from two, the ranks past the last full node get no group, and
+    ZeRO-3's first reduction fails looking theirs up."""
+    ds = scenario.deepspeed
+    world, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
+    if (ds.zero_plus_plus.quantized_gradients and world > per_node and world % per_node
+            and (ds.stage == 3 or world < 2 * per_node)):
+        _refuse(scenario, f"{ZERO}.zero_quantized_gradients", f"false with {world} ranks on "
+                f"nodes of {per_node} GPUs (DeepSpeed's all-to-all groups take whole nodes: "
+                f"the ranks must be a multiple of {per_node} or fewer)", True)
+
+
+def _qgz_reduces_by_reduce_scatter(scenario: Any) -> None:
+    """ZeRO-3 given qgZ's groups asserts `reduce_scatter` (stage3.py: 'when enable
+    all_to_all_reduce, reduce_scatter should also be enabled for data type checks'), on one
+    node too."""
+    ds = scenario.deepspeed
+    if ds.stage == 3 and ds.zero_plus_plus.quantized_gradients and not ds.reduce_scatter:
+        _refuse(scenario, f"{ZERO}.reduce_scatter", "true with zero_quantized_gradients "
+                "(DeepSpeed's ZeRO-3 asserts it: 'when enable all_to_all_reduce, "
+                "reduce_scatter should also be enabled')", False)
+
+
+def _qgz_tensors_divide(scenario: Any) -> None:
+    """Before DeepSpeed 0.13.2 (PR #5056) qgZ all-to-alls every multi-dimensional gradient,
+    and one whose element count is not a multiple of twice the world size fails there on
+    the buffers' sizes; from 0.13.2 it is reduce-scattered instead."""
+    ds, world = scenario.deepspeed, scenario.data_parallel
+    if (scenario.behaviours.qgz_indivisible_fallback or not ds.zero_plus_plus
+            .quantizes_gradients(ds.stage, world, scenario.hardware.gpus_per_node)):
+        return
+    from zerosim.engine.plan import plan_of
+    from zerosim.models.breakdown import shapes_of
+
+    for module in plan_of(scenario).modules:
+        for shape, numel in zip(shapes_of(module), module.param_numels, strict=True):
+            if len(shape) > 1 and numel % (2 * world):
+                _refuse(scenario, f"{ZERO}.zero_quantized_gradients", "false before "
+                        f"DeepSpeed 0.13.2 with a gradient of {numel:,} elements "
+                        f"({module.name}), not a multiple of twice the {world} ranks (its "
+                        "int4 all-to-all fails on the buffers' sizes; PR #5056 made 0.13.2 "
+                        "reduce-scatter it instead)", True)
 
 
 def _low_precision_master_is_replayed(scenario: Any) -> None:

@@ -1,0 +1,210 @@
+"""qgZ, ZeRO++'s quantized gradients (DeepSpeed 0.10.0+): ZeRO-3's bucket reduction by int4
+all-to-alls within each node and then across nodes, where the ranks span several nodes.
+
+`__avg_scatter_grads` (stage3.py) hands the bucket's gradients, in parameter order, to
+`all_to_all_quant_reduce` (runtime/comm/coalesced_collectives.py), which reduces them one at a
+time. A multi-dimensional gradient of n elements, with G = max(its first two dimensions, world)
+quantization groups, on nodes of g GPUs, N nodes, world W = N g:
+
+1. `swizzle_quant`: read the 16-bit gradient, write n/2 bytes of int4 and G fp32 scales;
+2. `all_to_all_single` of the int4 blocks, then of the scales, over the node's g ranks;
+3. `quantized_reduction`: dequantize what came in, sum over the node, quantize again: n/(2g)
+   bytes of int4 and G // g scales;
+4. the same two all-to-alls over the N ranks of this local index, one a node;
+5. `dequantize` to n/g fp16 elements, then `sum` of its N chunks (N adds, the first to
+   Python's 0) and the division by N: this rank's n/W elements.
+
+A vector (a bias, a norm), and from DeepSpeed 0.13.2 a tensor whose n is not a multiple of 2W
+(`qgz_indivisible_fallback`), goes through `reduce_scatter_coalesced` alone instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from zerosim.engine.plan import Param
+from zerosim.engine.rank import Gen, RankCore
+from zerosim.engine.streams import InOrderStream, NcclQueue, NcclTurn
+from zerosim.models.breakdown import shapes_of
+from zerosim.vocabulary import Category, Collective, OpKind
+
+INT4_PER_BYTE = 2
+SCALE_BYTES = 4
+"""`swizzle_quant` and `quantized_reduction` keep one fp32 scale a group (symmetric)."""
+DEQUANTIZED_BYTES = 2
+"""`dequantize` is bound to its `__half` instance: the result is fp16."""
+QUANTIZER_KERNELS = 3
+"""`swizzle_quant`, `quantized_reduction`, `dequantize`; the chunks' sum and the division
+come on top (`nodes + 1` kernels)."""
+ALL_TO_ALLS = 4
+
+
+@dataclass
+class _Bucket:
+    """What a bucket's reduction holds: the last quantized tensor's buffers, the copy in the
+    communication dtype, and this rank's partitions (until they are moved)."""
+
+    buffers: int = 0
+    cast: int = 0
+    partitions: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    """How qgZ reduces one gradient: `groups` quantization groups (0: reduce-scattered)."""
+
+    name: str
+    numel: int
+    groups: int
+
+
+class QuantizedGradientReduction:
+    """A rank's qgZ: its two all-to-all groups (utils/groups.py `_get_local_all_to_all_group`:
+    `local_{node}` the g ranks of its node, `global_{local index}` one rank a node), and the
+    ops that reduce a bucket, one a tensor on the reduction stream, each issued by the host
+    after its launches."""
+
+    def __init__(self, core: RankCore, nccl: NcclQueue):
+        self.core = core
+        self.nccl = nccl
+        """The data-parallel group's NCCL stream, which the vectors' reduce-scatters use."""
+        per_node = core.profile.gpus_per_node
+        world = len(core.ranks)
+        self.nodes = world // per_node
+        node, local = divmod(core.rank, per_node)
+        self.local_ranks = tuple(range(node * per_node, (node + 1) * per_node))
+        self.global_ranks = tuple(local + j * per_node for j in range(self.nodes))
+        self._tensors: dict[Param, _Tensor] = {}
+
+    def tensor(self, param: Param) -> _Tensor:
+        known = self._tensors.get(param)
+        if known is None:
+            known = self._tensors[param] = self._describe(param)
+        return known
+
+    def _describe(self, param: Param) -> _Tensor:
+        core = self.core
+        module = core.plan.modules[param.module]
+        shape = shapes_of(module)[param.index]
+        world = len(core.ranks)
+        quantized = len(shape) > 1 and not (core.behaviours.qgz_indivisible_fallback
+                                            and param.numel % (2 * world))
+        groups = max(shape[0], shape[1], world) if quantized else 0
+        return _Tensor(module.name, param.numel, groups)
+
+    def reduce(self, params: list[Param], stream: InOrderStream, cast_s: tuple[float, float],
+               cast_bytes: float) -> Gen:
+        """Issue the reduction of `params` (a bucket, in parameter order as DeepSpeed sorts it
+        by `ds_id`), one op a tensor on `stream`; `cast_s` the casts into the communication
+        dtype before the first and back after the last (`IpgBuckets.cast_seconds`),
+        `cast_bytes` what the first holds until then. Returns the bytes of this rank's
+        partitions, held until they are moved (filled as the ops run), and the last op's
+        event."""
+        core = self.core
+        bucket = _Bucket()
+        tensors = [self.tensor(p) for p in params]
+        last = len(tensors) - 1
+        done = None
+        for i, tensor in enumerate(tensors):
+            if tensor.groups:
+                core.launches += ALL_TO_ALLS
+                yield from core.host_time((QUANTIZER_KERNELS + self.nodes + 1)
+                                          * core.kernel_launch_s)
+                work = self._quantized(tensor, bucket, stream)
+                label, kind = f"qgZ all-to-all {tensor.name}", OpKind.ALL_TO_ALL
+            else:
+                core.launches += 1
+                work = self._reduce_scatter(tensor, bucket, stream, self.nccl.issue(),
+                                            core.next_key(Collective.REDUCE_SCATTER))
+                label, kind = f"reduce-scatter {tensor.name}", OpKind.REDUCE_SCATTER
+            yield from core.pay_launches()
+            done = stream.launch(label, self._op(work, bucket, stream, cast_s, cast_bytes,
+                                                 first=i == 0, last=i == last),
+                                 kind=kind, nbytes=core.comm_bytes * tensor.numel)
+        return bucket.partitions, done
+
+    def _op(self, work: Callable[[], Gen], bucket: _Bucket, stream: InOrderStream,
+            cast_s: tuple[float, float], cast_bytes: float, *, first: bool, last: bool
+            ) -> Callable[[], Gen]:
+        """A tensor's op: the bucket's cast into the communication dtype before the first
+        tensor (its copy held to the end), the tensor's work, and after the last tensor the
+        cast back and the end of `all_to_all_quant_reduce`, which drops its last buffers."""
+        core = self.core
+
+        def op() -> Gen:
+            if first:
+                bucket.cast = core.gpu.allocate(Category.GRAD_PARTITIONS, cast_bytes,
+                                                "gradients in the communication dtype")
+                if cast_s[0]:
+                    yield from core.gpu_kernel(cast_s[0], stream)
+            yield from work()
+            if last:
+                if cast_s[1]:
+                    yield from core.gpu_kernel(cast_s[1], stream)
+                core.gpu.free(Category.GRAD_PARTITIONS, bucket.cast)
+                core.gpu.free(Category.QUANTIZED_REDUCE, bucket.buffers)
+        return op
+
+    def _quantized(self, tensor: _Tensor, bucket: _Bucket, stream: InOrderStream
+                   ) -> Callable[[], Gen]:
+        """The five steps of the module docstring. The tensor's buffers (int4 blocks and
+        scales, what each all-to-all receives, the fp16 dequantized result) are made as it
+        starts and held until the next tensor's are: the loop's variables keep them."""
+        core = self.core
+        n, groups, per_node = tensor.numel, tensor.groups, len(self.local_ranks)
+        int4 = n / INT4_PER_BYTE
+        scales = SCALE_BYTES * groups
+        node_int4, node_scales = int4 / per_node, SCALE_BYTES * (groups // per_node)
+        dequantized = DEQUANTIZED_BYTES * n / per_node
+        partition = DEQUANTIZED_BYTES * (n // len(core.ranks))
+        sums = partition * (2 + 3 * (self.nodes - 1) + 2)
+        local = [(*core.next_key("all_to_all local"), self.local_ranks[0]) for _ in "ds"]
+        across = [(*core.next_key("all_to_all global"), self.global_ranks[0]) for _ in "ds"]
+        hbm = core.hbm_seconds
+
+        def work() -> Gen:
+            buffers = core.gpu.allocate(Category.QUANTIZED_REDUCE, 2 * (int4 + scales)
+                                        + 2 * (node_int4 + node_scales) + dequantized,
+                                        f"qgZ {tensor.name}")
+            core.gpu.free(Category.QUANTIZED_REDUCE, bucket.buffers)
+            bucket.buffers = buffers
+            yield from core.gpu_kernel(hbm(core.comm_bytes * n + int4 + scales, passes=1),
+                                       stream)
+            for key, nbytes in zip(local, (int4, scales), strict=True):
+                yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
+                                                   nbytes, self.local_ranks)
+            yield from core.gpu_kernel(hbm(int4 + scales + node_int4 + node_scales, passes=1),
+                                       stream)
+            for key, nbytes in zip(across, (node_int4, node_scales), strict=True):
+                yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
+                                                   nbytes, self.global_ranks)
+            yield from core.gpu_kernel(hbm(node_int4 + node_scales + dequantized, passes=1),
+                                       stream)
+            bucket.partitions.append(core.gpu.allocate(
+                Category.GRAD_PARTITIONS, partition, f"qgZ partition {tensor.name}"))
+            yield from core.gpu_kernel(hbm(sums, passes=1), stream)
+        return work
+
+    def _reduce_scatter(self, tensor: _Tensor, bucket: _Bucket, stream: InOrderStream,
+                        turn: NcclTurn, key: tuple) -> Callable[[], Gen]:
+        """`reduce_scatter_coalesced([tensor])`: a tensor that divides evenly is used as it
+        is, another is padded into a flat buffer (`torch.cat` of its rank chunks); then the
+        pre-divide over it and the reduce-scatter over every rank, after what was issued on
+        the data-parallel group before it."""
+        core = self.core
+        ranks = len(core.ranks)
+        n = tensor.numel
+        padded = 0 if n % ranks == 0 else math.ceil(n / ranks) * ranks
+        before_s = core.hbm_seconds(core.comm_bytes * (padded + (padded or n)))
+
+        def work() -> Gen:
+            bucket.partitions.append(core.gpu.allocate(
+                Category.GRAD_PARTITIONS, core.comm_bytes * padded, "reduce-scatter buffer"))
+            yield from core.gpu_kernel(before_s, stream)
+            yield from turn.wait()
+            yield from core.machine.collective(core.rank, key, Collective.REDUCE_SCATTER,
+                                               core.comm_bytes * n, core.ranks)
+            turn.done()
+        return work
