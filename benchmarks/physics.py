@@ -91,6 +91,8 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      ZERO_PLUS_PLUS_NODES | {ZERO + "zero_hpz_partition_size": 4}),
     ("qwZ, 4 Polaris nodes, mb 1", SCENARIOS / "polaris_2nodes.yaml",
      ZERO_PLUS_PLUS_NODES | {ZERO + "zero_quantized_weights": True}),
+    ("qgZ, 4 Polaris nodes, mb 1", SCENARIOS / "polaris_2nodes.yaml",
+     ZERO_PLUS_PLUS_NODES | {ZERO + "zero_quantized_gradients": True}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),

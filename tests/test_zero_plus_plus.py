@@ -388,3 +388,22 @@ def test_check_says_qgz_across_nodes(toy):
     scenario = toy.scenario(_two_nodes(), gpus=2)
     assert _mode(scenario).endswith("ZeRO++ qgZ (int4 all-to-all reductions of the gradients, "
                                     "within then across nodes)")
+
+
+@pytest.mark.parametrize("zero", [{"zero_hpz_partition_size": 2},
+                                  {"zero_quantized_gradients": True},
+                                  {"zero_hpz_partition_size": 2, "zero_quantized_weights": True,
+                                   "zero_quantized_gradients": True}])
+def test_zero_plus_plus_groups_replay_alike_with_every_rank_simulated(toy, zero):
+    """Two toy nodes of two GPUs: simulating node 0 alone and every rank give the same
+    timeline; a group of ranks on node 1 alone (hpZ's, qgZ's within the node) is sized as
+    the one node it spans."""
+    patch = _patch(ga=2, **zero)
+    patch["hardware"] = {"nodes": 2}
+    patch["data_parallel"] = 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        folded = toy.run(patch, gpus=2)
+        every = toy.run(patch, gpus=2, fold_nodes=False)
+    assert every.summary["iteration_s"] == folded.summary["iteration_s"]
+    assert every.summary["phases_s"] == folded.summary["phases_s"]

@@ -28,8 +28,10 @@ class _Rendezvous:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Who takes part in collectives over a set of ranks: how many ranks each node has (every
-    node, simulated or not: the collective's size) and the simulated ranks by node."""
+    """Who takes part in collectives over a set of ranks: how many ranks each of the nodes it
+    spans has (every such node, simulated or not: the collective's size) and the simulated
+    ranks by node, each node given as its place among those (a group of ranks on node 3
+    alone, hpZ's or qgZ's, spans one node: place 0)."""
 
     per_node: tuple[int, ...]
     simulated: tuple[tuple[int, tuple[int, ...]], ...]
@@ -85,8 +87,9 @@ class Collectives:
                 node = self.placements[r].node
                 by_node.setdefault(node if self.run_nodes is None else self.run_nodes[node],
                                    []).append(r)
-        layout = _Layout(tuple(counts[n] for n in sorted(counts)),
-                         tuple((n, tuple(by_node[n])) for n in sorted(by_node)),
+        nodes = sorted(counts)
+        layout = _Layout(tuple(counts[n] for n in nodes),
+                         tuple((nodes.index(n), tuple(by_node[n])) for n in sorted(by_node)),
                          sum(len(rs) for rs in by_node.values()))
         self._layouts[id(ranks)] = (ranks, layout)
         return layout
