@@ -384,3 +384,64 @@ def test_leaf_modules_are_a_knob_where_the_release_reads_the_threshold(toy):
     layers = next(c for c in found if c.leaves == 3424)
     assert layers.overrides()["deepspeed.zero_optimization.module_granularity_threshold"] == 3424
     assert "leaf modules at granularity 3.4e3" in layers.describe()
+
+
+def test_checkpoints_in_host_memory_are_searched_where_deepspeed_checkpoints(toy):
+    """On a stack that checkpoints through DeepSpeed (Megatron-DeepSpeed's), the checkpointing
+    knob tries the checkpoints in host memory too (`runtime.checkpoint_in_cpu`); on one that
+    checkpoints through torch it stays off or on; a scenario that keeps them there is given
+    as `cpu`."""
+    from conftest import toy_stack
+
+    from zerosim.tune import CHECKPOINTS_IN_HOST, candidates, free_knobs
+
+    stack = toy_stack()
+    stack["modules"]["checkpoint_function"] = {"value": "deepspeed", "source": "test"}
+    deepspeed = toy.scenario({"runtime": {"framework": stack},
+                              "deepspeed": {"gradient_accumulation_steps": 2}}, gpus=1)
+    assert deepspeed.stack.recipe.deepspeed_checkpointing
+    fixed = free_knobs(fix=["stage", "offload", "micro_batch", "reduce_bucket_size",
+                            "sub_group_size", "ratio"])
+    base = as_given(deepspeed)
+    found = candidates(base, fixed, checkpoints_in_host=True)
+    assert [c.checkpointing for c in found] == [False, True, CHECKPOINTS_IN_HOST]
+    in_host = found[-1]
+    assert in_host.overrides()["activation_checkpointing"] is True
+    assert in_host.overrides()["runtime.checkpoint_in_cpu"] is True
+    assert found[1].overrides()["runtime.checkpoint_in_cpu"] is False
+    assert in_host.describe().endswith("checkpointing, checkpoints in host memory")
+    assert [c.checkpointing for c in candidates(base, fixed)] == [False, True]
+    kept = toy.scenario({"runtime": {"framework": stack, "checkpoint_in_cpu": True},
+                         "activation_checkpointing": True}, gpus=1)
+    assert as_given(kept).checkpointing == CHECKPOINTS_IN_HOST
+
+
+def test_checkpoints_in_host_memory_run_only_when_their_twin_on_the_gpu_does_not_fit(
+        toy, tmp_path):
+    """On the toy node with a stack that checkpoints through DeepSpeed, checkpoints in host
+    memory wait for their twin with the checkpoints on the GPU: where that fits they are
+    pruned (they only add copies); with an NVMe offload beside them they wait for its
+    host-memory twin, which waits for its own."""
+    from conftest import toy_stack
+
+    stack = toy_stack()
+    stack["modules"]["checkpoint_function"] = {"value": "deepspeed", "source": "test"}
+    drives = {"drives_per_node": 2, "read_GBps_per_drive": q(1.0),
+              "write_GBps_per_drive": q(0.5), "latency_us": q(0), "capacity_GiB_per_drive": q(100)}
+    tree = toy.tree({"deepspeed": {"gradient_accumulation_steps": 2},
+                     "runtime": {"deepspeed_version": "0.14.3", "framework": stack},
+                     "hardware": {"nvme": drives}}, gpus=2)
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    outcome = tune(path, free=["offload", "checkpointing"],
+                   fix=["stage", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio"],
+                   workers=1)
+    rows = {(r["offload"], r["checkpointing"]): r for r in outcome.rows}
+    assert rows[("cpu", True)]["status"] == "ok"
+    assert rows[("cpu", "cpu")]["status"] == "pruned"
+    assert rows[("cpu", "cpu")]["note"].startswith("slower than the checkpoints on the GPU")
+    assert rows[("nvme", "cpu")]["status"] == "pruned"
+    assert rows[("nvme", "cpu")]["note"].startswith(
+        "slower than ZeRO-3, CPU optimizer, micro-batch 1x2, buckets 5e8, sub-groups 5e4, "
+        "checkpointing, 2 threads per rank, which fits: NVMe and checkpoints in host memory")
+    assert outcome.simulated == sum(r["status"] in {"ok", "oom"} for r in outcome.rows)

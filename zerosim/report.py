@@ -403,8 +403,9 @@ def render_tune(outcome, *, top: int = 10) -> None:
     console.print(f"{len(outcome.rows)} configurations: "
                   + ", ".join(f"{n} {status}" for status, n in counts.items())
                   + f" ({outcome.simulated} simulated {outcome.executor} in "
-                  f"{outcome.wall_s:.1f} s; pruned: the memory floor exceeds a device, or an "
-                  "NVMe offload whose host-memory twin fits)",
+                  f"{outcome.wall_s:.1f} s; pruned: the memory floor exceeds a device, an "
+                  "NVMe offload whose host-memory twin fits, or checkpoints in host memory "
+                  "whose twin on the GPU fits)",
                   markup=False, highlight=False)
     console.print(why_best(outcome.rows), markup=False, highlight=False)
     _print_files(console, outcome.files)

@@ -2,17 +2,19 @@
 
 The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
-the Twin-Flow ratio, activation checkpointing, the interleaved update's gap on a build of the
+the Twin-Flow ratio, activation checkpointing (its checkpoints in host memory on a stack that
+checkpoints through DeepSpeed), the interleaved update's gap on a build of the
 Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains, the
 OpenMP threads per rank where the default pools oversubscribe the node, ZeRO-3 leaf modules
-by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ and qwZ where the ranks span nodes and,
+by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ, qwZ and qgZ where the ranks span nodes and,
 when freed, the study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
 of the first forward), and simulates the rest on the sweep executors; an NVMe offload waits
 for its host-memory twin and runs only if that did not fit (otherwise it moves the same states
-through a slower path). Each knob is free (searched) or fixed (the scenario's own value).
+through a slower path), and so do checkpoints in host memory for their twin on the GPU.
+Each knob is free (searched) or fixed (the scenario's own value).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ NVME_PATH = "/local_nvme"
 REDUCE_BUCKET_SIZES = (2e8, 5e8, 1e9)
 SUB_GROUP_SIZES = (1e8, 1e9)
 RATIOS = (1.0, 0.5)
+CHECKPOINTS_IN_HOST = "cpu"
+"""The `checkpointing` knob's value for activation checkpointing with each checkpoint in host
+memory (`runtime.checkpoint_in_cpu`), searched beside off and on where the stack checkpoints
+through DeepSpeed (Megatron-DeepSpeed's `--checkpoint-in-cpu`); elsewhere the knob is a
+bool."""
 GAPS = (0, 2, 3, 4)
 """The fork's `prefetch_optimizer_gap` searched on one of its builds (0: no interleaved
 update); elsewhere the knob keeps 0."""
@@ -109,7 +116,8 @@ class Config:
     sub_group_size: float
     ratio: float
     what_if: str
-    checkpointing: bool = False
+    checkpointing: bool | str = False
+    """Activation checkpointing: off, on, or `CHECKPOINTS_IN_HOST`."""
     gap: int = 0
     """The fork's interleaved update: every gap-th sub-group on the GPU (0: off)."""
     binding: bool = False
@@ -160,7 +168,7 @@ class Config:
             "what_if.buffer_boundary_grads": self.what_if == "buffer_boundary_grads",
             "what_if.gpu_update_every": GPU_UPDATE_EVERY if self.what_if == "gpu_update_every"
             else 0,
-            "activation_checkpointing": self.checkpointing,
+            "activation_checkpointing": bool(self.checkpointing),
             Z + "offload_optimizer.prefetch_optimizer": self.gap > 0,
             Z + "offload_optimizer.prefetch_optimizer_gap": self.gap,
             "runtime.bind_cores_to_rank": self.binding,
@@ -182,6 +190,7 @@ class Config:
             out[Z + "zero_hpz_partition_size"] = self.hpz_group
             out[Z + "zero_quantized_weights"] = self.quantized_weights
             out[Z + "zero_quantized_gradients"] = self.quantized_gradients
+        out["runtime.checkpoint_in_cpu"] = self.checkpointing == CHECKPOINTS_IN_HOST
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -190,6 +199,17 @@ class Config:
     def cpu_twin(self) -> Config:
         """The same configuration with host memory in place of NVMe."""
         return replace(self, offload=self.offload.replace("nvme", "cpu"))
+
+    def twin(self) -> Config | None:
+        """The configuration this one only slows down wherever that one fits, which it waits
+        for: an NVMe offload's host-memory twin (NVMe only adds swaps to the same work), and
+        checkpoints in host memory's twin on the GPU (they only add copies); None for the
+        others."""
+        if "nvme" in self.offload:
+            return self.cpu_twin()
+        if self.checkpointing == CHECKPOINTS_IN_HOST:
+            return replace(self, checkpointing=True)
+        return None
 
     def describe(self) -> str:
         optimizer, params = self.devices()
@@ -204,7 +224,9 @@ class Config:
             parts.append(f"sub-groups {_short(self.sub_group_size)}")
         if self.ratio < 1:
             parts.append(f"Twin-Flow {self.ratio:g}")
-        if self.checkpointing:
+        if self.checkpointing == CHECKPOINTS_IN_HOST:
+            parts.append("checkpointing, checkpoints in host memory")
+        elif self.checkpointing:
             parts.append("checkpointing")
         if self.gap:
             parts.append(f"interleaved update, gap {self.gap}")
@@ -281,7 +303,9 @@ def as_given(scenario: Scenario) -> Config:
     return Config(ds.stage, offload, ds.train_micro_batch_size_per_gpu,
                   ds.gradient_accumulation_steps, float(ds.reduce_bucket_size),
                   float(ds.sub_group_size), o.ratio, chosen,
-                  scenario.activation_checkpointing,
+                  CHECKPOINTS_IN_HOST if (scenario.activation_checkpointing
+                                          and scenario.runtime.checkpoint_in_cpu)
+                  else scenario.activation_checkpointing,
                   o.prefetch_optimizer_gap if o.prefetch_optimizer else 0,
                   scenario.runtime.bind_cores_to_rank,
                   scenario.runtime.cpu_threads_per_rank or DEFAULT_THREADS,
@@ -362,15 +386,17 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                fork: bool = False, numa: bool = False, filling_threads: int = 0,
                thresholds: Iterable[int] = (), training: str = "bf16",
-               zero_plus_plus: Iterable[str] = ()) -> list[Config]:
+               zero_plus_plus: Iterable[str] = (), checkpoints_in_host: bool = False
+               ) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
     ranks when `numa` (the node has several NUMA domains), the default pool and
     `filling_threads` per rank when that is given (the default pools oversubscribe the node),
     no leaves and each of `thresholds` where the release reads the granularity threshold,
-    none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, and the master
-    precisions of the `training` dtype."""
+    none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, the master
+    precisions of the `training` dtype, and checkpointing with its checkpoints in host
+    memory when `checkpoints_in_host` (the stack checkpoints through DeepSpeed)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -383,8 +409,10 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                            if "sub_group_size" in free else [base.sub_group_size]),
         "ratio": sorted({*RATIOS, base.ratio}, reverse=True) if "ratio" in free else [base.ratio],
         "what_if": list(WHAT_IFS) if "what_if" in free else [base.what_if],
-        "checkpointing": ([False, True] if "checkpointing" in free
-                          else [base.checkpointing]),
+        "checkpointing": (list(dict.fromkeys([False, True, *([CHECKPOINTS_IN_HOST]
+                                                             if checkpoints_in_host else []),
+                                               base.checkpointing]))
+                          if "checkpointing" in free else [base.checkpointing]),
         "gap": sorted({*GAPS, base.gap}) if "gap" in free and fork else [base.gap],
         "binding": list(BINDINGS) if "binding" in free and numa else [base.binding],
         "threads": (sorted({DEFAULT_THREADS, filling_threads, base.threads})
@@ -547,7 +575,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                           thresholds=granularity_thresholds(scenario)
                           if base.leaves is not None else (),
                           training=scenario.deepspeed.dtype,
-                          zero_plus_plus=zero_plus_plus_choices(scenario))
+                          zero_plus_plus=zero_plus_plus_choices(scenario),
+                          checkpoints_in_host=scenario.stack.recipe.deepspeed_checkpointing)
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (
@@ -564,7 +593,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
             continue
         point = Point(len(rows) - 1, point_id(point_overrides), point_overrides,
                       {"config": config.describe()}, {})
-        twin = row_of.get(config.cpu_twin()) if "nvme" in config.offload else None
+        waits_for = config.twin()
+        twin = row_of.get(waits_for) if waits_for is not None else None
         (deferred if twin is not None and twin["status"] == "pending" else todo).append(point)
     outcome = TuneOutcome(scenario, rows, pruned=0)
 
@@ -579,9 +609,11 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     with open_executor(workers, dask, len(todo) + len(deferred)) as (
             executor, window, outcome.executor):
         drive(executor, window, str(scenario_path), todo, on_row, on_failure)
-        second = _not_dominated(deferred, rows, row_of)
-        drive(executor, window, str(scenario_path), second, on_row, on_failure)
-    outcome.simulated = len(todo) + len(second)
+        outcome.simulated = len(todo)
+        while deferred:
+            now, deferred = _not_dominated(deferred, rows, row_of)
+            drive(executor, window, str(scenario_path), now, on_row, on_failure)
+            outcome.simulated += len(now)
     outcome.pruned = sum(r["status"] == "pruned" for r in rows)
     outcome.rows = rank_rows(rows)
     outcome.wall_s = time.perf_counter() - started
@@ -610,20 +642,43 @@ def nvme_overrides(scenario: Scenario) -> dict[str, Any]:
 
 
 def _not_dominated(deferred: list[Any], rows: list[dict[str, Any]],
-                   row_of: Mapping[Config, dict[str, Any]]) -> list[Any]:
-    """The NVMe offloads worth simulating once their host-memory twins have run: those whose
-    twin did not fit. Where it did, NVMe only adds swaps to the same work: pruned."""
-    second = []
+                   row_of: Mapping[Config, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    """Of the configurations waiting for their twins (`Config.twin`), those to simulate now
+    and those still waiting. One whose twin, or its twin's twin (an NVMe offload with its
+    checkpoints in host memory: its host-memory twin, then that one's with them on the GPU),
+    fits is pruned; one whose chain of twins holds one still pending waits; the others (every
+    twin out of memory, pruned by its floor or refused) run. Where none can run yet, all
+    run."""
+    now, waiting = [], []
     for point in deferred:
         config = rows[point.index]["config"]
-        twin = row_of[config.cpu_twin()]
-        if twin["status"] == "ok":
+        fits, pending = None, False
+        twin = config.twin()
+        while twin is not None and twin in row_of:
+            status = row_of[twin]["status"]
+            if status == "ok":
+                fits = twin
+                break
+            pending = pending or status == "pending"
+            twin = twin.twin()
+        if fits is not None:
             rows[point.index]["status"] = "pruned"
-            rows[point.index]["note"] = (f"slower than {twin['offload']} offload, which fits: "
-                                         "NVMe only adds swaps")
+            rows[point.index]["note"] = _dominated_note(config, fits)
+        elif pending:
+            waiting.append(point)
         else:
-            second.append(point)
-    return second
+            now.append(point)
+    return (now, waiting) if now else (waiting, [])
+
+
+def _dominated_note(config: Config, fits: Config) -> str:
+    if fits == config.twin() and "nvme" in config.offload:
+        return f"slower than {fits.offload} offload, which fits: NVMe only adds swaps"
+    if fits == config.twin():
+        return ("slower than the checkpoints on the GPU, which fit: in host memory they only "
+                "add copies")
+    return (f"slower than {fits.describe()}, which fits: NVMe and checkpoints in host memory "
+            "only add swaps and copies")
 
 
 STATUS_ORDER = {"ok": 0, "oom": 1, "pruned": 2, "refused": 3, "error": 4}
