@@ -359,12 +359,13 @@ class LeafSettings:
 
 @dataclass(frozen=True)
 class ZeroPlusPlusSettings:
-    """ZeRO++'s parameter side (DeepSpeed 0.10.0+, PR #3784), as resolved: hpZ's
+    """ZeRO++ (DeepSpeed 0.10.0+, PR #3784), as resolved: hpZ's
     `hpz_partition_size` (`zero_hpz_partition_size`; 1: off), how many consecutive ranks
     share a secondary partition of every parameter, which the fetches after a parameter's
     first release since the step all-gather over those ranks alone; qwZ's
     `quantized_weights` (`zero_quantized_weights`), all-gathers of int8 blocks and their
-    fp32 scales, quantized before and dequantized after."""
+    fp32 scales, quantized before and dequantized after; qgZ's `quantized_gradients`
+    (`zero_quantized_gradients`), int4 all-to-all gradient reductions across nodes."""
 
     hpz_partition_size: int = 1
     quantized_weights: bool = False
@@ -449,7 +450,7 @@ class DeepSpeedConfig:
     leaves: LeafSettings = LeafSettings()
     """What makes modules ZeRO-3 leaves (`_leaves`)."""
     zero_plus_plus: ZeroPlusPlusSettings = ZeroPlusPlusSettings()
-    """hpZ and qwZ (`_zero_plus_plus`)."""
+    """hpZ, qwZ and qgZ (`_zero_plus_plus`)."""
 
     @property
     def low_precision_master(self) -> bool:
@@ -890,12 +891,13 @@ ZERO_PLUS_PLUS_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights",
 
 def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
                     ) -> ZeroPlusPlusSettings:
-    """`zero_hpz_partition_size` and `zero_quantized_weights` (DeepSpeed 0.10.0+, PR #3784),
-    refused where DeepSpeed fails on them: a release before them forbids the keys; the
-    data-parallel world must split into groups of min(size, world) ranks
-    (`_create_zero_param_parallel_group`'s `_ensure_divisibility`); with the parameters on
-    NVMe the secondary partition would be made on `remote_device` 'nvme', which
-    `torch.empty` rejects."""
+    """`zero_hpz_partition_size`, `zero_quantized_weights` and `zero_quantized_gradients`
+    (DeepSpeed 0.10.0+, PR #3784), refused where DeepSpeed fails on them: a release before
+    them forbids the keys; the data-parallel world must split into groups of min(size, world)
+    ranks (`_create_zero_param_parallel_group`'s `_ensure_divisibility`); with the parameters
+    on NVMe the secondary partition would be made on `remote_device` 'nvme', which
+    `torch.empty` rejects. qgZ's own refusals need the node's GPUs and the model
+    (`support._qgz_groups_fit`, `_qgz_reduces_by_reduce_scatter`, `_qgz_tensors_divide`)."""
     for key in ZERO_PLUS_PLUS_KEYS:
         if key in zero.model_fields_set and not behaviours.zero_plus_plus:
             raise ScenarioError(source, f"{ZERO_KEY}.{key}", "absent before DeepSpeed 0.10.0 "
