@@ -105,6 +105,8 @@ ZERO_PLUS_PLUS_RELEASES = ((0, 10, 0), (0, 13, 2), (0, 13, 5), (0, 14, 3), (0, 1
 refused)."""
 
 
+LOCO_RELEASES = ((0, 16, 2), (0, 19, 5))
+"""Where LoCo came (qgZ's error feedback), and the latest release."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -240,6 +242,18 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "deepspeed.zero_optimization.zero_hpz_partition_size": hpz,
                     "deepspeed.zero_optimization.zero_quantized_weights": qwz,
                     "deepspeed.zero_optimization.zero_quantized_gradients": qgz,
+                    PARAMS + "device": "cpu" if params else "none"}))
+    for since in LOCO_RELEASES:
+        for hpz in (1, 4):
+            for params in (False, True):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "hardware": {"profile": "polaris-a100", "overrides": {"nodes": 2}},
+                    "data_parallel": 8, "runtime.deepspeed_version": format_version(since),
+                    "deepspeed.train_micro_batch_size_per_gpu": 1,
+                    "deepspeed.zero_optimization.zero_hpz_partition_size": hpz,
+                    "deepspeed.zero_optimization.zero_quantized_gradients": True,
+                    "deepspeed.zero_optimization.zeropp_loco_param": {"err_beta": 0.8,
+                                                                      "reset_T": 1024},
                     PARAMS + "device": "cpu" if params else "none"}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for hw in ("polaris-a100", "h100-jlse"):

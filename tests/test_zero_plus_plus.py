@@ -259,7 +259,8 @@ def test_check_json_says_zero_plus_plus(toy, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["zero_plus_plus"] == {
         "hpz_group": 2, "secondary_bytes_per_rank": _secondary_bytes(toy),
-        "secondary_on": "gpu", "quantized_weights": True, "quantized_gradients": False}
+        "secondary_on": "gpu", "quantized_weights": True, "quantized_gradients": False,
+        "loco_error_feedback_bytes": 0}
     path.write_text(yaml.safe_dump(toy.tree(_patch(), gpus=4)))
     plain = CliRunner().invoke(main, ["check", str(path), "--json"])
     assert "zero_plus_plus" not in json.loads(plain.output)
@@ -407,3 +408,54 @@ def test_zero_plus_plus_groups_replay_alike_with_every_rank_simulated(toy, zero)
         every = toy.run(patch, gpus=2, fold_nodes=False)
     assert every.summary["iteration_s"] == folded.summary["iteration_s"]
     assert every.summary["phases_s"] == folded.summary["phases_s"]
+
+
+LOCO = {"zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}}
+
+
+def test_loco_times_a_matrix_with_its_error_feedback(toy):
+    """lm_head as in the qgZ test, with LoCo: its errors within the node (16,384 int8 B and
+    1,024 B of scales) and across nodes (8,192 B and 512 B) dequantized to fp16 first, 75.264
+    ns; the quantization reads and writes the fp16 errors too, 41.984 + 65.536 ns; the node's
+    all-to-alls as before; the errors within the node quantized back, 50.176 ns; the
+    reduction with the fp16 errors across nodes, 13.824 + 32.768 ns; the all-to-alls across
+    nodes as before; those errors quantized back, 25.088 ns; dequantize and sums as before.
+    Every matrix's int8 errors are held for the run: n + n/2 bytes and G + G/2 scales each,
+    182,784 B for the toy's 16."""
+    result = _run(toy, _two_nodes(**LOCO), gpus=2)
+    reductions = _reductions(result)
+    head = reductions[reductions.op == "qgZ all-to-all lm_head"]
+    expected_ns = (75.264 + 107.52 + 40.96 + 5.12 + 50.176 + 46.592 + 409.6 + 51.2 + 25.088
+                   + 20.992 + 57.344)
+    assert list(head.end_s - head.start_s) == pytest.approx([expected_ns * 1e-9], rel=1e-9)
+    memory = result.memory
+    gpu0 = memory[memory.device == "gpu0"]
+    kept = gpu0[gpu0.category == Category.QGZ_ERROR_FEEDBACK.value]
+    assert kept.bytes.max() == 182_784
+    buffers = gpu0[gpu0.category == Category.QUANTIZED_REDUCE.value]
+    assert buffers.bytes.max() == 119_296 + 59_648 and buffers.bytes.iloc[-1] == 0
+
+
+def test_loco_is_said_by_check_and_refused_where_deepspeed_fails(toy):
+    from zerosim.report import _mode
+
+    assert _mode(toy.scenario(_two_nodes(**LOCO), gpus=2)).endswith(
+        "with LoCo's error feedback, 0.0 GiB a rank kept between steps)")
+    with pytest.raises(ScenarioError, match=r"absent before DeepSpeed 0\.16\.2"):
+        toy.scenario(_two_nodes("0.16.1", **LOCO), gpus=2)
+    with pytest.raises(ScenarioError, match=r"reset_T: expected a value"):
+        toy.scenario(_two_nodes(zeropp_loco_param={"err_beta": 0.8}), gpus=2)
+    with pytest.raises(ScenarioError, match="err_beta or reset_T"):
+        toy.scenario(_two_nodes(zeropp_loco_param={"err_beta": 0.8, "reset_T": 1,
+                                                   "beta": 1}), gpus=2)
+    with pytest.raises(ScenarioError, match="err_beta"):
+        toy.scenario(_two_nodes(zeropp_loco_param={"err_beta": 2.0, "reset_T": 1}), gpus=2)
+    one_node = _patch(zero_quantized_gradients=True, **LOCO)
+    with pytest.warns(ZeroPlusPlusWarning) as said:
+        toy.scenario(one_node, gpus=4)
+    assert [str(w.message).split(" ", 2)[1] for w in said] == [
+        "deepspeed.zero_optimization.zero_quantized_gradients",
+        "deepspeed.zero_optimization.zeropp_loco_param"]
+    written = toy.scenario(_two_nodes(**LOCO), gpus=2).deepspeed.to_dict()
+    assert written["zero_optimization"]["zeropp_loco_param"] == {"err_beta": 0.8,
+                                                                  "reset_T": 1024}

@@ -322,6 +322,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "qgZ reduce-scatters a multi-dimensional gradient whose element count is not a "
               "multiple of twice the world size, as a vector (before: its all-to-all fails "
               "on the buffers' sizes, which zerosim refuses)"),
+    Behaviour("qgz_loco", (0, 16, 2),
+              "PR #6730 'Merge LoCo with Zero++' (1b58ba5e, first in v0.16.2): "
+              "coalesced_collectives.py all_to_all_loco_quant_reduce, zero/config.py "
+              "zeropp_loco_param",
+              "zero_optimization.zeropp_loco_param (err_beta, reset_T) adds LoCo's error "
+              "feedback to qgZ: each matrix's quantization errors within and across nodes "
+              "kept as int8 on the GPU between steps, dequantized into the next reduction "
+              "(before: refused)"),
     Behaviour("hpz_secondary_sync", (0, 13, 5),
               "PR #5216 '[zero++] Synchronize at the end of secondary partitioning' "
               "(4578c249, first in v0.13.5): partition_parameters.py _partition_param_sec",
@@ -388,6 +396,7 @@ class Behaviours:
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool
     qgz_indivisible_fallback: bool
+    qgz_loco: bool
     hpz_secondary_sync: bool
     hpz_secondary_once: bool
     hpz_secondary_zeroed: bool

@@ -225,7 +225,7 @@ def _zero_plus_plus(scenario: Scenario) -> dict[str, Any]:
     ranks (what its `mode` line says): the hpZ group, the bytes each rank's secondary
     partitions hold, whether the all-gathers are quantized, and whether the gradients are
     (qgZ acts across nodes only)."""
-    from zerosim.engine.plan import hpz_secondary_bytes
+    from zerosim.engine.plan import hpz_secondary_bytes, loco_error_feedback_bytes
 
     ds = scenario.deepspeed
     group = ds.zero_plus_plus.hpz_group(scenario.data_parallel)
@@ -238,7 +238,8 @@ def _zero_plus_plus(scenario: Scenario) -> dict[str, Any]:
         "hpz_group": group, "secondary_bytes_per_rank": hpz_secondary_bytes(scenario),
         "secondary_on": ("host" if ds.offload_param.device == "cpu" else "gpu") if group > 1
         else None, "quantized_weights": ds.zero_plus_plus.quantized_weights,
-        "quantized_gradients": gradients}}
+        "quantized_gradients": gradients,
+        "loco_error_feedback_bytes": loco_error_feedback_bytes(scenario)}}
 
 
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:

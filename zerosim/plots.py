@@ -104,6 +104,7 @@ MEMORY_COLORS: dict[Category, str] = {
     Category.PARAMS_SECONDARY: "#4477AA",
     Category.QUANTIZED_GATHER: "#CCBB44",
     Category.QUANTIZED_REDUCE: "#EE7733",
+    Category.QGZ_ERROR_FEEDBACK: "#AA3377",
     Category.GRADS: OKABE_ITO["orange"],
     Category.GRAD_PARTITIONS: OKABE_ITO["vermillion"],
     Category.BOUNDARY_GRAD_BUFFER: TOL_MUTED[6],

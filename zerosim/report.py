@@ -74,8 +74,14 @@ def _zero_plus_plus_text(scenario: Scenario) -> str:
         parts.append("qwZ (int8 all-gathers of the parameters)")
     if settings.quantizes_gradients(scenario.deepspeed.stage, scenario.data_parallel,
                                     scenario.hardware.gpus_per_node):
+        loco = ""
+        if settings.loco is not None:
+            from zerosim.engine.plan import loco_error_feedback_bytes
+
+            kept = loco_error_feedback_bytes(scenario) / 2**30
+            loco = f", with LoCo's error feedback, {kept:.1f} GiB a rank kept between steps"
         parts.append("qgZ (int4 all-to-all reductions of the gradients, within then across "
-                     "nodes)")
+                     f"nodes{loco})")
     return "ZeRO++ " + " and ".join(parts) if parts else ""
 
 

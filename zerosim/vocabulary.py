@@ -176,6 +176,9 @@ class Category(StrEnum):
     first release after a step and dropped by the step."""
     QUANTIZED_GATHER = "quantized all-gather buffers"
     """qwZ's int8 all-gather buffer and its fp32 scales, from the call to the last wait."""
+    QGZ_ERROR_FEEDBACK = "qgZ error feedback (LoCo)"
+    """LoCo's int8 quantization errors of every matrix qgZ reduces, within and across nodes,
+    kept between steps."""
     QUANTIZED_REDUCE = "quantized reduction buffers"
     """qgZ's int4 gradient blocks, their fp32 scales and the 16-bit result of their
     dequantization, while one tensor is reduced."""

@@ -17,6 +17,7 @@ from zerosim.models.breakdown import (
     Recipe,
     Workload,
     build_modules,
+    shapes_of,
     vector_flags,
 )
 from zerosim.models.kernels import kernel_count
@@ -32,6 +33,8 @@ from zerosim.scenario import DeepSpeedConfig, Scenario
 from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES
 from zerosim.vocabulary import UpdateDevice
 
+QGZ_SCALE_BYTES = 4
+"""qgZ's quantizers keep one fp32 scale a group (symmetric)."""
 MODELS_REMEMBERED = 8
 """Models, plans and GPU times a process keeps between runs (`plan_of`, `module_costs`): a
 sweep or tune worker runs the same few models many times."""
@@ -144,6 +147,29 @@ class Plan:
         its share over the group (numel), as `_partition_param_sec` sizes it."""
         return [p.partition_numel * (self.ranks // group) for p in self.all_params
                 if not p.persistent]
+
+    def qgz_groups(self, param: Param, falls_back: bool) -> int:
+        """qgZ's quantization groups for `param`'s gradient (`all_to_all_quant_reduce`:
+        max(its first two dimensions, the ranks)); 0 where it is reduce-scattered instead: a
+        vector, or, where the release falls back (`qgz_indivisible_fallback`, 0.13.2+), a
+        matrix whose element count is not a multiple of twice the ranks."""
+        shape = shapes_of(self.modules[param.module])[param.index]
+        if len(shape) < 2 or (falls_back and param.numel % (2 * self.ranks)):
+            return 0
+        return max(shape[0], shape[1], self.ranks)
+
+    def loco_error_feedback_bytes(self, per_node: int, falls_back: bool) -> int:
+        """What LoCo's error feedback keeps on one rank between its steps, for every matrix
+        qgZ quantizes (`all_to_all_loco_quant_reduce`'s `p.intra_ef_buf` and `inter_ef_buf`):
+        the error within the node as int8, n bytes and G fp32 scales, and across nodes,
+        n / g bytes and G // g scales, g the node's GPUs."""
+        total = 0
+        for param in self.all_params:
+            groups = self.qgz_groups(param, falls_back)
+            if groups:
+                total += (param.numel + param.numel // per_node
+                          + QGZ_SCALE_BYTES * (groups + groups // per_node))
+        return total
 
     def on_gpu(self, param: Param) -> bool:
         return self.subgroup_of[(param.module, param.index)] in self.gpu_subgroups
@@ -445,6 +471,17 @@ def hpz_secondary_bytes(scenario: Scenario) -> int:
         return 0
     return BYTES_PER_DTYPE[scenario.deepspeed.dtype] * sum(
         plan_of(scenario).secondary_shares(group))
+
+
+def loco_error_feedback_bytes(scenario: Scenario) -> int:
+    """What one rank keeps of LoCo's error feedback (`Plan.loco_error_feedback_bytes`); 0
+    where qgZ does not act with it."""
+    ds, profile = scenario.deepspeed, scenario.hardware
+    if not ds.zero_plus_plus.loco_acts(ds.stage, scenario.data_parallel,
+                                       profile.gpus_per_node):
+        return 0
+    return plan_of(scenario).loco_error_feedback_bytes(
+        profile.gpus_per_node, scenario.behaviours.qgz_indivisible_fallback)
 
 
 def leaves_of(scenario: Scenario) -> Leaves:

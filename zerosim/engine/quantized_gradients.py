@@ -16,6 +16,12 @@ quantization groups, on nodes of g GPUs, N nodes, world W = N g:
 
 A vector (a bias, a norm), and from DeepSpeed 0.13.2 a tensor whose n is not a multiple of 2W
 (`qgz_indivisible_fallback`), goes through `reduce_scatter_coalesced` alone instead.
+
+With LoCo (`zeropp_loco_param`, 0.16.2+: `all_to_all_loco_quant_reduce`), each matrix's
+quantization errors within the node (n elements) and across nodes (n/g) are kept between steps
+as int8 with their scales (`model_states`: the memory category `qgZ error feedback (LoCo)`),
+dequantized before step 1, fed into its quantization and into the reduction's, and quantized
+back after each (`_LocoErrors`).
 """
 
 from __future__ import annotations
@@ -24,21 +30,21 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zerosim.engine.plan import Param
+from zerosim.engine.plan import QGZ_SCALE_BYTES, Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.streams import InOrderStream, NcclQueue, NcclTurn
-from zerosim.models.breakdown import shapes_of
 from zerosim.vocabulary import Category, Collective, OpKind
 
 INT4_PER_BYTE = 2
-SCALE_BYTES = 4
-"""`swizzle_quant` and `quantized_reduction` keep one fp32 scale a group (symmetric)."""
+SCALE_BYTES = QGZ_SCALE_BYTES
 DEQUANTIZED_BYTES = 2
 """`dequantize` is bound to its `__half` instance: the result is fp16."""
 QUANTIZER_KERNELS = 3
 """`swizzle_quant`, `quantized_reduction`, `dequantize`; the chunks' sum and the division
 come on top (`nodes + 1` kernels)."""
 ALL_TO_ALLS = 4
+LOCO_KERNELS = 4
+"""LoCo's: the two errors' `dequantize` and their two `quantize` back to int8."""
 
 
 @dataclass
@@ -49,6 +55,60 @@ class _Bucket:
     buffers: int = 0
     cast: int = 0
     partitions: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _LocoErrors:
+    """LoCo's work on one matrix of n elements, G groups, on nodes of g GPUs
+    (`all_to_all_loco_quant_reduce`, steady state: the previous step's int8 errors exist):
+    the errors within the node (n elements) and across nodes (n / g) dequantized to fp16,
+    each read and written again by the kernel that feeds it into the quantization
+    (`loco_swizzle_quant`, `loco_quantized_reduction`), then quantized back to int8 with G
+    and G // g scales. Each `reset_T` reductions the errors restart from zeros instead, which
+    a steady iteration does not replay."""
+
+    numel: int
+    groups: int
+    per_node: int
+
+    @property
+    def _node(self) -> tuple[float, float]:
+        """(int8 bytes, scale bytes) of the errors within the node and across nodes."""
+        return float(self.numel), float(SCALE_BYTES * self.groups)
+
+    @property
+    def _across(self) -> tuple[float, float]:
+        return self.numel / self.per_node, float(SCALE_BYTES * (self.groups // self.per_node))
+
+    @property
+    def dequantized_bytes(self) -> float:
+        """Both `dequantize` calls: read int8 and scales, write fp16."""
+        return sum(q + s + DEQUANTIZED_BYTES * q for q, s in (self._node, self._across))
+
+    @property
+    def fed_in_bytes(self) -> float:
+        """`loco_swizzle_quant` reads and writes the fp16 errors within the node."""
+        return 2 * DEQUANTIZED_BYTES * self._node[0]
+
+    @property
+    def fed_in_across_bytes(self) -> float:
+        return 2 * DEQUANTIZED_BYTES * self._across[0]
+
+    @property
+    def requantized_node_bytes(self) -> float:
+        """`quantize` of the fp16 errors within the node into int8 and scales."""
+        q, s = self._node
+        return DEQUANTIZED_BYTES * q + q + s
+
+    @property
+    def requantized_across_bytes(self) -> float:
+        q, s = self._across
+        return DEQUANTIZED_BYTES * q + q + s
+
+    @property
+    def transient_bytes(self) -> float:
+        """The fp16 errors, and the new int8 ones made before the old are dropped."""
+        return sum(DEQUANTIZED_BYTES * q + q + s for q, s in (self._node, self._across))
 
 
 @dataclass(frozen=True)
@@ -77,6 +137,8 @@ class QuantizedGradientReduction:
         self.local_ranks = tuple(range(node * per_node, (node + 1) * per_node))
         self.global_ranks = tuple(local + j * per_node for j in range(self.nodes))
         self._tensors: dict[Param, _Tensor] = {}
+        self.loco = core.ds.zero_plus_plus.loco is not None
+        """LoCo's error feedback around each matrix's quantizations."""
 
     def tensor(self, param: Param) -> _Tensor:
         known = self._tensors.get(param)
@@ -85,14 +147,9 @@ class QuantizedGradientReduction:
         return known
 
     def _describe(self, param: Param) -> _Tensor:
-        core = self.core
-        module = core.plan.modules[param.module]
-        shape = shapes_of(module)[param.index]
-        world = len(core.ranks)
-        quantized = len(shape) > 1 and not (core.behaviours.qgz_indivisible_fallback
-                                            and param.numel % (2 * world))
-        groups = max(shape[0], shape[1], world) if quantized else 0
-        return _Tensor(module.name, param.numel, groups)
+        plan = self.core.plan
+        return _Tensor(plan.modules[param.module].name, param.numel,
+                       plan.qgz_groups(param, self.core.behaviours.qgz_indivisible_fallback))
 
     def reduce(self, params: list[Param], stream: InOrderStream, cast_s: tuple[float, float],
                cast_bytes: float) -> Gen:
@@ -110,8 +167,8 @@ class QuantizedGradientReduction:
         for i, tensor in enumerate(tensors):
             if tensor.groups:
                 core.launches += ALL_TO_ALLS
-                yield from core.host_time((QUANTIZER_KERNELS + self.nodes + 1)
-                                          * core.kernel_launch_s)
+                yield from core.host_time((QUANTIZER_KERNELS + LOCO_KERNELS * self.loco
+                                           + self.nodes + 1) * core.kernel_launch_s)
                 work = self._quantized(tensor, bucket, stream)
                 label, kind = f"qgZ all-to-all {tensor.name}", OpKind.ALL_TO_ALL
             else:
@@ -149,9 +206,11 @@ class QuantizedGradientReduction:
 
     def _quantized(self, tensor: _Tensor, bucket: _Bucket, stream: InOrderStream
                    ) -> Callable[[], Gen]:
-        """The five steps of the module docstring. The tensor's buffers (int4 blocks and
-        scales, what each all-to-all receives, the fp16 dequantized result) are made as it
-        starts and held until the next tensor's are: the loop's variables keep them."""
+        """The five steps of the module docstring, LoCo's around them where it is on. The
+        tensor's buffers (int4 blocks and scales, what each all-to-all receives, the fp16
+        dequantized result; with LoCo the fp16 errors and the new int8 ones, made before the
+        old go) are made as it starts and held until the next tensor's are: the loop's
+        variables keep them."""
         core = self.core
         n, groups, per_node = tensor.numel, tensor.groups, len(self.local_ranks)
         int4 = n / INT4_PER_BYTE
@@ -162,24 +221,36 @@ class QuantizedGradientReduction:
         sums = partition * (2 + 3 * (self.nodes - 1) + 2)
         local = [(*core.next_key("all_to_all local"), self.local_ranks[0]) for _ in "ds"]
         across = [(*core.next_key("all_to_all global"), self.global_ranks[0]) for _ in "ds"]
+        held = 2 * (int4 + scales) + 2 * (node_int4 + node_scales) + dequantized
+        errors = _LocoErrors(n, groups, per_node) if self.loco else None
+        if errors is not None:
+            held += errors.transient_bytes
         hbm = core.hbm_seconds
+        quantize = core.comm_bytes * n + int4 + scales
+        reduction = int4 + scales + node_int4 + node_scales
 
         def work() -> Gen:
-            buffers = core.gpu.allocate(Category.QUANTIZED_REDUCE, 2 * (int4 + scales)
-                                        + 2 * (node_int4 + node_scales) + dequantized,
-                                        f"qgZ {tensor.name}")
+            buffers = core.gpu.allocate(Category.QUANTIZED_REDUCE, held, f"qgZ {tensor.name}")
             core.gpu.free(Category.QUANTIZED_REDUCE, bucket.buffers)
             bucket.buffers = buffers
-            yield from core.gpu_kernel(hbm(core.comm_bytes * n + int4 + scales, passes=1),
-                                       stream)
+            if errors is not None:
+                yield from core.gpu_kernel(hbm(errors.dequantized_bytes, passes=1), stream)
+            yield from core.gpu_kernel(hbm(quantize + (errors.fed_in_bytes if errors else 0),
+                                           passes=1), stream)
             for key, nbytes in zip(local, (int4, scales), strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
                                                    nbytes, self.local_ranks)
-            yield from core.gpu_kernel(hbm(int4 + scales + node_int4 + node_scales, passes=1),
-                                       stream)
+            if errors is not None:
+                yield from core.gpu_kernel(hbm(errors.requantized_node_bytes, passes=1),
+                                           stream)
+            yield from core.gpu_kernel(hbm(reduction + (errors.fed_in_across_bytes if errors
+                                                        else 0), passes=1), stream)
             for key, nbytes in zip(across, (node_int4, node_scales), strict=True):
                 yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
                                                    nbytes, self.global_ranks)
+            if errors is not None:
+                yield from core.gpu_kernel(hbm(errors.requantized_across_bytes, passes=1),
+                                           stream)
             yield from core.gpu_kernel(hbm(node_int4 + node_scales + dequantized, passes=1),
                                        stream)
             bucket.partitions.append(core.gpu.allocate(

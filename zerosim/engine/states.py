@@ -74,9 +74,22 @@ def model_states(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
                  else _offloaded_stage12(ds, plan, behaviours))
     else:
         held += _on_gpu(ds, plan)
+    held += _loco_error_feedback(ds, plan, profile, behaviours)
     if stack is None:
         return held
     return held + forked_pages(held, stack.dataloader_workers) + rank_processes(stack)
+
+
+def _loco_error_feedback(ds: DeepSpeedConfig, plan: Plan, profile: HardwareProfile,
+                         behaviours: Behaviours) -> list[Holding]:
+    """LoCo's error feedback, where qgZ acts with it: made at the first reduction of each
+    matrix and kept from step to step, so held all through a steady iteration."""
+    if not ds.zero_plus_plus.loco_acts(ds.stage, plan.ranks, profile.gpus_per_node):
+        return []
+    nbytes = plan.loco_error_feedback_bytes(profile.gpus_per_node,
+                                            behaviours.qgz_indivisible_fallback)
+    return [Holding(DeviceKind.GPU, Category.QGZ_ERROR_FEEDBACK, nbytes,
+                    "LoCo's int8 errors of every quantized matrix")]
 
 
 def rank_processes(stack: SoftwareStack) -> list[Holding]:

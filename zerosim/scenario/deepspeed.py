@@ -207,6 +207,7 @@ class _Zero(_Open):
     zero_hpz_partition_size: int = Field(1, ge=0)
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
+    zeropp_loco_param: dict[str, Any] | None = None
 
     _whole = field_validator("module_granularity_threshold", "zero_hpz_partition_size",
                              mode="before")(_whole)
@@ -373,6 +374,9 @@ class ZeroPlusPlusSettings:
     """qgZ (`zero_quantized_gradients`): ZeRO-3 reduces each multi-dimensional gradient by
     int4 all-to-alls within its node and then across nodes, instead of a reduce-scatter, where
     the ranks span several nodes (`quantizes_gradients`)."""
+    loco: tuple[float, int] | None = None
+    """LoCo (`zeropp_loco_param`, 0.16.2+): its `err_beta` and `reset_T`; where qgZ acts, each
+    matrix's quantization errors are kept between steps and fed into the next reduction."""
 
     @property
     def any(self) -> bool:
@@ -382,6 +386,10 @@ class ZeroPlusPlusSettings:
         """Whether qgZ acts: ZeRO-3, and DeepSpeed's node count, the world over the GPUs a
         node has (`device_count()`, floored), above one (stage3.py `__avg_scatter_grads`)."""
         return self.quantized_gradients and stage == 3 and world // gpus_per_node > 1
+
+    def loco_acts(self, stage: int, world: int, gpus_per_node: int) -> bool:
+        """Whether LoCo's error feedback runs: given, where qgZ acts."""
+        return self.loco is not None and self.quantizes_gradients(stage, world, gpus_per_node)
 
     def hpz_group(self, world: int) -> int:
         """Ranks per secondary partition: DeepSpeed's `_create_zero_param_parallel_group`
@@ -393,7 +401,9 @@ class ZeroPlusPlusSettings:
         return {**({"zero_hpz_partition_size": self.hpz_partition_size}
                    if self.hpz_partition_size != 1 else {}),
                 **({"zero_quantized_weights": True} if self.quantized_weights else {}),
-                **({"zero_quantized_gradients": True} if self.quantized_gradients else {})}
+                **({"zero_quantized_gradients": True} if self.quantized_gradients else {}),
+                **({"zeropp_loco_param": {"err_beta": self.loco[0], "reset_T": self.loco[1]}}
+                   if self.loco is not None else {})}
 
 
 def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
@@ -887,6 +897,35 @@ def _leaves(zero: _Zero, behaviours: Behaviours, source: str) -> LeafSettings:
 
 ZERO_PLUS_PLUS_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights",
                        "zero_quantized_gradients")
+LOCO_KEYS = ("err_beta", "reset_T")
+
+
+def _loco(raw: dict[str, Any] | None, behaviours: Behaviours, source: str
+          ) -> tuple[float, int] | None:
+    """`zeropp_loco_param` (DeepSpeed 0.16.2+, PR #6730): a release before it refuses the key
+    (its config model forbids unknown ones); `all_to_all_loco_quant_reduce` reads
+    `loco_param['err_beta']` and `['reset_T']` with no default, so both must be given."""
+    if raw is None:
+        return None
+    key = f"{ZERO_KEY}.zeropp_loco_param"
+    if not behaviours.qgz_loco:
+        raise ScenarioError(source, key, "absent before DeepSpeed 0.16.2 (LoCo came with PR "
+                            "#6730; an earlier release refuses the key)", raw)
+    for name in LOCO_KEYS:
+        if name not in raw:
+            raise ScenarioError(source, f"{key}.{name}", "a value (DeepSpeed reads "
+                                f"loco_param['{name}'] at qgZ's first reduction, with no "
+                                "default)", "absent")
+    unknown = sorted(set(raw) - set(LOCO_KEYS))
+    if unknown:
+        raise ScenarioError(source, f"{key}.{unknown[0]}", "err_beta or reset_T (the keys "
+                            "LoCo reads)", unknown[0])
+    beta, reset = raw["err_beta"], raw["reset_T"]
+    if isinstance(beta, bool) or not isinstance(beta, int | float):
+        raise ScenarioError(source, f"{key}.err_beta", "a number in [0, 1]", beta)
+    if isinstance(reset, bool) or not isinstance(reset, int):
+        raise ScenarioError(source, f"{key}.reset_T", "a whole number of steps", reset)
+    return float(beta), reset
 
 
 def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
@@ -904,7 +943,8 @@ def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
                                 "(ZeRO++ came with PR #3784; an earlier release refuses the "
                                 "key)", getattr(zero, key))
     settings = ZeroPlusPlusSettings(zero.zero_hpz_partition_size, zero.zero_quantized_weights,
-                                    zero.zero_quantized_gradients)
+                                    zero.zero_quantized_gradients,
+                                    _loco(zero.zeropp_loco_param, behaviours, source))
     group = settings.hpz_group(world)
     key = f"{ZERO_KEY}.zero_hpz_partition_size"
     if world % group:

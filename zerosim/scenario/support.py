@@ -68,6 +68,7 @@ def warn_inert(scenario: Any) -> None:
     _warn_superoffload_rollback(scenario)
     _warn_idle_leaf_rules(scenario)
     _warn_idle_zero_plus_plus(scenario)
+    _warn_idle_loco(scenario)
     _warn_checkpoint_flags_without_checkpointing(scenario)
 
 
@@ -110,6 +111,19 @@ def _warn_idle_zero_plus_plus(scenario: Any) -> None:
         return
     warnings.warn(f"{scenario.source}: {ZERO}.{said[0]} {why}", ZeroPlusPlusWarning,
                   stacklevel=5)
+
+
+def _warn_idle_loco(scenario: Any) -> None:
+    """LoCo given where qgZ does not act: `__avg_scatter_grads` reads it only in qgZ's
+    branch (ZeRO-3, `zero_quantized_gradients`, ranks across nodes)."""
+    ds = scenario.deepspeed
+    zpp = ds.zero_plus_plus
+    if zpp.loco is not None and not zpp.loco_acts(ds.stage, scenario.data_parallel,
+                                                  scenario.hardware.gpus_per_node):
+        warnings.warn(f"{scenario.source}: {ZERO}.zeropp_loco_param does nothing here: LoCo "
+                      "feeds back qgZ's quantization errors, and qgZ acts only at ZeRO-3 with "
+                      "zero_quantized_gradients over ranks on more than one node",
+                      ZeroPlusPlusWarning, stacklevel=5)
 
 
 def _warn_idle_leaf_rules(scenario: Any) -> None:
@@ -446,16 +460,15 @@ def _qgz_tensors_divide(scenario: Any) -> None:
             .quantizes_gradients(ds.stage, world, scenario.hardware.gpus_per_node)):
         return
     from zerosim.engine.plan import plan_of
-    from zerosim.models.breakdown import shapes_of
 
-    for module in plan_of(scenario).modules:
-        for shape, numel in zip(shapes_of(module), module.param_numels, strict=True):
-            if len(shape) > 1 and numel % (2 * world):
-                _refuse(scenario, f"{ZERO}.zero_quantized_gradients", "false before "
-                        f"DeepSpeed 0.13.2 with a gradient of {numel:,} elements "
-                        f"({module.name}), not a multiple of twice the {world} ranks (its "
-                        "int4 all-to-all fails on the buffers' sizes; PR #5056 made 0.13.2 "
-                        "reduce-scatter it instead)", True)
+    plan = plan_of(scenario)
+    for param in plan.all_params:
+        if plan.qgz_groups(param, falls_back=False) and param.numel % (2 * world):
+            _refuse(scenario, f"{ZERO}.zero_quantized_gradients", "false before DeepSpeed "
+                    f"0.13.2 with a gradient of {param.numel:,} elements "
+                    f"({plan.modules[param.module].name}), not a multiple of twice the {world} "
+                    "ranks (its int4 all-to-all fails on the buffers' sizes; PR #5056 made "
+                    "0.13.2 reduce-scatter it instead)", True)
 
 
 def _low_precision_master_is_replayed(scenario: Any) -> None:
