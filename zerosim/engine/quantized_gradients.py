@@ -111,6 +111,10 @@ class _LocoErrors:
         return sum(DEQUANTIZED_BYTES * q + q + s for q, s in (self._node, self._across))
 
 
+_NO_ERRORS = _LocoErrors(0, 0, 1)
+"""Without LoCo: no error bytes anywhere."""
+
+
 @dataclass(frozen=True)
 class _Tensor:
     """How qgZ reduces one gradient: `groups` quantization groups (0: reduce-scattered)."""
@@ -222,40 +226,36 @@ class QuantizedGradientReduction:
         local = [(*core.next_key("all_to_all local"), self.local_ranks[0]) for _ in "ds"]
         across = [(*core.next_key("all_to_all global"), self.global_ranks[0]) for _ in "ds"]
         held = 2 * (int4 + scales) + 2 * (node_int4 + node_scales) + dequantized
-        errors = _LocoErrors(n, groups, per_node) if self.loco else None
-        if errors is not None:
-            held += errors.transient_bytes
-        hbm = core.hbm_seconds
-        quantize = core.comm_bytes * n + int4 + scales
-        reduction = int4 + scales + node_int4 + node_scales
+        errors = _LocoErrors(n, groups, per_node) if self.loco else _NO_ERRORS
+        held += errors.transient_bytes
+        quantize = core.comm_bytes * n + int4 + scales + errors.fed_in_bytes
+        reduction = int4 + scales + node_int4 + node_scales + errors.fed_in_across_bytes
+
+        def kernel(nbytes: float) -> Gen:
+            if nbytes:
+                yield from core.gpu_kernel(core.hbm_seconds(nbytes, passes=1), stream)
+
+        def exchange(keys: list[tuple], sizes: tuple[float, float], ranks: tuple[int, ...]
+                     ) -> Gen:
+            for key, nbytes in zip(keys, sizes, strict=True):
+                yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
+                                                   nbytes, ranks)
 
         def work() -> Gen:
             buffers = core.gpu.allocate(Category.QUANTIZED_REDUCE, held, f"qgZ {tensor.name}")
             core.gpu.free(Category.QUANTIZED_REDUCE, bucket.buffers)
             bucket.buffers = buffers
-            if errors is not None:
-                yield from core.gpu_kernel(hbm(errors.dequantized_bytes, passes=1), stream)
-            yield from core.gpu_kernel(hbm(quantize + (errors.fed_in_bytes if errors else 0),
-                                           passes=1), stream)
-            for key, nbytes in zip(local, (int4, scales), strict=True):
-                yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
-                                                   nbytes, self.local_ranks)
-            if errors is not None:
-                yield from core.gpu_kernel(hbm(errors.requantized_node_bytes, passes=1),
-                                           stream)
-            yield from core.gpu_kernel(hbm(reduction + (errors.fed_in_across_bytes if errors
-                                                        else 0), passes=1), stream)
-            for key, nbytes in zip(across, (node_int4, node_scales), strict=True):
-                yield from core.machine.collective(core.rank, key, Collective.ALL_TO_ALL,
-                                                   nbytes, self.global_ranks)
-            if errors is not None:
-                yield from core.gpu_kernel(hbm(errors.requantized_across_bytes, passes=1),
-                                           stream)
-            yield from core.gpu_kernel(hbm(node_int4 + node_scales + dequantized, passes=1),
-                                       stream)
+            yield from kernel(errors.dequantized_bytes)
+            yield from kernel(quantize)
+            yield from exchange(local, (int4, scales), self.local_ranks)
+            yield from kernel(errors.requantized_node_bytes)
+            yield from kernel(reduction)
+            yield from exchange(across, (node_int4, node_scales), self.global_ranks)
+            yield from kernel(errors.requantized_across_bytes)
+            yield from kernel(node_int4 + node_scales + dequantized)
             bucket.partitions.append(core.gpu.allocate(
                 Category.GRAD_PARTITIONS, partition, f"qgZ partition {tensor.name}"))
-            yield from core.gpu_kernel(hbm(sums, passes=1), stream)
+            yield from kernel(sums)
         return work
 
     def _reduce_scatter(self, tensor: _Tensor, bucket: _Bucket, stream: InOrderStream,
