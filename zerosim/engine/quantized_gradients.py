@@ -73,7 +73,8 @@ class _LocoErrors:
 
     @property
     def _node(self) -> tuple[float, float]:
-        """(int8 bytes, scale bytes) of the errors within the node and across nodes."""
+        """(int8 bytes, scale bytes) of the errors within the node (`_across`: across
+        nodes)."""
         return float(self.numel), float(SCALE_BYTES * self.groups)
 
     @property
