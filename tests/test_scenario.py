@@ -169,12 +169,12 @@ def test_the_command_line_refuses_an_empty_segment_with_status_2():
 
 def test_unmodelled_deepspeed_keys_warn_once_and_go_on():
     tree = minimal()
-    tree["deepspeed"]["zero_optimization"]["mics_shard_size"] = 2
+    tree["deepspeed"]["zero_optimization"]["zero_quantized_nontrainable_weights"] = True
     tree["deepspeed"]["steps_per_print"] = 10
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         s = scenario_from_dict(tree)
-    assert s.unmodelled_keys == ("deepspeed.zero_optimization.mics_shard_size",)
+    assert s.unmodelled_keys == ("deepspeed.zero_optimization.zero_quantized_nontrainable_weights",)
     assert [w.category for w in caught] == [UnmodelledKeysWarning]
 
 

@@ -215,14 +215,14 @@ def test_the_command_shows_the_scenarios_warnings_once(toy, tmp_path, recwarn):
     from zerosim.errors import ScenarioWarning
 
     path = tmp_path / "toy.yaml"
+    zero = {"zero_quantized_nontrainable_weights": True}
     path.write_text(yaml.safe_dump(toy.tree({"deepspeed": {
-        "gradient_accumulation_steps": 2, "zero_optimization": {"mics_shard_size": 2}}},
-        gpus=2)))
+        "gradient_accumulation_steps": 2, "zero_optimization": zero}}, gpus=2)))
     result = CliRunner().invoke(main, ["tune", str(path), "--workers", "1", "--out",
                                        str(tmp_path / "tuned"), "--fix", "reduce_bucket_size",
                                        "--fix", "sub_group_size", "--top", "1"])
     assert result.exit_code == 0, result.output
-    assert result.output.count("mics_shard_size") == 1
+    assert result.output.count("zero_quantized_nontrainable_weights") == 1
     assert [w for w in recwarn if issubclass(w.category, ScenarioWarning)] == []
 
 

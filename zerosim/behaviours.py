@@ -295,6 +295,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "runtime/tensor_parallel/config.py TPTrainingConfig",
               "tensor_parallel.autotp_size > 1 trains with automatic tensor parallelism "
               "(before: the tensor_parallel key is ignored)"),
+    Behaviour("mics", (0, 9, 2),
+              "PR #2964 'Tentative implementation of MiCS' (2e99f6ed, first in v0.9.2): "
+              "zero/mics.py, zero/mics_utils.py, zero/config.py",
+              "zero_optimization.mics_shard_size (MiCS: ZeRO-3 partitions the parameters, "
+              "gradients and optimizer states over groups of that many consecutive ranks, "
+              "all-reduces the gradient partitions across the groups at the accumulation "
+              "boundary) and mics_hierarchical_params_gather (a group's all-gather across "
+              "its nodes, then within each) are read (before: refused)"),
     Behaviour("zero_plus_plus", (0, 10, 0),
               "PR #3784 'ZeRO++' (d18aa2c7, first in v0.10.0): zero/config.py, "
               "partition_parameters.py _partition_param_sec and all_gather_coalesced "
@@ -393,6 +401,7 @@ class Behaviours:
     module_granularity_threshold: bool
     leaf_fetch_skips_event_bound: bool
     leaf_module_config: bool
+    mics: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool
     qgz_indivisible_fallback: bool

@@ -242,6 +242,18 @@ def _zero_plus_plus(scenario: Scenario) -> dict[str, Any]:
         "loco_error_feedback_bytes": loco_error_feedback_bytes(scenario)}}
 
 
+def _mics(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `mics`, where ZeRO-3 runs MiCS (what its `mode` line says): the
+    ranks a shard group partitions over, how many groups hold replicas, whether the gather
+    is hierarchical."""
+    ds = scenario.deepspeed
+    if not ds.mics.acts(ds.stage):
+        return {}
+    return {"mics": {"shard_size": ds.mics.shard_size,
+                     "replicas": ds.mics.replicas(ds.stage, scenario.data_parallel),
+                     "hierarchical_gather": ds.mics.hierarchical}}
+
+
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
     line says)."""
@@ -280,7 +292,7 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     if as_json:
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
                      **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded),
-                     **_zero_plus_plus(loaded)})
+                     **_zero_plus_plus(loaded), **_mics(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

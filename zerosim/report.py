@@ -52,7 +52,20 @@ def _mode(scenario: Scenario) -> str:
                      f"{ds.optimizer_state_dtype} Adam moments")
     if ds.stage == 3 and (zero_plus_plus := _zero_plus_plus_text(scenario)):
         where.append(zero_plus_plus)
+    if ds.mics.acts(ds.stage):
+        where.append(_mics_text(scenario))
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
+
+
+def _mics_text(scenario: Scenario) -> str:
+    """MiCS's shard groups in a few words."""
+    ds = scenario.deepspeed
+    replicas = ds.mics.replicas(ds.stage, scenario.data_parallel)
+    across = (f", gradients all-reduced across the {replicas} groups at the boundary"
+              if replicas > 1 else "")
+    gather = (", all-gathers across its nodes, then within each" if ds.mics.hierarchical
+              else "")
+    return f"MiCS (partitioned over groups of {ds.mics.shard_size} ranks{across}{gather})"
 
 
 def _zero_plus_plus_text(scenario: Scenario) -> str:

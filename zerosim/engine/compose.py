@@ -23,8 +23,9 @@ which ZeRO stage and offload target.
 |                       |                              | SuperOffload's, its process stepping      |
 |                       |                              | sub-groups during the backward            |
 | after each reduction  | zenflow                      | nothing; ZenFlow's selective update       |
-| after each partition  | super_offload                | nothing; SuperOffload's hand-over of the  |
-|                       |                              | sub-groups a bucket completes             |
+| after each partition  | super_offload; mics_shard_   | nothing; SuperOffload's hand-over of the  |
+|                       | size                         | sub-groups a bucket completes; MiCS's     |
+|                       |                              | all-reduce across the replicas (boundary) |
 | optimizer state store | offload_optimizer.device     | in memory; swapped to NVMe                |
 | overflow check (CPU   | stage                        | over the host's 16-bit gradients (3); the |
 | step)                 |                              | flag the backward's GPU checks set (1/2)  |
@@ -52,6 +53,7 @@ from zerosim.engine.gradients import (
     SubGroupBuckets,
 )
 from zerosim.engine.interleaved import GpuGradients, InterleavedStep
+from zerosim.engine.mics import ReplicaAllReduce
 from zerosim.engine.optimizer import (
     CopyBack,
     CpuStep,
@@ -205,11 +207,20 @@ def _gradients(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                       waits_for_each_bucket=_compute_waits_for_each_bucket(core),
                       copies_on_compute=ds.stage in (1, 2),
                       after_reduce=zenflow.selective if zenflow else None,
-                      after_partition=superoffload.hand_off if superoffload else None,
+                      after_partition=(superoffload.hand_off if superoffload
+                                       else _replica_all_reduce(core)),
                       transposed_copies=zenflow is not None,
                       by_subgroup=(SubGroupBuckets(core.plan)
                                    if superoffload and superoffload.concatenated else None),
                       quantized=_quantized_gradients(core, nccl))
+
+
+def _replica_all_reduce(core: RankCore) -> ReplicaAllReduce | None:
+    """MiCS's all-reduce of the gradient partitions across the shard groups, where there is
+    more than one."""
+    if len(core.ctx.groups.replicas[core.rank]) > 1:
+        return ReplicaAllReduce(core)
+    return None
 
 
 def _quantized_gradients(core: RankCore, nccl: NcclQueue) -> QuantizedGradientReduction | None:

@@ -249,6 +249,14 @@ class PartitionedParams:
         self.secondary_on_host = core.ds.offload_param.device == "cpu"
         self.recopies_secondary = behaviours.hpz_secondary_recopied
         self.quantized = zero_plus_plus.quantized_weights and not self.per_tensor
+        mics, groups = core.ds.mics, core.ctx.groups
+        self.flat_split = not mics.acts(core.ds.stage)
+        """A call of several tensors lands in one flat buffer and is split at its first wait
+        (ZeRO-3's `AllGatherCoalescedHandle`); MiCS's all-gather writes each parameter's
+        buffer itself."""
+        self.hierarchy = ((groups.inter_node[core.rank], groups.intra_node[core.rank])
+                          if groups.inter_node else None)
+        """MiCS's hierarchical gather: its groups across the nodes, then within its node."""
 
     def reset_step(self, micro: int) -> None:
         """Where DeepSpeed's live count stands as micro-batch `micro`'s forward starts.
@@ -315,7 +323,9 @@ class PartitionedParams:
         numel = sum([plan.gathered_numel[index] for index in todo])
         sizes = [p.numel for p in tensors] if self.per_tensor else [numel]
         ranks = self.hpz_ranks if secondary else core.ranks
-        keys = ([self._key(Collective.ALL_GATHER, ranks) for _ in sizes] if secondary
+        hierarchy = self._hierarchical_keys(len(tensors))
+        keys = ([] if hierarchy is not None
+                else [self._key(Collective.ALL_GATHER, ranks) for _ in sizes] if secondary
                 else [core.next_key(Collective.ALL_GATHER) for _ in sizes])
         quantized = self.quantized and core.distributed
         core.launches += core.distributed * len(sizes) * (1 + quantized)
@@ -340,9 +350,13 @@ class PartitionedParams:
 
         def body() -> Gen:
             yield from turn.wait()
-            for key, size in zip(keys, sizes, strict=True):
-                yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
-                                                   element_bytes * size, ranks)
+            if hierarchy is not None:
+                yield from self._gather_hierarchically(hierarchy, element_bytes * sum(shares),
+                                                       element_bytes * numel)
+            else:
+                for key, size in zip(keys, sizes, strict=True):
+                    yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
+                                                       element_bytes * size, ranks)
             if scale_bytes:
                 yield from core.machine.collective(core.rank, scale_key, Collective.ALL_GATHER,
                                                    scale_bytes, ranks)
@@ -353,13 +367,43 @@ class PartitionedParams:
         event = self.allgather.launch(label, body, kind=OpKind.ALL_GATHER,
                                       nbytes=element_bytes * numel + scale_bytes,
                                       after=(self.copies.idle_event(),))
-        if core.distributed and not self.per_tensor and (len(tensors) > 1 or quantized):
+        if core.distributed and not self.per_tensor and (
+                (len(tensors) > 1 and self.flat_split) or quantized):
             bundle = _Bundle(len(tensors), core.dtype_bytes * numel, waiting=len(todo),
                              quantized=quantized, quantized_held=quantized_held)
             for index in todo:
                 self.bundles[index] = bundle
         for index in todo:
             self.gathered[index] = event
+
+    def _hierarchical_keys(self, tensors: int) -> tuple[tuple, tuple] | None:
+        """With MiCS's hierarchical gather, the keys of a call's two all-gathers (across the
+        nodes, then within the node), the second one's launch and the two copies a tensor
+        between them paid on the host (the call's count the first); None otherwise."""
+        if self.hierarchy is None:
+            return None
+        core = self.core
+        inter, intra = self.hierarchy
+        core.launches += 1
+        core.deferred_host_s += 2 * tensors * core.kernel_launch_s
+        return (core.next_key(f"{Collective.ALL_GATHER} inter-node", inter),
+                core.next_key(f"{Collective.ALL_GATHER} intra-node", intra))
+
+    def _gather_hierarchically(self, keys: tuple[tuple, tuple], share_bytes: int,
+                               nbytes: int) -> Gen:
+        """`_hierarchical_all_gather_params`: this rank's partitions all-gathered over its
+        group across the shard group's nodes, one per node (`async_op=False`: the stream
+        waits), the result cloned and copied into place (two copies of it), then one
+        all-gather within the node of the whole parameters' bytes (`nbytes`)."""
+        core = self.core
+        inter, intra = self.hierarchy
+        inter_key, intra_key = keys
+        across = share_bytes * len(inter)
+        yield from core.machine.collective(core.rank, inter_key, Collective.ALL_GATHER,
+                                           across, inter)
+        yield from core.gpu_kernel(core.hbm_seconds(2 * across), self.allgather)
+        yield from core.machine.collective(core.rank, intra_key, Collective.ALL_GATHER,
+                                           nbytes, intra)
 
     def _key(self, kind: str, ranks: tuple[int, ...]) -> tuple:
         """A collective's key: the call's sequence number among the rank's calls of its kind,

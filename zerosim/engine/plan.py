@@ -448,18 +448,57 @@ def workload_of(scenario: Scenario) -> Workload:
 
 def plan_of(scenario: Scenario) -> Plan:
     """The plan of a resolved scenario (pure: what `run_engine` starts from), remembered by
-    what it depends on (the model, its workload and recipe, the DeepSpeed config, the ranks)
-    for the last few scenarios."""
-    return _plan(scenario.model, workload_of(scenario), scenario.stack.recipe,
-                 scenario.deepspeed, scenario.data_parallel, scenario.stack.vector_param_group)
+    what it depends on (the model, its workload and recipe, the DeepSpeed config, the ranks
+    partitioning it: every data-parallel rank, or with MiCS a shard group) for the last few
+    scenarios."""
+    ds = scenario.deepspeed
+    return _plan(scenario.model, workload_of(scenario), scenario.stack.recipe, ds,
+                 ds.mics.partition_ranks(ds.stage, scenario.data_parallel),
+                 scenario.stack.vector_param_group)
 
 
 @lru_cache(maxsize=MODELS_REMEMBERED)
 def _plan(spec: ModelSpec, workload: Workload, recipe: Recipe, ds: DeepSpeedConfig,
-          data_parallel: int, vector_group: bool) -> Plan:
+          ranks: int, vector_group: bool) -> Plan:
     modules = _modules(spec, workload, recipe)
-    return make_plan(ds, data_parallel, modules, vector_group=vector_group,
+    return make_plan(ds, ranks, modules, vector_group=vector_group,
                      leaves=_leaves(spec, workload, recipe, ds).spans)
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """Per rank, the ranks its collectives span, each group one tuple its members share:
+    `partition`, the ranks its parameters, gradients and optimizer states are partitioned
+    over (every rank, or with MiCS its shard group of consecutive ranks); `replicas`, the
+    ranks holding the same partitions in the other shard groups (itself alone without MiCS);
+    and for MiCS's hierarchical gather `intra_node`, its shard group's ranks on its node,
+    and `inter_node`, those of its local index on the group's other nodes (empty tuples
+    otherwise). As mics_utils.py `create_mics_comm_groups` builds them."""
+
+    partition: tuple[tuple[int, ...], ...]
+    replicas: tuple[tuple[int, ...], ...]
+    intra_node: tuple[tuple[int, ...], ...] = ()
+    inter_node: tuple[tuple[int, ...], ...] = ()
+
+
+def process_groups(world: tuple[int, ...], shard: int, per_node: int, hierarchical: bool
+                   ) -> ProcessGroups:
+    """The `ProcessGroups` of `world` partitioned over groups of `shard` consecutive ranks
+    (`world` itself when `shard` is all of it), on nodes of `per_node` GPUs."""
+    count = len(world)
+    shards = [world] if shard == count else [world[i:i + shard] for i in range(0, count, shard)]
+    replicas = [world[i::shard] for i in range(shard)]
+    partition = tuple(shards[r // shard] for r in world)
+    replica = tuple(replicas[r % shard] for r in world)
+    if not hierarchical:
+        return ProcessGroups(partition, replica)
+    width = shard // (shard // per_node)
+    """Ranks of a shard group per node: DeepSpeed's `n_gpu_per_node`, the group's size over
+    the nodes it spans."""
+    intra = [group[i:i + width] for group in shards for i in range(0, shard, width)]
+    inter = {(group[0], i): group[i::width] for group in shards for i in range(width)}
+    return ProcessGroups(partition, replica, tuple(intra[r // width] for r in world),
+                         tuple(inter[partition[r][0], r % shard % width] for r in world))
 
 
 def hpz_secondary_bytes(scenario: Scenario) -> int:

@@ -18,7 +18,7 @@ from zerosim.behaviours import Behaviours
 from zerosim.engine.conditions import AllDone
 from zerosim.engine.machine import Direction, Machine
 from zerosim.engine.memory import AllocatorReserve, MemoryPool, shared
-from zerosim.engine.plan import Plan, module_costs
+from zerosim.engine.plan import Plan, ProcessGroups, module_costs, process_groups
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream, SharedSMs
 from zerosim.hardware import costs
@@ -95,6 +95,11 @@ class RunContext:
     def __post_init__(self) -> None:
         self.world = tuple(range(self.scenario.data_parallel))
         """Every data-parallel rank, simulated or not (one tuple the ranks share)."""
+        ds = self.scenario.deepspeed
+        self.groups: ProcessGroups = process_groups(
+            self.world, ds.mics.partition_ranks(ds.stage, len(self.world)),
+            self.scenario.hardware.gpus_per_node, ds.mics.acts(ds.stage) and ds.mics.hierarchical)
+        """Per rank, the ranks of its partition group, replicas and MiCS's hierarchy."""
         self.costs = module_costs(self.scenario)
         """Each module's GPU time and kernel launches (every rank runs every module once per
         micro-batch)."""
@@ -119,7 +124,11 @@ class RankCore:
         self.host = shared(ctx.pools[self.placement.host_device], stands_for)
         self.nvme = shared(ctx.pools.get(device_name(DeviceKind.NVME, self.placement.node)),
                            stands_for)
-        self.ranks = ctx.world
+        self.ranks = ctx.groups.partition[rank]
+        """The ranks its ZeRO partitions span, and its collectives with them: every rank, or
+        with MiCS its shard group."""
+        self._group_key = None if self.ranks is ctx.world else self.ranks[0]
+        """What tells its shard group's collectives from another's (None: every rank's)."""
         self.label_prefix = f"rank{rank} "
         """What the rank's flows' labels start with (`FlowNetwork.assert_idle` names them)."""
         self.phase, self.micro = Phase.SETUP.value, -1
@@ -185,11 +194,17 @@ class RankCore:
     def distributed(self) -> bool:
         return len(self.ranks) > 1
 
-    def next_key(self, kind: str) -> tuple[str, int]:
-        """Collective keys: every rank issues collectives of a kind in the same order."""
+    def next_key(self, kind: str, group: tuple[int, ...] | None = None
+                 ) -> tuple[str, int] | tuple[str, int, int]:
+        """Collective keys: every rank issues collectives of a kind in the same order. Those
+        over a group short of every rank also name it by its first rank: `group`, or by
+        default the rank's shard group (MiCS)."""
         seq = self._seq.get(kind, 0)
         self._seq[kind] = seq + 1
-        return kind, seq
+        tag = self._group_key if group is None else group[0]
+        if tag is None:
+            return kind, seq
+        return kind, seq, tag
 
     # ------------------------------------------------------------------ phases
 

@@ -208,9 +208,11 @@ class _Zero(_Open):
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
     zeropp_loco_param: dict[str, Any] | None = None
+    mics_shard_size: int = -1
+    mics_hierarchical_params_gather: bool = False
 
     _whole = field_validator("module_granularity_threshold", "zero_hpz_partition_size",
-                             mode="before")(_whole)
+                             "mics_shard_size", mode="before")(_whole)
 
 
 class _Optimizer(_Open):
@@ -406,6 +408,37 @@ class ZeroPlusPlusSettings:
                    if self.loco is not None else {})}
 
 
+@dataclass(frozen=True)
+class MicsSettings:
+    """MiCS (DeepSpeed 0.9.2+, PR #2964), as resolved: `shard_size` (`mics_shard_size`; 0 or
+    less: off), how many consecutive ranks partition the parameters, gradients and optimizer
+    states among themselves, the other groups of as many holding replicas of them; and
+    `hierarchical` (`mics_hierarchical_params_gather`), a shard group's all-gather first
+    across its nodes, then within each node. Only ZeRO-3 reads them."""
+
+    shard_size: int = -1
+    hierarchical: bool = False
+
+    def acts(self, stage: int) -> bool:
+        """Whether the engine builds MiCS's optimizer: ZeRO-3 with a shard size above 0
+        (engine.py `_configure_zero_optimizer`)."""
+        return stage == 3 and self.shard_size > 0
+
+    def partition_ranks(self, stage: int, world: int) -> int:
+        """The ranks each parameter is partitioned over: the shard group where MiCS acts,
+        every rank otherwise."""
+        return self.shard_size if self.acts(stage) else world
+
+    def replicas(self, stage: int, world: int) -> int:
+        """How many shard groups hold the same partitions (1 without MiCS)."""
+        return world // self.partition_ranks(stage, world)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys as the ds_config writes them (none where they are off)."""
+        return {**({"mics_shard_size": self.shard_size} if self.shard_size > 0 else {}),
+                **({"mics_hierarchical_params_gather": True} if self.hierarchical else {})}
+
+
 def memory_reports_per_step(gradient_accumulation_steps: int) -> int:
     """DeepSpeed's memory reports in an optimizer step with `memory_breakdown` on: before and
     after each micro-batch's forward and backward, and before and after the step
@@ -461,6 +494,8 @@ class DeepSpeedConfig:
     """What makes modules ZeRO-3 leaves (`_leaves`)."""
     zero_plus_plus: ZeroPlusPlusSettings = ZeroPlusPlusSettings()
     """hpZ, qwZ and qgZ (`_zero_plus_plus`)."""
+    mics: MicsSettings = MicsSettings()
+    """MiCS's shard groups (`_mics`)."""
 
     @property
     def low_precision_master(self) -> bool:
@@ -493,6 +528,7 @@ class DeepSpeedConfig:
             **({"zenflow": self.zenflow.to_dict()} if self.zenflow is not None else {}),
             **self.leaves.to_dict(),
             **self.zero_plus_plus.to_dict(),
+            **self.mics.to_dict(),
         }
         return {
             "train_batch_size": self.train_batch_size,
@@ -958,6 +994,29 @@ def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
     return settings
 
 
+MICS_KEYS = ("mics_shard_size", "mics_hierarchical_params_gather")
+
+
+def _mics(zero: _Zero, behaviours: Behaviours, world: int, source: str) -> MicsSettings:
+    """`mics_shard_size` and `mics_hierarchical_params_gather` (DeepSpeed 0.9.2+, PR #2964),
+    refused where DeepSpeed fails on them: a release before them lacks the keys (0.7.0 to
+    0.9.1 refuse them: their ZeRO config forbids unknown keys); where MiCS acts the shard
+    size must divide the data-parallel ranks (mics_utils.py `_generate_mics_config` asserts
+    it). The hierarchical gather's own refusal needs the node's GPUs
+    (`support._mics_hierarchy_spans_nodes`)."""
+    for key in MICS_KEYS:
+        if key in zero.model_fields_set and not behaviours.mics:
+            raise ScenarioError(source, f"{ZERO_KEY}.{key}", "absent before DeepSpeed 0.9.2 "
+                                "(MiCS came with PR #2964; 0.7.0 to 0.9.1 refuse the key, "
+                                "earlier releases ignore it)", getattr(zero, key))
+    settings = MicsSettings(zero.mics_shard_size, zero.mics_hierarchical_params_gather)
+    if settings.acts(zero.stage) and world % settings.shard_size:
+        raise ScenarioError(source, f"{ZERO_KEY}.mics_shard_size", f"a divisor of the {world} "
+                            "data-parallel ranks (DeepSpeed asserts 'dp group size is not "
+                            "dividable by dp_shard_size')", zero.mics_shard_size)
+    return settings
+
+
 ZENFLOW_KEY = f"{ZERO_KEY}.zenflow"
 
 
@@ -1169,6 +1228,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         **_master_precision(raw, zero, dtype, behaviours, source),
         leaves=_leaves(zero, behaviours, source),
         zero_plus_plus=_zero_plus_plus(zero, behaviours, trainer.world_size, source),
+        mics=_mics(zero, behaviours, trainer.world_size, source),
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

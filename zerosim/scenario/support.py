@@ -21,7 +21,8 @@ def check_supported(scenario: Any) -> None:
                  _zenflow_is_zero12_with_a_fixed_interval, _super_offload_is_replayed,
                  _low_precision_master_is_replayed, _nvme_buffers_suffice,
                  _hpz_is_replayed, _qgz_groups_fit, _qgz_reduces_by_reduce_scatter,
-                 _qgz_tensors_divide):
+                 _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
+                 _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone):
         rule(scenario)
 
 
@@ -53,6 +54,10 @@ class ZeroPlusPlusWarning(ScenarioWarning):
     """ZeRO++ settings that change nothing in this configuration."""
 
 
+class MicsWarning(ScenarioWarning):
+    """MiCS settings that change nothing in this configuration."""
+
+
 class UnreplayedSelectionWarning(ScenarioWarning):
     """ZenFlow re-selects its gradient columns every few steps, which zerosim does not
     replay."""
@@ -69,6 +74,7 @@ def warn_inert(scenario: Any) -> None:
     _warn_idle_leaf_rules(scenario)
     _warn_idle_zero_plus_plus(scenario)
     _warn_idle_loco(scenario)
+    _warn_idle_mics(scenario)
     _warn_checkpoint_flags_without_checkpointing(scenario)
 
 
@@ -124,6 +130,20 @@ def _warn_idle_loco(scenario: Any) -> None:
                       "feeds back qgZ's quantization errors, and qgZ acts only at ZeRO-3 with "
                       "zero_quantized_gradients over ranks on more than one node",
                       ZeroPlusPlusWarning, stacklevel=5)
+
+
+def _warn_idle_mics(scenario: Any) -> None:
+    """MiCS asked for where DeepSpeed builds no MiCS optimizer: below ZeRO-3 (only ZeRO-3's
+    branch reads `mics_shard_size`), or the hierarchical gather without a shard size."""
+    ds = scenario.deepspeed
+    if ds.mics.shard_size > 0 and ds.stage != 3:
+        warnings.warn(f"{scenario.source}: {ZERO}.mics_shard_size does nothing at "
+                      f"ZeRO-{ds.stage}: only ZeRO-3 builds MiCS's optimizer", MicsWarning,
+                      stacklevel=5)
+    elif ds.mics.hierarchical and not ds.mics.acts(ds.stage):
+        warnings.warn(f"{scenario.source}: {ZERO}.mics_hierarchical_params_gather does "
+                      "nothing without a mics_shard_size above 0 at ZeRO-3", MicsWarning,
+                      stacklevel=5)
 
 
 def _warn_idle_leaf_rules(scenario: Any) -> None:
@@ -547,3 +567,75 @@ def _nvme_buffers_suffice(scenario: Any) -> None:
         _refuse(scenario, f"{ZERO}.offload_param.buffer_size",
                 f"more than {largest} elements, the largest parameter partition on NVMe "
                 "(DeepSpeed asserts numel < elements_per_buffer)", ds.offload_param.buffer_size)
+
+
+def _mics_replicas_reduce_on_the_gpu(scenario: Any) -> None:
+    """With more than one shard group, MiCS all-reduces each bucket's gradient partitions
+    across the groups at the accumulation boundary (`allreduce_mics_shard_grads`), which
+    raises where those partitions live in host memory, as ZeRO-3 keeps them with the
+    optimizer offloaded (to the CPU or NVMe)."""
+    ds, world = scenario.deepspeed, scenario.data_parallel
+    replicas = ds.mics.replicas(ds.stage, world)
+    if replicas > 1 and ds.offload_optimizer.enabled:
+        _refuse(scenario, f"{ZERO}.offload_optimizer.device", "none with mics_shard_size "
+                f"{ds.mics.shard_size} below the {world} ranks (DeepSpeed raises 'Local "
+                "sharding has no support for CPU offloading' at the first accumulation "
+                f"boundary: MiCS all-reduces the gradient partitions across its {replicas} "
+                "shard groups on the GPU, and the offloaded optimizer keeps them in host "
+                "memory)", ds.offload_optimizer.device)
+
+
+def _mics_gathers_from_the_gpu(scenario: Any) -> None:
+    """MiCS's all-gather (`_flat_all_gather_with_coalescing_manager`) hands NCCL each
+    partition where it lives, which fails for partitions in host memory; its hierarchical
+    gather copies them to the GPU first, which zerosim does not replay."""
+    ds = scenario.deepspeed
+    if ds.mics.acts(ds.stage) and ds.offload_param.enabled:
+        _refuse(scenario, f"{ZERO}.offload_param.device", "none with mics_shard_size "
+                "(MiCS's all-gather hands NCCL the partitions where they live, in host "
+                "memory, which NCCL rejects; zerosim does not replay its hierarchical gather "
+                "from the host either)", ds.offload_param.device)
+
+
+def _mics_hierarchy_spans_nodes(scenario: Any) -> None:
+    """For the hierarchical gather `create_mics_comm_groups` asserts that a shard group spans
+    more than one node (its size over the GPUs a node has, `device_count()`, floored: 'no
+    need for hierarchy allgather') and splits evenly over those nodes."""
+    ds, per_node = scenario.deepspeed, scenario.hardware.gpus_per_node
+    if not (ds.mics.acts(ds.stage) and ds.mics.hierarchical):
+        return
+    size = ds.mics.shard_size
+    span = size // per_node
+    if span <= 1:
+        _refuse(scenario, f"{ZERO}.mics_hierarchical_params_gather", f"false with "
+                f"mics_shard_size {size} on nodes of {per_node} GPUs (DeepSpeed asserts "
+                "'sharding spans on single node, no need for hierarchy allgather': a shard "
+                f"group needs at least {2 * per_node} ranks)", True)
+    if size % span:
+        _refuse(scenario, f"{ZERO}.mics_hierarchical_params_gather", f"false with "
+                f"mics_shard_size {size}, which does not split evenly over the {span} "
+                f"nodes' worth of {per_node} GPUs it spans (DeepSpeed asserts it)", True)
+
+
+def _mics_alone(scenario: Any) -> None:
+    """zerosim replays MiCS on ZeRO-3's own parts: not beside ZeRO++ (MiCS's all-gather
+    bypasses hpZ's secondary partitions and qwZ's quantization; qgZ's groups span every
+    rank where MiCS's partitions span a shard group), SuperOffload (MiCS's optimizer takes
+    the place of its one) or the fork's interleaved update."""
+    ds = scenario.deepspeed
+    if not ds.mics.acts(ds.stage):
+        return
+    zpp, o = ds.zero_plus_plus, ds.offload_optimizer
+    for key, value, on in (("zero_hpz_partition_size", zpp.hpz_partition_size,
+                            zpp.hpz_partition_size > 1),
+                           ("zero_quantized_weights", True, zpp.quantized_weights),
+                           ("zero_quantized_gradients", True, zpp.quantized_gradients),
+                           ("offload_optimizer.super_offload", True, o.super_offload),
+                           ("offload_optimizer.prefetch_optimizer", True,
+                            o.prefetch_optimizer)):
+        if on:
+            _refuse(scenario, f"{ZERO}.{key}", "off with mics_shard_size (zerosim replays "
+                    "MiCS on ZeRO-3's own parts, not beside ZeRO++, SuperOffload or the "
+                    "fork's interleaved update: MiCS's all-gather bypasses hpZ's and qwZ's, "
+                    "qgZ's groups span every rank, MiCS's optimizer replaces SuperOffload's)",
+                    value)
