@@ -19,7 +19,9 @@ release from 0.18.3, and fp16 master weights (and moments) at ZeRO-1/2/3; and Ze
 modules by granularity (thresholds 1e6 to 1e9) on four
 models under both stacks, with and without checkpointing and the parameters on the CPU; and
 ZeRO++'s hpZ (groups of 2, 4 and 8 ranks) and qwZ on two Polaris nodes at each release where
-they changed, the parameters on the GPU or the CPU; and three models with their checkpointed
+they changed, the parameters on the GPU or the CPU; and MiCS's shard groups (1 to 16 ranks,
+flat and hierarchical) on four Polaris nodes at three releases, nothing offloaded, micro-batch
+1 and 4; and three models with their checkpointed
 block inputs in host memory (`runtime.checkpoint_in_cpu`) on both testbeds at micro-batches 1
 to 16, synchronizing each layer or not, the parameters on the GPU or the CPU; and
 Qwen3-8B, Qwen3-30B-A3B and
@@ -107,6 +109,12 @@ refused)."""
 
 LOCO_RELEASES = ((0, 16, 2), (0, 19, 5))
 """Where LoCo came (qgZ's error feedback), and the latest release."""
+MICS_RELEASES = ((0, 9, 2), (0, 13, 3), (0, 19, 5))
+"""Where MiCS came, the study's release and the latest."""
+MICS_GROUPS = ((4, False), (8, False), (8, True), (16, False), (16, True), (1, False),
+               (2, False))
+"""MiCS's shard size and hierarchical gather on 4 Polaris nodes (16 ranks): a node, two
+nodes and every rank, flat and hierarchical, and groups smaller than a node."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -255,6 +263,18 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "deepspeed.zero_optimization.zeropp_loco_param": {"err_beta": 0.8,
                                                                       "reset_T": 1024},
                     PARAMS + "device": "cpu" if params else "none"}))
+    for since in MICS_RELEASES[::2] if quick else MICS_RELEASES:
+        for shard, hierarchical in MICS_GROUPS:
+            for micro_batch in (1, 4):
+                out.append((POLARIS / f"{MULTI_NODE_MODELS[0]}.yaml", {
+                    "hardware": {"profile": "polaris-a100", "overrides": {"nodes": 4}},
+                    "data_parallel": 16, "runtime.deepspeed_version": format_version(since),
+                    "deepspeed.train_micro_batch_size_per_gpu": micro_batch,
+                    "deepspeed.gradient_accumulation_steps": 2,
+                    "deepspeed.zero_optimization.offload_optimizer.device": "none",
+                    "deepspeed.zero_optimization.mics_shard_size": shard,
+                    "deepspeed.zero_optimization.mics_hierarchical_params_gather":
+                        hierarchical}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for hw in ("polaris-a100", "h100-jlse"):
             for micro_batch, params, synchronize in ((1, False, False), (4, False, True),

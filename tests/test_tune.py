@@ -43,7 +43,38 @@ def toy_file(toy, tmp_path):
 def test_the_scenario_as_given_is_a_config(toy):
     scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}}, gpus=2)
     assert as_given(scenario) == Config(3, "cpu", 1, 2, 5e8, 50000.0, 1.0, "none", False,
-                                        zero_plus_plus="none")
+                                        zero_plus_plus="none", mics="none")
+
+
+def test_mics_is_searched_without_offload_where_whole_nodes_hold_the_ranks(toy):
+    """Four toy nodes of two GPUs: shard groups of one and two nodes flat, of two and four
+    nodes hierarchical, at ZeRO-3 with nothing offloaded only; not on one node, not where the
+    ranks leave a node part-filled, not on a release before MiCS."""
+    from zerosim.tune import candidates, free_knobs, mics_choices
+
+    nodes = {"hardware": {"nodes": 4}, "runtime": {"deepspeed_version": "0.19.5"},
+             "deepspeed": {"gradient_accumulation_steps": 2}}
+    scenario = toy.scenario({**nodes, "data_parallel": 8}, gpus=2)
+    assert mics_choices(scenario) == ["mics2", "mics4", "mics4h", "mics8h"]
+    found = candidates(as_given(scenario),
+                       free_knobs(fix=["micro_batch", "reduce_bucket_size", "sub_group_size",
+                                       "ratio", "checkpointing", "zero_plus_plus"]),
+                       mics=mics_choices(scenario))
+    with_mics = [c for c in found if c.mics != "none"]
+    assert {c.mics for c in with_mics} == {"mics2", "mics4", "mics4h", "mics8h"}
+    assert {(c.stage, c.offload) for c in with_mics} == {(3, "none")}
+    hierarchical = next(c for c in found if c.mics == "mics4h")
+    zero = "deepspeed.zero_optimization."
+    assert hierarchical.overrides()[zero + "mics_shard_size"] == 4
+    assert hierarchical.overrides()[zero + "mics_hierarchical_params_gather"] is True
+    assert hierarchical.describe().endswith("MiCS over 4 ranks, hierarchical")
+    plain = next(c for c in found if c.mics == "none")
+    assert plain.overrides()[zero + "mics_shard_size"] == -1
+    assert mics_choices(toy.scenario({**nodes, "data_parallel": 7}, gpus=2)) == []
+    assert mics_choices(toy.scenario({"runtime": {"deepspeed_version": "0.19.5"}},
+                                     gpus=2)) == []
+    assert as_given(toy.scenario({"runtime": {"deepspeed_version": "0.9.1"}},
+                                 gpus=2)).mics is None
 
 
 def test_zero_plus_plus_is_searched_where_the_ranks_span_nodes(toy):

@@ -6,7 +6,8 @@ the Twin-Flow ratio, activation checkpointing (its checkpoints in host memory on
 checkpoints through DeepSpeed), the interleaved update's gap on a build of the
 Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains, the
 OpenMP threads per rank where the default pools oversubscribe the node, ZeRO-3 leaf modules
-by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ, qwZ and qgZ where the ranks span nodes and,
+by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ, qwZ and qgZ and MiCS's shard groups where
+the ranks span nodes and,
 when freed, the study's what-ifs), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
@@ -35,11 +36,11 @@ if TYPE_CHECKING:
 
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
-         "checkpointing", "gap", "binding", "threads", "leaves", "zero_plus_plus", "what_if",
-         "master")
+         "checkpointing", "gap", "binding", "threads", "leaves", "zero_plus_plus", "mics",
+         "what_if", "master")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
                    "ratio", "checkpointing", "gap", "binding", "threads", "leaves",
-                   "zero_plus_plus")
+                   "zero_plus_plus", "mics")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "params", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the params alone (the optimizer on the GPU), the
@@ -89,6 +90,13 @@ NO_ZERO_PLUS_PLUS = "none"
 `hpzG+qwz+qgz`, searched at stage 3 on DeepSpeed 0.10.0+ (hpZ from 0.13.2, where zerosim
 replays it; qgZ where whole nodes hold the ranks) when the ranks span nodes, where the
 all-gathers and reductions cross the network; elsewhere the knob is None and sets nothing."""
+NO_MICS = "none"
+"""The `mics` knob's value without MiCS; its others `micsS` (shard groups of S consecutive
+ranks) and `micsSh` (the same with the hierarchical all-gather), searched at stage 3 with
+nothing offloaded (with more than one group DeepSpeed all-reduces the gradient partitions on
+the GPU, and offloading keeps them in host memory) and without ZeRO++, on DeepSpeed 0.9.2+,
+where the ranks span whole nodes (`mics_choices`); elsewhere the knob is None and sets
+nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -96,7 +104,7 @@ MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
-           "threads", "leaves", "zero_plus_plus", "what_if", "master", "iteration_s",
+           "threads", "leaves", "zero_plus_plus", "mics", "what_if", "master", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -131,6 +139,20 @@ class Config:
     zero_plus_plus: str | None = None
     """`NO_ZERO_PLUS_PLUS` or ZeRO++'s parts (see there), or None where the release does not
     read ZeRO++'s keys."""
+    mics: str | None = None
+    """`NO_MICS`, `micsS` or `micsSh` (see there), or None where the release does not read
+    MiCS's keys."""
+
+    @property
+    def mics_shard_size(self) -> int:
+        """MiCS's shard group size (-1: off, DeepSpeed's default)."""
+        if self.mics in (None, NO_MICS):
+            return -1
+        return int(self.mics.removeprefix("mics").removesuffix("h"))
+
+    @property
+    def mics_hierarchical(self) -> bool:
+        return self.mics_shard_size > 0 and self.mics.endswith("h")
 
     @property
     def hpz_group(self) -> int:
@@ -190,6 +212,9 @@ class Config:
             out[Z + "zero_hpz_partition_size"] = self.hpz_group
             out[Z + "zero_quantized_weights"] = self.quantized_weights
             out[Z + "zero_quantized_gradients"] = self.quantized_gradients
+        if self.mics is not None:
+            out[Z + "mics_shard_size"] = self.mics_shard_size
+            out[Z + "mics_hierarchical_params_gather"] = self.mics_hierarchical
         out["runtime.checkpoint_in_cpu"] = self.checkpointing == CHECKPOINTS_IN_HOST
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
@@ -242,6 +267,9 @@ class Config:
             parts.append("qwZ")
         if self.quantized_gradients:
             parts.append("qgZ")
+        if self.mics_shard_size > 0:
+            parts.append(f"MiCS over {self.mics_shard_size} ranks"
+                         + (", hierarchical" if self.mics_hierarchical else ""))
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master not in (None, "fp32"):
@@ -273,6 +301,10 @@ def replayed(config: Config) -> bool:
     if config.leaves and config.stage != 3:
         return False
     if config.zero_plus_plus not in (None, NO_ZERO_PLUS_PLUS) and config.stage != 3:
+        return False
+    if config.mics_shard_size > 0 and (config.stage != 3 or config.offload != "none"
+                                       or config.zero_plus_plus not in (None,
+                                                                        NO_ZERO_PLUS_PLUS)):
         return False
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
@@ -312,7 +344,31 @@ def as_given(scenario: Scenario) -> Config:
                   _master(scenario),
                   ds.leaves.granularity_threshold
                   if scenario.behaviours.module_granularity_threshold else None,
-                  _zero_plus_plus(scenario))
+                  _zero_plus_plus(scenario), _mics(scenario))
+
+
+def _mics(scenario: Scenario) -> str | None:
+    """The scenario's `mics` knob value; None where its release reads no MiCS key."""
+    if not scenario.behaviours.mics:
+        return None
+    settings = scenario.deepspeed.mics
+    if settings.shard_size <= 0:
+        return NO_MICS
+    return f"mics{settings.shard_size}" + ("h" if settings.hierarchical else "")
+
+
+def mics_choices(scenario: Scenario) -> list[str]:
+    """What the `mics` knob tries where whole nodes hold the ranks, on two nodes or more:
+    shard groups of whole nodes that divide the ranks, flat where fewer than all of them (a
+    group of every rank gathers as ZeRO-3 does), hierarchical where they span two nodes or
+    more and split evenly over them (`create_mics_comm_groups`), every rank included."""
+    world, per_node = scenario.data_parallel, scenario.hardware.gpus_per_node
+    if not scenario.behaviours.mics or world % per_node or world <= per_node:
+        return []
+    sizes = [per_node * nodes for nodes in range(1, world // per_node + 1)
+             if world % (per_node * nodes) == 0]
+    flat = [f"mics{size}" for size in sizes if size < world]
+    return flat + [f"mics{size}h" for size in sizes if size >= 2 * per_node]
 
 
 def _zero_plus_plus(scenario: Scenario) -> str | None:
@@ -386,15 +442,16 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                fork: bool = False, numa: bool = False, filling_threads: int = 0,
                thresholds: Iterable[int] = (), training: str = "bf16",
-               zero_plus_plus: Iterable[str] = (), checkpoints_in_host: bool = False
-               ) -> list[Config]:
+               zero_plus_plus: Iterable[str] = (), checkpoints_in_host: bool = False,
+               mics: Iterable[str] = ()) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
     ranks when `numa` (the node has several NUMA domains), the default pool and
     `filling_threads` per rank when that is given (the default pools oversubscribe the node),
     no leaves and each of `thresholds` where the release reads the granularity threshold,
-    none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, the master
+    none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, none and each of
+    `mics` where it reads MiCS's, the master
     precisions of the `training` dtype, and checkpointing with its checkpoints in host
     memory when `checkpoints_in_host` (the stack checkpoints through DeepSpeed)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
@@ -424,14 +481,16 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                                                base.zero_plus_plus]))
                            if "zero_plus_plus" in free and base.zero_plus_plus is not None
                            else [base.zero_plus_plus]),
+        "mics": (list(dict.fromkeys([NO_MICS, *mics, base.mics]))
+                 if "mics" in free and base.mics is not None else [base.mics]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding, threads, master, leaves, zero_plus_plus_value) in product(
+         gap, binding, threads, master, leaves, zero_plus_plus_value, mics_value) in product(
             *values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
                         what_if, checkpointing, gap, binding, threads, master, leaves,
-                        zero_plus_plus_value)
+                        zero_plus_plus_value, mics_value)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -509,6 +568,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "binding": config.binding, "threads": config.threads,
             "leaves": "" if config.leaves is None else config.leaves,
             "zero_plus_plus": config.zero_plus_plus or "",
+            "mics": config.mics or "",
             "what_if": config.what_if,
             "master": config.master or "", "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
@@ -576,6 +636,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                           if base.leaves is not None else (),
                           training=scenario.deepspeed.dtype,
                           zero_plus_plus=zero_plus_plus_choices(scenario),
+                          mics=mics_choices(scenario),
                           checkpoints_in_host=scenario.stack.recipe.deepspeed_checkpointing)
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
