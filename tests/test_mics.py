@@ -34,6 +34,13 @@ def _run(toy, patch, *, fold_nodes: bool = True):
     return result
 
 
+def _scenario(toy, patch):
+    """The scenario of `patch` on toy nodes of two GPUs, MiCS's `MiCS_Init` warning quiet."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MicsWarning)
+        return toy.scenario(patch, gpus=2)
+
+
 def _rank0(result, kind: OpKind):
     spans = result.spans
     return spans[(spans["rank"] == 0) & (spans.op_kind == kind)]
@@ -55,7 +62,7 @@ def test_groups_as_create_mics_comm_groups_builds_them():
 
 
 def test_the_keys_resolve_and_write_back(toy):
-    ds = toy.scenario(_patch(mics_shard_size=2, **NO_OFFLOAD), gpus=2).deepspeed
+    ds = _scenario(toy, _patch(mics_shard_size=2, **NO_OFFLOAD)).deepspeed
     assert ds.mics.shard_size == 2 and not ds.mics.hierarchical
     assert ds.mics.partition_ranks(3, 4) == 2 and ds.mics.replicas(3, 4) == 2
     assert ds.to_dict()["zero_optimization"]["mics_shard_size"] == 2
@@ -67,7 +74,7 @@ def test_the_keys_resolve_and_write_back(toy):
 def test_the_plan_partitions_over_the_shard_group(toy):
     """Every tensor of the toy model has an even element count: over a shard group of two
     each rank holds half the model's 115,008 elements, over every rank a quarter."""
-    mics = plan_of(toy.scenario(_patch(mics_shard_size=2, **NO_OFFLOAD), gpus=2))
+    mics = plan_of(_scenario(toy, _patch(mics_shard_size=2, **NO_OFFLOAD)))
     plain = plan_of(toy.scenario(_patch(**NO_OFFLOAD), gpus=2))
     assert mics.ranks == 2 and mics.partition_numel == 115_008 // 2
     assert plain.ranks == 4 and plain.partition_numel == 115_008 // 4
@@ -104,7 +111,7 @@ def test_what_deepspeed_fails_on_or_zerosim_does_not_replay_is_refused(toy, zero
 def test_a_shard_group_of_every_rank_keeps_an_offloaded_optimizer(toy):
     """One shard group: nothing to all-reduce across replicas, so the optimizer may stay in
     host memory (ZeRO-3's partitions, MiCS's all-gather)."""
-    scenario = toy.scenario(_patch(mics_shard_size=4), gpus=2)
+    scenario = _scenario(toy, _patch(mics_shard_size=4))
     assert scenario.deepspeed.mics.replicas(3, 4) == 1
 
 
@@ -125,6 +132,14 @@ def test_a_hierarchy_that_does_not_split_over_its_nodes_is_refused(toy):
 def test_mics_that_does_nothing_is_a_warning(toy, zero, said):
     with pytest.warns(MicsWarning, match=said):
         toy.scenario(_patch(**zero), gpus=2)
+
+
+def test_mics_says_the_model_must_be_built_under_mics_init(toy):
+    """Both shipped stacks build the model under `deepspeed.zero.Init`, on which DeepSpeed's
+    MiCS optimizer asserts: a warning says the run is replayed as built under `MiCS_Init`."""
+    with pytest.warns(MicsWarning, match=r"replays the run as built under "
+                                         r"deepspeed\.zero\.MiCS_Init"):
+        toy.scenario(_patch(mics_shard_size=2, **NO_OFFLOAD), gpus=2)
 
 
 def test_a_shard_group_gathers_over_nvlink(toy):
@@ -193,12 +208,34 @@ def test_check_says_mics(toy, tmp_path):
     from zerosim.report import _mode
 
     patch = _patch(mics_shard_size=2, **NO_OFFLOAD)
-    assert _mode(toy.scenario(patch, gpus=2)).endswith(
+    assert _mode(_scenario(toy, patch)).endswith(
         "MiCS (partitioned over groups of 2 ranks, gradients all-reduced across the 2 groups "
         "at the boundary)")
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(toy.tree(patch, gpus=2)))
     result = CliRunner().invoke(main, ["check", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["mics"] == {"shard_size": 2, "replicas": 2,
+    assert json.loads(result.stdout)["mics"] == {"shard_size": 2, "replicas": 2,
                                                  "hierarchical_gather": False}
+
+
+def test_estimate_says_what_deepspeeds_estimator_does_not_know(toy, tmp_path):
+    """DeepSpeed's estimator partitions over every GPU it is given: for a MiCS scenario
+    `estimate` says which cluster gives a rank's share, and says nothing once given it."""
+    import yaml
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(toy.tree(_patch(mics_shard_size=2, **NO_OFFLOAD), gpus=2)))
+    said = CliRunner().invoke(main, ["estimate", "--scenario", str(path)])
+    assert said.exit_code == 0, said.output
+    assert said.stdout.splitlines()[-1] == (
+        "MiCS: each rank partitions its model states over its shard group of 2 ranks, not the "
+        "4 above (DeepSpeed's estimator knows nothing of MiCS): its GPU holds what the "
+        "estimator gives for 2 GPUs (--gpus-per-node 2 --nodes 1)")
+    given = CliRunner().invoke(main, ["estimate", "--scenario", str(path), "--nodes", "1",
+                                      "--json"])
+    assert given.exit_code == 0, given.output
+    assert "note" not in json.loads(given.stdout)

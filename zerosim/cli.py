@@ -571,6 +571,7 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
         raise click.UsageError("--framework goes with --model or --hf-config")
     if framework is not None:
         recipe = _stack_recipe(framework)
+    loaded = None
     if scenario_path is not None:
         loaded = _load(scenario_path, ())
         spec, recipe = loaded.model, loaded.stack.recipe
@@ -587,6 +588,7 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
         default if given is None else given for given, default in zip(
             (stage, gpus_per_node, nodes, deepspeed_version, sequence_length), defaults,
             strict=True))
+    note = "" if loaded is None else _mics_estimate_note(loaded, gpus_per_node * nodes)
     rule = zero2_rule_for(_with_warnings(lambda: parse_version(
         deepspeed_version, source="zerosim estimate", key_path="--deepspeed-version")))
     if spec is not None:
@@ -604,11 +606,29 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
     summary = (None if spec is None or model_name
                else _model_summary(spec, sequence_length, recipe))
     if as_json:
-        _print_json({**result.to_dict(), **({"model": summary.to_dict()} if summary else {})})
+        _print_json({**result.to_dict(), **({"model": summary.to_dict()} if summary else {}),
+                     **({"note": note} if note else {})})
     else:
         if summary:
             click.echo(summary.to_text() + "\n")
         click.echo(result.to_text())
+        if note:
+            click.echo(note)
+
+
+def _mics_estimate_note(scenario: Scenario, gpus: int) -> str:
+    """What DeepSpeed's estimator does not know of a MiCS scenario: a rank partitions over its
+    shard group, not the estimate's `gpus` ('' without MiCS, or where they are the group)."""
+    ds = scenario.deepspeed
+    if not ds.mics.acts(ds.stage) or ds.mics.shard_size == gpus:
+        return ""
+    size, per_node = ds.mics.shard_size, scenario.ranks_on_fullest_node
+    cluster = (f"--gpus-per-node {size} --nodes 1" if size <= per_node
+               else f"--gpus-per-node {per_node} --nodes {size // per_node}")
+    return (f"MiCS: each rank partitions its model states over its shard group of {size} "
+            f"ranks, not the {gpus} above (DeepSpeed's estimator knows "
+            f"nothing of MiCS): its GPU holds what the estimator gives for {size} GPUs "
+            f"({cluster})")
 
 
 @main.command()

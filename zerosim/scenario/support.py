@@ -134,7 +134,9 @@ def _warn_idle_loco(scenario: Any) -> None:
 
 def _warn_idle_mics(scenario: Any) -> None:
     """MiCS asked for where DeepSpeed builds no MiCS optimizer: below ZeRO-3 (only ZeRO-3's
-    branch reads `mics_shard_size`), or the hierarchical gather without a shard size."""
+    branch reads `mics_shard_size`), or the hierarchical gather without a shard size; and
+    where it does, that its optimizer wants the model built under `MiCS_Init`, which neither
+    shipped stack's training script does."""
     ds = scenario.deepspeed
     if ds.mics.shard_size > 0 and ds.stage != 3:
         warnings.warn(f"{scenario.source}: {ZERO}.mics_shard_size does nothing at "
@@ -144,6 +146,14 @@ def _warn_idle_mics(scenario: Any) -> None:
         warnings.warn(f"{scenario.source}: {ZERO}.mics_hierarchical_params_gather does "
                       "nothing without a mics_shard_size above 0 at ZeRO-3", MicsWarning,
                       stacklevel=5)
+    elif ds.mics.acts(ds.stage):
+        warnings.warn(f"{scenario.source}: {ZERO}.mics_shard_size: {scenario.stack.name} "
+                      "builds the model under deepspeed.zero.Init (Megatron-DeepSpeed's "
+                      "pretrain_gpt.py, transformers' from_pretrained), on which DeepSpeed's "
+                      "MiCS optimizer asserts ('Sharded parameters don't have the "
+                      "MiCS_CommGroups attached'); zerosim replays the run as built under "
+                      "deepspeed.zero.MiCS_Init, as the training script must then build it",
+                      MicsWarning, stacklevel=5)
 
 
 def _warn_idle_leaf_rules(scenario: Any) -> None:
