@@ -325,7 +325,8 @@ def test_qgz_times_a_matrix_as_its_kernels_and_all_to_alls_take(toy):
     dequantize: read 4,096 + 512 B, write 8,192 fp16 elements: 20.992 ns;
     the chunks' sum and the division: 4,096 elements of 2 B, (2 + 3 + 2) passes: 57.344 ns.
     Its buffers, 44,032 B, are held until the next tensor's are made, the last down_proj's
-    (22,016 B) until lm_head's: the peak, 66,048 B."""
+    (22,016 B) until lm_head's: the peak, 66,048 B; while the sum runs its running sum, one
+    partition of 4,096 fp16 elements (8,192 B), comes on top of lm_head's buffers."""
     result = _run(toy, _two_nodes(), gpus=2)
     reductions = _reductions(result)
     head = reductions[reductions.op == "qgZ all-to-all lm_head"]
@@ -335,6 +336,7 @@ def test_qgz_times_a_matrix_as_its_kernels_and_all_to_alls_take(toy):
     buffers = memory[(memory.device == "gpu0")
                      & (memory.category == Category.QUANTIZED_REDUCE.value)]
     assert buffers.bytes.max() == 66_048 and buffers.bytes.iloc[-1] == 0
+    assert list(buffers.bytes.iloc[-4:]) == [44_032, 44_032 + 8_192, 44_032, 0]
 
 
 @pytest.mark.parametrize(("version", "falls_back"), [("0.13.1", None), ("0.13.2", True)])

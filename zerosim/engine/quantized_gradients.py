@@ -12,7 +12,9 @@ quantization groups, on nodes of g GPUs, N nodes, world W = N g:
    bytes of int4 and G // g scales;
 4. the same two all-to-alls over the N ranks of this local index, one a node;
 5. `dequantize` to n/g fp16 elements, then `sum` of its N chunks (N adds, the first to
-   Python's 0) and the division by N: this rank's n/W elements.
+   Python's 0) and the division by N: this rank's n/W elements, each add and the division
+   making a new tensor before the last is dropped (the running sum: one n/W more, held while
+   they run).
 
 A vector (a bias, a norm), and from DeepSpeed 0.13.2 a tensor whose n is not a multiple of 2W
 (`qgz_indivisible_fallback`), goes through `reduce_scatter_coalesced` alone instead.
@@ -256,7 +258,10 @@ class QuantizedGradientReduction:
             yield from kernel(node_int4 + node_scales + dequantized)
             bucket.partitions.append(core.gpu.allocate(
                 Category.GRAD_PARTITIONS, partition, f"qgZ partition {tensor.name}"))
+            running = core.gpu.allocate(Category.QUANTIZED_REDUCE, partition,
+                                        f"qgZ running sum {tensor.name}")
             yield from kernel(sums)
+            core.gpu.free(Category.QUANTIZED_REDUCE, running)
         return work
 
     def _reduce_scatter(self, tensor: _Tensor, bucket: _Bucket, stream: InOrderStream,
