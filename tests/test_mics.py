@@ -142,6 +142,24 @@ def test_mics_says_the_model_must_be_built_under_mics_init(toy):
         toy.scenario(_patch(mics_shard_size=2, **NO_OFFLOAD), gpus=2)
 
 
+def test_mics_reduces_on_the_nccl_stream_it_gathers_on(toy):
+    """The toy stack gathers and reduces on separate process groups (transformers' way); with
+    MiCS both run on the shard group, one NCCL stream, but for the hierarchical gather's
+    all-gathers, on its groups across and within the nodes."""
+    from types import SimpleNamespace
+
+    from zerosim.engine.compose import _one_nccl_stream
+
+    def shared(zero) -> bool:
+        scenario = _scenario(toy, _patch(**zero, **NO_OFFLOAD))
+        return _one_nccl_stream(SimpleNamespace(ds=scenario.deepspeed,
+                                                ctx=SimpleNamespace(scenario=scenario)))
+
+    assert not shared({})
+    assert shared({"mics_shard_size": 2})
+    assert not shared({"mics_shard_size": 4, "mics_hierarchical_params_gather": True})
+
+
 def test_a_shard_group_gathers_over_nvlink(toy):
     """Two toy nodes of two GPUs (NVLink 100 GB/s a GPU, 10 GB/s of NIC a node, no latency).
     lm_head, 32,768 B gathered: over every rank each GPU sends 3/4 of it, half of that out of

@@ -36,8 +36,8 @@ which ZeRO stage and offload target.
 |                       |                              | into host params (and swap out to NVMe);  |
 |                       |                              | H2D of bf16 master params                 |
 | post-step gather      | stage                        | persistent params (3); all params (1/2)   |
-| NCCL queues           | stack `process_groups`       | one for the all-gathers and one for the   |
-|                       |                              | gradient reductions; one for both         |
+| NCCL queues           | stack `process_groups`;      | one for the all-gathers and one for the   |
+|                       | mics_shard_size              | gradient reductions; one for both         |
 | model states          | stage; offloads              | `states.model_states`                     |
 """
 
@@ -108,7 +108,7 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     states = OptimizerSwapper(core) if core.plan.nvme_subgroups else InMemoryStates()
     gpu_gradients = GpuGradients(core) if core.plan.interleaved else None
     gathers = NcclQueue(core.env)
-    reductions = gathers if ctx.scenario.stack.one_process_group else NcclQueue(core.env)
+    reductions = gathers if _one_nccl_stream(core) else NcclQueue(core.env)
     zenflow = _zenflow(core, reductions)
     superoffload = _superoffload(core)
     params = _params(core, gathers)
@@ -120,6 +120,18 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
                        model_states(core.ds, core.plan, core.profile, core.behaviours,
                                     ctx.scenario.stack),
                        background=(zenflow.worker.start,) if zenflow and zenflow.worker else ())
+
+
+def _one_nccl_stream(core: RankCore) -> bool:
+    """Whether the all-gathers and the gradient reductions share one process group, so one
+    NCCL stream: as the stack's training script makes the groups, but with MiCS, whose
+    optimizer takes the parameters' shard group for its reductions, on every stack, unless
+    its hierarchical gather runs the all-gathers on its groups across and within the
+    nodes."""
+    mics = core.ds.mics
+    if mics.acts(core.ds.stage):
+        return not mics.hierarchical
+    return core.ctx.scenario.stack.one_process_group
 
 
 @dataclass(frozen=True)
