@@ -90,6 +90,14 @@ def test_what_deepspeed_refuses_on_reading_is_an_error(toy, version, zero, match
         toy.scenario(_patch(version, **zero), gpus=2)
 
 
+@pytest.mark.parametrize(("value", "match"), [
+    (True, r"not true/false"), (-5, r"in \[-1, 1000000\]"), (2e6, r"in \[-1, 1000000\]"),
+    (2.5, "a whole number"), ([2], "an integer")])
+def test_an_implausible_shard_size_is_an_error(toy, value, match):
+    with pytest.raises(ScenarioError, match=match):
+        toy.scenario(_patch(mics_shard_size=value, **NO_OFFLOAD), gpus=2)
+
+
 @pytest.mark.parametrize(("zero", "key", "match"), [
     ({"mics_shard_size": 2}, "offload_optimizer.device",
      "Local sharding has no support for CPU offloading"),
