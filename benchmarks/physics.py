@@ -101,6 +101,8 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      ZERO_PLUS_PLUS_NODES | {ZERO + "offload_optimizer.device": "none",
                              ZERO + "mics_shard_size": 8,
                              ZERO + "mics_hierarchical_params_gather": True}),
+    ("unmanaged accumulation, study DP=4, 0.19.5", SCENARIOS / "llama13b_dp4.yaml",
+     {"runtime.deepspeed_version": "0.19.5", "deepspeed.managed_gradient_accumulation": False}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),

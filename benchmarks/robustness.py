@@ -21,7 +21,9 @@ models under both stacks, with and without checkpointing and the parameters on t
 ZeRO++'s hpZ (groups of 2, 4 and 8 ranks) and qwZ on two Polaris nodes at each release where
 they changed, the parameters on the GPU or the CPU; and MiCS's shard groups (1 to 16 ranks,
 flat and hierarchical) on four Polaris nodes at three releases, nothing offloaded, micro-batch
-1 and 4; and three models with their checkpointed
+1 and 4; and unmanaged gradient accumulation (0.19.5) at ZeRO-3 with the optimizer, the
+parameters, both or nothing offloaded and ZeRO-2 without offload, GA 1 and 4; and three models
+with their checkpointed
 block inputs in host memory (`runtime.checkpoint_in_cpu`) on both testbeds at micro-batches 1
 to 16, synchronizing each layer or not, the parameters on the GPU or the CPU; and
 Qwen3-8B, Qwen3-30B-A3B and
@@ -115,6 +117,10 @@ MICS_GROUPS = ((4, False), (8, False), (8, True), (16, False), (16, True), (1, F
                (2, False))
 """MiCS's shard size and hierarchical gather on 4 Polaris nodes (16 ranks): a node, two
 nodes and every rank, flat and hierarchical, and groups smaller than a node."""
+UNMANAGED_LAYOUTS = ((3, "cpu", "none"), (3, "cpu", "cpu"), (3, "none", "cpu"),
+                     (3, "none", "none"), (2, "none", "none"))
+"""Unmanaged gradient accumulation (0.19.5) where zerosim replays it: ZeRO-3 with the
+optimizer, the parameters, both or nothing offloaded, ZeRO-2 with nothing offloaded."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -275,6 +281,15 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "deepspeed.zero_optimization.mics_shard_size": shard,
                     "deepspeed.zero_optimization.mics_hierarchical_params_gather":
                         hierarchical}))
+    for stage, optimizer, params in UNMANAGED_LAYOUTS:
+        for accumulation in (1, 4):
+            out.append((POLARIS / f"{MULTI_NODE_MODELS[1]}.yaml", {
+                "runtime.deepspeed_version": "0.19.5",
+                "deepspeed.managed_gradient_accumulation": False,
+                "deepspeed.gradient_accumulation_steps": accumulation,
+                "deepspeed.zero_optimization.stage": stage,
+                "deepspeed.zero_optimization.offload_optimizer.device": optimizer,
+                PARAMS + "device": params}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for hw in ("polaris-a100", "h100-jlse"):
             for micro_batch, params, synchronize in ((1, False, False), (4, False, True),

@@ -184,6 +184,17 @@ class Toy:
             fold_nodes: bool = True) -> zerosim.Result:
         return zerosim.simulate(self.scenario(patch, gpus=gpus), fold_nodes=fold_nodes)
 
+    def run_ok(self, patch: Mapping[str, Any] | None = None, *, gpus: int = 1,
+               fold_nodes: bool = True) -> zerosim.Result:
+        """`run`, its scenario's warnings quiet, checked to have fitted."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = self.run(patch, gpus=gpus, fold_nodes=fold_nodes)
+        assert result.summary["status"] == "ok"
+        return result
+
 
 @pytest.fixture(scope="session")
 def toy() -> Toy:

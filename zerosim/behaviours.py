@@ -295,6 +295,22 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "runtime/tensor_parallel/config.py TPTrainingConfig",
               "tensor_parallel.autotp_size > 1 trains with automatic tensor parallelism "
               "(before: the tensor_parallel key is ignored)"),
+    Behaviour("unmanaged_accumulation", (0, 19, 4),
+              "PRs #8184, #8203 and #8217 'Unmanaged gradient accumulation' (7a31fe66, "
+              "3c737a1c, e75d1150, first in v0.19.4): runtime/engine.py "
+              "is_gradient_accumulation_boundary, step; zero/stage3.py "
+              "finalize_gradient_accumulation_boundary",
+              "managed_gradient_accumulation: false is read: no backward is the accumulation "
+              "boundary, step() is (it finalizes what the boundary backward would have done); "
+              "with the optimizer or the parameters offloaded the engine asserts (before: the "
+              "key is ignored)"),
+    Behaviour("unmanaged_accumulation_offload", (0, 19, 5),
+              "PR #8225 'Unmanaged gradient accumulation: ZeRO offload support' (cf443004, "
+              "first in v0.19.5): zero/stage3.py _finalize_offload_gradient_accumulation",
+              "unmanaged gradient accumulation runs with ZeRO offload: ZeRO-3's step() opens "
+              "by bringing each accumulated host gradient partition back to the GPU, taking "
+              "its norm and copying it into the fp32 gradient, the boundary flush's work "
+              "(before: the engine asserts)"),
     Behaviour("mics", (0, 9, 2),
               "PR #2964 'Tentative implementation of MiCS' (2e99f6ed, first in v0.9.2): "
               "zero/mics.py, zero/mics_utils.py, zero/config.py",
@@ -401,6 +417,8 @@ class Behaviours:
     module_granularity_threshold: bool
     leaf_fetch_skips_event_bound: bool
     leaf_module_config: bool
+    unmanaged_accumulation: bool
+    unmanaged_accumulation_offload: bool
     mics: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool

@@ -54,6 +54,8 @@ def _mode(scenario: Scenario) -> str:
         where.append(zero_plus_plus)
     if ds.mics.acts(ds.stage):
         where.append(_mics_text(scenario))
+    if not ds.managed_accumulation:
+        where.append("unmanaged gradient accumulation (step() is the boundary)")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 

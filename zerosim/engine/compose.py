@@ -12,6 +12,8 @@ which ZeRO stage and offload target.
 |                       | options; super_offload       | kept in HBM (interleaved GPU sub-groups); |
 |                       |                              | GPU cast into shared memory; a sub-group  |
 |                       |                              | concatenated and cast on the GPU          |
+| accumulation boundary | managed_gradient_accumulation| the last backward; step() (unmanaged:     |
+|                       |                              | ZeRO-3's offloaded flush opens the step)  |
 | buckets               | super_offload (to 0.18.8)    | by reduce_bucket_size; one per sub-group  |
 | collectives per call  | stage; DeepSpeed behaviours  | coalesced; one per tensor (ZeRO-3 < 0.6)  |
 | optimizer step        | offload_optimizer            | CPU (sub-groups or one group); GPU        |
@@ -43,6 +45,7 @@ which ZeRO stage and offload target.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -112,14 +115,23 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
     zenflow = _zenflow(core, reductions)
     superoffload = _superoffload(core)
     params = _params(core, gathers)
-    return RankProgram(core, params,
-                       _gradients(core, states, gpu_gradients, reductions, zenflow,
-                                  superoffload),
+    gradients = _gradients(core, states, gpu_gradients, reductions, zenflow, superoffload)
+    return RankProgram(core, params, gradients,
                        _optimizer(core, states, gpu_gradients, zenflow, superoffload,
-                                  _post_step(core, params)),
+                                  _post_step(core, params), _deferred_boundary(core, gradients)),
                        model_states(core.ds, core.plan, core.profile, core.behaviours,
                                     ctx.scenario.stack),
                        background=(zenflow.worker.start,) if zenflow and zenflow.worker else ())
+
+
+def _deferred_boundary(core: RankCore, gradients: GradientPath) -> Callable[[], Gen] | None:
+    """Unmanaged accumulation (`managed_gradient_accumulation: false`): what step() does
+    first, the boundary's work the offloaded ZeRO-3 sink deferred
+    (`HostPartitions.finalize`); nothing elsewhere (without offload there is none)."""
+    if core.ds.managed_accumulation:
+        return None
+    sink = getattr(gradients, "sink", None)
+    return sink.finalize if isinstance(sink, HostPartitions) else None
 
 
 def _one_nccl_stream(core: RankCore) -> bool:
@@ -275,7 +287,8 @@ def _post_step(core: RankCore, params: ParameterCoordinator) -> PostStep:
 
 def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
                gpu_gradients: GpuGradients | None, zenflow: ZenFlowParts | None,
-               superoffload: SuperOffloadParts | None, post_step: PostStep) -> OptimizerStep:
+               superoffload: SuperOffloadParts | None, post_step: PostStep,
+               first: Callable[[], Gen] | None = None) -> OptimizerStep:
     ds = core.ds
     groups = update_groups(core.plan, ds.stage)
     if not ds.offload_optimizer.enabled:
@@ -296,7 +309,7 @@ def _optimizer(core: RankCore, states: OptimizerSwapper | InMemoryStates,
     if zenflow is not None:
         post_step = then_selective_step(post_step, zenflow.selective)
     check = check_overflow_on_host if ds.stage == 3 else read_backward_overflow_flag
-    return CpuStep(core, groups, _copy_back(core), post_step, states, check)
+    return CpuStep(core, groups, _copy_back(core), post_step, states, check, first=first)
 
 
 def _gpu_params_copy_bytes(core: RankCore) -> int:

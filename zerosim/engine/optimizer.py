@@ -92,20 +92,24 @@ class StateStore(Protocol):
 
 class CpuStep:
     def __init__(self, core: RankCore, groups: tuple[int, ...], copy_back: CopyBack,
-                 post_step: PostStep, states: StateStore, check_overflow: OverflowCheck):
+                 post_step: PostStep, states: StateStore, check_overflow: OverflowCheck, *,
+                 first: Callable[[], Gen] | None = None):
         self.core = core
         self.groups = groups
         self.copy_back = copy_back
         self.post_step = post_step
         self.states = states
         self.check_overflow = check_overflow
+        self.first = first
+        """What the step does before anything else (unmanaged accumulation's finalize of the
+        boundary's work: `sinks.HostPartitions.finalize`)."""
         self._gpu_copied_out: list[simpy.Event] = []
         self._gpu_state_buffers: int | None = None
 
     def run(self) -> Gen:
         core = self.core
         yield from begin_step(core, lambda: self.check_overflow(core),
-                              lambda: offloaded_grad_norms(core))
+                              lambda: offloaded_grad_norms(core), first=self.first)
         yield from self.states.before_step()
         for group, elements in enumerate(self.groups):
             if group in core.plan.gpu_subgroups:

@@ -55,6 +55,7 @@ class RankProgram:
             start()
         steps = self.core.ds.gradient_accumulation_steps
         core = self.core
+        managed = core.ds.managed_accumulation  # else step() is the boundary (`compose`)
         yield from core.host_time(core.step_s)
         yield from core.report_memory()
         for micro in range(steps):
@@ -62,7 +63,7 @@ class RankProgram:
             yield from core.report_memory()
             yield from self.forward(micro)
             yield from core.report_memory(calls=2)
-            yield from self.backward(micro, boundary=micro == steps - 1)
+            yield from self.backward(micro, boundary=managed and micro == steps - 1)
             yield from core.report_memory()
         yield from core.report_memory()
         yield from self.params.release_all()

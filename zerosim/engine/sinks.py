@@ -17,7 +17,7 @@ from zerosim.engine.gradients import BucketEntry
 from zerosim.engine.interleaved import GpuGradients
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
-from zerosim.engine.software import GRAD_NORM_CHUNK_NUMEL
+from zerosim.engine.software import FINALIZE_DISPATCHES_PER_TENSOR, GRAD_NORM_CHUNK_NUMEL
 from zerosim.engine.streams import Body
 from zerosim.hardware import costs
 from zerosim.units import FP32_BYTES, FP64_BYTES
@@ -69,6 +69,49 @@ class HostPartitions(PartitionedEveryMicroBatch):
         end = self.flush.swap.swap_out_gradients if boundary else None
         return (_per_param(bucket, move, end),
                 pageable or self._host_blocks(boundary, buffered or stays_on_gpu))
+
+    def finalize(self) -> Gen:
+        """Unmanaged accumulation (`managed_gradient_accumulation: false`, DeepSpeed 0.19.5:
+        `_finalize_offload_gradient_accumulation`): no backward was the boundary, so step()
+        opens with the boundary's work, tensor by tensor in the optimizer's groups, on the
+        default stream: the accumulated host partition back to the GPU (`.to(device,
+        non_blocking=True)`), its fp64 norm, then the boundary flush into the fp32 gradient
+        (and, for sub-groups on NVMe, their swap-out after the last). The host issues each
+        tensor's ops in turn (waiting for them where a copy is pageable) and the norms' sum
+        then waits for them all."""
+        core = self.core
+        plan = core.plan
+        params = sorted(plan.all_params, key=plan.group_of)
+        last = len(params) - 1
+        done = None
+        for i, param in enumerate(params):
+            yield from core.issue_kernels(FINALIZE_DISPATCHES_PER_TENSOR)
+
+            def body(param: Param = param, end: bool = i == last) -> Gen:
+                yield from self._finalize_tensor(param)
+                if end:
+                    yield from self.flush.swap.swap_out_gradients()
+
+            name = core.plan.modules[param.module].name
+            done = core.compute.launch(f"finalize grad {name}", body,
+                                       kind=OpKind.PARTITION_GRADS,
+                                       nbytes=core.accum_bytes * param.partition_numel)
+            if self._host_blocks(True, False):
+                yield done
+        if done is not None:
+            yield done
+
+    def _finalize_tensor(self, param: Param) -> Gen:
+        core = self.core
+        name = core.plan.modules[param.module].name
+        acc = core.accum_bytes * param.partition_numel
+        buffer = core.gpu.allocate(Category.GRAD_PARTITIONS, acc, f"grad buffer {name}")
+        yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
+                            kind=OpKind.GRAD_FROM_HOST)
+        yield from fp64_grad_norm(core, param.partition_numel, name,
+                                  source_bytes=core.accum_bytes)
+        yield from self.flush.send(param, name, False)
+        core.gpu.free(Category.GRAD_PARTITIONS, buffer)
 
     def _host_blocks(self, boundary: bool, non_blocking: bool) -> bool:
         """Any copy to or from pageable memory blocks the host thread (SuperOffload's flush

@@ -12,6 +12,14 @@ accumulation boundary each gradient partition's norm is taken in fp64, chunk by 
 many elements (`part.data.double().norm(2)`), so the GPU holds one fp64 copy of up to this
 many elements at a time (every release from 0.10 to 0.16)."""
 
+FINALIZE_DISPATCHES_PER_TENSOR = 7
+"""The host's ops per gradient tensor in ZeRO-3's `_finalize_offload_gradient_accumulation`
+(unmanaged accumulation with the optimizer offloaded, DeepSpeed 0.19.5): the accumulated
+partition `.to(device, non_blocking=True)`, `_constant_buffered_norm2` (for a partition of
+one chunk: `.double()`, `.norm(2)`, its square and the running sum, then the square root) and
+the `.to(fp32)` that `copy_(..., non_blocking=True)` sends into the fp32 gradient, each at the
+stack's `kernel_launch_us`."""
+
 DEVICE_SCALAR_BYTES = 8
 """An all-reduced scalar (overflow flag, gradient norm)."""
 

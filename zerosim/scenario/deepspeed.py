@@ -239,6 +239,9 @@ class _DeepSpeedRaw(_Open):
     memory_breakdown: StrictBool = False
     """DeepSpeed reads it raw and tests its truth (`engine.memory_breakdown()`), so a string
     "false" would turn the reports on: only true and false are taken."""
+    managed_gradient_accumulation: StrictBool = True
+    """Read raw as well (`get_scalar_param`), and tested by its falsity: only true and false
+    are taken."""
 
 
 @dataclass(frozen=True)
@@ -496,6 +499,9 @@ class DeepSpeedConfig:
     """hpZ, qwZ and qgZ (`_zero_plus_plus`)."""
     mics: MicsSettings = MicsSettings()
     """MiCS's shard groups (`_mics`)."""
+    managed_accumulation: bool = True
+    """`managed_gradient_accumulation` (DeepSpeed 0.19.4+): false makes step() the
+    accumulation boundary instead of the last micro-batch's backward."""
 
     @property
     def low_precision_master(self) -> bool:
@@ -550,6 +556,7 @@ class DeepSpeedConfig:
             "zero_optimization": zero,
             "aio": self.aio.to_dict(),
             "memory_breakdown": self.memory_breakdown,
+            **({} if self.managed_accumulation else {"managed_gradient_accumulation": False}),
         }
 
 
@@ -994,6 +1001,25 @@ def _zero_plus_plus(zero: _Zero, behaviours: Behaviours, world: int, source: str
     return settings
 
 
+class IgnoredKeyWarning(ScenarioWarning):
+    """A ds_config key the scenario's DeepSpeed release reads nothing of."""
+
+
+def _managed_accumulation(raw: _DeepSpeedRaw, behaviours: Behaviours, source: str) -> bool:
+    """`managed_gradient_accumulation` (DeepSpeed 0.19.4+, a top-level key read with
+    `get_scalar_param`): a release before it ignores the key, as its top-level config does
+    any key it does not know, and so does zerosim, with a warning."""
+    if raw.managed_gradient_accumulation:
+        return True
+    if not behaviours.unmanaged_accumulation:
+        warnings.warn(f"{source}: deepspeed.managed_gradient_accumulation: false does nothing "
+                      "before DeepSpeed 0.19.4 (the release ignores the key): the last "
+                      "micro-batch's backward stays the accumulation boundary",
+                      IgnoredKeyWarning, stacklevel=6)
+        return True
+    return False
+
+
 MICS_KEYS = ("mics_shard_size", "mics_hierarchical_params_gather")
 
 
@@ -1229,6 +1255,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         leaves=_leaves(zero, behaviours, source),
         zero_plus_plus=_zero_plus_plus(zero, behaviours, trainer.world_size, source),
         mics=_mics(zero, behaviours, trainer.world_size, source),
+        managed_accumulation=_managed_accumulation(raw, behaviours, source),
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

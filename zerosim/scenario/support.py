@@ -22,7 +22,8 @@ def check_supported(scenario: Any) -> None:
                  _low_precision_master_is_replayed, _nvme_buffers_suffice,
                  _hpz_is_replayed, _qgz_groups_fit, _qgz_reduces_by_reduce_scatter,
                  _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
-                 _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone):
+                 _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone,
+                 _unmanaged_accumulation_is_replayed):
         rule(scenario)
 
 
@@ -75,6 +76,7 @@ def warn_inert(scenario: Any) -> None:
     _warn_idle_zero_plus_plus(scenario)
     _warn_idle_loco(scenario)
     _warn_idle_mics(scenario)
+    _warn_replicas_never_reduced(scenario)
     _warn_checkpoint_flags_without_checkpointing(scenario)
 
 
@@ -153,6 +155,19 @@ def _warn_idle_mics(scenario: Any) -> None:
                       "MiCS optimizer asserts ('Sharded parameters don't have the "
                       "MiCS_CommGroups attached'); zerosim replays the run as built under "
                       "deepspeed.zero.MiCS_Init, as the training script must then build it",
+                      MicsWarning, stacklevel=5)
+
+
+def _warn_replicas_never_reduced(scenario: Any) -> None:
+    """MiCS's all-reduce across the replicas runs where the optimizer's boundary flag is set
+    during a backward (`allreduce_mics_shard_grads`), which unmanaged accumulation never sets:
+    the replicas' gradients are never combined, and zerosim replays it so."""
+    ds = scenario.deepspeed
+    if not ds.managed_accumulation and ds.mics.replicas(ds.stage, scenario.data_parallel) > 1:
+        warnings.warn(f"{scenario.source}: deepspeed.managed_gradient_accumulation: false with "
+                      "MiCS: no backward is the boundary, so MiCS never all-reduces the "
+                      "gradient partitions across its shard groups (its check reads the "
+                      "boundary flag in the backward); replayed as DeepSpeed runs it",
                       MicsWarning, stacklevel=5)
 
 
@@ -649,3 +664,37 @@ def _mics_alone(scenario: Any) -> None:
                     "fork's interleaved update: MiCS's all-gather bypasses hpZ's and qwZ's, "
                     "qgZ's groups span every rank, MiCS's optimizer replaces SuperOffload's)",
                     value)
+
+
+def _unmanaged_accumulation_is_replayed(scenario: Any) -> None:
+    """`managed_gradient_accumulation: false` where DeepSpeed asserts (engine.py
+    `_do_sanity_check`: ZeRO offload before 0.19.5; `overlap_comm` below ZeRO-2) and where
+    zerosim does not replay it: ZeRO-0/1, whose reduction moves into step(); ZeRO-2 with the
+    optimizer offloaded, whose step() finalizes its host accumulation; SuperOffload. ZeRO-2
+    without offload and ZeRO-3 are replayed: no backward is the boundary, and ZeRO-3's
+    offloaded step() opens with the boundary's flush (`sinks.HostPartitions.finalize`)."""
+    ds = scenario.deepspeed
+    if ds.managed_accumulation:
+        return
+    key = "deepspeed.managed_gradient_accumulation"
+    offloaded = [name for name, settings in (("optimizer state", ds.offload_optimizer),
+                                             ("parameter", ds.offload_param))
+                 if settings.enabled]
+    if offloaded and not scenario.behaviours.unmanaged_accumulation_offload:
+        _refuse(scenario, key, f"true with ZeRO {offloaded[0]} offload before DeepSpeed "
+                f"0.19.5 (the engine asserts 'managed_gradient_accumulation=False is not "
+                f"supported with ZeRO {offloaded[0]} offload')", False)
+    if ds.stage < 2 and ds.overlap_comm:
+        _refuse(scenario, key, f"true with overlap_comm at ZeRO-{ds.stage} (the engine "
+                "asserts 'managed_gradient_accumulation=False supports ZeRO overlap_comm "
+                "only with ZeRO stage 2')", False)
+    if ds.stage < 2:
+        _refuse(scenario, key, f"true at ZeRO-{ds.stage} (zerosim does not replay unmanaged "
+                "accumulation there: the gradients' reduction moves from the last backward "
+                "into step())", False)
+    if ds.stage == 2 and ds.offload_optimizer.enabled:
+        _refuse(scenario, key, "true at ZeRO-2 with the optimizer offloaded (zerosim does not "
+                "replay its step()'s finalize of the host accumulation)", False)
+    if ds.offload_optimizer.super_offload:
+        _refuse(scenario, key, "true with super_offload (not replayed)", False)
+
