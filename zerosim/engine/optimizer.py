@@ -516,17 +516,20 @@ class GpuStep:
 def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
                norms: Callable[[], Gen], first: Callable[[], Gen] | None = None) -> Gen:
     """The update phase opens (with `first`, what a mode's step does before anything else:
-    SuperOffload's wait for its optimizer process), then (ZeRO-3) the host's work per
+    SuperOffload's wait for its optimizer process; unmanaged accumulation's finalize, whose
+    GPU work, returned, the step waits for once its host work per tensor is done, where the
+    overflow check or the norms first read what it made), then (ZeRO-3) the host's work per
     parameter tensor in the step, taken together here (`step_tensor_s`: releasing the
     gathered ones, then per sub-group flattening the gradients and unflattening the
     partition), then the overflow check (`DeepSpeedConfig.check_grad_overflow`: fp16, and bf16
     ZeRO-1/2 where the release and the config say so) and its all-reduced flag, then the
     gradient norms and their all-reduces (`norms`)."""
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
-    if first is not None:
-        yield from first()
+    pending = (yield from first()) if first is not None else None
     if core.ds.stage == 3:
         yield from core.host_time(core.step_tensor_s * len(core.plan.all_params))
+    if pending is not None:
+        yield pending
     if core.ds.check_grad_overflow:
         yield from check_overflow()
         yield from core.collective(Collective.ALL_REDUCE, DEVICE_SCALAR_BYTES)

@@ -77,8 +77,8 @@ class HostPartitions(PartitionedEveryMicroBatch):
         default stream: the accumulated host partition back to the GPU (`.to(device,
         non_blocking=True)`), its fp64 norm, then the boundary flush into the fp32 gradient
         (and, for sub-groups on NVMe, their swap-out after the last). The host issues each
-        tensor's ops in turn (waiting for them where a copy is pageable) and the norms' sum
-        then waits for them all."""
+        tensor's ops in turn (waiting for them where a copy is pageable); returns the last
+        one, which the step's overflow check or norms wait for (`begin_step`)."""
         core = self.core
         plan = core.plan
         params = sorted(plan.all_params, key=plan.group_of)
@@ -98,8 +98,7 @@ class HostPartitions(PartitionedEveryMicroBatch):
                                        nbytes=core.accum_bytes * param.partition_numel)
             if self._host_blocks(True, False):
                 yield done
-        if done is not None:
-            yield done
+        return done
 
     def _finalize_tensor(self, param: Param) -> Gen:
         core = self.core
