@@ -22,7 +22,8 @@ ZeRO++'s hpZ (groups of 2, 4 and 8 ranks) and qwZ on two Polaris nodes at each r
 they changed, the parameters on the GPU or the CPU; and MiCS's shard groups (1 to 16 ranks,
 flat and hierarchical) on four Polaris nodes at three releases, nothing offloaded, micro-batch
 1 and 4; and unmanaged gradient accumulation (0.19.5) at ZeRO-3 with the optimizer, the
-parameters, both or nothing offloaded and ZeRO-2 without offload, GA 1 and 4; and three models
+parameters, both or nothing offloaded and ZeRO-2 with the optimizer or nothing offloaded, GA 1
+and 4; and three models
 with their checkpointed
 block inputs in host memory (`runtime.checkpoint_in_cpu`) on both testbeds at micro-batches 1
 to 16, synchronizing each layer or not, the parameters on the GPU or the CPU; and
@@ -118,9 +119,10 @@ MICS_GROUPS = ((4, False), (8, False), (8, True), (16, False), (16, True), (1, F
 """MiCS's shard size and hierarchical gather on 4 Polaris nodes (16 ranks): a node, two
 nodes and every rank, flat and hierarchical, and groups smaller than a node."""
 UNMANAGED_LAYOUTS = ((3, "cpu", "none"), (3, "cpu", "cpu"), (3, "none", "cpu"),
-                     (3, "none", "none"), (2, "none", "none"))
+                     (3, "none", "none"), (2, "cpu", "none"), (2, "none", "none"))
 """Unmanaged gradient accumulation (0.19.5) where zerosim replays it: ZeRO-3 with the
-optimizer, the parameters, both or nothing offloaded, ZeRO-2 with nothing offloaded."""
+optimizer, the parameters, both or nothing offloaded, ZeRO-2 with the optimizer or nothing
+offloaded."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""

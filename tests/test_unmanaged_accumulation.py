@@ -53,7 +53,9 @@ def test_before_0_19_4_the_key_does_nothing(toy):
     ("0.19.5", {"zero_optimization": {"stage": 1, "overlap_comm": False,
                                       "offload_optimizer": {"device": "none"}}},
      "moves from the last backward into step"),
-    ("0.19.5", {"zero_optimization": {"stage": 2}}, "finalize of the host accumulation"),
+    ("0.19.5", {"zero_optimization": {"stage": 2, "overlap_comm": False,
+                                      "zenflow": {"topk_ratio": 0.1, "update_interval": 2}}},
+     "with ZenFlow"),
 ])
 def test_what_deepspeed_asserts_or_zerosim_does_not_replay_is_refused(toy, version, deepspeed,
                                                                       match):
@@ -81,6 +83,34 @@ def test_the_offloaded_step_opens_with_the_boundary_flush(toy):
     assert list(head.end_s - head.start_s) == pytest.approx(
         [3.2768e-6 + 294.912e-9 + 98.304e-9 + 6.5536e-6], rel=1e-9)
     assert unmanaged.summary["phases_s"]["update"] > managed.summary["phases_s"]["update"]
+
+
+def test_the_offloaded_zero_2_step_opens_with_the_boundary_work(toy):
+    """ZeRO-2 with the optimizer offloaded, GA 2, unmanaged: every backward accumulates on the
+    host and the update opens with one op per parameter on the default stream, the host
+    waiting at each (the overflow tracker's result). lm_head's: its accumulated gradient
+    back H2D (32,768 B at 10 GB/s: 3.2768 us) and cloned (65,536 B through HBM: 65.536 ns),
+    its fp64 norm (18 B an element: 294.912 ns), the overflow check (2 + 26 B an element:
+    458.752 ns), the cast (98.304 ns) and the fp32 D2H (6.5536 us)."""
+    zero2 = {"zero_optimization": {"stage": 2}}
+    managed = toy.run_ok(_patch(**zero2))
+    unmanaged = toy.run_ok(_patch(**zero2, **UNMANAGED))
+    assert set(_rank0(managed, OpKind.GRAD_FLUSH).phase) == {Phase.BACKWARD}
+    assert set(_rank0(unmanaged, OpKind.GRAD_FLUSH).phase) == {Phase.UPDATE}
+    finalize = _rank0(unmanaged, OpKind.PARTITION_GRADS)
+    head = finalize[finalize.op == "finalize grad lm_head"]
+    assert list(head.end_s - head.start_s) == pytest.approx(
+        [3.2768e-6 + 65.536e-9 + 294.912e-9 + 458.752e-9 + 98.304e-9 + 6.5536e-6], rel=1e-9)
+
+
+def test_a_lone_backward_still_accumulates_on_the_host_at_zero_2(toy):
+    """GA 1: managed, the one backward is the boundary and skips the host accumulator;
+    unmanaged, it is not, so it sends its gradients to the accumulator first (0.19.5:
+    `micro_step_id > 0 or not is_gradient_accumulation_boundary()`)."""
+    zero2 = {"zero_optimization": {"stage": 2}}
+    to_host = [len(_rank0(toy.run_ok(_patch(ga=1, **zero2, **extra)), OpKind.GRAD_TO_HOST))
+               for extra in ({}, UNMANAGED)]
+    assert to_host[0] == 0 and to_host[1] > 0
 
 
 def test_without_offload_nothing_moves(toy):

@@ -126,12 +126,13 @@ def build_rank(ctx: RunContext, rank: int) -> RankProgram:
 
 def _deferred_boundary(core: RankCore, gradients: GradientPath) -> Callable[[], Gen] | None:
     """Unmanaged accumulation (`managed_gradient_accumulation: false`): what step() does
-    first, the boundary's work the offloaded ZeRO-3 sink deferred
-    (`HostPartitions.finalize`); nothing elsewhere (without offload there is none)."""
+    first, the boundary's work the offloaded sink deferred (`HostPartitions.finalize` at
+    ZeRO-3, `HostAccumulation.finalize` at ZeRO-2); nothing elsewhere (without offload there
+    is none)."""
     if core.ds.managed_accumulation:
         return None
     sink = getattr(gradients, "sink", None)
-    return sink.finalize if isinstance(sink, HostPartitions) else None
+    return sink.finalize if isinstance(sink, HostPartitions | HostAccumulation) else None
 
 
 def _one_nccl_stream(core: RankCore) -> bool:

@@ -424,15 +424,46 @@ class HostAccumulation:
         """Stage 2 reduces at every micro-batch, stage 1 at the boundary only, unless ZenFlow
         runs it (engine.py `allreduce_gradients`: `elif self.zenflow: reduce_gradients`,
         after each backward; replayed as stage 2's, bucket by bucket during it)."""
-        self.accumulates = core.ds.gradient_accumulation_steps > 1
+        self.accumulates = (core.ds.gradient_accumulation_steps > 1
+                            or not core.ds.managed_accumulation)
         """`copy_grads_in_partition` runs `async_accumulate_grad_in_cpu_via_gpu` whenever
         gradient accumulation is on: stage 2 at every micro-batch, stage 1 at the boundary
         only (its one reduction), where, not being the first micro-batch, it brings the host
-        accumulator back and adds it, as every release does."""
+        accumulator back and adds it, as every release does; with unmanaged accumulation at
+        every backward, none being the boundary (0.19.5: `micro_step_id > 0 or not
+        is_gradient_accumulation_boundary()`)."""
 
     def reduces_at(self, micro: int, boundary: bool) -> bool:
         """Stage 1 keeps accumulating full gradients on the GPU and reduces at the boundary."""
         return self.reduces_every_step or boundary
+
+    def finalize(self) -> Gen:
+        """Unmanaged accumulation at stage 2 (`managed_gradient_accumulation: false`, DeepSpeed
+        0.19.5: `_finalize_cpu_offload_gradient_accumulation`): step() opens with the
+        boundary's work, parameter by parameter in the optimizer's groups, on the default
+        stream: the accumulated host gradient back to the GPU
+        (`_restore_cpu_offload_grad_to_gpu`: an H2D into the temporary buffer, then its
+        clone), then what the boundary backward does (`_boundary_work`), the host waiting at
+        each for the overflow tracker's result. Returns the last op's event."""
+        core = self.core
+        plan = core.plan
+        done = None
+        for param in sorted(plan.all_params, key=plan.group_of):
+            yield from core.issue_kernels(FINALIZE_DISPATCHES_PER_TENSOR)
+            name = plan.modules[param.module].name
+
+            def body(param: Param = param, name: str = name) -> Gen:
+                acc = core.accum_bytes * param.partition_numel
+                yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
+                                    kind=OpKind.GRAD_FROM_HOST)
+                yield from core.gpu_kernel(core.hbm_seconds(acc), core.reduction_stream)
+                yield from self._boundary_work(param, name)
+
+            done = core.compute.launch(f"finalize grad {name}", body,
+                                       kind=OpKind.PARTITION_GRADS,
+                                       nbytes=core.accum_bytes * param.partition_numel)
+            yield done
+        return done
 
     def frees_grads_after_backward(self, boundary: bool) -> bool:
         return self.reduces_every_step or boundary
@@ -478,17 +509,23 @@ class HostAccumulation:
                     yield from core.dma("d2h", acc, pinned=core.pinned,
                                         op=f"accum → host {name}", kind=OpKind.GRAD_TO_HOST)
         if boundary:
-            elements = param.partition_numel
-            yield from fp64_grad_norm(core, elements, name, source_bytes=core.dtype_bytes,
-                                      chunked=False)
-            checked = param.numel if elements else 0
-            yield from core.gpu_kernel(
-                core.hbm_seconds((core.dtype_bytes + costs.INF_OR_NAN_GPU_BYTES_PER_ELEMENT)
-                                 * checked, passes=1.0), core.reduction_stream)
-            if core.ds.low_precision_master:
-                yield from master_grad_d2h(core, elements, name, pinned=self.flush_pinned)
-            else:
-                yield from gpu_cast_then_d2h(core, elements, name, pinned=self.flush_pinned)
+            yield from self._boundary_work(param, name)
+
+    def _boundary_work(self, param: Param, name: str) -> Gen:
+        """The partition's fp64 norm, the overflow check over the parameter's gradient, and
+        its cast and D2H into the fp32 buffer (see `_move`)."""
+        core = self.core
+        elements = param.partition_numel
+        yield from fp64_grad_norm(core, elements, name, source_bytes=core.dtype_bytes,
+                                  chunked=False)
+        checked = param.numel if elements else 0
+        yield from core.gpu_kernel(
+            core.hbm_seconds((core.dtype_bytes + costs.INF_OR_NAN_GPU_BYTES_PER_ELEMENT)
+                             * checked, passes=1.0), core.reduction_stream)
+        if core.ds.low_precision_master:
+            yield from master_grad_d2h(core, elements, name, pinned=self.flush_pinned)
+        else:
+            yield from gpu_cast_then_d2h(core, elements, name, pinned=self.flush_pinned)
 
 
 class GpuPartitions:

@@ -669,10 +669,10 @@ def _mics_alone(scenario: Any) -> None:
 def _unmanaged_accumulation_is_replayed(scenario: Any) -> None:
     """`managed_gradient_accumulation: false` where DeepSpeed asserts (engine.py
     `_do_sanity_check`: ZeRO offload before 0.19.5; `overlap_comm` below ZeRO-2) and where
-    zerosim does not replay it: ZeRO-0/1, whose reduction moves into step(); ZeRO-2 with the
-    optimizer offloaded, whose step() finalizes its host accumulation; SuperOffload. ZeRO-2
-    without offload and ZeRO-3 are replayed: no backward is the boundary, and ZeRO-3's
-    offloaded step() opens with the boundary's flush (`sinks.HostPartitions.finalize`)."""
+    zerosim does not replay it: ZeRO-0/1, whose reduction moves into step(); ZenFlow;
+    SuperOffload. ZeRO-2 and ZeRO-3 are replayed: no backward is the boundary, and an
+    offloaded step() opens with the boundary's flush (`sinks.HostPartitions.finalize`,
+    `sinks.HostAccumulation.finalize`)."""
     ds = scenario.deepspeed
     if ds.managed_accumulation:
         return
@@ -692,9 +692,8 @@ def _unmanaged_accumulation_is_replayed(scenario: Any) -> None:
         _refuse(scenario, key, f"true at ZeRO-{ds.stage} (zerosim does not replay unmanaged "
                 "accumulation there: the gradients' reduction moves from the last backward "
                 "into step())", False)
-    if ds.stage == 2 and ds.offload_optimizer.enabled:
-        _refuse(scenario, key, "true at ZeRO-2 with the optimizer offloaded (zerosim does not "
-                "replay its step()'s finalize of the host accumulation)", False)
+    if ds.zenflow is not None:
+        _refuse(scenario, key, "true with ZenFlow (not replayed)", False)
     if ds.offload_optimizer.super_offload:
         _refuse(scenario, key, "true with super_offload (not replayed)", False)
 
