@@ -17,7 +17,11 @@ from zerosim.engine.gradients import BucketEntry
 from zerosim.engine.interleaved import GpuGradients
 from zerosim.engine.plan import Param
 from zerosim.engine.rank import Gen, RankCore
-from zerosim.engine.software import FINALIZE_DISPATCHES_PER_TENSOR, GRAD_NORM_CHUNK_NUMEL
+from zerosim.engine.software import (
+    FINALIZE_DISPATCHES_PER_TENSOR,
+    GRAD_NORM_CHUNK_NUMEL,
+    ZERO2_FINALIZE_DISPATCHES_PER_PARAM,
+)
 from zerosim.engine.streams import Body
 from zerosim.hardware import costs
 from zerosim.units import FP32_BYTES, FP64_BYTES
@@ -449,7 +453,7 @@ class HostAccumulation:
         plan = core.plan
         done = None
         for param in sorted(plan.all_params, key=plan.group_of):
-            yield from core.issue_kernels(FINALIZE_DISPATCHES_PER_TENSOR)
+            yield from core.issue_kernels(ZERO2_FINALIZE_DISPATCHES_PER_PARAM)
             name = plan.modules[param.module].name
 
             def body(param: Param = param, name: str = name) -> Gen:

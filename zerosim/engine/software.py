@@ -20,6 +20,14 @@ one chunk: `.double()`, `.norm(2)`, its square and the running sum, then the squ
 the `.to(fp32)` that `copy_(..., non_blocking=True)` sends into the fp32 gradient, each at the
 stack's `kernel_launch_us`."""
 
+ZERO2_FINALIZE_DISPATCHES_PER_PARAM = 12
+"""The host's ops per parameter in ZeRO-2's `_finalize_cpu_offload_gradient_accumulation`
+(unmanaged accumulation with the optimizer offloaded, DeepSpeed 0.19.5): the accumulated
+gradient's `copy_` into the temporary buffer and its `clone()`, the norm's `.double()` and
+`.norm(2)`, `_has_inf_or_nan`'s six kernels (`costs.INF_OR_NAN_GPU_BYTES_PER_ELEMENT`), the
+`.float()` and `copy_(..., non_blocking=True)` into the fp32 buffer, each at the stack's
+`kernel_launch_us`."""
+
 DEVICE_SCALAR_BYTES = 8
 """An all-reduced scalar (overflow flag, gradient norm)."""
 
