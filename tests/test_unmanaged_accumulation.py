@@ -136,3 +136,11 @@ def test_mics_never_reduces_across_replicas_unmanaged(toy):
                for w in caught)
     spans = toy.run_ok(patch, gpus=2).spans
     assert not spans.op.str.endswith("replicas").any()
+
+
+def test_check_says_unmanaged_accumulation(toy):
+    from zerosim.report import _mode
+
+    assert _mode(toy.scenario(_patch(**UNMANAGED))).endswith(
+        "unmanaged gradient accumulation (step() is the boundary)")
+    assert "unmanaged" not in _mode(toy.scenario(_patch()))
