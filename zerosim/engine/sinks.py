@@ -43,6 +43,32 @@ def _per_param(bucket: list[BucketEntry], move, end=None) -> Body:
     return body
 
 
+def _finalize_each(core: RankCore, work, dispatches: int, *, host_waits: bool,
+                   end=None) -> Gen:
+    """Unmanaged accumulation's finalize at the start of step(): for each parameter tensor in
+    the optimizer's order, the host's `dispatches` launches, then `work(param, name)` as one
+    op on the default stream (`end`, if given, after the last), the host waiting for each
+    where `host_waits`. Returns the last op's event, for the step to wait on."""
+    plan = core.plan
+    params = sorted(plan.all_params, key=plan.group_of)
+    done = None
+    for i, param in enumerate(params):
+        yield from core.issue_kernels(dispatches)
+        name = plan.modules[param.module].name
+
+        def body(param: Param = param, name: str = name, last: bool = i == len(params) - 1
+                 ) -> Gen:
+            yield from work(param, name)
+            if last and end is not None:
+                yield from end()
+
+        done = core.compute.launch(f"finalize grad {name}", body, kind=OpKind.PARTITION_GRADS,
+                                   nbytes=core.accum_bytes * param.partition_numel)
+        if host_waits:
+            yield done
+    return done
+
+
 class PartitionedEveryMicroBatch:
     """What ZeRO-3's sinks share: every micro-batch's gradients are reduced and partitioned as
     their buckets fill, and none is held for the backward's end."""
@@ -83,30 +109,13 @@ class HostPartitions(PartitionedEveryMicroBatch):
         (and, for sub-groups on NVMe, their swap-out after the last). The host issues each
         tensor's ops in turn (waiting for them where a copy is pageable); returns the last
         one, which the step's overflow check or norms wait for (`begin_step`)."""
+        return (yield from _finalize_each(self.core, self._finalize_tensor,
+                                          FINALIZE_DISPATCHES_PER_TENSOR,
+                                          host_waits=self._host_blocks(True, False),
+                                          end=self.flush.swap.swap_out_gradients))
+
+    def _finalize_tensor(self, param: Param, name: str) -> Gen:
         core = self.core
-        plan = core.plan
-        params = sorted(plan.all_params, key=plan.group_of)
-        last = len(params) - 1
-        done = None
-        for i, param in enumerate(params):
-            yield from core.issue_kernels(FINALIZE_DISPATCHES_PER_TENSOR)
-
-            def body(param: Param = param, end: bool = i == last) -> Gen:
-                yield from self._finalize_tensor(param)
-                if end:
-                    yield from self.flush.swap.swap_out_gradients()
-
-            name = core.plan.modules[param.module].name
-            done = core.compute.launch(f"finalize grad {name}", body,
-                                       kind=OpKind.PARTITION_GRADS,
-                                       nbytes=core.accum_bytes * param.partition_numel)
-            if self._host_blocks(True, False):
-                yield done
-        return done
-
-    def _finalize_tensor(self, param: Param) -> Gen:
-        core = self.core
-        name = core.plan.modules[param.module].name
         acc = core.accum_bytes * param.partition_numel
         buffer = core.gpu.allocate(Category.GRAD_PARTITIONS, acc, f"grad buffer {name}")
         yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
@@ -449,25 +458,16 @@ class HostAccumulation:
         (`_restore_cpu_offload_grad_to_gpu`: an H2D into the temporary buffer, then its
         clone), then what the boundary backward does (`_boundary_work`), the host waiting at
         each for the overflow tracker's result. Returns the last op's event."""
+        return (yield from _finalize_each(self.core, self._finalize_param,
+                                          ZERO2_FINALIZE_DISPATCHES_PER_PARAM, host_waits=True))
+
+    def _finalize_param(self, param: Param, name: str) -> Gen:
         core = self.core
-        plan = core.plan
-        done = None
-        for param in sorted(plan.all_params, key=plan.group_of):
-            yield from core.issue_kernels(ZERO2_FINALIZE_DISPATCHES_PER_PARAM)
-            name = plan.modules[param.module].name
-
-            def body(param: Param = param, name: str = name) -> Gen:
-                acc = core.accum_bytes * param.partition_numel
-                yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
-                                    kind=OpKind.GRAD_FROM_HOST)
-                yield from core.gpu_kernel(core.hbm_seconds(acc), core.reduction_stream)
-                yield from self._boundary_work(param, name)
-
-            done = core.compute.launch(f"finalize grad {name}", body,
-                                       kind=OpKind.PARTITION_GRADS,
-                                       nbytes=core.accum_bytes * param.partition_numel)
-            yield done
-        return done
+        acc = core.accum_bytes * param.partition_numel
+        yield from core.dma("h2d", acc, pinned=core.pinned, op=f"accum → GPU {name}",
+                            kind=OpKind.GRAD_FROM_HOST)
+        yield from core.gpu_kernel(core.hbm_seconds(acc), core.reduction_stream)
+        yield from self._boundary_work(param, name)
 
     def frees_grads_after_backward(self, boundary: bool) -> bool:
         return self.reduces_every_step or boundary
