@@ -319,6 +319,16 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "all-reduces the gradient partitions across the groups at the accumulation "
               "boundary) and mics_hierarchical_params_gather (a group's all-gather across "
               "its nodes, then within each) are read (before: refused)"),
+    Behaviour("ulysses_hf", (0, 17, 0),
+              "PR #7268 'Ulysses SP for HF Integration' (4d00b38a, first in v0.17.0): "
+              "runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF, "
+              "UlyssesSPDataLoaderAdapter; runtime/engine.py (seq_data_parallel_group, "
+              "seq_parallel_communication_data_type)",
+              "sequence_parallel_size > 1 trains transformers' models with Ulysses sequence "
+              "parallelism (Arctic Long Sequence Training): each rank of a group of that "
+              "many holds a slice of the sequence, and all-to-alls hand each rank every "
+              "token of its share of the attention heads (before: no such attention for "
+              "transformers' models)"),
     Behaviour("zero_plus_plus", (0, 10, 0),
               "PR #3784 'ZeRO++' (d18aa2c7, first in v0.10.0): zero/config.py, "
               "partition_parameters.py _partition_param_sec and all_gather_coalesced "
@@ -420,6 +430,7 @@ class Behaviours:
     unmanaged_accumulation: bool
     unmanaged_accumulation_offload: bool
     mics: bool
+    ulysses_hf: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool
     qgz_indivisible_fallback: bool

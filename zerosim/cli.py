@@ -254,6 +254,21 @@ def _mics(scenario: Scenario) -> dict[str, Any]:
                      "hierarchical_gather": ds.mics.hierarchical}}
 
 
+def _sequence_parallel(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `sequence_parallel`, where Ulysses runs (what its `mode` line says):
+    the group's size, how many groups train sequences side by side, the tokens a rank's
+    modules take per micro-batch and the dtype ZeRO reduces gradients in."""
+    ds = scenario.deepspeed
+    size = ds.sequence_parallel_size
+    if size == 1:
+        return {}
+    return {"sequence_parallel": {
+        "size": size, "groups": ds.sequence_groups(scenario.data_parallel),
+        "tokens_per_rank": (scenario.sequence_length * ds.train_micro_batch_size_per_gpu
+                            // size),
+        "communication_dtype": ds.communication_dtype}}
+
+
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
     line says)."""
@@ -292,7 +307,8 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
     if as_json:
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
                      **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded),
-                     **_zero_plus_plus(loaded), **_mics(loaded)})
+                     **_zero_plus_plus(loaded), **_mics(loaded),
+                     **_sequence_parallel(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

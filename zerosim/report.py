@@ -56,6 +56,11 @@ def _mode(scenario: Scenario) -> str:
         where.append(_mics_text(scenario))
     if not ds.managed_accumulation:
         where.append("unmanaged gradient accumulation (step() is the boundary)")
+    if ds.sequence_parallel_size > 1:
+        size = ds.sequence_parallel_size
+        where.append(f"Ulysses sequence parallelism (groups of {size} ranks, each holding "
+                     f"1/{size} of every sequence; gradients reduced in "
+                     f"{ds.communication_dtype})")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
 
 

@@ -622,7 +622,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                         "optimizer on the CPU, which are knobs tune moves; compare it with "
                         "zerosim sweep over offload_optimizer.super_offload), got true")
     base = as_given(scenario)
-    tokens = (base.micro_batch * base.gradient_accumulation * scenario.data_parallel
+    tokens = (base.micro_batch * base.gradient_accumulation
+              * scenario.deepspeed.sequence_groups(scenario.data_parallel)
               * scenario.sequence_length)
     rows: list[dict[str, Any]] = []
     todo: list[Point] = []

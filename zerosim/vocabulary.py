@@ -94,7 +94,8 @@ class OpKind(StrEnum):
     ALL_REDUCE = "all_reduce"
     ALL_TO_ALL = "all_to_all"
     """qgZ: a bucket's gradients reduced by int4 all-to-alls within and then across nodes
-    (its one-dimensional tensors by reduce-scatters)."""
+    (its one-dimensional tensors by reduce-scatters); Ulysses: Q, K, V and the attention's
+    output exchanged over the sequence-parallel group, on the compute stream."""
     GATHER_SPLIT = "gather_split"
     """Each tensor of a coalesced all-gather copied out of its flat buffer (`torch.cat`)."""
     PARAM_FETCH = "param_fetch"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from types import MappingProxyType
 
@@ -443,6 +443,7 @@ def workload_of(scenario: Scenario) -> Workload:
         checkpoint_in_cpu=scenario.activation_checkpointing and scenario.runtime.checkpoint_in_cpu,
         dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
         bfloat16=scenario.deepspeed.dtype == "bf16",
+        sequence_parallel=scenario.deepspeed.sequence_parallel_size,
     )
 
 
@@ -473,32 +474,44 @@ class ProcessGroups:
     ranks holding the same partitions in the other shard groups (itself alone without MiCS);
     and for MiCS's hierarchical gather `intra_node`, its shard group's ranks on its node,
     and `inter_node`, those of its local index on the group's other nodes (empty tuples
-    otherwise). As mics_utils.py `create_mics_comm_groups` builds them."""
+    otherwise). As mics_utils.py `create_mics_comm_groups` builds them. `sequence`: with
+    Ulysses, its sequence-parallel group of consecutive ranks (parallel_state_sp.py
+    `initialize_sequence_parallel`; empty without)."""
 
     partition: tuple[tuple[int, ...], ...]
     replicas: tuple[tuple[int, ...], ...]
     intra_node: tuple[tuple[int, ...], ...] = ()
     inter_node: tuple[tuple[int, ...], ...] = ()
+    sequence: tuple[tuple[int, ...], ...] = ()
 
 
-def process_groups(world: tuple[int, ...], shard: int, per_node: int, hierarchical: bool
-                   ) -> ProcessGroups:
+def _consecutive(world: tuple[int, ...], size: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, its group of `size` consecutive ranks (`world` itself when that is all)."""
+    groups = [world] if size == len(world) else [world[i:i + size]
+                                                  for i in range(0, len(world), size)]
+    return tuple(groups[r // size] for r in world)
+
+
+def process_groups(world: tuple[int, ...], shard: int, per_node: int, hierarchical: bool,
+                   sequence: int = 1) -> ProcessGroups:
     """The `ProcessGroups` of `world` partitioned over groups of `shard` consecutive ranks
-    (`world` itself when `shard` is all of it), on nodes of `per_node` GPUs."""
-    count = len(world)
-    shards = [world] if shard == count else [world[i:i + shard] for i in range(0, count, shard)]
+    (`world` itself when `shard` is all of it), on nodes of `per_node` GPUs, with Ulysses
+    groups of `sequence` consecutive ranks (none at 1)."""
+    partition = _consecutive(world, shard)
+    shards = sorted(set(partition))
     replicas = [world[i::shard] for i in range(shard)]
-    partition = tuple(shards[r // shard] for r in world)
     replica = tuple(replicas[r % shard] for r in world)
+    groups = ProcessGroups(partition, replica,
+                           sequence=_consecutive(world, sequence) if sequence > 1 else ())
     if not hierarchical:
-        return ProcessGroups(partition, replica)
+        return groups
     width = shard // (shard // per_node)
     """Ranks of a shard group per node: DeepSpeed's `n_gpu_per_node`, the group's size over
     the nodes it spans."""
     intra = [group[i:i + width] for group in shards for i in range(0, shard, width)]
     inter = {(group[0], i): group[i::width] for group in shards for i in range(width)}
-    return ProcessGroups(partition, replica, tuple(intra[r // width] for r in world),
-                         tuple(inter[partition[r][0], r % shard % width] for r in world))
+    return replace(groups, intra_node=tuple(intra[r // width] for r in world),
+                   inter_node=tuple(inter[partition[r][0], r % shard % width] for r in world))
 
 
 def hpz_secondary_bytes(scenario: Scenario) -> int:

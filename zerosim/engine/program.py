@@ -179,11 +179,10 @@ class RankProgram:
                 phase_starts = True
             ready = yield from self._pre_hook(index, backward=True, reverse=True)
             yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
-            done = core.compute.launch(
-                f"backward {module.name}",
-                core.backward_body(index, core.ctx.costs.backward_s[index],
-                                   on_end=lambda i=index: self.gradients.store.produce(i)),
-                kind=OpKind.BACKWARD, after=(ready,))
+            body = core.backward_body(index, core.ctx.costs.backward_s[index],
+                                      on_end=lambda i=index: self.gradients.store.produce(i))
+            done = yield from core.launch_around(index, body, f"backward {module.name}",
+                                                 OpKind.BACKWARD, backward=True, after=(ready,))
             once = index in core.plan.leaves
             for k, param in enumerate(core.plan.params[index]):
                 if ((counting == "every_hook" and not (once and k))
@@ -252,6 +251,6 @@ class RankProgram:
                                       saved_bytes + module.transient_bytes)
         core.release_device_memory(module.transient_bytes)
         label = "forward" if kind == OpKind.FORWARD else "recompute"
-        core.compute.launch(f"{label} {module.name}",
-                            core.forward_body(index, core.ctx.costs.forward_s[index], saved_bytes),
-                            kind=kind, after=(ready,))
+        body = core.forward_body(index, core.ctx.costs.forward_s[index], saved_bytes)
+        yield from core.launch_around(index, body, f"{label} {module.name}", kind,
+                                      backward=False, after=(ready,))

@@ -22,6 +22,7 @@ from zerosim.engine.plan import Plan, ProcessGroups, module_costs, process_group
 from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table
 from zerosim.engine.streams import Body, InOrderStream, SharedSMs
 from zerosim.hardware import costs
+from zerosim.models.breakdown import Exchange
 from zerosim.scenario import Scenario
 from zerosim.units import BYTES_PER_DTYPE
 from zerosim.vocabulary import (
@@ -41,6 +42,9 @@ Gen = Generator[simpy.Event, Any, Any]
 Waits = tuple[simpy.Event, ...]
 """Events to `yield from` one after the other (each succeeding with None)."""
 
+EXCHANGE_KINDS = {Collective.ALL_TO_ALL: OpKind.ALL_TO_ALL,
+                  Collective.ALL_GATHER: OpKind.ALL_GATHER}
+"""The op kind of a module's in-line collective (`Exchange.kind`)."""
 _HOST_BUFFER = {pinned: host_buffer(pinned).value for pinned in (True, False)}
 """A copy's host buffer as records hold it: plain text, made once (`.value` is slow)."""
 _DMA_SUFFIX = {pinned: f" ({text})" for pinned, text in _HOST_BUFFER.items()}
@@ -98,8 +102,10 @@ class RunContext:
         ds = self.scenario.deepspeed
         self.groups: ProcessGroups = process_groups(
             self.world, ds.mics.partition_ranks(ds.stage, len(self.world)),
-            self.scenario.hardware.gpus_per_node, ds.mics.acts(ds.stage) and ds.mics.hierarchical)
-        """Per rank, the ranks of its partition group, replicas and MiCS's hierarchy."""
+            self.scenario.hardware.gpus_per_node, ds.mics.acts(ds.stage) and ds.mics.hierarchical,
+            ds.sequence_parallel_size)
+        """Per rank, the ranks of its partition group, replicas, MiCS's hierarchy and its
+        Ulysses group."""
         self.costs = module_costs(self.scenario)
         """Each module's GPU time and kernel launches (every rank runs every module once per
         micro-batch)."""
@@ -159,6 +165,7 @@ class RankCore:
         self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
         self.leaf_hook_share = stack.leaf_hook_share
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
+        self.exchange_launch_s = stack.on_core(stack.exchange_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
         self.memory_report_s = (stack.memory_report_s(len(self.plan.all_params), core_Hz,
@@ -461,6 +468,42 @@ class RankCore:
             yield from self.sms.compute(seconds)
             self.gpu.free(Category.WORKSPACE, workspace)
         return body
+
+    def launch_around(self, index: int, body: Body, label: str, kind: OpKind, *,
+                      backward: bool, after: tuple[simpy.Event | None, ...] = ()
+                      ) -> Gen:
+        """Launch module `index`'s op `body` on the compute stream with the collectives it
+        runs in line over the rank's sequence-parallel group (`Module.exchanges`), each an op
+        of its own before or after it; a backward runs the gradients' ones in the reverse
+        order (the forward's after ones first). The host pays each call's launch
+        (`exchange_launch_s`) as it issues them, all with the module. Returns the module op's
+        event."""
+        module = self.plan.modules[index]
+        exchanges = module.exchanges
+        if backward:
+            exchanges = tuple(e for e in reversed(exchanges) if e.backward)
+        if not exchanges:
+            return self.compute.launch(label, body, kind=kind, after=after)
+        yield from self.host_time(len(exchanges) * self.exchange_launch_s)
+        group = self.ctx.groups.sequence[self.rank]
+        ops = [(self.next_key(f"ulysses {e.kind}", group), e) for e in exchanges]
+        first = [op for op in ops if op[1].after == backward]
+        for key, exchange in first:
+            self._launch_exchange(key, exchange, module.name, group, after)
+            after = ()
+        done = self.compute.launch(label, body, kind=kind, after=after)
+        for key, exchange in ops:
+            if exchange.after != backward:
+                self._launch_exchange(key, exchange, module.name, group, ())
+        return done
+
+    def _launch_exchange(self, key: tuple[Any, ...], exchange: Exchange, module: str,
+                         group: tuple[int, ...], after: tuple[simpy.Event | None, ...]) -> None:
+        self.compute.launch(
+            f"ulysses {exchange.kind} {exchange.tensor} {module}",
+            lambda: self.machine.collective(self.rank, key, exchange.kind, exchange.nbytes,
+                                            group),
+            kind=EXCHANGE_KINDS[exchange.kind], after=after, nbytes=exchange.nbytes)
 
     def backward_body(self, index: int, seconds: float,
                       on_end: Callable[[], None] | None = None) -> Body:

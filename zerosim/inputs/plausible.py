@@ -125,6 +125,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "deepspeed.zero_optimization.zero_hpz_partition_size": _count(0, 1e6, "a rank count"),
     "deepspeed.zero_optimization.mics_shard_size": _count(-1, 1e6,
                                                           "a rank count (-1 or 0: off)"),
+    "deepspeed.sequence_parallel_size": _count(1, 1e6, "a rank count"),
     "deepspeed.zero_optimization.zeropp_loco_param.err_beta": Plausible(0, 1, "a fraction"),
     "deepspeed.zero_optimization.zeropp_loco_param.reset_T": _count(0, 1e12, "a step count"),
     "deepspeed.aio.block_size": _count(1, 2**40, "a block size in bytes"),

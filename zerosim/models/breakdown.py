@@ -28,6 +28,7 @@ from zerosim.models.kernels import (
     linear_backward,
 )
 from zerosim.models.spec import ModelSpec
+from zerosim.vocabulary import Collective
 
 OpClass = Literal["matmul", "attention", "elementwise", "embedding"]
 EMBEDDING_KIND = "embedding"
@@ -59,6 +60,9 @@ class Workload:
     bfloat16: bool = False
     """16-bit activations in bfloat16 (PyTorch runs some ops differently than in float16: it
     fuses softmax's up-cast for float16 only)."""
+    sequence_parallel: int = 1
+    """Ulysses sequence parallelism over that many ranks: each holds `sequence_length` over it
+    of every sequence, and its attention takes every token of its share of the heads."""
 
     @property
     def fused_attention(self) -> bool:
@@ -67,7 +71,26 @@ class Workload:
 
     @property
     def tokens(self) -> int:
-        return self.sequence_length * self.micro_batch_size
+        """The tokens one rank's modules take per micro-batch: its slice of each sequence."""
+        return self.sequence_length * self.micro_batch_size // self.sequence_parallel
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A collective over a rank's sequence-parallel group that a module runs on the compute
+    stream, in line with its kernels (Ulysses's all-to-alls around the attention). `nbytes`
+    is its size as `costs.all_to_all` and `costs.ring_collective` take it: the buffer each
+    rank sends of an all-to-all, the gathered tensor of an all-gather. `after`: it runs
+    after the module's kernels going forward (else before them); `backward`: the backward
+    runs it again on the gradient (an all-to-all's backward is the reverse all-to-all), in
+    the reverse order."""
+
+    kind: Collective
+    nbytes: float
+    tensor: str
+    """What it exchanges (for the op's name: `q`, `position_ids`, ...)."""
+    after: bool = False
+    backward: bool = True
 
 
 @dataclass(frozen=True)
@@ -231,7 +254,11 @@ class Recipe:
     output (the layout copy before the output projection); `activation` the MLP's
     intermediate; `residual` the hidden state (twice per block); `softcap` the scores or the
     logits a model caps (`ModelSpec.attention_softcap`, `logit_softcap`); `loss` the
-    logits. A
+    logits; under Ulysses sequence parallelism (`Workload.sequence_parallel`),
+    `ulysses_inputs` Q, K and V as exchanged (laid out for the all-to-all and then for the
+    attention kernel), `ulysses_kv_repeat` K and V replicated where the group outnumbers their
+    heads, `ulysses_output` the attention output laid back after its all-to-all and
+    `ulysses_output_batch` the copies that only a micro-batch above 1 makes there. A
     memory-bound kernel's backward moves its op's `backward_bytes_per_element` where the stack
     reads it off the code (in its `backward_kernels`), else `backward_bytes_factor` times its
     forward bytes, in as many kernels. `score_memory` is what eager attention keeps per
@@ -269,6 +296,10 @@ class Recipe:
     residual: Elementwise = Elementwise()
     softcap: Elementwise = Elementwise()
     loss: Elementwise = Elementwise(1, 10)
+    ulysses_inputs: Elementwise = Elementwise()
+    ulysses_kv_repeat: Elementwise = Elementwise()
+    ulysses_output: Elementwise = Elementwise()
+    ulysses_output_batch: Elementwise = Elementwise()
     backward_bytes_factor: float = 2.0
     score_memory: ScoreMemory = ScoreMemory()
     loss_memory: LossMemory = LossMemory()
@@ -415,6 +446,9 @@ class Module:
     """The first module of a checkpointed block: the block's input, which the checkpoint keeps
     for the block's recompute, in `saved_bytes` or, with `Workload.checkpoint_in_cpu`, in host
     memory."""
+    exchanges: tuple[Exchange, ...] = ()
+    """Collectives over the sequence-parallel group in line with its kernels, in issue order
+    (Ulysses's attention core: `ulysses_exchanges`)."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -493,12 +527,24 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
     return _with_backward(module, (*elementwise_pass(r.norm, elements, w, flops), *after), r)
 
 
+def exchanged_kv_width(spec: ModelSpec, w: Workload) -> int:
+    """Per token of a rank's slice, the width of K (and of V) that Ulysses exchanges and the
+    attention gets: their own heads where the group's size divides them; else each rank gets
+    one head of them, replicated first (`UlyssesSPAttentionHF.kv_replication_factor`), so the
+    group exchanges as many heads as it has ranks. Without sequence parallelism, their width."""
+    size = w.sequence_parallel
+    if size == 1 or spec.num_key_value_heads % size == 0:
+        return spec.kv_hidden_size
+    return size * spec.head_dim
+
+
 def kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:
     """The width per token of K (and of V) as the attention kernels read and save them:
     grouped-query attention's K and V expanded to every head where the stack expands them
     before the rotary embedding, or inside the attention where the path launches the copies
-    (eager attention, SDPA; not flash-attn's kernel, which takes the groups as they are)."""
-    q, hkv = spec.q_size, spec.kv_hidden_size
+    (eager attention, SDPA; not flash-attn's kernel, which takes the groups as they are); as
+    Ulysses exchanges them otherwise (`exchanged_kv_width`)."""
+    q, hkv = spec.q_size, exchanged_kv_width(spec, w)
     if hkv < q and (r.kv_repeat_before_rotary or op_for(r.kv_repeat, w).kernels):
         return q
     return hkv
@@ -520,7 +566,7 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     need its inputs copied into its layout first (`attention_inputs`)."""
     q, hkv, a, s = spec.q_size, spec.kv_hidden_size, spec.num_attention_heads, \
         w.sequence_length
-    t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size
+    t, d, heads = w.tokens, spec.head_dim, a * w.micro_batch_size // w.sequence_parallel
     grouped = hkv < q
     early = grouped and r.kv_repeat_before_rotary
     width = split_width(spec, r)
@@ -532,9 +578,12 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     key_width = q if early else hkv
     rotary = (elementwise_pass(r.rotary, t * (q + key_width), w)
               if spec.position_embedding == "rotary" else ())
-    repeat = elementwise_pass(r.kv_repeat, **repeated) if grouped and not early else ()
-    before = (*projection, *split, *early_repeat, *rotary, *repeat)
-    context = elementwise_pass(r.context, t * q, w)
+    exchanged_kv = exchanged_kv_width(spec, w)
+    repeat = (elementwise_pass(r.kv_repeat, 2 * t * q, w, source_elements=2 * t * exchanged_kv)
+              if exchanged_kv < q and not early else ())
+    exchanged, laid_back = _ulysses_kernels(spec, w, r)
+    before = (*projection, *split, *early_repeat, *rotary, *exchanged, *repeat)
+    context = (*elementwise_pass(r.context, t * q, w), *laid_back)
     if w.fused_attention:
         kv = kv_width(spec, w, r)
         inputs = elementwise_pass(r.attention_inputs, t * (q + 2 * kv), w)
@@ -548,6 +597,65 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     softmax = elementwise_pass(_scores_op(spec, w, r), a * s * t, w)
     return (*before, *query, *key, scores, *operands, *capped, *softmax, *value, mix,
             *context)
+
+
+POSITION_ID_BYTES = 8
+"""transformers' position ids are int64."""
+
+
+def _ulysses_kernels(spec: ModelSpec, w: Workload, r: Recipe
+                     ) -> tuple[tuple[MemoryPass, ...], tuple[MemoryPass, ...]]:
+    """`UlyssesSPAttentionHF.forward`'s kernels around its all-to-alls (none without sequence
+    parallelism): before the attention, the position ids gathered over the group copied out
+    of NCCL's flat buffer into each rank's tensor and joined (`torch.cat`: one kernel each,
+    no gradient), K and V replicated where the group outnumbers their heads
+    (`repeat_interleave`), and Q, K and V laid out for the exchange and then for the kernel;
+    after it, the output laid back into the rank's slice."""
+    size = w.sequence_parallel
+    if size == 1:
+        return (), ()
+    t, q, hkv = w.tokens, spec.q_size, spec.kv_hidden_size
+    kv = exchanged_kv_width(spec, w)
+    positions = POSITION_ID_BYTES * w.micro_batch_size * w.sequence_length
+    gathered = MemoryPass(4 * positions, size + 1, backward_nbytes=0.0, backward_count=0)
+    repeat = (elementwise_pass(r.ulysses_kv_repeat, 2 * t * kv, w, source_elements=2 * t * hkv)
+              if kv != hkv else ())
+    inputs = elementwise_pass(r.ulysses_inputs, t * (q + 2 * kv), w)
+    output = (*elementwise_pass(r.ulysses_output, t * q, w),
+              *elementwise_pass(r.ulysses_output_batch, t * q, w))
+    return (gathered, *repeat, *inputs), output
+
+
+def ulysses_exchanges(spec: ModelSpec, w: Workload) -> tuple[Exchange, ...]:
+    """`UlyssesSPAttentionHF.forward`'s collectives over the group (none without sequence
+    parallelism): the position ids all-gathered (one per token of the whole sequences; no
+    gradient), Q, K and V each all-to-all'd, every rank sending its whole slice
+    (`_combine_local_sequences`: [group, slice, batch, its heads, head dim]), the attention,
+    then its output all-to-all'd back (`_partition_global_sequence`)."""
+    if w.sequence_parallel == 1:
+        return ()
+    t, size = w.tokens, w.dtype_bytes
+    q, kv = spec.q_size, exchanged_kv_width(spec, w)
+    positions = POSITION_ID_BYTES * w.micro_batch_size * w.sequence_length
+    return (Exchange(Collective.ALL_GATHER, positions, "position_ids", backward=False),
+            *(Exchange(Collective.ALL_TO_ALL, size * t * width, name)
+              for name, width in (("q", q), ("k", kv), ("v", kv))),
+            Exchange(Collective.ALL_TO_ALL, size * t * q, "output", after=True))
+
+
+ULYSSES_BUFFERS = 2
+"""What Ulysses holds at once, per element of the tensors it exchanges: each tensor's layout
+copy for the all-to-all and the all-to-all's output, until the copy into the kernel's layout
+(which the attention keeps) is made and they go."""
+
+
+def _ulysses_workspace(spec: ModelSpec, w: Workload) -> float:
+    """The bytes `ULYSSES_BUFFERS` come to for Q, K and V (the larger side: the output's
+    exchange holds as much for Q alone), going forward and, for their gradients, back."""
+    if w.sequence_parallel == 1:
+        return 0.0
+    q, kv = spec.q_size, exchanged_kv_width(spec, w)
+    return ULYSSES_BUFFERS * w.dtype_bytes * w.tokens * (q + 2 * kv)
 
 
 def _sinks_module(spec: ModelSpec, p: str, layer: int, w: Workload, r: Recipe) -> Module:
@@ -629,9 +737,15 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     q, t = spec.q_size, w.tokens
     dense_flops = 4.0 * t * w.sequence_length * q
     qkv_saved = w.dtype_bytes * t * (q + 2 * kv_width(spec, w, r))
-    return _with_backward(_core_module(spec, layer, w, r, dense_flops, qkv_saved, dropout,
+    core = _with_backward(_core_module(spec, layer, w, r, dense_flops, qkv_saved, dropout,
                                        _fused_output_kept_apart(spec, w, r)),
                           _attention_kernels(spec, w, r), r)
+    if w.sequence_parallel == 1:
+        return core
+    workspace = _ulysses_workspace(spec, w)
+    return replace(core, exchanges=ulysses_exchanges(spec, w),
+                   transient_bytes=core.transient_bytes + workspace,
+                   backward_transient_bytes=core.backward_transient_bytes + workspace)
 
 
 def _core_module(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dense_flops: float,

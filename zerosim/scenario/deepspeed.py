@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import (
@@ -234,6 +234,8 @@ class _DeepSpeedRaw(_Open):
     optimizer: _Optimizer = _Optimizer()
     data_types: _DataTypes = _DataTypes()
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
+    sequence_parallel_size: int = Field(1, ge=1)
+    seq_parallel_communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
     zero_optimization: _Zero = _Zero()
     aio: _Aio | None = None
     memory_breakdown: StrictBool = False
@@ -242,6 +244,8 @@ class _DeepSpeedRaw(_Open):
     managed_gradient_accumulation: StrictBool = True
     """Read raw as well (`get_scalar_param`), and tested by its falsity: only true and false
     are taken."""
+
+    _whole = field_validator("sequence_parallel_size", mode="before")(_whole)
 
 
 @dataclass(frozen=True)
@@ -502,6 +506,15 @@ class DeepSpeedConfig:
     managed_accumulation: bool = True
     """`managed_gradient_accumulation` (DeepSpeed 0.19.4+): false makes step() the
     accumulation boundary instead of the last micro-batch's backward."""
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism (`sequence_parallel_size`): groups of that many
+    consecutive ranks each train on one slice of the same sequences, exchanging them by
+    all-to-alls around each attention (1: off). Batch sizes count the groups, not the ranks."""
+
+    def sequence_groups(self, world: int) -> int:
+        """How many sequence-parallel groups `world` ranks make: the data-parallel degree of
+        the batch (`world` without sequence parallelism)."""
+        return world // self.sequence_parallel_size
 
     @property
     def low_precision_master(self) -> bool:
@@ -557,6 +570,9 @@ class DeepSpeedConfig:
             "aio": self.aio.to_dict(),
             "memory_breakdown": self.memory_breakdown,
             **({} if self.managed_accumulation else {"managed_gradient_accumulation": False}),
+            **({"sequence_parallel_size": self.sequence_parallel_size,
+                "seq_parallel_communication_data_type": self.communication_dtype}
+               if self.sequence_parallel_size > 1 else {}),
         }
 
 
@@ -1168,6 +1184,52 @@ def _autotp_size(raw: _DeepSpeedRaw, behaviours: Behaviours, source: str) -> int
     return size
 
 
+SEQUENCE_PARALLEL_KEY = "deepspeed.sequence_parallel_size"
+
+
+def _sequence_groups(data: Any, world: int, source: str) -> int:
+    """The data-parallel degree DeepSpeed's batch arithmetic counts (runtime/config.py: with
+    `sequence_parallel_size` in the config, the world size over it), read before the section
+    is validated, as "auto" values are filled from it: the ranks over the sequence-parallel
+    size, which must divide them (the groups are whole; Accelerate asserts
+    `dp_replicate_size x dp_shard_size x sp_size = num_processes`). A value that is not a
+    whole number >= 1 is left for the section's validation to refuse."""
+    size = data.get("sequence_parallel_size", 1) if isinstance(data, Mapping) else 1
+    if isinstance(size, float) and size.is_integer():
+        size = int(size)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return world
+    if world % size:
+        raise ScenarioError(source, SEQUENCE_PARALLEL_KEY,
+                            f"a divisor of the {world} ranks (data_parallel): each "
+                            "sequence-parallel group is that many whole ranks", size)
+    return world // size
+
+
+class SequenceParallelWarning(ScenarioWarning):
+    """A ds_config value that sequence parallelism overrides."""
+
+
+def _communication_dtype(raw: _DeepSpeedRaw, dtype: str, source: str) -> str:
+    """The dtype ZeRO reduces gradients in: `communication_data_type` (default the training
+    dtype), except under sequence parallelism, where the engine replaces it with
+    `seq_parallel_communication_data_type`, default fp32 (runtime/engine.py, 0.17.0 to
+    0.19.5: `self.communication_data_type = self._config.seq_parallel_communication_data_type`
+    once the sequence-parallel group has more than one rank), whatever
+    `communication_data_type` says."""
+    if raw.sequence_parallel_size == 1:
+        return raw.communication_data_type or dtype
+    chosen = raw.seq_parallel_communication_data_type or "fp32"
+    if raw.communication_data_type not in (None, chosen):
+        warnings.warn(f"{source}: deepspeed.communication_data_type "
+                      f"{raw.communication_data_type} does nothing with sequence_parallel_size "
+                      f"{raw.sequence_parallel_size}: DeepSpeed reduces the gradients in "
+                      f"seq_parallel_communication_data_type ({chosen}"
+                      f"{'' if raw.seq_parallel_communication_data_type else ', its default'})",
+                      SequenceParallelWarning, stacklevel=6)
+    return chosen
+
+
 @dataclass(frozen=True)
 class DeepSpeedResolution:
     """A resolved ds_config and what resolving it said: ignored keys, legacy keys mapped (one
@@ -1195,7 +1257,9 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
                       trainer: TrainerContext, build_label: str = "") -> DeepSpeedResolution:
     """Validate the section and fill DeepSpeed's code defaults for a release's behaviours
     (and a fork build's options: `build_label`, the version's local label)."""
-    data, legacy, auto = _prepare(data or {}, behaviours, trainer, source)
+    sequence_groups = _sequence_groups(data, trainer.world_size, source)
+    data, legacy, auto = _prepare(data or {}, behaviours,
+                                  replace(trainer, world_size=sequence_groups), source)
     check_closed_sections(data, source)
     raw: _DeepSpeedRaw = validate_section(_DeepSpeedRaw, data, source=source,
                                           prefix="deepspeed")
@@ -1203,7 +1267,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
     zero = raw.zero_optimization
     dtype = _dtype(raw, source)
     batch = batch_sizes(raw.train_batch_size, raw.train_micro_batch_size_per_gpu,
-                        raw.gradient_accumulation_steps, world_size=trainer.world_size,
+                        raw.gradient_accumulation_steps, world_size=sequence_groups,
                         source=source)
     if raw.optimizer.type.lower() not in MODELLED_OPTIMIZERS:
         raise ScenarioError(source, "deepspeed.optimizer.type",
@@ -1227,7 +1291,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         gradient_accumulation_steps=_accumulation(batch.gradient_accumulation_steps, zenflow),
         dtype=dtype,
         grad_accum_dtype=raw.data_types.grad_accum_dtype or dtype,
-        communication_dtype=raw.communication_data_type or dtype,
+        communication_dtype=_communication_dtype(raw, dtype, source),
         gradient_clipping=clip_default if raw.gradient_clipping is None
         else raw.gradient_clipping,
         optimizer=raw.optimizer.type,
@@ -1256,6 +1320,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         zero_plus_plus=_zero_plus_plus(zero, behaviours, trainer.world_size, source),
         mics=_mics(zero, behaviours, trainer.world_size, source),
         managed_accumulation=_managed_accumulation(raw, behaviours, source),
+        sequence_parallel_size=raw.sequence_parallel_size,
     )
     unmodelled = [key for key in unmodelled_keys(raw, source)
                   if not (behaviours.autotp_training and key == "deepspeed.tensor_parallel")]

@@ -23,7 +23,7 @@ def check_supported(scenario: Any) -> None:
                  _hpz_is_replayed, _qgz_groups_fit, _qgz_reduces_by_reduce_scatter,
                  _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
                  _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone,
-                 _unmanaged_accumulation_is_replayed):
+                 _unmanaged_accumulation_is_replayed, _ulysses_runs, _ulysses_is_replayed):
         rule(scenario)
 
 
@@ -697,3 +697,83 @@ def _unmanaged_accumulation_is_replayed(scenario: Any) -> None:
     if ds.offload_optimizer.super_offload:
         _refuse(scenario, key, "true with super_offload (not replayed)", False)
 
+
+
+SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
+
+
+def _ulysses_runs(scenario: Any) -> None:
+    """Where DeepSpeed's Ulysses for transformers' models stops (runtime/sequence_parallel/
+    ulysses_sp.py, 0.17.0 to 0.19.5): a release before it; eager attention, which wants a
+    4D mask SP discards (`register_with_transformers` raises); heads that do not split over
+    the group (`UlyssesSPAttentionHF` raises unless the size divides the attention heads and
+    divides, or is divided by, the key-value heads); a sequence that does not split into
+    equal slices (the data loader adapter shards it evenly)."""
+    size = scenario.deepspeed.sequence_parallel_size
+    if size == 1:
+        return
+    if not scenario.behaviours.ulysses_hf:
+        _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.17.0 (Ulysses for "
+                "transformers' models, UlyssesSPAttentionHF, is new in 0.17.0)", size)
+    if scenario.attention == "eager":
+        _refuse(scenario, "attention", "flash or sdpa with sequence_parallel_size "
+                f"{size} (DeepSpeed raises: 'eager attn_implementation isn't currently "
+                "supported by Ulysses sequence parallelism because it requires a 4D "
+                "attention_mask')", scenario.attention)
+    model = scenario.model
+    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    if heads % size:
+        _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of the {heads} attention heads "
+                f"(DeepSpeed raises 'Attention head count {heads} is not divisible by SP "
+                f"size {size}')", size)
+    if kv_heads % size and size % kv_heads:
+        _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor or a multiple of the {kv_heads} "
+                f"key-value heads (DeepSpeed raises 'KV attention head count {kv_heads} is "
+                f"not divisible by SP size {size} or vice versa')", size)
+    if scenario.sequence_length % size:
+        _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of sequence_length "
+                f"{scenario.sequence_length} (each rank of a group takes an equal slice)",
+                size)
+
+
+def _ulysses_is_replayed(scenario: Any) -> None:
+    """zerosim replays Ulysses as DeepSpeed's `UlyssesSPAttentionHF` runs in transformers'
+    attention (a stack of transformers' module tree), around standard multi-head or
+    grouped-query attention, with ZeRO's own partitioning over every rank: not Megatron-
+    DeepSpeed's `DistributedAttention`, MLA or attention sinks (their heads do not take
+    that exchange as it is), MiCS or ZeRO++ (their groups), ZenFlow, SuperOffload or the
+    fork's interleaved update."""
+    ds = scenario.deepspeed
+    size = ds.sequence_parallel_size
+    if size == 1:
+        return
+    if scenario.stack.recipe.module_tree != "transformers":
+        _refuse(scenario, "runtime.framework", "a stack of transformers' models (hf-"
+                f"transformers) with sequence_parallel_size {size}: zerosim replays DeepSpeed's "
+                "UlyssesSPAttentionHF, not Megatron-DeepSpeed's DistributedAttention",
+                scenario.stack.name)
+    model = scenario.model
+    for flag, what in ((model.mla is not None, "multi-head latent attention"),
+                       (model.attention_sinks, "attention sinks")):
+        if flag:
+            _refuse(scenario, SEQUENCE_PARALLEL, f"1 for a model with {what} (zerosim does "
+                    "not replay Ulysses around it)", size)
+    zpp, o = ds.zero_plus_plus, ds.offload_optimizer
+    for key, value, on in (("zero_optimization.mics_shard_size", ds.mics.shard_size,
+                            ds.mics.acts(ds.stage)),
+                           ("zero_optimization.zero_hpz_partition_size",
+                            zpp.hpz_partition_size, zpp.hpz_partition_size > 1),
+                           ("zero_optimization.zero_quantized_weights", True,
+                            zpp.quantized_weights),
+                           ("zero_optimization.zero_quantized_gradients", True,
+                            zpp.quantized_gradients),
+                           ("zero_optimization.zenflow", "set", ds.zenflow is not None),
+                           ("zero_optimization.offload_optimizer.super_offload", True,
+                            o.super_offload),
+                           ("zero_optimization.offload_optimizer.prefetch_optimizer", True,
+                            o.prefetch_optimizer)):
+        if on:
+            _refuse(scenario, f"deepspeed.{key}", f"off with sequence_parallel_size {size} "
+                    "(zerosim replays Ulysses beside ZeRO's own partitioning over every rank, "
+                    "not with MiCS, ZeRO++, ZenFlow, SuperOffload or the fork's interleaved "
+                    "update)", value)

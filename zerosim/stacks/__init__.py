@@ -66,12 +66,17 @@ LEAF_HOOK_KEY = "host.leaf_hook_share"
 """The optional share of `host.fetch_hook_us` that a ZeRO-3 leaf's hook still pays for each
 module with parameters inside it beyond its first (`SoftwareStack.leaf_hook_share`; 0 when
 absent: a leaf's hook costs one module's)."""
+EXCHANGE_LAUNCH_KEY = "host.exchange_launch_us"
+"""The optional host time of a collective the framework calls itself, outside ZeRO's
+bookkeeping (Ulysses's all-to-alls: `SoftwareStack.exchange_launch_s`; absent: the stack's
+`host.collective_launch_us`)."""
 GC_OBJECT_KEY = "host.gc_per_object_ns"
 """The optional host time of a full `gc.collect()` per object the collector tracks
 (`SoftwareStack.gc_object_s`; 0 when absent): what DeepSpeed's `memory_breakdown` costs."""
 OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: ("used_param_check_s", US),
                        STEP_TENSOR_KEY: ("step_tensor_s", US),
                        REGATHER_TENSOR_KEY: ("regather_tensor_s", US),
+                       EXCHANGE_LAUNCH_KEY: ("plain_collective_launch_s", US),
                        GC_OBJECT_KEY: ("gc_object_s", 1e-9)}
 """Optional per-item host-time keys -> (`SoftwareStack` field, scale to seconds)."""
 GC_ZERO3_KEY = "processes.gc_objects_per_zero3_tensor"
@@ -124,11 +129,15 @@ source: '...'}` (`in_attention`, the default: inside eager attention, after the 
 embedding, as transformers does; `before_rotary`: right after the QKV split, whatever the
 attention kernel, so the rotary embedding acts on the expanded K, as Megatron-DeepSpeed does;
 `Recipe.kv_repeat_before_rotary`)."""
+ULYSSES_KERNEL_OPS = ("ulysses_inputs", "ulysses_kv_repeat", "ulysses_output",
+                      "ulysses_output_batch")
+"""The copies DeepSpeed's Ulysses makes around its all-to-alls (`Recipe.ulysses_inputs`, ...):
+a stack that runs no Ulysses leaves them out."""
 KERNEL_OPS = ("norm", "projection_split", "query_split", "rotary", "kv_repeat",
               "attention_inputs", "matmul_inputs", "score_operands", "scores", "context",
-              "activation", "residual", "softcap", "loss")
+              "activation", "residual", "softcap", "loss", *ULYSSES_KERNEL_OPS)
 OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "matmul_inputs",
-                       "score_operands", "softcap")
+                       "score_operands", "softcap", *ULYSSES_KERNEL_OPS)
 """Kernel entries a stack may leave out (no kernels)."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
@@ -237,6 +246,9 @@ class SoftwareStack:
     gradient, `_reassign_or_swap_out_partitioned_parameters` unflattening its partition."""
     regather_tensor_s: float = 0.0
     """Host time per persistent tensor the step's `_post_step` gathers again."""
+    plain_collective_launch_s: float | None = None
+    """Host time of a collective the framework calls itself through `deepspeed.comm`, outside
+    ZeRO's bookkeeping (None: not given; `exchange_launch_s`)."""
     leaf_hook_share: float = 0.0
     """What a ZeRO-3 leaf's hooks cost beyond one module's, per module with parameters inside
     it beyond its first, as a share of `fetch_hook_s`: the leaf spares those modules' own hooks
@@ -303,6 +315,14 @@ class SoftwareStack:
         a process training `tensors` parameter tensors (`gc_objects_held`)."""
         return (self.on_core(self.gc_object_s, core_Hz)
                 * self.gc_objects_held(tensors, partitioned=partitioned))
+
+    @property
+    def exchange_launch_s(self) -> float:
+        """Host time per collective of Ulysses's exchanges: the stack's own value for a plain
+        `deepspeed.comm` call, else what it charges ZeRO's collectives."""
+        if self.plain_collective_launch_s is None:
+            return self.collective_launch_s
+        return self.plain_collective_launch_s
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
