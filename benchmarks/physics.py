@@ -103,6 +103,7 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
                              ZERO + "mics_hierarchical_params_gather": True}),
     ("unmanaged accumulation, study DP=4, 0.19.5", SCENARIOS / "llama13b_dp4.yaml",
      {"runtime.deepspeed_version": "0.19.5", "deepspeed.managed_gradient_accumulation": False}),
+    ("Ulysses over 8 H100s, 128K tokens", SCENARIOS / "llama8b_ulysses_dgx_h100.yaml", {}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),

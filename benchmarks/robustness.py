@@ -23,7 +23,9 @@ they changed, the parameters on the GPU or the CPU; and MiCS's shard groups (1 t
 flat and hierarchical) on four Polaris nodes at three releases, nothing offloaded, micro-batch
 1 and 4; and unmanaged gradient accumulation (0.19.5) at ZeRO-3 with the optimizer, the
 parameters, both or nothing offloaded and ZeRO-2 with the optimizer or nothing offloaded, GA 1
-and 4; and three models
+and 4; and Ulysses sequence parallelism (0.19.5) for Llama-3.1-8B on 1 to 4 DGX H100 nodes,
+groups of 4 to 16 GPUs (one across two nodes), 16K to 256K tokens, at ZeRO-1/2/3 with the
+optimizer, both or nothing offloaded; and three models
 with their checkpointed
 block inputs in host memory (`runtime.checkpoint_in_cpu`) on both testbeds at micro-batches 1
 to 16, synchronizing each layer or not, the parameters on the GPU or the CPU; and
@@ -123,6 +125,13 @@ UNMANAGED_LAYOUTS = ((3, "cpu", "none"), (3, "cpu", "cpu"), (3, "none", "cpu"),
 """Unmanaged gradient accumulation (0.19.5) where zerosim replays it: ZeRO-3 with the
 optimizer, the parameters, both or nothing offloaded, ZeRO-2 with the optimizer or nothing
 offloaded."""
+ULYSSES_LAYOUTS = ((1, 8, 1), (2, 16, 2), (1, 4, 4), (2, 8, 8), (4, 4, 16))
+"""Ulysses (0.19.5) for Llama-3.1-8B on DGX H100 nodes: (nodes, group size, sequence length in
+units of 16K tokens): a group a node, one across two nodes (K and V replicated to its 16
+ranks), two groups a node."""
+ULYSSES_MODES = ((3, "cpu", "none"), (3, "cpu", "cpu"), (3, "none", "none"), (2, "cpu", "none"),
+                 (1, "none", "none"))
+"""ZeRO stages and what each offloads (optimizer, parameters) under Ulysses."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -283,6 +292,15 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "deepspeed.zero_optimization.mics_shard_size": shard,
                     "deepspeed.zero_optimization.mics_hierarchical_params_gather":
                         hierarchical}))
+    for nodes, size, sixteen_k in ULYSSES_LAYOUTS[::2] if quick else ULYSSES_LAYOUTS:
+        for stage, optimizer, params in ULYSSES_MODES:
+            out.append((ROOT / "scenarios" / "llama8b_ulysses_dgx_h100.yaml", {
+                "hardware": {"profile": "dgx-h100", "overrides": {"nodes": nodes}},
+                "data_parallel": 8 * nodes, "sequence_length": 16384 * sixteen_k,
+                "deepspeed.sequence_parallel_size": size,
+                "deepspeed.zero_optimization.stage": stage,
+                "deepspeed.zero_optimization.offload_optimizer.device": optimizer,
+                PARAMS + "device": params}))
     for stage, optimizer, params in UNMANAGED_LAYOUTS:
         for accumulation in (1, 4):
             out.append((POLARIS / f"{MULTI_NODE_MODELS[1]}.yaml", {

@@ -181,8 +181,9 @@ class RankProgram:
             yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
             body = core.backward_body(index, core.ctx.costs.backward_s[index],
                                       on_end=lambda i=index: self.gradients.store.produce(i))
-            done = yield from core.launch_around(index, body, f"backward {module.name}",
-                                                 OpKind.BACKWARD, backward=True, after=(ready,))
+            done = yield from core.launch_with_exchanges(
+                index, body, f"backward {module.name}", OpKind.BACKWARD, backward=True,
+                after=(ready,))
             once = index in core.plan.leaves
             for k, param in enumerate(core.plan.params[index]):
                 if ((counting == "every_hook" and not (once and k))
@@ -252,5 +253,5 @@ class RankProgram:
         core.release_device_memory(module.transient_bytes)
         label = "forward" if kind == OpKind.FORWARD else "recompute"
         body = core.forward_body(index, core.ctx.costs.forward_s[index], saved_bytes)
-        yield from core.launch_around(index, body, f"{label} {module.name}", kind,
-                                      backward=False, after=(ready,))
+        yield from core.launch_with_exchanges(index, body, f"{label} {module.name}", kind,
+                                              backward=False, after=(ready,))

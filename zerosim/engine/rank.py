@@ -469,7 +469,7 @@ class RankCore:
             self.gpu.free(Category.WORKSPACE, workspace)
         return body
 
-    def launch_around(self, index: int, body: Body, label: str, kind: OpKind, *,
+    def launch_with_exchanges(self, index: int, body: Body, label: str, kind: OpKind, *,
                       backward: bool, after: tuple[simpy.Event | None, ...] = ()
                       ) -> Gen:
         """Launch module `index`'s op `body` on the compute stream with the collectives it
