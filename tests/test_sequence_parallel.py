@@ -240,3 +240,12 @@ def test_check_says_so(toy, tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["sequence_parallel"] == {
         "size": 2, "groups": 2, "tokens_per_rank": 32, "communication_dtype": "fp32"}
+
+
+def test_the_size_is_a_whole_number(toy):
+    """2.0 is 2 (JSON's numbers); a text is refused, as DeepSpeed's batch arithmetic would
+    fail dividing the world size by it, and it is read before the section is validated."""
+    assert toy.scenario(_patch(2.0, gpus=4), gpus=4).deepspeed.train_batch_size == 2
+    with pytest.raises(ScenarioError, match="sequence_parallel_size: expected an integer, "
+                       "got '2'"):
+        toy.scenario(_patch("2", gpus=4), gpus=4)

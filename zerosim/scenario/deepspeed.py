@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     StrictStr,
     field_validator,
 )
@@ -234,7 +235,9 @@ class _DeepSpeedRaw(_Open):
     optimizer: _Optimizer = _Optimizer()
     data_types: _DataTypes = _DataTypes()
     communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
-    sequence_parallel_size: int = Field(1, ge=1)
+    sequence_parallel_size: StrictInt = Field(1, ge=1)
+    """Read raw by DeepSpeed's batch arithmetic (a text would not divide the world size), and
+    before this section is validated (`_sequence_groups`): a whole number only."""
     seq_parallel_communication_data_type: Literal["fp32", "fp16", "bf16"] | None = None
     zero_optimization: _Zero = _Zero()
     aio: _Aio | None = None
