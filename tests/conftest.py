@@ -184,6 +184,22 @@ class Toy:
             fold_nodes: bool = True) -> zerosim.Result:
         return zerosim.simulate(self.scenario(patch, gpus=gpus), fold_nodes=fold_nodes)
 
+    def check_json(self, patch: Mapping[str, Any] | None, folder: Path, *, gpus: int = 1
+                   ) -> dict[str, Any]:
+        """What `zerosim check --json` prints for the scenario, written to `folder` first."""
+        import json
+
+        import yaml
+        from click.testing import CliRunner
+
+        from zerosim.cli import main
+
+        path = folder / "toy.yaml"
+        path.write_text(yaml.safe_dump(self.tree(patch, gpus=gpus)))
+        result = CliRunner().invoke(main, ["check", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
     def run_ok(self, patch: Mapping[str, Any] | None = None, *, gpus: int = 1,
                fold_nodes: bool = True) -> zerosim.Result:
         """`run`, its scenario's warnings quiet, checked to have fitted."""

@@ -223,22 +223,16 @@ def test_mics_replays_alike_with_every_rank_simulated(toy, zero):
 
 
 def test_check_says_mics(toy, tmp_path):
-    import yaml
-    from click.testing import CliRunner
-
-    from zerosim.cli import main
     from zerosim.report import _mode
 
     patch = _patch(mics_shard_size=2, **NO_OFFLOAD)
     assert _mode(_scenario(toy, patch)).endswith(
         "MiCS (partitioned over groups of 2 ranks, gradients all-reduced across the 2 groups "
         "at the boundary)")
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(toy.tree(patch, gpus=2)))
-    result = CliRunner().invoke(main, ["check", str(path), "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["mics"] == {"shard_size": 2, "replicas": 2,
-                                                 "hierarchical_gather": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MicsWarning)
+        printed = toy.check_json(patch, tmp_path, gpus=2)
+    assert printed["mics"] == {"shard_size": 2, "replicas": 2, "hierarchical_gather": False}
 
 
 def test_estimate_says_what_deepspeeds_estimator_does_not_know(toy, tmp_path):

@@ -220,12 +220,6 @@ def test_folded_runs_are_the_full_simulation(toy, gpus, nodes, stage):
 
 def test_check_says_so(toy, tmp_path):
     """ZeRO partitions over every rank, whatever the groups; `check` names them."""
-    import json
-
-    import yaml
-    from click.testing import CliRunner
-
-    from zerosim.cli import main
     from zerosim.report import _mode
 
     patch = _patch(2, gpus=4)
@@ -234,11 +228,7 @@ def test_check_says_so(toy, tmp_path):
     assert _mode(scenario).endswith(
         "Ulysses sequence parallelism (groups of 2 ranks, each holding 1/2 of every sequence; "
         "gradients reduced in fp32)")
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(toy.tree(patch, gpus=4)))
-    result = CliRunner().invoke(main, ["check", str(path), "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["sequence_parallel"] == {
+    assert toy.check_json(patch, tmp_path, gpus=4)["sequence_parallel"] == {
         "size": 2, "groups": 2, "tokens_per_rank": 32, "communication_dtype": "fp32"}
 
 

@@ -470,8 +470,8 @@ class RankCore:
         return body
 
     def launch_with_exchanges(self, index: int, body: Body, label: str, kind: OpKind, *,
-                      backward: bool, after: tuple[simpy.Event | None, ...] = ()
-                      ) -> Gen:
+                              backward: bool, after: tuple[simpy.Event | None, ...] = ()
+                              ) -> Gen:
         """Launch module `index`'s op `body` on the compute stream with the collectives it
         runs in line over the rank's sequence-parallel group (`Module.exchanges`), each an op
         of its own before or after it; a backward runs the gradients' ones in the reverse

@@ -603,6 +603,11 @@ POSITION_ID_BYTES = 8
 """transformers' position ids are int64."""
 
 
+def _position_ids_bytes(w: Workload) -> int:
+    """The position ids of a micro-batch's whole sequences, as Ulysses gathers them."""
+    return POSITION_ID_BYTES * w.micro_batch_size * w.sequence_length
+
+
 def _ulysses_kernels(spec: ModelSpec, w: Workload, r: Recipe
                      ) -> tuple[tuple[MemoryPass, ...], tuple[MemoryPass, ...]]:
     """`UlyssesSPAttentionHF.forward`'s kernels around its all-to-alls (none without sequence
@@ -616,8 +621,8 @@ def _ulysses_kernels(spec: ModelSpec, w: Workload, r: Recipe
         return (), ()
     t, q, hkv = w.tokens, spec.q_size, spec.kv_hidden_size
     kv = exchanged_kv_width(spec, w)
-    positions = POSITION_ID_BYTES * w.micro_batch_size * w.sequence_length
-    gathered = MemoryPass(4 * positions, size + 1, backward_nbytes=0.0, backward_count=0)
+    gathered = MemoryPass(4 * _position_ids_bytes(w), size + 1, backward_nbytes=0.0,
+                          backward_count=0)
     repeat = (elementwise_pass(r.ulysses_kv_repeat, 2 * t * kv, w, source_elements=2 * t * hkv)
               if kv != hkv else ())
     inputs = elementwise_pass(r.ulysses_inputs, t * (q + 2 * kv), w)
@@ -636,8 +641,8 @@ def ulysses_exchanges(spec: ModelSpec, w: Workload) -> tuple[Exchange, ...]:
         return ()
     t, size = w.tokens, w.dtype_bytes
     q, kv = spec.q_size, exchanged_kv_width(spec, w)
-    positions = POSITION_ID_BYTES * w.micro_batch_size * w.sequence_length
-    return (Exchange(Collective.ALL_GATHER, positions, "position_ids", backward=False),
+    return (Exchange(Collective.ALL_GATHER, _position_ids_bytes(w), "position_ids",
+                     backward=False),
             *(Exchange(Collective.ALL_TO_ALL, size * t * width, name)
               for name, width in (("q", q), ("k", kv), ("v", kv))),
             Exchange(Collective.ALL_TO_ALL, size * t * q, "output", after=True))
