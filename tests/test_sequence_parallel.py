@@ -172,12 +172,12 @@ def test_the_exchanges_run_in_line_on_the_compute_stream(toy):
 
 
 def test_the_host_pays_each_call(toy):
-    """With the stack's `exchange_launch_us` at 30 us, each layer's forward has the host
+    """With the stack's `plain_collective_us` at 30 us, each layer's forward has the host
     issue five calls more (150 us), its backward four (120 us), two layers each; on a GPU
     a thousand times the toy's, the phases are the host's path."""
     def forward_and_backward(launch_us: float) -> tuple[float, float]:
         patch = _patch(2)
-        patch["runtime"]["framework"] = {"host": {"exchange_launch_us": {
+        patch["runtime"]["framework"] = {"host": {"plain_collective_us": {
             "value": launch_us, "basis": "assumed", "source": "test"}}}
         patch["hardware"] = {"gpu": {"peak_16bit_TFLOPS": {"value": 1000, "source": "test"},
                                      "hbm_GBps": {"value": 1e6, "source": "test"}}}

@@ -339,6 +339,26 @@ def test_qgz_times_a_matrix_as_its_kernels_and_all_to_alls_take(toy):
     assert list(buffers.bytes.iloc[-4:]) == [44_032, 44_032 + 8_192, 44_032, 0]
 
 
+def test_qgz_pays_each_all_to_all_as_a_plain_call(toy):
+    """qgZ's four `all_to_all_single` calls a matrix are plain `deepspeed.comm` calls: the
+    host pays the stack's `plain_collective_us` for each, not ZeRO's `collective_launch_us`
+    (held at 0 here). The 16 matrices at 100 us a call hold the host 6.4 ms more in the
+    backward, on a GPU a thousand times the toy's, where the backward is the host's path
+    but for the few microseconds the all-to-alls take across the toy's NICs, which the
+    host's time then hides."""
+    def backward_s(plain_us: float) -> float:
+        patch = _two_nodes()
+        patch["runtime"]["framework"] = {"host": {"plain_collective_us": {
+            "value": plain_us, "basis": "assumed", "source": "test"}}}
+        patch["hardware"]["gpu"] = {"peak_16bit_TFLOPS": {"value": 1000, "source": "test"},
+                                    "hbm_GBps": {"value": 1e6, "source": "test"}}
+        phases = _run(toy, patch, gpus=2).phases
+        phases = phases[(phases["rank"] == 0) & (phases.phase == Phase.BACKWARD)]
+        return float((phases.end_s - phases.start_s).sum())
+
+    assert backward_s(100) - backward_s(0) == pytest.approx(16 * 4 * 100e-6, abs=1e-5)
+
+
 @pytest.mark.parametrize(("version", "falls_back"), [("0.13.1", None), ("0.13.2", True)])
 def test_qgz_on_a_matrix_that_does_not_split_in_two_world_sizes(toy, version, falls_back):
     """World 6 on three nodes: the 64 x 64 projections (4,096 elements) are not a multiple of

@@ -328,7 +328,8 @@ class PartitionedParams:
                 else [self._key(Collective.ALL_GATHER, ranks) for _ in sizes] if secondary
                 else [core.next_key(Collective.ALL_GATHER) for _ in sizes])
         quantized = self.quantized and core.distributed
-        core.launches += core.distributed * len(sizes) * (1 + quantized)
+        core.launches += core.distributed * len(sizes)
+        core.plain_launches += core.distributed * len(sizes) * quantized
         for index in todo:
             self.gathered_bytes[index], reserve_s = self._hold(
                 core.dtype_bytes * plan.gathered_numel[index], plan.modules[index].name)

@@ -173,7 +173,7 @@ class QuantizedGradientReduction:
         done = None
         for i, tensor in enumerate(tensors):
             if tensor.groups:
-                core.launches += ALL_TO_ALLS
+                core.plain_launches += ALL_TO_ALLS
                 yield from core.host_time((QUANTIZER_KERNELS + LOCO_KERNELS * self.loco
                                            + self.nodes + 1) * core.kernel_launch_s)
                 work = self._quantized(tensor, bucket, stream)

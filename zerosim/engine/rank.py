@@ -160,12 +160,15 @@ class RankCore:
         self.buffer = host_buffer(self.pinned)
         self.activations: dict[int, int] = {}
         self.launches = 0
+        self.plain_launches = 0
+        """Collectives called straight through `deepspeed.comm` since the last
+        `pay_launches` (qgZ's all-to-alls, qwZ's scales), at `plain_collective_s` each."""
         stack, core_Hz = ctx.scenario.stack, self.profile.cpu_boost_Hz
         self.kernel_launch_s = stack.on_core(stack.kernel_launch_s, core_Hz)
         self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
         self.leaf_hook_share = stack.leaf_hook_share
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
-        self.exchange_launch_s = stack.on_core(stack.exchange_launch_s, core_Hz)
+        self.plain_collective_s = stack.on_core(stack.plain_collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
         self.step_s = stack.on_core(stack.step_s, core_Hz)
         self.memory_report_s = (stack.memory_report_s(len(self.plan.all_params), core_Hz,
@@ -447,11 +450,14 @@ class RankCore:
         return self.host_time(launches * self.kernel_launch_s + self.reserve_s(device_bytes))
 
     def pay_launches(self) -> Waits:
-        """Host time of the collectives launched since the last call, with the `cudaMalloc`
-        of their buffers (`deferred_host_s`)."""
+        """Host time of the collectives launched since the last call (ZeRO's, then the plain
+        calls among them: `plain_launches`), with the `cudaMalloc` of their buffers
+        (`deferred_host_s`)."""
         launches, self.launches = self.launches, 0
+        plain, self.plain_launches = self.plain_launches, 0
         deferred, self.deferred_host_s = self.deferred_host_s, 0.0
-        return self.host_time(launches * self.collective_launch_s + deferred)
+        return self.host_time(launches * self.collective_launch_s
+                              + plain * self.plain_collective_s + deferred)
 
     # ------------------------------------------------------------------ compute
 
@@ -476,7 +482,7 @@ class RankCore:
         runs in line over the rank's sequence-parallel group (`Module.exchanges`), each an op
         of its own before or after it; a backward runs the gradients' ones in the reverse
         order (the forward's after ones first). The host pays each call's launch
-        (`exchange_launch_s`) as it issues them, all with the module. Returns the module op's
+        (`plain_collective_s`) as it issues them, all with the module. Returns the module op's
         event."""
         module = self.plan.modules[index]
         exchanges = module.exchanges
@@ -484,7 +490,7 @@ class RankCore:
             exchanges = tuple(e for e in reversed(exchanges) if e.backward)
         if not exchanges:
             return self.compute.launch(label, body, kind=kind, after=after)
-        yield from self.host_time(len(exchanges) * self.exchange_launch_s)
+        yield from self.host_time(len(exchanges) * self.plain_collective_s)
         group = self.ctx.groups.sequence[self.rank]
         ops = [(self.next_key(f"ulysses {e.kind}", group), e) for e in exchanges]
         first = [op for op in ops if op[1].after == backward]

@@ -66,17 +66,17 @@ LEAF_HOOK_KEY = "host.leaf_hook_share"
 """The optional share of `host.fetch_hook_us` that a ZeRO-3 leaf's hook still pays for each
 module with parameters inside it beyond its first (`SoftwareStack.leaf_hook_share`; 0 when
 absent: a leaf's hook costs one module's)."""
-EXCHANGE_LAUNCH_KEY = "host.exchange_launch_us"
-"""The optional host time of a collective the framework calls itself, outside ZeRO's
-bookkeeping (Ulysses's all-to-alls: `SoftwareStack.exchange_launch_s`; absent: the stack's
-`host.collective_launch_us`)."""
+PLAIN_COLLECTIVE_KEY = "host.plain_collective_us"
+"""The optional host time of a collective called straight through `deepspeed.comm`, outside
+the bookkeeping of ZeRO's coalesced calls (Ulysses's all-to-alls, qgZ's, qwZ's scales:
+`SoftwareStack.plain_collective_launch_s`; absent: the stack's `host.collective_launch_us`)."""
 GC_OBJECT_KEY = "host.gc_per_object_ns"
 """The optional host time of a full `gc.collect()` per object the collector tracks
 (`SoftwareStack.gc_object_s`; 0 when absent): what DeepSpeed's `memory_breakdown` costs."""
 OPTIONAL_HOST_TIMES = {USED_PARAM_CHECK_KEY: ("used_param_check_s", US),
                        STEP_TENSOR_KEY: ("step_tensor_s", US),
                        REGATHER_TENSOR_KEY: ("regather_tensor_s", US),
-                       EXCHANGE_LAUNCH_KEY: ("plain_collective_launch_s", US),
+                       PLAIN_COLLECTIVE_KEY: ("plain_collective_s", US),
                        GC_OBJECT_KEY: ("gc_object_s", 1e-9)}
 """Optional per-item host-time keys -> (`SoftwareStack` field, scale to seconds)."""
 GC_ZERO3_KEY = "processes.gc_objects_per_zero3_tensor"
@@ -246,9 +246,9 @@ class SoftwareStack:
     gradient, `_reassign_or_swap_out_partitioned_parameters` unflattening its partition."""
     regather_tensor_s: float = 0.0
     """Host time per persistent tensor the step's `_post_step` gathers again."""
-    plain_collective_launch_s: float | None = None
-    """Host time of a collective the framework calls itself through `deepspeed.comm`, outside
-    ZeRO's bookkeeping (None: not given; `exchange_launch_s`)."""
+    plain_collective_s: float | None = None
+    """Host time of a collective called straight through `deepspeed.comm`, outside the
+    bookkeeping of ZeRO's coalesced calls (None: not given; `plain_collective_launch_s`)."""
     leaf_hook_share: float = 0.0
     """What a ZeRO-3 leaf's hooks cost beyond one module's, per module with parameters inside
     it beyond its first, as a share of `fetch_hook_s`: the leaf spares those modules' own hooks
@@ -317,12 +317,12 @@ class SoftwareStack:
                 * self.gc_objects_held(tensors, partitioned=partitioned))
 
     @property
-    def exchange_launch_s(self) -> float:
-        """Host time per collective of Ulysses's exchanges: the stack's own value for a plain
-        `deepspeed.comm` call, else what it charges ZeRO's collectives."""
-        if self.plain_collective_launch_s is None:
+    def plain_collective_launch_s(self) -> float:
+        """Host time per collective called straight through `deepspeed.comm`: the stack's own
+        value for such a call, else what it charges ZeRO's coalesced collectives."""
+        if self.plain_collective_s is None:
             return self.collective_launch_s
-        return self.plain_collective_launch_s
+        return self.plain_collective_s
 
     def on_core(self, seconds: float, core_Hz: float) -> float:
         """A host time of this stack on a core of `core_Hz` (Python's work scales with clock)."""
