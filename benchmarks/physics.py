@@ -104,6 +104,8 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("unmanaged accumulation, study DP=4, 0.19.5", SCENARIOS / "llama13b_dp4.yaml",
      {"runtime.deepspeed_version": "0.19.5", "deepspeed.managed_gradient_accumulation": False}),
     ("Ulysses over 8 H100s, 128K tokens", SCENARIOS / "llama8b_ulysses_dgx_h100.yaml", {}),
+    ("DistributedAttention over a Polaris node", POLARIS / "polaris-5.90b-dp4-mb4-ga1-sg1e08.yaml",
+     {"deepspeed.sequence_parallel_size": 4}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),

@@ -25,7 +25,9 @@ flat and hierarchical) on four Polaris nodes at three releases, nothing offloade
 parameters, both or nothing offloaded and ZeRO-2 with the optimizer or nothing offloaded, GA 1
 and 4; and Ulysses sequence parallelism (0.19.5) for Llama-3.1-8B on 1 to 4 DGX H100 nodes,
 groups of 4 to 16 GPUs (one across two nodes), 16K to 256K tokens, at ZeRO-1/2/3 with the
-optimizer, both or nothing offloaded; and three models
+optimizer, both or nothing offloaded, and under Megatron-DeepSpeed (DistributedAttention) for
+three Polaris models on one and two nodes, groups of 2 to 8, at 0.13.3 and 0.14.4; and three
+models
 with their checkpointed
 block inputs in host memory (`runtime.checkpoint_in_cpu`) on both testbeds at micro-batches 1
 to 16, synchronizing each layer or not, the parameters on the GPU or the CPU; and
@@ -301,6 +303,13 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                 "deepspeed.zero_optimization.stage": stage,
                 "deepspeed.zero_optimization.offload_optimizer.device": optimizer,
                 PARAMS + "device": params}))
+    for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
+        for nodes, size in ((1, 2), (1, 4), (2, 8)):
+            for release in ("0.13.3", "0.14.4"):
+                out.append((POLARIS / f"{name}.yaml", {
+                    "hardware": {"profile": "polaris-a100", "overrides": {"nodes": nodes}},
+                    "data_parallel": 4 * nodes, "runtime.deepspeed_version": release,
+                    "deepspeed.sequence_parallel_size": size}))
     for stage, optimizer, params in UNMANAGED_LAYOUTS:
         for accumulation in (1, 4):
             out.append((POLARIS / f"{MULTI_NODE_MODELS[1]}.yaml", {

@@ -23,8 +23,11 @@ CORE = "layers.0.attn.core"
 def _patch(size: int = 2, *, gpus: int = 2, stage: int = 2, sequence: int = 64,
            **deepspeed) -> dict:
     """Toy nodes of `gpus` GPUs, every GPU a rank, flash attention, DeepSpeed 0.19.5, ZeRO
-    `stage` (2: nothing but Ulysses communicates going forward)."""
-    return {"runtime": {"deepspeed_version": "0.19.5"}, "attention": "flash",
+    `stage` (2: nothing but Ulysses communicates going forward), the toy stack running
+    DeepSpeed's UlyssesSPAttentionHF."""
+    return {"runtime": {"deepspeed_version": "0.19.5", "framework": {"modules": {
+                "sequence_parallel": {"value": "ulysses_hf", "source": "test"}}}},
+            "attention": "flash",
             "sequence_length": sequence, "data_parallel": gpus,
             "deepspeed": {"sequence_parallel_size": size,
                           "zero_optimization": {"stage": stage}, **deepspeed}}
@@ -104,10 +107,11 @@ def test_the_ranks_must_make_whole_groups(toy):
         toy.scenario(_patch(3, gpus=4), gpus=4)
 
 
-def test_megatron_deepspeed_is_not_replayed(toy):
-    with pytest.raises(UnsupportedConfigError, match="DistributedAttention"):
-        toy.scenario({**_patch(2), "runtime": {"deepspeed_version": "0.19.5",
-                                               "framework": "megatron-deepspeed"}}, gpus=2)
+def test_a_stack_must_say_how_it_runs_ulysses(toy):
+    patch = _patch(2)
+    del patch["runtime"]["framework"]
+    with pytest.raises(UnsupportedConfigError, match=r"modules\.sequence_parallel"):
+        toy.scenario(patch, gpus=2)
 
 
 def test_a_rank_runs_its_slice_and_its_heads_over_every_token(toy):
@@ -132,18 +136,19 @@ def test_what_each_exchange_carries(toy):
     """Toy model, fp16, 64 tokens over 4 ranks: 16 a rank. Q and the output 16 x 64 x 2 B;
     K and V with 2 heads of 16 replicated to the 4 ranks' one each, 16 x 4 x 16 x 2 B; the
     position ids every token's int64."""
-    from zerosim.models.breakdown import Workload
+    from zerosim.models.breakdown import Recipe, Workload
     from zerosim.models.hf import spec_from_hf_fields
 
+    hf = Recipe(sequence_parallel="ulysses_hf")
     spec = spec_from_hf_fields({**toy.model, "num_key_value_heads": 2}, name="toy")
     w = Workload(sequence_length=64, attention="flash", sequence_parallel=4)
-    assert exchanged_kv_width(spec, w) == 64 and spec.kv_hidden_size == 32
-    exchanges = ulysses_exchanges(spec, w)
+    assert exchanged_kv_width(spec, w, hf) == 64 and spec.kv_hidden_size == 32
+    exchanges = ulysses_exchanges(spec, w, hf)
     assert [(e.kind, e.nbytes, e.after, e.backward) for e in exchanges] == [
         (Collective.ALL_GATHER, 512, False, False), (Collective.ALL_TO_ALL, 2048, False, True),
         (Collective.ALL_TO_ALL, 2048, False, True), (Collective.ALL_TO_ALL, 2048, False, True),
         (Collective.ALL_TO_ALL, 2048, True, True)]
-    assert ulysses_exchanges(spec, Workload(sequence_length=64)) == ()
+    assert ulysses_exchanges(spec, Workload(sequence_length=64), hf) == ()
 
 
 def test_the_exchanges_run_in_line_on_the_compute_stream(toy):
@@ -177,8 +182,8 @@ def test_the_host_pays_each_call(toy):
     a thousand times the toy's, the phases are the host's path."""
     def forward_and_backward(launch_us: float) -> tuple[float, float]:
         patch = _patch(2)
-        patch["runtime"]["framework"] = {"host": {"plain_collective_us": {
-            "value": launch_us, "basis": "assumed", "source": "test"}}}
+        patch["runtime"]["framework"]["host"] = {"plain_collective_us": {
+            "value": launch_us, "basis": "assumed", "source": "test"}}
         patch["hardware"] = {"gpu": {"peak_16bit_TFLOPS": {"value": 1000, "source": "test"},
                                      "hbm_GBps": {"value": 1e6, "source": "test"}}}
         result = toy.run_ok(patch, gpus=2)
@@ -239,3 +244,56 @@ def test_the_size_is_a_whole_number(toy):
     with pytest.raises(ScenarioError, match="sequence_parallel_size: expected an integer, "
                        "got '2'"):
         toy.scenario(_patch("2", gpus=4), gpus=4)
+
+
+def _megatron(size: int = 2, *, version: str = "0.13.3", gpus: int = 2, **patch) -> dict:
+    """The toy stack running its attention in DeepSpeed's DistributedAttention, as
+    Megatron-DeepSpeed does, eager, ZeRO-3."""
+    tree = _patch(size, gpus=gpus, stage=3)
+    tree["runtime"] = {"deepspeed_version": version, "framework": {"modules": {
+        "sequence_parallel": {"value": "distributed_attention", "source": "test"}}}}
+    return {**tree, "attention": "eager", **patch}
+
+
+def test_distributed_attention_exchanges_q_k_v_and_the_output(toy):
+    """DistributedAttention gathers no position ids: Q, K and V, the attention, the output;
+    the gradients' exchanges in reverse. 32 tokens a rank of 64 wide, fp16: half of 4,096 B
+    over the 100 GB/s NVLink port each (20.48 ns)."""
+    result = toy.run_ok(_megatron(2), gpus=2)
+    forward = _ulysses(result, Phase.FORWARD)
+    assert [op.split()[2] for op in forward.op] == ["q", "k", "v", "output"]
+    assert list(forward.end_s - forward.start_s) == pytest.approx([20.48e-9] * 4, rel=1e-9)
+    backward = _ulysses(result, Phase.BACKWARD)
+    assert [op.split()[2] for op in backward.op] == ["output", "v", "k", "q"]
+    assert toy.scenario(_megatron(2), gpus=2).deepspeed.communication_dtype == "fp32"
+
+
+@pytest.mark.parametrize(("version", "attention", "match"), [
+    ("0.10.1", "eager", r"1 before DeepSpeed 0\.10\.2"),
+    ("0.12.3", "eager", r"1 before DeepSpeed 0\.12\.4 \(zerosim replays"),
+    ("0.14.5", "eager", r"0\.14\.5 or later"),
+    ("0.13.3", "flash", "gathers along the batch"),
+])
+def test_distributed_attention_where_it_is_not_replayed(toy, version, attention, match):
+    with warnings.catch_warnings(), pytest.raises(UnsupportedConfigError, match=match):
+        warnings.simplefilter("ignore")
+        toy.scenario(_megatron(2, version=version, attention=attention), gpus=2)
+
+
+def test_megatron_deepspeed_runs_ulysses_on_a_polaris_node():
+    """The 5.9B Polaris model at DP=4, micro-batch 4, in one group of four: each rank takes a
+    quarter of every sequence where it took whole sequences of its own, so its activations
+    and its forward shrink (the group trains four sequences a step, not sixteen)."""
+    from pathlib import Path
+
+    from zerosim.api import simulate_summary
+
+    path = (Path(__file__).resolve().parents[1] / "scenarios" / "calibration" / "polaris"
+            / "polaris-5.90b-dp4-mb4-ga1-sg1e08.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = simulate_summary(path, {"deepspeed.sequence_parallel_size": 1})
+        ulysses = simulate_summary(path, {"deepspeed.sequence_parallel_size": 4})
+    assert plain["status"] == ulysses["status"] == "ok"
+    assert ulysses["peak_hbm_GiB"] < plain["peak_hbm_GiB"]
+    assert ulysses["phases_s"]["forward"] < plain["phases_s"]["forward"]

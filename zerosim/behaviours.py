@@ -319,6 +319,33 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "all-reduces the gradient partitions across the groups at the accumulation "
               "boundary) and mics_hierarchical_params_gather (a group's all-gather across "
               "its nodes, then within each) are read (before: refused)"),
+    Behaviour("distributed_attention", (0, 10, 2),
+              "PR #4198 'DeepSpeed Ulysses release' (a855405e, first in v0.10.2): "
+              "sequence/layer.py DistributedAttention",
+              "Megatron-DeepSpeed's --ds-sequence-parallel-size runs its attention inside "
+              "DeepSpeed's DistributedAttention: Q, K and V all-to-all'd from a slice of the "
+              "sequence at every head to every token at a share of the heads, the output back "
+              "(before: no such layer)"),
+    Behaviour("sequence_parallel_fp32_reduction", (0, 11, 2),
+              "PR #4530 'Fix the sequence-parallelism for the dense model architecture' "
+              "(ec029e76, first in v0.11.2): runtime/engine.py, runtime/config.py "
+              "seq_parallel_communication_data_type",
+              "with a sequence-parallel group of more than one rank the engine reduces the "
+              "gradients in seq_parallel_communication_data_type, fp32 by default, whatever "
+              "communication_data_type says (before: communication_data_type)"),
+    Behaviour("single_all_to_all", (0, 12, 4),
+              "PR #4695 'Communication Optimization for Large-Scale Training' (2afa1c7f, first "
+              "in v0.12.4): sequence/layer.py single_all_to_all",
+              "DistributedAttention exchanges each tensor by one all_to_all_single of a "
+              "transposed copy (before: torch.tensor_split into contiguous pieces, a list "
+              "all_to_all and torch.cat)"),
+    Behaviour("distributed_attention_batch_dim", (0, 14, 5),
+              "PR #5823 'Fix the bug of deepspeed sequence parallel working with batch size "
+              "larger than 1' (ffe0af23, first in v0.14.5): sequence/layer.py "
+              "DistributedAttention.forward(query, key, value, batch_dim_idx, ...)",
+              "DistributedAttention's forward takes the batch dimension's index as its fourth "
+              "argument, where Megatron-DeepSpeed of early 2024 (the stack's revision, "
+              "1df5712) hands it the attention mask"),
     Behaviour("ulysses_hf", (0, 17, 0),
               "PR #7268 'Ulysses SP for HF Integration' (4d00b38a, first in v0.17.0): "
               "runtime/sequence_parallel/ulysses_sp.py UlyssesSPAttentionHF, "
@@ -430,6 +457,10 @@ class Behaviours:
     unmanaged_accumulation: bool
     unmanaged_accumulation_offload: bool
     mics: bool
+    distributed_attention: bool
+    sequence_parallel_fp32_reduction: bool
+    single_all_to_all: bool
+    distributed_attention_batch_dim: bool
     ulysses_hf: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool

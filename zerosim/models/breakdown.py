@@ -281,6 +281,12 @@ class Recipe:
     deepspeed_checkpointing: bool = False
     """Blocks are checkpointed by `deepspeed.checkpointing.checkpoint` (Megatron-DeepSpeed with
     `--deepspeed-activation-checkpointing`), not `torch.utils.checkpoint`."""
+    sequence_parallel: str = "none"
+    """How the framework runs Ulysses (`ULYSSES_PATHS`): `none`, `ulysses_hf` (DeepSpeed's
+    UlyssesSPAttentionHF in transformers' attention: the position ids gathered, K and V
+    replicated where the group outnumbers their heads) or `distributed_attention` (DeepSpeed's
+    DistributedAttention around Megatron-DeepSpeed's: K and V exchanged as the attention takes
+    them, expanded to every head where the stack expands them first)."""
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
     projection_split: Elementwise = Elementwise()
@@ -527,14 +533,20 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
     return _with_backward(module, (*elementwise_pass(r.norm, elements, w, flops), *after), r)
 
 
-def exchanged_kv_width(spec: ModelSpec, w: Workload) -> int:
+def exchanged_kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:
     """Per token of a rank's slice, the width of K (and of V) that Ulysses exchanges and the
-    attention gets: their own heads where the group's size divides them; else each rank gets
-    one head of them, replicated first (`UlyssesSPAttentionHF.kv_replication_factor`), so the
-    group exchanges as many heads as it has ranks. Without sequence parallelism, their width."""
-    size = w.sequence_parallel
-    if size == 1 or spec.num_key_value_heads % size == 0:
-        return spec.kv_hidden_size
+    attention gets. DistributedAttention takes them as the stack hands them over (expanded to
+    every head where it expands them before the rotary embedding); UlyssesSPAttentionHF their
+    own heads where the group's size divides them, else each rank one head of them,
+    replicated first (`kv_replication_factor`), so the group exchanges as many heads as it has
+    ranks. Without sequence parallelism, their width."""
+    size, hkv = w.sequence_parallel, spec.kv_hidden_size
+    if size == 1:
+        return hkv
+    if r.sequence_parallel == "distributed_attention":
+        return spec.q_size if r.kv_repeat_before_rotary else hkv
+    if spec.num_key_value_heads % size == 0:
+        return hkv
     return size * spec.head_dim
 
 
@@ -544,7 +556,7 @@ def kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:
     before the rotary embedding, or inside the attention where the path launches the copies
     (eager attention, SDPA; not flash-attn's kernel, which takes the groups as they are); as
     Ulysses exchanges them otherwise (`exchanged_kv_width`)."""
-    q, hkv = spec.q_size, exchanged_kv_width(spec, w)
+    q, hkv = spec.q_size, exchanged_kv_width(spec, w, r)
     if hkv < q and (r.kv_repeat_before_rotary or op_for(r.kv_repeat, w).kernels):
         return q
     return hkv
@@ -578,7 +590,7 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     key_width = q if early else hkv
     rotary = (elementwise_pass(r.rotary, t * (q + key_width), w)
               if spec.position_embedding == "rotary" else ())
-    exchanged_kv = exchanged_kv_width(spec, w)
+    exchanged_kv = exchanged_kv_width(spec, w, r)
     repeat = (elementwise_pass(r.kv_repeat, 2 * t * q, w, source_elements=2 * t * exchanged_kv)
               if exchanged_kv < q and not early else ())
     exchanged, laid_back = _ulysses_kernels(spec, w, r)
@@ -610,39 +622,42 @@ def _position_ids_bytes(w: Workload) -> int:
 
 def _ulysses_kernels(spec: ModelSpec, w: Workload, r: Recipe
                      ) -> tuple[tuple[MemoryPass, ...], tuple[MemoryPass, ...]]:
-    """`UlyssesSPAttentionHF.forward`'s kernels around its all-to-alls (none without sequence
-    parallelism): before the attention, the position ids gathered over the group copied out
-    of NCCL's flat buffer into each rank's tensor and joined (`torch.cat`: one kernel each,
-    no gradient), K and V replicated where the group outnumbers their heads
-    (`repeat_interleave`), and Q, K and V laid out for the exchange and then for the kernel;
-    after it, the output laid back into the rank's slice."""
+    """The kernels around Ulysses's all-to-alls (none without sequence parallelism): before
+    the attention, `UlyssesSPAttentionHF`'s position ids gathered over the group copied out of
+    NCCL's flat buffer into each rank's tensor and joined (`torch.cat`: one kernel each, no
+    gradient) and its K and V replicated where the group outnumbers their heads
+    (`repeat_interleave`); Q, K and V laid out for the exchange (and for the kernel); after
+    it, the output laid back into the rank's slice (the stack's `ulysses_*` entries)."""
     size = w.sequence_parallel
     if size == 1:
         return (), ()
     t, q, hkv = w.tokens, spec.q_size, spec.kv_hidden_size
-    kv = exchanged_kv_width(spec, w)
-    gathered = MemoryPass(4 * _position_ids_bytes(w), size + 1, backward_nbytes=0.0,
-                          backward_count=0)
+    kv = exchanged_kv_width(spec, w, r)
+    hf = r.sequence_parallel == "ulysses_hf"
+    gathered = ((MemoryPass(4 * _position_ids_bytes(w), size + 1, backward_nbytes=0.0,
+                            backward_count=0),) if hf else ())
     repeat = (elementwise_pass(r.ulysses_kv_repeat, 2 * t * kv, w, source_elements=2 * t * hkv)
-              if kv != hkv else ())
+              if hf and kv != hkv else ())
     inputs = elementwise_pass(r.ulysses_inputs, t * (q + 2 * kv), w)
     output = (*elementwise_pass(r.ulysses_output, t * q, w),
               *elementwise_pass(r.ulysses_output_batch, t * q, w))
-    return (gathered, *repeat, *inputs), output
+    return (*gathered, *repeat, *inputs), output
 
 
-def ulysses_exchanges(spec: ModelSpec, w: Workload) -> tuple[Exchange, ...]:
-    """`UlyssesSPAttentionHF.forward`'s collectives over the group (none without sequence
-    parallelism): the position ids all-gathered (one per token of the whole sequences; no
-    gradient), Q, K and V each all-to-all'd, every rank sending its whole slice
-    (`_combine_local_sequences`: [group, slice, batch, its heads, head dim]), the attention,
-    then its output all-to-all'd back (`_partition_global_sequence`)."""
+def ulysses_exchanges(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Exchange, ...]:
+    """Ulysses's collectives over the group (none without sequence parallelism):
+    `UlyssesSPAttentionHF.forward` first all-gathers the position ids (one per token of the
+    whole sequences; no gradient); then Q, K and V are each all-to-all'd, every rank sending
+    its whole slice ([group, slice, batch, its heads, head dim]), the attention runs, and its
+    output is all-to-all'd back (`_partition_global_sequence`; DistributedAttention's
+    `_SeqAllToAll` likewise)."""
     if w.sequence_parallel == 1:
         return ()
     t, size = w.tokens, w.dtype_bytes
-    q, kv = spec.q_size, exchanged_kv_width(spec, w)
-    return (Exchange(Collective.ALL_GATHER, _position_ids_bytes(w), "position_ids",
-                     backward=False),
+    q, kv = spec.q_size, exchanged_kv_width(spec, w, r)
+    positions = ((Exchange(Collective.ALL_GATHER, _position_ids_bytes(w), "position_ids",
+                           backward=False),) if r.sequence_parallel == "ulysses_hf" else ())
+    return (*positions,
             *(Exchange(Collective.ALL_TO_ALL, size * t * width, name)
               for name, width in (("q", q), ("k", kv), ("v", kv))),
             Exchange(Collective.ALL_TO_ALL, size * t * q, "output", after=True))
@@ -654,12 +669,12 @@ copy for the all-to-all and the all-to-all's output, until the copy into the ker
 (which the attention keeps) is made and they go."""
 
 
-def _ulysses_workspace(spec: ModelSpec, w: Workload) -> float:
+def _ulysses_workspace(spec: ModelSpec, w: Workload, r: Recipe) -> float:
     """The bytes `ULYSSES_BUFFERS` come to for Q, K and V (the larger side: the output's
     exchange holds as much for Q alone), going forward and, for their gradients, back."""
     if w.sequence_parallel == 1:
         return 0.0
-    q, kv = spec.q_size, exchanged_kv_width(spec, w)
+    q, kv = spec.q_size, exchanged_kv_width(spec, w, r)
     return ULYSSES_BUFFERS * w.dtype_bytes * w.tokens * (q + 2 * kv)
 
 
@@ -717,7 +732,7 @@ def _softmax_unfused(spec: ModelSpec, w: Workload, r: Recipe) -> bool:
     does not serve this sequence length or batch of heads."""
     fused = r.fused_softmax
     return fused is not None and not fused.serves(
-        w.sequence_length, w.micro_batch_size * spec.num_attention_heads)
+        w.sequence_length, w.micro_batch_size * spec.num_attention_heads // w.sequence_parallel)
 
 
 def _scores_op(spec: ModelSpec, w: Workload, r: Recipe) -> Elementwise:
@@ -747,8 +762,8 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                           _attention_kernels(spec, w, r), r)
     if w.sequence_parallel == 1:
         return core
-    workspace = _ulysses_workspace(spec, w)
-    return replace(core, exchanges=ulysses_exchanges(spec, w),
+    workspace = _ulysses_workspace(spec, w, r)
+    return replace(core, exchanges=ulysses_exchanges(spec, w, r),
                    transient_bytes=core.transient_bytes + workspace,
                    backward_transient_bytes=core.backward_transient_bytes + workspace)
 

@@ -1213,14 +1213,15 @@ class SequenceParallelWarning(ScenarioWarning):
     """A ds_config value that sequence parallelism overrides."""
 
 
-def _communication_dtype(raw: _DeepSpeedRaw, dtype: str, source: str) -> str:
+def _communication_dtype(raw: _DeepSpeedRaw, dtype: str, behaviours: Behaviours,
+                         source: str) -> str:
     """The dtype ZeRO reduces gradients in: `communication_data_type` (default the training
-    dtype), except under sequence parallelism, where the engine replaces it with
-    `seq_parallel_communication_data_type`, default fp32 (runtime/engine.py, 0.17.0 to
+    dtype), except under sequence parallelism from 0.11.2, where the engine replaces it with
+    `seq_parallel_communication_data_type`, default fp32 (runtime/engine.py, 0.11.2 to
     0.19.5: `self.communication_data_type = self._config.seq_parallel_communication_data_type`
     once the sequence-parallel group has more than one rank), whatever
     `communication_data_type` says."""
-    if raw.sequence_parallel_size == 1:
+    if raw.sequence_parallel_size == 1 or not behaviours.sequence_parallel_fp32_reduction:
         return raw.communication_data_type or dtype
     chosen = raw.seq_parallel_communication_data_type or "fp32"
     if raw.communication_data_type not in (None, chosen):
@@ -1294,7 +1295,7 @@ def resolve_deepspeed(data: Any, *, behaviours: Behaviours, source: str,
         gradient_accumulation_steps=_accumulation(batch.gradient_accumulation_steps, zenflow),
         dtype=dtype,
         grad_accum_dtype=raw.data_types.grad_accum_dtype or dtype,
-        communication_dtype=_communication_dtype(raw, dtype, source),
+        communication_dtype=_communication_dtype(raw, dtype, behaviours, source),
         gradient_clipping=clip_default if raw.gradient_clipping is None
         else raw.gradient_clipping,
         optimizer=raw.optimizer.type,

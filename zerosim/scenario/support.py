@@ -703,33 +703,49 @@ SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
 
 
 def _ulysses_runs(scenario: Any) -> None:
-    """Where DeepSpeed's Ulysses for transformers' models stops (runtime/sequence_parallel/
-    ulysses_sp.py, 0.17.0 to 0.19.5): a release before it; eager attention, which wants a
-    4D mask SP discards (`register_with_transformers` raises); heads that do not split over
-    the group (`UlyssesSPAttentionHF` raises unless the size divides the attention heads and
-    divides, or is divided by, the key-value heads); a sequence that does not split into
-    equal slices (the data loader adapter shards it evenly)."""
+    """Where DeepSpeed's Ulysses stops, as the stack runs it (its `modules.sequence_parallel`):
+    UlyssesSPAttentionHF (runtime/sequence_parallel/ulysses_sp.py, 0.17.0 to 0.19.5) raises
+    before 0.17.0, on eager attention (it wants a 4D mask SP discards), and unless the size
+    divides the attention heads and divides, or is divided by, the key-value heads;
+    DistributedAttention (sequence/layer.py, 0.10.2+) under Megatron-DeepSpeed asserts that
+    the size divides the attention heads (and, with K and V not expanded first, their heads),
+    and from 0.14.5 its forward takes the batch dimension where the stack's revision hands it
+    the attention mask. Either shards the sequence evenly."""
     size = scenario.deepspeed.sequence_parallel_size
     if size == 1:
         return
-    if not scenario.behaviours.ulysses_hf:
-        _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.17.0 (Ulysses for "
-                "transformers' models, UlyssesSPAttentionHF, is new in 0.17.0)", size)
-    if scenario.attention == "eager":
-        _refuse(scenario, "attention", "flash or sdpa with sequence_parallel_size "
-                f"{size} (DeepSpeed raises: 'eager attn_implementation isn't currently "
-                "supported by Ulysses sequence parallelism because it requires a 4D "
-                "attention_mask')", scenario.attention)
+    path, behaviours = scenario.stack.recipe.sequence_parallel, scenario.behaviours
     model = scenario.model
     heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    if path == "ulysses_hf":
+        if not behaviours.ulysses_hf:
+            _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.17.0 (Ulysses for "
+                    "transformers' models, UlyssesSPAttentionHF, is new in 0.17.0)", size)
+        if scenario.attention == "eager":
+            _refuse(scenario, "attention", "flash or sdpa with sequence_parallel_size "
+                    f"{size} (DeepSpeed raises: 'eager attn_implementation isn't currently "
+                    "supported by Ulysses sequence parallelism because it requires a 4D "
+                    "attention_mask')", scenario.attention)
+        if kv_heads % size and size % kv_heads:
+            _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor or a multiple of the {kv_heads} "
+                    f"key-value heads (DeepSpeed raises 'KV attention head count {kv_heads} "
+                    f"is not divisible by SP size {size} or vice versa')", size)
+    if path == "distributed_attention":
+        if not behaviours.distributed_attention:
+            _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.10.2 (DeepSpeed-"
+                    "Ulysses's DistributedAttention is new in 0.10.2)", size)
+        if behaviours.distributed_attention_batch_dim:
+            _refuse(scenario, SEQUENCE_PARALLEL, f"1 with the {scenario.stack.name} stack "
+                    "on DeepSpeed 0.14.5 or later (DistributedAttention.forward takes the "
+                    "batch dimension's index where the stack's Megatron-DeepSpeed revision "
+                    "hands it the attention mask)", size)
+        if kv_heads % size and not scenario.stack.recipe.kv_repeat_before_rotary:
+            _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of the {kv_heads} key-value "
+                    "heads, which DistributedAttention exchanges as they are", size)
     if heads % size:
         _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of the {heads} attention heads "
                 f"(DeepSpeed raises 'Attention head count {heads} is not divisible by SP "
-                f"size {size}')", size)
-    if kv_heads % size and size % kv_heads:
-        _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor or a multiple of the {kv_heads} "
-                f"key-value heads (DeepSpeed raises 'KV attention head count {kv_heads} is "
-                f"not divisible by SP size {size} or vice versa')", size)
+                f"size {size}'; Megatron-DeepSpeed asserts it)", size)
     if scenario.sequence_length % size:
         _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of sequence_length "
                 f"{scenario.sequence_length} (each rank of a group takes an equal slice)",
@@ -737,21 +753,33 @@ def _ulysses_runs(scenario: Any) -> None:
 
 
 def _ulysses_is_replayed(scenario: Any) -> None:
-    """zerosim replays Ulysses as DeepSpeed's `UlyssesSPAttentionHF` runs in transformers'
-    attention (a stack of transformers' module tree), around standard multi-head or
-    grouped-query attention, with ZeRO's own partitioning over every rank: not Megatron-
-    DeepSpeed's `DistributedAttention`, MLA or attention sinks (their heads do not take
-    that exchange as it is), MiCS or ZeRO++ (their groups), ZenFlow, SuperOffload or the
-    fork's interleaved update."""
+    """zerosim replays Ulysses where the stack says how its framework runs it
+    (`modules.sequence_parallel`), around standard multi-head or grouped-query attention,
+    with ZeRO's own partitioning over every rank. Not: DistributedAttention's list all-to-all
+    before 0.12.4, or its flash path (before 0.14.5 it gathers a [batch, sequence, ...] layout
+    along the batch, so each slice would attend only to itself); MLA or attention sinks (their
+    heads do not take the exchange as it is); MiCS or ZeRO++ (their groups), ZenFlow,
+    SuperOffload or the fork's interleaved update."""
     ds = scenario.deepspeed
     size = ds.sequence_parallel_size
     if size == 1:
         return
-    if scenario.stack.recipe.module_tree != "transformers":
-        _refuse(scenario, "runtime.framework", "a stack of transformers' models (hf-"
-                f"transformers) with sequence_parallel_size {size}: zerosim replays DeepSpeed's "
-                "UlyssesSPAttentionHF, not Megatron-DeepSpeed's DistributedAttention",
+    path = scenario.stack.recipe.sequence_parallel
+    if path == "none":
+        _refuse(scenario, "runtime.framework", f"a stack that says how its framework runs "
+                f"Ulysses (modules.sequence_parallel) with sequence_parallel_size {size}",
                 scenario.stack.name)
+    if path == "distributed_attention":
+        if not scenario.behaviours.single_all_to_all:
+            _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.12.4 (zerosim "
+                    "replays DistributedAttention's single all_to_all_single, not the list "
+                    "all_to_all of tensor_split pieces before it)", size)
+        if scenario.attention != "eager":
+            _refuse(scenario, "attention", f"eager with sequence_parallel_size {size} on "
+                    f"the {scenario.stack.name} stack (its flash path hands "
+                    "DistributedAttention [batch, sequence, ...] tensors, which DeepSpeed "
+                    "before 0.14.5 gathers along the batch: each slice would attend only to "
+                    "itself, not replayed)", scenario.attention)
     model = scenario.model
     for flag, what in ((model.mla is not None, "multi-head latent attention"),
                        (model.attention_sinks, "attention sinks")):

@@ -122,6 +122,13 @@ CHECKPOINT_CHOICES = ("torch", "deepspeed")
 `deepspeed`: `deepspeed.checkpointing.checkpoint`, which can keep it in host memory
 (`runtime.checkpoint_in_cpu`) and synchronize the device around each block
 (`runtime.synchronize_each_layer`); `Recipe.deepspeed_checkpointing`)."""
+SEQUENCE_PARALLEL_KEY = "modules.sequence_parallel"
+SEQUENCE_PARALLEL_CHOICES = ("none", "ulysses_hf", "distributed_attention")
+"""How the framework runs Ulysses sequence parallelism (`deepspeed.sequence_parallel_size`), as
+`{value: ..., source: '...'}` (`none`, the default: it does not; `ulysses_hf`: DeepSpeed's
+UlyssesSPAttentionHF inside transformers' attention; `distributed_attention`: its attention
+inside DeepSpeed's DistributedAttention, as Megatron-DeepSpeed does;
+`Recipe.sequence_parallel`)."""
 KV_REPEAT_KEY = "modules.kv_repeat"
 KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
 """Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
@@ -299,6 +306,7 @@ class SoftwareStack:
                 "moe_block": MOE_BLOCK_CHOICES[r.moe_block_leaf],
                 "module_tree": r.module_tree,
                 "checkpoint_function": CHECKPOINT_CHOICES[r.deepspeed_checkpointing],
+                "sequence_parallel": r.sequence_parallel,
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "param_groups": PARAM_GROUP_CHOICES[self.vector_param_group],
                 "dataloader_workers": self.dataloader_workers}
@@ -495,7 +503,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                             output_weight)
     module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
                    EXPERTS_KEY, MOE_BLOCK_KEY, MODULE_TREE_KEY, FUSED_SOFTMAX_KEY,
-                   CHECKPOINT_KEY)
+                   CHECKPOINT_KEY, SEQUENCE_PARALLEL_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -518,6 +526,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     module_tree=_choice_leaf(tree, MODULE_TREE_KEY, MODULE_TREES, source),
                     deepspeed_checkpointing=_choice_leaf(
                         tree, CHECKPOINT_KEY, CHECKPOINT_CHOICES, source) == "deepspeed",
+                    sequence_parallel=_choice_leaf(tree, SEQUENCE_PARALLEL_KEY,
+                                                   SEQUENCE_PARALLEL_CHOICES, source),
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
