@@ -485,11 +485,13 @@ class ProcessGroups:
     sequence: tuple[tuple[int, ...], ...] = ()
 
 
-def _consecutive(world: tuple[int, ...], size: int) -> tuple[tuple[int, ...], ...]:
-    """Per rank, its group of `size` consecutive ranks (`world` itself when that is all)."""
+def _consecutive(world: tuple[int, ...], size: int
+                 ) -> tuple[list[tuple[int, ...]], tuple[tuple[int, ...], ...]]:
+    """The groups of `size` consecutive ranks (`world` itself when that is all), and per
+    rank its group (the group's own tuple, which its members share)."""
     groups = [world] if size == len(world) else [world[i:i + size]
                                                   for i in range(0, len(world), size)]
-    return tuple(groups[r // size] for r in world)
+    return groups, tuple(groups[r // size] for r in world)
 
 
 def process_groups(world: tuple[int, ...], shard: int, per_node: int, hierarchical: bool,
@@ -497,12 +499,11 @@ def process_groups(world: tuple[int, ...], shard: int, per_node: int, hierarchic
     """The `ProcessGroups` of `world` partitioned over groups of `shard` consecutive ranks
     (`world` itself when `shard` is all of it), on nodes of `per_node` GPUs, with Ulysses
     groups of `sequence` consecutive ranks (none at 1)."""
-    partition = _consecutive(world, shard)
-    shards = sorted(set(partition))
+    shards, partition = _consecutive(world, shard)
     replicas = [world[i::shard] for i in range(shard)]
     replica = tuple(replicas[r % shard] for r in world)
     groups = ProcessGroups(partition, replica,
-                           sequence=_consecutive(world, sequence) if sequence > 1 else ())
+                           sequence=_consecutive(world, sequence)[1] if sequence > 1 else ())
     if not hierarchical:
         return groups
     width = shard // (shard // per_node)
