@@ -698,7 +698,6 @@ def _unmanaged_accumulation_is_replayed(scenario: Any) -> None:
         _refuse(scenario, key, "true with super_offload (not replayed)", False)
 
 
-
 SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
 
 
