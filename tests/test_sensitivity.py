@@ -104,6 +104,15 @@ def test_the_leaf_hook_share_is_a_value_where_zero3_makes_leaves():
     assert key in [c.key for c in candidates(leaves, 0.1)] and expected_sign(key) == 1
 
 
+def test_the_plain_collective_time_is_a_value_where_the_replay_makes_plain_calls():
+    """`host.plain_collective_us` prices plain `deepspeed.comm` calls: offered (and a larger
+    one slower) under Ulysses, not on the study's node, which makes none."""
+    key = "stack.host.plain_collective_us"
+    assert key not in [c.key for c in candidates(load_scenario(DP1), 0.1)]
+    ulysses = load_scenario("scenarios/llama8b_ulysses_dgx_h100.yaml")
+    assert key in [c.key for c in candidates(ulysses, 0.1)] and expected_sign(key) == 1
+
+
 @pytest.fixture(scope="module")
 def dp1():
     return sensitivity(DP1, workers=1, keys=["hardware.network.nic_GBps",

@@ -32,7 +32,7 @@ from zerosim.hardware.profile import (
     FRACTION_KEYS,
     QUANTITIES,
 )
-from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY
+from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
 
@@ -74,7 +74,8 @@ MORE_IS_SLOWER = frozenset({
     "hardware.network.latency_us", "hardware.host.remote_access_cost",
     "hardware.cpu.page_zeroing_contention", "hardware.cpu.oversubscription_penalty",
     "hardware.cpu.oversubscribed_region_ms", "hardware.nvme.latency_us",
-    *(f"stack.{key}" for key in (*STACK_KEYS, GC_OBJECT_KEY, LEAF_HOOK_KEY))})
+    *(f"stack.{key}" for key in (*STACK_KEYS, GC_OBJECT_KEY, LEAF_HOOK_KEY,
+                                  PLAIN_COLLECTIVE_KEY))})
 """Values a larger one of which can only add work or wait (a latency, a fixed cost, a host
 time, a contention or cost factor, bytes moved): a time they shorten is against their
 physics. `hardware.host.dma_memory_weight` is in neither: it shares a domain's bandwidth
@@ -238,6 +239,17 @@ def _unread(scenario, key: str) -> bool:
             or (key in FP16_ADAM_KEYS.values() and master != "fp16"))
 
 
+def _makes_plain_calls(scenario) -> bool:
+    """Whether the scenario's replay makes plain `deepspeed.comm` calls (which
+    `host.plain_collective_us` prices): Ulysses's exchanges, qgZ's all-to-alls, qwZ's scale
+    all-gathers."""
+    ds, world = scenario.deepspeed, scenario.data_parallel
+    zpp = ds.zero_plus_plus
+    return (ds.sequence_parallel_size > 1
+            or zpp.quantizes_gradients(ds.stage, world, scenario.hardware.gpus_per_node)
+            or (zpp.quantized_weights and ds.stage == 3 and world > 1))
+
+
 def _has_leaves(scenario) -> bool:
     """Whether ZeRO-3 makes leaves of the scenario's model (which `host.leaf_hook_share`
     prices)."""
@@ -257,6 +269,9 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
         found[f"stack.{GC_OBJECT_KEY}"] = memory_reports
     if (leaf_hooks := scenario.stack.provenance.get(LEAF_HOOK_KEY)) and _has_leaves(scenario):
         found[f"stack.{LEAF_HOOK_KEY}"] = leaf_hooks
+    if (plain := scenario.stack.provenance.get(PLAIN_COLLECTIVE_KEY)) and _makes_plain_calls(
+            scenario):
+        found[f"stack.{PLAIN_COLLECTIVE_KEY}"] = plain
     wanted = list(dict.fromkeys(keys)) or list(found)
     unknown = [k for k in wanted if k not in found]
     if unknown:
