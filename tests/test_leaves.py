@@ -192,8 +192,14 @@ def test_the_plans_hooks_fire_at_a_leafs_ends():
     object.__setattr__(plan, "modules", tuple(SimpleNamespace(keeps_gathered_for=k)
                                               for k in (0, 3, 0, 0, 0, 0)))
     object.__setattr__(plan, "leaves", {1: 4})
+    object.__setattr__(plan, "tiled", {})
     assert plan.forward_hooks == (0, 1, None, None, None, 5)
     assert plan.backward_hooks == (0, None, None, None, 1, 5)
+    tiled = Plan.__new__(Plan)
+    for key, value in (("modules", plan.modules), ("leaves", {}), ("tiled", {1: 3})):
+        object.__setattr__(tiled, key, value)
+    assert tiled.forward_hooks == plan.forward_hooks  # a tiled MLP's span is hooked alike
+    assert tiled.backward_hooks == plan.backward_hooks
 
 
 def test_megatrons_leaf_hook_share_is_the_one_measured_with_transformers():

@@ -356,6 +356,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "many holds a slice of the sequence, and all-to-alls hand each rank every "
               "token of its share of the attention heads (before: no such attention for "
               "transformers' models)"),
+    Behaviour("tiled_mlp", (0, 17, 0),
+              "PR #7268 'Ulysses SP for HF Integration' (4d00b38a, first in v0.17.0): "
+              "runtime/sequence_parallel/ulysses_sp.py TiledMLP; zero/stage3.py "
+              "reduce_independent_p_g_buckets_and_remove_grads reads ds_grad_is_ready",
+              "a gated MLP can run over slices of the sequence (Arctic Long Sequence "
+              "Training's tiled MLP compute): its forward saves only its input, its backward "
+              "runs each slice's forward again, and ZeRO reduces the weights' gradients after "
+              "the last slice (before: no TiledMLP, nor ds_grad_is_ready)"),
     Behaviour("zero_plus_plus", (0, 10, 0),
               "PR #3784 'ZeRO++' (d18aa2c7, first in v0.10.0): zero/config.py, "
               "partition_parameters.py _partition_param_sec and all_gather_coalesced "
@@ -462,6 +470,7 @@ class Behaviours:
     single_all_to_all: bool
     distributed_attention_batch_dim: bool
     ulysses_hf: bool
+    tiled_mlp: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool
     qgz_indivisible_fallback: bool

@@ -32,7 +32,7 @@ from zerosim.hardware.profile import (
     FRACTION_KEYS,
     QUANTITIES,
 )
-from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY
+from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY, REPEAT_HOOK_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.vocabulary import PHASE_TIMES
 
@@ -75,7 +75,7 @@ MORE_IS_SLOWER = frozenset({
     "hardware.cpu.page_zeroing_contention", "hardware.cpu.oversubscription_penalty",
     "hardware.cpu.oversubscribed_region_ms", "hardware.nvme.latency_us",
     *(f"stack.{key}" for key in (*STACK_KEYS, GC_OBJECT_KEY, LEAF_HOOK_KEY,
-                                  PLAIN_COLLECTIVE_KEY))})
+                                  PLAIN_COLLECTIVE_KEY, REPEAT_HOOK_KEY))})
 """Values a larger one of which can only add work or wait (a latency, a fixed cost, a host
 time, a contention or cost factor, bytes moved): a time they shorten is against their
 physics. `hardware.host.dma_memory_weight` is in neither: it shares a domain's bandwidth
@@ -250,6 +250,14 @@ def _makes_plain_calls(scenario) -> bool:
             or (zpp.quantized_weights and ds.stage == 3 and world > 1))
 
 
+def _repeats_hooks(scenario) -> bool:
+    """Whether ZeRO-3 hooks fire again on gathered parameters (a tiled MLP outside any leaf:
+    what `host.repeat_hook_share` prices)."""
+    from zerosim.engine.plan import plan_of
+
+    return scenario.deepspeed.stage == 3 and bool(plan_of(scenario).tiled)
+
+
 def _has_leaves(scenario) -> bool:
     """Whether ZeRO-3 makes leaves of the scenario's model (which `host.leaf_hook_share`
     prices)."""
@@ -272,6 +280,8 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
     if (plain := scenario.stack.provenance.get(PLAIN_COLLECTIVE_KEY)) and _makes_plain_calls(
             scenario):
         found[f"stack.{PLAIN_COLLECTIVE_KEY}"] = plain
+    if (repeats := scenario.stack.provenance.get(REPEAT_HOOK_KEY)) and _repeats_hooks(scenario):
+        found[f"stack.{REPEAT_HOOK_KEY}"] = repeats
     wanted = list(dict.fromkeys(keys)) or list(found)
     unknown = [k for k in wanted if k not in found]
     if unknown:

@@ -85,6 +85,20 @@ RUNS = {
                                 ("model", 4100))},
     "tinyshape_cpu_leaves_stage0": dict(model="tinyllama-shape", micro_batch=1, seq=16, ga=1,
                                         offload_param=False, offload_optimizer=False, stage=0),
+    # DeepSpeed's TiledMLP (0.17.0+, as Arctic Long Sequence Training patches LlamaMLP.forward)
+    # at a fixed number of shards on the CPU accelerator, every tensor gathered and released:
+    # what the hooks of a module whose parameters are already gathered cost, each shard
+    # calling the MLP's modules again (forward, and recompute and backward in its backward);
+    # and the same without ZeRO (stage 0), the dispatch alone
+    **{f"tinyshape_cpu_tiled_{label}": dict(model="tinyllama-shape", micro_batch=1, seq=64, ga=1,
+                                            offload_param=False, offload_optimizer=False,
+                                            persistence=0, tiled=shards)
+       for label, shards in (("none", 0), ("1", 1), ("4", 4), ("16", 16))},
+    **{f"tinyshape_cpu_tiled_stage0_{label}": dict(model="tinyllama-shape", micro_batch=1,
+                                                   seq=64, ga=1, offload_param=False,
+                                                   offload_optimizer=False, stage=0,
+                                                   tiled=shards)
+       for label, shards in (("none", 0), ("1", 1), ("16", 16))},
     "toy_cpu": dict(model="toy", micro_batch=2, seq=128, ga=2, offload_param=False),
     "toy_cpu_hooks": dict(model="toy", micro_batch=1, seq=128, ga=1, offload_param=False,
                           offload_optimizer=False),
@@ -179,6 +193,8 @@ def one_run(name: str, iterations: int, cpu: bool) -> dict:
         return result
 
     DeepSpeedCPUAdam.step = timed_step
+    if run.get("tiled"):
+        tile_mlp(run["tiled"])
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_config(model_config, dtype=torch.bfloat16)
     built_s = time.perf_counter() - t0
@@ -236,6 +252,23 @@ def one_run(name: str, iterations: int, cpu: bool) -> dict:
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "attention": "sdpa",
     }
+
+
+def tile_mlp(shards: int) -> None:
+    """LlamaMLP.forward through DeepSpeed's TiledMLP at `shards` shards, as Arctic Long
+    Sequence Training's enable_tiled_mlp_compute patches it (there the shards are
+    ceil(seqlen / hidden), agreed over the ranks by an all-reduce)."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+    from transformers.models.llama import modeling_llama
+
+    def mlp_forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def tiled_forward(self, x):
+        compute_params = [self.down_proj.weight, self.gate_proj.weight, self.up_proj.weight]
+        return TiledMLP.apply(mlp_forward, self, x, shards, compute_params)
+
+    modeling_llama.LlamaMLP.forward = tiled_forward
 
 
 def summary(record: dict) -> dict:

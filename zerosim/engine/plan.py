@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from types import MappingProxyType
+from typing import Any
 
 from zerosim.hardware import costs, nvme
 from zerosim.hardware.profile import HardwareProfile
@@ -16,6 +17,7 @@ from zerosim.models.breakdown import (
     Module,
     Recipe,
     Workload,
+    auto_tiled_shards,
     build_modules,
     shapes_of,
     vector_flags,
@@ -97,6 +99,11 @@ class Plan:
     fast_leaf_fetch: bool = False
     """The host waits on a leaf's parameters without the bound on unfinished fetch events
     (`LeafSettings.fast_fetch`)."""
+    tiled: Mapping[int, int] = field(default_factory=dict)
+    """Tiled MLPs outside any leaf (`Module.tiled_span`), by the module that holds their
+    parameters, its first: how many of its modules had parameters of their own, each of which
+    fires its own hooks. Their parameters are gathered before the first module going forward
+    and the last going back, as a leaf's are."""
 
     @cached_property
     def forward_hooks(self) -> tuple[int | None, ...]:
@@ -113,7 +120,7 @@ class Plan:
 
     def _hooks(self, *, reverse: bool) -> tuple[int | None, ...]:
         hooks: list[int | None] = list(range(len(self.modules)))
-        for first in self.leaves:
+        for first in (*self.leaves, *self.tiled):
             last = first + self.modules[first].keeps_gathered_for
             hooks[first:last + 1] = [None] * (last + 1 - first)
             hooks[last if reverse else first] = first
@@ -376,9 +383,10 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
     (`optimizer_param_groups`), with ZeRO-3's `leaves` (first and last module of each)."""
     sharded = ds.stage == 3
     leaves = leaves if sharded else ()
-    owners = {first: sum(1 for m in modules[first:last + 1] if m.params)
-              for first, last in leaves}
-    modules = hold_in_first(modules, leaves)
+    tiled = _tiled_spans(modules, leaves) if sharded else ()
+    owners, tiled_owners = ({first: sum(1 for m in modules[first:last + 1] if m.params)
+                             for first, last in spans} for spans in (leaves, tiled))
+    modules = hold_in_first(modules, (*leaves, *tiled))
     params = []
     for m_index, module in enumerate(modules):
         params.append(tuple(
@@ -420,7 +428,17 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
         ranks=ranks,
         leaves=MappingProxyType(owners),
         fast_leaf_fetch=ds.leaves.fast_fetch,
+        tiled=MappingProxyType(tiled_owners),
     )
+
+
+def _tiled_spans(modules: Sequence[Module], leaves: Sequence[tuple[int, int]]
+                 ) -> tuple[tuple[int, int], ...]:
+    """The tiled MLPs' spans (first and last module) that meet no ZeRO-3 leaf: inside one,
+    the leaf's hooks are the only ones that fire."""
+    spans = ((i, i + m.tiled_span) for i, m in enumerate(modules) if m.tiled_span)
+    return tuple((first, last) for first, last in spans
+                 if not any(first <= end and start <= last for start, end in leaves))
 
 
 def update_groups(plan: Plan, stage: int) -> tuple[int, ...]:
@@ -444,7 +462,21 @@ def workload_of(scenario: Scenario) -> Workload:
         dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
         bfloat16=scenario.deepspeed.dtype == "bf16",
         sequence_parallel=scenario.deepspeed.sequence_parallel_size,
+        **_tiling(scenario),
     )
+
+
+def _tiling(scenario: Scenario) -> dict[str, Any]:
+    """The workload's tiled MLP (`runtime.tiled_mlp_shards`): its slices, counted as Arctic
+    Long Sequence Training counts them where `auto` (and then agreed on every call)."""
+    shards = scenario.runtime.tiled_mlp_shards
+    if shards is None:
+        return {}
+    if shards == "auto":
+        per_rank = scenario.sequence_length // scenario.deepspeed.sequence_parallel_size
+        return {"tiled_mlp_shards": auto_tiled_shards(per_rank, scenario.model.hidden_size),
+                "tiled_mlp_agreed": True}
+    return {"tiled_mlp_shards": shards}
 
 
 def plan_of(scenario: Scenario) -> Plan:

@@ -94,7 +94,9 @@ class RankProgram:
         a prefetch ahead (`backward`: in the backward's order) and the launches of the
         collectives just issued. A ZeRO-3 leaf's hooks fire once, before its first module
         going forward and its last going back, and fetch everything in it; no hook fires
-        before its other modules (`Plan.forward_hooks`). Returns the fetch's event, if any."""
+        before its other modules (`Plan.forward_hooks`). A tiled MLP's parameters are fetched
+        there too, each of its modules paying its own hooks and every slice calling them again
+        (`Plan.tiled`). Returns the fetch's event, if any."""
         core = self.core
         plan = core.plan
         target = (plan.backward_hooks if reverse else plan.forward_hooks)[index]
@@ -104,6 +106,9 @@ class RankProgram:
         if plan.modules[target].params:
             if self.params.module_hooks:
                 yield from core.fetch_hooks(plan.leaves.get(target, 1))
+                if target in plan.tiled:
+                    yield from core.tiled_hooks(plan.tiled[target],
+                                                plan.modules[target].repeated_hooks[reverse])
             ready = self.params.fetch(target)
             ready = yield from self.params.wait_ongoing(target, ready)
         if self.params.module_hooks:

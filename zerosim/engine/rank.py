@@ -167,6 +167,7 @@ class RankCore:
         self.kernel_launch_s = stack.on_core(stack.kernel_launch_s, core_Hz)
         self.fetch_hook_s = stack.on_core(stack.fetch_hook_s, core_Hz)
         self.leaf_hook_share = stack.leaf_hook_share
+        self.repeat_hook_share = stack.repeat_hook_share
         self.collective_launch_s = stack.on_core(stack.collective_launch_s, core_Hz)
         self.plain_collective_s = stack.on_core(stack.plain_collective_launch_s, core_Hz)
         self.micro_batch_s = stack.on_core(stack.micro_batch_s, core_Hz)
@@ -426,6 +427,13 @@ class RankCore:
         """Host time of ZeRO-3's pre/post hooks around a module that owns parameters, or
         around a leaf that holds `modules` such modules (`SoftwareStack.leaf_hook_share`)."""
         return self.host_time(self.fetch_hook_s * (1 + self.leaf_hook_share * (modules - 1)))
+
+    def tiled_hooks(self, modules: int, repeats: int) -> Waits:
+        """Host time of the hooks of a tiled MLP's `modules` modules with parameters beyond the
+        first one's (`fetch_hooks`), and of their `repeats` calls on parameters already
+        gathered (`SoftwareStack.repeat_hook_share`)."""
+        return self.host_time(self.fetch_hook_s * (modules - 1
+                                                   + self.repeat_hook_share * repeats))
 
     def reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:
         """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache on `stream`:

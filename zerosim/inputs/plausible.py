@@ -141,6 +141,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "stack.host.*_ms": Plausible(0, 1e5, "a time in milliseconds"),
     "stack.host.*_ns": Plausible(0, 1e6, "a time in nanoseconds"),
     "stack.host.leaf_hook_share": Plausible(0, 1, "a share of a module's hook time"),
+    "stack.host.repeat_hook_share": Plausible(0, 1, "a share of a module's hook time"),
     "stack.kernels.backward_bytes_factor": Plausible(0, 1e3, "a factor"),
     "stack.kernels.*.kernels": _count(0, 10_000, "a kernel count"),
     "stack.attention_memory.*": Plausible(0, 64, "bytes per attention score"),

@@ -63,6 +63,13 @@ class Workload:
     sequence_parallel: int = 1
     """Ulysses sequence parallelism over that many ranks: each holds `sequence_length` over it
     of every sequence, and its attention takes every token of its share of the heads."""
+    tiled_mlp_shards: int = 0
+    """DeepSpeed's TiledMLP runs each block's gated MLP over slices of the rank's sequence,
+    this many (0: not tiled; `_tiled_mlp`)."""
+    tiled_mlp_agreed: bool = False
+    """The slices are counted on every call of the MLP and agreed over the ranks (Arctic Long
+    Sequence Training's: an all-reduce of the count read back by `.item()`, which blocks the
+    host on the compute stream before each MLP's forward and recompute)."""
 
     @property
     def fused_attention(self) -> bool:
@@ -73,6 +80,11 @@ class Workload:
     def tokens(self) -> int:
         """The tokens one rank's modules take per micro-batch: its slice of each sequence."""
         return self.sequence_length * self.micro_batch_size // self.sequence_parallel
+
+    @property
+    def sequence_per_rank(self) -> int:
+        """The tokens of one sequence a rank holds (all of it without sequence parallelism)."""
+        return self.sequence_length // self.sequence_parallel
 
 
 @dataclass(frozen=True)
@@ -455,6 +467,14 @@ class Module:
     exchanges: tuple[Exchange, ...] = ()
     """Collectives over the sequence-parallel group in line with its kernels, in issue order
     (Ulysses's attention core: `ulysses_exchanges`)."""
+    tiled_span: int = 0
+    """The first module of a tiled MLP (`_tiled_mlp`): how many of the modules after it the
+    tiled call runs. Under ZeRO-3 their parameters are gathered together before the call
+    (forward, recompute, backward) and kept until it ends."""
+    repeated_hooks: tuple[int, int] = (0, 0)
+    """ZeRO-3 hook calls a tiled MLP's modules with parameters make beyond one each, with
+    their parameters already gathered (each slice calls them again): in its forward (and its
+    recompute), and in its backward (`SoftwareStack.repeat_hook_share` prices them)."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -985,6 +1005,79 @@ def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
     yield _linear(f"{p}.down_proj", layer, width, h, bias, w, True, r, after, tokens=tokens)
 
 
+def chunk_rows(rows: int, chunks: int) -> tuple[int, ...]:
+    """The pieces `torch.chunk` cuts `rows` rows into when asked for `chunks`: ceil(rows /
+    chunks) rows each, the last one shorter, fewer pieces where that size leaves none over."""
+    size = -(-rows // chunks)
+    full, rest = divmod(rows, size)
+    return (size,) * full + ((rest,) if rest else ())
+
+
+def auto_tiled_shards(sequence_per_rank: int, hidden_size: int) -> int:
+    """The slices Arctic Long Sequence Training's tiled MLP forward (and DeepSpeed's TiledMLP
+    docstring) cuts the rank's sequence into: ceil(its length / the hidden size), so each
+    slice's intermediate is no larger than the hidden state it comes from."""
+    return -(-sequence_per_rank // hidden_size)
+
+
+def _tiled_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: Recipe, *,
+               after: tuple[MemoryPass, ...]) -> list[Module]:
+    """A gated MLP run by DeepSpeed's TiledMLP (runtime/sequence_parallel/ulysses_sp.py,
+    0.17.0+), as Arctic Long Sequence Training patches `down(act(gate(x)) * up(x))`.
+
+    Forward: the input saved, then the MLP over each slice of the sequence (`torch.chunk`
+    along it) under `no_grad`, nothing else saved, and the slices' outputs concatenated.
+    Backward, per slice of the flattened rows: the slice's forward again with a graph, its
+    backward, its input gradient added into a zeroed gradient of the whole input; the weights'
+    gradients accumulate over the slices (`ds_grad_is_ready` holds DeepSpeed's reduction back
+    until the last). The modules keep their names and their forward kernels (each slice's in
+    turn); the backward's work sits in the last, which the backward reaches first, so the
+    weights' gradients are ready when it ends."""
+    h, size = spec.hidden_size, w.dtype_bytes
+    shards = w.tiled_mlp_shards
+    forward_rows = [w.micro_batch_size * rows for rows in chunk_rows(w.sequence_per_rank, shards)]
+    backward_rows = chunk_rows(w.tokens, shards)
+
+    def pieces(rows: int) -> list[Module]:
+        return list(_dense_mlp(spec, p, layer, width, w, r, saves_input=True, tokens=rows))
+
+    whole, forward = pieces(w.tokens), [pieces(rows) for rows in forward_rows]
+    weights = sum(m.params for m in whole)
+    tensors = sum(len(m.param_numels) for m in whole)
+    hooked = sum(1 for m in whole if m.params)
+    largest = pieces(max(backward_rows))
+    backward: list[Kernel] = [k.backward(r.backward_bytes_factor) for k in after]
+    backward.append(MemoryPass(size * h * w.tokens))
+    for index, rows in enumerate(backward_rows):
+        shard = pieces(rows)
+        backward.extend(k for m in shard for k in m.kernels)
+        backward.extend(k for m in reversed(shard) for k in m.backward_kernels)
+        backward.append(MemoryPass(GRADIENT_SUM_ELEMENTS * size * h * rows))
+        if index:
+            backward.append(MemoryPass(GRADIENT_SUM_ELEMENTS * size * weights, tensors))
+    modules = []
+    for k, module in enumerate(whole):
+        kernels = tuple(kernel for shard in forward for kernel in shard[k].kernels)
+        modules.append(replace(module, kernels=kernels, backward_kernels=(),
+                               fwd_hbm_bytes=sum(kernel.nbytes for kernel in kernels),
+                               saved_bytes=0.0, backward_transient_bytes=0.0))
+    first, last = modules[0], modules[-1]
+    modules[0] = replace(first, saved_bytes=size * h * w.tokens, host_syncs=int(w.tiled_mlp_agreed),
+                         tiled_span=len(modules) - 1,
+                         repeated_hooks=((len(forward_rows) - 1) * hooked,
+                                         (2 * len(backward_rows) - 1) * hooked))
+    concatenation = MemoryPass(2 * size * h * w.tokens)
+    kernels = (*last.kernels, concatenation, *after)
+    slice_activations = sum(m.saved_bytes for m in largest[1:])
+    modules[-1] = replace(
+        last, kernels=kernels, fwd_hbm_bytes=sum(kernel.nbytes for kernel in kernels),
+        transient_bytes=size * (3 * width * max(forward_rows) + h * w.tokens),
+        backward_kernels=tuple(backward),
+        backward_transient_bytes=(size * (h * w.tokens + weights + 2 * width * max(backward_rows))
+                                  + slice_activations))
+    return modules
+
+
 ROUTER_BYTES_PER_LOGIT = 10
 """The router's softmax in fp32 and top-k: read the 16-bit logits (2 B), write and read the
 fp32 probabilities (4 + 4 B)."""
@@ -1194,10 +1287,13 @@ def _block_modules(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> Itera
         yield _norm(f"{p}.{second}", layer, h, norm_bias, w, r)
     if spec.is_moe_layer(layer):
         mlp = list(_moe_mlp(spec, f"{p}.mlp", layer, w, r, before_post_norm))
+    elif w.tiled_mlp_shards:
+        mlp = _tiled_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
+                         after=before_post_norm)
     else:
         mlp = list(_dense_mlp(spec, f"{p}.mlp", layer, spec.intermediate_size, w, r,
                               saves_input=spec.norms_per_block != 1, after=before_post_norm))
-    mlp[0] = replace(mlp[0], host_syncs=r.syncs_before_mlp)
+    mlp[0] = replace(mlp[0], host_syncs=mlp[0].host_syncs + r.syncs_before_mlp)
     yield from mlp
     if spec.post_norms:
         yield _norm(f"{p}.{POST_NORMS[1]}", layer, h, norm_bias, w, r, after=residual)

@@ -7,9 +7,9 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from zerosim.behaviours import (
     Behaviours,
@@ -88,6 +88,7 @@ class _Runtime(BaseModel):
     framework: Any = None
     checkpoint_in_cpu: StrictBool = False
     synchronize_each_layer: StrictBool = False
+    tiled_mlp_shards: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] | None = None
 
 
 class WhatIf(BaseModel):
@@ -141,6 +142,11 @@ class Runtime:
     synchronize_each_layer: bool = False
     """Megatron-DeepSpeed's `--synchronize-each-layer`: the checkpoint synchronizes the device
     at the start and end of each block's forward and of its backward."""
+    tiled_mlp_shards: int | Literal["auto"] | None = None
+    """DeepSpeed's TiledMLP around each block's gated MLP, as Arctic Long Sequence Training
+    patches it: over this many slices of the rank's sequence, or `auto`, ceil(the rank's
+    sequence / the hidden size) counted on every call and agreed over the ranks (None: not
+    tiled)."""
 
     @property
     def version_text(self) -> str:
@@ -605,7 +611,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                         raw.runtime.bind_cores_to_rank,
                         empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label),
                         raw.runtime.bind_core_list,
-                        *_checkpoint_flags(raw.runtime, stack, source)),
+                        *_checkpoint_flags(raw.runtime, stack, source),
+                        raw.runtime.tiled_mlp_shards),
         what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)

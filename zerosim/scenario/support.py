@@ -23,7 +23,8 @@ def check_supported(scenario: Any) -> None:
                  _hpz_is_replayed, _qgz_groups_fit, _qgz_reduces_by_reduce_scatter,
                  _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
                  _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone,
-                 _unmanaged_accumulation_is_replayed, _ulysses_runs, _ulysses_is_replayed):
+                 _unmanaged_accumulation_is_replayed, _ulysses_runs, _ulysses_is_replayed,
+                 _tiled_mlp_runs):
         rule(scenario)
 
 
@@ -804,3 +805,29 @@ def _ulysses_is_replayed(scenario: Any) -> None:
                     "(zerosim replays Ulysses beside ZeRO's own partitioning over every rank, "
                     "not with MiCS, ZeRO++, ZenFlow, SuperOffload or the fork's interleaved "
                     "update)", value)
+
+
+TILED_MLP = "runtime.tiled_mlp_shards"
+
+
+def _tiled_mlp_runs(scenario: Any) -> None:
+    """DeepSpeed's TiledMLP, as Arctic Long Sequence Training patches a transformers model's
+    MLP (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`): new in 0.17.0, for a gated MLP
+    whose gate and up projections are modules of their own; not a mixture of experts."""
+    shards = scenario.runtime.tiled_mlp_shards
+    if shards is None:
+        return
+    if not scenario.behaviours.tiled_mlp:
+        _refuse(scenario, TILED_MLP, "unset before DeepSpeed 0.17.0 (TiledMLP is new in "
+                "0.17.0)", shards)
+    model, recipe = scenario.model, scenario.stack.recipe
+    if not model.gated_mlp:
+        _refuse(scenario, TILED_MLP, "unset for a model without a gated MLP (the tiled "
+                "forward calls gate_proj, up_proj and down_proj)", shards)
+    if model.fused_gate_up or recipe.fused_gate_up:
+        _refuse(scenario, TILED_MLP, "unset where the gate and up projections are one module "
+                f"(the {scenario.stack.name} stack's or the model's: the tiled forward calls "
+                "gate_proj and up_proj)", shards)
+    if any(model.is_moe_layer(layer) for layer in range(model.num_hidden_layers)):
+        _refuse(scenario, TILED_MLP, "unset for a mixture-of-experts model (zerosim tiles "
+                "dense MLPs only)", shards)

@@ -66,6 +66,12 @@ LEAF_HOOK_KEY = "host.leaf_hook_share"
 """The optional share of `host.fetch_hook_us` that a ZeRO-3 leaf's hook still pays for each
 module with parameters inside it beyond its first (`SoftwareStack.leaf_hook_share`; 0 when
 absent: a leaf's hook costs one module's)."""
+REPEAT_HOOK_KEY = "host.repeat_hook_share"
+"""The optional share of `host.fetch_hook_us` that a module's ZeRO-3 hooks cost when it runs
+again with its parameters already gathered, as each slice of a tiled MLP calls its modules
+(`SoftwareStack.repeat_hook_share`; 0 when absent: unpriced)."""
+HOOK_SHARES = {LEAF_HOOK_KEY: "leaf_hook_share", REPEAT_HOOK_KEY: "repeat_hook_share"}
+"""The optional shares of a module's hook time, by key -> `SoftwareStack` field."""
 PLAIN_COLLECTIVE_KEY = "host.plain_collective_us"
 """The optional host time of a collective called straight through `deepspeed.comm`, outside
 the bookkeeping of ZeRO's coalesced calls (Ulysses's all-to-alls, qgZ's, qwZ's scales:
@@ -261,6 +267,10 @@ class SoftwareStack:
     it beyond its first, as a share of `fetch_hook_s`: the leaf spares those modules' own hooks
     and the parameter-less modules' around them, not the fetch, wait and release of their
     tensors (`RankCore.fetch_hooks`)."""
+    repeat_hook_share: float = 0.0
+    """What a module's ZeRO-3 hooks cost when it runs again with its parameters already
+    gathered (each slice of a tiled MLP calling it), as a share of `fetch_hook_s`: the
+    coordinator's bookkeeping without the fetch (`RankCore.tiled_hooks`)."""
     heap_reuse_bytes: float = 0.0
     """Host temporaries up to this size come from the C allocator's heap, on pages earlier
     temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
@@ -555,12 +565,12 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
             prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
             provenance[key] = prov
             times[attr] = _non_negative(prov, source, key) * scale
-    if dotted_leaf(tree, LEAF_HOOK_KEY) is not None:
-        prov = parse_provenance(dotted_leaf(tree, LEAF_HOOK_KEY), source, LEAF_HOOK_KEY,
-                                table="stack")
-        provenance[LEAF_HOOK_KEY] = prov
-        times["leaf_hook_share"] = _non_negative(prov, source, LEAF_HOOK_KEY)
-    known = {"reference_GHz", LEAF_HOOK_KEY[5:], *(k[5:] for k in OPTIONAL_HOST_TIMES),
+    for key, attr in HOOK_SHARES.items():
+        if dotted_leaf(tree, key) is not None:
+            prov = parse_provenance(dotted_leaf(tree, key), source, key, table="stack")
+            provenance[key] = prov
+            times[attr] = _non_negative(prov, source, key)
+    known = {"reference_GHz", *(k[5:] for k in HOOK_SHARES), *(k[5:] for k in OPTIONAL_HOST_TIMES),
              *(k[5:] for k in HOST_TIMES)}
     extra = set(dotted_leaf(tree, "host") or {}) - known
     if extra:
