@@ -104,6 +104,8 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("unmanaged accumulation, study DP=4, 0.19.5", SCENARIOS / "llama13b_dp4.yaml",
      {"runtime.deepspeed_version": "0.19.5", "deepspeed.managed_gradient_accumulation": False}),
     ("Ulysses over 8 H100s, 128K tokens", SCENARIOS / "llama8b_ulysses_dgx_h100.yaml", {}),
+    ("ALST over 8 H100s, 256K tokens", SCENARIOS / "llama8b_alst_dgx_h100.yaml",
+     {"sequence_length": 262144}),
     ("DistributedAttention over a Polaris node", POLARIS / "polaris-5.90b-dp4-mb4-ga1-sg1e08.yaml",
      {"deepspeed.sequence_parallel_size": 4}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",

@@ -134,6 +134,11 @@ ranks), two groups a node."""
 ULYSSES_MODES = ((3, "cpu", "none"), (3, "cpu", "cpu"), (3, "none", "none"), (2, "cpu", "none"),
                  (1, "none", "none"))
 """ZeRO stages and what each offloads (optimizer, parameters) under Ulysses."""
+ALST_TRICKS = ((1, None, None, False), ("auto", None, None, False), (None, "auto", None, False),
+               ("auto", "auto", 3, True), (2, 5, 1, True))
+"""Arctic Long Sequence Training's tricks (0.19.5, Llama-3.1-8B over a DGX H100's 8 GPUs):
+(tiled MLP slices, tiled loss slices, micro-batch or None for 1, block inputs in host
+memory)."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -303,6 +308,13 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                 "deepspeed.zero_optimization.stage": stage,
                 "deepspeed.zero_optimization.offload_optimizer.device": optimizer,
                 PARAMS + "device": params}))
+    for mlp, loss, micro_batch, in_host in ALST_TRICKS[::2] if quick else ALST_TRICKS:
+        for stage, sixteen_k in ((3, 8), (3, 64), (2, 8)):
+            out.append((ROOT / "scenarios" / "llama8b_alst_dgx_h100.yaml", {
+                "sequence_length": 16384 * sixteen_k, "deepspeed.zero_optimization.stage": stage,
+                "deepspeed.train_micro_batch_size_per_gpu": micro_batch or 1,
+                "runtime.tiled_mlp_shards": mlp, "runtime.tiled_loss_shards": loss,
+                "runtime.checkpoint_in_cpu": in_host}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for nodes, size in ((1, 2), (1, 4), (2, 8)):
             for release in ("0.13.3", "0.14.4"):

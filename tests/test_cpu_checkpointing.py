@@ -78,11 +78,23 @@ def test_synchronizing_each_layer_only_holds_the_host_back(toy):
     assert synced.summary["iteration_s"] >= plain.summary["iteration_s"]
 
 
-def test_the_flags_need_deepspeeds_checkpoint(toy):
-    """The Hugging Face Trainer's `torch.utils.checkpoint` has neither option."""
-    for key in ("checkpoint_in_cpu", "synchronize_each_layer"):
-        with pytest.raises(ScenarioError, match=rf"runtime\.{key}: expected false"):
-            toy.scenario({"activation_checkpointing": True, "runtime": {key: True}})
+def test_synchronizing_each_layer_needs_deepspeeds_checkpoint(toy):
+    """The Hugging Face Trainer's `torch.utils.checkpoint` has no such option."""
+    with pytest.raises(ScenarioError, match=r"runtime\.synchronize_each_layer: expected false"):
+        toy.scenario({"activation_checkpointing": True,
+                      "runtime": {"synchronize_each_layer": True}})
+
+
+def test_torch_checkpoints_in_host_memory_as_arctic_training_patches_them(toy):
+    """Under `torch.utils.checkpoint` (the toy's stack) `checkpoint_in_cpu` is Arctic Long
+    Sequence Training's `activation_checkpoint_cpu_offload`: the same copies as DeepSpeed's
+    `deepspeed.checkpointing` makes, and the same timeline."""
+    torch_stack = _run(toy, {"activation_checkpointing": True,
+                             "runtime": {"checkpoint_in_cpu": True}})
+    deepspeed = _run(toy, _patch(checkpoint_in_cpu=True))
+    assert torch_stack.summary["iteration_s"] == deepspeed.summary["iteration_s"]
+    copies = torch_stack.spans[torch_stack.spans.op.str.startswith("checkpoint")]
+    assert len(copies) == 2 * 2  # each of the two blocks' inputs out and back
 
 
 def test_the_flags_without_checkpointing_are_a_warning(toy):

@@ -189,7 +189,8 @@ def test_the_plans_hooks_fire_at_a_leafs_ends():
     from zerosim.engine.plan import Plan
 
     plan = Plan.__new__(Plan)
-    object.__setattr__(plan, "modules", tuple(SimpleNamespace(keeps_gathered_for=k)
+    object.__setattr__(plan, "modules", tuple(SimpleNamespace(keeps_gathered_for=k,
+                                                              backward_in_forward=False)
                                               for k in (0, 3, 0, 0, 0, 0)))
     object.__setattr__(plan, "leaves", {1: 4})
     object.__setattr__(plan, "tiled", {})

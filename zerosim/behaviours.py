@@ -364,6 +364,13 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "Training's tiled MLP compute): its forward saves only its input, its backward "
               "runs each slice's forward again, and ZeRO reduces the weights' gradients after "
               "the last slice (before: no TiledMLP, nor ds_grad_is_ready)"),
+    Behaviour("tiled_loss", (0, 17, 4),
+              "PR #7437 'adding TiledFusedLogitsLoss' (3292e07a, first in v0.17.4): "
+              "runtime/sequence_parallel/ulysses_sp.py TiledFusedLogitsLoss",
+              "the output layer and the loss can run over slices of the tokens, each slice's "
+              "backward inside the forward (Arctic Long Sequence Training's tiled logits and "
+              "loss): no whole logits tensor, only the hidden states' gradient kept for the "
+              "backward (before: no TiledFusedLogitsLoss)"),
     Behaviour("zero_plus_plus", (0, 10, 0),
               "PR #3784 'ZeRO++' (d18aa2c7, first in v0.10.0): zero/config.py, "
               "partition_parameters.py _partition_param_sec and all_gather_coalesced "
@@ -471,6 +478,7 @@ class Behaviours:
     distributed_attention_batch_dim: bool
     ulysses_hf: bool
     tiled_mlp: bool
+    tiled_loss: bool
     zero_plus_plus: bool
     hpz_secondary_by_presence: bool
     qgz_indivisible_fallback: bool

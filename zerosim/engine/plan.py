@@ -17,6 +17,7 @@ from zerosim.models.breakdown import (
     Module,
     Recipe,
     Workload,
+    auto_loss_shards,
     auto_tiled_shards,
     build_modules,
     shapes_of,
@@ -124,6 +125,10 @@ class Plan:
             last = first + self.modules[first].keeps_gathered_for
             hooks[first:last + 1] = [None] * (last + 1 - first)
             hooks[last if reverse else first] = first
+        if reverse:
+            for index, module in enumerate(self.modules):
+                if module.backward_in_forward:
+                    hooks[index] = None
         return tuple(hooks)
 
     @cached_property
@@ -467,16 +472,24 @@ def workload_of(scenario: Scenario) -> Workload:
 
 
 def _tiling(scenario: Scenario) -> dict[str, Any]:
-    """The workload's tiled MLP (`runtime.tiled_mlp_shards`): its slices, counted as Arctic
-    Long Sequence Training counts them where `auto` (and then agreed on every call)."""
+    """The workload's tiled MLP and loss (`runtime.tiled_mlp_shards`, `tiled_loss_shards`):
+    their slices, counted as Arctic Long Sequence Training counts them where `auto` (the MLP's
+    then agreed on every call)."""
     shards = scenario.runtime.tiled_mlp_shards
-    if shards is None:
-        return {}
     if shards == "auto":
         per_rank = scenario.sequence_length // scenario.deepspeed.sequence_parallel_size
-        return {"tiled_mlp_shards": auto_tiled_shards(per_rank, scenario.model.hidden_size),
-                "tiled_mlp_agreed": True}
-    return {"tiled_mlp_shards": shards}
+        out = {"tiled_mlp_shards": auto_tiled_shards(per_rank, scenario.model.hidden_size),
+               "tiled_mlp_agreed": True}
+    else:
+        out = {"tiled_mlp_shards": shards} if shards is not None else {}
+    loss = scenario.runtime.tiled_loss_shards
+    if loss == "auto":
+        tokens = (scenario.sequence_length * scenario.deepspeed.train_micro_batch_size_per_gpu
+                  // scenario.deepspeed.sequence_parallel_size)
+        out["tiled_loss_shards"] = auto_loss_shards(tokens, scenario.model.vocab_size)
+    elif loss is not None:
+        out["tiled_loss_shards"] = loss
+    return out
 
 
 def plan_of(scenario: Scenario) -> Plan:

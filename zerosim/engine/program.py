@@ -96,7 +96,8 @@ class RankProgram:
         going forward and its last going back, and fetch everything in it; no hook fires
         before its other modules (`Plan.forward_hooks`). A tiled MLP's parameters are fetched
         there too, each of its modules paying its own hooks and every slice calling them again
-        (`Plan.tiled`). Returns the fetch's event, if any."""
+        (`Plan.tiled`), as a tiled loss's output layer's slices do. Returns the fetch's event,
+        if any."""
         core = self.core
         plan = core.plan
         target = (plan.backward_hooks if reverse else plan.forward_hooks)[index]
@@ -106,8 +107,9 @@ class RankProgram:
         if plan.modules[target].params:
             if self.params.module_hooks:
                 yield from core.fetch_hooks(plan.leaves.get(target, 1))
-                if target in plan.tiled:
-                    yield from core.tiled_hooks(plan.tiled[target],
+                if target not in plan.leaves and (
+                        target in plan.tiled or plan.modules[target].repeated_hooks[reverse]):
+                    yield from core.tiled_hooks(plan.tiled.get(target, 1),
                                                 plan.modules[target].repeated_hooks[reverse])
             ready = self.params.fetch(target)
             ready = yield from self.params.wait_ongoing(target, ready)
@@ -139,9 +141,10 @@ class RankProgram:
     def _checkpoint_forward_starts(self, index: int) -> Gen:
         """`deepspeed.checkpointing.checkpoint`'s forward before it runs the block: with
         `synchronize_each_layer` a device synchronize; with `checkpoint_in_cpu` the block's
-        input copied to a new pageable host tensor (`.to('cpu')`: the host waits for the
-        compute stream, which makes the input, then for the copy; the staging thread faults
-        fresh pages in first)."""
+        input copied to a new pageable host tensor (`.to('cpu')`, or the `.cpu()` of Arctic
+        Long Sequence Training's CheckpointFunction: the host waits for the compute stream,
+        which makes the input, then for the copy; the staging thread faults fresh pages in
+        first)."""
         core = self.core
         if self.synchronize_each_layer:
             yield from core.synchronize()

@@ -429,8 +429,8 @@ class RankCore:
         return self.host_time(self.fetch_hook_s * (1 + self.leaf_hook_share * (modules - 1)))
 
     def tiled_hooks(self, modules: int, repeats: int) -> Waits:
-        """Host time of the hooks of a tiled MLP's `modules` modules with parameters beyond the
-        first one's (`fetch_hooks`), and of their `repeats` calls on parameters already
+        """Host time of the hooks of a tiled call's `modules` modules with parameters beyond
+        the first one's (`fetch_hooks`), and of their `repeats` calls on parameters already
         gathered (`SoftwareStack.repeat_hook_share`)."""
         return self.host_time(self.fetch_hook_s * (modules - 1
                                                    + self.repeat_hook_share * repeats))

@@ -70,6 +70,10 @@ class Workload:
     """The slices are counted on every call of the MLP and agreed over the ranks (Arctic Long
     Sequence Training's: an all-reduce of the count read back by `.item()`, which blocks the
     host on the compute stream before each MLP's forward and recompute)."""
+    tiled_loss_shards: int = 0
+    """DeepSpeed's TiledFusedLogitsLoss runs the output layer and the loss over slices of the
+    rank's tokens, this many, their backward inside the forward (0: not tiled;
+    `_tiled_head`)."""
 
     @property
     def fused_attention(self) -> bool:
@@ -472,9 +476,13 @@ class Module:
     tiled call runs. Under ZeRO-3 their parameters are gathered together before the call
     (forward, recompute, backward) and kept until it ends."""
     repeated_hooks: tuple[int, int] = (0, 0)
-    """ZeRO-3 hook calls a tiled MLP's modules with parameters make beyond one each, with
-    their parameters already gathered (each slice calls them again): in its forward (and its
-    recompute), and in its backward (`SoftwareStack.repeat_hook_share` prices them)."""
+    """ZeRO-3 hook calls a tiled MLP's modules with parameters (or a tiled loss's output
+    layer) make beyond one each, with their parameters already gathered (each slice calls
+    them again): in its forward (and its recompute), and in its backward
+    (`SoftwareStack.repeat_hook_share` prices them)."""
+    backward_in_forward: bool = False
+    """Its backward runs inside the forward (a tiled loss's output layer): no hook fires
+    before it in the backward, which finds its gradients made."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -1340,6 +1348,9 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
         head = _with_backward(replace(head, saved_bytes=head.saved_bytes
                                       + _softcap_saved(True, logits, w)),
                               (*head.kernels, *elementwise_pass(r.softcap, logits, w)), r)
+    if w.tiled_loss_shards:
+        yield from _tiled_head(head, spec, w, r)
+        return
     # The head's backward reads the logits' gradient, which the loss's backward made.
     yield replace(head, external=r.external_output_weight and head.params > 0,
                   backward_transient_bytes=head.backward_transient_bytes
@@ -1350,6 +1361,51 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
                   transient_bytes=memory.transient * logits,
                   backward_transient_bytes=memory.backward * logits)
     yield _with_backward(loss, elementwise_pass(r.loss, logits, w, loss.fwd_flops), r)
+
+
+def auto_loss_shards(tokens: int, vocab_size: int) -> int:
+    """The slices Arctic Long Sequence Training's trainer hands DeepSpeed's
+    TiledFusedLogitsLoss: about 1 GiB of fp32 logits each, ceil(tokens x vocabulary x 4 B /
+    1 GiB)."""
+    return -(-tokens * vocab_size * FP32_BYTES // 2**30)
+
+
+def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
+    """The output layer and the loss under DeepSpeed's TiledFusedLogitsLoss
+    (runtime/sequence_parallel/ulysses_sp.py, 0.17.4+), as Arctic Long Sequence Training's
+    trainer calls it: the hidden states' gradient zeroed, then per slice of the rank's tokens
+    the output layer and the loss forward and at once their backward, the slice's input
+    gradient added into the whole one's, the output weight's gradient accumulated over the
+    slices (`ds_grad_is_ready` holds its reduction back until the last); that input gradient
+    is all it keeps for the backward, which scales it by the loss's gradient. The output
+    layer's module runs each slice's product and fires no hook in the backward; the loss's
+    holds the rest."""
+    h, v, size = spec.embedding_width, spec.vocab_size, w.dtype_bytes
+    rows = chunk_rows(w.tokens, w.tiled_loss_shards)
+    products = tuple(Gemm(n, v, h, dtype_bytes=size) for n in rows)
+    yield replace(head, kernels=products, backward_kernels=(), saved_bytes=0.0,
+                  backward_transient_bytes=0.0,
+                  fwd_hbm_bytes=sum(k.nbytes for k in products),
+                  repeated_hooks=(2 * len(rows) - 1, 0), backward_in_forward=True)
+    memory = r.loss_memory
+    work: list[Kernel] = [MemoryPass(size * h * w.tokens)]
+    for index, n in enumerate(rows):
+        passes = elementwise_pass(r.loss, v * n, w, ELEMENTWISE_FLOPS_PER_ELEMENT * v * n)
+        work.extend(passes)
+        work.extend(k.backward(r.backward_bytes_factor) for k in passes)
+        work.extend(linear_backward(Gemm(n, v, h, dtype_bytes=size)))
+        work.append(MemoryPass(GRADIENT_SUM_ELEMENTS * size * h * n))
+        if index:
+            work.append(MemoryPass(GRADIENT_SUM_ELEMENTS * size * head.params,
+                                   len(head.param_numels)))
+    per_logit = size + memory.saved_bytes(size) + max(memory.transient, memory.backward)
+    logits = v * w.tokens
+    loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
+                  0.0, 0.0, size * h * w.tokens,
+                  transient_bytes=per_logit * v * max(rows) + size * head.params)
+    scale = MemoryPass(2 * size * h * w.tokens)
+    yield replace(loss, kernels=tuple(work), backward_kernels=(scale,),
+                  fwd_hbm_bytes=sum(k.nbytes for k in work))
 
 
 def _block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> list[Module]:

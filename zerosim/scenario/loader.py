@@ -89,6 +89,7 @@ class _Runtime(BaseModel):
     checkpoint_in_cpu: StrictBool = False
     synchronize_each_layer: StrictBool = False
     tiled_mlp_shards: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] | None = None
+    tiled_loss_shards: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] | None = None
 
 
 class WhatIf(BaseModel):
@@ -136,9 +137,10 @@ class Runtime:
     """The core list a bound launch cuts into the ranks' parts (`hardware.placement.CoreOrder`):
     by GPU, or none given (the cores in their numbering)."""
     checkpoint_in_cpu: bool = False
-    """Megatron-DeepSpeed's `--checkpoint-in-cpu`: `deepspeed.checkpointing.checkpoint` keeps
-    each block's input in host memory (a blocking D2H as the block's forward starts, an H2D
-    before its recompute)."""
+    """Megatron-DeepSpeed's `--checkpoint-in-cpu` (`deepspeed.checkpointing.checkpoint`), or
+    under `torch.utils.checkpoint` Arctic Long Sequence Training's
+    `activation_checkpoint_cpu_offload`: each block's input kept in host memory (a blocking
+    D2H as the block's forward starts, an H2D before its recompute)."""
     synchronize_each_layer: bool = False
     """Megatron-DeepSpeed's `--synchronize-each-layer`: the checkpoint synchronizes the device
     at the start and end of each block's forward and of its backward."""
@@ -147,6 +149,10 @@ class Runtime:
     patches it: over this many slices of the rank's sequence, or `auto`, ceil(the rank's
     sequence / the hidden size) counted on every call and agreed over the ranks (None: not
     tiled)."""
+    tiled_loss_shards: int | Literal["auto"] | None = None
+    """DeepSpeed's TiledFusedLogitsLoss around the output layer and the loss, as Arctic Long
+    Sequence Training's trainer calls it: over this many slices of the rank's tokens, or
+    `auto`, about 1 GiB of fp32 logits a slice (None: transformers' own head and loss)."""
 
     @property
     def version_text(self) -> str:
@@ -612,7 +618,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                         empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label),
                         raw.runtime.bind_core_list,
                         *_checkpoint_flags(raw.runtime, stack, source),
-                        raw.runtime.tiled_mlp_shards),
+                        raw.runtime.tiled_mlp_shards, raw.runtime.tiled_loss_shards),
         what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)
@@ -624,14 +630,15 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
 def _checkpoint_flags(runtime: _Runtime, stack: SoftwareStack, source: str
                       ) -> tuple[bool, bool]:
     """`runtime.checkpoint_in_cpu` and `synchronize_each_layer`, Megatron-DeepSpeed's flags
-    for `deepspeed.checkpointing`: refused with a stack whose blocks `torch.utils.checkpoint`
-    checkpoints (the Hugging Face Trainer has neither option)."""
-    for key in ("checkpoint_in_cpu", "synchronize_each_layer"):
-        if getattr(runtime, key) and not stack.recipe.deepspeed_checkpointing:
-            raise ScenarioError(source, f"runtime.{key}", "false with a stack whose blocks "
-                                "torch.utils.checkpoint checkpoints, which has no such option "
-                                f"(the {stack.name} stack's modules.checkpoint_function is "
-                                "torch)", True)
+    for `deepspeed.checkpointing`. Where `torch.utils.checkpoint` checkpoints the blocks,
+    `checkpoint_in_cpu` is Arctic Long Sequence Training's `activation_checkpoint_cpu_offload`
+    (its CheckpointFunction moves the block's input to host memory the same way), and
+    `synchronize_each_layer` is refused (torch's checkpoint has no such option)."""
+    if runtime.synchronize_each_layer and not stack.recipe.deepspeed_checkpointing:
+        raise ScenarioError(source, "runtime.synchronize_each_layer", "false with a stack "
+                            "whose blocks torch.utils.checkpoint checkpoints, which has no "
+                            f"such option (the {stack.name} stack's "
+                            "modules.checkpoint_function is torch)", True)
     return runtime.checkpoint_in_cpu, runtime.synchronize_each_layer
 
 

@@ -24,7 +24,7 @@ def check_supported(scenario: Any) -> None:
                  _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
                  _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone,
                  _unmanaged_accumulation_is_replayed, _ulysses_runs, _ulysses_is_replayed,
-                 _tiled_mlp_runs):
+                 _tiled_mlp_runs, _tiled_loss_runs):
         rule(scenario)
 
 
@@ -808,18 +808,26 @@ def _ulysses_is_replayed(scenario: Any) -> None:
 
 
 TILED_MLP = "runtime.tiled_mlp_shards"
+TILED_LOSS = "runtime.tiled_loss_shards"
+
+
+def _tiled_shards(scenario: Any, key: str, behaviour: str, since: str, call: str) -> Any:
+    """A tiled call's slice count (None: not tiled), refused before the DeepSpeed release
+    that brings `call`."""
+    shards = getattr(scenario.runtime, key.removeprefix("runtime."))
+    if shards is not None and not getattr(scenario.behaviours, behaviour):
+        _refuse(scenario, key, f"unset before DeepSpeed {since} ({call} is new in {since})",
+                shards)
+    return shards
 
 
 def _tiled_mlp_runs(scenario: Any) -> None:
     """DeepSpeed's TiledMLP, as Arctic Long Sequence Training patches a transformers model's
     MLP (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`): new in 0.17.0, for a gated MLP
     whose gate and up projections are modules of their own; not a mixture of experts."""
-    shards = scenario.runtime.tiled_mlp_shards
+    shards = _tiled_shards(scenario, TILED_MLP, "tiled_mlp", "0.17.0", "TiledMLP")
     if shards is None:
         return
-    if not scenario.behaviours.tiled_mlp:
-        _refuse(scenario, TILED_MLP, "unset before DeepSpeed 0.17.0 (TiledMLP is new in "
-                "0.17.0)", shards)
     model, recipe = scenario.model, scenario.stack.recipe
     if not model.gated_mlp:
         _refuse(scenario, TILED_MLP, "unset for a model without a gated MLP (the tiled "
@@ -831,3 +839,26 @@ def _tiled_mlp_runs(scenario: Any) -> None:
     if any(model.is_moe_layer(layer) for layer in range(model.num_hidden_layers)):
         _refuse(scenario, TILED_MLP, "unset for a mixture-of-experts model (zerosim tiles "
                 "dense MLPs only)", shards)
+
+
+def _tiled_loss_runs(scenario: Any) -> None:
+    """DeepSpeed's TiledFusedLogitsLoss as Arctic Long Sequence Training's trainer calls it
+    (`lm_head` on each slice, then the model's `loss_function`): new in 0.17.4; zerosim
+    replays it around an output layer of the model's own (not tied to the embeddings, whose
+    gradient the slices would accumulate elsewhere), called as a module (not read by the
+    model's forward, as Megatron-DeepSpeed's is), with no logit softcapping (the call skips
+    the model's)."""
+    shards = _tiled_shards(scenario, TILED_LOSS, "tiled_loss", "0.17.4",
+                           "TiledFusedLogitsLoss")
+    if shards is None:
+        return
+    model = scenario.model
+    for flag, what in ((model.tie_word_embeddings, "an output layer tied to the embeddings"),
+                       (scenario.stack.recipe.external_output_weight,
+                        f"the {scenario.stack.name} stack, whose model reads the output "
+                        "weight itself"),
+                       (bool(model.logit_softcap), "logit softcapping, which the tiled call "
+                        "skips")):
+        if flag:
+            _refuse(scenario, TILED_LOSS, f"unset with {what} (zerosim replays the tiled "
+                    "loss around an untied lm_head module)", shards)

@@ -124,8 +124,9 @@ MODULE_TREE_KEY = "modules.module_tree"
 CHECKPOINT_KEY = "modules.checkpoint_function"
 CHECKPOINT_CHOICES = ("torch", "deepspeed")
 """Which function checkpoints a block, as `{value: ..., source: '...'}` (`torch`, the default:
-`torch.utils.checkpoint`, which keeps the block's input on the GPU and has no other option;
-`deepspeed`: `deepspeed.checkpointing.checkpoint`, which can keep it in host memory
+`torch.utils.checkpoint`, which keeps the block's input on the GPU unless Arctic Long
+Sequence Training's patch moves it to host memory (`runtime.checkpoint_in_cpu`); `deepspeed`:
+`deepspeed.checkpointing.checkpoint`, which can keep it in host memory
 (`runtime.checkpoint_in_cpu`) and synchronize the device around each block
 (`runtime.synchronize_each_layer`); `Recipe.deepspeed_checkpointing`)."""
 SEQUENCE_PARALLEL_KEY = "modules.sequence_parallel"
