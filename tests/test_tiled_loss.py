@@ -123,3 +123,15 @@ def test_the_shipped_alst_scenario_fits_only_with_its_tricks():
                                         "runtime.checkpoint_in_cpu=false"])
     assert alst["status"] == "ok" and alst["peak_hbm_GiB"] < 40
     assert alone["status"] == "oom"
+
+
+def test_check_names_the_slices(toy, tmp_path):
+    """`zerosim check --json` gives the slices the run uses (`auto` resolved) under `tiling`,
+    and the resolved scenario keeps the keys as given."""
+    patch = {"runtime": {"deepspeed_version": "0.19.5", "tiled_loss_shards": "auto",
+                         "tiled_mlp_shards": 2}}
+    shown = toy.check_json(patch, tmp_path)
+    assert shown["tiling"] == {"mlp_shards": 2, "mlp_agreed": False, "loss_shards": 1}
+    assert shown["runtime"]["tiled_loss_shards"] == "auto"
+    assert shown["runtime"]["tiled_mlp_shards"] == 2
+    assert "tiling" not in toy.check_json({}, tmp_path)

@@ -269,6 +269,18 @@ def _sequence_parallel(scenario: Scenario) -> dict[str, Any]:
         "communication_dtype": ds.communication_dtype}}
 
 
+def _tiling(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `tiling`, where a tiled call runs (what its `mode` line says): the
+    slices of the MLP (and whether their count is agreed on every call) and of the loss."""
+    from zerosim.engine.plan import workload_of
+
+    w = workload_of(scenario)
+    if not (w.tiled_mlp_shards or w.tiled_loss_shards):
+        return {}
+    return {"tiling": {"mlp_shards": w.tiled_mlp_shards, "mlp_agreed": w.tiled_mlp_agreed,
+                       "loss_shards": w.tiled_loss_shards}}
+
+
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
     line says)."""
@@ -308,7 +320,7 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
                      **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded),
                      **_zero_plus_plus(loaded), **_mics(loaded),
-                     **_sequence_parallel(loaded)})
+                     **_sequence_parallel(loaded), **_tiling(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

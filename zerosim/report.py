@@ -61,7 +61,23 @@ def _mode(scenario: Scenario) -> str:
         where.append(f"Ulysses sequence parallelism (groups of {size} ranks, each holding "
                      f"1/{size} of every sequence; gradients reduced in "
                      f"{ds.communication_dtype})")
+    if tiling := _tiling_text(scenario):
+        where.append(tiling)
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
+
+
+def _tiling_text(scenario: Scenario) -> str:
+    """Arctic Long Sequence Training's tiled calls in a few words ('' without)."""
+    from zerosim.engine.plan import workload_of
+
+    w = workload_of(scenario)
+    parts = []
+    if w.tiled_mlp_shards:
+        agreed = ", the count agreed by a sync before each" if w.tiled_mlp_agreed else ""
+        parts.append(f"each MLP over {w.tiled_mlp_shards} slices{agreed}")
+    if w.tiled_loss_shards:
+        parts.append(f"the logits and loss over {w.tiled_loss_shards} slices")
+    return "tiled (" + "; ".join(parts) + ")" if parts else ""
 
 
 def _mics_text(scenario: Scenario) -> str:

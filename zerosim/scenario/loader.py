@@ -250,6 +250,8 @@ class Scenario:
                            if self.runtime.checkpoint_in_cpu else {}),
                         **({"synchronize_each_layer": True}
                            if self.runtime.synchronize_each_layer else {}),
+                        **{key: value for key in ("tiled_mlp_shards", "tiled_loss_shards")
+                           if (value := getattr(self.runtime, key)) is not None},
                         "cpu_pools": _pools_dict(self.cpu_pools()),
                         "framework": {"name": self.stack.name, "layout": self.stack.layout(),
                                       "values": {
