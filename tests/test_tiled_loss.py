@@ -55,8 +55,11 @@ def test_each_slice_runs_its_product_loss_and_backward_in_the_forward(toy):
 def test_the_output_layer_fires_no_hook_in_the_backward(toy):
     plan = plan_of(toy.scenario(_patch(2)))
     names = [m.name for m in plan.modules]
-    head = names.index("lm_head")
+    head, loss = names.index("lm_head"), names.index("loss")
     assert plan.forward_hooks[head] == head and plan.backward_hooks[head] is None
+    assert plan.backward_hooks[loss] is None
+    # gathered through the loss's slices, which run its backward products
+    assert plan.tiled[head] == 1 and plan.modules[head].keeps_gathered_for == 1
     assert plan_of(toy.scenario()).backward_hooks[head] == head
 
 

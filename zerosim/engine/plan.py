@@ -101,10 +101,11 @@ class Plan:
     """The host waits on a leaf's parameters without the bound on unfinished fetch events
     (`LeafSettings.fast_fetch`)."""
     tiled: Mapping[int, int] = field(default_factory=dict)
-    """Tiled MLPs outside any leaf (`Module.tiled_span`), by the module that holds their
-    parameters, its first: how many of its modules had parameters of their own, each of which
-    fires its own hooks. Their parameters are gathered before the first module going forward
-    and the last going back, as a leaf's are."""
+    """Tiled calls outside any leaf (`Module.tiled_span`: an MLP, a loss with its output
+    layer), by the module that holds their parameters, its first: how many of its modules
+    had parameters of their own, each of which fires its own hooks. Their parameters are
+    gathered before the first module going forward and the last going back, as a leaf's are
+    (a tiled loss's, whose backward runs in the forward, not then)."""
 
     @cached_property
     def forward_hooks(self) -> tuple[int | None, ...]:
@@ -126,9 +127,8 @@ class Plan:
             hooks[first:last + 1] = [None] * (last + 1 - first)
             hooks[last if reverse else first] = first
         if reverse:
-            for index, module in enumerate(self.modules):
-                if module.backward_in_forward:
-                    hooks[index] = None
+            hooks = [None if target is not None and self.modules[target].backward_in_forward
+                     else target for target in hooks]
         return tuple(hooks)
 
     @cached_property

@@ -472,9 +472,10 @@ class Module:
     """Collectives over the sequence-parallel group in line with its kernels, in issue order
     (Ulysses's attention core: `ulysses_exchanges`)."""
     tiled_span: int = 0
-    """The first module of a tiled MLP (`_tiled_mlp`): how many of the modules after it the
-    tiled call runs. Under ZeRO-3 their parameters are gathered together before the call
-    (forward, recompute, backward) and kept until it ends."""
+    """The first module of a tiled call (an MLP, `_tiled_mlp`; a loss's output layer,
+    `_tiled_head`): how many of the modules after it the call runs. Under ZeRO-3 their
+    parameters are gathered together before the call (forward, recompute, backward) and kept
+    until it ends."""
     repeated_hooks: tuple[int, int] = (0, 0)
     """ZeRO-3 hook calls a tiled MLP's modules with parameters (or a tiled loss's output
     layer) make beyond one each, with their parameters already gathered (each slice calls
@@ -1378,15 +1379,16 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
     gradient added into the whole one's, the output weight's gradient accumulated over the
     slices (`ds_grad_is_ready` holds its reduction back until the last); that input gradient
     is all it keeps for the backward, which scales it by the loss's gradient. The output
-    layer's module runs each slice's product and fires no hook in the backward; the loss's
-    holds the rest."""
+    layer's module runs each slice's product, keeps its weight gathered through the loss's
+    (`tiled_span`) and fires no hook in the backward; the loss's holds the rest."""
     h, v, size = spec.embedding_width, spec.vocab_size, w.dtype_bytes
     rows = chunk_rows(w.tokens, w.tiled_loss_shards)
     products = tuple(Gemm(n, v, h, dtype_bytes=size) for n in rows)
     yield replace(head, kernels=products, backward_kernels=(), saved_bytes=0.0,
                   backward_transient_bytes=0.0,
                   fwd_hbm_bytes=sum(k.nbytes for k in products),
-                  repeated_hooks=(2 * len(rows) - 1, 0), backward_in_forward=True)
+                  repeated_hooks=(2 * len(rows) - 1, 0), backward_in_forward=True,
+                  tiled_span=1)
     memory = r.loss_memory
     work: list[Kernel] = [MemoryPass(size * h * w.tokens)]
     for index, n in enumerate(rows):
