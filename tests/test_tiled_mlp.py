@@ -196,3 +196,19 @@ def test_sensitivity_offers_the_repeat_share_where_hooks_repeat():
     offered = {c.key: c for c in candidates(tiled, 0.1)}
     assert offered[key].value == 0.8 and offered[key].basis == "measured"
     assert key not in {c.key for c in candidates(plain, 0.1)}
+
+
+def test_a_short_reuse_distance_is_a_warning(toy):
+    """Between two slices a projection waits for the other two (2 x 64 x 128 parameters):
+    with `stage3_max_reuse_distance` at or below that, DeepSpeed gathers it again every
+    slice, which zerosim does not replay."""
+    from zerosim.scenario.support import TilingWarning
+
+    short = deep_patch(_patch(2), {"deepspeed": {"zero_optimization": {
+        "stage3_max_reuse_distance": 2 * 64 * 128}}})
+    with pytest.warns(TilingWarning, match="gathers each projection again every slice"):
+        toy.scenario(short)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TilingWarning)
+        toy.scenario(deep_patch(short, {"deepspeed": {"zero_optimization": {
+            "stage3_max_reuse_distance": 2 * 64 * 128 + 1}}}))

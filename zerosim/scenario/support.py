@@ -56,6 +56,10 @@ class ZeroPlusPlusWarning(ScenarioWarning):
     """ZeRO++ settings that change nothing in this configuration."""
 
 
+class TilingWarning(ScenarioWarning):
+    """A tiled call that DeepSpeed runs otherwise than zerosim replays it."""
+
+
 class MicsWarning(ScenarioWarning):
     """MiCS settings that change nothing in this configuration."""
 
@@ -79,6 +83,25 @@ def warn_inert(scenario: Any) -> None:
     _warn_idle_mics(scenario)
     _warn_replicas_never_reduced(scenario)
     _warn_checkpoint_flags_without_checkpointing(scenario)
+    _warn_tiled_mlp_released_between_slices(scenario)
+
+
+def _warn_tiled_mlp_released_between_slices(scenario: Any) -> None:
+    """ZeRO-3 keeps a module's parameters gathered after its call where it comes again within
+    `stage3_max_reuse_distance` parameters of the trace (partitioned_param_coordinator.py
+    `__params_to_release`); between a tiled MLP's slices a projection waits for the other
+    two. Below that, DeepSpeed gathers each projection again every slice, which zerosim does
+    not replay (it keeps them gathered through the call)."""
+    ds, model = scenario.deepspeed, scenario.model
+    between = 2 * model.hidden_size * model.intermediate_size
+    if (scenario.runtime.tiled_mlp_shards is not None and ds.stage == 3
+            and ds.stage3_max_reuse_distance <= between):
+        warnings.warn(f"{scenario.source}: stage3_max_reuse_distance "
+                      f"{ds.stage3_max_reuse_distance:g} is not above the {between:g} "
+                      "parameters a tiled MLP's projection waits for between slices: "
+                      "DeepSpeed gathers each projection again every slice, zerosim keeps "
+                      "them gathered through the call (priced short)", TilingWarning,
+                      stacklevel=5)
 
 
 def _warn_checkpoint_flags_without_checkpointing(scenario: Any) -> None:
