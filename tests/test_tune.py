@@ -13,6 +13,7 @@ from conftest import q
 
 import zerosim
 from zerosim.tune import (
+    CHECKPOINTS_IN_HOST,
     KNOBS,
     Config,
     TuneError,
@@ -146,7 +147,7 @@ def test_only_what_the_engine_replays_is_searched():
     assert all(c.stage == 3 and c.offload == "cpu" for c in found if c.ratio < 1)
     assert {c.sub_group_size for c in found if c.stage < 3} == {1e9}
     assert {c.what_if for c in found} == {"none"}
-    assert {c.checkpointing for c in found} == {False, True}
+    assert {c.checkpointing for c in found} == {False, True, CHECKPOINTS_IN_HOST}
     assert not any("nvme" in c.offload for c in found)
 
 
@@ -195,13 +196,17 @@ def test_tune_ranks_what_fits_and_writes_the_table(toy_file, tmp_path):
     outcome = tune(toy_file, fix=["reduce_bucket_size", "sub_group_size", "ratio"], workers=1,
                    out_dir=tmp_path / "out")
     ok = [r for r in outcome.rows if r["status"] == "ok"]
-    assert len(ok) == outcome.simulated == len(outcome.rows)  # the toy fits everywhere
+    # the toy fits everywhere: only checkpoints in host memory wait for their twin on the GPU
+    # (pruned as it fits)
+    waited = [r for r in outcome.rows if r["status"] == "pruned"]
+    assert len(ok) == outcome.simulated == len(outcome.rows) - len(waited)
+    assert {r["checkpointing"] for r in waited} == {CHECKPOINTS_IN_HOST}
     times = [r["iteration_s"] for r in ok]
     assert times == sorted(times) and [r["rank"] for r in ok] == list(range(1, len(ok) + 1))
     best = outcome.best
     assert best["tokens_per_s"] == pytest.approx(4 * 8 / best["iteration_s"], rel=1e-12)
     rows = list(csv.DictReader((tmp_path / "out" / "tune.csv").open()))
-    assert [r["rank"] for r in rows] == [str(r["rank"]) for r in outcome.rows]
+    assert [r["rank"] for r in rows] == [str(r["rank"] or "") for r in outcome.rows]
     assert float(rows[0]["iteration_s"]) == best["iteration_s"]
     assert why_best(outcome.rows).startswith(f"fastest: {best['config'].describe()}")
 
@@ -417,31 +422,29 @@ def test_leaf_modules_are_a_knob_where_the_release_reads_the_threshold(toy):
     assert "leaf modules at granularity 3.4e3" in layers.describe()
 
 
-def test_checkpoints_in_host_memory_are_searched_where_deepspeed_checkpoints(toy):
-    """On a stack that checkpoints through DeepSpeed (Megatron-DeepSpeed's), the checkpointing
-    knob tries the checkpoints in host memory too (`runtime.checkpoint_in_cpu`); on one that
-    checkpoints through torch it stays off or on; a scenario that keeps them there is given
-    as `cpu`."""
+def test_checkpoints_in_host_memory_are_searched_on_either_checkpoint_function(toy):
+    """The checkpointing knob tries the checkpoints in host memory too
+    (`runtime.checkpoint_in_cpu`), through DeepSpeed's checkpoint (Megatron-DeepSpeed's) or
+    torch's as Arctic Long Sequence Training patches it; a scenario that keeps them there is
+    given as `cpu`."""
     from conftest import toy_stack
 
-    from zerosim.tune import CHECKPOINTS_IN_HOST, candidates, free_knobs
+    from zerosim.tune import candidates, free_knobs
 
     stack = toy_stack()
     stack["modules"]["checkpoint_function"] = {"value": "deepspeed", "source": "test"}
-    deepspeed = toy.scenario({"runtime": {"framework": stack},
-                              "deepspeed": {"gradient_accumulation_steps": 2}}, gpus=1)
-    assert deepspeed.stack.recipe.deepspeed_checkpointing
     fixed = free_knobs(fix=["stage", "offload", "micro_batch", "reduce_bucket_size",
                             "sub_group_size", "ratio"])
-    base = as_given(deepspeed)
-    found = candidates(base, fixed, checkpoints_in_host=True)
-    assert [c.checkpointing for c in found] == [False, True, CHECKPOINTS_IN_HOST]
+    for framework in (stack, toy_stack()):
+        scenario = toy.scenario({"runtime": {"framework": framework},
+                                 "deepspeed": {"gradient_accumulation_steps": 2}}, gpus=1)
+        found = candidates(as_given(scenario), fixed)
+        assert [c.checkpointing for c in found] == [False, True, CHECKPOINTS_IN_HOST]
     in_host = found[-1]
     assert in_host.overrides()["activation_checkpointing"] is True
     assert in_host.overrides()["runtime.checkpoint_in_cpu"] is True
     assert found[1].overrides()["runtime.checkpoint_in_cpu"] is False
     assert in_host.describe().endswith("checkpointing, checkpoints in host memory")
-    assert [c.checkpointing for c in candidates(base, fixed)] == [False, True]
     kept = toy.scenario({"runtime": {"framework": stack, "checkpoint_in_cpu": True},
                          "activation_checkpointing": True}, gpus=1)
     assert as_given(kept).checkpointing == CHECKPOINTS_IN_HOST
@@ -474,5 +477,60 @@ def test_checkpoints_in_host_memory_run_only_when_their_twin_on_the_gpu_does_not
     assert rows[("nvme", "cpu")]["status"] == "pruned"
     assert rows[("nvme", "cpu")]["note"].startswith(
         "slower than ZeRO-3, CPU optimizer, micro-batch 1x2, buckets 5e8, sub-groups 5e4, "
-        "checkpointing, 2 threads per rank, which fits: NVMe and checkpoints in host memory")
+        "checkpointing, 2 threads per rank, which fits: NVMe, checkpoints in host memory")
     assert outcome.simulated == sum(r["status"] in {"ok", "oom"} for r in outcome.rows)
+
+
+def test_the_tiling_knob_offers_what_the_release_and_the_model_take(toy):
+    """Arctic Long Sequence Training's tiled loss (0.17.4+, an untied output layer) and tiled
+    MLP (0.17.0+, gate and up apart), each and both, at `auto` slices; none before 0.17.0."""
+    from zerosim.tune import tiling_choices
+
+    def choices(version, **patch):
+        return tiling_choices(toy.scenario({"runtime": {"deepspeed_version": version},
+                                            **patch}))
+
+    assert choices("0.19.5") == ["loss", "mlp", "loss+mlp"]
+    assert choices("0.17.0") == ["mlp"]
+    assert choices("0.13.3") == []
+    assert as_given(toy.scenario()).tiling is None
+    assert choices("0.19.5", model={"tie_word_embeddings": True}) == ["mlp"]
+
+
+def test_a_tiling_as_given_keeps_its_counts_and_waits_for_its_untiled_twin(toy):
+    from zerosim.tune import NO_TILING
+
+    scenario = toy.scenario({"runtime": {"deepspeed_version": "0.19.5",
+                                         "tiled_loss_shards": 3, "tiled_mlp_shards": "auto"}})
+    base = as_given(scenario)
+    assert base.tiling == "loss3+mlp"
+    assert (base.tiled("loss"), base.tiled("mlp")) == (3, "auto")
+    assert base.overrides()["runtime.tiled_loss_shards"] == 3
+    assert base.overrides()["runtime.tiled_mlp_shards"] == "auto"
+    assert base.describe().endswith("tiled loss (3 slices), tiled MLP")
+    assert base.twin().tiling == "loss3" and base.twin().twin().tiling == NO_TILING
+    assert base.twin().twin().twin() is None
+    plain = as_given(toy.scenario({"runtime": {"deepspeed_version": "0.19.5"}}))
+    assert plain.tiling == NO_TILING
+    assert plain.overrides()["runtime.tiled_loss_shards"] is None
+    found = candidates(plain, free_knobs(fix=["stage", "offload", "micro_batch",
+                                              "reduce_bucket_size", "sub_group_size", "ratio",
+                                              "checkpointing"]),
+                       tilings=["loss", "mlp", "loss+mlp"])
+    assert [c.tiling for c in found] == [NO_TILING, "loss", "mlp", "loss+mlp"]
+
+
+def test_tune_finds_the_alst_tricks_where_ulysses_alone_does_not_fit():
+    """2M tokens over a DGX H100 (the ALST scenario stripped of its tricks): with the
+    checkpointing and tiling knobs free, only the tiled loss with the checkpoints in host
+    memory fits, with the tiled MLP or without it, which is faster (the tiled MLP runs its
+    forward again)."""
+    path = "scenarios/llama8b_alst_dgx_h100.yaml"
+    outcome = tune(path, overrides={"runtime.tiled_loss_shards": None,
+                                    "runtime.tiled_mlp_shards": None,
+                                    "runtime.checkpoint_in_cpu": False,
+                                    "sequence_length": 2097152},
+                   free=["tiling", "checkpointing"],
+                   fix=[k for k in KNOBS if k not in ("tiling", "checkpointing")], workers=1)
+    fitting = [(r["tiling"], r["checkpointing"]) for r in outcome.rows if r["status"] == "ok"]
+    assert fitting == [("loss", CHECKPOINTS_IN_HOST), ("loss+mlp", CHECKPOINTS_IN_HOST)]

@@ -446,8 +446,8 @@ def render_tune(outcome, *, top: int = 10) -> None:
                   + ", ".join(f"{n} {status}" for status, n in counts.items())
                   + f" ({outcome.simulated} simulated {outcome.executor} in "
                   f"{outcome.wall_s:.1f} s; pruned: the memory floor exceeds a device, an "
-                  "NVMe offload whose host-memory twin fits, or checkpoints in host memory "
-                  "whose twin on the GPU fits)",
+                  "NVMe offload whose host-memory twin fits, checkpoints in host memory "
+                  "whose twin on the GPU fits, or a tiled call whose twin without it fits)",
                   markup=False, highlight=False)
     console.print(why_best(outcome.rows), markup=False, highlight=False)
     _print_files(console, outcome.files)

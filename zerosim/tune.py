@@ -2,8 +2,9 @@
 
 The search crosses the knobs a user weighs (ZeRO stage, what is offloaded, micro-batch size and
 gradient accumulation for the scenario's global batch, `reduce_bucket_size`, `sub_group_size`,
-the Twin-Flow ratio, activation checkpointing (its checkpoints in host memory on a stack that
-checkpoints through DeepSpeed), the interleaved update's gap on a build of the
+the Twin-Flow ratio, activation checkpointing (its checkpoints in host memory too), Arctic
+Long Sequence Training's tiled loss and tiled MLP where the release and the model take them,
+the interleaved update's gap on a build of the
 Deep Optimizer States fork, cores bound to each rank on a node of several NUMA domains, the
 OpenMP threads per rank where the default pools oversubscribe the node, ZeRO-3 leaf modules
 by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ, qwZ and qgZ and MiCS's shard groups where
@@ -14,7 +15,8 @@ device (model states plus one micro-batch's saved activations on the GPU, model 
 every rank of a node in host memory: the engine would run out of memory at or before the end
 of the first forward), and simulates the rest on the sweep executors; an NVMe offload waits
 for its host-memory twin and runs only if that did not fit (otherwise it moves the same states
-through a slower path), and so do checkpoints in host memory for their twin on the GPU.
+through a slower path), and so do checkpoints in host memory for their twin on the GPU and a
+tiled call for its twin without it.
 Each knob is free (searched) or fixed (the scenario's own value).
 """
 
@@ -37,10 +39,10 @@ if TYPE_CHECKING:
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
          "checkpointing", "gap", "binding", "threads", "leaves", "zero_plus_plus", "mics",
-         "what_if", "master")
+         "tiling", "what_if", "master")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
                    "ratio", "checkpointing", "gap", "binding", "threads", "leaves",
-                   "zero_plus_plus", "mics")
+                   "zero_plus_plus", "mics", "tiling")
 STAGES = (0, 1, 2, 3)
 OFFLOADS = ("none", "params", "cpu", "cpu+params")
 """What is searched: nothing offloaded, the params alone (the optimizer on the GPU), the
@@ -56,9 +58,15 @@ SUB_GROUP_SIZES = (1e8, 1e9)
 RATIOS = (1.0, 0.5)
 CHECKPOINTS_IN_HOST = "cpu"
 """The `checkpointing` knob's value for activation checkpointing with each checkpoint in host
-memory (`runtime.checkpoint_in_cpu`), searched beside off and on where the stack checkpoints
-through DeepSpeed (Megatron-DeepSpeed's `--checkpoint-in-cpu`); elsewhere the knob is a
-bool."""
+memory (`runtime.checkpoint_in_cpu`: Megatron-DeepSpeed's `--checkpoint-in-cpu`, Arctic
+Long Sequence Training's patch of `torch.utils.checkpoint`), searched beside off and on."""
+NO_TILING = "none"
+TILED_PARTS = ("loss", "mlp")
+"""The `tiling` knob's value without a tiled call, and its parts: `loss` (the logits and the
+loss over slices, `runtime.tiled_loss_shards`), `mlp` (`runtime.tiled_mlp_shards`), joined by
+`+`, each at `auto` slices or, as a scenario gives it, a count after the part's name
+(`mlp4`); searched where the release and the model take the part (`tiling_choices`);
+elsewhere the knob is None and sets nothing."""
 GAPS = (0, 2, 3, 4)
 """The fork's `prefetch_optimizer_gap` searched on one of its builds (0: no interleaved
 update); elsewhere the knob keeps 0."""
@@ -104,7 +112,8 @@ MEMORY_SLACK_BYTES = 2**20
 """A floor above capacity by less than this is simulated anyway (rounding of allocations)."""
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
-           "threads", "leaves", "zero_plus_plus", "mics", "what_if", "master", "iteration_s",
+           "threads", "leaves", "zero_plus_plus", "mics", "tiling", "what_if", "master",
+           "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -142,6 +151,16 @@ class Config:
     mics: str | None = None
     """`NO_MICS`, `micsS` or `micsSh` (see there), or None where the release does not read
     MiCS's keys."""
+    tiling: str | None = None
+    """`NO_TILING` or tiled parts (`TILED_PARTS`), or None where neither can run."""
+
+    def tiled(self, part: str) -> int | str | None:
+        """The part's slices: a count, `auto`, or None (not tiled)."""
+        for given in (self.tiling or NO_TILING).split("+"):
+            if given.startswith(part):
+                count = given.removeprefix(part)
+                return int(count) if count else "auto"
+        return None
 
     @property
     def mics_shard_size(self) -> int:
@@ -216,6 +235,9 @@ class Config:
             out[Z + "mics_shard_size"] = self.mics_shard_size
             out[Z + "mics_hierarchical_params_gather"] = self.mics_hierarchical
         out["runtime.checkpoint_in_cpu"] = self.checkpointing == CHECKPOINTS_IN_HOST
+        if self.tiling is not None:
+            out["runtime.tiled_loss_shards"] = self.tiled("loss")
+            out["runtime.tiled_mlp_shards"] = self.tiled("mlp")
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -227,13 +249,17 @@ class Config:
 
     def twin(self) -> Config | None:
         """The configuration this one only slows down wherever that one fits, which it waits
-        for: an NVMe offload's host-memory twin (NVMe only adds swaps to the same work), and
-        checkpoints in host memory's twin on the GPU (they only add copies); None for the
-        others."""
+        for: an NVMe offload's host-memory twin (NVMe only adds swaps to the same work),
+        checkpoints in host memory's twin on the GPU (they only add copies), and a tiled
+        call's twin without its last part (a tiled MLP runs its forward again, a tiled loss
+        the same products in more pieces); None for the others."""
         if "nvme" in self.offload:
             return self.cpu_twin()
         if self.checkpointing == CHECKPOINTS_IN_HOST:
             return replace(self, checkpointing=True)
+        if self.tiling not in (None, NO_TILING):
+            parts = self.tiling.split("+")[:-1]
+            return replace(self, tiling="+".join(parts) or NO_TILING)
         return None
 
     def describe(self) -> str:
@@ -270,6 +296,9 @@ class Config:
         if self.mics_shard_size > 0:
             parts.append(f"MiCS over {self.mics_shard_size} ranks"
                          + (", hierarchical" if self.mics_hierarchical else ""))
+        for part, what in (("loss", "tiled loss"), ("mlp", "tiled MLP")):
+            if (slices := self.tiled(part)) is not None:
+                parts.append(what + ("" if slices == "auto" else f" ({slices} slices)"))
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master not in (None, "fp32"):
@@ -344,7 +373,27 @@ def as_given(scenario: Scenario) -> Config:
                   _master(scenario),
                   ds.leaves.granularity_threshold
                   if scenario.behaviours.module_granularity_threshold else None,
-                  _zero_plus_plus(scenario), _mics(scenario))
+                  _zero_plus_plus(scenario), _mics(scenario), _tiling(scenario))
+
+
+def _tiling(scenario: Scenario) -> str | None:
+    """The scenario's `tiling` knob value; None where no tiled call can run."""
+    runtime = scenario.runtime
+    given = [part + ("" if slices == "auto" else str(slices))
+             for part, slices in (("loss", runtime.tiled_loss_shards),
+                                  ("mlp", runtime.tiled_mlp_shards)) if slices is not None]
+    if not given and not tiling_choices(scenario):
+        return None
+    return "+".join(given) or NO_TILING
+
+
+def tiling_choices(scenario: Scenario) -> list[str]:
+    """What the `tiling` knob tries: each tiled part the release and the model take
+    (`support.tiling_refusal`), and both together, at `auto` slices."""
+    from zerosim.scenario.support import tiling_refusal
+
+    parts = [part for part in TILED_PARTS if not tiling_refusal(scenario, part)]
+    return parts + (["+".join(parts)] if len(parts) > 1 else [])
 
 
 def _mics(scenario: Scenario) -> str | None:
@@ -442,8 +491,8 @@ def free_knobs(free: Iterable[str] = (), fix: Iterable[str] = ()) -> frozenset[s
 def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                fork: bool = False, numa: bool = False, filling_threads: int = 0,
                thresholds: Iterable[int] = (), training: str = "bf16",
-               zero_plus_plus: Iterable[str] = (), checkpoints_in_host: bool = False,
-               mics: Iterable[str] = ()) -> list[Config]:
+               zero_plus_plus: Iterable[str] = (), mics: Iterable[str] = (),
+               tilings: Iterable[str] = ()) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
@@ -451,9 +500,9 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
     `filling_threads` per rank when that is given (the default pools oversubscribe the node),
     no leaves and each of `thresholds` where the release reads the granularity threshold,
     none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, none and each of
-    `mics` where it reads MiCS's, the master
-    precisions of the `training` dtype, and checkpointing with its checkpoints in host
-    memory when `checkpoints_in_host` (the stack checkpoints through DeepSpeed)."""
+    `mics` where it reads MiCS's, none and each of `tilings` where a tiled call can run, the
+    master precisions of the `training` dtype, and checkpointing with its checkpoints in host
+    memory."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
@@ -466,8 +515,7 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                            if "sub_group_size" in free else [base.sub_group_size]),
         "ratio": sorted({*RATIOS, base.ratio}, reverse=True) if "ratio" in free else [base.ratio],
         "what_if": list(WHAT_IFS) if "what_if" in free else [base.what_if],
-        "checkpointing": (list(dict.fromkeys([False, True, *([CHECKPOINTS_IN_HOST]
-                                                             if checkpoints_in_host else []),
+        "checkpointing": (list(dict.fromkeys([False, True, CHECKPOINTS_IN_HOST,
                                                base.checkpointing]))
                           if "checkpointing" in free else [base.checkpointing]),
         "gap": sorted({*GAPS, base.gap}) if "gap" in free and fork else [base.gap],
@@ -483,14 +531,16 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                            else [base.zero_plus_plus]),
         "mics": (list(dict.fromkeys([NO_MICS, *mics, base.mics]))
                  if "mics" in free and base.mics is not None else [base.mics]),
+        "tiling": (list(dict.fromkeys([NO_TILING, *tilings, base.tiling]))
+                   if "tiling" in free and base.tiling is not None else [base.tiling]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding, threads, master, leaves, zero_plus_plus_value, mics_value) in product(
-            *values.values()):
+         gap, binding, threads, master, leaves, zero_plus_plus_value, mics_value,
+         tiling) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
                         what_if, checkpointing, gap, binding, threads, master, leaves,
-                        zero_plus_plus_value, mics_value)
+                        zero_plus_plus_value, mics_value, tiling)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -569,6 +619,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "leaves": "" if config.leaves is None else config.leaves,
             "zero_plus_plus": config.zero_plus_plus or "",
             "mics": config.mics or "",
+            "tiling": config.tiling or "",
             "what_if": config.what_if,
             "master": config.master or "", "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
@@ -638,7 +689,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                           training=scenario.deepspeed.dtype,
                           zero_plus_plus=zero_plus_plus_choices(scenario),
                           mics=mics_choices(scenario),
-                          checkpoints_in_host=scenario.stack.recipe.deepspeed_checkpointing)
+                          tilings=tiling_choices(scenario) if base.tiling is not None else ())
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (
@@ -736,11 +787,13 @@ def _not_dominated(deferred: list[Any], rows: list[dict[str, Any]],
 def _dominated_note(config: Config, fits: Config) -> str:
     if fits == config.twin() and "nvme" in config.offload:
         return f"slower than {fits.offload} offload, which fits: NVMe only adds swaps"
-    if fits == config.twin():
+    if fits == config.twin() and config.checkpointing == CHECKPOINTS_IN_HOST:
         return ("slower than the checkpoints on the GPU, which fit: in host memory they only "
                 "add copies")
-    return (f"slower than {fits.describe()}, which fits: NVMe and checkpoints in host memory "
-            "only add swaps and copies")
+    if fits == config.twin():
+        return f"slower than {fits.describe()}, which fits: tiling only adds work"
+    return (f"slower than {fits.describe()}, which fits: NVMe, checkpoints in host memory and "
+            "tiling only add swaps, copies and work")
 
 
 STATUS_ORDER = {"ok": 0, "oom": 1, "pruned": 2, "refused": 3, "error": 4}

@@ -844,6 +844,21 @@ def _tiled_shards(scenario: Any, key: str, behaviour: str, since: str, call: str
     return shards
 
 
+def tiling_refusal(scenario: Any, part: str) -> str:
+    """Why the scenario cannot tile `part` (`loss` or `mlp`) at `auto` slices, as the rules
+    above say ('' where it can): what `zerosim tune`'s tiling knob offers."""
+    from dataclasses import replace
+
+    key, rule = {"loss": ("tiled_loss_shards", _tiled_loss_runs),
+                 "mlp": ("tiled_mlp_shards", _tiled_mlp_runs)}[part]
+    tiled = replace(scenario, runtime=replace(scenario.runtime, **{key: "auto"}))
+    try:
+        rule(tiled)
+    except UnsupportedConfigError as refusal:
+        return str(refusal)
+    return ""
+
+
 def _tiled_mlp_runs(scenario: Any) -> None:
     """DeepSpeed's TiledMLP, as Arctic Long Sequence Training patches a transformers model's
     MLP (`down_proj(act_fn(gate_proj(x)) * up_proj(x))`): new in 0.17.0, for a gated MLP
