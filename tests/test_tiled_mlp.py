@@ -175,7 +175,7 @@ def test_refused_where_the_tiled_forward_cannot_run(toy, patch, match):
         toy.scenario(patch)
 
 
-@pytest.mark.parametrize("shards", [0, -1, "many", 2.0, True])
+@pytest.mark.parametrize("shards", [0, -1, "many", 2.0, True, 4097])
 def test_the_count_is_a_whole_number_or_auto(toy, shards):
     with pytest.raises(ScenarioError, match="tiled_mlp_shards"):
         toy.scenario(_patch(shards))

@@ -75,6 +75,8 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "sequence_length": _count(1, 1e8, "a sequence length in tokens"),
     "data_parallel": _count(1, 1e6, "a rank count"),
     "runtime.cpu_threads_per_rank": _count(1, 16_384, "a thread count"),
+    "runtime.tiled_mlp_shards": _count(1, 4_096, "a slice count"),
+    "runtime.tiled_loss_shards": _count(1, 4_096, "a slice count"),
     "what_if.gpu_update_every": _count(0, 1e6, "a sub-group interval"),
     # ---- Hugging Face config.json fields
     "model.name": PlausibleText(256),

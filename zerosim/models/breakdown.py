@@ -1047,8 +1047,14 @@ def _tiled_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
     forward_rows = [w.micro_batch_size * rows for rows in chunk_rows(w.sequence_per_rank, shards)]
     backward_rows = chunk_rows(w.tokens, shards)
 
+    built: dict[int, list[Module]] = {}
+
     def pieces(rows: int) -> list[Module]:
-        return list(_dense_mlp(spec, p, layer, width, w, r, saves_input=True, tokens=rows))
+        """The MLP's modules over `rows` rows (slices of a size are alike: built once)."""
+        if rows not in built:
+            built[rows] = list(_dense_mlp(spec, p, layer, width, w, r, saves_input=True,
+                                          tokens=rows))
+        return built[rows]
 
     whole, forward = pieces(w.tokens), [pieces(rows) for rows in forward_rows]
     weights = sum(m.params for m in whole)
