@@ -439,8 +439,9 @@ def make_plan(ds: DeepSpeedConfig, ranks: int, modules: Sequence[Module], *,
 
 def _tiled_spans(modules: Sequence[Module], leaves: Sequence[tuple[int, int]]
                  ) -> tuple[tuple[int, int], ...]:
-    """The tiled MLPs' spans (first and last module) that meet no ZeRO-3 leaf: inside one,
-    the leaf's hooks are the only ones that fire."""
+    """The tiled calls' spans (first and last module: an MLP's, an output layer's with its
+    loss) that meet no ZeRO-3 leaf: inside one, the leaf's hooks are the only ones that
+    fire."""
     spans = ((i, i + m.tiled_span) for i, m in enumerate(modules) if m.tiled_span)
     return tuple((first, last) for first, last in spans
                  if not any(first <= end and start <= last for start, end in leaves))
