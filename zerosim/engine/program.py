@@ -106,11 +106,10 @@ class RankProgram:
         ready = None
         if plan.modules[target].params:
             if self.params.module_hooks:
-                yield from core.fetch_hooks(plan.leaves.get(target, 1))
-                if target not in plan.leaves and (
-                        target in plan.tiled or plan.modules[target].repeated_hooks[reverse]):
-                    yield from core.tiled_hooks(plan.tiled.get(target, 1),
-                                                plan.modules[target].repeated_hooks[reverse])
+                repeats = (0 if target in plan.leaves
+                           else plan.modules[target].repeated_hooks[reverse])
+                yield from core.fetch_hooks(plan.leaves.get(target, 1),
+                                            apart=plan.tiled.get(target, 1), repeats=repeats)
             ready = self.params.fetch(target)
             ready = yield from self.params.wait_ongoing(target, ready)
         if self.params.module_hooks:

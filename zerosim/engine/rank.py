@@ -423,16 +423,13 @@ class RankCore:
         yield self.env.timeout(done - self.env.now)
         self.gil.release()
 
-    def fetch_hooks(self, modules: int = 1) -> Waits:
-        """Host time of ZeRO-3's pre/post hooks around a module that owns parameters, or
-        around a leaf that holds `modules` such modules (`SoftwareStack.leaf_hook_share`)."""
-        return self.host_time(self.fetch_hook_s * (1 + self.leaf_hook_share * (modules - 1)))
-
-    def tiled_hooks(self, modules: int, repeats: int) -> Waits:
-        """Host time of the hooks of a tiled call's `modules` modules with parameters beyond
-        the first one's (`fetch_hooks`), and of their `repeats` calls on parameters already
-        gathered (`SoftwareStack.repeat_hook_share`)."""
-        return self.host_time(self.fetch_hook_s * (modules - 1
+    def fetch_hooks(self, modules: int = 1, *, apart: int = 1, repeats: int = 0) -> Waits:
+        """Host time of ZeRO-3's pre/post hooks around a module that owns parameters, around
+        a leaf that holds `modules` such modules (`SoftwareStack.leaf_hook_share`), or around
+        a tiled call's `apart` such modules, each hooked, with `repeats` more calls on
+        parameters already gathered (`SoftwareStack.repeat_hook_share`)."""
+        return self.host_time(self.fetch_hook_s * (1 + self.leaf_hook_share * (modules - 1)
+                                                   + (apart - 1)
                                                    + self.repeat_hook_share * repeats))
 
     def reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:

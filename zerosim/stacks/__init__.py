@@ -271,7 +271,7 @@ class SoftwareStack:
     repeat_hook_share: float = 0.0
     """What a module's ZeRO-3 hooks cost when it runs again with its parameters already
     gathered (each slice of a tiled MLP calling it), as a share of `fetch_hook_s`: the
-    coordinator's bookkeeping without the fetch (`RankCore.tiled_hooks`)."""
+    coordinator's bookkeeping without the fetch (`RankCore.fetch_hooks`)."""
     heap_reuse_bytes: float = 0.0
     """Host temporaries up to this size come from the C allocator's heap, on pages earlier
     temporaries faulted in; larger ones are mapped fresh and the kernel zeroes their pages on
