@@ -251,11 +251,11 @@ def _makes_plain_calls(scenario) -> bool:
 
 
 def _repeats_hooks(scenario) -> bool:
-    """Whether ZeRO-3 hooks fire again on gathered parameters (a tiled MLP outside any leaf:
-    what `host.repeat_hook_share` prices)."""
+    """Whether ZeRO-3 hooks fire again on gathered parameters (a tiled MLP or loss outside
+    any leaf, which only ZeRO-3's plan holds: what `host.repeat_hook_share` prices)."""
     from zerosim.engine.plan import plan_of
 
-    return scenario.deepspeed.stage == 3 and bool(plan_of(scenario).tiled)
+    return bool(plan_of(scenario).tiled)
 
 
 def _has_leaves(scenario) -> bool:
