@@ -281,6 +281,17 @@ def _tiling(scenario: Scenario) -> dict[str, Any]:
                        "loss_shards": w.tiled_loss_shards}}
 
 
+def _liger(scenario: Scenario) -> dict[str, Any]:
+    """`check --json`'s `liger_kernel`, where Liger-Kernel's kernels run (what its `mode` line
+    says): the chunks of tokens its fused linear cross entropy runs."""
+    from zerosim.report import liger_loss_rows
+
+    if not scenario.runtime.liger_kernel:
+        return {}
+    rows = liger_loss_rows(scenario)
+    return {"liger_kernel": {"loss_chunks": len(rows), "chunk_tokens": rows[0]}}
+
+
 def _memory_reports(scenario: Scenario) -> dict[str, Any]:
     """`check --json`'s `memory_reports`, where `memory_breakdown` is on (what its `breakdown`
     line says)."""
@@ -320,7 +331,7 @@ def check(scenario: Path, overrides: tuple[str, ...], as_json: bool,
         _print_json({**loaded.to_dict(), "model_summary": summary.to_dict(),
                      **_cpu_adam(loaded), **_memory_reports(loaded), **_zero3_leaves(loaded),
                      **_zero_plus_plus(loaded), **_mics(loaded),
-                     **_sequence_parallel(loaded), **_tiling(loaded)})
+                     **_sequence_parallel(loaded), **_tiling(loaded), **_liger(loaded)})
     else:
         render_scenario(loaded)
         click.echo(summary.to_text())

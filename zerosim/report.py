@@ -63,7 +63,21 @@ def _mode(scenario: Scenario) -> str:
                      f"{ds.communication_dtype})")
     if tiling := _tiling_text(scenario):
         where.append(tiling)
+    if scenario.runtime.liger_kernel:
+        rows = liger_loss_rows(scenario)
+        where.append(f"Liger-Kernel (Triton RMSNorm, rotary embedding and SwiGLU; the logits "
+                     f"and loss fused, over {len(rows)} chunks of {rows[0]} tokens)")
     return f"ZeRO-{ds.stage}, " + ", ".join(where)
+
+
+def liger_loss_rows(scenario: Scenario) -> tuple[int, ...]:
+    """The chunks of a rank's tokens Liger-Kernel's fused linear cross entropy runs."""
+    from zerosim.engine.plan import workload_of
+    from zerosim.models.breakdown import fused_loss_rows
+
+    model = scenario.model
+    return fused_loss_rows(workload_of(scenario).tokens, model.vocab_size,
+                           model.embedding_width)
 
 
 def _tiling_text(scenario: Scenario) -> str:

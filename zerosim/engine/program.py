@@ -184,6 +184,8 @@ class RankProgram:
             if core.ctx.scenario.activation_checkpointing and self._last_of_block(index):
                 yield from self.recompute_block(module.layer)
                 phase_starts = True
+            if module.backward_host_syncs:
+                yield from core.wait_for_stream(core.compute, module.backward_host_syncs)
             ready = yield from self._pre_hook(index, backward=True, reverse=True)
             yield from core.issue_kernels(core.ctx.costs.backward_launches[index])
             body = core.backward_body(index, core.ctx.costs.backward_s[index],

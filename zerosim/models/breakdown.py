@@ -328,6 +328,12 @@ class Recipe:
     activation_memory: ActivationMemory = ActivationMemory()
     fused_softmax: FusedSoftmax | None = None
     ungated_activations: tuple[tuple[str, UngatedActivation], ...] = ()
+    fused_linear_loss: bool = False
+    """The model's forward hands the output weight and its hidden states to Liger-Kernel's
+    LigerFusedLinearCrossEntropy (`runtime.liger_kernel`), which computes the logits, the loss
+    and their gradients chunk by chunk without materialising the logits (`_fused_linear_loss`);
+    the output layer's own forward is never called, so to ZeRO-3 its weight is an external
+    parameter of the top module. `loss` is then the chunk's cross-entropy kernel."""
     """An ungated MLP's activation by the name its model's config gives
     (`ModelSpec.activation`), `ANY_ACTIVATION` for the others; with no entry, `activation`
     priced for one input and `activation_memory.activation_saved` kept."""
@@ -484,6 +490,9 @@ class Module:
     backward_in_forward: bool = False
     """Its backward runs inside the forward (a tiled loss's output layer): no hook fires
     before it in the backward, which finds its gradients made."""
+    backward_host_syncs: int = 0
+    """Blocking synchronisations the host makes on the compute stream as its backward starts
+    (Liger-Kernel's fused loss compares the loss's gradient with 1.0 by `torch.equal`)."""
 
 
 def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Module:
@@ -1355,6 +1364,9 @@ def _head(spec: ModelSpec, w: Workload, r: Recipe) -> Iterator[Module]:
         head = _with_backward(replace(head, saved_bytes=head.saved_bytes
                                       + _softcap_saved(True, logits, w)),
                               (*head.kernels, *elementwise_pass(r.softcap, logits, w)), r)
+    if r.fused_linear_loss:
+        yield from _fused_linear_loss(head, spec, w, r)
+        return
     if w.tiled_loss_shards:
         yield from _tiled_head(head, spec, w, r)
         return
@@ -1412,6 +1424,65 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
                   0.0, 0.0, size * h * w.tokens,
                   transient_bytes=per_logit * v * max(rows) + size * head.params)
     scale = MemoryPass(2 * size * h * w.tokens)
+    yield replace(loss, kernels=tuple(work), backward_kernels=(scale,),
+                  fwd_hbm_bytes=sum(k.nbytes for k in work))
+
+
+LOSS_TOKEN_BYTES = 14
+"""Per token, what Liger-Kernel's fused loss moves before its chunks: the fp32 loss per token
+zero-filled (write 4), the mask of tokens not ignored (an int64 label read, a bool written)
+and its sum (read 1)."""
+LOSS_TOKEN_KERNELS = 3
+
+
+def fused_loss_rows(tokens: int, vocab_size: int, hidden_size: int) -> tuple[int, ...]:
+    """The chunks of tokens Liger-Kernel's fused linear cross entropy runs (ops/
+    fused_linear_cross_entropy.py): as many as the vocabulary holds hidden widths, so a
+    chunk's logits are about as large as the hidden states, each rounded up to a power of two
+    (`triton.next_power_of_2`), the last one shorter."""
+    factor = -(-vocab_size // hidden_size)
+    size = 1 << max(0, (-(-tokens // factor) - 1).bit_length())
+    full, rest = divmod(tokens, size)
+    return (size,) * full + ((rest,) if rest else ())
+
+
+def _fused_linear_loss(head: Module, spec: ModelSpec, w: Workload, r: Recipe
+                       ) -> Iterator[Module]:
+    """The output layer and the loss as Liger-Kernel's LigerFusedLinearCrossEntropyFunction
+    runs them (0.6.2 to 0.8.2, ops/fused_linear_cross_entropy.py, with a 16-bit output weight
+    and no `accum_dtype`): the input's and the weight's gradients zero-filled, the tokens that
+    are not ignored counted and read back by `.item()` (a host sync), then per chunk of tokens
+    (`fused_loss_rows`) the chunk's logits (a GEMM), the cross-entropy kernel turning them
+    into their gradient in place (`Recipe.loss`), the chunk's input gradient (a GEMM, copied
+    into its rows) and the weight's (a GEMM, cast to fp32 by `.float()` and added into the
+    16-bit accumulator). Both gradients are kept for the backward, which compares the loss's
+    gradient with 1.0 (`torch.equal`, a host sync) and scales them by it (two kernels).
+    The output layer's module holds the logits' products and, its forward never called, is
+    an external parameter of the top module under ZeRO-3 (`Recipe.fused_linear_loss`)."""
+    h, v, size = spec.embedding_width, spec.vocab_size, w.dtype_bytes
+    rows = fused_loss_rows(w.tokens, v, h)
+    products = tuple(Gemm(n, v, h, dtype_bytes=size) for n in rows)
+    weight = v * h
+    yield replace(head, kernels=products, backward_kernels=(), saved_bytes=0.0,
+                  transient_bytes=0.0, backward_transient_bytes=0.0,
+                  fwd_hbm_bytes=sum(k.nbytes for k in products),
+                  external=head.params > 0, backward_in_forward=True)
+    gradients = size * (h * w.tokens + weight)
+    work: list[Kernel] = [MemoryPass(gradients, 2),
+                          MemoryPass(LOSS_TOKEN_BYTES * w.tokens, LOSS_TOKEN_KERNELS)]
+    for n in rows:
+        work.extend(elementwise_pass(r.loss, v * n, w, ELEMENTWISE_FLOPS_PER_ELEMENT * v * n))
+        to_input, to_weight = linear_backward(Gemm(n, v, h, dtype_bytes=size))
+        work.extend((MemoryPass(2 * FP32_BYTES * n), to_input, MemoryPass(2 * size * h * n),
+                     to_weight, MemoryPass((size + FP32_BYTES) * weight),
+                     MemoryPass((2 * size + FP32_BYTES) * weight)))
+    work.append(MemoryPass(FP32_BYTES * w.tokens, 2))
+    transient = (FP32_BYTES * w.tokens + size * v * max(rows)
+                 + (size + FP32_BYTES) * weight)
+    loss = Module("loss", "loss", "elementwise", None, 0,
+                  ELEMENTWISE_FLOPS_PER_ELEMENT * v * w.tokens, 0.0, 0.0, gradients,
+                  transient_bytes=transient, host_syncs=1, backward_host_syncs=1)
+    scale = MemoryPass(2 * gradients, 2)
     yield replace(loss, kernels=tuple(work), backward_kernels=(scale,),
                   fwd_hbm_bytes=sum(k.nbytes for k in work))
 

@@ -90,6 +90,7 @@ class _Runtime(BaseModel):
     synchronize_each_layer: StrictBool = False
     tiled_mlp_shards: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] | None = None
     tiled_loss_shards: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] | None = None
+    liger_kernel: StrictBool = False
 
 
 class WhatIf(BaseModel):
@@ -153,6 +154,10 @@ class Runtime:
     """DeepSpeed's TiledFusedLogitsLoss around the output layer and the loss, as Arctic Long
     Sequence Training's trainer calls it: over this many slices of the rank's tokens, or
     `auto`, about 1 GiB of fp32 logits a slice (None: transformers' own head and loss)."""
+    liger_kernel: bool = False
+    """transformers' `use_liger_kernel`: Liger-Kernel's Triton RMSNorm, rotary embedding and
+    SwiGLU (GeGLU) in the model, and its fused linear cross entropy for the output layer and
+    the loss (the stack's `liger_kernel` section prices them: `SoftwareStack.with_liger_kernel`)."""
 
     @property
     def version_text(self) -> str:
@@ -252,6 +257,7 @@ class Scenario:
                            if self.runtime.synchronize_each_layer else {}),
                         **{key: value for key in ("tiled_mlp_shards", "tiled_loss_shards")
                            if (value := getattr(self.runtime, key)) is not None},
+                        **({"liger_kernel": True} if self.runtime.liger_kernel else {}),
                         "cpu_pools": _pools_dict(self.cpu_pools()),
                         "framework": {"name": self.stack.name, "layout": self.stack.layout(),
                                       "values": {
@@ -592,6 +598,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     model = _resolve_model(raw.model, source, base_dir)
     hardware = _resolve_hardware(raw.hardware, source, base_dir)
     stack = resolve_stack(raw.runtime.framework, source=source, base_dir=base_dir)
+    if raw.runtime.liger_kernel:
+        stack = stack.with_liger_kernel()
     data_parallel = raw.data_parallel or hardware.total_gpus
     if data_parallel > hardware.total_gpus:
         raise ScenarioError(source, "data_parallel",
@@ -620,7 +628,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                         empties_cache_each_phase(raw.runtime.empty_cache_each_phase, label),
                         raw.runtime.bind_core_list,
                         *_checkpoint_flags(raw.runtime, stack, source),
-                        raw.runtime.tiled_mlp_shards, raw.runtime.tiled_loss_shards),
+                        raw.runtime.tiled_mlp_shards, raw.runtime.tiled_loss_shards,
+                        raw.runtime.liger_kernel),
         what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
         behaviours=behaviours, stack=stack)

@@ -24,7 +24,7 @@ def check_supported(scenario: Any) -> None:
                  _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
                  _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone,
                  _unmanaged_accumulation_is_replayed, _ulysses_runs, _ulysses_is_replayed,
-                 _tiled_mlp_runs, _tiled_loss_runs):
+                 _tiled_mlp_runs, _tiled_loss_runs, _liger_kernel_runs):
         rule(scenario)
 
 
@@ -900,3 +900,44 @@ def _tiled_loss_runs(scenario: Any) -> None:
         if flag:
             _refuse(scenario, TILED_LOSS, f"unset with {what} (zerosim replays the tiled "
                     "loss around an untied lm_head module)", shards)
+
+
+LIGER = "runtime.liger_kernel"
+LIGER_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
+                     "gemma3", "mixtral", "qwen3_moe", "olmo2", "olmo3")
+"""The model types zerosim reads whose Liger-Kernel patch (monkey_patch.py
+MODEL_TYPE_TO_APPLY_LIGER_FN, 0.6.2-0.8.2) replaces exactly the stack's `liger_kernel` entries:
+RMSNorm, the rotary embedding, a SwiGLU (GeGLU) MLP on separate gate and up projections (the
+experts' too, transformers 5's LigerExperts), and the head's fused linear cross entropy. Not
+here: types the table lacks (the Trainer then patches nothing: yi, internlm2, qwen2_moe,
+deepseek, glm4_moe, the gpt family), Phi-3 (its fused gate_up split and copied first),
+GPT-OSS (its clamped expert activation) and Llama 4."""
+
+
+def _liger_kernel_runs(scenario: Any) -> None:
+    """transformers' `use_liger_kernel` (`runtime.liger_kernel`): a stack that prices
+    Liger-Kernel's kernels, a model its patch covers (`LIGER_MODEL_TYPES`; a model given by
+    its fields alone is read as Llama), and not beside DeepSpeed's tiled loss, whose output
+    layer call Liger's fused loss replaces."""
+    if not scenario.runtime.liger_kernel:
+        return
+    model, stack = scenario.model, scenario.stack
+    if not stack.recipe.fused_linear_loss:
+        _refuse(scenario, LIGER, f"false with the {stack.name} stack, which has no "
+                "liger_kernel section (Liger-Kernel patches transformers' models: the "
+                "hf-transformers stack)", True)
+    model_type = model.model_type or ("llama" if model.family == "llama" else model.family)
+    if model_type not in LIGER_MODEL_TYPES:
+        _refuse(scenario, LIGER, "false for this model (zerosim replays Liger-Kernel's patch "
+                f"for model types {', '.join(LIGER_MODEL_TYPES)})", f"true with a "
+                f"{model_type} model")
+    if (model.norm != "rms" or model.position_embedding != "rotary" or not model.gated_mlp
+            or model.fused_gate_up or model.mla is not None):
+        _refuse(scenario, LIGER, "false for a model without RMSNorm, rotary positions and a "
+                "gated MLP on separate gate and up projections (what Liger-Kernel's kernels "
+                "replace, as zerosim prices them)", True)
+    if scenario.runtime.tiled_loss_shards is not None:
+        _refuse(scenario, TILED_LOSS, "unset with runtime.liger_kernel (Liger's fused loss "
+                "computes the output layer and the loss itself; the tiled loss would slice "
+                "an output layer call the model no longer makes)",
+                scenario.runtime.tiled_loss_shards)

@@ -223,6 +223,12 @@ LOSS_MEMORY = ("saved", "transient", "backward")
 ACTIVATION_MEMORY = ("norm_saved", "norm_saved_per_row", "activation_saved",
                      "gated_activation_saved")
 """`activation_memory` keys: `ActivationMemory` fields, bytes for 16-bit training."""
+LIGER_KEY = "liger_kernel"
+LIGER_KERNEL_OPS = ("norm", "rotary", "activation", "loss")
+"""What transformers' `use_liger_kernel` replaces (`apply_liger_kernel_to_<model>`'s defaults:
+rms_norm, rope, swiglu or geglu, fused_linear_cross_entropy): the stack's `liger_kernel`
+section prices each as Liger-Kernel's Triton kernel, and what the norms and the activation
+keep for their backward (`activation_memory`)."""
 UNGATED_KEY = "ungated_activations"
 """The optional section of an ungated MLP's activation functions by name (`*`: any other),
 each a `kernels` entry with `saved`, the bytes per intermediate element it keeps for its
@@ -297,6 +303,9 @@ class SoftwareStack:
     vector_param_group: bool = False
     """The optimizer gets the one-dimensional parameters (biases, norms) as a second group,
     after the others (`optimizer.param_groups: weight_decay_split`)."""
+    liger_recipe: Recipe | None = None
+    """The recipe with Liger-Kernel's patch applied (the stack's `liger_kernel` section; None:
+    the stack has none), which `runtime.liger_kernel` runs (`with_liger_kernel`)."""
     dataloader_workers: int = 0
     """Worker processes each rank's data loader forks after the optimizer is built. Forked
     children share the rank's pages copy-on-write, so a page of pageable host state that
@@ -321,6 +330,13 @@ class SoftwareStack:
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "param_groups": PARAM_GROUP_CHOICES[self.vector_param_group],
                 "dataloader_workers": self.dataloader_workers}
+
+    def with_liger_kernel(self) -> SoftwareStack:
+        """The stack running Liger-Kernel's kernels (itself where it has none to run: the
+        scenario's rules refuse that)."""
+        if self.liger_recipe is None:
+            return self
+        return replace(self, recipe=self.liger_recipe)
 
     def gc_objects_held(self, tensors: int, *, partitioned: bool) -> float:
         """The objects a full collection walks in a process training `tensors` parameter
@@ -493,7 +509,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
         raise ScenarioError(source, "<root>", "a mapping", type(tree).__name__)
     known = {"name", "description", "modules", "kernels", "host", "attention_memory",
              "loss_memory", "activation_memory", "allocator", "process_groups", "processes",
-             "optimizer", UNGATED_KEY}
+             "optimizer", UNGATED_KEY, LIGER_KEY}
     for key in tree:
         if key not in known:
             raise ScenarioError(source, str(key), f"one of {', '.join(sorted(known))}", key)
@@ -585,6 +601,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                           vector_param_group=_vector_param_group(tree, source),
                           dataloader_workers=_dataloader_workers(tree, source),
                           rank_resident_bytes=_rank_resident_bytes(tree, source, provenance),
+                          liger_recipe=_liger_recipe(tree, recipe, source, provenance),
                           **_gc_objects(tree, source, provenance), **times)
     check_carried(provenance, name, source, kind="stack", names=stack_names(),
                   values_of=_builtin_stack_values)
@@ -595,6 +612,28 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
 def _builtin_stack_values(name: str) -> Mapping[str, Any]:
     """The values a shipped stack's file gives, by dotted key."""
     return MappingProxyType(provenance_values(builtin_stack_tree(name, source=f"stack {name}")))
+
+
+def _liger_recipe(tree: Mapping[str, Any], recipe: Recipe, source: str,
+                  provenance: dict[str, Provenance]) -> Recipe | None:
+    """The optional `liger_kernel` section: `kernels` (each of `LIGER_KERNEL_OPS`, a `kernels`
+    entry) and `activation_memory`, applied to the stack's recipe with Liger's fused loss."""
+    section = tree.get(LIGER_KEY)
+    if section is None:
+        return None
+    if not isinstance(section, Mapping) or set(section) != {"kernels", "activation_memory"}:
+        raise ScenarioError(source, LIGER_KEY, "{kernels: {...}, activation_memory: {...}}",
+                            section)
+    kernels = section["kernels"]
+    if not isinstance(kernels, Mapping) or set(kernels) != set(LIGER_KERNEL_OPS):
+        raise ScenarioError(source, f"{LIGER_KEY}.kernels",
+                            f"one entry each for {', '.join(LIGER_KERNEL_OPS)}", kernels)
+    ops = {op: _kernel_entry(kernels[op], f"{LIGER_KEY}.kernels.{op}", source, ())
+           for op in LIGER_KERNEL_OPS}
+    memory = _memory_section(tree, f"{LIGER_KEY}.activation_memory", ACTIVATION_MEMORY,
+                             source, provenance)
+    return replace(recipe, **ops, fused_linear_loss=True,
+                   activation_memory=replace(recipe.activation_memory, **memory))
 
 
 def _ungated_activations(tree: Mapping[str, Any], source: str

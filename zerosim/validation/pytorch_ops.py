@@ -3,7 +3,9 @@ against the kernel model.
 
 `zerosim/validation/data/liger_pytorch_ops.yaml` holds the tables: elementwise ops (a
 contiguous chain, a chunk's halves, the rotary embedding's broadcast products) and a Llama MLP
-(three projections and the gate's activation). This prices each row's kernels the way the
+(three projections and the gate's activation); and Liger's own RMSNorm, rotary embedding and
+SwiGLU MLP, priced with the stack's `liger_kernel` entries (nothing is fitted to them). This
+prices each row's kernels the way the
 engine prices a module's (`zerosim.hardware.costs.kernels_s`), with a stack's kernel entry where
 the op is one the stack runs, and fits the two sets of GPU values these tables pin:
 `gpu.strided_memory_efficiency` (the tables marked `fits` it) and, on the A100, the GEMM values
@@ -82,6 +84,9 @@ class OpTable:
     accumulates_weight_gradients: bool = False
     """The timed backward adds the projections' weight gradients into the `.grad` the earlier
     calls left (do_bench clears the input's gradient only): AccumulateGrad's in-place add."""
+    liger: bool = False
+    """The table times Liger-Kernel's own kernel (priced with the stack's `liger_kernel`
+    entry), not one of its PyTorch baselines."""
 
     @property
     def profile(self) -> HardwareProfile:
@@ -93,7 +98,8 @@ def _elementwise(spec: Mapping[str, Any]) -> tuple[Elementwise, float]:
     the counts written in the table, its backward's too where it has them (else the stacks'
     default factor)."""
     if "stack" in spec:
-        recipe = load_stack(spec["stack"]).recipe
+        stack = load_stack(spec["stack"])
+        recipe = (stack.with_liger_kernel() if spec.get("liger_kernel") else stack).recipe
         return getattr(recipe, spec["op"]), recipe.backward_bytes_factor
     return (Elementwise(spec["kernels"], spec["bytes_per_element"],
                         spec.get("strided_bytes_per_element", 0.0),
@@ -110,7 +116,8 @@ def _table(t: Mapping[str, Any]) -> OpTable:
                    tuple(OpRow({k: v for k, v in r.items() if k != "ms"}, r["ms"] * 1e-3)
                          for r in t["rows"]),
                    t.get("timed", "forward"), factor,
-                   "weight_gradients" in t and t["weight_gradients"]["value"] == "accumulated")
+                   "weight_gradients" in t and t["weight_gradients"]["value"] == "accumulated",
+                   bool(t["pass"].get("liger_kernel")))
 
 
 def op_tables() -> list[OpTable]:

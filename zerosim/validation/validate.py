@@ -369,8 +369,9 @@ ATTENTION_NOTES = {
 
 
 def pytorch_op_cells() -> list[Cell]:
-    """PyTorch's own ops on an A100 and an H100 as Liger-Kernel timed its baselines, against
-    the kernel model (`validation.pytorch_ops`): the elementwise ones within the kernels' 15%,
+    """PyTorch's own ops on an A100 and an H100 as Liger-Kernel timed its baselines, and
+    Liger's own kernels that `runtime.liger_kernel` runs, against the kernel model
+    (`validation.pytorch_ops`): the elementwise ones within the kernels' 15%,
     the Llama MLPs, whose GEMMs have every side 4096 or more, within 5%; a table with a reason
     to be reported, reported."""
     from zerosim.validation.pytorch_ops import modelled_s, op_tables
@@ -380,7 +381,8 @@ def pytorch_op_cells() -> list[Cell]:
         gpu = "A100" if "A100" in table.gpu else "H100"
         fitted = f"; {table.fits} is fitted to these rows" if table.fits else ""
         reported = f"; {table.reported}" if table.reported else ""
-        note = (f"Liger-Kernel's PyTorch baseline on an {table.gpu}, priced on "
+        timed = "own kernel" if table.liger else "PyTorch baseline"
+        note = (f"Liger-Kernel's {timed} on an {table.gpu}, priced on "
                 f"{table.profile_name}{fitted}{reported} ({table.name}, "
                 "liger_pytorch_ops.yaml)")
         tolerance = (None if table.reported else
