@@ -4,6 +4,8 @@ output layer, the loss and their gradients chunk by chunk in the forward."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import zerosim
@@ -22,6 +24,7 @@ from zerosim.stacks import load_stack
 from zerosim.validation.pytorch_ops import modelled_s, op_table
 
 LIGER_LOSS = Elementwise(1, 6)
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def _liger_stack(toy) -> dict:
@@ -193,3 +196,24 @@ def test_ligers_own_rotary_kernel_streams_at_the_a100s_rate_both_ways():
         table = op_table(name)
         for row in table.rows:
             assert modelled_s(table, row) == pytest.approx(row.measured_s, rel=0.03)
+
+
+def test_tune_searches_liger_where_the_stack_and_model_run_it_and_only_when_freed():
+    """`zerosim tune --free liger`: off and on for the HF stack's Llama (fixed by default, as
+    `master` is: it changes the numerics); no such knob on Megatron-DeepSpeed's stack; never
+    beside the tiled loss, whose call Liger's fused loss replaces."""
+    from zerosim.tune import Config, as_given, candidates, free_knobs, replayed
+
+    hf = zerosim.load_scenario(SCENARIOS / "llama8b_ulysses_dgx_h100.yaml")
+    base = as_given(hf)
+    assert base.liger is False
+    assert as_given(zerosim.load_scenario(SCENARIOS / "llama13b_dp4.yaml")).liger is None
+    assert "liger" not in free_knobs()
+    only_liger = frozenset({"liger"})
+    assert [c.liger for c in candidates(base, only_liger)] == [False, True]
+    assert [c.liger for c in candidates(base, frozenset())] == [False]
+    on = Config(**{**base.__dict__, "liger": True})
+    assert on.overrides()["runtime.liger_kernel"] is True
+    assert "Liger-Kernel" in on.describe()
+    assert not replayed(Config(**{**on.__dict__, "tiling": "loss"}))
+    assert replayed(Config(**{**on.__dict__, "tiling": "mlp"}))

@@ -50,6 +50,8 @@ def test_each_slice_runs_its_product_loss_and_backward_in_the_forward(toy):
     # a slice's logits (2 B), what the loss keeps of them (6 B), and the weight's gradient
     assert loss.transient_bytes == 8 * 256 * 4 + 2 * 64 * 256
     assert loss.backward_kernels == (MemoryPass(2 * 2 * 64 * 8),)
+    # `if grads[0] != 1.0` reads the loss's gradient back before scaling by it
+    assert (loss.backward_host_syncs, plain["loss"].backward_host_syncs) == (1, 0)
 
 
 def test_the_output_layer_fires_no_hook_in_the_backward(toy):

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
          "checkpointing", "gap", "binding", "threads", "leaves", "zero_plus_plus", "mics",
-         "tiling", "what_if", "master")
+         "tiling", "what_if", "master", "liger")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
                    "ratio", "checkpointing", "gap", "binding", "threads", "leaves",
                    "zero_plus_plus", "mics", "tiling")
@@ -113,7 +113,7 @@ MEMORY_SLACK_BYTES = 2**20
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
            "threads", "leaves", "zero_plus_plus", "mics", "tiling", "what_if", "master",
-           "iteration_s",
+           "liger", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -153,6 +153,9 @@ class Config:
     MiCS's keys."""
     tiling: str | None = None
     """`NO_TILING` or tiled parts (`TILED_PARTS`), or None where neither can run."""
+    liger: bool | None = None
+    """Liger-Kernel's kernels (`runtime.liger_kernel`), or None where the stack or the model
+    cannot run them (`liger_refusal`)."""
 
     def tiled(self, part: str) -> int | str | None:
         """The part's slices: a count, `auto`, or None (not tiled)."""
@@ -238,6 +241,8 @@ class Config:
         if self.tiling is not None:
             out["runtime.tiled_loss_shards"] = self.tiled("loss")
             out["runtime.tiled_mlp_shards"] = self.tiled("mlp")
+        if self.liger is not None:
+            out["runtime.liger_kernel"] = self.liger
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -299,6 +304,8 @@ class Config:
         for part, what in (("loss", "tiled loss"), ("mlp", "tiled MLP")):
             if (slices := self.tiled(part)) is not None:
                 parts.append(what + ("" if slices == "auto" else f" ({slices} slices)"))
+        if self.liger:
+            parts.append("Liger-Kernel")
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master not in (None, "fp32"):
@@ -335,6 +342,8 @@ def replayed(config: Config) -> bool:
                                        or config.zero_plus_plus not in (None,
                                                                         NO_ZERO_PLUS_PLUS)):
         return False
+    if config.liger and config.tiled("loss") is not None:
+        return False  # Liger's fused loss replaces the call the tiled loss slices
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
 
@@ -373,7 +382,8 @@ def as_given(scenario: Scenario) -> Config:
                   _master(scenario),
                   ds.leaves.granularity_threshold
                   if scenario.behaviours.module_granularity_threshold else None,
-                  _zero_plus_plus(scenario), _mics(scenario), _tiling(scenario))
+                  _zero_plus_plus(scenario), _mics(scenario), _tiling(scenario),
+                  _liger(scenario))
 
 
 def _tiling(scenario: Scenario) -> str | None:
@@ -385,6 +395,15 @@ def _tiling(scenario: Scenario) -> str | None:
     if not given and not tiling_choices(scenario):
         return None
     return "+".join(given) or NO_TILING
+
+
+def _liger(scenario: Scenario) -> bool | None:
+    """The scenario's `liger` knob value; None where Liger-Kernel cannot run."""
+    from zerosim.scenario.support import liger_refusal
+
+    if scenario.runtime.liger_kernel:
+        return True
+    return None if liger_refusal(scenario) else False
 
 
 def tiling_choices(scenario: Scenario) -> list[str]:
@@ -533,14 +552,16 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                  if "mics" in free and base.mics is not None else [base.mics]),
         "tiling": (list(dict.fromkeys([NO_TILING, *tilings, base.tiling]))
                    if "tiling" in free and base.tiling is not None else [base.tiling]),
+        "liger": ([False, True] if "liger" in free and base.liger is not None
+                  else [base.liger]),
     }
     found = [base]
     for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
          gap, binding, threads, master, leaves, zero_plus_plus_value, mics_value,
-         tiling) in product(*values.values()):
+         tiling, liger) in product(*values.values()):
         config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
                         what_if, checkpointing, gap, binding, threads, master, leaves,
-                        zero_plus_plus_value, mics_value, tiling)
+                        zero_plus_plus_value, mics_value, tiling, liger)
         if replayed(config) and _matters(config, base):
             found.append(config)
     return list(dict.fromkeys(found))
@@ -621,7 +642,9 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "mics": config.mics or "",
             "tiling": config.tiling or "",
             "what_if": config.what_if,
-            "master": config.master or "", "iteration_s": None, "tokens_per_s": None,
+            "master": config.master or "",
+            "liger": "" if config.liger is None else config.liger,
+            "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}, "tight": ()}
 

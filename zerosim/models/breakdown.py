@@ -1396,7 +1396,8 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
     the output layer and the loss forward and at once their backward, the slice's input
     gradient added into the whole one's, the output weight's gradient accumulated over the
     slices (`ds_grad_is_ready` holds its reduction back until the last); that input gradient
-    is all it keeps for the backward, which scales it by the loss's gradient. The output
+    is all it keeps for the backward, which scales it by the loss's gradient after comparing
+    that with 1.0 (`if grads[0] != 1.0`, a host sync). The output
     layer's module runs each slice's product, keeps its weight gathered through the loss's
     (`tiled_span`) and fires no hook in the backward; the loss's holds the rest."""
     h, v, size = spec.embedding_width, spec.vocab_size, w.dtype_bytes
@@ -1422,7 +1423,8 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
     logits = v * w.tokens
     loss = Module("loss", "loss", "elementwise", None, 0, ELEMENTWISE_FLOPS_PER_ELEMENT * logits,
                   0.0, 0.0, size * h * w.tokens,
-                  transient_bytes=per_logit * v * max(rows) + size * head.params)
+                  transient_bytes=per_logit * v * max(rows) + size * head.params,
+                  backward_host_syncs=1)
     scale = MemoryPass(2 * size * h * w.tokens)
     yield replace(loss, kernels=tuple(work), backward_kernels=(scale,),
                   fwd_hbm_bytes=sum(k.nbytes for k in work))

@@ -914,6 +914,22 @@ deepseek, glm4_moe, the gpt family), Phi-3 (its fused gate_up split and copied f
 GPT-OSS (its clamped expert activation) and Llama 4."""
 
 
+def liger_refusal(scenario: Any) -> str:
+    """Why the scenario cannot run Liger-Kernel's kernels, as the rule below says ('' where
+    it can): what `zerosim tune`'s `liger` knob offers. The tiled loss is left out, since the
+    knob searches without it."""
+    from dataclasses import replace
+
+    liger = replace(scenario, stack=scenario.stack.with_liger_kernel(),
+                    runtime=replace(scenario.runtime, liger_kernel=True,
+                                    tiled_loss_shards=None))
+    try:
+        _liger_kernel_runs(liger)
+    except UnsupportedConfigError as refusal:
+        return str(refusal)
+    return ""
+
+
 def _liger_kernel_runs(scenario: Any) -> None:
     """transformers' `use_liger_kernel` (`runtime.liger_kernel`): a stack that prices
     Liger-Kernel's kernels, a model its patch covers (`LIGER_MODEL_TYPES`; a model given by
