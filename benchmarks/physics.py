@@ -108,6 +108,7 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      {"sequence_length": 262144}),
     ("DistributedAttention over a Polaris node", POLARIS / "polaris-5.90b-dp4-mb4-ga1-sg1e08.yaml",
      {"deepspeed.sequence_parallel_size": 4}),
+    ("Liger-Kernel over 8 H100s, 32K tokens", SCENARIOS / "llama8b_liger_dgx_h100.yaml", {}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),

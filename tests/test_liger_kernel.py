@@ -56,9 +56,9 @@ def test_a_chunk_holds_about_as_many_logits_as_the_hidden_states():
 def test_each_chunk_runs_its_products_loss_and_gradients_in_the_forward(toy):
     """Toy Llama (hidden 64, vocabulary 256, 8 tokens, fp16): 4 chunks of 2 rows. The output
     layer's module holds the chunks' logits products and no backward. The loss zero-fills the
-    input's and the weight's gradients (2 B x (8 x 64 + 256 x 64)), counts the tokens (14 B a
-    token in 3 kernels), and per chunk runs the cross entropy in place (6 B a logit), copies
-    its fp32 losses (2 x 4 B a row), the input gradient's product and its copy into the rows
+    input's and the weight's gradients (2 B x (8 x 64 + 256 x 64)), shifts the labels and
+    counts the tokens (46 B a token in 5 kernels), and per chunk runs the cross entropy in
+    place (6 B a logit), the input gradient's product and its copy into the rows
     (2 x 2 B an element), the weight gradient's product, its fp32 cast (2 + 4 B a weight) and
     its add into the 16-bit accumulator (2 + 4 + 2 B); then sums the losses. Both gradients
     are kept for the backward, which scales them (two kernels reading and writing them)."""
@@ -70,11 +70,11 @@ def test_each_chunk_runs_its_products_loss_and_gradients_in_the_forward(toy):
     assert (head.backward_kernels, head.saved_bytes, head.transient_bytes) == ((), 0, 0)
     assert head.external and head.backward_in_forward and head.tiled_span == 0
     weight = 256 * 64
-    chunk = [MemoryPass(6 * 2 * 256, 1, 5 * 2 * 256), MemoryPass(2 * 4 * 2), Gemm(2, 64, 256),
+    chunk = [MemoryPass(6 * 2 * 256, 1, 5 * 2 * 256), Gemm(2, 64, 256),
              MemoryPass(2 * 2 * 64 * 2), Gemm(64, 256, 2), MemoryPass(6 * weight),
              MemoryPass(8 * weight)]
     gradients = 2 * (8 * 64 + weight)
-    assert list(loss.kernels) == [MemoryPass(gradients, 2), MemoryPass(14 * 8, 3),
+    assert list(loss.kernels) == [MemoryPass(gradients, 2), MemoryPass(46 * 8, 5),
                                   *chunk * 4, MemoryPass(4 * 8, 2)]
     assert loss.saved_bytes == gradients
     # the fp32 losses, a chunk's logits, the weight gradient's product and its fp32 cast

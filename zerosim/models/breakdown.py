@@ -328,15 +328,15 @@ class Recipe:
     activation_memory: ActivationMemory = ActivationMemory()
     fused_softmax: FusedSoftmax | None = None
     ungated_activations: tuple[tuple[str, UngatedActivation], ...] = ()
+    """An ungated MLP's activation by the name its model's config gives
+    (`ModelSpec.activation`), `ANY_ACTIVATION` for the others; with no entry, `activation`
+    priced for one input and `activation_memory.activation_saved` kept."""
     fused_linear_loss: bool = False
     """The model's forward hands the output weight and its hidden states to Liger-Kernel's
     LigerFusedLinearCrossEntropy (`runtime.liger_kernel`), which computes the logits, the loss
     and their gradients chunk by chunk without materialising the logits (`_fused_linear_loss`);
     the output layer's own forward is never called, so to ZeRO-3 its weight is an external
     parameter of the top module. `loss` is then the chunk's cross-entropy kernel."""
-    """An ungated MLP's activation by the name its model's config gives
-    (`ModelSpec.activation`), `ANY_ACTIVATION` for the others; with no entry, `activation`
-    priced for one input and `activation_memory.activation_saved` kept."""
 
     def ungated_activation(self, name: str) -> UngatedActivation | None:
         """How the stack runs the ungated activation `name` (None: not listed)."""
@@ -1430,11 +1430,12 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
                   fwd_hbm_bytes=sum(k.nbytes for k in work))
 
 
-LOSS_TOKEN_BYTES = 14
-"""Per token, what Liger-Kernel's fused loss moves before its chunks: the fp32 loss per token
-zero-filled (write 4), the mask of tokens not ignored (an int64 label read, a bool written)
-and its sum (read 1)."""
-LOSS_TOKEN_KERNELS = 3
+LOSS_TOKEN_BYTES = 46
+"""Per token, what Liger-Kernel's fused loss moves before its chunks: the int64 labels padded
+by one and their shifted slice made contiguous (read 8, write 8, twice; LigerForCausalLMLoss),
+the fp32 loss per token zero-filled (write 4), the mask of tokens not ignored (a label read,
+a bool written) and its sum (read 1)."""
+LOSS_TOKEN_KERNELS = 5
 
 
 def fused_loss_rows(tokens: int, vocab_size: int, hidden_size: int) -> tuple[int, ...]:
@@ -1457,7 +1458,8 @@ def _fused_linear_loss(head: Module, spec: ModelSpec, w: Workload, r: Recipe
     (`fused_loss_rows`) the chunk's logits (a GEMM), the cross-entropy kernel turning them
     into their gradient in place (`Recipe.loss`), the chunk's input gradient (a GEMM, copied
     into its rows) and the weight's (a GEMM, cast to fp32 by `.float()` and added into the
-    16-bit accumulator). Both gradients are kept for the backward, which compares the loss's
+    16-bit accumulator; the chunk's losses are written in place, so their copy back into
+    the whole is a no-op). Both gradients are kept for the backward, which compares the loss's
     gradient with 1.0 (`torch.equal`, a host sync) and scales them by it (two kernels).
     The output layer's module holds the logits' products and, its forward never called, is
     an external parameter of the top module under ZeRO-3 (`Recipe.fused_linear_loss`)."""
@@ -1475,8 +1477,8 @@ def _fused_linear_loss(head: Module, spec: ModelSpec, w: Workload, r: Recipe
     for n in rows:
         work.extend(elementwise_pass(r.loss, v * n, w, ELEMENTWISE_FLOPS_PER_ELEMENT * v * n))
         to_input, to_weight = linear_backward(Gemm(n, v, h, dtype_bytes=size))
-        work.extend((MemoryPass(2 * FP32_BYTES * n), to_input, MemoryPass(2 * size * h * n),
-                     to_weight, MemoryPass((size + FP32_BYTES) * weight),
+        work.extend((to_input, MemoryPass(2 * size * h * n), to_weight,
+                     MemoryPass((size + FP32_BYTES) * weight),
                      MemoryPass((2 * size + FP32_BYTES) * weight)))
     work.append(MemoryPass(FP32_BYTES * w.tokens, 2))
     transient = (FP32_BYTES * w.tokens + size * v * max(rows)
