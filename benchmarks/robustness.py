@@ -139,6 +139,10 @@ ALST_TRICKS = ((1, None, None, False), ("auto", None, None, False), (None, "auto
 """Arctic Long Sequence Training's tricks (0.19.5, Llama-3.1-8B over a DGX H100's 8 GPUs):
 (tiled MLP slices, tiled loss slices, micro-batch or None for 1, block inputs in host
 memory)."""
+LIGER_SEQUENCES = (8192, 65536)
+"""Liger-Kernel (0.19.5, Llama-3.1-8B over a DGX H100's 8 GPUs, data parallel): sequence
+lengths, each in every `ULYSSES_MODES` layout without and with the tiled MLP; and over Ulysses
+groups of eight at 128K and 512K tokens, with the tiled MLP and host checkpoints."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -315,6 +319,17 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                 "deepspeed.train_micro_batch_size_per_gpu": micro_batch or 1,
                 "runtime.tiled_mlp_shards": mlp, "runtime.tiled_loss_shards": loss,
                 "runtime.checkpoint_in_cpu": in_host}))
+    for length in LIGER_SEQUENCES[:1] if quick else LIGER_SEQUENCES:
+        for stage, optimizer, params in ULYSSES_MODES:
+            for mlp in (None, "auto"):
+                out.append((ROOT / "scenarios" / "llama8b_liger_dgx_h100.yaml", {
+                    "sequence_length": length, "deepspeed.zero_optimization.stage": stage,
+                    "deepspeed.zero_optimization.offload_optimizer.device": optimizer,
+                    PARAMS + "device": params, "runtime.tiled_mlp_shards": mlp}))
+    for sixteen_k in (8, 32):
+        out.append((ROOT / "scenarios" / "llama8b_liger_dgx_h100.yaml", {
+            "sequence_length": 16384 * sixteen_k, "deepspeed.sequence_parallel_size": 8,
+            "runtime.tiled_mlp_shards": "auto", "runtime.checkpoint_in_cpu": True}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for nodes, size in ((1, 2), (1, 4), (2, 8)):
             for release in ("0.13.3", "0.14.4"):
