@@ -851,9 +851,13 @@ def tiling_refusal(scenario: Any, part: str) -> str:
 
     key, rule = {"loss": ("tiled_loss_shards", _tiled_loss_runs),
                  "mlp": ("tiled_mlp_shards", _tiled_mlp_runs)}[part]
-    tiled = replace(scenario, runtime=replace(scenario.runtime, **{key: "auto"}))
+    return _refusal(rule, replace(scenario, runtime=replace(scenario.runtime, **{key: "auto"})))
+
+
+def _refusal(rule: Any, scenario: Any) -> str:
+    """What `rule` refuses in `scenario` ('' where it passes)."""
     try:
-        rule(tiled)
+        rule(scenario)
     except UnsupportedConfigError as refusal:
         return str(refusal)
     return ""
@@ -920,14 +924,9 @@ def liger_refusal(scenario: Any) -> str:
     knob searches without it."""
     from dataclasses import replace
 
-    liger = replace(scenario, stack=scenario.stack.with_liger_kernel(),
-                    runtime=replace(scenario.runtime, liger_kernel=True,
-                                    tiled_loss_shards=None))
-    try:
-        _liger_kernel_runs(liger)
-    except UnsupportedConfigError as refusal:
-        return str(refusal)
-    return ""
+    return _refusal(_liger_kernel_runs, replace(
+        scenario, stack=scenario.stack.with_liger_kernel(),
+        runtime=replace(scenario.runtime, liger_kernel=True, tiled_loss_shards=None)))
 
 
 def _liger_kernel_runs(scenario: Any) -> None:
