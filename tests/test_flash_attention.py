@@ -5,6 +5,7 @@ kernel model, and the three GPU values it pins."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from zerosim.validation.flash_attention import (
 from zerosim.validation.reference import reference_data
 from zerosim.validation.validate import flash_attention_cells
 
+ROOT = Path(__file__).resolve().parent.parent
 A100_PROFILES = ("dgx-a100", "polaris-a100", "p4d-24xlarge")
 H100_PROFILES = ("dgx-h100", "h100-jlse", "gh200")
 
@@ -127,3 +129,33 @@ def test_the_h200s_bars_are_priced_at_the_full_clock_they_ran_at():
                                             for f in FITTED})
     errors = [modelled_tflops(table, r, h100_values) / r.tflops - 1 for r in table.rows]
     assert round(min(errors), 2) == 0.02 and round(max(errors), 2) == 0.46
+
+
+def test_flash_backward_holds_an_fp32_query_accumulator_and_grouped_kv_gradients():
+    """flash-attn 2's `mha_bwd` allocates, besides the gradients it returns, `dq_accum` (fp32,
+    every query head at the head dimension rounded up to 32, or to 256 above 192) and
+    `softmax_d` (fp32 a row and head), and with K and V grouped their gradients at every query
+    head (`dk_expanded`, `dv_expanded`, 16-bit). Llama-3.1-8B's 32 heads of 128 over 4,096
+    bf16 tokens: 131,072 rows, 4 x 131,072 x 129 B, and 2 x 2 x 131,072 x 128 B grouped."""
+    from zerosim.models.breakdown import Workload, build_modules, flash_backward_workspace
+    from zerosim.scenario import load_scenario
+    from zerosim.stacks import load_stack
+
+    w = Workload(sequence_length=4096, attention="flash", bfloat16=True)
+    rows = 32 * 4096
+    assert flash_backward_workspace(32, 128, w, grouped_kv=False) == 4 * rows * 129
+    assert flash_backward_workspace(32, 128, w, grouped_kv=True) == (4 * rows * 129
+                                                                      + 4 * rows * 128)
+    assert flash_backward_workspace(32, 80, w, grouped_kv=False) == 4 * rows * 97
+    assert flash_backward_workspace(32, 224, w, grouped_kv=False) == 4 * rows * 257
+    spec = load_scenario(ROOT / "scenarios" / "llama8b_liger_dgx_h100.yaml").model
+    core = {name: next(m for m in build_modules(spec, replace(w, attention=attention),
+                                                load_stack(stack).recipe)
+                       if m.kind == "attention")
+            for name, stack, attention in (("hf", "hf-transformers", "flash"),
+                                           ("megatron", "megatron-deepspeed", "flash"),
+                                           ("eager", "hf-transformers", "eager"))}
+    # flash-attn takes transformers' grouped K and V; Megatron expands them before
+    assert core["hf"].backward_transient_bytes == 4 * rows * 129 + 4 * rows * 128
+    assert core["megatron"].backward_transient_bytes == 4 * rows * 129
+    assert core["eager"].backward_transient_bytes != core["hf"].backward_transient_bytes

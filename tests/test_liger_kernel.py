@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import zerosim
+from tests.conftest import toy_stack
 from zerosim.engine.plan import plan_of
 from zerosim.errors import UnsupportedConfigError
 from zerosim.models.breakdown import (
@@ -27,11 +28,9 @@ LIGER_LOSS = Elementwise(1, 6)
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
-def _liger_stack(toy) -> dict:
+def _liger_stack() -> dict:
     """The toy stack with a `liger_kernel` section: one-kernel norm, no rotary kernel, a
     6-byte activation and cross-entropy kernel."""
-    from tests.conftest import toy_stack
-
     stack = toy_stack()
     ops = {name: {"kernels": count, "bytes_per_element": nbytes, "source": "toy"}
            for name, count, nbytes in (("norm", 1, 4), ("rotary", 0, 0),
@@ -41,8 +40,8 @@ def _liger_stack(toy) -> dict:
     return stack
 
 
-def _patch(toy, **runtime) -> dict:
-    return {"runtime": {"framework": _liger_stack(toy), "liger_kernel": True, **runtime}}
+def _patch(**runtime) -> dict:
+    return {"runtime": {"framework": _liger_stack(), "liger_kernel": True, **runtime}}
 
 
 def test_a_chunk_holds_about_as_many_logits_as_the_hidden_states():
@@ -108,7 +107,7 @@ def test_the_shipped_stack_runs_one_kernel_where_transformers_runs_several():
 
 
 def test_the_output_weight_is_gathered_by_the_top_module_and_fires_no_backward_hook(toy):
-    plan = plan_of(toy.scenario(_patch(toy)))
+    plan = plan_of(toy.scenario(_patch()))
     names = [m.name for m in plan.modules]
     head, loss = names.index("lm_head"), names.index("loss")
     assert head in plan.external
@@ -123,7 +122,7 @@ def test_the_host_waits_for_the_gpu_at_the_count_and_at_the_backward_comparison(
     their launches: the host issues the loss only after the output layer's products end (the
     count's `.item()`), and the loss's backward only after its forward ends (`torch.equal`),
     so each starts a launch's time or more after the GPU went idle."""
-    patch = _patch(toy)
+    patch = _patch()
     patch["runtime"]["framework"]["host"]["kernel_launch_us"] = {
         "value": 100, "basis": "spec", "source": "toy"}
     spans = toy.run(patch).spans
@@ -149,14 +148,14 @@ GPT_MODEL = {"family": "gpt", "hidden_size": 64, "num_hidden_layers": 2,
 def test_refused_where_the_patch_would_not_run_as_priced(toy, patch, key, words):
     """A stack with no Liger entries (the toy's own), a model Liger's table does not patch
     (the gpt family, Yi), and DeepSpeed's tiled loss beside Liger's fused one."""
-    tree = toy.tree(_patch(toy))
+    tree = toy.tree(_patch())
     for section, values in patch.items():
         if section == "model" and "family" in values:
             tree["model"] = dict(values)
         else:
             tree[section] = {**tree[section], **values}
     if tree["runtime"].get("framework") is None:
-        tree["runtime"]["framework"] = toy.tree()["runtime"]["framework"]
+        tree["runtime"]["framework"] = toy_stack()
     with pytest.raises(UnsupportedConfigError) as refusal:
         zerosim.scenario_from_dict(tree, source="<toy>")
     assert refusal.value.key_path == key and words in str(refusal.value)

@@ -795,8 +795,10 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
     q, t = spec.q_size, w.tokens
     dense_flops = 4.0 * t * w.sequence_length * q
     qkv_saved = w.dtype_bytes * t * (q + 2 * kv_width(spec, w, r))
+    workspace = flash_backward_workspace(spec.num_attention_heads, spec.head_dim, w,
+                                         grouped_kv=kv_width(spec, w, r) < q)
     core = _with_backward(_core_module(spec, layer, w, r, dense_flops, qkv_saved, dropout,
-                                       _fused_output_kept_apart(spec, w, r)),
+                                       _fused_output_kept_apart(spec, w, r), workspace),
                           _attention_kernels(spec, w, r), r)
     if w.sequence_parallel == 1:
         return core
@@ -806,12 +808,30 @@ def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                    backward_transient_bytes=core.backward_transient_bytes + workspace)
 
 
+def flash_backward_workspace(heads: int, head_dim: int, w: Workload, *,
+                             grouped_kv: bool) -> float:
+    """What flash-attn 2's backward (`mha_bwd`, whose code PyTorch's SDPA flash backend
+    vendors) allocates for its kernels besides the gradients it returns, in bytes: the query
+    gradient's fp32 accumulator (`dq_accum`, the head dimension rounded up to 32, or to 256
+    above 192), the row sums of the output times its gradient (`softmax_d`, fp32 a row and
+    head) and, where K and V come grouped (fewer heads than Q), their gradients at every query
+    head (`dk_expanded`, `dv_expanded`), summed over each group after the kernel."""
+    rounded = -(-head_dim // 32) * 32 if head_dim <= 192 else 256
+    rows = heads * w.tokens
+    workspace = FP32_BYTES * rows * (rounded + 1)
+    if grouped_kv:
+        workspace += 2 * w.dtype_bytes * rows * head_dim
+    return workspace
+
+
 def _core_module(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dense_flops: float,
-                 qkv_saved: float, dropout: bool, output_kept: float) -> Module:
+                 qkv_saved: float, dropout: bool, output_kept: float,
+                 flash_workspace: float) -> Module:
     """The attention core's module: Q, K and V as its products read them (`qkv_saved`),
     eager attention's memory per score (saved, held while it runs, a framework buffer) or a
-    fused kernel's log-sum-exp and output (`output_kept` where the stack copies the output),
-    and its FLOPs (a fused causal kernel skips the masked half of `dense_flops`)."""
+    fused kernel's log-sum-exp and output (`output_kept` where the stack copies the output)
+    and its backward's workspace (`flash_workspace`), and its FLOPs (a fused causal kernel
+    skips the masked half of `dense_flops`)."""
     a, s, t = spec.num_attention_heads, w.sequence_length, w.tokens
     per_score = {"transient_bytes": 0.0}
     if w.attention == "eager":
@@ -827,6 +847,7 @@ def _core_module(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dense_flop
         flops = dense_flops
     else:
         saved = qkv_saved + FP32_BYTES * a * t + output_kept
+        per_score["backward_transient_bytes"] = flash_workspace
         flops = dense_flops / 2
     return Module(f"layers.{layer}.attn.core", "attention", "attention", layer, 0, flops,
                   dense_flops, 0.0, saved, **per_score)
@@ -896,7 +917,8 @@ def _mla_core(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dropout: bool
                    *value, Gemm(s, mla.v_head_dim, s, heads, w.dtype_bytes), *context)
     kept = w.dtype_bytes * t * v_width if context else 0.0
     module = _core_module(spec, layer, w, r, dense_flops,
-                          w.dtype_bytes * t * (2 * q_width + v_width), dropout, kept)
+                          w.dtype_bytes * t * (2 * q_width + v_width), dropout, kept,
+                          flash_backward_workspace(a, mla.qk_head_dim, w, grouped_kv=False))
     return _with_backward(module, kernels, r)
 
 
