@@ -1048,7 +1048,11 @@ def _dense_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
 def chunk_rows(rows: int, chunks: int) -> tuple[int, ...]:
     """The pieces `torch.chunk` cuts `rows` rows into when asked for `chunks`: ceil(rows /
     chunks) rows each, the last one shorter, fewer pieces where that size leaves none over."""
-    size = -(-rows // chunks)
+    return rows_of_size(rows, -(-rows // chunks))
+
+
+def rows_of_size(rows: int, size: int) -> tuple[int, ...]:
+    """`rows` cut into pieces of `size` rows, the last one shorter."""
     full, rest = divmod(rows, size)
     return (size,) * full + ((rest,) if rest else ())
 
@@ -1466,9 +1470,7 @@ def fused_loss_rows(tokens: int, vocab_size: int, hidden_size: int) -> tuple[int
     chunk's logits are about as large as the hidden states, each rounded up to a power of two
     (`triton.next_power_of_2`), the last one shorter."""
     factor = -(-vocab_size // hidden_size)
-    size = 1 << max(0, (-(-tokens // factor) - 1).bit_length())
-    full, rest = divmod(tokens, size)
-    return (size,) * full + ((rest,) if rest else ())
+    return rows_of_size(tokens, 1 << max(0, (-(-tokens // factor) - 1).bit_length()))
 
 
 def _fused_linear_loss(head: Module, spec: ModelSpec, w: Workload, r: Recipe
