@@ -534,3 +534,74 @@ def test_tune_finds_the_alst_tricks_where_ulysses_alone_does_not_fit():
                    fix=[k for k in KNOBS if k not in ("tiling", "checkpointing")], workers=1)
     fitting = [(r["tiling"], r["checkpointing"]) for r in outcome.rows if r["status"] == "ok"]
     assert fitting == [("loss", CHECKPOINTS_IN_HOST), ("loss+mlp", CHECKPOINTS_IN_HOST)]
+
+
+ULYSSES = ROOT / "scenarios" / "llama8b_ulysses_dgx_h100.yaml"
+EIGHT_SEQUENCES = {"deepspeed.gradient_accumulation_steps": 8}
+"""The Ulysses scenario (128K tokens, groups of all 8 GPUs) at 8 sequences a step."""
+
+
+def test_the_sequence_parallel_knob_holds_the_global_batch_of_sequences():
+    """`--free sequence_parallel`: every group size the model and the release take, each
+    data-parallel group training size / 8 of the scenario's 8 sequences per group, split
+    into micro-batches as the micro_batch knob says; the scenario's own size first."""
+    from zerosim.tune import sequence_parallel_choices
+
+    scenario = zerosim.load_scenario(ULYSSES, EIGHT_SEQUENCES)
+    assert sequence_parallel_choices(scenario) == [1, 2, 4, 8]
+    base = as_given(scenario)
+    assert base.sequence_parallel == 8
+    sizes = sequence_parallel_choices(scenario)
+    found = candidates(base, frozenset({"sequence_parallel", "micro_batch"}),
+                       sequence_parallel=sizes)
+    assert [(c.sequence_parallel, c.micro_batch, c.gradient_accumulation) for c in found] == [
+        (8, 1, 8), (8, 2, 4), (8, 4, 2), (8, 8, 1), (1, 1, 1), (2, 1, 2), (2, 2, 1),
+        (4, 1, 4), (4, 2, 2), (4, 4, 1)]
+    assert {c.micro_batch * c.gradient_accumulation * 8 // c.sequence_parallel
+            for c in found} == {8}
+    fixed_micro = candidates(base, frozenset({"sequence_parallel"}), sequence_parallel=sizes)
+    assert [(c.sequence_parallel, c.gradient_accumulation) for c in fixed_micro] == [
+        (8, 8), (1, 1), (2, 2), (4, 4)]
+    one_sequence = as_given(zerosim.load_scenario(ULYSSES))
+    assert [c.sequence_parallel for c in candidates(
+        one_sequence, frozenset({"sequence_parallel"}), sequence_parallel=sizes)] == [8]
+
+
+def test_the_sequence_parallel_knob_is_freed_only_when_asked_and_sets_the_group_size():
+    from zerosim.tune import sequence_parallel_choices
+
+    assert "sequence_parallel" in KNOBS and "sequence_parallel" not in free_knobs()
+    base = as_given(zerosim.load_scenario(ULYSSES, EIGHT_SEQUENCES))
+    assert [c.sequence_parallel for c in candidates(base, frozenset(),
+                                                    sequence_parallel=[1, 2, 4, 8])] == [8]
+    four = replace(base, sequence_parallel=4, gradient_accumulation=4)
+    assert four.overrides()["deepspeed.sequence_parallel_size"] == 4
+    assert four.describe().endswith("checkpointing, Ulysses over 4 ranks")
+    assert "Ulysses" not in replace(base, sequence_parallel=1).describe()
+    for other in ({"gap": 2}, {"mics": "mics4", "offload": "none"},
+                  {"zero_plus_plus": "qwz"}):
+        assert replayed(replace(base, **other, sequence_parallel=1))
+        assert not replayed(replace(base, **other))
+    study = zerosim.load_scenario(ROOT / "scenarios" / "llama13b_dp4.yaml")
+    assert sequence_parallel_choices(study) == [1, 2, 4]  # 40 heads, eager attention
+    before = zerosim.load_scenario(ROOT / "scenarios" / "llama8b_liger_dgx_h100.yaml",
+                                   {"runtime.deepspeed_version": "0.16.9"})
+    assert sequence_parallel_choices(before) == [1]  # UlyssesSPAttentionHF is new in 0.17.0
+    assert as_given(before).sequence_parallel is None
+    assert "deepspeed.sequence_parallel_size" not in as_given(before).overrides()
+
+
+def test_tune_compares_ulysses_group_sizes_on_the_same_sequences(tmp_path):
+    """At 8 sequences of 128K tokens a step on a DGX H100, checkpointed, ZeRO-3 with the
+    optimizer on the CPU: a whole sequence on one GPU does not fit, and every fitting row
+    trains the same tokens, with its group size in tune.csv."""
+    outcome = tune(ULYSSES, overrides=EIGHT_SEQUENCES, free=["sequence_parallel"],
+                   fix=[k for k in KNOBS if k not in ("sequence_parallel", "micro_batch")],
+                   workers=1, out_dir=tmp_path)
+    fitting = [r for r in outcome.rows if r["status"] == "ok"]
+    assert fitting and {r["sequence_parallel"] for r in fitting} <= {4, 8}
+    for row in fitting:
+        assert row["tokens_per_s"] * row["iteration_s"] == pytest.approx(8 * 131072)
+    assert all(r["status"] != "ok" for r in outcome.rows if r["sequence_parallel"] == 1)
+    with open(tmp_path / "tune.csv") as table:
+        assert {r["sequence_parallel"] for r in csv.DictReader(table)} == {"1", "2", "4", "8"}

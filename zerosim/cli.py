@@ -711,8 +711,8 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
 @main.command()
 @scenario_argument
 @click.option("--free", multiple=True, type=click.Choice(KNOBS),
-              help="Also search this knob (repeatable; what_if, master and liger are fixed "
-                   "by default).")
+              help="Also search this knob (repeatable; what_if, master, liger and "
+                   "sequence_parallel are fixed by default).")
 @click.option("--fix", multiple=True, type=click.Choice(KNOBS),
               help="Keep the scenario's value of this knob (repeatable).")
 @click.option("--workers", type=click.IntRange(min=1),

@@ -9,7 +9,8 @@ Deep Optimizer States fork, cores bound to each rank on a node of several NUMA d
 OpenMP threads per rank where the default pools oversubscribe the node, ZeRO-3 leaf modules
 by granularity on DeepSpeed 0.16.0+, ZeRO++'s hpZ, qwZ and qgZ and MiCS's shard groups where
 the ranks span nodes and,
-when freed, the study's what-ifs), keeps
+when freed, the study's what-ifs, the master precision, Liger-Kernel and Ulysses's group size,
+the global batch of sequences held), keeps
 only the combinations the engine replays, drops those whose memory floor already exceeds a
 device (model states plus one micro-batch's saved activations on the GPU, model states of
 every rank of a node in host memory: the engine would run out of memory at or before the end
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 Z = "deepspeed.zero_optimization."
 KNOBS = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size", "ratio",
          "checkpointing", "gap", "binding", "threads", "leaves", "zero_plus_plus", "mics",
-         "tiling", "what_if", "master", "liger")
+         "tiling", "what_if", "master", "liger", "sequence_parallel")
 FREE_BY_DEFAULT = ("stage", "offload", "micro_batch", "reduce_bucket_size", "sub_group_size",
                    "ratio", "checkpointing", "gap", "binding", "threads", "leaves",
                    "zero_plus_plus", "mics", "tiling")
@@ -105,6 +106,14 @@ nothing offloaded (with more than one group DeepSpeed all-reduces the gradient p
 the GPU, and offloading keeps them in host memory) and without ZeRO++, on DeepSpeed 0.9.2+,
 where the ranks span whole nodes (`mics_choices`); elsewhere the knob is None and sets
 nothing."""
+SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
+"""The `sequence_parallel` knob sets Ulysses's group size (1: off), searched with
+`--free sequence_parallel` only, over the sizes that divide the ranks and that the release, the
+stack and the model take (`sequence_parallel_choices`). The global batch of sequences stays:
+groups of S ranks make ranks / S data-parallel groups, so each trains S / S0 times the
+scenario's sequences per step (S0 its own size), a size where that is not a whole number, or
+not divided by the micro-batch, is skipped. Where no size above 1 runs the knob is None and
+sets nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -113,7 +122,7 @@ MEMORY_SLACK_BYTES = 2**20
 COLUMNS = ("rank", "status", "stage", "offload", "micro_batch", "gradient_accumulation",
            "reduce_bucket_size", "sub_group_size", "ratio", "checkpointing", "gap", "binding",
            "threads", "leaves", "zero_plus_plus", "mics", "tiling", "what_if", "master",
-           "liger", "iteration_s",
+           "liger", "sequence_parallel", "iteration_s",
            "tokens_per_s", "peak_hbm_GiB", "peak_host_GiB", "note")
 
 
@@ -156,6 +165,9 @@ class Config:
     liger: bool | None = None
     """Liger-Kernel's kernels (`runtime.liger_kernel`), or None where the stack or the model
     cannot run them (`liger_refusal`)."""
+    sequence_parallel: int | None = None
+    """Ulysses's group size (`deepspeed.sequence_parallel_size`), or None where no size above
+    1 can run (`SEQUENCE_PARALLEL`)."""
 
     def tiled(self, part: str) -> int | str | None:
         """The part's slices: a count, `auto`, or None (not tiled)."""
@@ -243,6 +255,8 @@ class Config:
             out["runtime.tiled_mlp_shards"] = self.tiled("mlp")
         if self.liger is not None:
             out["runtime.liger_kernel"] = self.liger
+        if self.sequence_parallel is not None:
+            out[SEQUENCE_PARALLEL] = self.sequence_parallel
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -306,6 +320,8 @@ class Config:
                 parts.append(what + ("" if slices == "auto" else f" ({slices} slices)"))
         if self.liger:
             parts.append("Liger-Kernel")
+        if (self.sequence_parallel or 1) > 1:
+            parts.append(f"Ulysses over {self.sequence_parallel} ranks")
         if self.what_if != "none":
             parts.append(self.what_if)
         if self.master not in (None, "fp32"):
@@ -344,6 +360,10 @@ def replayed(config: Config) -> bool:
         return False
     if config.liger and config.tiled("loss") is not None:
         return False  # Liger's fused loss replaces the call the tiled loss slices
+    if (config.sequence_parallel or 1) > 1 and (
+            config.gap or config.mics_shard_size > 0
+            or config.zero_plus_plus not in (None, NO_ZERO_PLUS_PLUS)):
+        return False  # `support._ulysses_is_replayed`
     return config.what_if == "none" or (offloaded3 and "nvme" not in config.offload)
 
 
@@ -383,7 +403,7 @@ def as_given(scenario: Scenario) -> Config:
                   ds.leaves.granularity_threshold
                   if scenario.behaviours.module_granularity_threshold else None,
                   _zero_plus_plus(scenario), _mics(scenario), _tiling(scenario),
-                  _liger(scenario))
+                  _liger(scenario), _sequence_parallel(scenario))
 
 
 def _tiling(scenario: Scenario) -> str | None:
@@ -404,6 +424,22 @@ def _liger(scenario: Scenario) -> bool | None:
     if scenario.runtime.liger_kernel:
         return True
     return None if liger_refusal(scenario) else False
+
+
+def _sequence_parallel(scenario: Scenario) -> int | None:
+    """The scenario's `sequence_parallel` knob value; None where no group size above 1 can
+    run."""
+    size = scenario.deepspeed.sequence_parallel_size
+    return size if size > 1 or len(sequence_parallel_choices(scenario)) > 1 else None
+
+
+def sequence_parallel_choices(scenario: Scenario) -> list[int]:
+    """The Ulysses group sizes the `sequence_parallel` knob tries: 1 and every divisor of the
+    ranks the release, the stack and the model take (`support.sequence_parallel_refusal`)."""
+    from zerosim.scenario.support import sequence_parallel_refusal
+
+    return [size for size in _divisors(scenario.data_parallel)
+            if size == 1 or not sequence_parallel_refusal(scenario, size)]
 
 
 def tiling_choices(scenario: Scenario) -> list[str]:
@@ -511,7 +547,8 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
                fork: bool = False, numa: bool = False, filling_threads: int = 0,
                thresholds: Iterable[int] = (), training: str = "bf16",
                zero_plus_plus: Iterable[str] = (), mics: Iterable[str] = (),
-               tilings: Iterable[str] = ()) -> list[Config]:
+               tilings: Iterable[str] = (), sequence_parallel: Iterable[int] = ()
+               ) -> list[Config]:
     """Every replayed combination of the free knobs' values (fixed ones keep `base`'s), the
     scenario as given first; NVMe offloads too when `nvme` (the profile has drives), the
     interleaved update's gaps when `fork` (a Deep Optimizer States build), bound and unbound
@@ -520,14 +557,15 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
     no leaves and each of `thresholds` where the release reads the granularity threshold,
     none and each of `zero_plus_plus` where the release reads ZeRO++'s keys, none and each of
     `mics` where it reads MiCS's, none and each of `tilings` where a tiled call can run, the
-    master precisions of the `training` dtype, and checkpointing with its checkpoints in host
-    memory."""
+    master precisions of the `training` dtype, checkpointing with its checkpoints in host
+    memory, and each of the `sequence_parallel` group sizes, the global batch held
+    (`SEQUENCE_PARALLEL`)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {
         "stage": list(STAGES) if "stage" in free else [base.stage],
         "offload": offloads if "offload" in free else [base.offload],
-        "micro_batch": _divisors(per_gpu) if "micro_batch" in free else [base.micro_batch],
+        "micro_batch": [],
         "reduce_bucket_size": (sorted({*REDUCE_BUCKET_SIZES, base.reduce_bucket_size})
                                if "reduce_bucket_size" in free else [base.reduce_bucket_size]),
         "sub_group_size": (sorted({*SUB_GROUP_SIZES, base.sub_group_size})
@@ -555,16 +593,36 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
         "liger": ([False, True] if "liger" in free and base.liger is not None
                   else [base.liger]),
     }
+    sizes = (list(dict.fromkeys([base.sequence_parallel, *sequence_parallel]))
+             if "sequence_parallel" in free and base.sequence_parallel is not None
+             else [base.sequence_parallel])
     found = [base]
-    for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing,
-         gap, binding, threads, master, leaves, zero_plus_plus_value, mics_value,
-         tiling, liger) in product(*values.values()):
-        config = Config(stage, offload, micro, per_gpu // micro, bucket, sub_group, ratio,
-                        what_if, checkpointing, gap, binding, threads, master, leaves,
-                        zero_plus_plus_value, mics_value, tiling, liger)
-        if replayed(config) and _matters(config, base):
-            found.append(config)
+    for size in sizes:
+        per_group = _sequences_per_group(per_gpu, base.sequence_parallel, size)
+        if per_group is None:
+            continue
+        values["micro_batch"] = [micro for micro in (
+            _divisors(per_group) if "micro_batch" in free else [base.micro_batch])
+            if per_group % micro == 0]
+        for (stage, offload, micro, bucket, sub_group, ratio, what_if, checkpointing, gap,
+             binding, threads, master, leaves, zero_plus_plus_value, mics_value, tiling,
+             liger) in product(*values.values()):
+            config = Config(stage, offload, micro, per_group // micro, bucket, sub_group, ratio,
+                            what_if, checkpointing, gap, binding, threads, master, leaves,
+                            zero_plus_plus_value, mics_value, tiling, liger, size)
+            if replayed(config) and _matters(config, base):
+                found.append(config)
     return list(dict.fromkeys(found))
+
+
+def _sequences_per_group(per_gpu: int, given: int | None, size: int | None) -> int | None:
+    """Sequences each data-parallel group trains per step at Ulysses group size `size`, where
+    the scenario's `given` size trains `per_gpu` (the global batch held); None where that is
+    not a whole number."""
+    given, size = given or 1, size or 1
+    if per_gpu * size % given:
+        return None
+    return per_gpu * size // given
 
 
 def _matters(config: Config, base: Config) -> bool:
@@ -644,6 +702,8 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "what_if": config.what_if,
             "master": config.master or "",
             "liger": "" if config.liger is None else config.liger,
+            "sequence_parallel": ("" if config.sequence_parallel is None
+                                  else config.sequence_parallel),
             "iteration_s": None, "tokens_per_s": None,
             "peak_hbm_GiB": None, "peak_host_GiB": None, "note": note, "config": config,
             "phases_s": {}, "tight": ()}
@@ -712,7 +772,9 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                           training=scenario.deepspeed.dtype,
                           zero_plus_plus=zero_plus_plus_choices(scenario),
                           mics=mics_choices(scenario),
-                          tilings=tiling_choices(scenario) if base.tiling is not None else ())
+                          tilings=tiling_choices(scenario) if base.tiling is not None else (),
+                          sequence_parallel=sequence_parallel_choices(scenario)
+                          if base.sequence_parallel is not None else ())
     row_of: dict[Config, dict[str, Any]] = {}
     for config in searched:
         point_overrides = fixed | config.overrides() | (

@@ -854,6 +854,16 @@ def tiling_refusal(scenario: Any, part: str) -> str:
     return _refusal(rule, replace(scenario, runtime=replace(scenario.runtime, **{key: "auto"})))
 
 
+def sequence_parallel_refusal(scenario: Any, size: int) -> str:
+    """Why the scenario cannot run Ulysses over groups of `size` ranks, as the rules above say
+    ('' where it can): what `zerosim tune`'s `sequence_parallel` knob offers."""
+    from dataclasses import replace
+
+    sized = replace(scenario, deepspeed=replace(scenario.deepspeed,
+                                                sequence_parallel_size=size))
+    return _refusal(_ulysses_runs, sized) or _refusal(_ulysses_is_replayed, sized)
+
+
 def _refusal(rule: Any, scenario: Any) -> str:
     """What `rule` refuses in `scenario` ('' where it passes)."""
     try:
