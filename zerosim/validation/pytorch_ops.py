@@ -2,10 +2,10 @@
 against the kernel model.
 
 `zerosim/validation/data/liger_pytorch_ops.yaml` holds the tables: elementwise ops (a
-contiguous chain, a chunk's halves, the rotary embedding's broadcast products) and a Llama MLP
-(three projections and the gate's activation); and Liger's own RMSNorm, rotary embedding and
-SwiGLU MLP, priced with the stack's `liger_kernel` entries (nothing is fitted to them). This
-prices each row's kernels the way the
+contiguous chain, a chunk's halves, the rotary embedding's broadcast products), a Llama MLP
+(three projections and the gate's activation) and an output layer with its cross entropy;
+and Liger's own RMSNorm, rotary embedding and SwiGLU MLP, priced with the stack's
+`liger_kernel` entries (nothing is fitted to them). This prices each row's kernels the way the
 engine prices a module's (`zerosim.hardware.costs.kernels_s`), with a stack's kernel entry where
 the op is one the stack runs, and fits the two sets of GPU values these tables pin:
 `gpu.strided_memory_efficiency` (the tables marked `fits` it) and, on the A100, the GEMM values
@@ -64,9 +64,10 @@ where the stack's entry has it, else its `backward_bytes_factor` times the forwa
 @dataclass(frozen=True)
 class OpTable:
     """One op timed at several sizes on one GPU: `elementwise` (one pass over the product of
-    the `elements` sizes) or `mlp` (a Llama MLP: gate and up projections, the activation pass
-    over tokens x ffn, the down projection); `timed` says which passes its times hold
-    (`PASSES`), `backward_bytes_factor` is its stack's."""
+    the `elements` sizes), `mlp` (a Llama MLP: gate and up projections, the activation pass
+    over tokens x ffn, the down projection) or `linear_loss` (an output layer, tokens x vocab
+    logits from the hidden states, then the loss's pass over the logits); `timed` says which
+    passes its times hold (`PASSES`), `backward_bytes_factor` is its stack's."""
 
     name: str
     gpu: str
@@ -84,6 +85,9 @@ class OpTable:
     accumulates_weight_gradients: bool = False
     """The timed backward adds the projections' weight gradients into the `.grad` the earlier
     calls left (do_bench clears the input's gradient only): AccumulateGrad's in-place add."""
+    accumulates_input_gradient: bool = False
+    """The timed backward adds the input's gradient into the `.grad` the earlier calls left
+    (do_bench given no tensor to clear)."""
     liger: bool = False
     """The table times Liger-Kernel's own kernel (priced with the stack's `liger_kernel`
     entry), not one of its PyTorch baselines."""
@@ -116,8 +120,13 @@ def _table(t: Mapping[str, Any]) -> OpTable:
                    tuple(OpRow({k: v for k, v in r.items() if k != "ms"}, r["ms"] * 1e-3)
                          for r in t["rows"]),
                    t.get("timed", "forward"), factor,
-                   "weight_gradients" in t and t["weight_gradients"]["value"] == "accumulated",
-                   bool(t["pass"].get("liger_kernel")))
+                   accumulates_weight_gradients=_accumulated(t, "weight_gradients"),
+                   accumulates_input_gradient=_accumulated(t, "input_gradient"),
+                   liger=bool(t["pass"].get("liger_kernel")))
+
+
+def _accumulated(t: Mapping[str, Any], key: str) -> bool:
+    return key in t and t[key]["value"] == "accumulated"
 
 
 def op_tables() -> list[OpTable]:
@@ -138,6 +147,9 @@ def forward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
         t, h, f = row.sizes["tokens"], row.sizes["hidden"], row.sizes["ffn"]
         return (Gemm(t, f, h), Gemm(t, f, h), *elementwise_pass(table.elementwise, t * f, BF16),
                 Gemm(t, h, f))
+    if table.kind == "linear_loss":
+        t, h, v = row.sizes["tokens"], row.sizes["hidden"], row.sizes["vocab"]
+        return (Gemm(t, v, h), *elementwise_pass(table.elementwise, t * v, BF16))
     return elementwise_pass(table.elementwise,
                             math.prod(row.sizes[k] for k in table.elements), BF16)
 
@@ -145,8 +157,9 @@ def forward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
 def backward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
     """The kernels one backward launches: each forward kernel's backward, as the engine
     derives a module's; an MLP's input, read by the gate and the up projections, sums its two
-    gradients; and the benchmark's AccumulateGrad adds each weight gradient into the one the
-    earlier calls left (read 2 + 2, write 2 B per weight), where it keeps them."""
+    gradients; and the benchmark's AccumulateGrad adds each weight gradient (and the input's,
+    where the table says so) into the one the earlier calls left (read 2 + 2, write 2 B per
+    element), where it keeps them."""
     kernels: list[Kernel] = []
     for kernel in forward_kernels(table, row):
         kernels += (linear_backward(kernel) if isinstance(kernel, Gemm)
@@ -155,9 +168,20 @@ def backward_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:
         t, h, f = row.sizes["tokens"], row.sizes["hidden"], row.sizes["ffn"]
         kernels.append(input_gradient_sum(t * h, BF16))
         if table.accumulates_weight_gradients:
-            weights = 3 * h * f
-            kernels.append(MemoryPass(3 * BF16.dtype_bytes * weights, 3))
+            kernels.append(_accumulation(3 * h * f, 3))
+    if table.kind == "linear_loss":
+        t, h, v = row.sizes["tokens"], row.sizes["hidden"], row.sizes["vocab"]
+        if table.accumulates_weight_gradients:
+            kernels.append(_accumulation(v * h))
+        if table.accumulates_input_gradient:
+            kernels.append(_accumulation(t * h))
     return tuple(kernels)
+
+
+def _accumulation(elements: float, tensors: int = 1) -> MemoryPass:
+    """AccumulateGrad's in-place adds of new gradients into 16-bit `.grad`s, one kernel a
+    tensor: read 2 + 2, write 2 B an element."""
+    return MemoryPass(3 * BF16.dtype_bytes * elements, tensors)
 
 
 def row_kernels(table: OpTable, row: OpRow) -> tuple[Kernel, ...]:

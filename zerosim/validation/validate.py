@@ -386,7 +386,8 @@ def pytorch_op_cells() -> list[Cell]:
                 f"{table.profile_name}{fitted}{reported} ({table.name}, "
                 "liger_pytorch_ops.yaml)")
         tolerance = (None if table.reported else
-                     LARGE_GEMM_TOLERANCE if table.kind == "mlp" else GEMM_TOLERANCE)
+                     LARGE_GEMM_TOLERANCE if table.kind in ("mlp", "linear_loss")
+                     else GEMM_TOLERANCE)
         for row in table.rows:
             cells.append(judge(f"GPU kernels ({gpu})", f"{table.name} {row.label(table)}",
                                table.timed.replace("_", " "), "ms",
