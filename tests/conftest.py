@@ -217,6 +217,15 @@ def toy() -> Toy:
     return Toy()
 
 
+@pytest.fixture(scope="session")
+def validation_cells() -> list:
+    """Every cell `zerosim validate` judges or reports, computed once for the session."""
+    from zerosim.validation.validate import validate
+
+    found, _ = validate()
+    return found
+
+
 def invoke_for_table(args: list[str], table: Path) -> tuple[str, list[dict[str, str]]]:
     """Run a zerosim command that writes one CSV table; its output (it must succeed) and the
     table's rows."""
