@@ -1067,6 +1067,27 @@ def ulysses_blog_cells() -> list[Cell]:
     return cells
 
 
+def alst_recipe_cells() -> list[Cell]:
+    """Arctic Long Sequence Training's recipes for Llama-3.1-8B on H100 nodes
+    (data/alst_recipes.yaml), each run at the sequence length it names: judged that zerosim
+    fits it there (1 for ran, 0 for out of memory), its peak per rank in the cell's text."""
+    from zerosim.validation.alst_recipes import load_recipes
+
+    recipes = load_recipes()
+    cells = []
+    for recipe in recipes.recipes:
+        summary = simulate_summary(recipes.scenario, recipes.overrides(recipe))
+        fits = summary["status"] == "ok"
+        text = (f"fits, {summary['peak_hbm_GiB']:.1f} of {summary['hbm_capacity_GiB']:.1f} GiB"
+                if fits else summary["status"])
+        cell = judge(recipes.group, f"{recipe.name} at {recipe.max_length:,} tokens",
+                     "runs at the recipe's length (1: fits)", "", 1.0, float(fits), 0.0,
+                     note=f"{recipes.source}; {recipe.note}; nothing fitted on it",
+                     absolute=True)
+        cells.append(replace(cell, simulated_text=text))
+    return cells
+
+
 VM_RUN_NOTE = "nothing fitted on it: the scenario's profile, h200-vm, is the node probe's"
 VM_RUN_FITTED_NOTE = "in-sample: {} fitted on this run"
 STEP_END_EPSILON_S = 1e-9
@@ -1141,6 +1162,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     if polaris:
         cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
         cells += h200_vm_run_cells() + superoffload_example_cells() + ulysses_blog_cells()
+        cells += alst_recipe_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results
