@@ -143,6 +143,9 @@ LIGER_SEQUENCES = (8192, 65536)
 """Liger-Kernel (0.19.5, Llama-3.1-8B over a DGX H100's 8 GPUs, data parallel): sequence
 lengths, each in every `ULYSSES_MODES` layout without and with the tiled MLP; and over Ulysses
 groups of eight at 128K and 512K tokens, with the tiled MLP and host checkpoints."""
+PACKED_DOCUMENTS = (1, 1000, 65536)
+"""`document_length` of packed documents (a token each, a conversation's length, the whole
+sequence of the 64K run) on the ALST and Ulysses scenarios."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -330,6 +333,12 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
         out.append((ROOT / "scenarios" / "llama8b_liger_dgx_h100.yaml", {
             "sequence_length": 16384 * sixteen_k, "deepspeed.sequence_parallel_size": 8,
             "runtime.tiled_mlp_shards": "auto", "runtime.checkpoint_in_cpu": True}))
+    for documents in PACKED_DOCUMENTS:
+        out.append((ROOT / "scenarios" / "llama8b_alst_dgx_h100.yaml",
+                    {"document_length": documents}))
+        out.append((ROOT / "scenarios" / "llama8b_ulysses_dgx_h100.yaml",
+                    {"document_length": documents, "deepspeed.sequence_parallel_size": 4,
+                     "sequence_length": 65536}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for nodes, size in ((1, 2), (1, 4), (2, 8)):
             for release in ("0.13.3", "0.14.4"):

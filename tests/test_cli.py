@@ -41,14 +41,15 @@ def test_check_names_the_framework_s_structural_choices():
                       "moe_block": "hooked", "module_tree": "megatron",
                       "checkpoint_function": "deepspeed", "process_groups": "same",
                       "param_groups": "weight_decay_split", "dataloader_workers": 2,
-                      "sequence_parallel": "distributed_attention"}
+                      "sequence_parallel": "distributed_attention", "packed_documents": "none"}
     hf = invoke("check", DP1, "--json", "--set", "runtime.framework=hf-transformers")
     assert json.loads(hf.output)["runtime"]["framework"]["layout"] == {
         "qkv": "separate", "gate_up": "separate", "output_weight": "module",
         "syncs_before_mlp": 0, "grouped_qkv": "as_qkv", "kv_repeat": "in_attention",
         "experts": "fused", "moe_block": "hooked", "module_tree": "transformers",
         "checkpoint_function": "torch", "process_groups": "separate",
-        "param_groups": "one", "dataloader_workers": 0, "sequence_parallel": "ulysses_hf"}
+        "param_groups": "one", "dataloader_workers": 0, "sequence_parallel": "ulysses_hf",
+        "packed_documents": "varlen"}
     text = " ".join(invoke("check", DP1).output.split())
     assert "process_groups same" in text and "dataloader_workers 2" in text
 

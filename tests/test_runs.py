@@ -467,7 +467,8 @@ def test_a_prediction_that_fits_within_the_memory_models_error_is_named_tight(tm
 
 
 KNOWN_KEYS = ("activation_checkpointing, attention, data_parallel, deepspeed, description, "
-              "hardware, model, name, precision, runtime, sequence_length, trainer, what_if")
+              "document_length, hardware, model, name, precision, runtime, sequence_length, "
+              "trainer, what_if")
 
 
 @pytest.mark.parametrize(("change", "settings", "message"), [

@@ -170,7 +170,9 @@ def render_scenario(scenario: Scenario) -> None:
                 f"{m.num_key_value_heads} kv, vocab={m.vocab_size}"
                 + (f", activation {m.activation}" if m.activation else "")
                 + (", q/k norms" if m.qk_norm else "") + _experts_text(m))
-    top.add_row("workload", f"seq {scenario.sequence_length}, micro-batch "
+    documents = (f" packing documents of {scenario.document_length} tokens (each attends "
+                 "within itself)" if scenario.document_length is not None else "")
+    top.add_row("workload", f"seq {scenario.sequence_length}{documents}, micro-batch "
                 f"{ds.train_micro_batch_size_per_gpu}, grad accumulation "
                 f"{ds.gradient_accumulation_steps}, attention {scenario.attention}, "
                 f"activation checkpointing {scenario.activation_checkpointing}")

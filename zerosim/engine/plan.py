@@ -468,6 +468,7 @@ def workload_of(scenario: Scenario) -> Workload:
         dtype_bytes=BYTES_PER_DTYPE[scenario.deepspeed.dtype],
         bfloat16=scenario.deepspeed.dtype == "bf16",
         sequence_parallel=scenario.deepspeed.sequence_parallel_size,
+        document_length=scenario.document_length,
         **_tiling(scenario),
     )
 

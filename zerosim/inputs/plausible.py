@@ -73,6 +73,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "name": PlausibleText(128, folder_name=True),
     "description": PlausibleText(10_000),
     "sequence_length": _count(1, 1e8, "a sequence length in tokens"),
+    "document_length": _count(1, 1e8, "a packed document's length in tokens"),
     "data_parallel": _count(1, 1e6, "a rank count"),
     "runtime.cpu_threads_per_rank": _count(1, 16_384, "a thread count"),
     "runtime.tiled_mlp_shards": _count(1, 4_096, "a slice count"),

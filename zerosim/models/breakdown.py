@@ -74,6 +74,18 @@ class Workload:
     """DeepSpeed's TiledFusedLogitsLoss runs the output layer and the loss over slices of the
     rank's tokens, this many, their backward inside the forward (0: not tiled;
     `_tiled_head`)."""
+    document_length: int | None = None
+    """Each sequence packs documents of this many tokens, and flash attention's
+    variable-length path attends within each (None: one document, the whole sequence)."""
+
+    @property
+    def attention_span(self) -> int:
+        """The tokens a query's document holds, the most its causal attention reads: under
+        flash attention the packed document's, else the whole sequence's (eager attention and
+        SDPA mask packed documents apart but compute every score)."""
+        if self.attention != "flash" or self.document_length is None:
+            return self.sequence_length
+        return min(self.document_length, self.sequence_length)
 
     @property
     def fused_attention(self) -> bool:
@@ -303,6 +315,9 @@ class Recipe:
     replicated where the group outnumbers their heads) or `distributed_attention` (DeepSpeed's
     DistributedAttention around Megatron-DeepSpeed's: K and V exchanged as the attention takes
     them, expanded to every head where the stack expands them first)."""
+    packed_documents: str = "none"
+    """What flash attention does with packed documents (`PACKED_DOCUMENTS_CHOICES`): `none`
+    (it attends over the whole sequence) or `varlen` (each document within itself)."""
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
     projection_split: Elementwise = Elementwise()
@@ -637,7 +652,7 @@ def _attention_kernels(spec: ModelSpec, w: Workload, r: Recipe) -> tuple[Kernel,
     if w.fused_attention:
         kv = kv_width(spec, w, r)
         inputs = elementwise_pass(r.attention_inputs, t * (q + 2 * kv), w)
-        fused = flash_attention(t, s, q, kv, d, w.dtype_bytes)
+        fused = flash_attention(t, w.attention_span, q, kv, d, w.dtype_bytes)
         return (*before, *inputs, fused, *context)
     query, key, value = _matmul_inputs(spec, w, r)
     scores = Gemm(s, s, d, heads, w.dtype_bytes)
@@ -793,7 +808,7 @@ def _score_memory(spec: ModelSpec, w: Workload, r: Recipe) -> ScoreMemory:
 def _attention_core(spec: ModelSpec, layer: int, w: Workload, dropout: bool,
                     r: Recipe) -> Module:
     q, t = spec.q_size, w.tokens
-    dense_flops = 4.0 * t * w.sequence_length * q
+    dense_flops = 4.0 * t * w.attention_span * q
     qkv_saved = w.dtype_bytes * t * (q + 2 * kv_width(spec, w, r))
     workspace = flash_backward_workspace(spec.num_attention_heads, spec.head_dim, w,
                                          grouped_kv=kv_width(spec, w, r) < q)
@@ -903,11 +918,11 @@ def _mla_core(spec: ModelSpec, layer: int, w: Workload, r: Recipe, dropout: bool
               MemoryPass(copy, 1, backward_nbytes=copy),
               MemoryPass(copy, 2, backward_nbytes=copy))
     context = elementwise_pass(r.context, t * v_width, w)
-    dense_flops = 2.0 * t * s * (q_width + v_width)
+    dense_flops = 2.0 * t * w.attention_span * (q_width + v_width)
     if w.fused_attention:
         inputs = elementwise_pass(r.attention_inputs, t * (2 * q_width + v_width), w)
         fused = FusedAttention(dense_flops / 2, w.dtype_bytes * t * 2 * (q_width + v_width),
-                               keys=s / 2, head_dim=mla.qk_head_dim)
+                               keys=w.attention_span / 2, head_dim=mla.qk_head_dim)
         kernels = (*before, *inputs, fused, *context)
     else:
         heads = a * w.micro_batch_size

@@ -108,6 +108,7 @@ class _ScenarioRaw(BaseModel):
     description: str = ""
     model: Any
     sequence_length: int = Field(ge=1)
+    document_length: StrictInt | None = Field(None, ge=1)
     activation_checkpointing: StrictBool = False
     attention: Literal["eager", "flash", "sdpa", "flash_attention_2"] = "eager"
     hardware: Any
@@ -189,6 +190,9 @@ class Scenario:
     """The DeepSpeed behaviours of `runtime.deepspeed_version` (`zerosim.behaviours`)."""
     stack: SoftwareStack = field(default_factory=lambda: load_stack(DEFAULT_STACK))
     """The software stack of `runtime.framework` (`zerosim.stacks`)."""
+    document_length: int | None = None
+    """Each sequence packs documents of this many tokens (their position ids restart at each);
+    None: one document, the whole sequence."""
 
     @property
     def ranks_on_fullest_node(self) -> int:
@@ -238,6 +242,8 @@ class Scenario:
             "source": self.source,
             "model": model,
             "sequence_length": self.sequence_length,
+            **({"document_length": self.document_length}
+               if self.document_length is not None else {}),
             "activation_checkpointing": self.activation_checkpointing,
             "attention": self.attention,
             "hardware": {"name": self.hardware.name, "nodes": self.hardware.nodes,
@@ -632,7 +638,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                         raw.runtime.liger_kernel),
         what_if=raw.what_if,
         source=source, unmodelled_keys=resolution.unmodelled, auto_filled=resolution.auto,
-        behaviours=behaviours, stack=stack)
+        behaviours=behaviours, stack=stack, document_length=raw.document_length)
     check_supported(scenario)
     warn_inert(scenario)
     return scenario

@@ -24,7 +24,8 @@ def check_supported(scenario: Any) -> None:
                  _qgz_tensors_divide, _mics_replicas_reduce_on_the_gpu,
                  _mics_gathers_from_the_gpu, _mics_hierarchy_spans_nodes, _mics_alone,
                  _unmanaged_accumulation_is_replayed, _ulysses_runs, _ulysses_is_replayed,
-                 _tiled_mlp_runs, _tiled_loss_runs, _liger_kernel_runs):
+                 _tiled_mlp_runs, _tiled_loss_runs, _liger_kernel_runs,
+                 _packed_documents_run):
         rule(scenario)
 
 
@@ -937,6 +938,36 @@ def liger_refusal(scenario: Any) -> str:
     return _refusal(_liger_kernel_runs, replace(
         scenario, stack=scenario.stack.with_liger_kernel(),
         runtime=replace(scenario.runtime, liger_kernel=True, tiled_loss_shards=None)))
+
+
+DOCUMENT_LENGTH = "document_length"
+
+
+def _packed_documents_run(scenario: Any) -> None:
+    """`document_length`: documents packed into each sequence attend only within themselves
+    where the stack's flash attention takes them apart (`modules.packed_documents: varlen`,
+    transformers' variable-length path, which it takes for a batch of one sequence), no
+    longer than the sequence."""
+    length = scenario.document_length
+    if length is None:
+        return
+    if length > scenario.sequence_length:
+        _refuse(scenario, DOCUMENT_LENGTH, f"at most sequence_length {scenario.sequence_length} "
+                "(a document longer than the sequence is the whole sequence: leave the key "
+                "out)", length)
+    if scenario.stack.recipe.packed_documents != "varlen":
+        _refuse(scenario, DOCUMENT_LENGTH, f"unset with the {scenario.stack.name} stack, whose "
+                "flash attention attends over the whole sequence (modules.packed_documents "
+                f"{scenario.stack.recipe.packed_documents})", length)
+    if scenario.attention != "flash":
+        _refuse(scenario, "attention", f"flash with document_length {length} (transformers' "
+                "flash path attends within each packed document; its SDPA and eager paths "
+                "mask the documents apart but compute every score)", scenario.attention)
+    micro = scenario.deepspeed.train_micro_batch_size_per_gpu
+    if micro > 1:
+        _refuse(scenario, "deepspeed.train_micro_batch_size_per_gpu", "1 with document_length "
+                "(transformers takes restarting position ids as packed documents only in a "
+                "batch of one sequence: _is_packed_sequence)", micro)
 
 
 def _liger_kernel_runs(scenario: Any) -> None:

@@ -136,6 +136,13 @@ SEQUENCE_PARALLEL_CHOICES = ("none", "ulysses_hf", "distributed_attention")
 UlyssesSPAttentionHF inside transformers' attention; `distributed_attention`: its attention
 inside DeepSpeed's DistributedAttention, as Megatron-DeepSpeed does;
 `Recipe.sequence_parallel`)."""
+PACKED_DOCUMENTS_KEY = "modules.packed_documents"
+PACKED_DOCUMENTS_CHOICES = ("none", "varlen")
+"""What the framework's flash attention does with documents packed into one sequence (the
+scenario's `document_length`), as `{value: ..., source: '...'}` (`none`, the default: it
+attends over the whole sequence; `varlen`: position ids that restart at each document send
+flash attention down its variable-length path, each document attending only within itself;
+`Recipe.packed_documents`)."""
 KV_REPEAT_KEY = "modules.kv_repeat"
 KV_REPEAT_CHOICES = ("in_attention", "before_rotary")
 """Where grouped-query attention's K and V are expanded to every head, as `{value: ...,
@@ -327,6 +334,7 @@ class SoftwareStack:
                 "module_tree": r.module_tree,
                 "checkpoint_function": CHECKPOINT_CHOICES[r.deepspeed_checkpointing],
                 "sequence_parallel": r.sequence_parallel,
+                "packed_documents": r.packed_documents,
                 "process_groups": GROUP_CHOICES[self.one_process_group],
                 "param_groups": PARAM_GROUP_CHOICES[self.vector_param_group],
                 "dataloader_workers": self.dataloader_workers}
@@ -530,7 +538,7 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                             output_weight)
     module_keys = (*LAYOUTS, GROUPED_QKV_KEY, OUTPUT_WEIGHT_KEY, SYNCS_KEY, KV_REPEAT_KEY,
                    EXPERTS_KEY, MOE_BLOCK_KEY, MODULE_TREE_KEY, FUSED_SOFTMAX_KEY,
-                   CHECKPOINT_KEY, SEQUENCE_PARALLEL_KEY)
+                   CHECKPOINT_KEY, SEQUENCE_PARALLEL_KEY, PACKED_DOCUMENTS_KEY)
     extra = set(tree.get("modules") or {}) - {k.removeprefix("modules.") for k in module_keys}
     if extra:
         raise ScenarioError(source, f"modules.{sorted(extra)[0]}",
@@ -555,6 +563,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                         tree, CHECKPOINT_KEY, CHECKPOINT_CHOICES, source) == "deepspeed",
                     sequence_parallel=_choice_leaf(tree, SEQUENCE_PARALLEL_KEY,
                                                    SEQUENCE_PARALLEL_CHOICES, source),
+                    packed_documents=_choice_leaf(tree, PACKED_DOCUMENTS_KEY,
+                                                  PACKED_DOCUMENTS_CHOICES, source),
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
