@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from zerosim.errors import ZerosimError
 from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory, tight_text
+from zerosim.scenario.deepspeed import SEQUENCE_PARALLEL_KEY
 
 if TYPE_CHECKING:
     from zerosim.scenario import Scenario
@@ -106,14 +107,6 @@ nothing offloaded (with more than one group DeepSpeed all-reduces the gradient p
 the GPU, and offloading keeps them in host memory) and without ZeRO++, on DeepSpeed 0.9.2+,
 where the ranks span whole nodes (`mics_choices`); elsewhere the knob is None and sets
 nothing."""
-SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
-"""The `sequence_parallel` knob sets Ulysses's group size (1: off), searched with
-`--free sequence_parallel` only, over the sizes that divide the ranks and that the release, the
-stack and the model take (`sequence_parallel_choices`). The global batch of sequences stays:
-groups of S ranks make ranks / S data-parallel groups, so each trains S / S0 times the
-scenario's sequences per step (S0 its own size), a size where that is not a whole number, or
-not divided by the micro-batch, is skipped. Where no size above 1 runs the knob is None and
-sets nothing."""
 GPU_UPDATE_EVERY = 4
 TIE_FRACTION = 0.005
 """Iteration times closer than this fraction are reported as a tie."""
@@ -166,8 +159,12 @@ class Config:
     """Liger-Kernel's kernels (`runtime.liger_kernel`), or None where the stack or the model
     cannot run them (`liger_refusal`)."""
     sequence_parallel: int | None = None
-    """Ulysses's group size (`deepspeed.sequence_parallel_size`), or None where no size above
-    1 can run (`SEQUENCE_PARALLEL`)."""
+    """Ulysses's group size (`deepspeed.sequence_parallel_size`; 1: off), or None where no size
+    above 1 runs. Searched with `--free sequence_parallel` only, over the sizes that divide the
+    ranks and that the release, the stack and the model take (`sequence_parallel_choices`),
+    the global batch of sequences held: groups of S ranks make ranks / S data-parallel groups,
+    each training S / S0 times the scenario's sequences a step (S0 its own size); a size where
+    that is not a whole number, or not divided by the micro-batch, is skipped."""
 
     def tiled(self, part: str) -> int | str | None:
         """The part's slices: a count, `auto`, or None (not tiled)."""
@@ -256,7 +253,7 @@ class Config:
         if self.liger is not None:
             out["runtime.liger_kernel"] = self.liger
         if self.sequence_parallel is not None:
-            out[SEQUENCE_PARALLEL] = self.sequence_parallel
+            out[SEQUENCE_PARALLEL_KEY] = self.sequence_parallel
         for section, device in (("offload_optimizer", optimizer), ("offload_param", params)):
             if device == "nvme":
                 out[Z + f"{section}.nvme_path"] = NVME_PATH
@@ -559,7 +556,7 @@ def candidates(base: Config, free: frozenset[str], *, nvme: bool = False,
     `mics` where it reads MiCS's, none and each of `tilings` where a tiled call can run, the
     master precisions of the `training` dtype, checkpointing with its checkpoints in host
     memory, and each of the `sequence_parallel` group sizes, the global batch held
-    (`SEQUENCE_PARALLEL`)."""
+    (`Config.sequence_parallel`)."""
     per_gpu = base.micro_batch * base.gradient_accumulation
     offloads = [*OFFLOADS, *(NVME_OFFLOADS if nvme else ())]
     values: dict[str, list[Any]] = {

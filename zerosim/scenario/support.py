@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 from zerosim.errors import ScenarioWarning, UnsupportedConfigError
+from zerosim.scenario.deepspeed import SEQUENCE_PARALLEL_KEY
 
 ZERO = "deepspeed.zero_optimization"
 
@@ -723,7 +724,6 @@ def _unmanaged_accumulation_is_replayed(scenario: Any) -> None:
         _refuse(scenario, key, "true with super_offload (not replayed)", False)
 
 
-SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
 
 
 def _ulysses_runs(scenario: Any) -> None:
@@ -743,7 +743,7 @@ def _ulysses_runs(scenario: Any) -> None:
     heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
     if path == "ulysses_hf":
         if not behaviours.ulysses_hf:
-            _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.17.0 (Ulysses for "
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, "1 before DeepSpeed 0.17.0 (Ulysses for "
                     "transformers' models, UlyssesSPAttentionHF, is new in 0.17.0)", size)
         if scenario.attention == "eager":
             _refuse(scenario, "attention", "flash or sdpa with sequence_parallel_size "
@@ -751,27 +751,27 @@ def _ulysses_runs(scenario: Any) -> None:
                     "supported by Ulysses sequence parallelism because it requires a 4D "
                     "attention_mask')", scenario.attention)
         if kv_heads % size and size % kv_heads:
-            _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor or a multiple of the {kv_heads} "
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, f"a divisor or a multiple of the {kv_heads} "
                     f"key-value heads (DeepSpeed raises 'KV attention head count {kv_heads} "
                     f"is not divisible by SP size {size} or vice versa')", size)
     if path == "distributed_attention":
         if not behaviours.distributed_attention:
-            _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.10.2 (DeepSpeed-"
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, "1 before DeepSpeed 0.10.2 (DeepSpeed-"
                     "Ulysses's DistributedAttention is new in 0.10.2)", size)
         if behaviours.distributed_attention_batch_dim:
-            _refuse(scenario, SEQUENCE_PARALLEL, f"1 with the {scenario.stack.name} stack "
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, f"1 with the {scenario.stack.name} stack "
                     "on DeepSpeed 0.14.5 or later (DistributedAttention.forward takes the "
                     "batch dimension's index where the stack's Megatron-DeepSpeed revision "
                     "hands it the attention mask)", size)
         if kv_heads % size and not scenario.stack.recipe.kv_repeat_before_rotary:
-            _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of the {kv_heads} key-value "
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, f"a divisor of the {kv_heads} key-value "
                     "heads, which DistributedAttention exchanges as they are", size)
     if heads % size:
-        _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of the {heads} attention heads "
+        _refuse(scenario, SEQUENCE_PARALLEL_KEY, f"a divisor of the {heads} attention heads "
                 f"(DeepSpeed raises 'Attention head count {heads} is not divisible by SP "
                 f"size {size}'; Megatron-DeepSpeed asserts it)", size)
     if scenario.sequence_length % size:
-        _refuse(scenario, SEQUENCE_PARALLEL, f"a divisor of sequence_length "
+        _refuse(scenario, SEQUENCE_PARALLEL_KEY, f"a divisor of sequence_length "
                 f"{scenario.sequence_length} (each rank of a group takes an equal slice)",
                 size)
 
@@ -795,7 +795,7 @@ def _ulysses_is_replayed(scenario: Any) -> None:
                 scenario.stack.name)
     if path == "distributed_attention":
         if not scenario.behaviours.single_all_to_all:
-            _refuse(scenario, SEQUENCE_PARALLEL, "1 before DeepSpeed 0.12.4 (zerosim "
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, "1 before DeepSpeed 0.12.4 (zerosim "
                     "replays DistributedAttention's single all_to_all_single, not the list "
                     "all_to_all of tensor_split pieces before it)", size)
         if scenario.attention != "eager":
@@ -808,7 +808,7 @@ def _ulysses_is_replayed(scenario: Any) -> None:
     for flag, what in ((model.mla is not None, "multi-head latent attention"),
                        (model.attention_sinks, "attention sinks")):
         if flag:
-            _refuse(scenario, SEQUENCE_PARALLEL, f"1 for a model with {what} (zerosim does "
+            _refuse(scenario, SEQUENCE_PARALLEL_KEY, f"1 for a model with {what} (zerosim does "
                     "not replay Ulysses around it)", size)
     zpp, o = ds.zero_plus_plus, ds.offload_optimizer
     for key, value, on in (("zero_optimization.mics_shard_size", ds.mics.shard_size,
