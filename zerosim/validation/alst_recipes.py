@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import reference_data
+from zerosim.validation.reference import REPO_ROOT, reference_data
 
 DATA_FILE = "alst_recipes.yaml"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SEQUENCE_MULTIPLE = 256
 """ArcticTraining's collator pads a packed sample to a multiple of 256 tokens
 (`div_length`): the recipe's max_length rounded down to it is the longest step it trains."""

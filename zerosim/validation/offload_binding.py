@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import reference_data
+from zerosim.validation.reference import REPO_ROOT, reference_data
 from zerosim.vocabulary import PhaseTime
 
 DATA_FILE = "deepspeed_offload_dgx_a100.yaml"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import parse_yaml_text
 
 PHASES = PHASE_TIMES
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout's root: the data files name their scenarios relative to it."""
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import reference_data
+from zerosim.validation.reference import REPO_ROOT, reference_data
 
 VERDICT = "reported, not judged"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SimulateTflops = Callable[[Path, Mapping[str, Any]], "float | None"]
 """(scenario path, overrides) -> zerosim's tflops_per_gpu, or None when the run did not finish

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import reference_data
+from zerosim.validation.reference import REPO_ROOT, reference_data
 
 DATA_FILE = "superoffload_examples.yaml"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHECKPOINTED_PASSES = 4
 """finetune_zero3.py `estimate_transformer_tflops`: the forward counted four times with
 activation checkpointing (three without)."""

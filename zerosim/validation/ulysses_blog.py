@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.units import GiB
-from zerosim.validation.reference import reference_data
+from zerosim.validation.reference import REPO_ROOT, reference_data
 
 DATA_FILE = "hf_ulysses_blog.yaml"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerosim.units import GiB
-from zerosim.validation.reference import reference_data
+from zerosim.validation.reference import REPO_ROOT, reference_data
 from zerosim.vocabulary import Phase
 
 DATA_FILE = "h200_vm_ds_offload.yaml"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MEASURED_PHASES = {Phase.FORWARD: "forward_s", Phase.BACKWARD: "backward_s",
                    Phase.UPDATE: "step_s"}
 """The record's key for each phase DeepSpeed's engine times (forward, backward, step)."""
