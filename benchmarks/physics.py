@@ -8,8 +8,9 @@ run, ZeRO-2 Offload on a DGX A100 and ZenFlow there, SuperOffload on a GH200 as 
 0.18.0 run it, bf16 master weights (and moments) on bound Polaris ranks and on the DGX A100,
 the parameters offloaded on the H200 VM, the seed's 64 p4d nodes, a mixture of experts on a DGX
 H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM, fp16 master weights and
-moments on the study's node, ZeRO++'s hpZ and qwZ on four Polaris nodes, and checkpointed block
-inputs in host memory on the study's node), it runs `zerosim sensitivity` (each value of the
+moments on the study's node, ZeRO++'s hpZ and qwZ on four Polaris nodes, checkpointed block
+inputs in host memory on the study's node, Ulysses on the HF blog's Qwen3-4B and over packed
+documents), it runs `zerosim sensitivity` (each value of the
 profile and the stack moved by --step both ways, one at a time) and checks the sign of the
 iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger bandwidth, rate,
 clock, efficiency or thread count may only shorten the iteration; a larger latency, fixed cost,
@@ -109,6 +110,10 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
     ("DistributedAttention over a Polaris node", POLARIS / "polaris-5.90b-dp4-mb4-ga1-sg1e08.yaml",
      {"deepspeed.sequence_parallel_size": 4}),
     ("Liger-Kernel over 8 H100s, 32K tokens", SCENARIOS / "llama8b_liger_dgx_h100.yaml", {}),
+    ("Qwen3-4B, Ulysses over 4 H100s, 96K tokens (the HF blog's)",
+     SCENARIOS / "qwen3_4b_ulysses_h100.yaml", {}),
+    ("Ulysses over 8 H100s, 128K tokens of packed 4K documents",
+     SCENARIOS / "llama8b_ulysses_dgx_h100.yaml", {"document_length": 4096}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),
