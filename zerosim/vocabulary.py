@@ -282,12 +282,27 @@ def is_gpu(device: str) -> bool:
     return parts is not None and parts[0] is DeviceKind.GPU
 
 
+class PeerTransport(StrEnum):
+    """How NCCL carries a ring's bytes between two GPUs of one node (a profile's
+    `intra_node.transport`): over NVLink (its own fabric, apart from PCIe), peer-to-peer over
+    PCIe (NCCL's P2P transport: out of the sender's PCIe link, into the receiver's), or
+    through host memory (its SHM transport, where peer-to-peer is off: the sender's GPU writes
+    into a shared host buffer, the receiver's reads it)."""
+
+    NVLINK = "nvlink"
+    PCIE_P2P = "pcie_p2p"
+    SHM = "shm"
+
+
 class LinkKind(StrEnum):
     """Shared resources of the flow network, by kind."""
 
     PCIE_H2D = "pcie.h2d"
     PCIE_D2H = "pcie.d2h"
     NVLINK = "nvlink"
+    PEER = "peer"
+    """The ring's own limit between a node's GPUs where they have no NVLink (PCIe switches,
+    the CPU's root complex): `nvlink.bus_GBps` of a profile whose transport is not NVLink."""
     NIC = "nic"
     HOST_MEMORY = "memory"
     SOCKET_LINK = "socket link"

@@ -1,4 +1,5 @@
-"""Collectives: ranks meet, then NCCL's ring runs over NVLink and, across nodes, the NICs."""
+"""Collectives: ranks meet, then NCCL's ring runs over NVLink (or PCIe, or host memory, as the
+profile's `intra_node.transport` says) and, across nodes, the NICs."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
-from zerosim.vocabulary import Collective
+from zerosim.vocabulary import Collective, PeerTransport
 
 if TYPE_CHECKING:
     from zerosim.engine.machine import NetworkShapes
+
+
+SHM_HOST_BYTES_PER_RING_BYTE = 2.0
+"""NCCL's SHM transport writes each byte a GPU sends into host memory and its peer reads it
+back: per byte of a GPU's ring traffic (as much sent as received), a write and a read in the
+host memory of its NUMA domain."""
+
+
+def _add(over: dict[SharedResource, float], resource: SharedResource, share: float) -> None:
+    over[resource] = over.get(resource, 0.0) + share
 
 
 @dataclass
@@ -51,10 +62,14 @@ class Collectives:
     def __init__(self, env: simpy.Environment, flows: FlowNetwork, profile: HardwareProfile,
                  placements: Sequence[Any], stands_for: dict[int, tuple[int, ...]],
                  nvlink: Sequence[SharedResource], nic: dict[int, SharedResource],
-                 pcie: tuple[Sequence[SharedResource], Sequence[SharedResource]], *,
+                 pcie: tuple[Sequence[SharedResource], Sequence[SharedResource]],
+                 host_memory: dict[tuple[int, int], SharedResource], *,
                  shapes: NetworkShapes | None = None, run_nodes: Sequence[int] | None = None):
-        """`pcie`: each GPU's PCIe link, (host-to-device, device-to-host): GPUDirect RDMA
-        between a GPU and a NIC crosses it. `shapes`: the machine's `NetworkShapes`
+        """`nvlink`: each GPU's port into its node's ring (`Machine.nvlink`); `pcie`: each
+        GPU's PCIe link, (host-to-device, device-to-host): GPUDirect RDMA between a GPU and a
+        NIC crosses it, and so does the ring within a node that has no NVLink; `host_memory`:
+        each (node, NUMA domain)'s memory bandwidth, which NCCL's SHM transport crosses.
+        `shapes`: the machine's `NetworkShapes`
         (collective shapes and rings kept there). `run_nodes`: each placed node's index among
         the run's nodes, whose share of the ring its ranks take (`Machine`)."""
         self.run_nodes = run_nodes
@@ -66,6 +81,13 @@ class Collectives:
         self.nvlink = nvlink
         self.nic = nic
         self.pcie_in, self.pcie_out = pcie
+        self.host_memory = host_memory
+        self.transport = profile.intra_node_transport
+        self.weight = (1.0 if self.transport is PeerTransport.NVLINK
+                       else profile.dma_memory_weight)
+        """A flow's weight: over PCIe a pinned copy's (`Machine._dma_usage`), so the ring and
+        a host copy split a GPU's link evenly. Over NVLink 1, as before the transports (the
+        NICs' GPUDirect share of PCIe takes it too)."""
         self._pending: dict[tuple[Any, ...], _Rendezvous] = {}
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
         self._rings: dict[tuple[Any, ...], costs.RingCollective] = (
@@ -144,7 +166,8 @@ class Collectives:
         leaves that link out), standing for the same flow of every rank of its class. What
         goes through the NICs also crosses the GPU's own PCIe link both ways (GPUDirect RDMA:
         the ring sends out of the node and receives into it at one rate), where it shares the
-        link with the rank's host copies."""
+        link with the rank's host copies. Within a node without NVLink the ring's bytes take
+        the same way out of and into each GPU (`_peer_path`)."""
         nvlink_share, network_share = shares
 
         def links(r: int) -> dict[SharedResource, float]:
@@ -152,16 +175,33 @@ class Collectives:
             over: dict[SharedResource, float] = {}
             if nvlink_share > 0:
                 over[self.nvlink[placement.gpu]] = nvlink_share
+                self._peer_path(over, placement, nvlink_share)
             if network_share > 0:
                 over[self.nic[placement.node]] = network_share
-                over[self.pcie_out[placement.gpu]] = network_share
-                over[self.pcie_in[placement.gpu]] = network_share
+                _add(over, self.pcie_out[placement.gpu], network_share)
+                _add(over, self.pcie_in[placement.gpu], network_share)
             return over
 
         first, *others = self.stands_for[rank]
         usage = self._over[(rank, shares)] = self.flows.usage(
-            links(first), copies=[links(r) for r in others])
+            links(first), copies=[links(r) for r in others], weight=self.weight)
         return usage
+
+    def _peer_path(self, over: dict[SharedResource, float], placement: Any, share: float
+                   ) -> None:
+        """What a GPU's ring traffic within its node crosses besides its port (`nvlink`):
+        without NVLink, each byte it sends leaves over its PCIe link's device-to-host
+        direction and each byte it receives arrives over host-to-device, as many of each;
+        through host memory (SHM) each is also written and read once in the host memory of
+        its GPU's NUMA domain."""
+        if self.transport is PeerTransport.NVLINK:
+            return
+        _add(over, self.pcie_out[placement.gpu], share)
+        _add(over, self.pcie_in[placement.gpu], share)
+        if self.transport is PeerTransport.SHM:
+            domain = self.profile.gpu_domain(placement.gpu)
+            _add(over, self.host_memory[(placement.node, domain)],
+                 SHM_HOST_BYTES_PER_RING_BYTE * share)
 
     def assert_idle(self) -> None:
         if self._pending:

@@ -20,7 +20,7 @@ from zerosim.engine.software import PYTORCH_GRAIN_SIZE
 from zerosim.hardware import costs
 from zerosim.hardware.placement import CoreOrder, Placement, Shares, place_ranks
 from zerosim.hardware.profile import HardwareProfile
-from zerosim.vocabulary import Collective
+from zerosim.vocabulary import Collective, LinkKind, PeerTransport
 
 Direction = Literal["h2d", "d2h"]
 NvmeDirection = Literal["read", "write"]
@@ -93,7 +93,7 @@ class Machine:
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements,
                                        self.stands_for, self.nvlink, self.nic,
-                                       (self.h2d, self.d2h), shapes=shapes,
+                                       (self.h2d, self.d2h), self.memory, shapes=shapes,
                                        run_nodes=run_nodes)
 
     @property
@@ -110,7 +110,10 @@ class Machine:
         add = self.flows.add_resource
         self.h2d = [add(f"gpu{g}.pcie.h2d", p.h2d_pinned_Bps) for g in range(ranks)]
         self.d2h = [add(f"gpu{g}.pcie.d2h", p.d2h_pinned_Bps) for g in range(ranks)]
-        self.nvlink = [add(f"gpu{g}.nvlink", p.nvlink_Bps) for g in range(ranks)]
+        peer = LinkKind.NVLINK if p.intra_node_transport is PeerTransport.NVLINK else LinkKind.PEER
+        self.nvlink = [add(f"gpu{g}.{peer}", p.nvlink_Bps) for g in range(ranks)]
+        """Each GPU's port into the node's ring: NVLink, or the limit of its peer path over
+        PCIe (`intra_node.transport`)."""
         nodes = sorted({pl.node for pl in self.placements})
         self.memory = {(n, d): add(f"host{n}.numa{d}.memory", p.memory_Bps_per_domain)
                        for n in nodes for d in range(p.numa_domains)}

@@ -15,6 +15,13 @@ Network keys: `network.nic_GBps` is the bandwidth of ONE network interface, per 
 optional, default 1) says how many a node has, so the node's inter-node bandwidth is
 nics_per_node x nic_GBps per direction. `network.latency_us` is the latency of one step of an
 inter-node ring, `nvlink.latency_us` that of one step within a node.
+
+Within a node: `nvlink.bus_GBps` is the NCCL ring's bus bandwidth between the node's GPUs
+over whatever carries it, which `intra_node.transport` names (default `nvlink`): NVLink, a
+fabric apart from PCIe; `pcie_p2p`, peer-to-peer over PCIe, where the ring's bytes also leave
+and enter each GPU over its own PCIe link, beside its host copies; `shm`, through host memory
+(peer-to-peer off, as on GeForce cards), which adds a write and a read of each byte in the
+host memory of the GPU's NUMA domain.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from zerosim.hardware.provenance import (
 )
 from zerosim.inputs import check_plausible
 from zerosim.units import GB, GHZ, MS, TFLOPS, US, GiB
+from zerosim.vocabulary import PeerTransport
 from zerosim.yamlio import flatten_nested, parse_yaml_text, read_yaml_file
 
 __all__ = ["BASES", "DERIVED", "HardwareProfile", "Provenance", "load_profile",
@@ -101,6 +109,7 @@ class HardwareProfile:
     pcie_latency_s: float
     nvlink_Bps: float
     nvlink_latency_s: float
+    intra_node_transport: PeerTransport
     nic_Bps: float
     nics_per_node: int
     network_latency_s: float
@@ -312,7 +321,8 @@ OPTIONAL_COUNTS = {"nvme.drives_per_node": "nvme_drives_per_node"}
 """Counts that may be 0 (a node without that hardware)."""
 TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
          "host.cpu_name": "cpu_name", "host.cpu_model": "cpu_model"}
-CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS)}
+CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS),
+           "intra_node.transport": ("intra_node_transport", tuple(PeerTransport))}
 OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
 
@@ -396,6 +406,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "nvme.latency_us": (80, f"access latency of {GEN4_NVME} (tens of microseconds to about "
                         "100); negligible against MB-sized swaps"),
     "nvme.capacity_GiB_per_drive": (3576, f"3.84 TB, a common size of {GEN4_NVME}"),
+    "intra_node.transport": (PeerTransport.NVLINK.value, "the GPUs of a node reach each other "
+                             "over NVLink, apart from their PCIe links: profiles written before "
+                             "the key existed describe NVLink nodes"),
 }
 """Keys a profile may leave out: key -> (value in the key's unit, why that default). A resource
 added to zerosim gets a default here, so profiles written before it keep loading; what a
@@ -429,7 +442,7 @@ def _with_defaults(flat: Mapping[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(value, CarriedDefault | CatalogDefault):
             filled[key] = value.leaf(key, why, filled.get("name"))
-        elif key in QUANTITIES:
+        elif key in QUANTITIES or key in CHOICES:
             filled[key] = {"value": value, "basis": "assumed", "source": f"default: {why}"}
         else:
             filled[key] = value
@@ -528,7 +541,7 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         prov = parse_provenance(flat.get(key), source, key)
         if prov.value not in choices:
             raise ScenarioError(source, f"{key}.value", f"one of {', '.join(choices)}", prov.value)
-        values[name] = prov.value
+        values[name] = choices[choices.index(prov.value)]
         provenance[key] = prov
     counts = [(key, name, 1) for key, name in COUNTS.items()]
     counts += [(key, name, 0) for key, name in OPTIONAL_COUNTS.items()]
@@ -691,7 +704,7 @@ def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,
         if leaf not in node and not defaulted:
             raise ScenarioError(source, f"{key_path}.{dotted}", "an existing profile key", dotted)
         provenance_leaf = ((isinstance(node.get(leaf), Mapping) and "value" in node[leaf])
-                           or (leaf not in node and dotted in QUANTITIES))
+                           or (leaf not in node and (dotted in QUANTITIES or dotted in CHOICES)))
         if provenance_leaf and not _is_provenance(value):
             node[leaf] = {"value": value, "basis": "override", "source": f"override in {source}"}
         else:

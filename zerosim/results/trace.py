@@ -87,6 +87,7 @@ LINK_NAMES: dict[LinkKind, str] = {
     LinkKind.PCIE_H2D: "PCIe H2D",
     LinkKind.PCIE_D2H: "PCIe D2H",
     LinkKind.NVLINK: "NVLink",
+    LinkKind.PEER: "GPU peers (PCIe)",
     LinkKind.NIC: "NIC",
     LinkKind.HOST_MEMORY: "memory",
     LinkKind.SOCKET_LINK: "socket link",

@@ -1,0 +1,110 @@
+"""A node without NVLink (`intra_node.transport`): exact timelines worked out by hand.
+
+The toy node (`conftest.py`) with 2 GPUs: PCIe 10 GB/s per direction, no latencies, and its
+ring between GPUs (`nvlink.bus_GBps`) set to 8 GB/s. An all-gather of S = 4 GB over 2 ranks
+sends (N - 1)/N x S = 2 GB out of each GPU and receives as much, at the ring's 8 GB/s: 0.25 s
+alone, whatever the transport. Over PCIe (peer-to-peer or SHM) those bytes leave each GPU over
+its device-to-host direction and arrive over host-to-device, where the GPU's own copies run;
+through host memory (SHM) each is written and read once in its GPU's NUMA domain. A ring flow
+and a pinned copy weigh the same (`dma_memory_weight`), so they split a link evenly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from tests.conftest import q, toy_profile
+from zerosim.engine.machine import Machine
+from zerosim.errors import ScenarioError
+from zerosim.hardware.profile import parse_profile
+from zerosim.vocabulary import LinkKind, PeerTransport, split_resource
+
+GATHERED = 4e9
+COPY = 1e9
+
+
+def profile(transport: str | None, memory_GBps: float = 1e6):
+    tree = toy_profile(2)
+    tree["nvlink"]["bus_GBps"] = q(8)
+    tree["host"]["memory_GBps_per_domain"] = q(memory_GBps)
+    if transport is not None:
+        tree["intra_node"] = {"transport": q(transport)}
+    return parse_profile(tree, "tests/test_peer_transport.py")
+
+
+def timeline(transport: str | None, *, copy: bool = False, memory_GBps: float = 1e6
+             ) -> dict[str, float]:
+    """When the all-gather ends on each rank, and a pinned D2H copy of 1 GB on GPU 0 started
+    beside it (`copy`)."""
+    env = simpy.Environment()
+    machine = Machine(env, profile(transport, memory_GBps), 2, None)
+    ends: dict[str, float] = {}
+
+    def gather(rank: int):
+        yield from machine.collective(rank, ("gather",), "all_gather", GATHERED, [0, 1])
+        ends[f"rank{rank}"] = env.now
+
+    def d2h():
+        yield from machine.dma(0, "d2h", COPY, pinned=True)
+        ends["copy"] = env.now
+
+    for rank in (0, 1):
+        env.process(gather(rank))
+    if copy:
+        env.process(d2h())
+    env.run()
+    return ends
+
+
+@pytest.mark.parametrize("transport", [None, "nvlink", "pcie_p2p", "shm"])
+def test_a_ring_alone_runs_at_its_bus_bandwidth(transport):
+    assert timeline(transport) == pytest.approx({"rank0": 0.25, "rank1": 0.25}, rel=1e-12)
+
+
+def test_over_nvlink_a_copy_does_not_touch_the_ring():
+    assert timeline("nvlink", copy=True) == pytest.approx(
+        {"copy": 0.1, "rank0": 0.25, "rank1": 0.25}, rel=1e-12)
+
+
+@pytest.mark.parametrize("transport", ["pcie_p2p", "shm"])
+def test_over_pcie_a_copy_and_the_ring_split_the_gpus_link(transport):
+    # GPU 0's device-to-host direction (10 GB/s) carries its copy and its ring's sends: 5 GB/s
+    # each until the copy's 1 GB is out (0.2 s; the ring has sent 1 GB), then the ring's
+    # other 1 GB at its 8 GB/s (0.125 s). The collective ends on both ranks with the last
+    # flow (GPU 1's, on a free link, is done at 0.25 s).
+    assert timeline(transport, copy=True) == pytest.approx(
+        {"copy": 0.2, "rank0": 0.325, "rank1": 0.325}, rel=1e-12)
+
+
+def test_through_host_memory_the_domain_carries_two_bytes_per_ring_byte():
+    # Both GPUs hang off domain 0 (24 GB/s): each ring byte is written and read there, so
+    # 2 GPUs x 2 B x rate <= 24 GB/s: 6 GB/s each, 2 GB in 1/3 s. Peer-to-peer over PCIe does
+    # not touch host memory.
+    assert timeline("shm", memory_GBps=24) == pytest.approx(
+        {"rank0": 1 / 3, "rank1": 1 / 3}, rel=1e-12)
+    assert timeline("pcie_p2p", memory_GBps=24) == pytest.approx(
+        {"rank0": 0.25, "rank1": 0.25}, rel=1e-12)
+
+
+@pytest.mark.parametrize(("transport", "kind"), [(None, LinkKind.NVLINK),
+                                                 ("pcie_p2p", LinkKind.PEER),
+                                                 ("shm", LinkKind.PEER)])
+def test_the_rings_port_is_named_by_what_carries_it(transport, kind):
+    machine = Machine(simpy.Environment(), profile(transport), 2, None)
+    assert [split_resource(r.name)[:2] for r in machine.nvlink] == [("gpu0", kind),
+                                                                    ("gpu1", kind)]
+
+
+def test_the_transport_defaults_to_nvlink_with_its_reason():
+    loaded = profile(None)
+    assert loaded.intra_node_transport is PeerTransport.NVLINK
+    prov = loaded.provenance["intra_node.transport"]
+    assert (prov.basis, prov.source.startswith("default: ")) == ("assumed", True)
+
+
+def test_an_unknown_transport_is_refused_naming_the_choices():
+    with pytest.raises(ScenarioError) as error:
+        profile("pcie")
+    assert "intra_node.transport.value" in str(error.value)
+    assert "one of nvlink, pcie_p2p, shm" in str(error.value)
