@@ -10,15 +10,16 @@ the parameters offloaded on the H200 VM, the seed's 64 p4d nodes, a mixture of e
 H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM, fp16 master weights and
 moments on the study's node, ZeRO++'s hpZ and qwZ on four Polaris nodes, checkpointed block
 inputs in host memory on the study's node, Ulysses on the HF blog's Qwen3-4B and over packed
-documents), it runs `zerosim sensitivity` (each value of the
-profile and the stack moved by --step both ways, one at a time) and checks the sign of the
-iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger bandwidth, rate,
-clock, efficiency or thread count may only shorten the iteration; a larger latency, fixed cost,
-host time or contention may only lengthen it. A value that moves it the other way by
-`SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can make that
-real (a copy that ends sooner runs into a kernel it missed before), but rarely by much, so a
-large one is where to look for a fault in the engine. The exit status is 1 if any is listed. No
-time is asserted here: the figures are the elasticities, and the tests hold the exact ones.
+documents, four RTX 4090s whose ring goes through host memory), it runs `zerosim sensitivity`
+(each value of the profile and the stack moved by --step both ways, one at a time) and checks
+the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
+bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a larger
+latency, fixed cost, host time or contention may only lengthen it. A value that moves it the
+other way by `SHOWN_ELASTICITY` (0.005% per 1%) or more is listed with its case; contention can
+make that real (a copy that ends sooner runs into a kernel it missed before), but rarely by
+much, so a large one is where to look for a fault in the engine. The exit status is 1 if any is
+listed. No time is asserted here: the figures are the elasticities, and the tests hold the
+exact ones.
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      SCENARIOS / "qwen3_4b_ulysses_h100.yaml", {}),
     ("Ulysses over 8 H100s, 128K tokens of packed 4K documents",
      SCENARIOS / "llama8b_ulysses_dgx_h100.yaml", {"document_length": 4096}),
+    ("4x RTX 4090 workstation, ring through host memory, mb 1 at 512 tokens",
+     SCENARIOS / "llama8b_rtx4090_workstation.yaml",
+     {"sequence_length": 512, "deepspeed.train_micro_batch_size_per_gpu": 1,
+      "deepspeed.gradient_accumulation_steps": 1}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),

@@ -146,6 +146,9 @@ groups of eight at 128K and 512K tokens, with the tiled MLP and host checkpoints
 PACKED_DOCUMENTS = (1, 1000, 65536)
 """`document_length` of packed documents (a token each, a conversation's length, the whole
 sequence of the 64K run) on the ALST and Ulysses scenarios."""
+PEER_TRANSPORTS = ("shm", "pcie_p2p", "nvlink")
+"""What carries the ring on the four-RTX-4090 workstation (`intra_node.transport`), each at
+micro-batches 1 and 4 and with the parameters offloaded too."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -339,6 +342,12 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
         out.append((ROOT / "scenarios" / "llama8b_ulysses_dgx_h100.yaml",
                     {"document_length": documents, "deepspeed.sequence_parallel_size": 4,
                      "sequence_length": 65536}))
+    for transport in PEER_TRANSPORTS[:1] if quick else PEER_TRANSPORTS:
+        for micro_batch, params in ((1, "none"), (4, "none"), (1, "cpu")):
+            out.append((ROOT / "scenarios" / "llama8b_rtx4090_workstation.yaml", {
+                "hardware.intra_node.transport": transport,
+                "deepspeed.train_micro_batch_size_per_gpu": micro_batch,
+                PARAMS + "device": params}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for nodes, size in ((1, 2), (1, 4), (2, 8)):
             for release in ("0.13.3", "0.14.4"):

@@ -384,9 +384,10 @@ def test_dgx_a100_one_node_ring_reaches_the_measured_nvswitch_bus_bandwidth():
 def test_collectives_in_validate_are_the_published_rows_and_pass():
     """`zerosim validate` judges the same rows: ALCF's twelve Polaris rows (64 MiB to 1 GiB),
     Azure's four DGX A100 all-reduces and the p4d one, every one within its tolerance; and
-    reports ALCF's five smallest messages, latency alone (2 to 256 nodes)."""
+    reports ALCF's five smallest messages, latency alone (2 to 256 nodes), and the RTX 4090
+    workstation's ring through host memory (`tests/test_peer_transport.py`)."""
     cells = collective_cells()
-    assert len(cells) == 12 + 4 + 1 + 5
+    assert len(cells) == 12 + 4 + 1 + 5 + 1
     judged = [c for c in cells if c.status != "reported"]
     assert len(judged) == 17
     assert all(c.status == "pass" for c in judged), [c for c in judged if c.status != "pass"]

@@ -17,7 +17,9 @@ import simpy
 from tests.conftest import q, toy_profile
 from zerosim.engine.machine import Machine
 from zerosim.errors import ScenarioError
-from zerosim.hardware.profile import parse_profile
+from zerosim.hardware.profile import load_profile, parse_profile
+from zerosim.units import GiB
+from zerosim.validation.validate import rtx4090_gemm_cells, shm_ring_cell
 from zerosim.vocabulary import LinkKind, PeerTransport, split_resource
 
 GATHERED = 4e9
@@ -108,3 +110,30 @@ def test_an_unknown_transport_is_refused_naming_the_choices():
         profile("pcie")
     assert "intra_node.transport.value" in str(error.value)
     assert "one of nvlink, pcie_p2p, shm" in str(error.value)
+
+
+def test_the_rtx4090_workstation_rings_through_host_memory():
+    p = load_profile("rtx4090-workstation")
+    assert p.intra_node_transport is PeerTransport.SHM
+    assert (p.gpus_per_node, p.nvlink_Bps, p.peak_16bit_flops) == (4, 18e9, 165.2e12)
+    assert (p.h2d_pinned_Bps, p.d2h_pinned_Bps) == (25.0e9, 26.5e9)
+    assert p.cpu_model == "threadripper-pro-5975wx" and p.numa_domains == 1
+
+
+def test_the_shm_cell_is_the_ring_rate_less_its_steps_latency():
+    # A 1 GiB all-reduce over 4 GPUs: busbw = 2 x 3/4 x S / t, t = 6 steps x 10 us + the
+    # 2 x 3/4 x S bytes at 18 GB/s (each GPU's 2 x 18 GB/s of ring bytes stay under its PCIe
+    # links' 25 and 26.5 and its host memory's 4 x 2 x 18 = 144 of 166 GB/s).
+    moved = 2 * 3 / 4 * GiB
+    expected = moved / (6 * 10e-6 + moved / 18e9) / 1e9
+    cell = shm_ring_cell()
+    assert (cell.measured, cell.status) == (18, "reported")
+    assert cell.simulated == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_rtx4090_gemm_rows_are_reported_at_the_fitted_rate():
+    cells = rtx4090_gemm_cells()
+    assert len(cells) == 8 and {c.status for c in cells} == {"reported"}
+    # square products fill whole waves of 256 x 128 tiles on 128 SMs, no per-tile cost: the
+    # fitted 0.964 of 165.2 TFLOPS
+    assert [c.simulated for c in cells] == pytest.approx([0.964 * 165.2] * 8, rel=2e-3)

@@ -311,7 +311,23 @@ def gemm_cells() -> list[Cell]:
                          "PyTorch's choice, which the profile prices; its latency comes from "
                          "this table", judged=False)
               for row in rows if row.batch == 1 and row.gemm.flops >= XLA_LARGE_GEMM_FLOPS]
-    return cells
+    return cells + rtx4090_gemm_cells()
+
+
+RTX4090_GEMM_NOTE = (
+    "zzc0721/torch-performance-test-data#78, torch.mm, 30 calls; reported, not judged: the "
+    "efficiency is fitted to these rows, which scatter by 11% between FP16 and BF16 at one "
+    "shape, more than a judged GEMM's tolerance")
+
+
+def rtx4090_gemm_cells() -> list[Cell]:
+    """A published GEMM table of one RTX 4090 against rtx4090-workstation's GEMM model."""
+    table = reference_data("rtx4090_workstation.yaml")["gemm"]
+    profile = load_profile("rtx4090-workstation")
+    return [_gemm_cell("GPU kernels (RTX 4090)", GemmRow.from_record(r),
+                       f"PyTorch {r['dtype'].upper()} throughput", profile, RTX4090_GEMM_NOTE,
+                       judged=False)
+            for r in table["rows"]]
 
 
 BLOCK_NOTES = {
@@ -513,7 +529,20 @@ def collective_cells() -> list[Cell]:
                                   row["busbw_GBps"], profile, p4d["gpus_per_node"],
                                   "NVIDIA/nccl#527, NCCL 2.9.9")
               for row in p4d["rows"]]
-    return cells + small_message_cells(polaris)
+    return cells + small_message_cells(polaris) + [shm_ring_cell()]
+
+
+def shm_ring_cell() -> Cell:
+    """Four RTX 4090s' all-reduce through host memory (NCCL's SHM transport), reported: the
+    workstation profile's ring rate is read from it; the cell shows the engine's ring over
+    that transport (PCIe both ways, host memory twice) leaves it whole on an idle node."""
+    nccl = reference_data("rtx4090_workstation.yaml")["nccl_all_reduce"]
+    profile = load_profile("rtx4090-workstation")
+    return judge("collectives", f"RTX 4090 workstation (SHM), {nccl['gpus']} GPUs",
+                 "all_reduce busbw, 1 GiB", "GB/s", nccl["shm_busbw_GBps"],
+                 bus_bandwidth_GBps(profile, "all_reduce", GiB, nccl["gpus"]), None,
+                 note="NVIDIA/nccl#1603 (no message size given); reported, not judged: "
+                      "nvlink.bus_GBps of rtx4090-workstation is read from it")
 
 
 SMALL_MESSAGE_NOTE = (
