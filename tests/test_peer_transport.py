@@ -79,6 +79,33 @@ def test_over_pcie_a_copy_and_the_ring_split_the_gpus_link(transport):
         {"copy": 0.2, "rank0": 0.325, "rank1": 0.325}, rel=1e-12)
 
 
+def test_a_ring_runs_in_step_at_its_most_loaded_link():
+    # Two 1 GB copies out of GPU 0 and one of 3 GB out of GPU 1 start with the gather. GPU 0's
+    # device-to-host link splits three ways (10/3 GB/s each): the ring, which moves its chunks
+    # in step, runs at 10/3 on GPU 1's link too, leaving 20/3 to GPU 1's copy. At 0.3 s GPU 0's
+    # copies are out (the ring has sent 1 GB, GPU 1's copy 2 GB); then GPU 1's link splits
+    # evenly (5 GB/s each, under the ring's 8): the copy's last GB and the ring's by 0.5 s.
+    env = simpy.Environment()
+    machine = Machine(env, profile("pcie_p2p"), 2, None)
+    ends: dict[str, float] = {}
+
+    def gather(rank: int):
+        yield from machine.collective(rank, ("gather",), "all_gather", GATHERED, [0, 1])
+        ends[f"rank{rank}"] = env.now
+
+    def d2h(rank: int, nbytes: float, name: str):
+        yield from machine.dma(rank, "d2h", nbytes, pinned=True)
+        ends[name] = env.now
+
+    for rank in (0, 1):
+        env.process(gather(rank))
+    for rank, nbytes, name in ((0, COPY, "a"), (0, COPY, "b"), (1, 3 * COPY, "c")):
+        env.process(d2h(rank, nbytes, name))
+    env.run()
+    assert ends == pytest.approx({"a": 0.3, "b": 0.3, "c": 0.5, "rank0": 0.5, "rank1": 0.5},
+                                 rel=1e-12)
+
+
 def test_through_host_memory_the_domain_carries_two_bytes_per_ring_byte():
     # Both GPUs hang off domain 0 (24 GB/s): each ring byte is written and read there, so
     # 2 GPUs x 2 B x rate <= 24 GB/s: 6 GB/s each, 2 GB in 1/3 s. Peer-to-peer over PCIe does

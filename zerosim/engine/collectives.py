@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from zerosim.engine.conditions import AllDone
 from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
@@ -92,9 +91,10 @@ class Collectives:
         self._layouts: dict[int, tuple[Sequence[int], _Layout]] = {}
         self._rings: dict[tuple[Any, ...], costs.RingCollective] = (
             {} if shapes is None else shapes.collective_rings)
-        self._over: dict[tuple[int, tuple[float, float]], Usage] = (
+        self._over: dict[tuple[Any, ...], Usage] = (
             {} if shapes is None else shapes.collective_usages)
-        """Per simulated rank and (NVLink, network) shares, its flow's shape (checked once)."""
+        """Per set of simulated ranks and their (NVLink, network) shares, the ring's flow
+        shape (checked once)."""
 
     def _layout(self, ranks: Sequence[int]) -> _Layout:
         """The layout of `ranks`, computed once per sequence object (ranks share one)."""
@@ -147,45 +147,49 @@ class Collectives:
     def _run(self, done: simpy.Event, kind: Collective, total_bytes: float, layout: _Layout,
              key: tuple[Any, ...]):
         """Run the collective's ring (see `costs.ring_collective`): its latency, then one flow
-        per simulated GPU over its NVLink port and, across nodes, its node's NICs."""
+        over every GPU's way into the ring (`_ring_usage`)."""
         ring = self._ring(kind, total_bytes, layout)
         yield self.env.timeout(ring.latency_s)
-        label = f"{kind} {key}"
-        flows = []
-        for node, ranks in layout.simulated:
-            shares = (ring.nvlink_share[node], ring.network_share[node])
-            for r in ranks:
-                usage = self._over.get((r, shares)) or self._shape(r, shares)
-                flows.append(self.flows.start_usage(ring.bytes_per_gpu, usage, label=label))
-        if flows:
-            yield AllDone(self.env, flows)
+        if layout.simulated:
+            yield self.flows.start_usage(ring.bytes_per_gpu, self._ring_usage(layout, ring),
+                                         label=f"{kind} {key}")
         done.succeed()
 
-    def _shape(self, rank: int, shares: tuple[float, float]) -> Usage:
-        """A flow of `rank` over its NVLink port and its node's NICs by `shares` (a share of 0
-        leaves that link out), standing for the same flow of every rank of its class. What
-        goes through the NICs also crosses the GPU's own PCIe link both ways (GPUDirect RDMA:
-        the ring sends out of the node and receives into it at one rate), where it shares the
-        link with the rank's host copies. Within a node without NVLink the ring's bytes take
-        the same way out of and into each GPU (`_peer_path`)."""
-        nvlink_share, network_share = shares
-
-        def links(r: int) -> dict[SharedResource, float]:
-            placement = self.placements[r]
-            over: dict[SharedResource, float] = {}
-            if nvlink_share > 0:
-                over[self.nvlink[placement.gpu]] = nvlink_share
-                self._peer_path(over, placement, nvlink_share)
-            if network_share > 0:
-                over[self.nic[placement.node]] = network_share
-                _add(over, self.pcie_out[placement.gpu], network_share)
-                _add(over, self.pcie_in[placement.gpu], network_share)
-            return over
-
-        first, *others = self.stands_for[rank]
-        usage = self._over[(rank, shares)] = self.flows.usage(
-            links(first), copies=[links(r) for r in others], weight=self.weight)
+    def _ring_usage(self, layout: _Layout, ring: costs.RingCollective) -> Usage:
+        """The ring as one flow of each GPU's bytes over every rank's links (`_links`: the
+        simulated ranks and those they stand for): a ring moves its chunks in step, so it
+        runs at the rate of its most loaded link, and a copy slowing one GPU's link slows
+        the whole collective."""
+        shares = tuple((ring.nvlink_share[node], ring.network_share[node])
+                       for node, _ in layout.simulated)
+        known = self._over.get((layout.simulated, shares))
+        if known is not None:
+            return known
+        links = [self._links(member, share)
+                 for (_, ranks), share in zip(layout.simulated, shares, strict=True)
+                 for rank in ranks for member in self.stands_for[rank]]
+        usage = self._over[(layout.simulated, shares)] = self.flows.usage(
+            links[0], copies=links[1:], weight=self.weight)
         return usage
+
+    def _links(self, rank: int, shares: tuple[float, float]) -> dict[SharedResource, float]:
+        """What `rank`'s part of a ring crosses per byte it sends: its NVLink port and its
+        node's NICs by `shares` (a share of 0 leaves that link out). What goes through the
+        NICs also crosses the GPU's own PCIe link both ways (GPUDirect RDMA: the ring sends
+        out of the node and receives into it at one rate), where it shares the link with the
+        rank's host copies. Within a node without NVLink the ring's bytes take the same way
+        out of and into each GPU (`_peer_path`)."""
+        nvlink_share, network_share = shares
+        placement = self.placements[rank]
+        over: dict[SharedResource, float] = {}
+        if nvlink_share > 0:
+            over[self.nvlink[placement.gpu]] = nvlink_share
+            self._peer_path(over, placement, nvlink_share)
+        if network_share > 0:
+            over[self.nic[placement.node]] = network_share
+            _add(over, self.pcie_out[placement.gpu], network_share)
+            _add(over, self.pcie_in[placement.gpu], network_share)
+        return over
 
     def _peer_path(self, over: dict[SharedResource, float], placement: Any, share: float
                    ) -> None:

@@ -41,7 +41,7 @@ class NetworkShapes:
 
     usages: dict[tuple[Any, ...], Usage] = field(default_factory=dict)
     reallocations: Reallocations = field(default_factory=Reallocations)
-    collective_usages: dict[tuple[int, tuple[float, float]], Usage] = field(default_factory=dict)
+    collective_usages: dict[tuple[Any, ...], Usage] = field(default_factory=dict)
     collective_rings: dict[tuple[Any, ...], costs.RingCollective] = field(default_factory=dict)
 
 
