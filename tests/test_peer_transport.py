@@ -164,3 +164,78 @@ def test_the_rtx4090_gemm_rows_are_reported_at_the_fitted_rate():
     # square products fill whole waves of 256 x 128 tiles on 128 SMs, no per-tile cost: the
     # fitted 0.964 of 165.2 TFLOPS
     assert [c.simulated for c in cells] == pytest.approx([0.964 * 165.2] * 8, rel=2e-3)
+
+
+def switched(transport: str | None, gpus: int = 2, per_switch: int = 2):
+    tree = toy_profile(gpus)
+    tree["nvlink"]["bus_GBps"] = q(8)
+    tree["pcie"]["gpus_per_switch"] = per_switch
+    tree["pcie"]["switch_uplink_GBps"] = q(10)
+    if transport is not None:
+        tree["intra_node"] = {"transport": q(transport)}
+    return parse_profile(tree, "tests/test_peer_transport.py")
+
+
+def run_ends(profile_, jobs) -> dict[str, float]:
+    """End of each job: ('gather', ranks, bytes) collectives and ('d2h', rank, bytes) copies,
+    all started at 0."""
+    env = simpy.Environment()
+    machine = Machine(env, profile_, profile_.gpus_per_node, None)
+    ends: dict[str, float] = {}
+
+    def gather(rank: int, ranks: list[int], nbytes: float, name: str):
+        yield from machine.collective(rank, (name,), "all_gather", nbytes, ranks)
+        ends[f"{name}{rank}"] = env.now
+
+    def d2h(rank: int, nbytes: float, name: str):
+        yield from machine.dma(rank, "d2h", nbytes, pinned=True)
+        ends[name] = env.now
+
+    for name, kind, who, nbytes in jobs:
+        if kind == "gather":
+            for rank in who:
+                env.process(gather(rank, list(who), nbytes, name))
+        else:
+            env.process(d2h(who, nbytes, name))
+    env.run()
+    return ends
+
+
+def test_gpus_behind_one_switch_share_its_uplink():
+    # Two GPUs behind one switch whose uplink carries 10 GB/s each way: their 1 GB copies to
+    # the host share it (5 GB/s each, 0.2 s); each alone would take 0.1 s on its own link.
+    jobs = [("a", "d2h", 0, COPY), ("b", "d2h", 1, COPY)]
+    assert run_ends(switched(None), jobs) == pytest.approx({"a": 0.2, "b": 0.2}, rel=1e-12)
+    assert run_ends(switched(None, per_switch=1), jobs) == pytest.approx(
+        {"a": 0.1, "b": 0.1}, rel=1e-12)
+
+
+def test_a_ring_through_host_memory_crosses_the_uplink_both_ways():
+    # SHM: each GPU's 2 GB of ring bytes cross the shared uplink up and down: 2 GPUs x rate
+    # <= 10 GB/s, 5 GB/s each (under the ring's 8), 0.4 s. Peer-to-peer within one switch
+    # stays below it: 0.25 s at the ring's 8 GB/s.
+    gather = [("g", "gather", (0, 1), GATHERED)]
+    assert run_ends(switched("shm"), gather) == pytest.approx({"g0": 0.4, "g1": 0.4},
+                                                               rel=1e-12)
+    assert run_ends(switched("pcie_p2p"), gather) == pytest.approx({"g0": 0.25, "g1": 0.25},
+                                                                    rel=1e-12)
+
+
+def test_a_peer_to_peer_ring_crosses_between_switches_once_each_way():
+    # Four GPUs, two per switch: a ring over all four leaves each switch once, 2 of its 4
+    # steps, so each GPU's flow loads its switch's uplink with half its rate, the two GPUs of
+    # a switch a whole one: an 8 GB all-gather sends 6 GB from each GPU at min(8, 10) GB/s
+    # (0.75 s). A 1 GB copy out of GPU 0 beside it: the uplink's 10 GB/s split evenly with
+    # the ring (one flow at rate r loading it r), 5 GB/s each until the copy ends (0.2 s,
+    # the ring 1 GB in), then the ring's other 5 GB at 8 GB/s: 0.825 s.
+    gather = [("g", "gather", (0, 1, 2, 3), 2 * GATHERED)]
+    profile4 = switched("pcie_p2p", gpus=4)
+    assert run_ends(profile4, gather) == pytest.approx(
+        {f"g{r}": 0.75 for r in range(4)}, rel=1e-12)
+    assert run_ends(profile4, [*gather, ("c", "d2h", 0, COPY)]) == pytest.approx(
+        {"c": 0.2, **{f"g{r}": 0.825 for r in range(4)}}, rel=1e-12)
+
+
+def test_more_gpus_per_switch_than_the_node_has_is_refused():
+    with pytest.raises(ScenarioError, match=r"pcie\.gpus_per_switch"):
+        switched(None, gpus=2, per_switch=4)

@@ -54,10 +54,19 @@ def test_devices():
                                                                                   "gpu10"]
 
 
-@pytest.mark.parametrize("kind", [k for k in LinkKind
-                                  if k not in (LinkKind.HOST_MEMORY, LinkKind.SOCKET_LINK)])
+SWITCH_KINDS = (LinkKind.SWITCH_H2D, LinkKind.SWITCH_D2H)
+
+
+@pytest.mark.parametrize("kind", [k for k in LinkKind if k not in (
+    LinkKind.HOST_MEMORY, LinkKind.SOCKET_LINK, *SWITCH_KINDS)])
 def test_resource_names_round_trip(kind):
     assert split_resource(resource_name("gpu3", kind)) == ("gpu3", kind, "")
+
+
+@pytest.mark.parametrize("kind", SWITCH_KINDS)
+def test_a_switch_uplink_names_its_switch(kind):
+    assert split_resource(f"host1.switch2.{kind}") == ("host1", kind, "switch2")
+    assert trace.link_name("host0.switch1.uplink.h2d") == "host0 switch1 PCIe switch uplink H2D"
 
 
 def test_resources_with_a_domain():

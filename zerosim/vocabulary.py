@@ -303,6 +303,10 @@ class LinkKind(StrEnum):
     PEER = "peer"
     """The ring's own limit between a node's GPUs where they have no NVLink (PCIe switches,
     the CPU's root complex): `nvlink.bus_GBps` of a profile whose transport is not NVLink."""
+    SWITCH_H2D = "uplink.h2d"
+    SWITCH_D2H = "uplink.d2h"
+    """A PCIe switch's uplink to the CPU, per direction, shared by the GPUs behind it
+    (`pcie.gpus_per_switch`): 'host0.switch1.uplink.h2d'."""
     NIC = "nic"
     HOST_MEMORY = "memory"
     SOCKET_LINK = "socket link"
@@ -319,11 +323,15 @@ def resource_name(device: str, kind: LinkKind) -> str:
 def split_resource(resource: str) -> tuple[str, LinkKind | None, str]:
     """(device, kind, where) of a flow-network resource: 'gpu0.pcie.h2d' -> ('gpu0',
     PCIE_H2D, ''), 'host0.numa1.memory' -> ('host0', HOST_MEMORY, 'numa1'),
-    'host0.numa0->numa1' -> ('host0', SOCKET_LINK, 'numa0->numa1'); kind None for a
+    'host0.numa0->numa1' -> ('host0', SOCKET_LINK, 'numa0->numa1'),
+    'host0.switch1.uplink.h2d' -> ('host0', SWITCH_H2D, 'switch1'); kind None for a
     resource of no known kind (where then holds the rest of the name)."""
     device, _, rest = resource.partition(".")
     if rest in _LINK_KINDS:
         return device, _LINK_KINDS[rest], ""
+    part, _, kind = rest.partition(".")
+    if part.startswith("switch") and kind in _SWITCH_KINDS:
+        return device, _SWITCH_KINDS[kind], part
     where, _, tail = rest.rpartition(".")
     if where and tail == LinkKind.HOST_MEMORY:
         return device, LinkKind.HOST_MEMORY, where
@@ -332,8 +340,9 @@ def split_resource(resource: str) -> tuple[str, LinkKind | None, str]:
     return device, None, rest
 
 
+_SWITCH_KINDS = {kind.value: kind for kind in (LinkKind.SWITCH_H2D, LinkKind.SWITCH_D2H)}
 _LINK_KINDS = {kind.value: kind for kind in LinkKind
-               if kind not in (LinkKind.HOST_MEMORY, LinkKind.SOCKET_LINK)}
+               if kind not in (LinkKind.HOST_MEMORY, LinkKind.SOCKET_LINK, *_SWITCH_KINDS.values())}
 
 
 class Collective(StrEnum):

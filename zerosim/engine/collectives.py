@@ -46,6 +46,14 @@ class _Layout:
     per_node: tuple[int, ...]
     simulated: tuple[tuple[int, tuple[int, ...]], ...]
     arrivals: int
+    switches: tuple[int, ...]
+    """How many PCIe switches the ranks on each node sit behind (`pcie.gpus_per_switch`)."""
+
+    def crossing(self, node: int) -> float:
+        """The share of a node's ring steps that go from one PCIe switch to another: a ring
+        through s switches leaves each once, s of its g steps on the node."""
+        switches = self.switches[node]
+        return switches / self.per_node[node] if switches > 1 else 0.0
 
 
 class Collectives:
@@ -55,20 +63,24 @@ class Collectives:
     Only the simulated ranks take part (every rank, or node 0's alone when
     `simulate.simulated_ranks` folds identical nodes, or one rank per class of mirror ranks:
     `stands_for`); a collective meets when they have all arrived and is sized for every rank
-    it spans, on every node. A simulated rank's flow stands for those of its class.
+    it spans, on every node. Its one flow crosses the links of the simulated ranks and of
+    those they stand for (the other nodes' NICs and links are not loaded: they mirror node 0's
+    or the partly filled last node's).
     """
 
     def __init__(self, env: simpy.Environment, flows: FlowNetwork, profile: HardwareProfile,
                  placements: Sequence[Any], stands_for: dict[int, tuple[int, ...]],
                  nvlink: Sequence[SharedResource], nic: dict[int, SharedResource],
                  pcie: tuple[Sequence[SharedResource], Sequence[SharedResource]],
-                 host_memory: dict[tuple[int, int], SharedResource], *,
+                 host_memory: dict[tuple[int, int], SharedResource],
+                 uplinks: dict[int, tuple[SharedResource, SharedResource]], *,
                  shapes: NetworkShapes | None = None, run_nodes: Sequence[int] | None = None):
         """`nvlink`: each GPU's port into its node's ring (`Machine.nvlink`); `pcie`: each
         GPU's PCIe link, (host-to-device, device-to-host): GPUDirect RDMA between a GPU and a
         NIC crosses it, and so does the ring within a node that has no NVLink; `host_memory`:
-        each (node, NUMA domain)'s memory bandwidth, which NCCL's SHM transport crosses.
-        `shapes`: the machine's `NetworkShapes`
+        each (node, NUMA domain)'s memory bandwidth, which NCCL's SHM transport crosses;
+        `uplinks`: per GPU behind a shared PCIe switch, the switch's uplink to the CPU
+        (host-to-device, device-to-host; `Machine.uplinks`). `shapes`: the machine's `NetworkShapes`
         (collective shapes and rings kept there). `run_nodes`: each placed node's index among
         the run's nodes, whose share of the ring its ranks take (`Machine`)."""
         self.run_nodes = run_nodes
@@ -81,6 +93,7 @@ class Collectives:
         self.nic = nic
         self.pcie_in, self.pcie_out = pcie
         self.host_memory = host_memory
+        self.uplinks = uplinks
         self.transport = profile.intra_node_transport
         self.weight = (1.0 if self.transport is PeerTransport.NVLINK
                        else profile.dma_memory_weight)
@@ -110,9 +123,12 @@ class Collectives:
                 by_node.setdefault(node if self.run_nodes is None else self.run_nodes[node],
                                    []).append(r)
         nodes = sorted(counts)
+        switches = Counter(node for node, _ in {(r // per_node, self.profile.switch_of(r))
+                                                for r in ranks})
         layout = _Layout(tuple(counts[n] for n in nodes),
                          tuple((nodes.index(n), tuple(by_node[n])) for n in sorted(by_node)),
-                         sum(len(rs) for rs in by_node.values()))
+                         sum(len(rs) for rs in by_node.values()),
+                         tuple(switches[n] for n in nodes))
         self._layouts[id(ranks)] = (ranks, layout)
         return layout
 
@@ -160,8 +176,8 @@ class Collectives:
         simulated ranks and those they stand for): a ring moves its chunks in step, so it
         runs at the rate of its most loaded link, and a copy slowing one GPU's link slows
         the whole collective."""
-        shares = tuple((ring.nvlink_share[node], ring.network_share[node])
-                       for node, _ in layout.simulated)
+        shares = tuple((ring.nvlink_share[node], ring.network_share[node],
+                        layout.crossing(node)) for node, _ in layout.simulated)
         known = self._over.get((layout.simulated, shares))
         if known is not None:
             return known
@@ -172,37 +188,47 @@ class Collectives:
             links[0], copies=links[1:], weight=self.weight)
         return usage
 
-    def _links(self, rank: int, shares: tuple[float, float]) -> dict[SharedResource, float]:
+    def _links(self, rank: int, shares: tuple[float, float, float]
+               ) -> dict[SharedResource, float]:
         """What `rank`'s part of a ring crosses per byte it sends: its NVLink port and its
-        node's NICs by `shares` (a share of 0 leaves that link out). What goes through the
+        node's NICs by `shares` (a share of 0 leaves that link out; the third, the share of
+        the node's steps between PCIe switches, `_Layout.crossing`). What goes through the
         NICs also crosses the GPU's own PCIe link both ways (GPUDirect RDMA: the ring sends
         out of the node and receives into it at one rate), where it shares the link with the
         rank's host copies. Within a node without NVLink the ring's bytes take the same way
         out of and into each GPU (`_peer_path`)."""
-        nvlink_share, network_share = shares
+        nvlink_share, network_share, crossing = shares
         placement = self.placements[rank]
         over: dict[SharedResource, float] = {}
         if nvlink_share > 0:
             over[self.nvlink[placement.gpu]] = nvlink_share
-            self._peer_path(over, placement, nvlink_share)
+            self._peer_path(over, placement, nvlink_share, crossing)
         if network_share > 0:
             over[self.nic[placement.node]] = network_share
             _add(over, self.pcie_out[placement.gpu], network_share)
             _add(over, self.pcie_in[placement.gpu], network_share)
         return over
 
-    def _peer_path(self, over: dict[SharedResource, float], placement: Any, share: float
-                   ) -> None:
+    def _peer_path(self, over: dict[SharedResource, float], placement: Any, share: float,
+                   crossing: float) -> None:
         """What a GPU's ring traffic within its node crosses besides its port (`nvlink`):
         without NVLink, each byte it sends leaves over its PCIe link's device-to-host
         direction and each byte it receives arrives over host-to-device, as many of each;
-        through host memory (SHM) each is also written and read once in the host memory of
-        its GPU's NUMA domain."""
+        through host memory (SHM) each also crosses its PCIe switch's uplink both ways, where
+        it has one, and is written and read once in the host memory of its GPU's NUMA
+        domain; peer-to-peer, the ring's steps from one switch to another (`crossing` of
+        them) cross both switches' uplinks."""
         if self.transport is PeerTransport.NVLINK:
             return
         _add(over, self.pcie_out[placement.gpu], share)
         _add(over, self.pcie_in[placement.gpu], share)
-        if self.transport is PeerTransport.SHM:
+        uplink = self.uplinks.get(placement.gpu)
+        through_host = self.transport is PeerTransport.SHM
+        if uplink is not None and (through_host or crossing > 0):
+            up_share = share if through_host else share * crossing
+            _add(over, uplink[0], up_share)
+            _add(over, uplink[1], up_share)
+        if through_host:
             domain = self.profile.gpu_domain(placement.gpu)
             _add(over, self.host_memory[(placement.node, domain)],
                  SHM_HOST_BYTES_PER_RING_BYTE * share)

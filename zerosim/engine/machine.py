@@ -93,8 +93,8 @@ class Machine:
         self._build_resources(ranks)
         self.collectives = Collectives(env, self.flows, profile, self.placements,
                                        self.stands_for, self.nvlink, self.nic,
-                                       (self.h2d, self.d2h), self.memory, shapes=shapes,
-                                       run_nodes=run_nodes)
+                                       (self.h2d, self.d2h), self.memory, self.uplinks,
+                                       shapes=shapes, run_nodes=run_nodes)
 
     @property
     def simulated(self) -> list[Placement]:
@@ -115,6 +115,7 @@ class Machine:
         """Each GPU's port into the node's ring: NVLink, or the limit of its peer path over
         PCIe (`intra_node.transport`)."""
         nodes = sorted({pl.node for pl in self.placements})
+        self.uplinks = self._build_uplinks()
         self.memory = {(n, d): add(f"host{n}.numa{d}.memory", p.memory_Bps_per_domain)
                        for n in nodes for d in range(p.numa_domains)}
         self.socket_link = {(n, a, b): add(f"host{n}.numa{a}->numa{b}", p.socket_link_Bps)
@@ -135,6 +136,31 @@ class Machine:
         # NICs act as one pipe of nics_per_node x nic_GBps per direction.
         self.nic = {n: add(f"host{n}.nic", p.node_network_Bps) for n in nodes}
         self.nvme = self._build_nvme(nodes)
+
+    def _build_uplinks(self) -> dict[int, tuple[SharedResource, SharedResource]]:
+        """Per placed GPU, the uplink of the PCIe switch it sits behind, (host-to-device,
+        device-to-host), shared by that switch's GPUs (`pcie.gpus_per_switch`); none where
+        each GPU has a link of its own to the CPU."""
+        p = self.profile
+        if p.gpus_per_switch == 1:
+            return {}
+        switches: dict[tuple[int, int], tuple[SharedResource, SharedResource]] = {}
+        for pl in self.placements:
+            node, switch = pl.node, p.switch_of(pl.gpu)
+            if (node, switch) not in switches:
+                switches[node, switch] = tuple(
+                    self.flows.add_resource(f"host{node}.switch{switch}.{kind}",
+                                            p.switch_uplink_Bps)
+                    for kind in (LinkKind.SWITCH_H2D, LinkKind.SWITCH_D2H))
+        return {pl.gpu: switches[pl.node, p.switch_of(pl.gpu)] for pl in self.placements}
+
+    def _uplink(self, pl: Placement, direction: Direction) -> dict[SharedResource, float]:
+        """The switch uplink a copy of `pl`'s GPU crosses in `direction` (none without a
+        shared switch)."""
+        links = self.uplinks.get(pl.gpu)
+        if links is None:
+            return {}
+        return {links[0] if direction == "h2d" else links[1]: 1.0}
 
     def _build_nvme(self, nodes: list[int]) -> dict[int, SharedResource]:
         """One resource per node for all its drives together, its capacity the drives' time
@@ -197,7 +223,8 @@ class Machine:
 
         def crossed(pl: Placement) -> dict[SharedResource, float]:
             link = self.h2d[pl.gpu] if direction == "h2d" else self.d2h[pl.gpu]
-            return ({link: 1.0} | self._host_memory(pl, host, self._gpu_domain(pl))
+            return ({link: 1.0} | self._uplink(pl, direction)
+                    | self._host_memory(pl, host, self._gpu_domain(pl))
                     | self._remote_socket(pl, direction))
 
         peak = None if pinned else (p.h2d_pageable_Bps if direction == "h2d"

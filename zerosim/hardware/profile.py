@@ -22,6 +22,11 @@ fabric apart from PCIe; `pcie_p2p`, peer-to-peer over PCIe, where the ring's byt
 and enter each GPU over its own PCIe link, beside its host copies; `shm`, through host memory
 (peer-to-peer off, as on GeForce cards), which adds a write and a read of each byte in the
 host memory of the GPU's NUMA domain.
+
+PCIe switches: `pcie.gpus_per_switch` GPUs (default 1: each on its own link to the CPU) share
+one switch whose uplink to the CPU (`pcie.switch_uplink_GBps` per direction, by default the
+pinned host-to-device rate) carries every byte they exchange with host memory: their copies,
+a ring through host memory, and peer-to-peer bytes to GPUs under another switch.
 """
 
 from __future__ import annotations
@@ -107,6 +112,9 @@ class HardwareProfile:
     h2d_pageable_Bps: float
     d2h_pageable_Bps: float
     pcie_latency_s: float
+    gpus_per_switch: int
+    """GPUs behind one PCIe switch, whose uplink to the CPU they share (1: none shared)."""
+    switch_uplink_Bps: float
     nvlink_Bps: float
     nvlink_latency_s: float
     intra_node_transport: PeerTransport
@@ -184,6 +192,10 @@ class HardwareProfile:
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    def switch_of(self, gpu: int) -> int:
+        """The PCIe switch (within its node) GPU `gpu` (an index over every node) sits behind."""
+        return gpu % self.gpus_per_node // self.gpus_per_switch
+
     @property
     def node_network_Bps(self) -> float:
         """What one node's NICs carry together, per direction."""
@@ -248,6 +260,8 @@ QUANTITIES: dict[str, Quantity] = {
     "pcie.h2d_pageable_GBps": ("h2d_pageable_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "pcie.d2h_pageable_GBps": ("d2h_pageable_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "pcie.latency_us": ("pcie_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
+    "pcie.switch_uplink_GBps": ("switch_uplink_Bps", GB, _positive,
+                                "a positive bandwidth in GB/s per direction"),
     "nvlink.bus_GBps": ("nvlink_Bps", GB, _positive, "a positive bandwidth in GB/s"),
     "nvlink.latency_us": ("nvlink_latency_s", US, _non_negative, "a time >= 0 in microseconds"),
     "network.nic_GBps": ("nic_Bps", GB, _positive,
@@ -316,6 +330,7 @@ COUNTS = {
     "host.threads_per_core": "threads_per_core",
     "host.numa_domains": "numa_domains",
     "network.nics_per_node": "nics_per_node",
+    "pcie.gpus_per_switch": "gpus_per_switch",
 }
 OPTIONAL_COUNTS = {"nvme.drives_per_node": "nvme_drives_per_node"}
 """Counts that may be 0 (a node without that hardware)."""
@@ -395,6 +410,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
     "host.remote_access_cost": (1.0, "a byte read or written from another NUMA domain costs "
                                 "its domain what a local byte costs: profiles written before "
                                 "the key existed charged no more for it"),
+    "pcie.gpus_per_switch": (1, "each GPU on a PCIe link of its own to the CPU, none shared: "
+                             "profiles written before the key existed priced each GPU's "
+                             "copies on its own link"),
     "network.nics_per_node": (1, "one NIC per node: profiles written before the key existed "
                               "gave the node's whole network bandwidth as network.nic_GBps"),
     "nvme.drives_per_node": (0, "no NVMe drives: profiles written before the NVMe tier "
@@ -414,6 +432,9 @@ DEFAULTS: dict[str, tuple[Any, str]] = {
 added to zerosim gets a default here, so profiles written before it keep loading; what a
 default fills in is recorded with basis `assumed` and its reason."""
 DEFAULTS_FROM: dict[str, tuple[str, str]] = {
+    "pcie.switch_uplink_GBps": (
+        "pcie.h2d_pinned_GBps", "a switch's uplink of the GPUs' own generation and width, "
+        "which carries what one GPU's pinned copy reaches"),
     "gpu.gemm_memory_efficiency": (
         "gpu.memory_efficiency", "no measurement of memory-bound GEMMs on this GPU: they stream "
         "at the STREAM rate (gpu.memory_efficiency), as profiles written before the key existed "
@@ -570,6 +591,10 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     _check_streaming_rates(values, provenance, source)
     _check_pageable_rates(values, provenance, source)
     _check_pcie_link(flat.get("pcie.generation"), values, source)
+    if values["gpus_per_switch"] > values["gpus_per_node"]:
+        raise ScenarioError(source, "pcie.gpus_per_switch",
+                            f"at most gpu.per_node ({values['gpus_per_node']})",
+                            values["gpus_per_switch"])
     return HardwareProfile(**values, provenance=provenance, observed=observed)
 
 

@@ -162,6 +162,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "hardware.host.threads_per_core": _count(1, 64, "a thread count"),
     "hardware.host.numa_domains": _count(1, 1024, "a NUMA domain count"),
     "hardware.network.nics_per_node": _count(1, 1024, "a NIC count"),
+    "hardware.pcie.gpus_per_switch": _count(1, 1024, "a GPU count"),
     "hardware.nvme.drives_per_node": _count(0, 1024, "a drive count"),
     "hardware.gpu.hbm_GiB": Plausible(1e-3, 1e6, "a memory size in GiB"),
     "hardware.gpu.peak_16bit_TFLOPS": Plausible(1e-3, 1e7, "a throughput in TFLOP/s"),

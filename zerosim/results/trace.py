@@ -88,6 +88,8 @@ LINK_NAMES: dict[LinkKind, str] = {
     LinkKind.PCIE_D2H: "PCIe D2H",
     LinkKind.NVLINK: "NVLink",
     LinkKind.PEER: "GPU peers (PCIe)",
+    LinkKind.SWITCH_H2D: "PCIe switch uplink H2D",
+    LinkKind.SWITCH_D2H: "PCIe switch uplink D2H",
     LinkKind.NIC: "NIC",
     LinkKind.HOST_MEMORY: "memory",
     LinkKind.SOCKET_LINK: "socket link",
@@ -137,12 +139,15 @@ def stream_name(stream: str) -> str:
 
 
 def link_name(resource: str) -> str:
-    """'gpu0 PCIe H2D', 'host0 NUMA1 memory', 'host0 numa0->numa1': a resource for people."""
+    """'gpu0 PCIe H2D', 'host0 NUMA1 memory', 'host0 numa0->numa1', 'host0 switch1 PCIe switch
+    uplink H2D': a resource for people."""
     device, kind, where = split_resource(resource)
     if kind is LinkKind.HOST_MEMORY:
         return f"{device} {where.upper()} memory"
     if kind is None or kind is LinkKind.SOCKET_LINK:
         return f"{device} {where}"
+    if where:
+        return f"{device} {where} {LINK_NAMES[kind]}"
     return f"{device} {LINK_NAMES[kind]}"
 
 
