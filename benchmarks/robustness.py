@@ -148,7 +148,8 @@ PACKED_DOCUMENTS = (1, 1000, 65536)
 sequence of the 64K run) on the ALST and Ulysses scenarios."""
 PEER_TRANSPORTS = ("shm", "pcie_p2p", "nvlink")
 """What carries the ring on the four-RTX-4090 workstation (`intra_node.transport`), each at
-micro-batches 1 and 4 and with the parameters offloaded too."""
+micro-batches 1 and 4 and with the parameters offloaded too, and behind PCIe switches of two
+and four GPUs (`pcie.gpus_per_switch`)."""
 ZERO_PLUS_PLUS_PARTS = tuple((hpz, qwz, qgz) for hpz in (1, 2, 4, 8) for qwz in (False, True)
                              for qgz in (False, True) if hpz > 1 or qwz or qgz)
 """hpZ's group, qwZ and qgZ: every combination with at least one of them."""
@@ -348,6 +349,13 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                 "hardware.intra_node.transport": transport,
                 "deepspeed.train_micro_batch_size_per_gpu": micro_batch,
                 PARAMS + "device": params}))
+        for per_switch in (2, 4):
+            out.append((ROOT / "scenarios" / "llama8b_rtx4090_workstation.yaml", {
+                "hardware.intra_node.transport": transport,
+                "hardware.pcie.gpus_per_switch": per_switch,
+                "deepspeed.train_micro_batch_size_per_gpu": 1, PARAMS + "device": "cpu"}))
+    for name in ("qwen2.5-7b-4x4090", "qwen2.5-3b-1x4090-zero2"):
+        out.append((ROOT / "scenarios" / "llmq" / f"{name}.yaml", {}))
     for name in MULTI_NODE_MODELS[:1] if quick else MULTI_NODE_MODELS:
         for nodes, size in ((1, 2), (1, 4), (2, 8)):
             for release in ("0.13.3", "0.14.4"):

@@ -34,6 +34,7 @@ def test_llama_parameter_counts_match_the_published_checkpoints(name, expected):
     ("llama3.1-70b", 70_553_706_496),
     ("llama3.1-405b", 405_853_388_800),
     ("mistral-7b-v0.3", 7_248_023_552),
+    ("qwen2.5-3b", 3_085_938_688),
     ("qwen2.5-7b", 7_615_616_512),
     ("qwen2.5-14b", 14_770_033_664),
     ("qwen2.5-32b", 32_763_876_352),

@@ -34,7 +34,19 @@ VM_HOST_PATH = (
     "a no-op), so the host's path per module was about 0.3 ms shorter with the parameters "
     "offloaded, which nothing in the code read explains; zerosim prices one hook time for "
     "both, fitted on the run with them in HBM, and adds the H2D copies the fetches wait for")
+LLMQ_GROUP = "LLaMA-Factory's ZeRO offload on RTX 4090s (IST-DASLab/llmq)"
+LLMQ_RING = (
+    "the workstation's four cards ran each micro-batch 1.2-1.9x as long per sequence as its "
+    "one card did (the single-card runs come out -9.0% to +3.5%); at the profile's ring "
+    "through host memory (18 GB/s, NCCL on another four-4090 box) ZeRO-3's gathers and "
+    "reduce-scatters hide behind the GPUs' work, and a ring of about 2 GB/s (nccl-tests on "
+    "four 4090s in a container gave 2.6 GB/s, kalavai-client) puts the three runs at -12%, "
+    "-8% and 0% (tests/test_llmq_runs.py); the box's ring is not stated")
 KNOWN_MISSES = {
+    **{(LLMQ_GROUP, f"qwen2.5-{size}, 4x RTX 4090, ZeRO-3, {batch}", "step time (second step)"):
+       f"{error}: {LLMQ_RING}" for size, batch, error in (("3b", "64x2", "-16.1%"),
+                                                         ("7b", "32x4", "-31.1%"),
+                                                         ("14b", "21x6", "-47.0%"))},
     **{(VM_GROUP, "tinyllama_hooks_param", f"{phase} (median of 8 iterations)"):
        f"{error}: {VM_HOST_PATH}" for phase, error in (("forward", "+45.9%"),
                                                       ("backward", "+21.4%"))},
@@ -281,7 +293,7 @@ def test_the_judged_cells_that_miss_are_exactly_the_known_misses(cells):
     failing = {key for key, c in cells.items() if c.status == "fail"}
     assert failing == set(KNOWN_MISSES)
     judged = [c for c in cells.values() if c.status in ("pass", "fail")]
-    assert len(judged) == 464
+    assert len(judged) == 470
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4])

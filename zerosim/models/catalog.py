@@ -83,15 +83,16 @@ def _llama3(hidden: int, intermediate: int, layers: int, heads: int, positions: 
                 vocab_size=128256, max_position_embeddings=positions, tie_word_embeddings=False)
 
 
-def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int
-            ) -> dict[str, Any]:
+def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, *,
+            small: bool = False) -> dict[str, Any]:
     """A Qwen2.5 config.json's shaping fields (`model_type` qwen2: biases on Q, K and V;
-    `use_sliding_window` false; a 152,064-token vocabulary, untied embeddings)."""
+    `use_sliding_window` false; from 7B a 152,064-token vocabulary and untied embeddings, the
+    `small` models to 3B a 151,936-token one tied to the output layer, 32K positions)."""
     return dict(model_type="qwen2", hidden_size=hidden, intermediate_size=intermediate,
                 num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, vocab_size=152064,
-                max_position_embeddings=131072, use_sliding_window=False,
-                tie_word_embeddings=False)
+                num_key_value_heads=kv_heads, vocab_size=151936 if small else 152064,
+                max_position_embeddings=32768 if small else 131072, use_sliding_window=False,
+                tie_word_embeddings=small)
 
 
 HUB_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -108,6 +109,7 @@ HUB_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
         model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
         max_position_embeddings=32768, sliding_window=None, tie_word_embeddings=False)),
+    "qwen2.5-3b": ("Qwen/Qwen2.5-3B", _qwen25(2048, 11008, 36, 16, 2, small=True)),
     "qwen2.5-7b": ("Qwen/Qwen2.5-7B", _qwen25(3584, 18944, 28, 28, 4)),
     "qwen2.5-14b": ("Qwen/Qwen2.5-14B", _qwen25(5120, 13824, 48, 40, 8)),
     "qwen2.5-32b": ("Qwen/Qwen2.5-32B", _qwen25(5120, 27648, 64, 40, 8)),

@@ -51,6 +51,9 @@ LARGE_GEMM_TOLERANCE = 0.05
 """A GEMM with every side >= 4096 fills its waves whatever the tile: within 5%; smaller ones
 depend on which kernel cuBLAS's heuristics pick: within 15%."""
 BUS_BANDWIDTH_TOLERANCE = 0.05
+LLMQ_STEP_TOLERANCE = 0.15
+"""A step time read off whole-second stamps of a run's second step, on a host whose CPU,
+PCIe links and versions are not stated (data/llmq_rtx4090.yaml)."""
 GPU0 = device_name(DeviceKind.GPU, 0)
 UNSCALE_PROBE_BYTES = 4 * GiB
 """Size of the pinned test transfer in the unscale-contention probe (study section 3.5)."""
@@ -1096,6 +1099,22 @@ def ulysses_blog_cells() -> list[Cell]:
     return cells
 
 
+def llmq_cells() -> list[Cell]:
+    """LLaMA-Factory's DeepSpeed ZeRO offload runs on one and four RTX 4090s, as IST-DASLab's
+    LLMQ repository timed them (data/llmq_rtx4090.yaml), replayed on rtx4090-workstation:
+    each step time judged; nothing in the profile or the stack is fitted on them."""
+    from zerosim.validation.llmq_runs import load_llmq_runs
+
+    llmq = load_llmq_runs()
+    note = (f"{llmq.source}; the second step, from tqdm's elapsed stamps (whole seconds); "
+            "the host's CPU, PCIe and versions not stated: rtx4090-workstation's, DeepSpeed "
+            "0.18.3; nothing fitted on them")
+    return [judge(llmq.group, run.name, "step time (second step)", "s", run.step_s,
+                  simulate_summary(llmq.scenarios[run.stage], run.overrides())["iteration_s"],
+                  LLMQ_STEP_TOLERANCE, note=note)
+            for run in llmq.runs]
+
+
 def alst_recipe_cells() -> list[Cell]:
     """Arctic Long Sequence Training's recipes for Llama-3.1-8B on H100 nodes
     (data/alst_recipes.yaml), each run at the sequence length it names: judged that zerosim
@@ -1191,7 +1210,7 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     if polaris:
         cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
         cells += h200_vm_run_cells() + superoffload_example_cells() + ulysses_blog_cells()
-        cells += alst_recipe_cells()
+        cells += alst_recipe_cells() + llmq_cells()
     if seed003:
         cells += seed003_cells()
     return cells, results
