@@ -10,7 +10,8 @@ the parameters offloaded on the H200 VM, the seed's 64 p4d nodes, a mixture of e
 H100, TinyLlama's decoder layers as ZeRO-3 leaves on the H200 VM, fp16 master weights and
 moments on the study's node, ZeRO++'s hpZ and qwZ on four Polaris nodes, checkpointed block
 inputs in host memory on the study's node, Ulysses on the HF blog's Qwen3-4B and over packed
-documents, four RTX 4090s whose ring goes through host memory), it runs `zerosim sensitivity`
+documents, four RTX 4090s whose ring goes through host memory, alone on their links and
+behind one PCIe switch), it runs `zerosim sensitivity`
 (each value of the profile and the stack moved by --step both ways, one at a time) and checks
 the sign of the iteration's elasticity against `zerosim.sensitivity.expected_sign`: a larger
 bandwidth, rate, clock, efficiency or thread count may only shorten the iteration; a larger
@@ -119,6 +120,11 @@ CASES: tuple[tuple[str, Path, dict], ...] = (
      SCENARIOS / "llama8b_rtx4090_workstation.yaml",
      {"sequence_length": 512, "deepspeed.train_micro_batch_size_per_gpu": 1,
       "deepspeed.gradient_accumulation_steps": 1}),
+    ("4x RTX 4090 behind one PCIe switch, parameters offloaded, mb 1 at 512 tokens",
+     SCENARIOS / "llama8b_rtx4090_workstation.yaml",
+     {"sequence_length": 512, "deepspeed.train_micro_batch_size_per_gpu": 1,
+      "deepspeed.gradient_accumulation_steps": 1, "hardware.pcie.gpus_per_switch": 4,
+      "deepspeed.zero_optimization.offload_param.device": "cpu"}),
     ("checkpoints in host memory, study DP=4", SCENARIOS / "llama13b_dp4.yaml",
      {"activation_checkpointing": True, "deepspeed.train_micro_batch_size_per_gpu": 8,
       "runtime.checkpoint_in_cpu": True, "runtime.synchronize_each_layer": True}),
