@@ -11,6 +11,8 @@ and a pinned copy weigh the same (`dma_memory_weight`), so they split a link eve
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import simpy
 
@@ -239,3 +241,22 @@ def test_a_peer_to_peer_ring_crosses_between_switches_once_each_way():
 def test_more_gpus_per_switch_than_the_node_has_is_refused():
     with pytest.raises(ScenarioError, match=r"pcie\.gpus_per_switch"):
         switched(None, gpus=2, per_switch=4)
+
+
+def test_check_says_how_the_gpus_reach_each_other_where_it_is_not_nvlink():
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    def check(*args: str) -> str:
+        result = CliRunner().invoke(main, ["check", *args], catch_exceptions=False)
+        assert result.exit_code == 0
+        return " ".join(result.stdout.split())
+
+    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    workstation = str(scenarios / "llama8b_rtx4090_workstation.yaml")
+    assert ("gpu links NCCL's ring through host memory (its SHM transport) at 18 GB/s, on each "
+            "GPU's PCIe link beside its copies runtime") in check(workstation)
+    assert ("4 GPUs behind each PCIe switch, sharing its 25 GB/s uplink to the CPU"
+            in check(workstation, "--set", "hardware.pcie.gpus_per_switch=4"))
+    assert "gpu links" not in check(str(scenarios / "llama13b_dp4.yaml"))

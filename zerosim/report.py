@@ -9,6 +9,7 @@ from rich.table import Table
 
 from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.placement import Shares, everywhere, place_ranks
+from zerosim.hardware.profile import HardwareProfile
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import (
     PEAK_ERROR_FRACTION,
@@ -20,8 +21,8 @@ from zerosim.results.summary import (
 from zerosim.runs import BETWEEN_PHASES as BETWEEN_PHASES_QUANTITY
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
-from zerosim.units import MS, GiB
-from zerosim.vocabulary import PCIE_STREAMS, PhaseTime
+from zerosim.units import GB, MS, GiB
+from zerosim.vocabulary import PCIE_STREAMS, PeerTransport, PhaseTime
 
 
 def _console(min_width: int = 100) -> Console:
@@ -178,6 +179,8 @@ def render_scenario(scenario: Scenario) -> None:
                 f"activation checkpointing {scenario.activation_checkpointing}")
     top.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.gpus_per_node} "
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
+    if links := _gpu_links_text(hw):
+        top.add_row("gpu links", links)
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
                 f"cpu_threads_per_rank {_threads_text(scenario)}")
     top.add_row("cpu pools", _pools_text(scenario.cpu_pools()))
@@ -742,6 +745,25 @@ def _placement_text(scenario: Scenario) -> str:
         f"rank {pl.rank}: GPU on {hw.gpu_domain(pl.gpu)}, own buffers on "
         f"{_domains_text(pl.home, hw.numa_domains)}, pool on "
         f"{_domains_text(pl.threads, hw.numa_domains)}" for pl in placements)
+
+
+TRANSPORT_TEXT = {
+    PeerTransport.PCIE_P2P: "peer-to-peer over PCIe (its P2P transport)",
+    PeerTransport.SHM: "through host memory (its SHM transport)",
+}
+
+
+def _gpu_links_text(hw: HardwareProfile) -> str | None:
+    """How a node's GPUs reach each other and the host, where it is not NVLink beside a
+    PCIe link of each GPU's own (nothing to say then)."""
+    parts = []
+    if hw.intra_node_transport is not PeerTransport.NVLINK:
+        parts.append(f"NCCL's ring {TRANSPORT_TEXT[hw.intra_node_transport]} at "
+                     f"{hw.nvlink_Bps / GB:g} GB/s, on each GPU's PCIe link beside its copies")
+    if hw.gpus_per_switch > 1:
+        parts.append(f"{hw.gpus_per_switch} GPUs behind each PCIe switch, sharing its "
+                     f"{hw.switch_uplink_Bps / GB:g} GB/s uplink to the CPU")
+    return "; ".join(parts) or None
 
 
 def _pools_text(pools: CpuPools) -> str:
