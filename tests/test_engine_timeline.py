@@ -35,6 +35,7 @@ from conftest import q, toy_stack
 from zerosim.errors import ScenarioError
 from zerosim.hardware.profile import load_profile
 from zerosim.stacks import load_stack
+from zerosim.vocabulary import PathGap
 
 PS = 1e-12
 
@@ -207,6 +208,38 @@ def test_boundary_flush_of_0_13_3_param_by_param(dp1_ga1):
     per_param = (2 * D2H_PINNED_PS + GRAD_NORM_PS + ZERO_PAGES_PS + D2H_PAGEABLE_PS
                  + CPU_CAST_PS)
     assert t == copies_end + 920064 + per_param * TOTAL_PARAMS
+
+
+def test_the_critical_path_is_the_compute_then_the_flush_param_by_param(dp1_ga1):
+    """What each phase waited on (`Result.critical_path`): the forward and backward kernels
+    back to back, then the last bucket copy, the local reduce-scatter and, per parameter, the
+    chain of the boundary flush above, the fp64 norm (GRAD_NORM_PS) inside the reduce stream's
+    `partition grads` op that runs the chain; no host stretch anywhere (the toy's host costs
+    nothing)."""
+    path = dp1_ga1.critical_path
+    forward = path[path.phase == "forward"]
+    _assert_timeline(forward, _compute_timeline("forward", FORWARD_PS, 0))
+    assert set(forward.stream) == {"compute"}
+    compute, copies = _backward_and_bucket_copies(FORWARD_TOTAL_PS)
+    t = copies[-1][2] + 2 * 2 * 2 * TOTAL_PARAMS
+    expected = [*compute, (f"copy grad {copies[-1][0]}", *copies[-1][1:]),
+                ("reduce-scatter 0M", copies[-1][2], t)]
+    streams = ["compute"] * len(compute) + ["reduce", "reduce"]
+    for name in GRAD_ORDER:
+        n = PARAMS[name]
+        for op, stream, ps in ((f"grad → accum {name} (pinned)", "pcie.d2h", D2H_PINNED_PS),
+                               (f"accum → GPU {name} (pinned)", "pcie.h2d", D2H_PINNED_PS),
+                               ("partition grads 21 params", "reduce", GRAD_NORM_PS),
+                               (f"zero pages {name}", "cpu", ZERO_PAGES_PS),
+                               (f"fp32 flush {name} (pageable)", "pcie.d2h", D2H_PAGEABLE_PS),
+                               (f"cast fp16→fp32 {name}", "cpu", CPU_CAST_PS)):
+            expected.append((op, t, t + ps * n))
+            streams.append(stream)
+            t += ps * n
+    backward = path[path.phase == "backward"]
+    _assert_timeline(backward, expected)
+    assert list(backward.stream) == streams
+    assert PathGap.HOST not in set(path.stream)
 
 
 REUSE_BYTES = 12_000

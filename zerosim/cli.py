@@ -392,9 +392,19 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         _print_json(result.summary)
     else:
         render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
-                       accumulation_steps=loaded.deepspeed.gradient_accumulation_steps)
+                       accumulation_steps=loaded.deepspeed.gradient_accumulation_steps,
+                       critical=None if no_files else _critical_totals(result))
     if result.summary["status"] == "oom":
         sys.exit(EXIT_OOM)
+
+
+def _critical_totals(result) -> dict[str, list[tuple[str, float]]]:
+    """What each phase of the reported rank waited on, per phase time (`zerosim run`'s
+    critical-path table)."""
+    from zerosim.results.critical import path_totals, reported_rank
+
+    rank = reported_rank(result)
+    return {} if rank is None else path_totals(result.critical_path, rank)
 
 
 def _draw_figures(result, folder: Path) -> None:

@@ -49,6 +49,7 @@ from zerosim.vocabulary import (
     devices_of,
     is_gpu,
     resource_name,
+    span_kind,
     split_resource,
 )
 
@@ -658,15 +659,6 @@ def _top(ax) -> float:
 
 
 # ------------------------------------------------------------------------------ activity
-
-def span_kind(op_kind: str, buffer_kind: str, op: str) -> str:
-    """What a span does, from its fields: its op kind (`vocabulary.OpKind`) with the host
-    buffer it copies to or from, e.g. 'grad_to_host (pinned)'. A span without an op kind (a
-    result folder that predates the column) is named by its whole `op`."""
-    if not op_kind:
-        return str(op)
-    return f"{op_kind} ({buffer_kind})" if buffer_kind else op_kind
-
 
 def _phase_window(result, rank: int, phase: str, micro_batch: int | None
                   ) -> tuple[float, float, int]:

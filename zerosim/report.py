@@ -14,6 +14,7 @@ from zerosim.hardware.provenance import basis_text
 from zerosim.results.summary import (
     PEAK_ERROR_FRACTION,
     capacity_that_fits,
+    last_to_finish,
     oom_text,
     phase_time,
     tight_memory,
@@ -259,12 +260,10 @@ def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[
     how many times it runs; with the time between phases the rows add up to its end.
     `phases`: `Result.phases`, or the phase records of a summary-only run (`Brief.phases`)."""
     rows = _phase_rows(phases)
-    if not rows:
+    rank = last_to_finish(rows)
+    if rank is None:
         return None, {}, {}
-    ends: dict[int, float] = {}
-    for rank, _, _, _, end_s in rows:
-        ends[rank] = max(ends.get(rank, end_s), end_s)
-    rank = min(ends, key=lambda r: (-ends[r], r))
+    end = max(end_s for row_rank, _, _, _, end_s in rows if row_rank == rank)
     last = accumulation_steps - 1
     totals = {key.value: 0.0 for key in PhaseTime}
     counts = {key.value: 0 for key in PhaseTime}
@@ -273,7 +272,7 @@ def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[
         if row_rank == rank and key is not None:
             totals[key.value] += end_s - start_s
             counts[key.value] += 1
-    totals[BETWEEN_PHASES] = ends[rank] - sum(totals.values())
+    totals[BETWEEN_PHASES] = end - sum(totals.values())
     return rank, totals, counts
 
 
@@ -329,10 +328,40 @@ def _memory_table(summary: dict) -> Table | None:
     return table
 
 
+CRITICAL_KINDS_SHOWN = 4
+"""What each phase waited on longest, per row of the critical-path table; the rest summed."""
+
+
+def _critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
+                         ) -> Table | None:
+    """Rank `rank`'s critical path per phase over the iteration (`results.critical.path_totals`):
+    what the phase waited on, longest first, with its share of the phase."""
+    if not critical:
+        return None
+    table = Table(title=f"critical path of rank {rank}: what each phase waited on, seconds per "
+                        "iteration (host: its host thread)", title_justify="left")
+    table.add_column("phase")
+    table.add_column("time", justify="right")
+    table.add_column("longest first")
+    for key, label in PHASE_ROWS.items():
+        kinds = critical.get(key)
+        if not kinds:
+            continue
+        total = sum(seconds for _, seconds in kinds)
+        shown = [f"{kind} {_seconds(seconds)} ({seconds / total:.0%})"
+                 for kind, seconds in kinds[:CRITICAL_KINDS_SHOWN]]
+        if rest := kinds[CRITICAL_KINDS_SHOWN:]:
+            shown.append(f"{len(rest)} more {_seconds(sum(s for _, s in rest))}")
+        table.add_row(label, _seconds(total), ", ".join(shown))
+    return table
+
+
 def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
-                   phases=None, accumulation_steps: int = 1) -> None:
+                   phases=None, accumulation_steps: int = 1,
+                   critical: dict[str, list[tuple[str, float]]] | None = None) -> None:
     """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
-    totals beside the per-micro-batch means."""
+    totals beside the per-micro-batch means; with `critical` (`results.critical.path_totals` of
+    the rank that finishes last) a table of what each phase waited on follows it."""
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
@@ -348,6 +377,8 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                       "compute held: per micro-batch, how long other streams' kernels kept "
                       "compute off the SMs", highlight=False)
     console.print(_phase_table(summary, totals, counts))
+    if rank is not None and (path := _critical_path_table(rank, critical or {})) is not None:
+        console.print(path)
     if (step := summary.get("zenflow_step_s")) is not None:
         steps = round(summary["iteration_s"] / step)
         console.print(f"ZenFlow: an iteration is a window of {steps} training steps "

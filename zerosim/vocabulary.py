@@ -164,6 +164,25 @@ def host_buffer(pinned: bool) -> BufferKind:
     return BufferKind.PINNED if pinned else BufferKind.PAGEABLE
 
 
+def span_kind(op_kind: str, buffer_kind: str, op: str) -> str:
+    """What a span does, from its fields: its op kind with the host buffer it copies to or
+    from, e.g. 'grad_to_host (pinned)'. A span without an op kind (a result folder that
+    predates the column) is named by its whole `op`."""
+    if not op_kind:
+        return str(op)
+    return f"{op_kind} ({buffer_kind})" if buffer_kind else str(op_kind)
+
+
+class PathGap(StrEnum):
+    """A stretch of a phase's critical path that no recorded op covers
+    (`zerosim.results.critical`)."""
+
+    HOST = "host"
+    """The rank's host thread: no op the phase waited on ended there, so the next one started
+    when the host issued it (hooks, launches, `cudaMalloc`, Python between the calls, or what
+    the host itself waited for)."""
+
+
 class Category(StrEnum):
     """Memory categories (what occupies HBM, host memory or NVMe)."""
 

@@ -1,5 +1,5 @@
 """Write a result to a folder: summary.json, capacities.json (bytes per device), CSV (and
-Parquet with pyarrow), trace.json, and with `figures` the plots.
+Parquet with pyarrow), critical_path.csv, trace.json, and with `figures` the plots.
 
 Everything is written into a temporary folder beside the destination, which then replaces the
 destination in one rename (`zerosim.results.folders`): an interrupted or failed run leaves the
@@ -22,6 +22,8 @@ from zerosim.results.result import Result
 from zerosim.results.trace import TraceDetail, build_trace
 
 TABLES = ("spans", "memory", "phases", "links")
+CRITICAL_PATH_FILE = "critical_path.csv"
+"""`Result.critical_path`, derived from spans and phases (a loaded result computes it again)."""
 
 
 def has_parquet() -> bool:
@@ -84,9 +86,11 @@ def _write_files(result: Result, folder: Path, extra: dict[str, object],
         frame.to_csv(folder / f"{name}.csv", index=False)
         if has_parquet():
             frame.to_parquet(folder / f"{name}.parquet", index=False)
+    result.critical_path.to_csv(folder / CRITICAL_PATH_FILE, index=False)
     detail = TraceDetail.compact(result.spans) if compact_trace else TraceDetail()
     trace = build_trace(result.spans, result.phases, result.memory, result.links,
-                        result.scenario_name, summary=result.summary, detail=detail)
+                        result.scenario_name, summary=result.summary, detail=detail,
+                        critical=result.critical_path)
     (folder / "trace.json").write_bytes(trace_json(trace))
     for name, payload in extra.items():
         _write_text(folder / name, strict_json(payload, indent=2, default=str) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
@@ -41,6 +42,8 @@ class Result:
     `links`: usage of each shared resource over time (t_s, resource, rate, unit): bytes/s for
     PCIe directions, NVLink and host memory; busy hardware threads for a node's CPU.
     `summary`: iteration and phase times, TFLOPS, peaks, PCIe traffic, status.
+    `critical_path`: what each phase of the rank that finishes last waited on (computed on
+    first use from `spans` and `phases`).
     """
 
     scenario_name: str
@@ -54,6 +57,19 @@ class Result:
     @property
     def status(self) -> str:
         return self.summary["status"]
+
+    @cached_property
+    def critical_path(self) -> pd.DataFrame:
+        """What each phase of the rank that finishes last (the one `zerosim run` reports)
+        waited on, one row per step of its critical path (`results.critical`); empty when
+        the run has no phases. `results.critical.critical_path(result, ranks)` gives other
+        ranks'."""
+        from zerosim.results.critical import COLUMNS, critical_path, reported_rank
+
+        rank = reported_rank(self)
+        if rank is None:
+            return pd.DataFrame([], columns=list(COLUMNS))
+        return critical_path(self, [rank])
 
 
 def link_unit(resource: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,15 @@ def phase_time(phase: str, micro: int, last: int) -> PhaseTime | None:
     if phase == Phase.BACKWARD and micro == last:
         return PhaseTime.BACKWARD_BOUNDARY
     return None
+
+
+def last_to_finish(rows: Iterable[tuple]) -> int | None:
+    """The rank whose last phase ends last (the lowest such rank), from (rank, phase,
+    micro_batch, start_s, end_s) rows; None without rows."""
+    ends: dict[int, float] = {}
+    for rank, _, _, _, end_s in rows:
+        ends[rank] = max(ends.get(rank, end_s), end_s)
+    return min(ends, key=lambda r: (-ends[r], r)) if ends else None
 
 
 def phase_seconds(phases: Table[PhaseSpan], accumulation_steps: int

@@ -3,7 +3,9 @@
 Layout, as Perfetto shows it (https://ui.perfetto.dev, Open trace file):
 
 - one process per rank, "rank R (gpuR)", holding one thread (track) per stream: "phases"
-  (fwd 0, bwd 0, ..., bwd 1 (boundary), update), then the rank's streams in `STREAM_ORDER`
+  (fwd 0, bwd 0, ..., bwd 1 (boundary), update), on the rank `zerosim run` reports "critical
+  path" (what each phase waited on, `Result.critical_path`: the op, or "host" for its host
+  thread), then the rank's streams in `STREAM_ORDER`
   ("compute", "all-gather", "reduce", "PCIe H2D", "PCIe D2H", "CPU", "flush", ...,
   "NVMe read", "NVMe write", "swap"; see `STREAM_NAMES`); and the counters of its GPU: HBM
   in GiB by category (plus the total) and PCIe / NVLink throughput in GB/s;
@@ -50,10 +52,14 @@ from zerosim.vocabulary import (
 NS_PER_S = 1_000_000_000
 PHASES_TRACK = "phases"
 """The track of a rank's phases (not a stream of the engine)."""
-STREAM_ORDER: tuple[str, ...] = (PHASES_TRACK, *Stream)
-"""Tracks of a rank, top to bottom: the phases, then every stream in `Stream`'s order."""
+CRITICAL_TRACK = "critical path"
+"""The track of what each phase of the reported rank waited on (`Result.critical_path`)."""
+STREAM_ORDER: tuple[str, ...] = (PHASES_TRACK, CRITICAL_TRACK, *Stream)
+"""Tracks of a rank, top to bottom: the phases, the critical path (the reported rank's), then
+every stream in `Stream`'s order."""
 STREAM_NAMES: dict[str, str] = {
     PHASES_TRACK: "phases",
+    CRITICAL_TRACK: "critical path",
     Stream.COMPUTE: "compute",
     Stream.ALLGATHER: "all-gather",
     Stream.FETCH_COPIES: "fetch copies",
@@ -209,12 +215,23 @@ def _phase_rows(phases: pd.DataFrame) -> pd.DataFrame:
     return phases.assign(stream=PHASES_TRACK, op=names, bytes=0.0)
 
 
-def _slices(spans: pd.DataFrame, phases: pd.DataFrame) -> tuple[list[dict], set]:
+def _critical_rows(critical: pd.DataFrame | None) -> pd.DataFrame:
+    """The critical path's steps as span-like rows on its track, each named by the op it
+    waited on (or 'host')."""
+    if critical is None:
+        return pd.DataFrame()
+    names = [op or stream for op, stream in zip(critical.op, critical.stream, strict=True)]
+    return critical.assign(stream=CRITICAL_TRACK, op=names, bytes=0.0)
+
+
+def _slices(spans: pd.DataFrame, phases: pd.DataFrame, critical: pd.DataFrame | None = None
+            ) -> tuple[list[dict], set]:
     kinds = [c for c in KIND_COLUMNS if c in spans.columns]
     columns = ["rank", "stream", "phase", "micro_batch", "op", "start_s", "end_s", "bytes",
                *kinds]
     phase_rows = _phase_rows(phases).assign(**dict.fromkeys(kinds, ""))
-    frames = [f[columns] for f in (spans, phase_rows) if not f.empty]
+    critical_rows = _critical_rows(critical)
+    frames = [f[columns] for f in (spans, phase_rows, critical_rows) if not f.empty]
     if not frames:
         return [], set()
     everything = pd.concat(frames, ignore_index=True)
@@ -383,13 +400,17 @@ def _rank_process_name(rank: int, detail: TraceDetail) -> str:
 def build_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame,
                 links: pd.DataFrame, scenario_name: str,
                 summary: Mapping[str, Any] | None = None,
-                detail: TraceDetail = TraceDetail()) -> dict[str, Any]:
-    """The trace as a JSON-ready dict: {"traceEvents": [...], ...}."""
+                detail: TraceDetail = TraceDetail(),
+                critical: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The trace as a JSON-ready dict: {"traceEvents": [...], ...}; `critical`
+    (`Result.critical_path`) adds a "critical path" track to its rank."""
     if detail.rank_groups is not None:
         spans = spans[spans["rank"].map(detail.keeps).astype(bool)]
         phases = phases[phases["rank"].map(detail.keeps).astype(bool)]
+        if critical is not None:
+            critical = critical[critical["rank"].map(detail.keeps).astype(bool)]
         memory, links = _kept_devices(memory, links, detail)
-    slices, threads = _slices(spans, phases)
+    slices, threads = _slices(spans, phases, critical)
     ranks = {r for r, _, _ in threads}
     devices = sorted(set(memory.device) | {split_resource(str(r))[0] for r in links.resource},
                      key=lambda d: (not is_gpu(d), len(d), d))

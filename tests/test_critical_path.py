@@ -1,0 +1,130 @@
+"""The critical path of a phase (`zerosim.results.critical`): hand-built spans with the walk
+back from the phase's end written out, then what `zerosim run` shows and writes of it."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from zerosim.cli import main
+from zerosim.results import load_result
+from zerosim.results.critical import PathStep, path_totals, phase_path, rank_paths
+
+
+def span(stream, op_kind, start, end, op="", buffer_kind=""):
+    return (stream, op_kind, buffer_kind, op or op_kind, float(start), float(end))
+
+
+def steps(path: list[PathStep]) -> list[tuple[str, str, float, float]]:
+    return [(s.stream, s.op_kind, s.start_s, s.end_s) for s in path]
+
+
+def test_a_chain_with_a_host_stretch_is_walked_back_from_the_end():
+    """A kernel, a copy that waited for it, then a kernel the host issued 0.5 s after the copy
+    ended; a copy on the side that nothing waited for is not on the path."""
+    spans = [span("compute", "forward", 0, 1), span("pcie.d2h", "grad_to_host", 1, 3),
+             span("compute", "backward", 3.5, 4), span("pcie.h2d", "grad_from_host", 0.5, 2)]
+    assert steps(phase_path(spans, 0, 4)) == [
+        ("compute", "forward", 0, 1), ("pcie.d2h", "grad_to_host", 1, 3),
+        ("host", "host", 3, 3.5), ("compute", "backward", 3.5, 4)]
+
+
+def test_the_innermost_op_is_taken_and_its_wrapper_holds_the_stretches_between_its_ops():
+    """A reduce-stream op [1, 5] runs a copy [2, 3] and then zeroes pages [3.2, 5]: it ends
+    with the zeroing, which is on the path; the 0.2 s before the zeroing and the second
+    before the copy are the wrapper's own work; the kernel before it is found at its start."""
+    spans = [span("compute", "backward", 0, 1), span("reduce", "partition_grads", 1, 5),
+             span("pcie.d2h", "grad_to_host", 2, 3), span("cpu", "zero_pages", 3.2, 5)]
+    assert steps(phase_path(spans, 0, 5)) == [
+        ("compute", "backward", 0, 1), ("reduce", "partition_grads", 1, 2),
+        ("pcie.d2h", "grad_to_host", 2, 3), ("reduce", "partition_grads", 3, 3.2),
+        ("cpu", "zero_pages", 3.2, 5)]
+
+
+def test_ties_go_to_the_stream_of_the_next_step_and_zero_length_ops_are_skipped():
+    """Two ops of one length end as the next compute op starts: the compute one (its in-order
+    predecessor) is taken; an op of no length there changes nothing."""
+    spans = [span("reduce", "grad_to_bucket", 0, 1), span("compute", "backward", 0, 1),
+             span("reduce", "grad_to_bucket", 1, 1, op="empty"), span("compute", "backward", 1, 2)]
+    assert steps(phase_path(spans, 0, 2)) == [("compute", "backward", 0, 1),
+                                              ("compute", "backward", 1, 2)]
+
+
+def test_the_path_is_clipped_to_the_phase_and_a_phase_with_no_ops_is_the_hosts():
+    spans = [span("cpu", "cast", 0, 3), span("compute", "forward", 3, 4)]
+    assert steps(phase_path(spans, 2, 4)) == [("cpu", "cast", 2, 3),
+                                              ("compute", "forward", 3, 4)]
+    assert steps(phase_path(spans, 5, 6)) == [("host", "host", 5, 6)]
+    assert steps(phase_path([], 0, 1)) == [("host", "host", 0, 1)]
+
+
+def test_rank_paths_names_each_phase_time_and_path_totals_sum_them_per_kind():
+    """Micro-batch 1's backward is the boundary (the last backward of the rank); the totals
+    add the two forwards' steps together, longest first."""
+    spans = [(0, *span("compute", "forward", 0, 1)), (0, *span("compute", "backward", 1, 3)),
+             (0, *span("compute", "forward", 3, 4.5)),
+             (0, *span("pcie.d2h", "grad_flush", 5, 8, buffer_kind="pageable"))]
+    phases = [(0, "forward", 0, 0.0, 1.0), (0, "backward", 0, 1.0, 3.0),
+              (0, "forward", 1, 3.0, 4.5), (0, "backward", 1, 4.5, 8.0)]
+    rows = rank_paths(spans, phases)
+    assert [(r[1], r[2], r[3], r[6], r[4], r[5]) for r in rows] == [
+        ("forward", 0, "forward", "compute", 0, 1),
+        ("backward", 0, "backward_non_boundary", "compute", 1, 3),
+        ("forward", 1, "forward", "compute", 3, 4.5),
+        ("backward", 1, "backward_boundary", "host", 4.5, 5),
+        ("backward", 1, "backward_boundary", "pcie.d2h", 5, 8)]
+    frame = pd.DataFrame(rows, columns=["rank", "phase", "micro_batch", "phase_time",
+                                        "start_s", "end_s", "stream", "op_kind",
+                                        "buffer_kind", "op"])
+    assert path_totals(frame, 0) == {
+        "forward": [("forward", 2.5)], "backward_non_boundary": [("backward", 2.0)],
+        "backward_boundary": [("grad_flush (pageable)", 3.0), ("host", 0.5)]}
+
+
+@pytest.fixture(scope="module")
+def dp4_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("critical") / "dp4"
+    result = CliRunner().invoke(main, ["run", "scenarios/llama13b_dp4.yaml", "--out",
+                                       str(folder), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return folder, result.stdout
+
+
+def test_run_prints_what_each_phase_waited_on_and_writes_it(dp4_run):
+    """Every phase of the reported rank is tiled by its path; the table's times are the phase
+    table's per-iteration ones; the CSV is what a loaded result computes again."""
+    folder, stdout = dp4_run
+    assert "critical path of rank 0: what each phase waited on" in stdout
+    assert "zero_pages" in stdout and "optimizer_step" in stdout
+    written = pd.read_csv(folder / "critical_path.csv", keep_default_na=False)
+    loaded = load_result(folder)
+    again = loaded.critical_path
+    assert list(written.columns) == list(again.columns)
+    assert written.end_s.tolist() == pytest.approx(again.end_s.tolist(), rel=1e-12)
+    assert written.op.tolist() == again.op.tolist()
+    phases = loaded.phases[loaded.phases["rank"] == 0]
+    for row in phases.itertuples():
+        mine = written[(written.phase == row.phase) & (written.micro_batch == row.micro_batch)]
+        assert mine.start_s.iloc[0] == pytest.approx(row.start_s, rel=1e-12)
+        assert mine.end_s.iloc[-1] == pytest.approx(row.end_s, rel=1e-12)
+        assert mine.start_s.iloc[1:].tolist() == pytest.approx(mine.end_s.iloc[:-1].tolist(),
+                                                                rel=1e-12)
+    update = path_totals(again, 0)["update"]
+    assert sum(s for _, s in update) == pytest.approx(loaded.summary["phases_s"]["update"],
+                                                      rel=1e-9)
+    events = json.loads((folder / "trace.json").read_text())["traceEvents"]
+    track = {(e["pid"], e["tid"]) for e in events
+             if e["name"] == "thread_name" and e["args"]["name"] == "critical path"}
+    assert len(track) == 1 and next(iter(track))[0] == 0
+    steps_ = [e for e in events if e["ph"] == "X" and (e["pid"], e["tid"]) in track]
+    assert [e["name"] for e in steps_] == [op or "host" for op in written.op]
+
+
+def test_run_without_files_keeps_no_records_and_shows_no_path():
+    result = CliRunner().invoke(main, ["run", "scenarios/llama13b_dp1.yaml", "--no-files"])
+    assert result.exit_code == 0, result.output
+    assert "phase times in seconds" in result.stdout
+    assert "critical path" not in result.stdout
