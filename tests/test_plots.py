@@ -249,6 +249,25 @@ def test_activity_explains_the_boundary_backward(dp1):
     assert "bwd 1 (boundary)" in fig.axes[0].get_title()
 
 
+def test_the_critical_path_chart_has_a_bar_per_phase_split_by_what_it_waited_on(dp1):
+    """One bar per phase time, its pieces the phase's shares (adding up to the whole bar),
+    the boundary backward's largest piece named (the study's page zeroing at DP=1), and the
+    host thread always in the legend where it has time."""
+    fig = plots.critical_path_chart(dp1)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "forward", "backward (non-boundary)", "backward (boundary)", "optimizer update"]
+    widths: dict[float, float] = {}
+    for bar in ax.patches:
+        widths[round(bar.get_y(), 6)] = widths.get(round(bar.get_y(), 6), 0.0) + bar.get_width()
+    assert len(widths) == 4 and all(w == pytest.approx(1.0) for w in widths.values())
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "zero_pages" in texts
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0].startswith("host (")
+    assert "critical path of rank 0" in ax.get_title()
+
+
 # --------------------------------------------------------------------------- sweeps
 
 @pytest.fixture()
@@ -316,7 +335,7 @@ def test_run_with_plots_writes_png_and_svg_and_plot_redraws_them(tmp_path, dp1):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     figures = {"timeline", "memory_gpu0", "memory_host0", "pcie_gpu0", "phases",
-               "activity_forward", "activity_backward", "activity_update"}
+               "critical_path", "activity_forward", "activity_backward", "activity_update"}
     names = {p.name for p in out.iterdir()}
     assert {f"{f}.{ext}" for f in figures for ext in ("png", "svg")} <= names
     assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

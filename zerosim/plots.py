@@ -40,6 +40,7 @@ from zerosim.vocabulary import (
     Category,
     DeviceKind,
     LinkKind,
+    PathGap,
     Phase,
     PhaseTime,
     Stream,
@@ -778,6 +779,79 @@ def phase_activity(result, *, rank: int = 0, phase: str = Phase.BACKWARD,
 
 
 LINK_COLOR = GREY
+HOST_COLOR = "#555555"
+OTHER_COLOR = "#DDDDDD"
+CRITICAL_SHADES = (0.0, 0.35, 0.6, 0.75)
+"""How much lighter than its stream's colour each further kind of that stream is drawn."""
+CRITICAL_HATCHES = (None, "//", "..", "xx")
+"""And its hatch, so that kinds of one stream stay apart."""
+CRITICAL_AXES_SHARE = 0.55
+"""The bars' share of the figure's width (the legend takes the rest)."""
+
+
+def critical_path_chart(result, *, top: int = 10) -> Figure:
+    """What each phase of the reported rank waited on (`Result.critical_path`): one bar per
+    phase time, split by share into what it waited on (coloured by its stream, lighter for a
+    stream's later kinds; the host thread dark grey), the `top` kinds of the iteration
+    named and the rest as 'other'; the phase's seconds per iteration at the bar's end."""
+    from zerosim.results.critical import path_totals, reported_rank
+
+    rank = reported_rank(result)
+    path = result.critical_path
+    totals = {} if rank is None else path_totals(path, rank)
+    rows = [key for key in PHASE_KEYS if totals.get(key)]
+    overall: dict[str, float] = {}
+    for key in rows:
+        for kind, seconds in totals[key]:
+            overall[kind] = overall.get(kind, 0.0) + seconds
+    named = sorted(overall, key=lambda k: (k != PathGap.HOST, -overall[k], k))[:top]
+    stream_of = {span_kind(k, b, o): st for k, b, o, st in zip(
+        path.op_kind, path.buffer_kind, path.op, path.stream, strict=True)}
+    seen: dict[str, int] = {}
+    colors, hatches = {}, {}
+    for kind in sorted(named, key=lambda k: (-overall[k], k)):
+        stream = stream_of.get(kind, "")
+        shade = seen.get(stream, 0)
+        seen[stream] = shade + 1
+        colors[kind] = HOST_COLOR if stream == PathGap.HOST else _lighter(
+            stream_color(stream), CRITICAL_SHADES[min(shade, len(CRITICAL_SHADES) - 1)])
+        hatches[kind] = CRITICAL_HATCHES[shade % len(CRITICAL_HATCHES)]
+    width_in = 10 * CRITICAL_AXES_SHARE
+    fig = _new_figure(10, 1.6 + 0.55 * max(len(rows), 1))
+    ax = fig.subplots()
+    y = np.arange(len(rows))[::-1]
+    for yy, key in zip(y, rows, strict=True):
+        length = sum(seconds for _, seconds in totals[key])
+        shares = [(k, sec) for k, sec in totals[key] if k in colors]
+        other = length - sum(sec for _, sec in shares)
+        if other > 0:
+            shares.append(("other", other))
+        left = 0.0
+        for kind, seconds in shares:
+            share = seconds / length if length > 0 else 0.0
+            ax.barh(yy, share, left=left, color=colors.get(kind, OTHER_COLOR),
+                    hatch=hatches.get(kind), edgecolor="white", lw=0.5, zorder=2)
+            if share * width_in >= _text_width_in(kind, 7) + 0.1:
+                ax.text(left + share / 2, yy, f"{kind}\n{_duration(seconds)}", ha="center",
+                        va="center", fontsize=7, zorder=3,
+                        bbox={"boxstyle": "square,pad=0.1", "facecolor": "white",
+                              "edgecolor": "none", "alpha": 0.7})
+            left += share
+        ax.annotate(_duration(length), (1.0, yy), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+    ax.set_yticks(y, [PHASE_LABELS[key].replace("\n", " ") for key in rows], fontsize=9)
+    ax.set_xlim(0, 1)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
+    ax.set_xlabel("share of the phase (seconds per iteration at the right)")
+    ax.set_title(f"{_scenario_name(result)}: what each phase waited on "
+                 f"(critical path of rank {rank})", fontsize=TITLE_SIZE)
+    handles = [Patch(facecolor=colors[k], hatch=hatches[k], edgecolor="white",
+                     label=f"{k} ({_duration(overall[k])})") for k in named]
+    if any(k not in colors for key in rows for k, _ in totals[key]):
+        handles.append(Patch(facecolor=OTHER_COLOR, label="other"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize=8,
+              frameon=False, title="waited on (iteration)", title_fontsize=8)
+    return fig
 
 
 def _link_label(resource: str) -> str:
@@ -960,8 +1034,9 @@ def host_devices(result) -> list[str]:
 def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"),
              *, dpi: int = 150) -> list[Path]:
     """Write the timeline, memory over time (every GPU and host), PCIe throughput (every GPU),
-    phase-breakdown figures and, for each phase rank 0 ran, where its last instance's time
-    goes (`phase_activity`: the last forward, the boundary backward, the update) into
+    phase-breakdown figures, what each phase waited on (`critical_path_chart`) and, for each
+    phase rank 0 ran, where its last instance's time goes (`phase_activity`: the last
+    forward, the boundary backward, the update) into
     `out_dir`, one file per figure and format."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -971,6 +1046,8 @@ def save_all(result, out_dir: str | Path, formats: Sequence[str] = ("png", "svg"
     for device in gpu_devices(result):
         figures.append((f"pcie_{device}", pcie_throughput(result, _device_rank(device))))
     figures.append(("phases", phase_breakdown(result.summary)))
+    if not result.critical_path.empty:
+        figures.append(("critical_path", critical_path_chart(result)))
     for phase in _phases_of(result, rank=0):
         figures.append((f"activity_{phase}", phase_activity(result, rank=0, phase=phase)))
     written = []
