@@ -128,3 +128,46 @@ def test_run_without_files_keeps_no_records_and_shows_no_path():
     assert result.exit_code == 0, result.output
     assert "phase times in seconds" in result.stdout
     assert "critical path" not in result.stdout
+
+
+def test_diff_lists_the_changed_setting_and_what_moved_each_phase(dp4_run, tmp_path):
+    """Pageable buffers against pinned on the study's DP=4 node: the one setting named, the
+    iteration's change the sum of the phases' and the time between them, and each phase's
+    change the sum of what moved on its critical path (the path tiles the phase)."""
+    from zerosim.results.compare import compare_folders
+
+    pinned, _ = dp4_run
+    pageable = tmp_path / "pageable"
+    ran = CliRunner().invoke(main, [
+        "run", "scenarios/llama13b_dp4.yaml", "--out", str(pageable), "--no-progress",
+        "--set", "deepspeed.zero_optimization.offload_optimizer.pin_memory=false"])
+    assert ran.exit_code == 0, ran.output
+    comparison = compare_folders(pinned, pageable)
+    assert comparison.settings == (
+        ("deepspeed.zero_optimization.offload_optimizer.pin_memory", True, False),)
+    phases = {p.key: p for p in comparison.phases}
+    assert list(phases) == ["forward", "backward_non_boundary", "backward_boundary", "update",
+                            "between_phases", "iteration"]
+    assert sum(p.change_s for k, p in phases.items() if k != "iteration") == pytest.approx(
+        phases["iteration"].change_s, abs=1e-9)
+    for key in ("forward", "backward_non_boundary", "backward_boundary", "update"):
+        assert sum(w.change_s for w in phases[key].waits) == pytest.approx(
+            phases[key].change_s, abs=1e-9)
+    boundary = phases["backward_boundary"]
+    assert boundary.change_s > 0.1
+    assert "(pageable)" in boundary.waits[0].kind and boundary.waits[0].change_s > 0
+    shown = CliRunner().invoke(main, ["diff", str(pinned), str(pageable)])
+    assert shown.exit_code == 0, shown.output
+    assert "offload_optimizer.pin_memory: True -> False" in shown.stdout
+    assert "backward (boundary)" in shown.stdout
+    as_json = json.loads(CliRunner().invoke(main, ["diff", str(pinned), str(pageable),
+                                                   "--json"]).stdout)
+    assert as_json["settings"] == [{"key": comparison.settings[0][0], "a": True, "b": False}]
+    assert as_json["phases"][-1]["change_s"] == pytest.approx(phases["iteration"].change_s)
+
+
+def test_diff_of_a_folder_that_is_no_result_fails_clearly(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, ["diff", str(tmp_path / "empty"), str(tmp_path / "empty")])
+    assert result.exit_code == 2
+    assert "not a zerosim result folder" in result.output

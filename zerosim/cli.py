@@ -413,6 +413,32 @@ def _draw_figures(result, folder: Path) -> None:
     save_all(result, folder)
 
 
+@main.command(epilog="Exit status: 0 compared, 2 a folder is not a zerosim result.")
+@click.argument("result_a", metavar="RESULT_A",
+                type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.argument("result_b", metavar="RESULT_B",
+                type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--all-settings", is_flag=True,
+              help="List every setting that differs (default: the first 20).")
+def diff(result_a: Path, result_b: Path, as_json: bool, all_settings: bool) -> None:
+    """Compare two finished runs (folders `zerosim run` wrote): the settings that differ, each
+    phase's seconds per iteration, and what moved on its critical path (B - A)."""
+    from zerosim.report import render_comparison
+    from zerosim.results.compare import compare_folders
+
+    comparison = compare_folders(result_a, result_b)
+    if as_json:
+        _print_json(comparison.as_dict())
+    else:
+        render_comparison(comparison, str(result_a), str(result_b),
+                          settings_shown=None if all_settings else SETTINGS_SHOWN)
+
+
+SETTINGS_SHOWN = 20
+"""Settings `zerosim diff` lists before it counts the rest (`--all-settings`)."""
+
+
 @main.command()
 @click.argument("result_dir", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),

@@ -7,6 +7,7 @@ import re
 from rich.console import Console
 from rich.table import Table
 
+from zerosim.errors import clip
 from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.profile import HardwareProfile
@@ -417,6 +418,56 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
             console.print(f"that allocation fits with --set {fits[0]}={fits[1]:.2f} (a later "
                           "one may need more): to time the configuration as if it fitted",
                           markup=False, highlight=False)
+
+
+COMPARISON_ROWS = {**PHASE_ROWS, "between_phases": BETWEEN_PHASES, "iteration": "iteration"}
+WAITS_SHOWN = 3
+"""Kinds of wait per phase `zerosim diff` names, the largest changes first."""
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
+
+
+def _setting_text(value) -> str:
+    return "(absent)" if value is None else clip(str(value), 60)
+
+
+def render_comparison(comparison, a_label: str, b_label: str, *,
+                      settings_shown: int | None = 20) -> None:
+    """`zerosim diff`: the settings that differ, then each phase of A and B with what moved on
+    its critical path."""
+    console = _console()
+    console.print(f"A: {a_label} ({comparison.a_name})\nB: {b_label} ({comparison.b_name})",
+                  markup=False, highlight=False)
+    settings = comparison.settings
+    if settings:
+        console.print("settings that differ (scenario.json), A -> B:", highlight=False)
+        shown = settings if settings_shown is None else settings[:settings_shown]
+        for key, a, b in shown:
+            console.print(f"  {key}: {_setting_text(a)} -> {_setting_text(b)}", markup=False,
+                          highlight=False)
+        if len(shown) < len(settings):
+            console.print(f"  ... {len(settings) - len(shown)} more (--all-settings)",
+                          highlight=False)
+    table = Table(title="seconds per iteration, each run's reported rank; what moved on the "
+                        "critical path, B - A", title_justify="left")
+    for column in ("phase", "A", "B", "change"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    table.add_column("moved most")
+    for phase in comparison.phases:
+        change = phase.change_s
+        relative = ("" if change is None or not phase.a_s
+                    else f" ({change / phase.a_s:+.0%})")
+        moved = ", ".join(f"{w.kind} {_signed(w.change_s)}"
+                          for w in phase.waits[:WAITS_SHOWN] if abs(w.change_s) >= 5e-4)
+        label = COMPARISON_ROWS.get(phase.key, phase.key)
+        table.add_row(label, _seconds(phase.a_s), _seconds(phase.b_s),
+                      _signed(change) + relative, moved)
+    console.print(table)
+    for key, (a, b) in comparison.figures.items():
+        if a != b:
+            console.print(f"{key}: {a} -> {b}", markup=False, highlight=False)
 
 
 def render_validation(cells, out_dir) -> None:

@@ -60,7 +60,7 @@ class PathStep:
 
 
 def _host_step(start_s: float, end_s: float) -> PathStep:
-    return PathStep(start_s, end_s, PathGap.HOST, PathGap.HOST, "", "")
+    return PathStep(start_s, end_s, PathGap.HOST.value, PathGap.HOST.value, "", "")
 
 
 def _step(span: SpanRow, start_s: float, end_s: float) -> PathStep:
