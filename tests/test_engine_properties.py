@@ -97,7 +97,12 @@ def _assert_clean(result: zerosim.Result) -> None:
     # done, so what it launched on other streams (the last prefetches) may run on into the
     # backward that follows, whose first kernels wait for it (`RankCore.end`)
     phases = result.phases.set_index(["rank", "phase", "micro_batch"])
+    between = result.spans[result.spans.phase == "between"]
+    assert set(between.stream) <= {"host"}   # the host thread's work outside every phase
+    assert (between.end_s <= result.phases.end_s.max()).all()
     for (rank, phase, micro), group in result.spans.groupby(["rank", "phase", "micro_batch"]):
+        if phase == "between":
+            continue
         start, end = phases.loc[(rank, phase, micro), ["start_s", "end_s"]]
         assert group.start_s.min() >= start - 1e-15
         if phase == "forward":

@@ -64,7 +64,8 @@ def test_timeline_has_a_row_per_stream_and_named_phases(dp1):
     assert main_ax.get_xlabel() == "time (s)"
     assert "llama2-13b-dp1" in fig.axes[0].get_title()
     rows = [t.get_text() for t in main_ax.get_yticklabels()]
-    assert rows == ["compute", "reduce", "PCIe H2D", "PCIe D2H", "CPU"]  # no all-gather at DP=1
+    assert rows == ["host thread", "compute", "reduce", "PCIe H2D", "PCIe D2H",
+                    "CPU"]  # no all-gather at DP=1
     assert {"fwd 0", "bwd 0", "fwd 1", "bwd 1 (boundary)", "update"} <= set(texts(fig))
     bars = sum(len(c.get_paths()) for c in main_ax.collections)
     assert bars == len(dp1.spans)
@@ -73,7 +74,7 @@ def test_timeline_has_a_row_per_stream_and_named_phases(dp1):
 def test_timeline_selects_ranks_and_a_time_window(two_ranks):
     fig = plots.timeline(two_ranks)
     rows = [t.get_text() for t in fig.axes[-1].get_yticklabels()]
-    assert rows[0] == "rank 0  compute" and any(r.startswith("rank 1") for r in rows)
+    assert rows[0] == "rank 0  host thread" and any(r.startswith("rank 1") for r in rows)
     assert "rank 0  all-gather" in rows
     end = float(two_ranks.phases.end_s.max())
     fig = plots.timeline(two_ranks, ranks=[1], t_range=(0.0, end / 2))
@@ -252,7 +253,7 @@ def test_activity_explains_the_boundary_backward(dp1):
 def test_the_critical_path_chart_has_a_bar_per_phase_split_by_what_it_waited_on(dp1):
     """One bar per phase time, its pieces the phase's shares (adding up to the whole bar),
     the boundary backward's largest piece named (the study's page zeroing at DP=1), and the
-    host thread always in the legend where it has time."""
+    host thread's `cudaMalloc`, what the forward waits on most, among the kinds named."""
     fig = plots.critical_path_chart(dp1)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == [
@@ -264,7 +265,7 @@ def test_the_critical_path_chart_has_a_bar_per_phase_split_by_what_it_waited_on(
     texts = " ".join(t.get_text() for t in ax.texts)
     assert "zero_pages" in texts
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend[0].startswith("host (")
+    assert any(text.startswith("cuda_malloc (") for text in legend)
     assert "critical path of rank 0" in ax.get_title()
 
 

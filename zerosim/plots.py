@@ -40,7 +40,6 @@ from zerosim.vocabulary import (
     Category,
     DeviceKind,
     LinkKind,
-    PathGap,
     Phase,
     PhaseTime,
     Stream,
@@ -67,6 +66,7 @@ STREAMS: tuple[Stream, ...] = tuple(Stream)
 """Rows of a rank in the timeline, top to bottom."""
 STREAM_LABELS: dict[str, str] = {stream: STREAM_NAMES[stream] for stream in Stream}
 STREAM_COLORS: dict[Stream, str] = {
+    Stream.HOST: "#555555",
     Stream.COMPUTE: OKABE_ITO["blue"],
     Stream.ALLGATHER: OKABE_ITO["sky blue"],
     Stream.FETCH_COPIES: OKABE_ITO["sky blue"],
@@ -779,7 +779,6 @@ def phase_activity(result, *, rank: int = 0, phase: str = Phase.BACKWARD,
 
 
 LINK_COLOR = GREY
-HOST_COLOR = "#555555"
 OTHER_COLOR = "#DDDDDD"
 CRITICAL_SHADES = (0.0, 0.35, 0.6, 0.75)
 """How much lighter than its stream's colour each further kind of that stream is drawn."""
@@ -791,9 +790,10 @@ CRITICAL_AXES_SHARE = 0.55
 
 def critical_path_chart(result, *, top: int = 10) -> Figure:
     """What each phase of the reported rank waited on (`Result.critical_path`): one bar per
-    phase time, split by share into what it waited on (coloured by its stream, lighter for a
-    stream's later kinds; the host thread dark grey), the `top` kinds of the iteration
-    named and the rest as 'other'; the phase's seconds per iteration at the bar's end."""
+    phase time, split by share into what it waited on (coloured by its stream, the host
+    thread's work dark grey, lighter and hatched for a stream's later kinds), the `top` kinds
+    of the iteration named and the rest as 'other'; the phase's seconds per iteration at the
+    bar's end."""
     from zerosim.results.critical import path_totals, reported_rank
 
     rank = reported_rank(result)
@@ -804,7 +804,7 @@ def critical_path_chart(result, *, top: int = 10) -> Figure:
     for key in rows:
         for kind, seconds in totals[key]:
             overall[kind] = overall.get(kind, 0.0) + seconds
-    named = sorted(overall, key=lambda k: (k != PathGap.HOST, -overall[k], k))[:top]
+    named = sorted(overall, key=lambda k: (-overall[k], k))[:top]
     stream_of = {span_kind(k, b, o): st for k, b, o, st in zip(
         path.op_kind, path.buffer_kind, path.op, path.stream, strict=True)}
     seen: dict[str, int] = {}
@@ -813,8 +813,8 @@ def critical_path_chart(result, *, top: int = 10) -> Figure:
         stream = stream_of.get(kind, "")
         shade = seen.get(stream, 0)
         seen[stream] = shade + 1
-        colors[kind] = HOST_COLOR if stream == PathGap.HOST else _lighter(
-            stream_color(stream), CRITICAL_SHADES[min(shade, len(CRITICAL_SHADES) - 1)])
+        colors[kind] = _lighter(stream_color(stream),
+                                CRITICAL_SHADES[min(shade, len(CRITICAL_SHADES) - 1)])
         hatches[kind] = CRITICAL_HATCHES[shade % len(CRITICAL_HATCHES)]
     width_in = 10 * CRITICAL_AXES_SHARE
     fig = _new_figure(10, 1.6 + 0.55 * max(len(rows), 1))

@@ -340,7 +340,7 @@ def _critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
     if not critical:
         return None
     table = Table(title=f"critical path of rank {rank}: what each phase waited on, seconds per "
-                        "iteration (host: its host thread)", title_justify="left")
+                        "iteration", title_justify="left")
     table.add_column("phase")
     table.add_column("time", justify="right")
     table.add_column("longest first")
@@ -467,7 +467,12 @@ def render_comparison(comparison, a_label: str, b_label: str, *,
     console.print(table)
     for key, (a, b) in comparison.figures.items():
         if a != b:
-            console.print(f"{key}: {a} -> {b}", markup=False, highlight=False)
+            console.print(f"{key}: {_figure_text(a)} -> {_figure_text(b)}", markup=False,
+                          highlight=False)
+
+
+def _figure_text(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def render_validation(cells, out_dir) -> None:

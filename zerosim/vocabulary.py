@@ -16,6 +16,10 @@ from enum import StrEnum
 class Stream(StrEnum):
     """In-order queues of a rank: CUDA streams, copy-engine tracks, host threads."""
 
+    HOST = "host"
+    """The rank's host thread while it works (ZeRO's hooks, launches, `cudaMalloc`, the
+    loop's bookkeeping), recorded only where a run keeps every record (`run_engine(full=True)`):
+    what it waits for is the other streams' work."""
     COMPUTE = "compute"
     ALLGATHER = "allgather"
     """Where the all-gathers run: the process group's NCCL stream (PyTorch launches every
@@ -67,6 +71,9 @@ class Phase(StrEnum):
     FORWARD = "forward"
     BACKWARD = "backward"
     UPDATE = "update"
+    BETWEEN = "between"
+    """Outside every phase's timer: the host thread's work between phases (the training loop's,
+    before the first phase too), which no phase counts."""
 
 
 class PhaseTime(StrEnum):
@@ -139,6 +146,21 @@ class OpKind(StrEnum):
     """NVMe -> host memory."""
     SWAP_OUT = "swap_out"
     """Host memory -> NVMe."""
+    HOOKS = "hooks"
+    """The host thread in ZeRO-3's module hooks (fetch, release, bookkeeping)."""
+    LAUNCH = "launch"
+    """The host thread launching kernels."""
+    CUDA_MALLOC = "cuda_malloc"
+    """The host thread in `cudaMalloc`, reserving device memory for the caching allocator."""
+    COLLECTIVE_LAUNCH = "collective_launch"
+    """The host thread calling collectives (DeepSpeed's bookkeeping and NCCL's launch)."""
+    LOOP = "loop"
+    """The training loop's own host work per micro-batch and per step, outside DeepSpeed."""
+    STEP_BOOKKEEPING = "step_bookkeeping"
+    """DeepSpeed's host work in the optimizer step per tensor (releases, flattening, the
+    persistent tensors gathered again)."""
+    USED_PARAM_CHECK = "used_param_check"
+    """DeepSpeed's count of the parameters used in the backward."""
 
 
 class UpdateDevice(StrEnum):
@@ -179,8 +201,8 @@ class PathGap(StrEnum):
 
     HOST = "host"
     """The rank's host thread: no op the phase waited on ended there, so the next one started
-    when the host issued it (hooks, launches, `cudaMalloc`, Python between the calls, or what
-    the host itself waited for)."""
+    when the host issued it (its recorded work is `Stream.HOST`'s spans: this is the rest, or
+    all of it in a folder written before they were recorded)."""
 
 
 class Category(StrEnum):

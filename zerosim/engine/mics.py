@@ -41,7 +41,8 @@ class ReplicaAllReduce:
         nbytes = core.accum_bytes * sum(entry.param.partition_numel for entry in bucket)
         key = core.next_key(Collective.ALL_REDUCE + " replicas", self.replicas)
         stream = core.reduction_stream
-        yield from core.host_time(len(bucket) * core.kernel_launch_s + core.collective_launch_s)
+        yield from core.host_time(len(bucket) * core.kernel_launch_s + core.collective_launch_s,
+                                  OpKind.COLLECTIVE_LAUNCH)
 
         def body() -> Gen:
             yield from core.gpu_kernel(core.hbm_seconds(nbytes), stream)

@@ -56,7 +56,7 @@ def host_allocation(core: RankCore, nbytes: float, *, dropped: bool = False) -> 
     seconds = core.reserve_s(nbytes)
     if dropped:
         core.release_device_memory(nbytes)
-    return core.host_time(seconds)
+    return core.host_time(seconds, OpKind.CUDA_MALLOC)
 
 
 def launch_gpu_adam(core: RankCore, group: int, elements: int, adam: costs.GpuAdam, *,
@@ -527,7 +527,8 @@ def begin_step(core: RankCore, check_overflow: Callable[[], Gen],
     core.begin(Phase.UPDATE, core.ds.gradient_accumulation_steps - 1)
     pending = (yield from first()) if first is not None else None
     if core.ds.stage == 3:
-        yield from core.host_time(core.step_tensor_s * len(core.plan.all_params))
+        yield from core.host_time(core.step_tensor_s * len(core.plan.all_params),
+                                  OpKind.STEP_BOOKKEEPING)
     if pending is not None:
         yield pending
     if core.ds.check_grad_overflow:
@@ -555,7 +556,7 @@ def regather_persistent(core: RankCore) -> Gen:
     for param in core.plan.all_params:
         if not param.persistent:
             continue
-        yield from core.host_time(core.regather_tensor_s)
+        yield from core.host_time(core.regather_tensor_s, OpKind.STEP_BOOKKEEPING)
         if core.distributed:
             gather_all(core, "all-gather persistent param", core.dtype_bytes * param.numel)
 

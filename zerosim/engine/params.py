@@ -497,7 +497,8 @@ class PartitionedParams:
             if split:
                 bundle.extra, reserve_s = self._hold(bundle.nbytes, "all-gather flat buffer")
             yield from core.host_time((bundle.tensors * split + bundle.quantized)
-                                      * core.kernel_launch_s + reserve_s)
+                                      * core.kernel_launch_s + reserve_s, OpKind.LAUNCH,
+                                      malloc_s=reserve_s)
             if bundle.quantized:
                 ready = core.hbm_op(self.copies, "dequantize all-gather", OpKind.DEQUANTIZE,
                                     bundle.nbytes * (1 + 1 / core.dtype_bytes), passes=1,
@@ -619,7 +620,7 @@ class PartitionedParams:
         if fresh:
             held = self.secondary_held[index] = core.gpu.allocate(
                 Category.PARAMS_SECONDARY, element * self.secondary_numel[index], name)
-            yield from core.host_time(core.reserve_s(held))
+            yield from core.host_time(core.reserve_s(held), OpKind.CUDA_MALLOC)
         zeroed = behaviours.hpz_secondary_zeroed
         for tensor in self.to_gather[index]:
             yield from core.issue_kernels(1 + zeroed)

@@ -56,10 +56,10 @@ class RankProgram:
         steps = self.core.ds.gradient_accumulation_steps
         core = self.core
         managed = core.ds.managed_accumulation  # else step() is the boundary (`compose`)
-        yield from core.host_time(core.step_s)
+        yield from core.host_time(core.step_s, OpKind.LOOP)
         yield from core.report_memory()
         for micro in range(steps):
-            yield from core.host_time(core.micro_batch_s)
+            yield from core.host_time(core.micro_batch_s, OpKind.LOOP)
             yield from core.report_memory()
             yield from self.forward(micro)
             yield from core.report_memory(calls=2)
@@ -197,7 +197,7 @@ class RankProgram:
             for k, param in enumerate(core.plan.params[index]):
                 if ((counting == "every_hook" and not (once and k))
                         or (counting == "per_phase" and phase_starts)):
-                    yield from core.host_time(core.count_used_params_s)
+                    yield from core.host_time(core.count_used_params_s, OpKind.USED_PARAM_CHECK)
                     phase_starts = False
                 yield from self.gradients.add(param, done, micro, boundary)
             if waits := self.params.release(index, backward=True):
@@ -242,7 +242,7 @@ class RankProgram:
             yield pending
         held = core.gpu.allocate(Category.ACTIVATIONS, nbytes, module.name)
         core.activations[index] = core.activations.get(index, 0) + held
-        yield from core.host_time(core.reserve_s(held))
+        yield from core.host_time(core.reserve_s(held), OpKind.CUDA_MALLOC)
         yield from core.dma("h2d", nbytes, pinned=False, op=f"checkpoint {module.name}",
                             kind=OpKind.CHECKPOINT_FROM_HOST)
         core.host.free(Category.ACTIVATIONS, self.host_checkpoints.pop(index),

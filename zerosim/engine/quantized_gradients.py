@@ -175,7 +175,8 @@ class QuantizedGradientReduction:
             if tensor.groups:
                 core.plain_launches += ALL_TO_ALLS
                 yield from core.host_time((QUANTIZER_KERNELS + LOCO_KERNELS * self.loco
-                                           + self.nodes + 1) * core.kernel_launch_s)
+                                           + self.nodes + 1) * core.kernel_launch_s,
+                                          OpKind.LAUNCH)
                 work = self._quantized(tensor, bucket, stream)
                 label, kind = f"qgZ all-to-all {tensor.name}", OpKind.ALL_TO_ALL
             else:

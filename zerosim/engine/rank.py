@@ -95,6 +95,8 @@ class RunContext:
     spans: Table[Span] = field(default_factory=lambda: Table(Span))
     phases: Table[PhaseSpan] = field(default_factory=lambda: Table(PhaseSpan))
     memory_log: Table[MemorySample] = field(default_factory=lambda: Table(MemorySample))
+    record_host: bool = False
+    """Record the host thread's work as spans (`Stream.HOST`): where every record is kept."""
 
     def __post_init__(self) -> None:
         self.world = tuple(range(self.scenario.data_parallel))
@@ -138,6 +140,8 @@ class RankCore:
         self.label_prefix = f"rank{rank} "
         """What the rank's flows' labels start with (`FlowNetwork.assert_idle` names them)."""
         self.phase, self.micro = Phase.SETUP.value, -1
+        self.in_phase = False
+        """Between `begin` and `end`: host work outside is tagged `Phase.BETWEEN`."""
         """The phase as records hold it: plain text (`records.Table`)."""
         self._phase_start = 0.0
         self._held_at_start = 0.0
@@ -221,6 +225,7 @@ class RankCore:
 
     def begin(self, phase: Phase, micro: int) -> None:
         self.phase, self.micro = phase._value_, micro
+        self.in_phase = True
         self._phase_start = self._timer_start()
         self._held_at_start = self.sms.held
         self.gpu.reset_window()
@@ -251,6 +256,7 @@ class RankCore:
         self.ctx.phases.add((self.rank, self.phase, self.micro, self._phase_start, end_s,
                              self.gpu.used, self.gpu.window_peak,
                              self.sms.held - self._held_at_start))
+        self.in_phase = False
 
     def _timer_start(self) -> float:
         """When the phase's timer starts: where the last phase's timer stopped, when this phase
@@ -396,12 +402,34 @@ class RankCore:
         return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
                                        self.ranks)
 
-    def host_time(self, seconds: float) -> Waits:
-        """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping), to
-        `yield from`: its one timeout, or none, in a tuple rather than a generator. The same
-        event at the same point, without a generator per call (a third of a run's timeouts);
-        `yield from` a tuple works as the engine's timeouts carry no value."""
-        return (self.env.timeout(seconds),) if seconds > 0 else ()
+    def host_time(self, seconds: float, kind: OpKind, *,
+                  malloc_s: float = 0.0) -> Waits:
+        """The rank's host thread busy for `seconds` (Python, dispatch, bookkeeping) doing
+        `kind` of work, the first `malloc_s` of it in `cudaMalloc`, to `yield from`: its one
+        timeout, or none, in a tuple rather than a generator. The same event at the same
+        point, without a generator per call (a third of a run's timeouts); `yield from` a
+        tuple works as the engine's timeouts carry no value. Where the run keeps every record
+        the work is a span of `Stream.HOST` (`_record_host`)."""
+        if seconds <= 0:
+            return ()
+        if self.ctx.record_host:
+            self._record_host(seconds, kind, malloc_s)
+        return (self.env.timeout(seconds),)
+
+    def _record_host(self, seconds: float, kind: OpKind, malloc_s: float) -> None:
+        """The span of host work begun now: it ends at `now + seconds`, the instant its timeout
+        fires (`Environment._timeout` schedules it there), its `cudaMalloc` a span of its own
+        before it. Outside a phase it belongs to `Phase.BETWEEN`."""
+        now, text = self.env.now, kind._value_
+        phase = self.phase if self.in_phase else Phase.BETWEEN._value_
+        host, spans = Stream.HOST._value_, self.ctx.spans
+        begin = now
+        if malloc_s > 0:
+            begin = now + malloc_s
+            spans.add((self.rank, host, phase, self.micro, OpKind.CUDA_MALLOC._value_, now,
+                       begin, 0.0, OpKind.CUDA_MALLOC._value_, ""))
+        spans.add((self.rank, host, phase, self.micro, text, begin, now + seconds, 0.0, text,
+                   ""))
 
     def report_memory(self, calls: int = 1) -> Gen:
         """`calls` of DeepSpeed's `see_memory_usage(..., force=memory_breakdown)` in a row
@@ -430,7 +458,8 @@ class RankCore:
         parameters already gathered (`SoftwareStack.repeat_hook_share`)."""
         return self.host_time(self.fetch_hook_s * (1 + self.leaf_hook_share * (modules - 1)
                                                    + (apart - 1)
-                                                   + self.repeat_hook_share * repeats))
+                                                   + self.repeat_hook_share * repeats),
+                              OpKind.HOOKS)
 
     def reserve_s(self, nbytes: float, stream: Stream = Stream.COMPUTE) -> float:
         """Host seconds `cudaMalloc` takes for `nbytes` asked of the CUDA cache on `stream`:
@@ -452,7 +481,9 @@ class RankCore:
         """Host time to launch a module's kernels (`launches` of them), with the `cudaMalloc`
         of the device memory they ask for (`device_bytes`; `reserve_s`), as PyTorch
         allocates an op's outputs when it launches it; the GPU runs them once queued."""
-        return self.host_time(launches * self.kernel_launch_s + self.reserve_s(device_bytes))
+        malloc_s = self.reserve_s(device_bytes)
+        return self.host_time(launches * self.kernel_launch_s + malloc_s, OpKind.LAUNCH,
+                              malloc_s=malloc_s)
 
     def pay_launches(self) -> Waits:
         """Host time of the collectives launched since the last call (ZeRO's, then the plain
@@ -462,7 +493,8 @@ class RankCore:
         plain, self.plain_launches = self.plain_launches, 0
         deferred, self.deferred_host_s = self.deferred_host_s, 0.0
         return self.host_time(launches * self.collective_launch_s
-                              + plain * self.plain_collective_s + deferred)
+                              + plain * self.plain_collective_s + deferred,
+                              OpKind.COLLECTIVE_LAUNCH)
 
     # ------------------------------------------------------------------ compute
 
@@ -495,7 +527,8 @@ class RankCore:
             exchanges = tuple(e for e in reversed(exchanges) if e.backward)
         if not exchanges:
             return self.compute.launch(label, body, kind=kind, after=after)
-        yield from self.host_time(len(exchanges) * self.plain_collective_s)
+        yield from self.host_time(len(exchanges) * self.plain_collective_s,
+                                  OpKind.COLLECTIVE_LAUNCH)
         group = self.ctx.groups.sequence[self.rank]
         ops = [(self.next_key(f"ulysses {e.kind}", group), e) for e in exchanges]
         first = [op for op in ops if op[1].after == backward]

@@ -315,7 +315,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
                       run_nodes=tuple(sum(copies[:node]) for node in range(len(copies))))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
-    ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log)
+    ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log, record_host=full)
     ranks = [env.process(build_rank(ctx, rank).run()) for rank in machine.stands_for]
     if observer is not None:
         observer(ctx)

@@ -5,11 +5,14 @@ phase. The critical path counts each second once: walking back from the phase's 
 is the op whose end let the next one start. The engine starts an op at the very instant (the
 same float) the last thing it waited for ended, so that op is the one whose recorded end equals
 the start; among several, the innermost (shortest) one, since an op that runs others inside it
-(a reduce-stream op around its copies and CPU casts) ends with the last of them. Where no op
-ends at a step's start, the time back to the latest earlier end belongs to the op that encloses
-the step (a wrapper's own work between its inner ops) or, with none, to the rank's host thread
-(`PathGap.HOST`: hooks, launches, `cudaMalloc`, what the host waited for before it issued the
-next op).
+(a reduce-stream op around its copies and CPU casts) ends with the last of them. The host
+thread's work is recorded too (`Stream.HOST`: hooks, launches, `cudaMalloc`, the loop's
+bookkeeping), so an op the host issued starts where that work ends, and the work starts where
+what the host waited for ended: the walk follows the host thread as it follows the streams.
+Where no op ends at a step's start, the time back to the latest earlier end belongs to the op
+that encloses the step (a wrapper's own work between its inner ops) or, with none, to the host
+(`PathGap.HOST`: what its recorded work does not cover, all of it in a result folder written
+before the host thread was recorded).
 
 Pure Python over the span and phase rows; `critical_path` turns a `Result` into a DataFrame.
 """

@@ -60,6 +60,7 @@ every stream in `Stream`'s order."""
 STREAM_NAMES: dict[str, str] = {
     PHASES_TRACK: "phases",
     CRITICAL_TRACK: "critical path",
+    Stream.HOST: "host thread",
     Stream.COMPUTE: "compute",
     Stream.ALLGATHER: "all-gather",
     Stream.FETCH_COPIES: "fetch copies",
