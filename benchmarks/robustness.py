@@ -54,6 +54,7 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+import zerosim
 from zerosim.api import simulate_summary
 from zerosim.behaviours import BEHAVIOURS, format_version
 from zerosim.errors import ZerosimError
@@ -405,9 +406,28 @@ def _short_GiB(oom: dict) -> float:
     return oom["in_use_GiB"] + oom["requested_GiB"] - oom["capacity_GiB"]
 
 
+def _path_fault(result) -> str | None:
+    """What is wrong with the critical path of the reported rank's phases, if anything: each
+    phase's steps must run from its start to its end without a gap or an overlap."""
+    path = result.critical_path
+    phases = result.phases[result.phases["rank"] == path["rank"].iloc[0]] if len(path) else []
+    for row in getattr(phases, "itertuples", lambda: ())():
+        steps = path[(path.phase == row.phase) & (path.micro_batch == row.micro_batch)]
+        starts, ends = steps.start_s.tolist(), steps.end_s.tolist()
+        if not steps.empty and (starts[0] != row.start_s or ends[-1] != row.end_s
+                                or starts[1:] != ends[:-1]):
+            return f"the critical path of {row.phase} {row.micro_batch} does not tile it"
+        if steps.empty and row.end_s > row.start_s:
+            return f"{row.phase} {row.micro_batch} has no critical path"
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="about a quarter of the cases")
+    parser.add_argument("--full", action="store_true",
+                        help="keep every record (zerosim.simulate, as `zerosim run` with its "
+                             "files) and check that each phase's critical path tiles it")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     todo = cases(args.quick)
@@ -420,7 +440,13 @@ def main() -> int:
     for path, overrides in todo:
         label = f"{path.stem} {overrides}"
         try:
-            summary = simulate_summary(path, overrides)
+            if args.full:
+                result = zerosim.simulate(path, overrides=overrides)
+                summary = result.summary
+                if summary["status"] == "ok" and (fault := _path_fault(result)):
+                    crashes.append(f"{label}\n{fault}")
+            else:
+                summary = simulate_summary(path, overrides)
         except ZerosimError as error:
             refusals[str(error).splitlines()[0].split(": ", 1)[-1]] += 1
             continue
