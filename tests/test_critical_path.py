@@ -4,6 +4,7 @@ back from the phase's end written out, then what `zerosim run` shows and writes 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,6 +13,8 @@ from click.testing import CliRunner
 from zerosim.cli import main
 from zerosim.results import load_result
 from zerosim.results.critical import PathStep, path_totals, phase_path, rank_paths
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def span(stream, op_kind, start, end, op="", buffer_kind=""):
@@ -171,3 +174,26 @@ def test_diff_of_a_folder_that_is_no_result_fails_clearly(tmp_path):
     result = CliRunner().invoke(main, ["diff", str(tmp_path / "empty"), str(tmp_path / "empty")])
     assert result.exit_code == 2
     assert "not a zerosim result folder" in result.output
+
+
+def test_diff_of_a_scenario_and_a_what_if_simulates_both_and_writes_nothing(tmp_path,
+                                                                            monkeypatch):
+    """`zerosim diff SCENARIO --set K=V`: B is A's scenario so changed, both simulated with
+    every record in memory; without B or --set, or --set on a result folder, a usage error."""
+    monkeypatch.chdir(tmp_path)
+    scenario = str(ROOT / "scenarios/llama13b_dp1.yaml")
+    shown = CliRunner().invoke(main, ["diff", scenario, "--json", "--set",
+                                      "deepspeed.zero_optimization.offload_optimizer"
+                                      ".pin_memory=false"])
+    assert shown.exit_code == 0, shown.output
+    data = json.loads(shown.stdout)
+    assert data["settings"] == [{"key": "deepspeed.zero_optimization.offload_optimizer"
+                                        ".pin_memory", "a": True, "b": False}]
+    iteration = data["phases"][-1]
+    assert iteration["phase"] == "iteration" and iteration["change_s"] > 0
+    assert list(tmp_path.iterdir()) == []
+    assert CliRunner().invoke(main, ["diff", scenario]).exit_code == 2
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    refused = CliRunner().invoke(main, ["diff", str(folder), "--set", "data_parallel=2"])
+    assert refused.exit_code == 2 and "is a result folder" in refused.output

@@ -413,26 +413,54 @@ def _draw_figures(result, folder: Path) -> None:
     save_all(result, folder)
 
 
-@main.command(epilog="Exit status: 0 compared, 2 a folder is not a zerosim result.")
-@click.argument("result_a", metavar="RESULT_A",
-                type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.argument("result_b", metavar="RESULT_B",
-                type=click.Path(file_okay=False, exists=True, path_type=Path))
+@main.command(epilog="Exit status: 0 compared, 2 bad input (a folder that is no zerosim result, "
+                     "a scenario refused, nothing to compare).")
+@click.argument("run_a", metavar="A", type=click.Path(exists=True, path_type=Path))
+@click.argument("run_b", metavar="[B]", required=False,
+                type=click.Path(exists=True, path_type=Path))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a value of B's scenario; without B, B is A's scenario so changed "
+                   "(a what-if in one command).")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--all-settings", is_flag=True,
               help="List every setting that differs (default: the first 20).")
-def diff(result_a: Path, result_b: Path, as_json: bool, all_settings: bool) -> None:
-    """Compare two finished runs (folders `zerosim run` wrote): the settings that differ, each
-    phase's seconds per iteration, and what moved on its critical path (B - A)."""
+def diff(run_a: Path, run_b: Path | None, overrides: tuple[str, ...], as_json: bool,
+         all_settings: bool) -> None:
+    """Compare two runs: the settings that differ, each phase's seconds per iteration, and what
+    moved on its critical path (B - A). A and B are each a folder `zerosim run` wrote or a
+    scenario, which is simulated with every record (nothing is written)."""
     from zerosim.report import render_comparison
-    from zerosim.results.compare import compare_folders
+    from zerosim.results.compare import compare
 
-    comparison = compare_folders(result_a, result_b)
+    if run_b is None and not overrides:
+        raise click.UsageError("nothing to compare: give B, or --set to change A's scenario")
+    if run_b is None and run_a.is_dir():
+        raise click.UsageError(f"--set changes a scenario, and {run_a} is a result folder: "
+                               "give B")
+    a = _run_to_compare(run_a, ())
+    b = _run_to_compare(run_b or run_a, overrides)
+    comparison = compare(a[0], b[0], a[1], b[1])
+    label_b = str(run_b or run_a) + (f" --set {' --set '.join(overrides)}" if overrides else "")
     if as_json:
         _print_json(comparison.as_dict())
     else:
-        render_comparison(comparison, str(result_a), str(result_b),
+        render_comparison(comparison, str(run_a), label_b,
                           settings_shown=None if all_settings else SETTINGS_SHOWN)
+
+
+def _run_to_compare(where: Path, overrides: tuple[str, ...]):
+    """(Result, its resolved scenario as a dict or None) of a result folder (with no
+    overrides) or of a scenario simulated with every record."""
+    if where.is_dir():
+        if overrides:
+            raise click.UsageError(f"--set changes a scenario, and {where} is a result folder")
+        from zerosim.results.compare import folder_run
+
+        return folder_run(where)
+    from zerosim.api import simulate
+
+    loaded = _load(where, overrides)
+    return simulate(loaded), loaded.to_dict()
 
 
 SETTINGS_SHOWN = 20

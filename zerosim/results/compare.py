@@ -160,9 +160,15 @@ def _scenario_of(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def compare_folders(a: str | Path, b: str | Path) -> Comparison:
-    """`compare` of two folders `zerosim run` wrote (their `scenario.json` for the settings)."""
+def folder_run(folder: str | Path) -> tuple[Result, dict[str, Any] | None]:
+    """The result `zerosim run` wrote in `folder` and its resolved scenario (`scenario.json`,
+    None without one)."""
     from zerosim.results.load import load_result
 
-    a, b = Path(a), Path(b)
-    return compare(load_result(a), load_result(b), _scenario_of(a), _scenario_of(b))
+    return load_result(folder), _scenario_of(Path(folder))
+
+
+def compare_folders(a: str | Path, b: str | Path) -> Comparison:
+    """`compare` of two folders `zerosim run` wrote (their `scenario.json` for the settings)."""
+    (result_a, scenario_a), (result_b, scenario_b) = folder_run(a), folder_run(b)
+    return compare(result_a, result_b, scenario_a, scenario_b)
