@@ -115,6 +115,11 @@ def test_run_prints_what_each_phase_waited_on_and_writes_it(dp4_run):
         assert mine.end_s.iloc[-1] == pytest.approx(row.end_s, rel=1e-12)
         assert mine.start_s.iloc[1:].tolist() == pytest.approx(mine.end_s.iloc[:-1].tolist(),
                                                                 rel=1e-12)
+    # the host thread's work and waits are recorded (hooks, launches, cudaMalloc, the small
+    # all-reduces it waits in): no stretch of any phase is left to unrecorded host time
+    assert "host" not in set(written.op_kind)
+    assert {"hooks", "cuda_malloc", "collective_launch", "all_reduce"} <= set(
+        written[written.stream == "host"].op_kind)
     update = path_totals(again, 0)["update"]
     assert sum(s for _, s in update) == pytest.approx(loaded.summary["phases_s"]["update"],
                                                       rel=1e-9)

@@ -398,9 +398,20 @@ class RankCore:
         self.host.free(Category.PAGEABLE_TEMPORARIES, temp)
 
     def collective(self, kind: Collective, nbytes: float) -> Gen:
-        """Join the next collective of `kind` over every rank (the host waits for it)."""
-        return self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
-                                       self.ranks)
+        """Join the next collective of `kind` over every rank (the host waits for it). Where
+        the run keeps every record, the wait is a span of `Stream.HOST` (op kind the
+        collective's), from the join to the collective's end: the same events either way."""
+        joined = self.machine.collective(self.rank, self.next_key(kind), kind, nbytes,
+                                         self.ranks)
+        return self._host_wait(joined, OpKind(kind._value_)) if self.ctx.record_host else joined
+
+    def _host_wait(self, waits: Gen, kind: OpKind) -> Gen:
+        """`waits` delegated whole, then recorded as the host's wait for them."""
+        start = self.env.now
+        phase = self.phase if self.in_phase else Phase.BETWEEN._value_
+        yield from waits
+        self.ctx.spans.add((self.rank, Stream.HOST._value_, phase, self.micro, kind._value_,
+                            start, self.env.now, 0.0, kind._value_, ""))
 
     def host_time(self, seconds: float, kind: OpKind, *,
                   malloc_s: float = 0.0) -> Waits:
