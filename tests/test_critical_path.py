@@ -202,3 +202,18 @@ def test_diff_of_a_scenario_and_a_what_if_simulates_both_and_writes_nothing(tmp_
     folder.mkdir()
     refused = CliRunner().invoke(main, ["diff", str(folder), "--set", "data_parallel=2"])
     assert refused.exit_code == 2 and "is a result folder" in refused.output
+
+
+def test_settings_are_compared_by_value_and_the_implied_behaviours_come_last():
+    from zerosim.results.compare import setting_changes
+
+    a = {"runtime": {"deepspeed_version": "0.13.3"}, "description": "A",
+         "hardware": {"values": {"gpu.hbm_GiB": {"value": 80, "basis": "spec", "source": "x"}}},
+         "deepspeed_behaviours": {"coalesced_collectives": False}}
+    b = {"runtime": {"deepspeed_version": "0.19.5"}, "description": "B",
+         "hardware": {"values": {"gpu.hbm_GiB": {"value": 80, "basis": "spec", "source": "y"}}},
+         "deepspeed_behaviours": {"coalesced_collectives": True}}
+    assert setting_changes(a, b) == (
+        ("runtime.deepspeed_version", "0.13.3", "0.19.5"),
+        ("deepspeed_behaviours.coalesced_collectives", False, True))
+    assert setting_changes(a, None) == ()

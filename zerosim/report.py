@@ -12,6 +12,7 @@ from zerosim.hardware.costs import CpuPools
 from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.hardware.provenance import basis_text
+from zerosim.results.compare import DERIVED_SETTINGS
 from zerosim.results.summary import (
     PEAK_ERROR_FRACTION,
     capacity_that_fits,
@@ -443,6 +444,9 @@ def render_comparison(comparison, a_label: str, b_label: str, *,
     settings = comparison.settings
     if settings:
         console.print("settings that differ (scenario.json), A -> B:", highlight=False)
+        derived = [key for key, _, _ in settings if key.startswith(DERIVED_SETTINGS)]
+        if settings_shown is not None:
+            settings = [row for row in settings if not row[0].startswith(DERIVED_SETTINGS)]
         shown = settings if settings_shown is None else settings[:settings_shown]
         for key, a, b in shown:
             console.print(f"  {key}: {_setting_text(a)} -> {_setting_text(b)}", markup=False,
@@ -450,6 +454,9 @@ def render_comparison(comparison, a_label: str, b_label: str, *,
         if len(shown) < len(settings):
             console.print(f"  ... {len(settings) - len(shown)} more (--all-settings)",
                           highlight=False)
+        if derived and settings_shown is not None:
+            console.print(f"  and {len(derived)} DeepSpeed behaviours its version implies "
+                          "(--all-settings lists them)", highlight=False)
     table = Table(title="seconds per iteration, each run's reported rank; what moved on the "
                         "critical path, B - A", title_justify="left")
     for column in ("phase", "A", "B", "change"):

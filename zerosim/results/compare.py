@@ -96,13 +96,20 @@ def flat_settings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+DERIVED_SETTINGS = "deepspeed_behaviours."
+"""Settings a scenario does not set but its DeepSpeed version implies (`behaviours`): listed
+after the ones it sets."""
+
+
 def setting_changes(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None
                     ) -> tuple[tuple[str, Any, Any], ...]:
+    """The settings that differ, those a scenario sets first, then those its DeepSpeed
+    version implies, each part in key order."""
     if a is None or b is None:
         return ()
     fa, fb = flat_settings(a), flat_settings(b)
-    return tuple((key, fa.get(key), fb.get(key)) for key in sorted(fa.keys() | fb.keys())
-                 if fa.get(key) != fb.get(key))
+    keys = sorted(fa.keys() | fb.keys(), key=lambda k: (k.startswith(DERIVED_SETTINGS), k))
+    return tuple((key, fa.get(key), fb.get(key)) for key in keys if fa.get(key) != fb.get(key))
 
 
 def _waits(result: Result) -> dict[str, dict[str, float]]:
