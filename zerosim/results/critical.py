@@ -52,15 +52,6 @@ class PathStep:
     buffer_kind: str
     op: str
 
-    @property
-    def seconds(self) -> float:
-        return self.end_s - self.start_s
-
-    @property
-    def kind(self) -> str:
-        """What the step waited on, as `vocabulary.span_kind` names it ('host' for the host)."""
-        return span_kind(self.op_kind, self.buffer_kind, self.op)
-
 
 def _host_step(start_s: float, end_s: float) -> PathStep:
     return PathStep(start_s, end_s, PathGap.HOST.value, PathGap.HOST.value, "", "")
@@ -169,7 +160,7 @@ def reported_rank(result: Result) -> int | None:
 
 def path_totals(path: pd.DataFrame, rank: int) -> dict[str, list[tuple[str, float]]]:
     """Seconds of `rank`'s critical path per summary phase time over the whole iteration, by
-    what it waited on (`PathStep.kind`), longest first."""
+    what it waited on (`vocabulary.span_kind` of the step), longest first."""
     mine = path[path["rank"] == rank]
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for key, op_kind, buffer_kind, op, start, end in zip(
