@@ -240,6 +240,8 @@ def test_the_command_prints_the_ranking_and_why(toy_file, tmp_path):
     assert result.exit_code == 0, result.output
     assert "fastest: ZeRO-" in result.output and "tune.csv" in result.output
     assert (out / "tune.csv").exists()
+    # the fastest simulated once more with every record: what each of its phases waits on
+    assert "the fastest, critical path of rank 0" in result.output
 
 
 def test_the_command_shows_the_scenarios_warnings_once(toy, tmp_path, recwarn):

@@ -398,13 +398,13 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         sys.exit(EXIT_OOM)
 
 
-def _critical_totals(result) -> dict[str, list[tuple[str, float]]]:
-    """What each phase of the reported rank waited on, per phase time (`zerosim run`'s
-    critical-path table)."""
+def _critical_totals(result) -> tuple[int, dict[str, list[tuple[str, float]]]] | None:
+    """The reported rank and what each of its phases waited on, per phase time (the
+    critical-path table of `zerosim run` and `zerosim tune`); None without phases."""
     from zerosim.results.critical import path_totals, reported_rank
 
     rank = reported_rank(result)
-    return {} if rank is None else path_totals(result.critical_path, rank)
+    return None if rank is None else (rank, path_totals(result.critical_path, rank))
 
 
 def _draw_figures(result, folder: Path) -> None:
@@ -800,7 +800,17 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
     outcome = _without_scenario_warnings(lambda: run_tune(
         scenario, overrides=parse_overrides(overrides), free=free, fix=fix, workers=workers,
         dask=dask, out_dir=folder))
-    render_tune(outcome, top=top)
+    best = outcome.best
+    render_tune(outcome, top=top, best_path=None if best is None else _without_scenario_warnings(
+        lambda: _best_path(scenario, best["overrides"])))
+
+
+def _best_path(scenario: Path, overrides: dict) -> tuple[int, dict] | None:
+    """The fastest configuration simulated once more with every record: its reported rank and
+    what each of its phases waits on."""
+    from zerosim.api import simulate
+
+    return _critical_totals(simulate(scenario, overrides=overrides))
 
 
 @main.command(epilog="Exit status: 0 ok, 2 bad input, 3 the scenario does not fit (oom).")

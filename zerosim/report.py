@@ -334,8 +334,8 @@ CRITICAL_KINDS_SHOWN = 4
 """What each phase waited on longest, per row of the critical-path table; the rest summed."""
 
 
-def _critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
-                         ) -> Table | None:
+def critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
+                        ) -> Table | None:
     """Rank `rank`'s critical path per phase over the iteration (`results.critical.path_totals`):
     what the phase waited on, longest first, with its share of the phase."""
     if not critical:
@@ -360,10 +360,11 @@ def _critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
 
 def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                    phases=None, accumulation_steps: int = 1,
-                   critical: dict[str, list[tuple[str, float]]] | None = None) -> None:
+                   critical: tuple[int, dict[str, list[tuple[str, float]]]] | None = None
+                   ) -> None:
     """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
-    totals beside the per-micro-batch means; with `critical` (`results.critical.path_totals` of
-    the rank that finishes last) a table of what each phase waited on follows it."""
+    totals beside the per-micro-batch means; with `critical` (the rank that finishes last and
+    its `results.critical.path_totals`) a table of what each phase waited on follows it."""
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
@@ -379,7 +380,7 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                       "compute held: per micro-batch, how long other streams' kernels kept "
                       "compute off the SMs", highlight=False)
     console.print(_phase_table(summary, totals, counts))
-    if rank is not None and (path := _critical_path_table(rank, critical or {})) is not None:
+    if critical is not None and (path := critical_path_table(*critical)) is not None:
         console.print(path)
     if (step := summary.get("zenflow_step_s")) is not None:
         steps = round(summary["iteration_s"] / step)
@@ -529,9 +530,11 @@ def render_calibration(fit, paths) -> None:
     console.print("wrote " + ", ".join(str(p) for p in paths))
 
 
-def render_tune(outcome, *, top: int = 10) -> None:
+def render_tune(outcome, *, top: int = 10,
+                best_path: tuple[int, dict[str, list[tuple[str, float]]]] | None = None) -> None:
     """The ranked configurations of `zerosim tune` (the best `top` that fit, then a count of
-    the rest) and why the best one wins."""
+    the rest), why the best one wins and, with `best_path` (its reported rank and
+    `results.critical.path_totals`), what each of its phases waits on."""
     from zerosim.tune import why_best
 
     console = _console()
@@ -563,6 +566,9 @@ def render_tune(outcome, *, top: int = 10) -> None:
                   "whose twin on the GPU fits, or a tiled call whose twin without it fits)",
                   markup=False, highlight=False)
     console.print(why_best(outcome.rows), markup=False, highlight=False)
+    if best_path is not None and (path := critical_path_table(*best_path)) is not None:
+        path.title = f"the fastest, {path.title}"
+        console.print(path)
     _print_files(console, outcome.files)
 
 

@@ -777,6 +777,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
         point_overrides = fixed | config.overrides() | (
             extra if "nvme" in config.offload else {})
         row = row_of[config] = _row(config, "pending")
+        row["overrides"] = point_overrides
         rows.append(row)
         try:
             reason = prune_reason(load_scenario(scenario_path, point_overrides))
