@@ -381,6 +381,22 @@ def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path)
     assert len(polaris_points(found)) == 29 * 4
 
 
+def test_the_report_says_what_the_study_runs_phases_wait_on():
+    """`zerosim validate` hands the study's results to the report, which tabulates each phase's
+    three largest waits: the DP=1 forward waits on the host thread (the emptied CUDA cache's
+    `cudaMalloc`, then ZeRO-3's hooks), its boundary backward on the flush's page zeroing."""
+    from zerosim.validation.report import critical_path_lines
+    from zerosim.validation.validate import run_study
+
+    lines = critical_path_lines({1: run_study(load_study(), 1)})
+    assert "## What the study's phases wait on in the model" in lines
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert rows["| forward"].startswith("| forward | cuda_malloc ")
+    assert ", hooks " in rows["| forward"]
+    assert rows["| backward boundary"].startswith("| backward boundary | zero_pages ")
+    assert critical_path_lines({}) == []
+
+
 def test_the_accumulation_series_are_reported_as_predict_splits_them(cells):
     """The Polaris runs' two accumulation series, each time split into what each micro-batch
     adds and what the step adds once: reported (not judged, the runs are the cells above), with

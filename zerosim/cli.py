@@ -500,9 +500,9 @@ def validate(out_dir: Path, as_json: bool) -> None:
 
     _output_folder(out_dir)
     study = load_study()
-    cells, _ = run_validation(study, seed003=True)
+    cells, results = run_validation(study, seed003=True)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
-    write_report(cells, study, profile, out_dir)
+    write_report(cells, study, profile, out_dir, results)
     if as_json:
         _print_json(cells_frame(cells).to_dict(orient="records"))
     else:

@@ -4,8 +4,10 @@ the Polaris runs' predicted-vs-measured plot."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
 
@@ -17,6 +19,9 @@ from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
 from zerosim.validation.polaris import configurations as polaris_configurations
 from zerosim.validation.reference import Study, load_estimator_tables
 from zerosim.validation.validate import POLARIS_GROUP, SESSION_GROUP, Cell, cells_frame
+
+if TYPE_CHECKING:
+    from zerosim.results.result import Result
 
 STATUS_MARK = {"pass": "pass", "fail": "**FAIL**", "excluded": "excluded", "reported": "reported"}
 
@@ -102,7 +107,41 @@ def summary_table(cells: list[Cell]) -> list[str]:
     return lines
 
 
-def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
+WAITS_SHOWN = 3
+"""What each phase of a study run waits on longest, in the report's critical-path table."""
+
+
+def critical_path_lines(results: Mapping[int, Result]) -> list[str]:
+    """The study's runs (by data-parallel degree): what each phase of the rank that finishes
+    last waits on, the three largest waits per phase over the iteration."""
+    from zerosim.results.critical import path_totals, reported_rank
+    from zerosim.vocabulary import PHASE_TIMES
+
+    totals = {}
+    for dp, result in sorted(results.items()):
+        rank = reported_rank(result)
+        if rank is not None:
+            totals[dp] = path_totals(result.critical_path, rank)
+    if not totals:
+        return []
+    lines = ["", "## What the study's phases wait on in the model", "",
+             "Each phase's critical path on the rank that finishes last, as `zerosim run` prints "
+             "it: seconds per iteration, the three largest waits (the host thread's `hooks`, "
+             "`launch`, `cuda_malloc` and `collective_launch`; the streams' ops by kind): the "
+             "mechanism each Table 2 cell's agreement rests on.", "",
+             "| phase | " + " | ".join(f"DP={dp}" for dp in totals) + " |",
+             "|---|" + "---|" * len(totals)]
+    for key in PHASE_TIMES:
+        cells = [", ".join(f"{kind} {seconds:.3f}" for kind, seconds in
+                           per_phase.get(key, [])[:WAITS_SHOWN]) or "-"
+                 for per_phase in totals.values()]
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {key.replace('_', ' ')} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(cells: list[Cell], study: Study, profile: HardwareProfile,
+             results: Mapping[int, Result] | None = None) -> str:
     estimator_source = load_estimator_tables()[0].source
     judged = [c for c in cells if c.status in ("pass", "fail")]
     passed = sum(c.status == "pass" for c in judged)
@@ -157,6 +196,7 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile) -> str:
         lines.append(
             f"| {c.group} | {c.case} | {c.quantity} | {format_value(c.measured, c.unit)}{unit} | "
             f"{simulated} | {error} | {tol} | {STATUS_MARK[c.status]} | {c.note} |")
+    lines += critical_path_lines(results or {})
     lines += _fitted_values(profile)
     lines += ["", "Regenerate with `zerosim validate` (writes this file, `validation.csv`, "
               "`validation.png`, the study's phase times, and `polaris.png`, the Polaris runs' "
@@ -193,14 +233,14 @@ def polaris_points(cells: list[Cell]) -> list[tuple[str, float, float, str]]:
             for c in cells if c.group == POLARIS_GROUP and c.series]
 
 
-def write_report(cells: list[Cell], study: Study, profile: HardwareProfile, out_dir: Path
-                 ) -> list[Path]:
+def write_report(cells: list[Cell], study: Study, profile: HardwareProfile, out_dir: Path,
+                 results: Mapping[int, Result] | None = None) -> list[Path]:
     from zerosim.plots import predicted_vs_measured, save_figure
     from zerosim.results.folders import write_text_whole
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "README.md", out_dir / "validation.csv", out_dir / "validation.png"]
-    write_text_whole(paths[0], markdown(cells, study, profile))
+    write_text_whole(paths[0], markdown(cells, study, profile, results))
     write_text_whole(paths[1], cells_frame(cells).to_csv(index=False))
     save_figure(plot(cells), paths[2], dpi=110)
     points = polaris_points(cells)
