@@ -78,13 +78,59 @@ def test_the_host_waits_when_more_than_two_fetch_events_are_unfinished(toy):
     assert releases[lag:] == ends[:len(ends) - lag]
 
 
-def test_before_0_6_2_the_host_is_not_bounded(toy):
+def test_from_0_6_0_the_host_is_bounded_by_fetch_events(toy):
+    """PR #1453 brought the bound with the new coordinator (stage3.py at v0.6.0; PR #1901 only
+    moved it, in 0.6.2): at 0.6.1 the releases wait for the gathers as at 0.13.3."""
+    slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
+    patch = {**zero(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0),
+             "hardware": slow}
+    levels = [gathered_levels(toy.run({**patch, "runtime": {"deepspeed_version": version}},
+                                      gpus=2))
+              for version in ("0.6.1", "0.13.3")]
+    releases = [list(level[level.bytes == 0].t_s)[:8] for level in levels]
+    assert releases[0] == releases[1]
+    assert releases[0][MAX_ONGOING_FETCH_EVENTS + 1] > 0.0
+
+
+def _before_0_6_0(toy, version: str = "0.5.10"):
     slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
     result = toy.run({**zero(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0),
-                      "hardware": slow, "runtime": {"deepspeed_version": "0.6.1"}}, gpus=2)
-    levels = gathered_levels(result)
-    forward_releases = list(levels[levels.bytes == 0].t_s)[:8]
-    assert forward_releases == [0.0] * 8
+                      "hardware": slow, "runtime": {"deepspeed_version": version}}, gpus=2)
+    spans = result.spans
+    return spans[(spans["rank"] == 0) & (spans.micro_batch == 0)]
+
+
+@pytest.mark.parametrize("phase", [Phase.FORWARD, Phase.BACKWARD])
+def test_before_0_6_0_every_hooked_module_takes_each_parameters_norm(toy, phase):
+    """`fetch_sub_module` formats each of the module's parameters' norm into a debug message
+    (v0.4.0-v0.5.10), going forward and back: one norm per tensor of the toy Llama, the
+    embedding, 9 per layer (two norms, q/k/v/o, gate/up/down), the final norm and the LM head,
+    1 + 2 x 9 + 1 + 1 = 21 in each phase; none from 0.6.0."""
+    spans = _before_0_6_0(toy)
+    norms = spans[(spans.phase == phase) & (spans.op_kind == OpKind.PARAM_NORM)]
+    assert len(norms) == 21
+    assert set(norms.stream) == {Stream.COMPUTE}
+    assert not (_before_0_6_0(toy, "0.6.0").op_kind == OpKind.PARAM_NORM).any()
+
+
+def test_before_0_6_0_a_fetch_drains_the_device(toy):
+    """Slow all-gathers, each module gathering its own parameters at its hook: the host waits
+    for every all-gather issued and for every stream (`_synchronize_communication`), then
+    for each norm's `.item()`, so each norm starts once everything issued before it on the
+    rank's GPU has ended, and the module's kernels start after its norms."""
+    spans = _before_0_6_0(toy)
+    forward = spans[spans.phase == Phase.FORWARD]
+    device = forward[forward.stream != Stream.HOST]
+    norms = forward[forward.op_kind == OpKind.PARAM_NORM].sort_values("start_s")
+    for norm in norms.itertuples():
+        before = device[device.start_s < norm.start_s]
+        assert (before.end_s <= norm.start_s).all(), norm.op
+    for module in ("layers.0.self_attn.q_proj", "layers.1.mlp.down_proj", "lm_head"):
+        norm = norms[norms.op == f"norm {module}"].iloc[0]
+        kernel = forward[forward.op == f"forward {module}"].iloc[0]
+        gather = forward[(forward.op_kind == OpKind.ALL_GATHER)
+                         & (forward.op == f"all-gather {module}")].iloc[0]
+        assert gather.end_s <= norm.start_s < norm.end_s <= kernel.start_s
 
 
 def test_a_coalesced_gather_is_split_on_the_fetch_stream_after_it_lands(toy):

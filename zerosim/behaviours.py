@@ -105,12 +105,24 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "partition_parameters.py all_gather_coalesced",
               "ZeRO-3 all-gathers a module's parameters and reduce-scatters a bucket's "
               "gradients as one collective each (before: one collective per tensor)"),
-    Behaviour("bounded_fetch_events", (0, 6, 2),
-              "PR #1901 'Fix multiple zero 3 tracing errors' (ef17c895, first in v0.6.2): "
-              "partitioned_param_coordinator.py fetch_sub_module, __max_ongoing_fetch_events",
+    Behaviour("fetch_waits_on_device", (0, 6, 0),
+              "PR #1453 (4912e0ad, first in v0.6.0): stage3.py PartitionedParameterCoordinator"
+              ".fetch_sub_module; before it, stage3.py at v0.4.0-v0.5.10 fetch_sub_module, "
+              "_synchronize_communication and prefetch_next_sub_modules",
+              "ZeRO-3: a module's fetch makes the compute stream wait for its parameters' "
+              "all-gathers and the host runs on (before: a module that gathered parameters, "
+              "or found them in flight, waits on the host for every all-gather issued since "
+              "the last such wait and for the whole device, torch.cuda.synchronize(); each "
+              "module then formats every parameter's norm into a debug message that is not "
+              "printed, a norm kernel and a blocking .item() each; and it prefetches only when "
+              "no all-gather was issued since that wait)"),
+    Behaviour("bounded_fetch_events", (0, 6, 0),
+              "PR #1453 (4912e0ad, first in v0.6.0): stage3.py "
+              "PartitionedParameterCoordinator.fetch_sub_module, __max_ongoing_fetch_events "
+              "(moved into partitioned_param_coordinator.py by PR #1901, v0.6.2)",
               "the host blocks in a module's pre-forward/backward hook while more than two "
               "fetch events (one per gathered parameter it waited on) are unfinished "
-              "(before: no bound on how far the host runs ahead of the all-gathers)"),
+              "(before: the host waits for the whole device instead, fetch_waits_on_device)"),
     Behaviour("zero_config_model", (0, 7, 0),
               "runtime/zero/config.py and runtime/config_utils.py read at v0.6.7 and v0.7.0",
               "zero_optimization is a pydantic model: the parameter-offload flag is "
@@ -442,6 +454,7 @@ class Behaviours:
     boundary_flush_non_blocking: bool
     offload_pin_memory_default_true: bool
     coalesced_collectives: bool
+    fetch_waits_on_device: bool
     bounded_fetch_events: bool
     zero_config_model: bool
     hjson_config_files: bool

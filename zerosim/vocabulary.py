@@ -107,6 +107,9 @@ class OpKind(StrEnum):
     """Each tensor of a coalesced all-gather copied out of its flat buffer (`torch.cat`)."""
     PARAM_FETCH = "param_fetch"
     """A parameter partition brought to the GPU before its all-gather (offload_param)."""
+    PARAM_NORM = "param_norm"
+    """ZeRO-3 before DeepSpeed 0.6.0: a fetched module's parameter norm, taken for a debug
+    message that is not printed (its `.item()` a blocking copy)."""
     QUANTIZE = "quantize"
     """qwZ: the partitions to be all-gathered made int8 blocks with fp32 scales."""
     DEQUANTIZE = "dequantize"

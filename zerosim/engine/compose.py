@@ -200,7 +200,8 @@ def _params(core: RankCore, nccl: NcclQueue) -> ParameterCoordinator:
     sources = {"none": PartitionsInHbm, "cpu": PartitionsInHost, "nvme": PartitionsOnNvme}
     source = sources[core.ds.offload_param.device]()
     return PartitionedParams(core, source, nccl, per_tensor=_per_tensor_collectives(core),
-                             bounded_fetches=core.behaviours.bounded_fetch_events)
+                             bounded_fetches=core.behaviours.bounded_fetch_events,
+                             drains=not core.behaviours.fetch_waits_on_device)
 
 
 def _per_tensor_collectives(core: RankCore) -> bool:

@@ -10,7 +10,8 @@ in HBM, in host memory (`offload_param: cpu`), or on NVMe.
 The host thread does not wait for an all-gather, with one bound: `fetch_sub_module` records an
 event on the all-gather stream for every parameter it waits on and, with more than
 `MAX_ONGOING_FETCH_EVENTS` of them unfinished, blocks until the oldest finishes (DeepSpeed
-0.13.3's `__max_ongoing_fetch_events`, from 0.6.2), before it issues the prefetches.
+0.13.3's `__max_ongoing_fetch_events`, from 0.6.0), before it issues the prefetches. Before
+0.6.0 the host waited for the whole device at a fetch instead (`PartitionedParams.drains`).
 
 A module's own fetch and each prefetch are one all-gather call over all their tensors
 (`__all_gather_params`); a call of several tensors is split out of its flat buffer at the
@@ -192,7 +193,7 @@ class PartitionedParams:
     module_hooks = True
 
     def __init__(self, core: RankCore, source: ParamSource, nccl: NcclQueue, *,
-                 per_tensor: bool = False, bounded_fetches: bool = True):
+                 per_tensor: bool = False, bounded_fetches: bool = True, drains: bool = False):
         self.core = core
         self.source = source
         self.nccl = nccl
@@ -201,7 +202,13 @@ class PartitionedParams:
         self.per_tensor = per_tensor
         """DeepSpeed before `coalesced_collectives`: one all-gather per parameter tensor."""
         self.bounded_fetches = bounded_fetches
-        """DeepSpeed from 0.6.2 (`bounded_fetch_events`): the host waits on old fetches."""
+        """DeepSpeed from 0.6.0 (`bounded_fetch_events`): the host waits on old fetches."""
+        self.drains = drains
+        """DeepSpeed before 0.6.0 (`fetch_waits_on_device` off): a fetch waits on the host for
+        the whole device and every parameter's norm (`_drain`)."""
+        self.issued_since_drain = False
+        """Whether an all-gather was issued since the host last drained the device (before
+        0.6.0 its handle stays in `in_flight_handles` until then, and no prefetch starts)."""
         plan = core.plan
         n = len(plan.modules)
         self.gathered: list[simpy.Event | None] = [None] * n
@@ -329,6 +336,7 @@ class PartitionedParams:
                 else [core.next_key(Collective.ALL_GATHER) for _ in sizes])
         quantized = self.quantized and core.distributed
         core.launches += core.distributed * len(sizes)
+        self.issued_since_drain = True
         core.plain_launches += core.distributed * len(sizes) * quantized
         for index in todo:
             self.gathered_bytes[index], reserve_s = self._hold(
@@ -451,6 +459,8 @@ class PartitionedParams:
         `MAX_ONGOING_FETCH_EVENTS` are; a leaf's wait records none where the fetch is DeepSpeed's
         fast one (`Plan.fast_leaf_fetch`), though it still blocks on older ones. Returns the
         event the module's kernels wait for."""
+        if self.drains:
+            return (yield from self._drain(index))
         if self.waited[index]:
             return ready
         self.waited[index] = True
@@ -470,6 +480,29 @@ class PartitionedParams:
             if records:
                 self.ongoing.append(ready)
         return ready
+
+    def _drain(self, index: int) -> Gen:
+        """`fetch_sub_module` before DeepSpeed 0.6.0 (stage3.py, v0.4.0-v0.5.10): a module
+        that gathered parameters or found them in flight waits on the host for every
+        all-gather issued since the last such wait and then for the whole device
+        (`_synchronize_communication`: `comm_stream.synchronize()`, `torch.cuda.synchronize()`);
+        then, whether or not it gathered, each of its parameters' norm is formatted into a
+        debug message that `print_rank_0(..., force=False)` drops, `f"... norm={param.norm()}"`:
+        a norm kernel on the compute stream, then `.item()`, a blocking copy that waits for it.
+        So the host never runs ahead of the GPU past a module with parameters. Returns None:
+        what the module's kernels need has run."""
+        core = self.core
+        if not self.waited[index]:
+            self.waited[index] = True
+            yield from core.synchronize()
+            self.issued_since_drain = False
+        name = core.plan.modules[index].name
+        for param in core.plan.params[index]:
+            yield from core.issue_kernels(1)
+            core.hbm_op(core.compute, f"norm {name}", OpKind.PARAM_NORM,
+                        core.dtype_bytes * param.numel, passes=1)
+            yield from core.wait_for_stream(core.compute, 1)
+        return None
 
     def _behind_copies(self, ready: simpy.Event | None) -> simpy.Event | None:
         """`fetch_sub_module` makes the compute stream wait for DeepSpeed's whole all-gather
@@ -546,6 +579,8 @@ class PartitionedParams:
         is on NVMe needs one of `offload_param.buffer_count` swap buffers per tensor, held until
         its release: without enough free the prefetch stops there (DeepSpeed keeps the trace's
         order)."""
+        if self.drains and self.issued_since_drain:
+            return
         ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters + self.drift - self.live_numel)

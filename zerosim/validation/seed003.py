@@ -90,6 +90,34 @@ def seed003_rows(simulate: SimulateTflops = default_simulate, *, root: Path = RE
     return rows
 
 
+@dataclass(frozen=True)
+class Seed003Speedup:
+    model: str
+    published: float
+    """The optimized release's TFLOPS/GPU over the unoptimized one's, as published."""
+    simulated: float | None
+    """The same ratio of zerosim's figures (None where either run did not fit)."""
+
+
+def speedups(rows: list[Seed003Row]) -> list[Seed003Speedup]:
+    """Per model, what the optimizations gained (optimized over unoptimized): the figure the
+    seed states most directly, and the one the assumed shapes and GEMM rates move least, as
+    both releases run the same model on the same GPUs."""
+    by_model: dict[str, dict[str, Seed003Row]] = {}
+    for row in rows:
+        by_model.setdefault(row.model, {})[row.variant] = row
+    found = []
+    for model, variants in by_model.items():
+        before, after = variants.get("unoptimized"), variants.get("optimized")
+        if before is None or after is None:
+            continue
+        simulated = (None if before.simulated_tflops is None or after.simulated_tflops is None
+                     else after.simulated_tflops / before.simulated_tflops)
+        found.append(Seed003Speedup(model, after.published_tflops / before.published_tflops,
+                                    simulated))
+    return found
+
+
 def rows_markdown(rows: list[Seed003Row]) -> str:
     """The rows as a Markdown table."""
     lines = ["| model | variant | DeepSpeed | published TFLOPS/GPU | simulated | ratio | |",
