@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from zerosim.cli import main
 from zerosim.results import load_result
-from zerosim.results.critical import PathStep, path_totals, phase_path, rank_paths
+from zerosim.results.critical import PathStep, path_totals, phase_path, rank_paths, waits_text
+from zerosim.vocabulary import PHASE_TIMES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,3 +218,80 @@ def test_settings_are_compared_by_value_and_the_implied_behaviours_come_last():
         ("runtime.deepspeed_version", "0.13.3", "0.19.5"),
         ("deepspeed_behaviours.coalesced_collectives", False, True))
     assert setting_changes(a, None) == ()
+
+
+def test_waits_text_names_the_longest_and_counts_the_rest():
+    kinds = [("zero_pages", 2.0), ("cast", 1.0), ("hooks", 0.5), ("launch", 0.25),
+             ("loop", 0.15), ("host", 0.1)]
+    assert waits_text(kinds) == ("zero_pages 2.000 (50%), cast 1.000 (25%), hooks 0.500 "
+                                 "(12%), launch 0.250 (6%), 2 more 0.250")
+    assert waits_text(kinds[:1]) == "zero_pages 2.000 (100%)"
+
+
+@pytest.mark.parametrize("scenario", ["scenarios/llama13b_dp4.yaml",
+                                      "scenarios/polaris_2nodes.yaml"])
+def test_a_summary_with_explain_says_what_the_run_table_says(scenario):
+    """`simulate_summary(explain=True)` reads the engine's record of a run that kept only its
+    host spans beside the summary's: the same texts as the critical-path table of a run with
+    every record (the reported rank's, folded mirror ranks and nodes included), and the rest
+    of the summary unchanged."""
+    import warnings
+
+    from zerosim.api import simulate, simulate_summary
+    from zerosim.results.critical import WAITS_ON, reported_rank
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        explained = simulate_summary(scenario, explain=True)
+        plain = simulate_summary(scenario)
+        result = simulate(scenario)
+    waits = explained.pop(WAITS_ON)
+    assert explained == plain
+    totals = path_totals(result.critical_path, reported_rank(result))
+    assert waits == {key: waits_text(totals[key]) if key in totals else None
+                     for key in PHASE_TIMES}
+    assert waits["backward_boundary"] is not None
+
+
+def test_sweep_explain_adds_what_each_phase_waited_on_and_runs_unexplained_points_again(
+        tmp_path):
+    """A first run without `--explain`; the second, with it, runs every point again and
+    rewrites results.csv (one line a point); a third without it keeps the explained rows."""
+    import csv
+
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(f"base: {ROOT / 'scenarios' / 'llama13b_dp1.yaml'}\n"
+                    "grid:\n  deepspeed.zero_optimization.offload_optimizer.pin_memory: "
+                    "[true, false]\n")
+    out = tmp_path / "out"
+
+    def rows(*extra):
+        result = CliRunner().invoke(main, ["sweep", str(spec), "--out", str(out),
+                                           "--workers", "1", "--no-progress", *extra])
+        assert result.exit_code == 0, result.output
+        with open(out / "results.csv", newline="") as handle:
+            return list(csv.DictReader(handle))
+
+    first = rows()
+    assert len(first) == 2 and not any(k.startswith("waits_on.") for k in first[0])
+    second = rows("--explain")
+    assert len(second) == 2
+    assert all(r["waits_on.backward_boundary"].startswith("zero_pages") for r in second)
+    assert [r["iteration_s"] for r in second] == [r["iteration_s"] for r in first]
+    assert rows() == second
+
+
+def test_predict_explain_fills_the_waits_on_columns(tmp_path):
+    table = ROOT / "zerosim" / "validation" / "data" / "polaris_zero3_offload_runs.csv"
+    lines = table.read_text().splitlines()
+    small = tmp_path / "runs.csv"
+    small.write_text("\n".join(lines[:2]) + "\n")
+    result = CliRunner().invoke(main, ["predict", str(small), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--json", "--no-files", "--explain"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["rows"][0]
+    assert row["waits_on_forward"].startswith("forward ")
+    assert row["waits_on_backward_non_boundary"] is None
+    plain = CliRunner().invoke(main, ["predict", str(small), "--hardware", "polaris-a100",
+                                      "--workers", "1", "--json", "--no-files"])
+    assert json.loads(plain.stdout)["rows"][0]["waits_on_forward"] is None

@@ -517,7 +517,7 @@ def test_a_configuration_that_fails_to_simulate_is_an_error_row_and_exit_1(tmp_p
     """Status `error` (exit 1) is left to a failure of the simulation itself."""
     import zerosim.api
 
-    def broken(*_):
+    def broken(*_, **__):
         raise RuntimeError("engine stopped")
 
     monkeypatch.setattr(zerosim.api, "simulate_summary", broken)

@@ -362,10 +362,10 @@ def test_errors_and_oom_are_rows_and_the_sweep_goes_on(tmp_path, monkeypatch):
 
     real_simulate = zerosim.api.simulate_summary
 
-    def flaky(base, overrides):
+    def flaky(base, overrides, **options):
         if overrides.get("sequence_length") == 96:
             raise RuntimeError("boom\nsecond line")
-        return real_simulate(base, overrides)
+        return real_simulate(base, overrides, **options)
 
     monkeypatch.setattr(zerosim.api, "simulate_summary", flaky)   # workers=1: in this process
     path = write_sweep(tmp_path, {"base": "tiny.yaml", "variants": [

@@ -37,10 +37,12 @@ def simulate(scenario: Scenario | str | Path,
 
 
 def simulate_summary(scenario: Scenario | str | Path,
-                     overrides: Iterable[str] | Mapping[str, Any] | None = None
-                     ) -> dict[str, Any]:
-    """`simulate(...).summary` without the tables: what a sweep point keeps."""
-    return simulate_brief(scenario, overrides).summary
+                     overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
+                     explain: bool = False) -> dict[str, Any]:
+    """`simulate(...).summary` without the tables: what a sweep point keeps. With `explain`,
+    also `waits_on`: per phase time, what the reported rank's phase waited on
+    (`results.critical.engine_waits`, the text of `zerosim run`'s critical-path table)."""
+    return simulate_brief(scenario, overrides, explain=explain).summary
 
 
 @dataclass(frozen=True)
@@ -54,11 +56,20 @@ class Brief:
 
 def simulate_brief(scenario: Scenario | str | Path,
                    overrides: Iterable[str] | Mapping[str, Any] | None = None, *,
-                   observer: Callable[[Any], None] | None = None) -> Brief:
+                   observer: Callable[[Any], None] | None = None,
+                   explain: bool = False) -> Brief:
     """What `zerosim run --no-files` prints: the summary (equal to `simulate(...).summary`)
-    and the phases, with no memory or link log and no DataFrame (pandas is not loaded)."""
-    raw = run_engine(_resolved(scenario, overrides), full=False, observer=observer)
-    return Brief(summarize(raw), with_copies(raw.phases, 0, raw.stands_for))
+    and the phases, with no memory or link log and no DataFrame (pandas is not loaded).
+    `explain` records the host thread too (the same events) and adds the summary's
+    `waits_on` (`simulate_summary`)."""
+    raw = run_engine(_resolved(scenario, overrides), full=False, observer=observer,
+                     host_spans=explain)
+    summary = summarize(raw)
+    if explain:
+        from zerosim.results.critical import WAITS_ON, engine_waits
+
+        summary[WAITS_ON] = engine_waits(raw) if raw.status == "ok" else None
+    return Brief(summary, with_copies(raw.phases, 0, raw.stands_for))
 
 
 def _resolved(scenario: Scenario | str | Path,

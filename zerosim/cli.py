@@ -748,8 +748,11 @@ def _mics_estimate_note(scenario: Scenario, gpus: int) -> str:
 @click.option("--plots", is_flag=True,
               help="Draw iteration time, TFLOPS and peak HBM against the first axes (PNG).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--explain", is_flag=True,
+              help="Also say what each phase waited on (its critical path, as run prints it): "
+                   "waits_on.<phase> columns; a quarter to a third more time a point.")
 def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str | None,
-          overrides: tuple[str, ...], plots: bool, no_progress: bool) -> None:
+          overrides: tuple[str, ...], plots: bool, no_progress: bool, explain: bool) -> None:
     """Simulate every point of a what-if sweep; run it again to resume after a kill."""
     from zerosim.sweep import default_out_dir as sweep_out_dir
     from zerosim.sweep import run_sweep, write_plots
@@ -760,7 +763,7 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
     _on_interrupt(f"finished points are in {target / 'results.csv'}; run the same command "
                   "again to resume")
     outcome = run_sweep(sweep_file, out_dir=out_dir, workers=workers, dask=dask,
-                        overrides=overrides, progress=not no_progress)
+                        overrides=overrides, progress=not no_progress, explain=explain)
     render_outcome(outcome)
     if plots:
         written, problem = write_plots(outcome)
@@ -877,8 +880,12 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
 @table_options("predictions.csv", "results/predict/<table>-<hardware>")
 @click.option("--plots", is_flag=True,
               help="Also draw predictions.png: predicted against measured, per time.")
+@click.option("--explain", is_flag=True,
+              help="Also say what each phase waited on (its critical path, as run prints it): "
+                   "the waits_on_<phase> columns of predictions.csv and --json.")
 def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers: int | None,
-            out_dir: Path | None, no_files: bool, as_json: bool, plots: bool) -> None:
+            out_dir: Path | None, no_files: bool, as_json: bool, plots: bool,
+            explain: bool) -> None:
     """Predict a table of measured runs in the Deep Optimizer States artifact format (the
     columns of zerosim/validation/data/polaris_zero3_offload_runs.csv): each distinct
     configuration simulated on --hardware, per optimizer step, beside its runs' mean
@@ -903,7 +910,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     folder = None if no_files else _output_folder(out_dir or Path("results") / "predict" / (
         f"{runs_table.stem}-{Path(hardware).stem}"))
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
-                          workers=workers, source=str(runs_table))
+                          workers=workers, source=str(runs_table), explain=explain)
     series = accumulation_series(outcome.predictions)
     if folder is not None:
         outcome.files = [write_predictions(outcome, folder / "predictions.csv"),

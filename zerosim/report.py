@@ -13,6 +13,7 @@ from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.compare import DERIVED_SETTINGS
+from zerosim.results.critical import waits_text
 from zerosim.results.summary import (
     PEAK_ERROR_FRACTION,
     capacity_that_fits,
@@ -330,10 +331,6 @@ def _memory_table(summary: dict) -> Table | None:
     return table
 
 
-CRITICAL_KINDS_SHOWN = 4
-"""What each phase waited on longest, per row of the critical-path table; the rest summed."""
-
-
 def critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
                         ) -> Table | None:
     """Rank `rank`'s critical path per phase over the iteration (`results.critical.path_totals`):
@@ -349,12 +346,7 @@ def critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
         kinds = critical.get(key)
         if not kinds:
             continue
-        total = sum(seconds for _, seconds in kinds)
-        shown = [f"{kind} {_seconds(seconds)} ({seconds / total:.0%})"
-                 for kind, seconds in kinds[:CRITICAL_KINDS_SHOWN]]
-        if rest := kinds[CRITICAL_KINDS_SHOWN:]:
-            shown.append(f"{len(rest)} more {_seconds(sum(s for _, s in rest))}")
-        table.add_row(label, _seconds(total), ", ".join(shown))
+        table.add_row(label, _seconds(sum(seconds for _, seconds in kinds)), waits_text(kinds))
     return table
 
 

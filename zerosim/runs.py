@@ -34,7 +34,9 @@ from zerosim.behaviours import (
 )
 from zerosim.errors import Described, ScenarioError
 from zerosim.inputs.tables import read_table
+from zerosim.results.critical import WAITS_ON
 from zerosim.units import GiB
+from zerosim.vocabulary import PHASE_TIMES
 
 if TYPE_CHECKING:
     from zerosim.hardware.profile import HardwareProfile
@@ -858,6 +860,9 @@ class Prediction:
     """With status `ok`: the fullest GPU's or node's peak where it comes within the memory
     model's error of the capacity (`results.summary.tight_memory`), as 'peak HBM 39.21 of
     39.59 GiB': a real run may not fit."""
+    waits_on: Mapping[str, str | None] = field(default_factory=dict)
+    """With `--explain`: per summary phase time, what the phase waited on over the step
+    (`results.critical.engine_waits`); empty otherwise."""
 
     def measured(self, quantity: str) -> float | None:
         return self.configuration.measured(quantity)
@@ -882,9 +887,10 @@ need more)."""
 
 
 def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str, *,
-                  measured: bool = False) -> dict[str, Any]:
+                  measured: bool = False, explain: bool = False) -> dict[str, Any]:
     """One configuration in a worker: its summary and its profile's CUDA context size (what
-    `torch.cuda.max_memory_allocated` does not count).
+    `torch.cuda.max_memory_allocated` does not count); with `explain`, the summary's
+    `waits_on` (`api.simulate_summary`).
 
     A `measured` configuration ran, so it fitted its hardware: where the model puts it over a
     device's memory (status `oom`), and no override sets that memory, it is simulated again
@@ -894,7 +900,7 @@ def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source:
     with."""
     from zerosim.results.summary import capacity_that_fits
 
-    summary = _summary_of(tree, overrides, source)
+    summary = _summary_of(tree, overrides, source, explain)
     first_oom = summary.get("oom")
     raised: dict[str, float] = {}
     raises = 0
@@ -904,14 +910,14 @@ def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source:
             break
         raised[fits[0]] = fits[1]
         raises += 1
-        summary = _summary_of(tree, {**overrides, **raised}, source)
+        summary = _summary_of(tree, {**overrides, **raised}, source, explain)
     if raised:
         summary["oom"], summary["timed_with"] = first_oom, raised
     return summary
 
 
-def _summary_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str
-                ) -> dict[str, Any]:
+def _summary_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: str,
+                explain: bool = False) -> dict[str, Any]:
     import warnings
 
     from zerosim.api import simulate_summary
@@ -920,7 +926,7 @@ def _summary_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: s
     scenario = _scenario_of(tree, overrides, source)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ScenarioWarning)
-        summary = simulate_summary(scenario)
+        summary = simulate_summary(scenario, explain=explain)
     summary["runtime_context_bytes"] = scenario.hardware.runtime_context_bytes
     return summary
 
@@ -992,7 +998,8 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
     timed_with = summary.get("timed_with", {})
     return Prediction(configuration, name, nodes, "oom" if timed_with else "ok", predicted,
                       oom=oom_line, timed_with=timed_with,
-                      tight="" if timed_with else tight_text(summary))
+                      tight="" if timed_with else tight_text(summary),
+                      waits_on=summary.get(WAITS_ON) or {})
 
 
 @dataclass
@@ -1052,10 +1059,12 @@ def _check_table_overrides(overrides: Mapping[str, Any]) -> None:
 
 def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
             overrides: Mapping[str, Any] | None = None, workers: int | None = None,
-            source: str = "<runs>", name_prefix: str = "") -> PredictOutcome:
+            source: str = "<runs>", name_prefix: str = "", explain: bool = False
+            ) -> PredictOutcome:
     """Simulate each distinct configuration of `runs` on `hardware` (with `overrides`, as
     `--set` gives them, applied to every one) and set it beside its measurements; one that
-    zerosim refuses is an error naming its row before any is simulated (`check_scenarios`)."""
+    zerosim refuses is an error naming its row before any is simulated (`check_scenarios`).
+    `explain`: each prediction also says what its phases waited on (`Prediction.waits_on`)."""
     import time
 
     from zerosim.hardware.profile import load_profile
@@ -1078,7 +1087,8 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
     predictions = []
     with open_executor(workers, None, len(jobs)) as (executor, _, where):
         futures = [executor.submit(simulate_tree, tree, dict(overrides or {}),
-                                   f"{source} row {c.first.row}", measured=c.was_measured)
+                                   f"{source} row {c.first.row}", measured=c.was_measured,
+                                   explain=explain)
                    for c, _, _, tree in jobs]
         for (configuration, name, nodes, _), future in zip(jobs, futures, strict=True):
             error = future.exception()
@@ -1102,7 +1112,8 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "bind_cores_to_r
                         for q in WRITTEN_QUANTITIES),
                       *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}"
                         for q in WRITTEN_QUANTITIES),
-                      "error", "oom", "timed_with", "tight")
+                      "error", "oom", "timed_with", "tight",
+                      *(f"{WAITS_ON}_{key}" for key in PHASE_TIMES))
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
@@ -1114,7 +1125,8 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "empty_cache_each_phase": run.empties_cache, "status": p.status,
                            "error": p.error, "oom": p.oom, "timed_with": p.timed_with_text,
                            "tight": p.tight,
-                           "predicted_memory_reports_s": p.predicted.get(MEMORY_REPORTS)}
+                           "predicted_memory_reports_s": p.predicted.get(MEMORY_REPORTS),
+                           **{f"{WAITS_ON}_{key}": p.waits_on.get(key) for key in PHASE_TIMES}}
     for q in WRITTEN_QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]

@@ -271,10 +271,12 @@ def folded_classes(scenario: Scenario, *, fold: bool = True) -> tuple[tuple[int,
 
 
 def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = True,
-               fold: bool = True, observer: Callable[[RunContext], None] | None = None
-               ) -> RawRun:
+               fold: bool = True, observer: Callable[[RunContext], None] | None = None,
+               host_spans: bool | None = None) -> RawRun:
     """Simulate one iteration. `full=False` keeps only what the summary needs: no memory log
-    and no link rates (the timeline is the same). `fold=False` simulates every rank, even on
+    and no link rates (the timeline is the same). The host thread's work is recorded as spans
+    (`Stream.HOST`) with every record, or as `host_spans` says (what a critical path needs
+    beside the other spans; the same events either way). `fold=False` simulates every rank, even on
     identical nodes or mirror ranks of a node (see `simulated_ranks`, `folded_classes`); a
     run that folds mirror ranks is simulated again without when it could differ from the full
     simulation (`_exact`). `observer(ctx)` is called just before the simulation starts (a
@@ -282,10 +284,13 @@ def run_engine(scenario: Scenario, *, count_events: bool = False, full: bool = T
     placed = simulated_ranks(scenario, fold=fold)
     classes = folded_classes(scenario, fold=fold)
     copies = node_copies(scenario, fold=fold)
-    raw, pools = _simulate(scenario, placed, classes, copies, count_events, full, observer)
+    host = full if host_spans is None else host_spans
+    raw, pools = _simulate(scenario, placed, classes, copies, count_events, full, host,
+                           observer)
     if not _exact(raw, pools):
         alone = tuple((rank,) for rank in range(placed))
-        raw, pools = _simulate(scenario, placed, alone, copies, count_events, full, observer)
+        raw, pools = _simulate(scenario, placed, alone, copies, count_events, full, host,
+                               observer)
     return raw
 
 
@@ -301,7 +306,7 @@ def _exact(raw: RawRun, pools: dict[str, MemoryPool]) -> bool:
 
 
 def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...], ...],
-              copies: tuple[int, ...], count_events: bool, full: bool,
+              copies: tuple[int, ...], count_events: bool, full: bool, host_spans: bool,
               observer: Callable[[RunContext], None] | None
               ) -> tuple[RawRun, dict[str, MemoryPool]]:
     env = Environment()
@@ -315,7 +320,8 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
                       run_nodes=tuple(sum(copies[:node]) for node in range(len(copies))))
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
-    ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log, record_host=full)
+    ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log,
+                     record_host=host_spans)
     ranks = [env.process(build_rank(ctx, rank).run()) for rank in machine.stands_for]
     if observer is not None:
         observer(ctx)

@@ -14,7 +14,9 @@ that encloses the step (a wrapper's own work between its inner ops) or, with non
 (`PathGap.HOST`: what its recorded work does not cover, all of it in a result folder written
 before the host thread was recorded).
 
-Pure Python over the span and phase rows; `critical_path` turns a `Result` into a DataFrame.
+Pure Python over the span and phase rows; `critical_path` turns a `Result` into a DataFrame,
+`engine_waits` reads the engine's own record of a run that kept its host spans (a sweep point
+with `--explain`) without one.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from zerosim.engine.records import with_copies
 from zerosim.results.summary import last_to_finish, phase_time
-from zerosim.vocabulary import PathGap, Phase, span_kind
+from zerosim.vocabulary import PHASE_TIMES, PathGap, Phase, span_kind
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from zerosim.engine.simulate import RawRun
     from zerosim.results.result import Result
 
 SpanRow = tuple[str, str, str, str, float, float]
@@ -38,6 +42,12 @@ SpanRow = tuple[str, str, str, str, float, float]
 
 COLUMNS = ("rank", "phase", "micro_batch", "phase_time", "start_s", "end_s", "stream",
            "op_kind", "buffer_kind", "op")
+
+WAITS_ON = "waits_on"
+"""The summary key of what each phase waited on, where a run was asked (`engine_waits`)."""
+
+KINDS_SHOWN = 4
+"""What a phase waited on longest, named one by one (`waits_text`); the rest are counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,11 +172,45 @@ def path_totals(path: pd.DataFrame, rank: int) -> dict[str, list[tuple[str, floa
     """Seconds of `rank`'s critical path per summary phase time over the whole iteration, by
     what it waited on (`vocabulary.span_kind` of the step), longest first."""
     mine = path[path["rank"] == rank]
+    return kind_totals(zip(mine.phase_time, mine.op_kind, mine.buffer_kind, mine.op,
+                           mine.start_s, mine.end_s, strict=True))
+
+
+def kind_totals(steps: Iterable[tuple[str, str, str, str, float, float]]
+                ) -> dict[str, list[tuple[str, float]]]:
+    """Seconds per summary phase time by what was waited on (`vocabulary.span_kind`), longest
+    first, from (phase_time, op_kind, buffer_kind, op, start_s, end_s) steps; a step of no
+    phase time is left out."""
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for key, op_kind, buffer_kind, op, start, end in zip(
-            mine.phase_time, mine.op_kind, mine.buffer_kind, mine.op, mine.start_s, mine.end_s,
-            strict=True):
+    for key, op_kind, buffer_kind, op, start, end in steps:
         if key:
             totals[key][span_kind(op_kind, buffer_kind, op)] += end - start
     return {key: sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
             for key, kinds in totals.items()}
+
+
+def waits_text(kinds: list[tuple[str, float]], shown: int = KINDS_SHOWN) -> str:
+    """`kind_totals` of one phase as `zerosim run` prints it: 'cuda_malloc 0.336 (44%), hooks
+    0.194 (25%), ..., 2 more 0.001' (seconds per iteration and share of the phase)."""
+    total = sum(seconds for _, seconds in kinds)
+    parts = [f"{kind} {seconds:.3f} ({seconds / total:.0%})" for kind, seconds in kinds[:shown]]
+    if rest := kinds[shown:]:
+        parts.append(f"{len(rest)} more {sum(s for _, s in rest):.3f}")
+    return ", ".join(parts)
+
+
+def engine_waits(raw: RawRun) -> dict[str, str | None]:
+    """What each phase time of the reported rank (the last to finish) waited on, as
+    `waits_text`, from the engine's record of a run that kept its host spans
+    (`run_engine(host_spans=True)`): the figures `zerosim run` prints, without a DataFrame.
+    None for a phase time the iteration does not have."""
+    phases = [row[:5] for row in with_copies(raw.phases, 0, raw.stands_for).rows]
+    rank = last_to_finish(phases)
+    simulated = next((first for first, members in raw.stands_for.items() if rank in members),
+                     rank)
+    spans = [(r, stream, op_kind, buffer_kind, op, start, end)
+             for r, stream, _, _, op, start, end, _, op_kind, buffer_kind in raw.spans.rows
+             if r == simulated]
+    steps = rank_paths(spans, [row[:5] for row in raw.phases.rows if row[0] == simulated])
+    totals = kind_totals((row[3], *row[7:], row[4], row[5]) for row in steps)
+    return {key: waits_text(totals[key]) if totals.get(key) else None for key in PHASE_TIMES}

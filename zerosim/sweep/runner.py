@@ -17,6 +17,7 @@ from typing import Any
 
 from zerosim.errors import ZerosimError, clip
 from zerosim.interrupts import ignore_interrupts_in_worker
+from zerosim.results.critical import WAITS_ON
 from zerosim.sweep.spec import Point, SweepSpec, load_sweep, validate
 from zerosim.sweep.store import ResultStore, Resumed, locked
 from zerosim.sweep.worker import run_point
@@ -148,7 +149,8 @@ def open_executor(workers: int | None, dask: str | None, todo: int
 
 def drive(executor: Executor, window: int, base: str, todo: list[Point],
           on_row: Callable[[Point, Mapping[str, Any]], None],
-          on_failure: Callable[[Point, BaseException], None]) -> None:
+          on_failure: Callable[[Point, BaseException], None], *, explain: bool = False
+          ) -> None:
     """Keep up to `window` points in flight; hand each finished row to `on_row`."""
     pending = deque(todo)
     inflight: dict[Future, Point] = {}
@@ -156,7 +158,8 @@ def drive(executor: Executor, window: int, base: str, todo: list[Point],
         while pending or inflight:
             while pending and len(inflight) < window:
                 point = pending.popleft()
-                inflight[executor.submit(run_point, base, point.overrides, point.point_id)] = point
+                inflight[executor.submit(run_point, base, point.overrides, point.point_id,
+                                         explain)] = point
             done, _ = wait(inflight, return_when=FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: inflight[f].index):
                 point = inflight.pop(future)
@@ -245,12 +248,14 @@ def write_inputs(spec: SweepSpec, points: list[Point], out_dir: Path) -> list[Pa
 def run_sweep(spec_path: str | Path, *, out_dir: str | Path | None = None,
               workers: int | None = None, dask: str | None = None,
               overrides: Any = None, progress: bool = False,
-              executor: Executor | None = None) -> SweepOutcome:
+              executor: Executor | None = None, explain: bool = False) -> SweepOutcome:
     """Run every point of a sweep not already in `out_dir`'s results.csv.
 
     Every point is validated first (a SweepError lists the bad axis values, and nothing is
     written). `workers=1` runs in this process, `None` uses one process per CPU; `dask` is
     "local" or a scheduler address. `executor` lends an executor you manage (tests, notebooks).
+    `explain` adds what each phase waited on (`waits_on.<phase time>` columns) and runs again
+    the points results.csv holds that ran without it.
     """
     spec = load_sweep(spec_path, overrides)
     points = spec.points()
@@ -265,25 +270,28 @@ def run_sweep(spec_path: str | Path, *, out_dir: str | Path | None = None,
             lent = stack.enter_context(open_executor(workers, dask, len(points)))
         target.mkdir(parents=True, exist_ok=True)
         return _run_in(spec, points, notes, target, started, workers=workers, lent=lent,
-                       progress=progress)
+                       progress=progress, explain=explain)
 
 
 def _run_in(spec: SweepSpec, points: list[Point], notes: list[str], target: Path,
             started: float, *, workers: int | None,
-            lent: tuple[Executor, int, str] | None, progress: bool) -> SweepOutcome:
+            lent: tuple[Executor, int, str] | None, progress: bool,
+            explain: bool = False) -> SweepOutcome:
     """The sweep's points in `target`: what results.csv already holds is kept (it is read,
-    and refused if it is not a sweep's, before anything is written), the rest is run."""
+    and refused if it is not a sweep's, before anything is written), the rest is run; with
+    `explain`, a kept point that ran without it (`explained`) is run again."""
     with locked(target):
         store = ResultStore(target, spec.axis_columns)
         resumed = store.resume(points)
         files = write_inputs(spec, points, target)
-        todo = [p for p in points if p.point_id not in store.rows]
+        todo = [p for p in points if p.point_id not in store.rows
+                or (explain and not explained(store.rows[p.point_id]))]
         outcome = SweepOutcome(spec, target, len(points), resumed, notes=notes)
         outcome.counts.update(r["status"] for r in store.rows.values())
         try:
             if todo:
                 _run_points(spec, todo, store, outcome, workers=workers, lent=lent,
-                            progress=progress)
+                            progress=progress, explain=explain)
         except KeyboardInterrupt:
             outcome.notes.append(f"interrupted: {len(store.rows)} of {len(points)} points are "
                                  f"in {store.results_path}; run the same command to resume")
@@ -296,7 +304,8 @@ def _run_in(spec: SweepSpec, points: list[Point], notes: list[str], target: Path
 
 def _run_points(spec: SweepSpec, todo: list[Point], store: ResultStore,
                 outcome: SweepOutcome, *, workers: int | None,
-                lent: tuple[Executor, int, str] | None, progress: bool) -> None:
+                lent: tuple[Executor, int, str] | None, progress: bool,
+                explain: bool = False) -> None:
     """`lent`: (executor, points in flight, description) opened by the caller (a Dask client,
     an executor the user manages); else a local pool sized for `todo`."""
     with contextlib.ExitStack() as stack:
@@ -314,12 +323,19 @@ def _run_points(spec: SweepSpec, todo: list[Point], store: ResultStore,
         def on_failure(point: Point, error: BaseException) -> None:
             outcome.not_run.append((point, f"{type(error).__name__}: {error}"))
 
-        drive(executor, window, str(spec.base), todo, on_row, on_failure)
+        drive(executor, window, str(spec.base), todo, on_row, on_failure, explain=explain)
 
 
 # ------------------------------------------------------------------ plots
 
 PLOT_METRICS = ("iteration_s", "tflops_per_gpu", "peak_hbm_GiB")
+
+
+def explained(row: Mapping[str, str]) -> bool:
+    """Whether a results.csv row says what its phases waited on: one that ran with
+    `--explain`, or one with nothing to explain (a point that did not fit or failed)."""
+    return row.get("status") != "ok" or any(
+        value for key, value in row.items() if key.startswith(f"{WAITS_ON}."))
 
 
 def write_plots(outcome: SweepOutcome) -> tuple[list[Path], str | None]:

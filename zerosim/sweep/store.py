@@ -207,11 +207,12 @@ class ResultStore:
                 continue
             cells[f"{COLLISION_PREFIX}{key}" if key in taken else key] = cell(value)
         row = self._row(point, cells)
+        replaced = point.point_id in self.rows
         self.rows[point.point_id] = row
         timing = {"index": str(point.index), "point_id": point.point_id,
                   "wall_s": cell(result.get("wall_s"))}
         self.timings[point.point_id] = timing
-        if self._results is None or any(k not in self.columns for k in row):
+        if self._results is None or replaced or any(k not in self.columns for k in row):
             self.columns = self._columns(self.rows.values())
             self._reopen()
         else:

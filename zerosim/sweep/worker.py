@@ -50,8 +50,11 @@ def error_text(err: BaseException) -> str:
     return " / ".join(f"{type(err).__name__}: {err}".splitlines())
 
 
-def run_point(base: str, overrides: dict[str, Any], point_id: str) -> dict[str, Any]:
-    """Simulate `base` with `overrides`: `{point_id, status, <summary fields>, error, wall_s}`.
+def run_point(base: str, overrides: dict[str, Any], point_id: str, explain: bool = False
+              ) -> dict[str, Any]:
+    """Simulate `base` with `overrides`: `{point_id, status, <summary fields>, error, wall_s}`;
+    with `explain`, the summary's `waits_on` too (`waits_on.forward`, ...: what each phase
+    waited on, `api.simulate_summary`).
 
     Any exception inside the simulation is a row with status `error` and the exception's text;
     an out-of-memory configuration is a row with status `oom`.
@@ -64,7 +67,7 @@ def run_point(base: str, overrides: dict[str, Any], point_id: str) -> dict[str, 
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ScenarioWarning)
-            summary = simulate_summary(base, overrides)
+            summary = simulate_summary(base, overrides, explain=explain)
     except Exception as err:
         row["status"] = "error"
         row["error"] = error_text(err)
