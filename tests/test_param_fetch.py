@@ -92,10 +92,11 @@ def test_from_0_6_0_the_host_is_bounded_by_fetch_events(toy):
     assert releases[0][MAX_ONGOING_FETCH_EVENTS + 1] > 0.0
 
 
-def _before_0_6_0(toy, version: str = "0.5.10"):
+def _before_0_6_0(toy, version: str = "0.5.10", **knobs):
     slow = {"nvlink": {"bus_GBps": {"value": 0.01, "basis": "assumed", "source": "test"}}}
-    result = toy.run({**zero(stage3_prefetch_bucket_size=0, stage3_max_reuse_distance=0),
-                      "hardware": slow, "runtime": {"deepspeed_version": version}}, gpus=2)
+    knobs = knobs or {"stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}
+    result = toy.run({**zero(**knobs), "hardware": slow,
+                      "runtime": {"deepspeed_version": version}}, gpus=2)
     spans = result.spans
     return spans[(spans["rank"] == 0) & (spans.micro_batch == 0)]
 
@@ -444,3 +445,22 @@ def test_the_forward_is_timed_on_the_compute_stream_and_its_last_prefetches_fall
     assert backward.start_s == forward.end_s
     first_backward = compute[compute.phase == Phase.BACKWARD].start_s.min()
     assert first_backward >= in_flight.end_s.max() > forward.end_s
+
+
+def test_before_0_6_0_each_prefetched_module_is_gathered_once_the_device_has_drained(toy):
+    """`_allgather_param` (v0.5.10) makes each prefetched parameter's buffer with
+    `torch.zeros` and calls `torch.cuda.synchronize()` before its all-gather: with the whole
+    model in one prefetch bucket, the embedding's hook gathers it and then the rest of the
+    model one module at a time, each call starting once everything the rank's GPU was given
+    before it has ended: 21 calls in the forward (the embedding, 9 a layer, the final norm
+    and the LM head), where 0.6.0 takes the rest of the model in one call."""
+    spans = {version: _before_0_6_0(toy, version, stage3_max_reuse_distance=1e9).pipe(
+        lambda s: s[s.phase == Phase.FORWARD]) for version in ("0.5.10", "0.6.0")}
+    slow = spans["0.5.10"]
+    device = slow[slow.stream != Stream.HOST]
+    gathers = slow[slow.op_kind == OpKind.ALL_GATHER].sort_values("start_s")
+    assert len(gathers) == 21
+    assert gathers.op.iloc[-1] == "all-gather lm_head"
+    for gather in gathers.itertuples():
+        assert (device[device.start_s < gather.start_s].end_s <= gather.start_s).all()
+    assert (spans["0.6.0"].op_kind == OpKind.ALL_GATHER).sum() == 2

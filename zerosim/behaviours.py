@@ -114,8 +114,10 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
               "or found them in flight, waits on the host for every all-gather issued since "
               "the last such wait and for the whole device, torch.cuda.synchronize(); each "
               "module then formats every parameter's norm into a debug message that is not "
-              "printed, a norm kernel and a blocking .item() each; and it prefetches only when "
-              "no all-gather was issued since that wait)"),
+              "printed, a norm kernel and a blocking .item() each; it prefetches only when no "
+              "all-gather was issued since that wait, and makes each prefetched parameter's "
+              "buffer with torch.zeros and calls torch.cuda.synchronize() before its "
+              "all-gather, partition_parameters.py _allgather_param)"),
     Behaviour("bounded_fetch_events", (0, 6, 0),
               "PR #1453 (4912e0ad, first in v0.6.0): stage3.py "
               "PartitionedParameterCoordinator.fetch_sub_module, __max_ongoing_fetch_events "

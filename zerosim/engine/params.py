@@ -52,7 +52,7 @@ class ParameterCoordinator(Protocol):
     def fetch_external(self) -> Gen: ...
     def fetch(self, index: int) -> simpy.Event | None: ...
     def wait_ongoing(self, index: int, ready: simpy.Event | None) -> Gen: ...
-    def prefetch_after(self, index: int, backward: bool) -> None: ...
+    def prefetch_after(self, index: int, backward: bool) -> Iterable[simpy.Event]: ...
     def release(self, index: int, *, backward: bool) -> Iterable[simpy.Event]: ...
     def release_after_backward(self) -> Iterable[simpy.Event]: ...
     def release_all(self) -> Iterable[simpy.Event]: ...
@@ -78,8 +78,8 @@ class ReplicatedParams:
         return ready
         yield
 
-    def prefetch_after(self, index: int, backward: bool) -> None:
-        return None
+    def prefetch_after(self, index: int, backward: bool) -> Iterable[simpy.Event]:
+        return ()
 
     def release(self, index: int, *, backward: bool) -> Iterable[simpy.Event]:
         return ()
@@ -296,10 +296,11 @@ class PartitionedParams:
             self._gather((index,))
         return self.gathered[index]
 
-    def _gather(self, indices: tuple[int, ...]) -> None:
+    def _gather(self, indices: tuple[int, ...], *, zeroed: bool = False) -> None:
         """One all-gather call over the modules' parameters (`__all_gather_params`: a module's
         own fetch, or every module of one prefetch); with hpZ, one over the group for those
-        with a secondary partition, then one over every rank for the others."""
+        with a secondary partition, then one over every rank for the others. `zeroed`: the
+        gathered buffers are zero-filled before it (`_prefetch_draining`)."""
         core, plan = self.core, self.core.plan
         todo = [i for i in indices if not self.is_gathered[i] and plan.gathered_numel[i] > 0]
         if not todo:
@@ -314,7 +315,7 @@ class PartitionedParams:
         if not core.distributed and not self.source.always_gathers:
             return
         if self.hpz == 1:
-            self._issue(todo, secondary=False)
+            self._issue(todo, secondary=False, zeroed=zeroed)
             return
         with_secondary = [index for index in todo if self.has_secondary[index]]
         for modules, secondary in ((with_secondary, True),
@@ -322,9 +323,10 @@ class PartitionedParams:
             if modules:
                 self._issue(modules, secondary=secondary)
 
-    def _issue(self, todo: list[int], *, secondary: bool) -> None:
+    def _issue(self, todo: list[int], *, secondary: bool, zeroed: bool = False) -> None:
         """`all_gather_coalesced` over the modules' tensors: from their secondary partitions
-        over the hpZ group, or from their partitions over every rank."""
+        over the hpZ group, or from their partitions over every rank; `zeroed`: each gathered
+        buffer zero-filled on the same stream first."""
         core, plan = self.core, self.core.plan
         tensors = [p for index in todo for p in self.to_gather[index]]
         numel = sum([plan.gathered_numel[index] for index in todo])
@@ -359,6 +361,9 @@ class PartitionedParams:
 
         def body() -> Gen:
             yield from turn.wait()
+            if zeroed:
+                yield from core.gpu_kernel(core.hbm_seconds(core.dtype_bytes * numel, passes=1),
+                                           self.allgather)
             if hierarchy is not None:
                 yield from self._gather_hierarchically(hierarchy, element_bytes * sum(shares),
                                                        element_bytes * numel)
@@ -568,7 +573,7 @@ class PartitionedParams:
             self.core.gpu.free(Category.QUANTIZED_GATHER, bundle.quantized_held)
             self.core.release_device_memory(bundle.quantized_held, Stream.FETCH_COPIES)
 
-    def prefetch_after(self, index: int, backward: bool) -> None:
+    def prefetch_after(self, index: int, backward: bool) -> Iterable[simpy.Event]:
         """`fetch_sub_module`'s prefetch, run by every module's pre-hook (a module without
         parameters too): fetch ahead in trace order while fewer than
         min(`stage3_prefetch_bucket_size`, live budget) numel are issued, in one all-gather
@@ -578,14 +583,15 @@ class PartitionedParams:
         on into the backward's, which takes the modules in reverse. A module whose partition
         is on NVMe needs one of `offload_param.buffer_count` swap buffers per tensor, held until
         its release: without enough free the prefetch stops there (DeepSpeed keeps the trace's
-        order)."""
+        order). Returns what the host waits for meanwhile: nothing, but before DeepSpeed 0.6.0
+        (`_prefetch_draining`)."""
         if self.drains and self.issued_since_drain:
-            return
+            return ()
         ds, numel = self.core.ds, self.core.plan.gathered_numel
         budget = min(ds.stage3_prefetch_bucket_size,
                      ds.stage3_max_live_parameters + self.drift - self.live_numel)
         if budget <= 0:
-            return
+            return ()
         pending = self.not_gathered
         here = bisect_left(pending, bisect_left(self.trace, index))
         if backward:
@@ -606,8 +612,25 @@ class PartitionedParams:
             swap_buffers -= need
             ahead_modules.append(module)
             issued += numel[module]
+        if self.drains:
+            return self._prefetch_draining(ahead_modules)
         if ahead_modules:
             self._gather(tuple(ahead_modules))
+        return ()
+
+    def _prefetch_draining(self, modules: list[int]) -> Gen:
+        """A prefetch before DeepSpeed 0.6.0 (partition_parameters.py `_allgather_param`,
+        v0.4.0-v0.5.10): each parameter's gathered buffer is made with `torch.zeros` on the
+        coordinator's stream, then `torch.cuda.synchronize()`, then its all-gather is launched:
+        the host waits for the whole device, the all-gather just launched included, before
+        each next one, so only the last all-gather of a prefetch overlaps the module's kernels.
+        zerosim waits once per module: a module's tensors are gathered back to back on the
+        stream either way (one wait per tensor would delay each next launch by the host's
+        return from the wait alone)."""
+        for module in modules:
+            yield from self.core.synchronize()
+            self._gather((module,), zeroed=True)
+            yield from self.core.pay_launches()
 
     def release(self, index: int, *, backward: bool) -> None:
         """Release a module's gathered params when the host's post-hook runs: after its

@@ -113,7 +113,8 @@ class RankProgram:
             ready = self.params.fetch(target)
             ready = yield from self.params.wait_ongoing(target, ready)
         if self.params.module_hooks:
-            self.params.prefetch_after(target, backward)
+            if waits := self.params.prefetch_after(target, backward):
+                yield from waits
             yield from core.pay_launches()
         return ready
 
