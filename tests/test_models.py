@@ -891,3 +891,41 @@ def test_layer_lists_hold_each_layer_index_once(key, listed, at, got):
         hf(fields, num_hidden_layers=2, **{key: [True]})
     assert str(err.value) == (f"c.json: model.{key}: expected a list of layer indices from 0 "
                               "to 1, got [true]")
+
+
+def _first_norm(fields: dict, stack: str, tokens: int = 8):
+    from zerosim.stacks import load_stack
+
+    spec = spec_from_hf_fields(fields, name="m")
+    modules = build_modules(spec, Workload(sequence_length=tokens), load_stack(stack).recipe)
+    return next(m for m in modules if m.layer == 0 and m.kind == "norm")
+
+
+@pytest.mark.parametrize(("fields", "kernels", "forward_bytes", "backward", "saved",
+                          "saved_per_row"), [
+    # GPT-2's ln_1, an nn.LayerNorm: one ATen kernel reading and writing 16 bits; its backward
+    # the input's gradient (6 B) and the weight's and bias's (4 B) in two kernels; it keeps its
+    # input and an fp32 mean and inverse deviation per row
+    (GPT2_SMALL, 1, 4, (2, 10), 2, 8),
+    # Llama's input_layernorm, LlamaRMSNorm's Python ops: eight kernels keeping 6 B a element
+    ({"model_type": "llama", "hidden_size": 768, "num_hidden_layers": 2,
+      "num_attention_heads": 12, "intermediate_size": 2048, "vocab_size": 100}, 8, 36,
+     (16, 92), 6, 4),
+])
+def test_hf_stack_prices_a_layer_norm_as_one_aten_kernel_and_an_rms_norm_as_llamas_ops(
+        fields, kernels, forward_bytes, backward, saved, saved_per_row):
+    norm = _first_norm(fields, "hf-transformers")
+    elements, rows = 768 * 8, 8
+    (kernel_pass,) = norm.kernels
+    assert (kernel_pass.count, kernel_pass.nbytes) == (kernels, forward_bytes * elements)
+    assert (kernel_pass.backward_count, kernel_pass.backward_nbytes) == (
+        backward[0], backward[1] * elements)
+    assert norm.saved_bytes == saved * elements + saved_per_row * rows
+
+
+def test_megatrons_fused_norm_prices_a_layer_norm_as_its_rms_norm():
+    """A stack without a `layer_norm` entry (Megatron-DeepSpeed's apex kernels) prices both
+    kinds of norm alike."""
+    norm = _first_norm(GPT2_SMALL, "megatron-deepspeed")
+    (kernel_pass,) = norm.kernels
+    assert (kernel_pass.count, kernel_pass.nbytes) == (1, 4 * 768 * 8)

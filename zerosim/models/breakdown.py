@@ -212,6 +212,11 @@ class ActivationMemory:
     """Per element of the normed tensor."""
     norm_saved_per_row: float = FP32_BYTES
     """Per token (a row's statistic)."""
+    layer_norm_saved: float | None = None
+    """A LayerNorm's, where the stack runs it otherwise than its RMSNorm (`Recipe.layer_norm`;
+    None: `norm_saved`)."""
+    layer_norm_saved_per_row: float | None = None
+    """A LayerNorm's per token (its mean and inverse deviation; None: `norm_saved_per_row`)."""
     activation_saved: float = 2.0
     """Per intermediate element of an ungated MLP."""
     gated_activation_saved: float = 4.0
@@ -263,7 +268,9 @@ class Recipe:
     right after the QKV split, whatever the attention kernel, and the rotary embedding acts on
     the expanded K (Megatron-DeepSpeed); otherwise they are expanded inside eager attention,
     after the rotary embedding (transformers).
-    Elementwise ops, each per element of: `norm` its input; `projection_split` the output of
+    Elementwise ops, each per element of: `norm` its input (`layer_norm` for a model whose
+    norms are LayerNorms, `ModelSpec.norm` layer, where the stack runs them otherwise; None:
+    as `norm`); `projection_split` the output of
     a projection that makes more than one of Q, K and V (`qkv_layout` fused: Q, K and V; q_kv:
     K and V), split into them by views, whose backward gathers their gradients back into one
     tensor; `query_split` Q (the copy out of
@@ -320,6 +327,7 @@ class Recipe:
     (it attends over the whole sequence) or `varlen` (each document within itself)."""
     kv_repeat_before_rotary: bool = False
     norm: Elementwise = Elementwise(1, 4)
+    layer_norm: Elementwise | None = None
     projection_split: Elementwise = Elementwise()
     query_split: Elementwise = Elementwise()
     rotary: Elementwise = Elementwise()
@@ -574,16 +582,26 @@ def _norm(name: str, layer: int | None, h: int, bias: bool, w: Workload, r: Reci
           rows_per_token: int = 1, after: tuple[MemoryPass, ...] = ()) -> Module:
     """A norm over rows of `h` elements, `rows_per_token` of them per token (a per-head norm
     of Q or K normalises each head's row of `head_dim`), then the kernels `after` it (a
-    residual add after a post-norm)."""
+    residual add after a post-norm). `bias`: a LayerNorm (weight and bias), which the stack
+    may run otherwise than its RMSNorm (`Recipe.layer_norm`)."""
     numels = (h, h) if bias else (h,)
     rows = rows_per_token * w.tokens
     elements = h * rows
     memory, scale = r.activation_memory, w.dtype_bytes / 2
-    saved = memory.norm_saved * scale * elements + memory.norm_saved_per_row * rows
+    kernels, per_element, per_row = r.norm, memory.norm_saved, memory.norm_saved_per_row
+    if bias and r.layer_norm is not None:
+        kernels = r.layer_norm
+        per_element = _given(memory.layer_norm_saved, per_element)
+        per_row = _given(memory.layer_norm_saved_per_row, per_row)
+    saved = per_element * scale * elements + per_row * rows
     flops = ELEMENTWISE_FLOPS_PER_ELEMENT * elements
     module = Module(name, "norm", "elementwise", layer, sum(numels), flops, 0.0, 0.0, saved,
                     param_numels=numels, one_dimensional=(True,) * len(numels))
-    return _with_backward(module, (*elementwise_pass(r.norm, elements, w, flops), *after), r)
+    return _with_backward(module, (*elementwise_pass(kernels, elements, w, flops), *after), r)
+
+
+def _given(value: float | None, otherwise: float) -> float:
+    return otherwise if value is None else value
 
 
 def exchanged_kv_width(spec: ModelSpec, w: Workload, r: Recipe) -> int:

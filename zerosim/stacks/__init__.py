@@ -160,6 +160,9 @@ KERNEL_OPS = ("norm", "projection_split", "query_split", "rotary", "kv_repeat",
 OPTIONAL_KERNEL_OPS = ("projection_split", "query_split", "attention_inputs", "matmul_inputs",
                        "score_operands", "softcap", *ULYSSES_KERNEL_OPS)
 """Kernel entries a stack may leave out (no kernels)."""
+LAYER_NORM_OP = "layer_norm"
+"""The optional kernel entry of a LayerNorm model's norms where the stack runs them otherwise
+than its `norm` (`Recipe.layer_norm`); left out, LayerNorms are priced as `norm`."""
 GROUPS_KEY = "process_groups.params_and_gradients"
 GROUP_CHOICES = ("separate", "same")
 """Whether ZeRO-3's parameter all-gathers and its gradient reductions run on one process group
@@ -227,8 +230,8 @@ SCORE_MEMORY = ("saved", "forward_workspace", "backward_workspace", "buffer")
 """`attention_memory` keys: `ScoreMemory` fields, bytes per eager-attention score."""
 LOSS_MEMORY = ("saved", "transient", "backward")
 """`loss_memory` keys: `LossMemory` fields, bytes per logit."""
-ACTIVATION_MEMORY = ("norm_saved", "norm_saved_per_row", "activation_saved",
-                     "gated_activation_saved")
+ACTIVATION_MEMORY = ("norm_saved", "norm_saved_per_row", "layer_norm_saved",
+                     "layer_norm_saved_per_row", "activation_saved", "gated_activation_saved")
 """`activation_memory` keys: `ActivationMemory` fields, bytes for 16-bit training."""
 LIGER_KEY = "liger_kernel"
 LIGER_KERNEL_OPS = ("norm", "rotary", "activation", "loss")
@@ -566,6 +569,8 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     packed_documents=_choice_leaf(tree, PACKED_DOCUMENTS_KEY,
                                                   PACKED_DOCUMENTS_CHOICES, source),
                     **{op: _elementwise(tree, op, source) for op in KERNEL_OPS},
+                    layer_norm=None if dotted_leaf(tree, f"kernels.{LAYER_NORM_OP}") is None
+                    else _elementwise(tree, LAYER_NORM_OP, source),
                     backward_bytes_factor=_non_negative(factor, source, factor_key),
                     score_memory=_score_memory(tree, source, provenance),
                     loss_memory=LossMemory(**_memory_section(
@@ -575,10 +580,12 @@ def parse_stack(tree: Any, source: str) -> SoftwareStack:
                     fused_softmax=_fused_softmax(tree, source),
                     ungated_activations=_ungated_activations(tree, source))
     _check_unfused_path(recipe, source)
-    extra = set(dotted_leaf(tree, "kernels") or {}) - {*KERNEL_OPS, "backward_bytes_factor"}
+    known = {*KERNEL_OPS, LAYER_NORM_OP, "backward_bytes_factor"}
+    extra = set(dotted_leaf(tree, "kernels") or {}) - known
     if extra:
         raise ScenarioError(source, f"kernels.{sorted(extra)[0]}",
-                            f"one of {', '.join(KERNEL_OPS)}", sorted(extra)[0])
+                            f"one of {', '.join((*KERNEL_OPS, LAYER_NORM_OP))}",
+                            sorted(extra)[0])
     reference = parse_provenance(dotted_leaf(tree, "host.reference_GHz"), source,
                                  "host.reference_GHz", table="stack")
     provenance["host.reference_GHz"] = reference
