@@ -38,7 +38,7 @@ Z = "deepspeed.zero_optimization."
 GPT3_OFFLOAD = {"model": "gpt3-175b", "sequence_length": 2048, "activation_checkpointing": True,
                 "deepspeed.train_micro_batch_size_per_gpu": 1,
                 "deepspeed.gradient_accumulation_steps": 1,
-                "runtime.deepspeed_version": "0.13.3",
+                "runtime.deepspeed_version": "0.13.3", "runtime.framework": "megatron-deepspeed",
                 Z + "offload_optimizer.device": "cpu", Z + "offload_optimizer.pin_memory": True,
                 Z + "offload_param.device": "cpu", Z + "offload_param.pin_memory": True}
 TIMEOUT_S = 600
