@@ -295,3 +295,17 @@ def test_predict_explain_fills_the_waits_on_columns(tmp_path):
     plain = CliRunner().invoke(main, ["predict", str(small), "--hardware", "polaris-a100",
                                       "--workers", "1", "--json", "--no-files"])
     assert json.loads(plain.stdout)["rows"][0]["waits_on_forward"] is None
+
+
+def test_run_explain_shows_the_path_without_files_and_adds_it_to_the_json(tmp_path):
+    """`--explain` beside `--no-files` records the host thread and prints the same table a run
+    with files prints; `--json` then holds `waits_on`, equal either way."""
+    base = ["run", "scenarios/llama13b_dp1.yaml", "--no-progress", "--explain"]
+    lean = CliRunner().invoke(main, [*base, "--no-files"])
+    assert lean.exit_code == 0, lean.output
+    assert "critical path of rank 0: what each phase waited on" in lean.stdout
+    assert "zero_pages 8.677 (73%)" in lean.stdout
+    as_json = [json.loads(CliRunner().invoke(main, [*base, *extra, "--json"]).stdout)
+               for extra in (["--no-files"], ["--out", str(tmp_path / "dp1")])]
+    assert as_json[0]["waits_on"] == as_json[1]["waits_on"]
+    assert as_json[0]["waits_on"]["update"].startswith("param_copy_back 2.225 (49%)")

@@ -41,7 +41,7 @@ def simulate_summary(scenario: Scenario | str | Path,
                      explain: bool = False) -> dict[str, Any]:
     """`simulate(...).summary` without the tables: what a sweep point keeps. With `explain`,
     also `waits_on`: per phase time, what the reported rank's phase waited on
-    (`results.critical.engine_waits`, the text of `zerosim run`'s critical-path table)."""
+    (`results.critical.waits_texts`, the text of `zerosim run`'s critical-path table)."""
     return simulate_brief(scenario, overrides, explain=explain).summary
 
 
@@ -52,6 +52,9 @@ class Brief:
 
     summary: dict[str, Any]
     phases: Table[PhaseSpan]
+    critical: tuple[int, dict[str, list[tuple[str, float]]]] | None = None
+    """With `explain`: the reported rank and what each of its phase times waited on
+    (`results.critical.engine_path_totals`), what `zerosim run` tabulates."""
 
 
 def simulate_brief(scenario: Scenario | str | Path,
@@ -60,16 +63,18 @@ def simulate_brief(scenario: Scenario | str | Path,
                    explain: bool = False) -> Brief:
     """What `zerosim run --no-files` prints: the summary (equal to `simulate(...).summary`)
     and the phases, with no memory or link log and no DataFrame (pandas is not loaded).
-    `explain` records the host thread too (the same events) and adds the summary's
-    `waits_on` (`simulate_summary`)."""
+    `explain` records the host thread too (the same events), adds the summary's `waits_on`
+    (`simulate_summary`) and gives the critical path's totals (`Brief.critical`)."""
     raw = run_engine(_resolved(scenario, overrides), full=False, observer=observer,
                      host_spans=explain)
-    summary = summarize(raw)
+    summary, critical = summarize(raw), None
     if explain:
-        from zerosim.results.critical import WAITS_ON, engine_waits
+        from zerosim.results.critical import WAITS_ON, engine_path_totals, waits_texts
 
-        summary[WAITS_ON] = engine_waits(raw) if raw.status == "ok" else None
-    return Brief(summary, with_copies(raw.phases, 0, raw.stands_for))
+        if raw.status == "ok":
+            critical = engine_path_totals(raw)
+        summary[WAITS_ON] = None if critical is None else waits_texts(critical[1])
+    return Brief(summary, with_copies(raw.phases, 0, raw.stands_for), critical)
 
 
 def _resolved(scenario: Scenario | str | Path,

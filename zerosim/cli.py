@@ -358,8 +358,13 @@ def default_out_dir(name: str) -> Path:
               help="A smaller trace.json for large runs: one rank per group of ranks with "
                    "identical timelines, counters sampled to 2000 points per track (maximum "
                    "and end level per interval). The tables stay whole.")
+@click.option("--explain", is_flag=True,
+              help="What each phase waited on, its critical path, also with --no-files (the "
+                   "host thread recorded: a quarter to a third more time) and in --json "
+                   "(waits_on).")
 def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_files: bool,
-        as_json: bool, plots: bool, no_progress: bool, compact_trace: bool) -> None:
+        as_json: bool, plots: bool, no_progress: bool, compact_trace: bool,
+        explain: bool) -> None:
     """Simulate one training iteration and write its timeline, memory curves and trace."""
     import time
 
@@ -378,7 +383,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     started = time.perf_counter()
     with RunProgress(enabled=False if no_progress else None) as progress:
         if no_files:  # the summary and the phases alone: no tables to build
-            result = simulate_brief(loaded, observer=progress.observe)
+            result = simulate_brief(loaded, observer=progress.observe, explain=explain)
         else:
             result = simulate(loaded, observer=progress.observe)
     wall = time.perf_counter() - started
@@ -388,14 +393,23 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         write_outputs(result, target, extra={"scenario.json": loaded.to_dict()},
                       figures=_draw_figures if plots else None, compact_trace=compact_trace,
                       on_published=lambda: _on_interrupt(f"{target} holds this run's result"))
+    critical = result.critical if no_files else _critical_totals(result)
     if as_json:
-        _print_json(result.summary)
+        _print_json(_with_waits(result.summary, critical) if explain else result.summary)
     else:
         render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
                        accumulation_steps=loaded.deepspeed.gradient_accumulation_steps,
-                       critical=None if no_files else _critical_totals(result))
+                       critical=critical)
     if result.summary["status"] == "oom":
         sys.exit(EXIT_OOM)
+
+
+def _with_waits(summary: dict, critical: tuple[int, dict] | None) -> dict:
+    """The summary with `waits_on` (`results.critical.waits_texts`; None for a run that did
+    not fit), as `simulate_summary(explain=True)` gives it."""
+    from zerosim.results.critical import WAITS_ON, waits_texts
+
+    return {**summary, WAITS_ON: None if critical is None else waits_texts(critical[1])}
 
 
 def _critical_totals(result) -> tuple[int, dict[str, list[tuple[str, float]]]] | None:

@@ -862,7 +862,7 @@ class Prediction:
     39.59 GiB': a real run may not fit."""
     waits_on: Mapping[str, str | None] = field(default_factory=dict)
     """With `--explain`: per summary phase time, what the phase waited on over the step
-    (`results.critical.engine_waits`); empty otherwise."""
+    (`results.critical.waits_texts`); empty otherwise."""
 
     def measured(self, quantity: str) -> float | None:
         return self.configuration.measured(quantity)

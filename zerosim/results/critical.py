@@ -15,8 +15,8 @@ that encloses the step (a wrapper's own work between its inner ops) or, with non
 before the host thread was recorded).
 
 Pure Python over the span and phase rows; `critical_path` turns a `Result` into a DataFrame,
-`engine_waits` reads the engine's own record of a run that kept its host spans (a sweep point
-with `--explain`) without one.
+`engine_path_totals` reads the engine's own record of a run that kept its host spans (a sweep
+point with `--explain`) without one.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ COLUMNS = ("rank", "phase", "micro_batch", "phase_time", "start_s", "end_s", "st
            "op_kind", "buffer_kind", "op")
 
 WAITS_ON = "waits_on"
-"""The summary key of what each phase waited on, where a run was asked (`engine_waits`)."""
+"""The summary key of what each phase waited on, where a run was asked (`waits_texts`)."""
 
 KINDS_SHOWN = 4
 """What a phase waited on longest, named one by one (`waits_text`); the rest are counted."""
@@ -199,11 +199,11 @@ def waits_text(kinds: list[tuple[str, float]], shown: int = KINDS_SHOWN) -> str:
     return ", ".join(parts)
 
 
-def engine_waits(raw: RawRun) -> dict[str, str | None]:
-    """What each phase time of the reported rank (the last to finish) waited on, as
-    `waits_text`, from the engine's record of a run that kept its host spans
-    (`run_engine(host_spans=True)`): the figures `zerosim run` prints, without a DataFrame.
-    None for a phase time the iteration does not have."""
+def engine_path_totals(raw: RawRun) -> tuple[int, dict[str, list[tuple[str, float]]]]:
+    """The reported rank (the last to finish) and what each of its phase times waited on
+    (`kind_totals`), from the engine's record of a run that kept its host spans
+    (`run_engine(host_spans=True)`): what `path_totals` gives a `Result`, without a
+    DataFrame. A mirror rank's path is the rank's it stands for."""
     phases = [row[:5] for row in with_copies(raw.phases, 0, raw.stands_for).rows]
     rank = last_to_finish(phases)
     simulated = next((first for first, members in raw.stands_for.items() if rank in members),
@@ -212,5 +212,10 @@ def engine_waits(raw: RawRun) -> dict[str, str | None]:
              for r, stream, _, _, op, start, end, _, op_kind, buffer_kind in raw.spans.rows
              if r == simulated]
     steps = rank_paths(spans, [row[:5] for row in raw.phases.rows if row[0] == simulated])
-    totals = kind_totals((row[3], *row[7:], row[4], row[5]) for row in steps)
+    return rank, kind_totals((row[3], *row[7:], row[4], row[5]) for row in steps)
+
+
+def waits_texts(totals: dict[str, list[tuple[str, float]]]) -> dict[str, str | None]:
+    """`waits_text` of every phase time (None for one the iteration does not have): a
+    summary's `waits_on`."""
     return {key: waits_text(totals[key]) if totals.get(key) else None for key in PHASE_TIMES}
