@@ -54,6 +54,7 @@ def test_batch_sizes_count_the_groups_and_gradients_reduce_in_fp32(toy):
     ds = toy.scenario(_patch(2, gpus=4), gpus=4).deepspeed
     assert ds.sequence_parallel_size == 2 and ds.sequence_groups(4) == 2
     assert ds.train_batch_size == 2 and ds.communication_dtype == "fp32"
+    assert toy.scenario(_patch(2, gpus=4), gpus=4).tokens_per_iteration == 2 * 64
     written = ds.to_dict()
     assert written["sequence_parallel_size"] == 2
     assert written["seq_parallel_communication_data_type"] == "fp32"

@@ -47,6 +47,18 @@ def test_a_summary_alone_equals_the_full_results(toy):
     assert simulate_summary(scenario) == zerosim.simulate(scenario).summary
 
 
+def test_throughput_counts_every_micro_batch_of_every_rank(toy):
+    """`tokens_per_s`: micro-batch x accumulation x ranks x sequence over the iteration."""
+    scenario = toy.scenario({"deepspeed": {"train_micro_batch_size_per_gpu": 3,
+                                           "gradient_accumulation_steps": 2}}, gpus=2)
+    assert scenario.tokens_per_iteration == 3 * 2 * 2 * scenario.sequence_length
+    summary = simulate_summary(scenario)
+    assert summary["tokens_per_s"] == scenario.tokens_per_iteration / summary["iteration_s"]
+    oom = simulate_summary(toy.scenario({"hardware": {"gpu": {"hbm_GiB": {
+        "value": 0.05, "basis": "assumed", "source": "test"}}}}))
+    assert oom["status"] == "oom" and oom["tokens_per_s"] is None
+
+
 def test_memory_after_each_phase_is_rank_0_s_at_its_last_micro_batch(toy):
     """`hbm_after_GiB`: what rank 0 holds when each kind of phase ends (the non-boundary
     backward's is micro-batch 0's, the forward's the last micro-batch's)."""

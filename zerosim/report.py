@@ -385,6 +385,9 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     facts = Table(show_header=False, box=None, pad_edge=False)
     tflops = summary["tflops_per_gpu"]
     facts.add_row("TFLOPS per GPU", "-" if tflops is None else f"{tflops:.1f}")
+    if (tokens := summary.get("tokens_per_s")) is not None:
+        facts.add_row("throughput", f"{tokens:,.0f} tokens/s over all GPUs "
+                      f"({tokens / summary['data_parallel']:,.0f} per GPU)")
     facts.add_row("peak HBM", f"{summary['peak_hbm_GiB']:.2f} of "
                   f"{summary['hbm_capacity_GiB']:.2f} GiB (the fullest GPU)")
     facts.add_row("peak host memory", f"{summary['peak_host_GiB']:.1f} of "

@@ -706,7 +706,7 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
             "phases_s": {}, "tight": ()}
 
 
-def _simulated(row: dict[str, Any], result: Mapping[str, Any], tokens: int) -> None:
+def _simulated(row: dict[str, Any], result: Mapping[str, Any]) -> None:
     row["status"] = result.get("status", "error")
     row["note"] = result.get("error") or ""
     if row["status"] == "oom" and result.get("oom"):
@@ -715,7 +715,7 @@ def _simulated(row: dict[str, Any], result: Mapping[str, Any], tokens: int) -> N
     iteration = result.get("iteration_s")
     if row["status"] == "ok" and iteration:
         row["iteration_s"] = iteration
-        row["tokens_per_s"] = tokens / iteration
+        row["tokens_per_s"] = result["tokens_per_s"]
     row["peak_hbm_GiB"] = result.get("peak_hbm_GiB")
     row["peak_host_GiB"] = result.get("peak_host_GiB")
     row["tight"] = tuple(what for what, _, _ in tight_memory(dict(result)))
@@ -753,9 +753,6 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
                         "optimizer on the CPU, which are knobs tune moves; compare it with "
                         "zerosim sweep over offload_optimizer.super_offload), got true")
     base = as_given(scenario)
-    tokens = (base.micro_batch * base.gradient_accumulation
-              * scenario.deepspeed.sequence_groups(scenario.data_parallel)
-              * scenario.sequence_length)
     rows: list[dict[str, Any]] = []
     todo: list[Point] = []
     deferred: list[Point] = []
@@ -795,7 +792,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     outcome = TuneOutcome(scenario, rows, pruned=0)
 
     def on_row(point: Point, result: Mapping[str, Any]) -> None:
-        _simulated(rows[point.index], result, tokens)
+        _simulated(rows[point.index], result)
         if on_progress is not None:
             on_progress(sum(r["status"] != "pending" for r in rows), len(rows))
 

@@ -152,7 +152,8 @@ def compare(a: Result, b: Result, a_scenario: Mapping[str, Any] | None = None,
     phases.append(PhaseChange(BETWEEN_PHASES, between(ia, wa), between(ib, wb)))
     phases.append(PhaseChange(ITERATION, ia, ib))
     figures = {key: (a.summary.get(key), b.summary.get(key))
-               for key in ("status", "tflops_per_gpu", "peak_hbm_GiB", "peak_host_GiB")}
+               for key in ("status", "tflops_per_gpu", "tokens_per_s", "peak_hbm_GiB",
+                           "peak_host_GiB")}
     return Comparison(a.scenario_name, b.scenario_name, setting_changes(a_scenario, b_scenario),
                       tuple(phases), figures)
 

@@ -292,6 +292,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
         "compute_held_s": compute_held_seconds(phases, ds.gradient_accumulation_steps),
         "memory_reports_s": _memory_reports_s(raw) if iteration else None,
         "tflops_per_gpu": tflops,
+        "tokens_per_s": scenario.tokens_per_iteration / iteration if iteration else None,
         "peak_hbm_GiB": max(hbm_peaks) / GiB,
         "hbm_after_GiB": rank0_phase_memory(phases, ds.gradient_accumulation_steps,
                                             "allocated_end_bytes"),

@@ -195,6 +195,14 @@ class Scenario:
     None: one document, the whole sequence."""
 
     @property
+    def tokens_per_iteration(self) -> int:
+        """Tokens the whole run trains on in one iteration: every micro-batch of every
+        data-parallel group (a sequence-parallel group shares its sequences)."""
+        ds = self.deepspeed
+        return (ds.train_micro_batch_size_per_gpu * ds.gradient_accumulation_steps
+                * ds.sequence_groups(self.data_parallel) * self.sequence_length)
+
+    @property
     def ranks_on_fullest_node(self) -> int:
         """Ranks on the fullest node: the data-parallel ranks fill nodes of `gpus_per_node`."""
         return min(self.data_parallel, self.hardware.gpus_per_node)
