@@ -287,6 +287,19 @@ def test_a_sweep_of_zenflow_points_shows_and_ranks_by_the_time_per_step():
     assert sorted([plain, *windows], key=_step_s) == [windows[1], windows[0], plain]
 
 
+def test_a_sweep_ranks_its_fastest_points_by_tokens_per_second():
+    """Points that train on different batches are ranked by throughput, not by iteration;
+    rows without the column (an earlier zerosim's) by the time per step."""
+    from zerosim.sweep.report import fastest
+
+    small = {"iteration_s": "2.0", "tokens_per_s": "1000", "zenflow_step_s": ""}
+    large = {"iteration_s": "3.0", "tokens_per_s": "1500", "zenflow_step_s": ""}
+    failed = {"iteration_s": "", "tokens_per_s": ""}
+    assert fastest([small, failed, large]) == [large, small]
+    old = {"iteration_s": "1.0", "zenflow_step_s": ""}
+    assert fastest([small, large, old]) == [old, small, large]
+
+
 @pytest.mark.parametrize(("patch", "key"), [
     (_zenflow(top_k_ratio=0.2), "deepspeed.zero_optimization.zenflow.top_k_ratio"),
     (_zenflow(cores=4), "deepspeed.zero_optimization.zenflow.cores"),

@@ -864,6 +864,8 @@ def _link_label(resource: str) -> str:
 def _axis_label(column: str) -> str:
     """A column name with its unit spelled out: `phases_s.update` -> 'phases_s.update (s)'."""
     lowered = column.lower()
+    if lowered.endswith("_per_s"):
+        return f"{column} ({column.rsplit('.', 1)[-1][:-len('_per_s')]}/s)"
     units = (("_gib", "GiB"), ("_gbps", "GB/s"), ("_gb", "GB"), ("_s", "s"), ("tflops", "TFLOPS"))
     for suffix, unit in units:
         if lowered.endswith(suffix) or (unit == "s" and lowered.startswith("phases_s.")):

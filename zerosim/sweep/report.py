@@ -11,8 +11,9 @@ from rich.table import Table
 from zerosim.sweep.runner import SweepOutcome
 from zerosim.sweep.spec import VARIANT_COLUMN
 
-TABLE_METRICS = {"iteration_s": "iteration s", "tflops_per_gpu": "TFLOPS/GPU",
-                 "peak_hbm_GiB": "peak HBM GiB", "peak_host_GiB": "peak host GiB"}
+TABLE_METRICS = {"iteration_s": "iteration s", "tokens_per_s": "tokens/s",
+                 "tflops_per_gpu": "TFLOPS/GPU", "peak_hbm_GiB": "peak HBM GiB",
+                 "peak_host_GiB": "peak host GiB"}
 ZENFLOW_METRIC = {"zenflow_step_s": "s per step"}
 """Shown after the iteration when a point runs ZenFlow, whose iteration is a window of
 `update_interval` training steps."""
@@ -29,6 +30,16 @@ def _number(text: str) -> str:
         return f"{float(text):.4g}"
     except ValueError:
         return text
+
+
+def _figure(text: str) -> str:
+    """A result to 4 significant digits, one of 10,000 or more whole with thousands
+    separators (tokens per second: 16,682, not 1.668e+04)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return _number(text)
+    return f"{value:,.0f}" if abs(value) >= 1e4 else _number(text)
 
 
 def _axis_header(column: str) -> str:
@@ -49,9 +60,20 @@ def _metrics(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def _step_s(row: dict[str, Any]) -> float:
-    """What the fastest points are ranked by: the time per training step, which is the
-    iteration but for ZenFlow's windows of several steps."""
+    """The time per training step: the iteration but for ZenFlow's windows of several
+    steps."""
     return float(row.get("zenflow_step_s") or row["iteration_s"])
+
+
+def fastest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points that finished, the most tokens per second first: the shortest step where
+    every point trains on as many tokens, and the right order where a sweep moves the batch
+    (micro-batch, accumulation, ranks). Rows written without `tokens_per_s` (a results.csv
+    resumed from an earlier zerosim) are ranked by the time per step."""
+    timed = [row for row in rows if row.get("iteration_s")]
+    if all(row.get("tokens_per_s") for row in timed):
+        return sorted(timed, key=lambda row: -float(row["tokens_per_s"]))
+    return sorted(timed, key=_step_s)
 
 
 def _table(outcome: SweepOutcome, rows: list[dict[str, Any]], title: str) -> Table:
@@ -68,7 +90,7 @@ def _table(outcome: SweepOutcome, rows: list[dict[str, Any]], title: str) -> Tab
         status = row.get("status", "")
         colour = {"ok": "green", "oom": "yellow"}.get(status, "red")
         table.add_row(*(_number(row.get(c, "")) for c in axes), f"[{colour}]{status}[/{colour}]",
-                      *(_number(row.get(m, "")) for m in metrics))
+                      *(_figure(row.get(m, "")) for m in metrics))
     return table
 
 
@@ -94,8 +116,8 @@ def render_outcome(outcome: SweepOutcome, console: Console | None = None) -> Non
     if len(rows) <= MAX_TABLE_ROWS:
         console.print(_table(outcome, rows, "points"))
     else:
-        fastest = sorted((r for r in rows if r.get("iteration_s")),
-                         key=_step_s)[:FASTEST_SHOWN]
-        if fastest:
-            console.print(_table(outcome, fastest, f"the {len(fastest)} fastest points"))
+        shown = fastest(rows)[:FASTEST_SHOWN]
+        if shown:
+            console.print(_table(outcome, shown, f"the {len(shown)} fastest points (the most "
+                                                 "tokens per second)"))
     console.print(f"results: {outcome.results_csv}", highlight=False)

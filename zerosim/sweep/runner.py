@@ -328,7 +328,7 @@ def _run_points(spec: SweepSpec, todo: list[Point], store: ResultStore,
 
 # ------------------------------------------------------------------ plots
 
-PLOT_METRICS = ("iteration_s", "tflops_per_gpu", "peak_hbm_GiB")
+PLOT_METRICS = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "peak_hbm_GiB")
 
 
 def explained(row: Mapping[str, str]) -> bool:
