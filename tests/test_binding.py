@@ -100,6 +100,35 @@ def test_the_fork_builds_from_c7da512a_on_are_taken_as_bound():
     assert bound == {"0.13.3+c7da512a", "0.13.3+4570a955"}
 
 
+@pytest.mark.parametrize(("runtime", "warns"), [
+    ({"deepspeed_version": "0.13.3+5c3f1413"}, True),
+    ({"deepspeed_version": "0.13.3+5c3f1413", "bind_cores_to_rank": False}, False),
+    ({"deepspeed_version": "0.13.3+5c3f1413", "bind_cores_to_rank": True}, False),
+    ({"deepspeed_version": "0.13.3+8074cd62"}, False),
+    ({"deepspeed_version": "0.13.3"}, False),
+])
+def test_a_scenario_of_a_bound_build_is_told_when_it_does_not_say_how_it_ran(runtime, warns):
+    """A build whose runs `zerosim predict` replays bound, in a scenario that leaves its
+    launch unsaid on a node of several NUMA domains: its ranks run unbound, and it says so."""
+    import warnings
+
+    tree = {"model": "llama2-7b", "sequence_length": 512, "hardware": "polaris-a100",
+            "data_parallel": 4, "deepspeed": {"train_micro_batch_size_per_gpu": 1,
+                                              "bf16": {"enabled": True},
+                                              "zero_optimization": {"stage": 3}},
+            "runtime": runtime}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scenario = scenario_from_dict(tree, source="<test>")
+    said = [str(w.message) for w in caught if "bind_cores_to_rank" in str(w.message)]
+    assert len(said) == warns
+    assert scenario.runtime.bind_cores_to_rank == runtime.get("bind_cores_to_rank", False)
+    if warns:
+        assert said[0].startswith("<test>: runtime.deepspeed_version: the Deep Optimizer "
+                                  "States study launched the runs of build 5c3f1413 with "
+                                  "--bind_cores_to_rank")
+
+
 HEADER = ("num_gpus,num_layers,hidden_size,ffn_hidden_size,num_attention_heads,"
           "num_key_value_heads,seq_length,padded_vocab_size,micro_batch_size,grad_accum_steps,"
           "deepspeed_version")

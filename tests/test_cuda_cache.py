@@ -40,7 +40,7 @@ def test_the_reserve_grows_only_past_the_highest_level_since_the_emptying():
     ("0.13.3", True, True)])
 def test_a_fork_build_empties_the_cache_at_every_phase_and_a_release_does_not(
         version, stated, empties):
-    runtime = {"deepspeed_version": version} | (
+    runtime = {"deepspeed_version": version, "bind_cores_to_rank": False} | (
         {} if stated is None else {"empty_cache_each_phase": stated})
     unknown = version == "0.13.3+0123abcd"  # not a commit of the fork: told what it runs as
     with pytest.warns(ForkBuildWarning) if unknown else contextlib.nullcontext():

@@ -601,6 +601,23 @@ def _warn_unknown_build(label: str, empty_cache: bool | None, ds: DeepSpeedConfi
                   "docs/deep_optimizer_states.md)", ForkBuildWarning, stacklevel=4)
 
 
+def _warn_unstated_launch(label: str, runtime: _Runtime, hardware: HardwareProfile,
+                          source: str) -> None:
+    """A build whose measured runs were launched with cores bound to each rank
+    (`ForkBuild.binds_cores`, what `zerosim predict` replays its rows with), in a scenario
+    that does not say how its ranks were launched, on a node with several NUMA domains: its
+    ranks run unbound, which can change the update by half."""
+    build = fork_build(label) if label else None
+    if (build is None or not build.binds_cores or hardware.numa_domains < 2
+            or "bind_cores_to_rank" in runtime.model_fields_set):
+        return
+    warnings.warn(f"{source}: runtime.deepspeed_version: the Deep Optimizer States study "
+                  f"launched the runs of build {build.commit} with --bind_cores_to_rank and a "
+                  "core list in GPU order (zerosim predict replays its rows so); this scenario "
+                  "runs its ranks unbound: set runtime.bind_cores_to_rank to say how yours ran",
+                  ForkBuildWarning, stacklevel=4)
+
+
 def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping with model, hardware, deepspeed, ...",
@@ -630,6 +647,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                                    trainer=context, build_label=label)
     _warn_resolution(resolution, ds_source)
     _warn_unknown_build(label, raw.runtime.empty_cache_each_phase, resolution.config, source)
+    _warn_unstated_launch(label, raw.runtime, hardware, source)
     name = raw.name or Path(source).stem
     scenario = Scenario(
         name=name, description=raw.description, model=model,
