@@ -6,8 +6,9 @@ Run: `python benchmarks/bench_targets.py [--repeat N] [--sweep-points K] [--only
 |-----------|---------------------------------------------------------------------------------|
 | engine    | `run_engine` of `llama13b_dp4` (scenario loaded once), best of N, fresh process |
 | run       | the whole `zerosim run scenarios/llama13b_dp4.yaml --no-files` process, best of N |
-| sweep     | K variants of `llama13b_dp4` on 2 worker processes; 1,000 points extrapolated    |
-|           | from K at the measured points/s (K = 1000 measures it whole)                    |
+| sweep     | K variants of `llama13b_dp4` on 2 worker processes (K = 1000, the default,      |
+|           | measures it whole; a smaller K extrapolates at its points/s, the pool's start   |
+|           | counted 1000/K times over)                                                      |
 | gpt3-1k   | GPT-3 175B, ZeRO-3, optimizer and parameters offloaded to pinned host memory,    |
 | gpt3-10k  | 1,024 / 10,240 GPUs (p4d-24xlarge nodes): engine time and peak RSS of the process |
 | tune      | `zerosim tune` of a 13 B model on h100-jlse (4 GPUs): wall time of the process   |
@@ -142,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--sweep-points", type=int, default=100)
+    parser.add_argument("--sweep-points", type=int, default=1000)
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S,
                         help="give up on a GPT-3 run after this many seconds")
     parser.add_argument("--only", nargs="+",
