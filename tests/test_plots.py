@@ -317,6 +317,8 @@ def test_sweep_heatmap_cells_hold_the_metric(sweep_frame):
     oom_cells = plots.sweep_heatmap(sweep_frame, "reduce_bucket_size", "deepspeed_version",
                                     "iteration_s")
     assert "OOM" in texts(oom_cells)
+    assert [plots._cell_text(v) for v in (7365.4, 1202.0, 999.6, 38.67, 0.0123)] == [
+        "7,365", "1,202", "1,000", "38.7", "0.0123"]
 
 
 # --------------------------------------------------------------------------- files, CLI
