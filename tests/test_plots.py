@@ -15,7 +15,7 @@ import zerosim
 from zerosim import plots
 from zerosim.cli import main
 from zerosim.results import load_result
-from zerosim.units import GB, GiB
+from zerosim.units import GB, GiB, figure_text
 
 ROOT = Path(__file__).resolve().parent.parent
 DP1 = ROOT / "scenarios" / "llama13b_dp1.yaml"
@@ -317,8 +317,10 @@ def test_sweep_heatmap_cells_hold_the_metric(sweep_frame):
     oom_cells = plots.sweep_heatmap(sweep_frame, "reduce_bucket_size", "deepspeed_version",
                                     "iteration_s")
     assert "OOM" in texts(oom_cells)
-    assert [plots._cell_text(v) for v in (7365.4, 1202.0, 999.6, 38.67, 0.0123)] == [
+    assert [figure_text(v, 3) for v in (7365.4, 1202.0, 999.6, 38.67, 0.0123)] == [
         "7,365", "1,202", "1,000", "38.7", "0.0123"]
+    assert [figure_text(v, 4) for v in (16682.3, 9999.6, 2014.2, -12345.0)] == [
+        "16,682", "10,000", "2014", "-12,345"]
 
 
 # --------------------------------------------------------------------------- files, CLI

@@ -34,7 +34,7 @@ from zerosim.results.trace import (
     phase_label,
     stream_name,
 )
-from zerosim.units import GB, GiB
+from zerosim.units import GB, GiB, figure_text
 from zerosim.vocabulary import (
     PHASE_TIMES,
     Category,
@@ -974,12 +974,6 @@ def sweep_metric(frame: pd.DataFrame, x: str, metric: str, hue: str | None = Non
     return fig
 
 
-def _cell_text(value: float) -> str:
-    """A heatmap cell's value: 3 significant digits, whole with thousands separators from
-    1,000 on (tokens per second: 7,365, not 7.36e+03)."""
-    return f"{value:,.0f}" if abs(value) >= 999.5 else f"{value:.3g}"
-
-
 def sweep_heatmap(frame: pd.DataFrame, x: str, y: str, metric: str) -> Figure:
     """`metric` over the grid of swept columns `x` (columns) and `y` (rows), each cell
     annotated with its value (the mean if several rows share it); a cell whose run ran out of
@@ -1003,7 +997,7 @@ def sweep_heatmap(frame: pd.DataFrame, x: str, y: str, metric: str) -> Figure:
     middle = (finite.min() + finite.max()) / 2 if finite.size else 0.0
     for (row, col), value in np.ndenumerate(data):
         if np.isfinite(value):
-            text, color = _cell_text(value), ("white" if value < middle else "black")
+            text, color = figure_text(value, 3), ("white" if value < middle else "black")
         elif oom is not None and _truthy(oom.iloc[row, col]):
             text, color = "OOM", OOM_COLOR
         else:

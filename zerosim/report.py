@@ -25,7 +25,7 @@ from zerosim.results.summary import (
 from zerosim.runs import BETWEEN_PHASES as BETWEEN_PHASES_QUANTITY
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
-from zerosim.units import GB, MS, GiB
+from zerosim.units import GB, MS, GiB, figure_text
 from zerosim.vocabulary import PCIE_STREAMS, PeerTransport, PhaseTime
 
 
@@ -475,7 +475,7 @@ def render_comparison(comparison, a_label: str, b_label: str, *,
 
 
 def _figure_text(value) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return figure_text(value, 4) if isinstance(value, float) else str(value)
 
 
 def render_validation(cells, out_dir) -> None:

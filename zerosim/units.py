@@ -12,3 +12,11 @@ BYTES_PER_DTYPE = {"fp32": 4, "fp16": 2, "bf16": 2}
 FP32_BYTES = BYTES_PER_DTYPE["fp32"]
 FP16_BYTES = BYTES_PER_DTYPE["fp16"]
 FP64_BYTES = 8
+
+
+def figure_text(value: float, digits: int) -> str:
+    """A figure to `digits` significant digits, or whole with thousands separators from where
+    that would take an exponent (tokens per second: 16,682, not 1.668e+04)."""
+    if abs(value) >= 10**digits - 0.5:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from zerosim.sweep.runner import SweepOutcome
 from zerosim.sweep.spec import VARIANT_COLUMN
+from zerosim.units import figure_text
 
 TABLE_METRICS = {"iteration_s": "iteration s", "tokens_per_s": "tokens/s",
                  "tflops_per_gpu": "TFLOPS/GPU", "peak_hbm_GiB": "peak HBM GiB",
@@ -33,13 +34,11 @@ def _number(text: str) -> str:
 
 
 def _figure(text: str) -> str:
-    """A result to 4 significant digits, one of 10,000 or more whole with thousands
-    separators (tokens per second: 16,682, not 1.668e+04)."""
+    """A result as `units.figure_text` writes it to 4 digits, anything else as `_number`."""
     try:
-        value = float(text)
+        return figure_text(float(text), 4)
     except ValueError:
         return _number(text)
-    return f"{value:,.0f}" if abs(value) >= 1e4 else _number(text)
 
 
 def _axis_header(column: str) -> str:
