@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import settings
 
 import zerosim
@@ -215,6 +216,15 @@ class Toy:
 @pytest.fixture(scope="session")
 def toy() -> Toy:
     return Toy()
+
+
+@pytest.fixture()
+def toy_file(toy, tmp_path):
+    """The toy on 2 GPUs, global batch 4 (micro-batch 1 x 2 accumulation steps x 2 ranks)."""
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(toy.tree({"deepspeed": {"gradient_accumulation_steps": 2}},
+                                            gpus=2)))
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -32,15 +32,6 @@ from zerosim.tune import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture()
-def toy_file(toy, tmp_path):
-    """The toy on 2 GPUs, global batch 4 (micro-batch 1 x 2 accumulation steps x 2 ranks)."""
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(toy.tree({"deepspeed": {"gradient_accumulation_steps": 2}},
-                                            gpus=2)))
-    return path
-
-
 def test_the_scenario_as_given_is_a_config(toy):
     scenario = toy.scenario({"deepspeed": {"gradient_accumulation_steps": 2}}, gpus=2)
     assert as_given(scenario) == Config(3, "cpu", 1, 2, 5e8, 50000.0, 1.0, "none", False,

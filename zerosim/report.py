@@ -567,11 +567,15 @@ def render_tune(outcome, *, top: int = 10,
     _print_files(console, outcome.files)
 
 
+FILE_KINDS = {".png": "figure", ".svg": "figure", ".pdf": "figure", ".yaml": "scenario",
+              ".json": "ds_config"}
+
+
 def _print_files(console: Console, files) -> None:
-    """What a command wrote, one line each: a table or a figure."""
+    """What a command wrote, one line each: a table, a figure, a scenario or a ds_config."""
     for path in files:
-        kind = "figure" if path.suffix in (".png", ".svg", ".pdf") else "table"
-        console.print(f"{kind}: {path}", markup=False, highlight=False)
+        console.print(f"{FILE_KINDS.get(path.suffix, 'table')}: {path}", markup=False,
+                      highlight=False)
 
 
 def _count(n: int, word: str) -> str:

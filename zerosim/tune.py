@@ -734,6 +734,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     `out_dir` when given."""
     from zerosim.engine.plan import granularity_thresholds
     from zerosim.errors import ScenarioError
+    from zerosim.export import write_configuration
     from zerosim.scenario import load_scenario
     from zerosim.sweep.runner import drive, open_executor
     from zerosim.sweep.spec import Point, point_id
@@ -812,7 +813,47 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     outcome.wall_s = time.perf_counter() - started
     if out_dir is not None:
         outcome.files = [write_csv(outcome.rows, Path(out_dir) / "tune.csv")]
+        for stem, row in chosen(outcome.rows):
+            outcome.files += write_configuration(scenario_path, row["overrides"],
+                                                 Path(out_dir), stem,
+                                                 header=configuration_header(row, stem))
     return outcome
+
+
+def fastest_with_room(fitting: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest of the ranked fitting rows whose peaks are not tight."""
+    return next((r for r in fitting if not r.get("tight")), None)
+
+
+def chosen(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(file stem, row) of the configurations tune writes as files: the fastest that fits
+    and, where its peak is tight, the fastest with room to spare."""
+    fitting = [r for r in rows if r["status"] == "ok"]
+    if not fitting:
+        return []
+    picks = [("fastest", fitting[0])]
+    if fitting[0]["tight"] and (roomy := fastest_with_room(fitting)) is not None:
+        picks.append(("fastest_with_room", roomy))
+    return picks
+
+
+def configuration_header(row: Mapping[str, Any], stem: str) -> str:
+    """What heads a configuration's scenario file: what it is, what it gave, how to use it."""
+    config: Config = row["config"]
+    lines = [f"zerosim tune's {stem.replace('_', ' ')} configuration: {config.describe()}",
+             f"{row['iteration_s']:.3f} s per iteration, {row['tokens_per_s']:,.0f} tokens/s, "
+             f"peak HBM {row['peak_hbm_GiB']:.1f} GiB, peak host memory "
+             f"{row['peak_host_GiB']:.1f} GiB",
+             f"zerosim run {stem}.yaml replays it with every record; {stem}_ds_config.json is "
+             "its deepspeed section as a ds_config;",
+             "runtime.bind_cores_to_rank is the launcher's --bind_cores_to_rank, "
+             "runtime.cpu_threads_per_rank its OMP_NUM_THREADS"]
+    if config.what_if != "none":
+        lines.append(f"what_if.{config.what_if} is a what-if zerosim replays, not a setting "
+                     "DeepSpeed has")
+    if "nvme" in config.offload:
+        lines.append(f"nvme_path {NVME_PATH} stands for your drives' mount point")
+    return "\n".join(lines)
 
 
 def filling_threads(scenario: Scenario) -> int:
@@ -910,7 +951,7 @@ def why_best(rows: list[dict[str, Any]]) -> str:
     text = (f"fastest: {best['config'].describe()}, {best['iteration_s']:.2f} s per "
             f"iteration ({best['tokens_per_s']:,.0f} tokens/s)")
     if best.get("tight"):
-        safe = next((r for r in fitting if not r.get("tight")), None)
+        safe = fastest_with_room(fitting)
         text += (f", its peak {' and '.join(best['tight'])} within {PEAK_ERROR_FRACTION:.0%} "
                  "of the device's memory" + (
                      f" (the fastest with room to spare: {safe['config'].describe()}, "

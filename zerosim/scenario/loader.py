@@ -546,7 +546,7 @@ def deep_merge(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
-def _resolve_deepspeed_data(value: Any, source: str, base_dir: Path, behaviours: Behaviours
+def resolve_deepspeed_data(value: Any, source: str, base_dir: Path, behaviours: Behaviours
                             ) -> tuple[Any, str]:
     """`{file: ds.json}` is read as DeepSpeed reads it; keys beside `file:` (and
     `--set deepspeed.X` overrides, which land there) patch the file's content, merged key by
@@ -639,7 +639,7 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
                             f"hardware.nodes adds nodes)", data_parallel)
     label = version_label(raw.runtime.deepspeed_version)
     behaviours = resolve_behaviours(version, label)
-    ds_data, ds_source = _resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
+    ds_data, ds_source = resolve_deepspeed_data(raw.deepspeed, source, base_dir, behaviours)
     trainer = raw.trainer or TrainerArgs()
     context = TrainerContext(trainer, frozenset(trainer.model_fields_set), raw.precision,
                              data_parallel, model.hidden_size)
