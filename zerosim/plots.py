@@ -34,7 +34,7 @@ from zerosim.results.trace import (
     phase_label,
     stream_name,
 )
-from zerosim.units import GB, GiB, figure_text
+from zerosim.units import GB, GiB, figure_text, ordered_sum
 from zerosim.vocabulary import (
     PHASE_TIMES,
     Category,
@@ -267,7 +267,7 @@ def _time_figure(width: float, main_heights: Sequence[float], phases: pd.DataFra
                  legend_in: float = 2.4):
     """A figure of stacked time axes sharing x, with a phase strip on top when there are
     phases. Returns (fig, strip_ax or None, [main axes], axes width in inches)."""
-    fig = _new_figure(width, sum(main_heights) + 1.1 + (STRIP_HEIGHT_IN if not phases.empty
+    fig = _new_figure(width, ordered_sum(main_heights) + 1.1 + (STRIP_HEIGHT_IN if not phases.empty
                                                         else 0.0))
     heights = ([STRIP_HEIGHT_IN] if not phases.empty else []) + list(main_heights)
     axes = fig.subplots(len(heights), 1, sharex=True, squeeze=False,
@@ -821,9 +821,9 @@ def critical_path_chart(result, *, top: int = 10) -> Figure:
     ax = fig.subplots()
     y = np.arange(len(rows))[::-1]
     for yy, key in zip(y, rows, strict=True):
-        length = sum(seconds for _, seconds in totals[key])
+        length = ordered_sum(seconds for _, seconds in totals[key])
         shares = [(k, sec) for k, sec in totals[key] if k in colors]
-        other = length - sum(sec for _, sec in shares)
+        other = length - ordered_sum(sec for _, sec in shares)
         if other > 0:
             shares.append(("other", other))
         left = 0.0

@@ -25,7 +25,7 @@ from zerosim.results.summary import (
 from zerosim.runs import BETWEEN_PHASES as BETWEEN_PHASES_QUANTITY
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
-from zerosim.units import GB, MS, GiB, figure_text
+from zerosim.units import GB, MS, GiB, figure_text, ordered_sum
 from zerosim.vocabulary import PCIE_STREAMS, PeerTransport, PhaseTime
 
 
@@ -275,7 +275,7 @@ def iteration_totals(phases, accumulation_steps: int) -> tuple[int | None, dict[
         if row_rank == rank and key is not None:
             totals[key.value] += end_s - start_s
             counts[key.value] += 1
-    totals[BETWEEN_PHASES] = end - sum(totals.values())
+    totals[BETWEEN_PHASES] = end - ordered_sum(totals.values())
     return rank, totals, counts
 
 
@@ -346,7 +346,8 @@ def critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
         kinds = critical.get(key)
         if not kinds:
             continue
-        table.add_row(label, _seconds(sum(seconds for _, seconds in kinds)), waits_text(kinds))
+        table.add_row(label, _seconds(ordered_sum(seconds for _, seconds in kinds)),
+                      waits_text(kinds))
     return table
 
 

@@ -35,7 +35,7 @@ from zerosim.behaviours import (
 from zerosim.errors import Described, ScenarioError
 from zerosim.inputs.tables import read_table
 from zerosim.results.critical import WAITS_ON
-from zerosim.units import GiB
+from zerosim.units import GiB, ordered_sum
 from zerosim.vocabulary import PHASE_TIMES
 
 if TYPE_CHECKING:
@@ -683,7 +683,7 @@ class Configuration:
     def measured(self, quantity: str) -> float | None:
         """The runs' mean of `quantity`, None where none measured it."""
         values = self.values(quantity)
-        return sum(values) / len(values) if values else None
+        return ordered_sum(values) / len(values) if values else None
 
     def spread(self, quantity: str) -> float | None:
         """How far the runs' measurements of `quantity` scatter: (largest - smallest) / mean,
@@ -692,14 +692,14 @@ class Configuration:
         values = self.values(quantity)
         if len(values) < 2:
             return None
-        return (max(values) - min(values)) / (sum(values) / len(values))
+        return (max(values) - min(values)) / (ordered_sum(values) / len(values))
 
     def deviations(self, quantity: str) -> list[float]:
         """Each run's `quantity` relative to the runs' mean (empty below two runs)."""
         values = self.values(quantity)
         if len(values) < 2:
             return []
-        mean = sum(values) / len(values)
+        mean = ordered_sum(values) / len(values)
         return [value / mean - 1 for value in values]
 
     @property
@@ -756,7 +756,7 @@ def runs_off_their_repeats(configurations: Iterable[Configuration],
             for phase in TIMED_PHASES:
                 values = [o.seconds[phase] for o in others if o.seconds.get(phase) is not None]
                 if values and run.seconds.get(phase) is not None:
-                    deviations[phase] = run.seconds[phase] * len(values) / sum(values) - 1
+                    deviations[phase] = run.seconds[phase] * len(values) / ordered_sum(values) - 1
             if any(abs(d) >= threshold for d in deviations.values()):
                 found.append(OffRepeat(run, tuple(o.row for o in others), configuration.name,
                                        deviations))
@@ -771,7 +771,7 @@ def run_to_run_sd(configurations: Iterable[Configuration], quantity: str) -> flo
     squares, freedom = 0.0, 0
     for configuration in configurations:
         deviations = configuration.deviations(quantity)
-        squares += sum(d * d for d in deviations)
+        squares += ordered_sum(d * d for d in deviations)
         freedom += max(len(deviations) - 1, 0)
     return math.sqrt(squares / freedom) if freedom else None
 
@@ -1016,7 +1016,7 @@ class PredictOutcome:
 
     def rms(self, quantity: str) -> float | None:
         errors = self.errors(quantity)
-        return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else None
+        return math.sqrt(ordered_sum(e * e for e in errors) / len(errors)) if errors else None
 
     def widest_spread(self, quantity: str) -> tuple[float, Prediction] | None:
         """The repeated configuration whose runs scatter most in `quantity`, with that

@@ -34,6 +34,7 @@ from zerosim.hardware.profile import (
 )
 from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY, REPEAT_HOOK_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import PHASE_TIMES
 
 DEFAULT_STEP = 0.1
@@ -169,7 +170,7 @@ class SensitivityOutcome:
         error, taken as independent (first order, in quadrature), and how many there are.
         Assumed values have none and are not in it."""
         sigmas = [r.iteration_sigma for r in self.rows if r.iteration_sigma is not None]
-        return math.sqrt(sum(x * x for x in sigmas)), len(sigmas)
+        return math.sqrt(ordered_sum(x * x for x in sigmas)), len(sigmas)
 
     def against_physics(self) -> list[Sensitivity]:
         """The values that move the iteration against their physics (`Sensitivity.against_physics`),

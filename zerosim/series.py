@@ -17,6 +17,7 @@ from pathlib import Path
 
 from zerosim.results.folders import write_table
 from zerosim.runs import BETWEEN_PHASES, Prediction
+from zerosim.units import ordered_sum
 
 MIN_SERIES_STEPS = 3
 """Distinct accumulation counts a series needs: two fix a line exactly, a third tests it."""
@@ -82,9 +83,9 @@ exactly proportional to the accumulation): it is zero."""
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> Split:
     """Least-squares line of `ys` on `xs` (at least two distinct xs)."""
     n = len(xs)
-    mean_x, mean_y = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    mean_x, mean_y = ordered_sum(xs) / n, ordered_sum(ys) / n
+    sxx = ordered_sum((x - mean_x) ** 2 for x in xs)
+    slope = ordered_sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
     intercept = mean_y - slope * mean_x
     if abs(intercept) < ROUNDING * abs(mean_y):
         intercept = 0.0

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from zerosim.errors import ZerosimError
 from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory, tight_text
 from zerosim.scenario.deepspeed import SEQUENCE_PARALLEL_KEY
+from zerosim.units import ordered_sum
 
 if TYPE_CHECKING:
     from zerosim.scenario import Scenario
@@ -650,10 +651,10 @@ def memory_floor(scenario: Scenario) -> tuple[float, float]:
     plan = plan_of(scenario)
     states = model_states(scenario.deepspeed, plan, scenario.hardware, scenario.behaviours,
                           scenario.stack)
-    gpu = sum(h.nbytes for h in states if h.device == DeviceKind.GPU)
-    host = sum(h.nbytes for h in states if h.device == DeviceKind.HOST)
-    node = sum(h.nbytes for h in node_holdings(scenario.hardware))
-    activations = sum(m.saved_bytes for m in plan.modules)
+    gpu = ordered_sum(h.nbytes for h in states if h.device == DeviceKind.GPU)
+    host = ordered_sum(h.nbytes for h in states if h.device == DeviceKind.HOST)
+    node = ordered_sum(h.nbytes for h in node_holdings(scenario.hardware))
+    activations = ordered_sum(m.saved_bytes for m in plan.modules)
     return gpu + activations, host * scenario.ranks_on_fullest_node + node
 
 

@@ -20,6 +20,7 @@ from zerosim.engine.software import PYTORCH_GRAIN_SIZE
 from zerosim.hardware import costs
 from zerosim.hardware.placement import CoreOrder, Placement, Shares, place_ranks
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import Collective, LinkKind, PeerTransport
 
 Direction = Literal["h2d", "d2h"]
@@ -287,7 +288,8 @@ class Machine:
         remote = self.profile.remote_access_cost
         if accessors is None or remote == 1.0:
             return 1.0
-        return sum(share * (1.0 if where == domain else remote) for where, share in accessors)
+        return ordered_sum(share * (1.0 if where == domain else remote)
+                           for where, share in accessors)
 
     def _gpu_domain(self, pl: Placement) -> Shares:
         return ((self.profile.gpu_domain(pl.gpu), 1.0),)

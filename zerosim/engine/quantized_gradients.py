@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from zerosim.engine.plan import QGZ_SCALE_BYTES, Param
 from zerosim.engine.rank import Gen, RankCore
 from zerosim.engine.streams import InOrderStream, NcclQueue, NcclTurn
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import Category, Collective, OpKind
 
 INT4_PER_BYTE = 2
@@ -86,7 +87,7 @@ class _LocoErrors:
     @property
     def dequantized_bytes(self) -> float:
         """Both `dequantize` calls: read int8 and scales, write fp16."""
-        return sum(q + s + DEQUANTIZED_BYTES * q for q, s in (self._node, self._across))
+        return ordered_sum(q + s + DEQUANTIZED_BYTES * q for q, s in (self._node, self._across))
 
     @property
     def fed_in_bytes(self) -> float:
@@ -111,7 +112,7 @@ class _LocoErrors:
     @property
     def transient_bytes(self) -> float:
         """The fp16 errors, and the new int8 ones made before the old are dropped."""
-        return sum(DEQUANTIZED_BYTES * q + q + s for q, s in (self._node, self._across))
+        return ordered_sum(DEQUANTIZED_BYTES * q + q + s for q, s in (self._node, self._across))
 
 
 _NO_ERRORS = _LocoErrors(0, 0, 1)

@@ -20,7 +20,7 @@ from zerosim.engine.plan import Plan
 from zerosim.hardware import costs, nvme
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.scenario import DeepSpeedConfig
-from zerosim.units import BYTES_PER_DTYPE, FP16_BYTES, FP32_BYTES
+from zerosim.units import BYTES_PER_DTYPE, FP16_BYTES, FP32_BYTES, ordered_sum
 from zerosim.vocabulary import BufferKind, Category, DeviceKind, host_buffer
 
 if TYPE_CHECKING:
@@ -47,8 +47,8 @@ class Holding:
 def _host_allocations(sizes: list[float], buffer: BufferKind) -> float:
     """Host bytes that allocations of `sizes` take: each rounded when pinned."""
     if buffer is BufferKind.PINNED:
-        return float(sum(costs.pinned_bytes(n) for n in sizes))
-    return float(sum(sizes))
+        return float(ordered_sum(costs.pinned_bytes(n) for n in sizes))
+    return float(ordered_sum(sizes))
 
 
 REWRITTEN_AFTER_FORK = frozenset({Category.FP32_MASTER})
@@ -116,7 +116,7 @@ def forked_pages(held: list[Holding], workers: int) -> list[Holding]:
     old copy however many workers share it)."""
     if workers <= 0:
         return []
-    nbytes = sum(h.nbytes for h in held if h.device is DeviceKind.HOST
+    nbytes = ordered_sum(h.nbytes for h in held if h.device is DeviceKind.HOST
                  and h.category in REWRITTEN_AFTER_FORK and h.buffer is not BufferKind.PINNED)
     if nbytes <= 0:
         return []
@@ -442,7 +442,7 @@ def _zenflow_holdings(ds: DeepSpeedConfig, plan: Plan, dtype: int) -> list[Holdi
         held = [Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES,
                         _host_allocations(moments, kind), what, kind)]
     else:
-        held = [Holding(DeviceKind.GPU, Category.OPTIMIZER_STATES_GPU, sum(moments), what)]
+        held = [Holding(DeviceKind.GPU, Category.OPTIMIZER_STATES_GPU, ordered_sum(moments), what)]
     if zenflow.overlap_step:
         held.append(Holding(DeviceKind.HOST, Category.OPTIMIZER_STATES,
                             FP32_BYTES * plan.partition_numel,

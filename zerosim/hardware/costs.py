@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.models.breakdown import Module
 from zerosim.models.kernels import FusedAttention, Gemm, Kernel
-from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES, FP64_BYTES
+from zerosim.units import BYTES_PER_DTYPE, FP32_BYTES, FP64_BYTES, ordered_sum
 
 BACKWARD_FLOPS_FACTOR = 2.0
 """Backward computes grads w.r.t. inputs and weights: twice the forward matmul work (used for
@@ -340,7 +340,7 @@ def kernel_s(kernel: Kernel, profile: HardwareProfile) -> float:
 
 def kernels_s(kernels: Sequence[Kernel], profile: HardwareProfile) -> float:
     """GPU time of kernels that run one after another on a stream."""
-    return sum(kernel_s(k, profile) for k in kernels)
+    return ordered_sum(kernel_s(k, profile) for k in kernels)
 
 
 def module_forward_s(module: Module, profile: HardwareProfile) -> float:
@@ -553,4 +553,4 @@ OpenMP parallel region per tile."""
 
 def model_flops_per_microbatch(modules: list[Module]) -> float:
     """Conventional model FLOPs (forward + backward = 3x forward, dense attention)."""
-    return (1 + BACKWARD_FLOPS_FACTOR) * sum(m.model_flops for m in modules)
+    return (1 + BACKWARD_FLOPS_FACTOR) * ordered_sum(m.model_flops for m in modules)

@@ -28,6 +28,7 @@ from zerosim.models.kernels import (
     linear_backward,
 )
 from zerosim.models.spec import ModelSpec
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import Collective
 
 OpClass = Literal["matmul", "attention", "elementwise", "embedding"]
@@ -530,7 +531,7 @@ def _with_backward(module: Module, kernels: tuple[Kernel, ...], r: Recipe) -> Mo
             backward.append(flash_backward(kernel))
         else:
             backward.append(kernel.backward(r.backward_bytes_factor))
-    traffic = sum(k.nbytes for k in kernels)
+    traffic = ordered_sum(k.nbytes for k in kernels)
     return replace(module, kernels=kernels, backward_kernels=tuple(backward),
                    fwd_hbm_bytes=traffic)
 
@@ -1142,7 +1143,7 @@ def _tiled_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
     for k, module in enumerate(whole):
         kernels = tuple(kernel for shard in forward for kernel in shard[k].kernels)
         modules.append(replace(module, kernels=kernels, backward_kernels=(),
-                               fwd_hbm_bytes=sum(kernel.nbytes for kernel in kernels),
+                               fwd_hbm_bytes=ordered_sum(kernel.nbytes for kernel in kernels),
                                saved_bytes=0.0, backward_transient_bytes=0.0))
     first, last = modules[0], modules[-1]
     modules[0] = replace(first, saved_bytes=size * h * w.tokens, host_syncs=int(w.tiled_mlp_agreed),
@@ -1151,9 +1152,9 @@ def _tiled_mlp(spec: ModelSpec, p: str, layer: int, width: int, w: Workload, r: 
                                          (2 * len(backward_rows) - 1) * hooked))
     concatenation = MemoryPass(2 * size * h * w.tokens)
     kernels = (*last.kernels, concatenation, *after)
-    slice_activations = sum(m.saved_bytes for m in largest[1:])
+    slice_activations = ordered_sum(m.saved_bytes for m in largest[1:])
     modules[-1] = replace(
-        last, kernels=kernels, fwd_hbm_bytes=sum(kernel.nbytes for kernel in kernels),
+        last, kernels=kernels, fwd_hbm_bytes=ordered_sum(kernel.nbytes for kernel in kernels),
         transient_bytes=size * (3 * width * max(forward_rows) + h * w.tokens),
         backward_kernels=tuple(backward),
         backward_transient_bytes=(size * (h * w.tokens + weights + 2 * width * max(backward_rows))
@@ -1464,7 +1465,7 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
     products = tuple(Gemm(n, v, h, dtype_bytes=size) for n in rows)
     yield replace(head, kernels=products, backward_kernels=(), saved_bytes=0.0,
                   backward_transient_bytes=0.0,
-                  fwd_hbm_bytes=sum(k.nbytes for k in products),
+                  fwd_hbm_bytes=ordered_sum(k.nbytes for k in products),
                   repeated_hooks=(2 * len(rows) - 1, 0), backward_in_forward=True,
                   tiled_span=1)
     memory = r.loss_memory
@@ -1486,7 +1487,7 @@ def _tiled_head(head: Module, spec: ModelSpec, w: Workload, r: Recipe) -> Iterat
                   backward_host_syncs=1)
     scale = MemoryPass(2 * size * h * w.tokens)
     yield replace(loss, kernels=tuple(work), backward_kernels=(scale,),
-                  fwd_hbm_bytes=sum(k.nbytes for k in work))
+                  fwd_hbm_bytes=ordered_sum(k.nbytes for k in work))
 
 
 LOSS_TOKEN_BYTES = 46
@@ -1526,7 +1527,7 @@ def _fused_linear_loss(head: Module, spec: ModelSpec, w: Workload, r: Recipe
     weight = v * h
     yield replace(head, kernels=products, backward_kernels=(), saved_bytes=0.0,
                   transient_bytes=0.0, backward_transient_bytes=0.0,
-                  fwd_hbm_bytes=sum(k.nbytes for k in products),
+                  fwd_hbm_bytes=ordered_sum(k.nbytes for k in products),
                   external=head.params > 0, backward_in_forward=True)
     gradients = size * (h * w.tokens + weight)
     work: list[Kernel] = [MemoryPass(gradients, 2),
@@ -1545,7 +1546,7 @@ def _fused_linear_loss(head: Module, spec: ModelSpec, w: Workload, r: Recipe
                   transient_bytes=transient, host_syncs=1, backward_host_syncs=1)
     scale = MemoryPass(2 * gradients, 2)
     yield replace(loss, kernels=tuple(work), backward_kernels=(scale,),
-                  fwd_hbm_bytes=sum(k.nbytes for k in work))
+                  fwd_hbm_bytes=ordered_sum(k.nbytes for k in work))
 
 
 def _block(spec: ModelSpec, layer: int, w: Workload, r: Recipe) -> list[Module]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from zerosim.models.breakdown import Recipe, Workload, build_modules
 from zerosim.models.spec import ModelSpec
+from zerosim.units import ordered_sum
 
 TRAINING_FLOPS_FACTOR = 3
 """Forward plus backward: the backward of a matmul is two matmuls of the forward's size."""
@@ -99,11 +100,11 @@ def summarize(spec: ModelSpec, sequence_length: int, recipe: Recipe | None = Non
         entry[1] += 1
         entry[2] += m.params
         entry[3] += m.model_flops / tokens
-    active = sum(m.params * _expert_share(spec, m.name) for m in modules)
+    active = ordered_sum(m.params * _expert_share(spec, m.name) for m in modules)
     return ModelSummary(
         name=spec.name, sequence_length=sequence_length,
         total_params=sum(m.params for m in modules), active_params=active,
         largest_module_params=max(m.params for m in modules),
-        forward_flops_per_token=sum(m.model_flops for m in modules) / tokens,
+        forward_flops_per_token=ordered_sum(m.model_flops for m in modules) / tokens,
         groups=tuple(ModuleGroup(p, kind, count, params, flops)
                      for p, (kind, count, params, flops) in groups.items()))

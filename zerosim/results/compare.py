@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerosim.results.critical import path_totals, reported_rank
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import PHASE_TIMES
 
 if TYPE_CHECKING:
@@ -139,14 +140,14 @@ def compare(a: Result, b: Result, a_scenario: Mapping[str, Any] | None = None,
     for key in PHASE_TIMES:
         if key not in wa and key not in wb:
             continue
-        a_s = sum(wa[key].values()) if key in wa else None
-        b_s = sum(wb[key].values()) if key in wb else None
+        a_s = ordered_sum(wa[key].values()) if key in wa else None
+        b_s = ordered_sum(wb[key].values()) if key in wb else None
         phases.append(PhaseChange(key, a_s, b_s, _wait_changes(wa.get(key, {}),
                                                                wb.get(key, {}))))
     ia, ib = _iteration(a), _iteration(b)
 
     def between(iteration: float | None, waits: dict[str, dict[str, float]]) -> float | None:
-        return None if iteration is None else iteration - sum(sum(k.values())
+        return None if iteration is None else iteration - ordered_sum(ordered_sum(k.values())
                                                               for k in waits.values())
 
     phases.append(PhaseChange(BETWEEN_PHASES, between(ia, wa), between(ib, wb)))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from zerosim.engine.records import with_copies
 from zerosim.results.summary import last_to_finish, phase_time
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import PHASE_TIMES, PathGap, Phase, span_kind
 
 if TYPE_CHECKING:
@@ -192,10 +193,10 @@ def kind_totals(steps: Iterable[tuple[str, str, str, str, float, float]]
 def waits_text(kinds: list[tuple[str, float]], shown: int = KINDS_SHOWN) -> str:
     """`kind_totals` of one phase as `zerosim run` prints it: 'cuda_malloc 0.336 (44%), hooks
     0.194 (25%), ..., 2 more 0.001' (seconds per iteration and share of the phase)."""
-    total = sum(seconds for _, seconds in kinds)
+    total = ordered_sum(seconds for _, seconds in kinds)
     parts = [f"{kind} {seconds:.3f} ({seconds / total:.0%})" for kind, seconds in kinds[:shown]]
     if rest := kinds[shown:]:
-        parts.append(f"{len(rest)} more {sum(s for _, s in rest):.3f}")
+        parts.append(f"{len(rest)} more {ordered_sum(s for _, s in rest):.3f}")
     return ", ".join(parts)
 
 

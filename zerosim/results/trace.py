@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from zerosim.results.groups import identical_rank_groups
-from zerosim.units import GB, GiB
+from zerosim.units import GB, GiB, ordered_sum
 from zerosim.vocabulary import (
     DeviceKind,
     LinkKind,
@@ -298,7 +298,7 @@ def _memory_counters(memory: pd.DataFrame, device: str, pid: int) -> list[dict]:
         if index + 1 < len(times) and times[index + 1] == t_ns:
             continue
         args = dict(changed)
-        args["total"] = sum(levels.values()) / GiB
+        args["total"] = ordered_sum(levels.values()) / GiB
         events.append({"name": name, "ph": "C", "pid": pid, "ts": _us(t_ns), "args": args})
         changed = {}
     return events

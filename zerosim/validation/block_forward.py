@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from zerosim.hardware.profile import HardwareProfile
+from zerosim.units import ordered_sum
 from zerosim.validation.leastsq import StreamingFit, fit_rate
 from zerosim.validation.reference import reference_data
 
@@ -106,7 +107,7 @@ def modelled_layer_s(row: BlockRow, data: dict[str, Any] | None = None,
     modules = plan_of(scenario).modules
     costs = module_costs(scenario)
     seconds = costs.backward_s if backward else costs.forward_s
-    return sum(s for m, s in zip(modules, seconds, strict=True) if m.layer == 0)
+    return ordered_sum(s for m, s in zip(modules, seconds, strict=True) if m.layer == 0)
 
 
 def _fit_rate(rows: list[BlockRow], modelled: Callable[[float], list[float]],

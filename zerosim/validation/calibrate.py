@@ -39,6 +39,7 @@ from zerosim.inputs.files import read_input_text
 from zerosim.inputs.tables import read_table
 from zerosim.results.folders import write_table, write_text_whole
 from zerosim.scenario import load_scenario, parse_overrides
+from zerosim.units import ordered_sum
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import read_yaml_file
 
@@ -107,7 +108,7 @@ class Fit:
     def rms(self, rows: Sequence[Measurement]) -> float:
         if not rows:
             return float("nan")
-        return math.sqrt(sum(self.rel_error(m) ** 2 for m in rows) / len(rows))
+        return math.sqrt(ordered_sum(self.rel_error(m) ** 2 for m in rows) / len(rows))
 
 
 def read_measurements(path: Path) -> list[Measurement]:

@@ -33,6 +33,7 @@ from zerosim.inputs.documents import parse_json
 from zerosim.inputs.files import read_input_text
 from zerosim.inputs.tables import read_table
 from zerosim.models.kernels import Gemm
+from zerosim.units import ordered_sum
 from zerosim.validation.leastsq import covariance
 
 COLUMNS = ("m", "n", "k", "TFLOPS")
@@ -155,7 +156,7 @@ class GemmFit:
 
     def rms(self, rows: list[GemmRow]) -> float:
         errors = [math.log(1 + e) for e in self.errors(rows)]
-        return math.sqrt(sum(e * e for e in errors) / len(errors))
+        return math.sqrt(ordered_sum(e * e for e in errors) / len(errors))
 
 
 def _positive_number(text: str, source: str, key: str, integer: bool) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerosim.units import ordered_sum
 from zerosim.validation.reference import REPO_ROOT, reference_data
 from zerosim.vocabulary import PhaseTime
 
@@ -69,7 +70,7 @@ def timed_step_s(summary: Mapping[str, Any]) -> float | None:
         return None
     phases = {key: seconds or 0.0 for key, seconds in summary["phases_s"].items()}
     if summary.get("zenflow_step_s") is None:
-        return sum(phases.values())
+        return ordered_sum(phases.values())
     steps = round(summary["iteration_s"] / summary["zenflow_step_s"])
     window = (steps * phases[PhaseTime.FORWARD] + (steps - 1)
               * phases[PhaseTime.BACKWARD_NON_BOUNDARY] + phases[PhaseTime.BACKWARD_BOUNDARY]

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.runs import MEASURED_PHASES, run_to_run_sd
 from zerosim.stacks import DEFAULT_STACK
+from zerosim.units import ordered_sum
 from zerosim.validation.polaris import PROFILE as POLARIS_PROFILE
 from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
 from zerosim.validation.polaris import configurations as polaris_configurations
@@ -90,7 +91,7 @@ def group_summaries(cells: list[Cell]) -> list[GroupSummary]:
         summaries.append(GroupSummary(
             group, len(judged), sum(c.status == "pass" for c in judged),
             sum(c.status == "reported" for c in members),
-            math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else None,
+            math.sqrt(ordered_sum(e * e for e in errors) / len(errors)) if errors else None,
             max(errors, key=abs) if errors else None))
     return summaries
 

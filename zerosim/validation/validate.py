@@ -19,7 +19,7 @@ from zerosim.hardware.profile import HardwareProfile, load_profile
 from zerosim.models.kernels import Gemm
 from zerosim.results import Result
 from zerosim.scenario import load_scenario, scenario_from_dict
-from zerosim.units import GiB
+from zerosim.units import GiB, ordered_sum
 from zerosim.validation.gemm_rates import GemmRow, modelled_tflops
 from zerosim.validation.reference import (
     PHASES,
@@ -989,7 +989,7 @@ def nvme_h100_cells() -> list[Cell]:
         cells.append(judge(NVME_GROUP, run.name, "node host memory in use, peak", "GiB",
                            run.node_host_bytes / GiB, summary["peak_host_GiB"],
                            MEMORY_TOLERANCE, note=NVME_HOST_MEMORY_NOTE))
-        phases = sum(predicted[phase] for phase in run.seconds if phase != "iteration")
+        phases = ordered_sum(predicted[phase] for phase in run.seconds if phase != "iteration")
         cells.append(judge(NVME_GROUP, run.name, "between the phases, per step", "s",
                            run.between_phases_s, predicted["iteration"] - phases, None,
                            note=BETWEEN_PHASES_NOTE))
