@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from zerosim.api import simulate_summary
-from zerosim.export import minimal_overrides, scenario_tree, write_configuration
-from zerosim.scenario import load_scenario
+from zerosim.export import _named, minimal_overrides, scenario_tree, write_configuration
+from zerosim.scenario import load_scenario, scenario_from_dict
 from zerosim.tune import _simulated, chosen, configuration_header, tune
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,3 +119,11 @@ def test_a_tight_fastest_is_written_beside_the_fastest_with_room(toy_file):
                       "peak_hbm_GiB": 15.9, "hbm_capacity_GiB": 16.0,
                       "peak_host_GiB": 1.0, "host_capacity_GiB": 64.0})
     assert chosen(outcome.rows) == [("fastest", best), ("fastest_with_room", second)]
+
+
+def test_a_long_name_is_cut_to_keep_the_files_suffix(toy):
+    """A scenario takes a name of 128 characters at most: the base's is cut short so that
+    `-fastest_with_room` still fits, and the named scenario loads."""
+    name = _named("n" * 128, "fastest_with_room")
+    assert name == "n" * 110 + "-fastest_with_room"
+    assert scenario_from_dict(toy.tree({"name": name})).name == name

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.inputs.plausible import FOLDER_NAME_MAX_BYTES, PLAUSIBLE
 from zerosim.results.folders import write_text_whole
 from zerosim.scenario import Scenario, load_scenario
 from zerosim.scenario.loader import apply_scenario_overrides, resolve_deepspeed_data
@@ -105,6 +106,16 @@ def _whole_numbers(value: Any) -> Any:
     return value
 
 
+def _named(name: str, stem: str) -> str:
+    """`<name>-<stem>`, the name cut short where the whole would pass the longest name a
+    scenario takes (its characters within the byte limit too)."""
+    suffix = f"-{stem}"
+    limit = PLAUSIBLE["name"].max_chars - len(suffix)
+    while len(name[:limit].encode()) > FOLDER_NAME_MAX_BYTES - len(suffix):
+        limit -= 1
+    return name[:limit] + suffix
+
+
 def write_configuration(path: str | Path, overrides: Mapping[str, Any], folder: Path,
                         stem: str, *, header: str) -> list[Path]:
     """`<stem>.yaml` (the scenario at `path` with the overrides that matter, named
@@ -113,7 +124,7 @@ def write_configuration(path: str | Path, overrides: Mapping[str, Any], folder: 
     path, folder = Path(path), Path(folder)
     kept = minimal_overrides(path, overrides)
     scenario = _quiet_load(path, kept)
-    tree = scenario_tree(path, kept, folder=folder, name=f"{scenario.name}-{stem}")
+    tree = scenario_tree(path, kept, folder=folder, name=_named(scenario.name, stem))
     comments = "".join(f"# {line}\n" for line in header.splitlines())
     scenario_file = write_text_whole(
         folder / f"{stem}.yaml",
