@@ -800,14 +800,16 @@ def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str
               help="Parallel workers (default: one per CPU); 1 runs in this process.")
 @click.option("--dask", metavar="local|ADDRESS", help="Run the points on Dask, as sweep does.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Folder for tune.csv (default: results/tune/<scenario name>).")
+              help="Folder for tune.csv and the fastest configuration as fastest.yaml and "
+                   "fastest_ds_config.json (default: results/tune/<scenario name>).")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Rows of the ranked table to print.")
 def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
          fix: tuple[str, ...], workers: int | None, dask: str | None, out_dir: Path | None,
          top: int) -> None:
     """The fastest configuration of SCENARIO that fits: search ZeRO stage, offload,
-    micro-batch size for the same global batch, bucket and sub-group sizes, Twin-Flow."""
+    micro-batch size for the same global batch, bucket and sub-group sizes, Twin-Flow; write
+    the fastest as a scenario to run and its ds_config."""
     from zerosim.report import render_tune
     from zerosim.scenario.loader import parse_overrides
     from zerosim.tune import tune as run_tune
