@@ -3,20 +3,25 @@ the rounding of floats, which moved three of the fingerprint cases' results in t
 against 3.11; zerosim adds floats with `units.ordered_sum` instead. Here `sum` is made to add
 floats one way and then the other while those three cases run (their phases, memory and
 records through `zerosim.simulate`), and `zerosim predict`'s figures of the measured Polaris
-runs: nothing may change, so no float total of theirs goes through `sum`."""
+runs: nothing may change; and every `sum` zerosim calls on the way through the commands is
+watched: none may be handed a float."""
 
 from __future__ import annotations
 
 import builtins
 import math
+import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import zerosim
+from zerosim.results.compare import compare
 from zerosim.runs import QUANTITIES, configurations, run_to_run_sd
 from zerosim.series import fit_line
+from zerosim.tune import tune
 from zerosim.units import ordered_sum
 from zerosim.validation.polaris import load_runs
 
@@ -83,3 +88,47 @@ def test_the_measured_tables_figures_do_not_hang_on_how_python_adds_floats(monke
     in_order = figures()
     monkeypatch.setattr(builtins, "sum", added_exactly)
     assert figures() == in_order
+
+
+PACKAGE = str(Path(zerosim.__file__).parent)
+
+
+def test_no_float_total_of_zerosim_goes_through_sum(monkeypatch, toy_file, tmp_path):
+    """Every `sum` zerosim's own code calls while it runs the three cases with every record
+    (their critical paths and a comparison of two of them), prints a run and a comparison,
+    tunes the toy and writes its files, and computes predict's figures is watched: none may be
+    handed a float (a float total that goes through `sum` moves with the Python version)."""
+    from click.testing import CliRunner
+
+    from zerosim.cli import main
+
+    handed: Counter[str] = Counter()
+
+    def watched(iterable, /, start=0):
+        items = list(iterable)
+        caller = sys._getframe(1).f_code.co_filename
+        if caller.startswith(PACKAGE) and any(type(x) is float for x in (*items, start)):
+            handed[f"{caller[len(PACKAGE) + 1:]}:{sys._getframe(1).f_lineno}"] += 1
+        return BUILTIN_SUM(items, start)
+
+    monkeypatch.setattr(builtins, "sum", watched)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = [zerosim.simulate(path) for path in CASES.values()]
+        for result in results:
+            assert not result.critical_path.empty
+        compare(results[1], results[2])
+        runner = CliRunner()
+        for args in (["run", str(CASES["polaris-5.90b-dp4"]), "--no-files", "--explain"],
+                     ["diff", str(CASES["polaris-5.90b-dp4"]), "--set",
+                      "deepspeed.zero_optimization.reduce_bucket_size=2e8"]):
+            assert runner.invoke(main, args).exit_code == 0
+        tune(toy_file, fix=["reduce_bucket_size", "sub_group_size", "ratio"], workers=1,
+             out_dir=tmp_path / "tuned")
+    shipped = configurations(load_runs())
+    for quantity in QUANTITIES:
+        run_to_run_sd(shipped, quantity)
+        for configuration in shipped:
+            configuration.spread(quantity)
+    fit_line([1.0, 2.0, 4.0], [0.1, 0.7, 1.3])
+    assert dict(handed) == {}
