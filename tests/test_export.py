@@ -100,14 +100,15 @@ def test_tune_writes_the_fastest_configuration_as_files(toy_file, tmp_path):
     assert outcome.files == [out / "tune.csv", out / "fastest.yaml",
                              out / "fastest_ds_config.json"]
     assert simulate_summary(out / "fastest.yaml")["iteration_s"] == best["iteration_s"]
-    header = configuration_header(best, "fastest")
+    header = configuration_header(best, "fastest", toy_file, out)
     assert (out / "fastest.yaml").read_text().startswith(
         "".join(f"# {line}\n" for line in header.splitlines()))
-    assert header.splitlines()[:2] == [
+    assert header.splitlines()[:3] == [
         f"zerosim tune's fastest configuration: {best['config'].describe()}",
         f"{best['iteration_s']:.3f} s per iteration, {best['tokens_per_s']:,.0f} tokens/s, "
         f"peak HBM {best['peak_hbm_GiB']:.1f} GiB, peak host memory "
-        f"{best['peak_host_GiB']:.1f} GiB"]
+        f"{best['peak_host_GiB']:.1f} GiB",
+        f"zerosim diff {toy_file} {out / 'fastest.yaml'} lists what it changes and what moved"]
 
 
 def test_a_tight_fastest_is_written_beside_the_fastest_with_room(toy_file):

@@ -817,7 +817,8 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
         for stem, row in chosen(outcome.rows):
             outcome.files += write_configuration(scenario_path, row["overrides"],
                                                  Path(out_dir), stem,
-                                                 header=configuration_header(row, stem))
+                                                 header=configuration_header(
+                                                     row, stem, scenario_path, Path(out_dir)))
     return outcome
 
 
@@ -838,14 +839,18 @@ def chosen(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return picks
 
 
-def configuration_header(row: Mapping[str, Any], stem: str) -> str:
-    """What heads a configuration's scenario file: what it is, what it gave, how to use it."""
+def configuration_header(row: Mapping[str, Any], stem: str, scenario_path: str | Path,
+                         folder: Path) -> str:
+    """What heads a configuration's scenario file: what it is, what it gave, how to use it
+    (the paths as the command was given them)."""
     config: Config = row["config"]
+    written = folder / f"{stem}.yaml"
     lines = [f"zerosim tune's {stem.replace('_', ' ')} configuration: {config.describe()}",
              f"{row['iteration_s']:.3f} s per iteration, {row['tokens_per_s']:,.0f} tokens/s, "
              f"peak HBM {row['peak_hbm_GiB']:.1f} GiB, peak host memory "
              f"{row['peak_host_GiB']:.1f} GiB",
-             f"zerosim run {stem}.yaml replays it with every record; {stem}_ds_config.json is "
+             f"zerosim diff {scenario_path} {written} lists what it changes and what moved",
+             f"zerosim run {written} replays it with every record; {stem}_ds_config.json is "
              "its deepspeed section as a ds_config;",
              "runtime.bind_cores_to_rank is the launcher's --bind_cores_to_rank, "
              "runtime.cpu_threads_per_rank its OMP_NUM_THREADS"]
