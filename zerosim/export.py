@@ -4,8 +4,9 @@ the ds_config DeepSpeed reads.
 `zerosim tune` searches with overrides of the user's scenario (`--set` paths). The files hold
 only the overrides that change what zerosim resolves (a knob at DeepSpeed's default, or one
 that the configuration makes inert, is left out: a release that does not know a key refuses a
-ds_config naming it), applied to the user's own scenario tree, so its comments' keys, its
-`auto` values and its ds_config file stay as they were written.
+ds_config naming it), applied to the user's own scenario tree, so its keys, its `auto`
+values and its ds_config file stay as they were written (its comments do not: the tree is
+written anew).
 """
 
 from __future__ import annotations
