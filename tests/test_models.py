@@ -1,6 +1,7 @@
 """The model catalog and the per-module breakdown."""
 
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +16,11 @@ from zerosim.models import (
     spec_from_hf_fields,
     total_params,
 )
-from zerosim.models.catalog import catalog_model
+from zerosim.models.catalog import catalog_model, require_catalog_model
 from zerosim.models.kernels import FusedAttention, Gemm, kernel_count
+from zerosim.scenario.loader import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 @pytest.mark.parametrize(("name", "expected"), [
@@ -39,17 +43,94 @@ def test_llama_parameter_counts_match_the_published_checkpoints(name, expected):
     ("qwen2.5-14b", 14_770_033_664),
     ("qwen2.5-32b", 32_763_876_352),
     ("qwen2.5-72b", 72_706_203_648),
+    ("llama3-70b", 70_553_706_496),
+    ("llama3.2-1b", 1_235_814_400),
+    ("llama3.2-3b", 3_212_749_824),
+    ("llama3.3-70b", 70_553_706_496),
+    ("qwen2.5-0.5b", 494_032_768),
+    ("qwen2.5-1.5b", 1_543_714_304),
+    ("qwen3-4b", 4_022_468_096),
+    ("qwen3-8b", 8_190_735_360),
+    ("qwen3-14b", 14_768_307_200),
+    ("qwen3-32b", 32_762_123_264),
+    ("qwen3-30b-a3b", 30_532_122_624),
+    ("tinyllama-1.1b", 1_100_048_384),
 ])
 def test_hub_models_in_the_catalog_have_their_checkpoints_counts(name, expected):
     """The counts the Hub's safetensors index gives each checkpoint."""
     assert total_params(CATALOG[name]) == expected
 
 
+@pytest.mark.parametrize(("name", "hidden", "intermediate", "layers", "heads"), [
+    ("qwen3-0.6b", 1024, 3072, 28, 16),
+    ("qwen3-1.7b", 2048, 6144, 28, 16),
+])
+def test_small_qwen3_counts_follow_from_their_shape(name, hidden, intermediate, layers, heads):
+    """Qwen3's tied models, counted by hand: Q and O of heads x 128, K and V of 8 x 128, the
+    per-head Q and K norms, the gated MLP, two norms a block, the embeddings and a final
+    norm (0.6B: 596,049,920; its model card's 0.44B without the embeddings)."""
+    q, kv = heads * 128, 8 * 128
+    per_block = 2 * hidden * q + 2 * hidden * kv + 2 * 128 + 3 * hidden * intermediate + 2 * hidden
+    assert total_params(CATALOG[name]) == 151936 * hidden + layers * per_block + hidden
+
+
 def test_a_catalog_model_is_found_by_its_hub_repository_in_any_case():
     assert catalog_model("Qwen/Qwen2.5-72B") is CATALOG["qwen2.5-72b"]
     assert catalog_model("meta-llama/llama-3.1-70b") is CATALOG["llama3.1-70b"]
     assert catalog_model("LLAMA2-13B") is CATALOG["llama2-13b"]
-    assert catalog_model("meta-llama/Llama-2-13b-hf") is None
+    assert catalog_model("meta-llama/Llama-2-13b-hf") is CATALOG["llama2-13b"]
+
+
+@pytest.mark.parametrize(("hub", "name"), [
+    ("meta-llama/Llama-2-7b-chat-hf", "llama2-7b"),
+    ("meta-llama/Meta-Llama-3-70B-Instruct", "llama3-70b"),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama3.1-8b"),
+    ("meta-llama/Llama-3.3-70B-Instruct", "llama3.3-70b"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b-v0.3"),
+    ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
+    ("Qwen/Qwen3-8B-Base", "qwen3-8b"),
+    ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tinyllama-1.1b"),
+])
+def test_an_instruction_tuned_repository_finds_its_base_models_entry(hub, name):
+    """The tuned checkpoints share their base model's config.json shape."""
+    assert catalog_model(hub) is CATALOG[name]
+
+
+@pytest.mark.parametrize(("scenario", "name"), [
+    ("qwen3_4b_ulysses_h100.yaml", "qwen3-4b"),
+    ("gh200/qwen3-14b-superoffload.yaml", "qwen3-14b"),
+    ("qwen3_moe_dgx_h100.yaml", "qwen3-30b-a3b"),
+    ("dgx_a100_offload/qwen2.5-1.5b.yaml", "qwen2.5-1.5b"),
+    ("h200_vm/llama3b_opt.yaml", "llama3.2-3b"),
+    ("h200_vm/tinyllama_opt.yaml", "tinyllama-1.1b"),
+])
+def test_catalog_entries_build_the_models_the_scenarios_write_out(scenario, name):
+    """Each of these scenarios copies its model's config.json fields by itself: the catalog's
+    entry, written apart, builds the same modules."""
+    written = load_scenario(SCENARIOS / scenario).model
+    assert parameter_modules(CATALOG[name]) == parameter_modules(written)
+    assert (CATALOG[name].model_type, CATALOG[name].qk_norm) == (written.model_type,
+                                                                 written.qk_norm)
+
+
+@pytest.mark.parametrize(("given", "offered"), [
+    ("llama-2-13b", "'llama2-13b'"),
+    ("qwen3-7b", "'qwen3-8b'"),
+    ("meta-llama/Llama-3-70B", "'meta-llama/Llama-3.1-70B'"),
+])
+def test_a_name_the_catalog_lacks_gets_the_nearest_ones_offered(given, offered):
+    with pytest.raises(ScenarioError) as raised:
+        require_catalog_model(given, source="s.yaml", key_path="model")
+    offer, catalog = raised.value.expected.split("the catalog: ")
+    assert "did you mean " in offer and offered in offer
+    assert catalog.startswith("gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b")
+
+
+def test_a_name_nothing_resembles_gets_the_catalog_only():
+    with pytest.raises(ScenarioError) as raised:
+        require_catalog_model("mixtral-8x7b", source="s.yaml", key_path="model")
+    assert "did you mean" not in raised.value.expected
+    assert raised.value.expected.startswith("a catalog model or its Hub repository (the catalog:")
 
 
 def test_qwen2_5_in_the_catalog_keeps_its_qkv_biases():

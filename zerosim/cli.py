@@ -676,7 +676,7 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
         estimate_model_states,
         zero2_rule_for,
     )
-    from zerosim.models.catalog import catalog_model, catalog_names
+    from zerosim.models.catalog import require_catalog_model
     from zerosim.scenario.version import format_version, parse_version
 
     sources = [given for given in (model_name, hf_config, scenario_path, total_params)
@@ -697,10 +697,7 @@ def estimate(total_params, largest_layer_params, model_name, hf_config, scenario
     elif hf_config is not None:
         spec = _hf_spec(hf_config, "--hf-config")
     elif model_name is not None:
-        spec = catalog_model(model_name)
-        if spec is None:
-            raise ScenarioError(None, "--model", f"one of {', '.join(catalog_names())}",
-                                model_name)
+        spec = require_catalog_model(model_name, source=None, key_path="--model")
     stage, gpus_per_node, nodes, deepspeed_version, sequence_length = (
         default if given is None else given for given, default in zip(
             (stage, gpus_per_node, nodes, deepspeed_version, sequence_length), defaults,

@@ -45,7 +45,7 @@ from zerosim import models
 from zerosim.behaviours import resolve_behaviours
 from zerosim.errors import ScenarioError
 from zerosim.models.breakdown import Recipe
-from zerosim.models.catalog import catalog_model
+from zerosim.models.catalog import require_catalog_model
 from zerosim.units import GiB
 
 # --- Units of DeepSpeed's printout -----------------------------------------------------------
@@ -438,9 +438,7 @@ def estimate_for_model(name: str, *, stage: int, num_gpus_per_node: int = 1, num
                        additional_buffer_factor: float = DEFAULT_BUFFER_FACTOR,
                        zero2_rule: Zero2Rule = "current") -> Estimate:
     """`estimate_model_states` with the counts of a catalog model (DeepSpeed's `_all_live`)."""
-    spec = catalog_model(name)
-    if spec is None:
-        raise ScenarioError(None, "--model", f"one of {', '.join(models.catalog_names())}", name)
+    spec = require_catalog_model(name, source=None, key_path="--model")
     return estimate_for_spec(spec, stage=stage, num_gpus_per_node=num_gpus_per_node,
                              num_nodes=num_nodes, additional_buffer_factor=additional_buffer_factor,
                              zero2_rule=zero2_rule)

@@ -3,13 +3,18 @@
 The Llama-2 entries and GPT-3 are written as `ModelSpec`s; the newer models as the fields of
 their Hugging Face `config.json` that shape them (`HUB_CONFIGS`), read by
 `spec_from_hf_fields` exactly as a user's own config.json is. A name is looked up as written
-or as its Hub repository (`meta-llama/Llama-3.1-70B`), in any case (`catalog_model`).
+or as one of its Hub repositories (`meta-llama/Llama-3.1-70B`, or the instruction-tuned
+`meta-llama/Llama-3.1-70B-Instruct` of the same shape), in any case (`catalog_model`); a name
+that is neither gets the nearest ones to offer (`nearest_models`).
 """
 
 from __future__ import annotations
 
+import re
+from difflib import get_close_matches
 from typing import Any
 
+from zerosim.errors import ScenarioError
 from zerosim.models.hf import spec_from_hf_fields
 from zerosim.models.spec import GPT_LAYOUT, ModelSpec
 
@@ -95,32 +100,108 @@ def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: i
                 tie_word_embeddings=small)
 
 
-HUB_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    # Each: the Hub repository, then its config.json's fields that shape the model (rotary,
-    # norm epsilon and token ids change nothing zerosim prices). The parameter counts they
-    # build are the checkpoints' (tests/test_models.py).
-    "llama3-8b": ("meta-llama/Meta-Llama-3-8B", _llama3(4096, 14336, 32, 32, 8192)),
-    "llama3.1-8b": ("meta-llama/Llama-3.1-8B", _llama3(4096, 14336, 32, 32, 131072)),
-    "llama3.1-70b": ("meta-llama/Llama-3.1-70B", _llama3(8192, 28672, 80, 64, 131072)),
-    "llama3.1-405b": ("meta-llama/Llama-3.1-405B", _llama3(16384, 53248, 126, 128, 131072)),
+def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, *, tied: bool
+           ) -> dict[str, Any]:
+    """A dense Qwen3 config.json's shaping fields (`model_type` qwen3: Q and K normed per head,
+    no biases): 8 KV heads of 128, a 151,936-token vocabulary, 40,960 positions; the models to
+    4B tie the output layer to the embeddings."""
+    return dict(model_type="qwen3", hidden_size=hidden, intermediate_size=intermediate,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=8,
+                head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                tie_word_embeddings=tied)
+
+
+def _repositories(base: str, *tuned: str) -> tuple[str, ...]:
+    """A base model's Hub repository and its instruction-tuned ones (`-Instruct` and the like
+    appended), which share its config.json's shape."""
+    return (base, *(base + suffix for suffix in tuned))
+
+
+HUB_CONFIGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    # Each: the Hub repositories (the first the one whose config.json is copied, the others of
+    # the same shape), then its config.json's fields that shape the model (rotary, norm
+    # epsilon and token ids change nothing zerosim prices). The parameter counts they build
+    # are the checkpoints' (tests/test_models.py).
+    "llama3-8b": (_repositories("meta-llama/Meta-Llama-3-8B", "-Instruct"),
+                  _llama3(4096, 14336, 32, 32, 8192)),
+    "llama3-70b": (_repositories("meta-llama/Meta-Llama-3-70B", "-Instruct"),
+                   _llama3(8192, 28672, 80, 64, 8192)),
+    "llama3.1-8b": (_repositories("meta-llama/Llama-3.1-8B", "-Instruct")
+                    + _repositories("meta-llama/Meta-Llama-3.1-8B", "-Instruct"),
+                    _llama3(4096, 14336, 32, 32, 131072)),
+    "llama3.1-70b": (_repositories("meta-llama/Llama-3.1-70B", "-Instruct")
+                     + _repositories("meta-llama/Meta-Llama-3.1-70B", "-Instruct"),
+                     _llama3(8192, 28672, 80, 64, 131072)),
+    "llama3.1-405b": (_repositories("meta-llama/Llama-3.1-405B", "-Instruct")
+                      + _repositories("meta-llama/Meta-Llama-3.1-405B", "-Instruct"),
+                      _llama3(16384, 53248, 126, 128, 131072)),
+    # 3.2's small models: head_dim 64 and the output layer tied to the embeddings
+    "llama3.2-1b": (_repositories("meta-llama/Llama-3.2-1B", "-Instruct"),
+                    {**_llama3(2048, 8192, 16, 32, 131072), "head_dim": 64,
+                     "tie_word_embeddings": True}),
+    "llama3.2-3b": (_repositories("meta-llama/Llama-3.2-3B", "-Instruct"),
+                    {**_llama3(3072, 8192, 28, 24, 131072), "tie_word_embeddings": True}),
+    # 3.3 shipped as an instruction-tuned 70B only, 3.1-70B's shape
+    "llama3.3-70b": (("meta-llama/Llama-3.3-70B-Instruct",),
+                     _llama3(8192, 28672, 80, 64, 131072)),
     # v0.3: a 32,768-token vocabulary and no sliding window (v0.1's 4,096-token window is
     # one zerosim would replay as full causal attention, with a warning)
-    "mistral-7b-v0.3": ("mistralai/Mistral-7B-v0.3", dict(
+    "mistral-7b-v0.3": (("mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-Instruct-v0.3"), dict(
         model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
         max_position_embeddings=32768, sliding_window=None, tie_word_embeddings=False)),
-    "qwen2.5-3b": ("Qwen/Qwen2.5-3B", _qwen25(2048, 11008, 36, 16, 2, small=True)),
-    "qwen2.5-7b": ("Qwen/Qwen2.5-7B", _qwen25(3584, 18944, 28, 28, 4)),
-    "qwen2.5-14b": ("Qwen/Qwen2.5-14B", _qwen25(5120, 13824, 48, 40, 8)),
-    "qwen2.5-32b": ("Qwen/Qwen2.5-32B", _qwen25(5120, 27648, 64, 40, 8)),
-    "qwen2.5-72b": ("Qwen/Qwen2.5-72B", _qwen25(8192, 29568, 80, 64, 8)),
+    "qwen2.5-0.5b": (_repositories("Qwen/Qwen2.5-0.5B", "-Instruct"),
+                     _qwen25(896, 4864, 24, 14, 2, small=True)),
+    "qwen2.5-1.5b": (_repositories("Qwen/Qwen2.5-1.5B", "-Instruct"),
+                     _qwen25(1536, 8960, 28, 12, 2, small=True)),
+    "qwen2.5-3b": (_repositories("Qwen/Qwen2.5-3B", "-Instruct"),
+                   _qwen25(2048, 11008, 36, 16, 2, small=True)),
+    "qwen2.5-7b": (_repositories("Qwen/Qwen2.5-7B", "-Instruct"), _qwen25(3584, 18944, 28, 28, 4)),
+    "qwen2.5-14b": (_repositories("Qwen/Qwen2.5-14B", "-Instruct"),
+                    _qwen25(5120, 13824, 48, 40, 8)),
+    "qwen2.5-32b": (_repositories("Qwen/Qwen2.5-32B", "-Instruct"),
+                    _qwen25(5120, 27648, 64, 40, 8)),
+    "qwen2.5-72b": (_repositories("Qwen/Qwen2.5-72B", "-Instruct"),
+                    _qwen25(8192, 29568, 80, 64, 8)),
+    # Qwen3's repositories hold the post-trained models, `-Base` the pre-trained ones
+    "qwen3-0.6b": (_repositories("Qwen/Qwen3-0.6B", "-Base"),
+                   _qwen3(1024, 3072, 28, 16, tied=True)),
+    "qwen3-1.7b": (_repositories("Qwen/Qwen3-1.7B", "-Base"),
+                   _qwen3(2048, 6144, 28, 16, tied=True)),
+    "qwen3-4b": (_repositories("Qwen/Qwen3-4B", "-Base"), _qwen3(2560, 9728, 36, 32, tied=True)),
+    "qwen3-8b": (_repositories("Qwen/Qwen3-8B", "-Base"), _qwen3(4096, 12288, 36, 32, tied=False)),
+    "qwen3-14b": (_repositories("Qwen/Qwen3-14B", "-Base"),
+                  _qwen3(5120, 17408, 40, 40, tied=False)),
+    "qwen3-32b": (("Qwen/Qwen3-32B",), _qwen3(5120, 25600, 64, 64, tied=False)),
+    # 128 experts of 768, 8 routed a token, in every layer; 4 KV heads
+    "qwen3-30b-a3b": (_repositories("Qwen/Qwen3-30B-A3B", "-Base"), {
+        **_qwen3(2048, 6144, 48, 32, tied=False), "model_type": "qwen3_moe",
+        "num_key_value_heads": 4, "moe_intermediate_size": 768, "num_experts": 128,
+        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "tinyllama-1.1b": (("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+                        "TinyLlama/TinyLlama-1.1B-Chat-v1.0"), dict(
+        model_type="llama", hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+        num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+        max_position_embeddings=2048, tie_word_embeddings=False)),
 }
 
-CATALOG.update({name: spec_from_hf_fields(fields, name=name, source=f"{hub} config.json")
-                for name, (hub, fields) in HUB_CONFIGS.items()})
+CATALOG.update({name: spec_from_hf_fields(fields, name=name, source=f"{hubs[0]} config.json")
+                for name, (hubs, fields) in HUB_CONFIGS.items()})
 
-HUB_NAMES = {hub.lower(): name for name, (hub, _) in HUB_CONFIGS.items()}
-"""Each Hub repository of `HUB_CONFIGS`, lower-cased, and its catalog name."""
+HUB_REPOSITORIES: dict[str, tuple[str, ...]] = {
+    "llama2-7b": ("meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-7b-chat-hf",
+                    "meta-llama/Llama-2-7b"),
+    "llama2-13b": ("meta-llama/Llama-2-13b-hf", "meta-llama/Llama-2-13b-chat-hf",
+                     "meta-llama/Llama-2-13b"),
+    "llama2-70b": ("meta-llama/Llama-2-70b-hf", "meta-llama/Llama-2-70b-chat-hf",
+                     "meta-llama/Llama-2-70b"),
+    **{name: hubs for name, (hubs, _) in HUB_CONFIGS.items()},
+}
+"""Each catalog model's Hub repositories: the one its shape is copied from first, then the
+others of the same shape."""
+
+HUB_NAMES = {hub.lower(): name for name, hubs in HUB_REPOSITORIES.items() for hub in hubs}
+"""Each Hub repository, lower-cased, and its catalog name."""
 
 
 def catalog_model(name: str) -> ModelSpec | None:
@@ -131,4 +212,30 @@ def catalog_model(name: str) -> ModelSpec | None:
 
 
 def catalog_names() -> list[str]:
-    return sorted(CATALOG)
+    """The catalog's names, sizes in numeric order (`llama2-7b` before `llama2-13b`)."""
+    return sorted(CATALOG, key=lambda name: [int(part) if part.isdigit() else part
+                                             for part in re.split(r"(\d+)", name)])
+
+
+def require_catalog_model(name: Any, *, source: str | None, key_path: str,
+                          alternatives: str = "") -> ModelSpec:
+    """The catalog model `name` gives (`catalog_model`), or a ScenarioError whose expected
+    text offers the nearest names first, then the whole catalog, then `alternatives` (the
+    other forms the key takes)."""
+    spec = catalog_model(name) if isinstance(name, str) else None
+    if spec is not None:
+        return spec
+    nearest = nearest_models(name) if isinstance(name, str) else []
+    offer = f"did you mean {' or '.join(map(repr, nearest))}? " if nearest else ""
+    raise ScenarioError(source, key_path,
+                        f"a catalog model or its Hub repository ({offer}the catalog: "
+                        f"{', '.join(catalog_names())}){alternatives}", name)
+
+
+def nearest_models(name: str, count: int = 3) -> list[str]:
+    """The catalog names and Hub repositories closest to a `name` that is neither (a version
+    left out, a size mistyped): what an error offers instead."""
+    known = {**{key: key for key in CATALOG},
+             **{hub.lower(): hub for hubs in HUB_REPOSITORIES.values() for hub in hubs}}
+    return [known[key] for key in get_close_matches(name.lower(), sorted(known), n=count,
+                                                    cutoff=0.75)]

@@ -37,7 +37,7 @@ from zerosim.hardware.profile import (
 )
 from zerosim.inputs import check_plausible, check_section, referenced_path
 from zerosim.models import ModelSpec, fields_of, spec_from_hf_fields, spec_from_hf_file
-from zerosim.models.catalog import catalog_model, catalog_names
+from zerosim.models.catalog import require_catalog_model
 from zerosim.scenario.deepspeed import DeepSpeedConfig, ForkBuildWarning, resolve_deepspeed
 from zerosim.scenario.dsfile import read_ds_config
 from zerosim.scenario.hf_trainer import AutoFill, Precision, TrainerArgs, TrainerContext
@@ -448,13 +448,9 @@ def apply_scenario_overrides(tree: dict[str, Any], overrides: Mapping[str, Any],
 
 def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     if isinstance(value, str):
-        spec = catalog_model(value)
-        if spec is None:
-            raise ScenarioError(source, "model",
-                                f"a catalog model ({', '.join(catalog_names())}) or its Hub "
-                                "repository, a mapping of Hugging Face config.json fields, or "
-                                "{hf_config: path}", value)
-        return spec
+        return require_catalog_model(
+            value, source=source, key_path="model",
+            alternatives=", a mapping of Hugging Face config.json fields, or {hf_config: path}")
     if not isinstance(value, Mapping):
         raise ScenarioError(source, "model", "a catalog name or a mapping", value)
     if "hf_config" in value:
@@ -465,10 +461,7 @@ def _resolve_model(value: Any, source: str, base_dir: Path) -> ModelSpec:
     fields = dict(value)
     base = fields.pop("base", None)
     if base is not None:
-        spec = catalog_model(base) if isinstance(base, str) else None
-        if spec is None:
-            raise ScenarioError(source, "model.base",
-                                f"a catalog model ({', '.join(catalog_names())})", base)
+        spec = require_catalog_model(base, source=source, key_path="model.base")
         merged = fields_of(spec)
         merged.update(fields)
         fields = merged
