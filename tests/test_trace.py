@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import math
@@ -193,3 +194,28 @@ def test_a_compact_trace_keeps_one_rank_per_identical_group_and_the_peaks():
     assert [t[-1] for t in totals.values()] == pytest.approx([0.0, 0.0], abs=1e-9)
     assert trace["otherData"]["ranks"] == {"0": [0, 3], "1": [1, 2]}
     assert len(events) < len(full["traceEvents"]) / 2
+
+
+def test_a_value_first_set_late_is_absent_from_the_samples_before_it():
+    """A memory category that appears at 6 us has no level before: the first interval's
+    samples leave it out (Perfetto draws nothing there), the second's carry it."""
+    events = [{"name": "host0 memory GiB", "ph": "C", "pid": 1000, "ts": float(t),
+               "args": {"a": float(t), **({"b": 2.0} if t == 6 else {})}} for t in range(10)]
+    assert [(e["ts"], e["args"]) for e in sample_counters(events, 4)] == [
+        (0.0, {"a": 4.0}), (4.0, {"a": 4.0}),
+        (5.0, {"a": 9.0, "b": 2.0}), (9.0, {"a": 9.0, "b": 2.0}),
+    ]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_building_a_trace_leaves_the_garbage_collector_as_it_found_it(enabled):
+    """The collector is paused while the events pile up, and put back as it was."""
+    result = zerosim.simulate(DP1, overrides={"hardware.gpu.hbm_GiB": 30})
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        build_trace(result.spans, result.phases, result.memory, result.links,
+                    result.scenario_name, summary=result.summary)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -15,7 +15,8 @@ def identical_rank_groups(spans: pd.DataFrame, ranks: Sequence[int]) -> list[lis
     empty = spans.iloc[:0]
     for rank in ranks:
         mine = by_rank.get(rank, empty)
-        key = tuple(zip(mine["stream"], mine.get("op_kind", mine["op"]),
-                        mine.start_s.round(9), mine.end_s.round(9), strict=True))
+        key = tuple(zip(mine["stream"].tolist(), mine.get("op_kind", mine["op"]).tolist(),
+                        mine.start_s.round(9).tolist(), mine.end_s.round(9).tolist(),
+                        strict=True))
         groups.setdefault(key, []).append(rank)
     return list(groups.values())

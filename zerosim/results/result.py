@@ -86,6 +86,6 @@ def build_result(raw: RawRun) -> Result:
     phases = _frame(raw.phases)
     memory = _frame(raw.memory)
     links = _frame(raw.links)
-    links["unit"] = links.resource.map(link_unit)
+    links["unit"] = links.resource.map({r: link_unit(r) for r in set(links.resource)})
     return Result(raw.scenario.name, spans, memory, phases, links, summarize(raw),
                   dict(raw.capacities))
