@@ -170,9 +170,9 @@ def render_scenario(scenario: Scenario) -> None:
     m, ds, hw = scenario.model, scenario.deepspeed, scenario.hardware
     console.print(f"[bold]{scenario.name}[/bold]  ({scenario.source})  valid")
     top = Table(show_header=False, box=None, pad_edge=False)
-    top.add_row("model", f"{m.name}: {m.family}, h={m.hidden_size}, L={m.num_hidden_layers}, "
-                f"ffn={m.intermediate_size}, heads={m.num_attention_heads}/"
-                f"{m.num_key_value_heads} kv, vocab={m.vocab_size}"
+    top.add_row("model", f"{m.name}: {m.model_type or m.family}, h={m.hidden_size}, "
+                f"L={m.num_hidden_layers}, ffn={m.intermediate_size}, "
+                f"heads={m.num_attention_heads}/{m.num_key_value_heads} kv, vocab={m.vocab_size}"
                 + (f", activation {m.activation}" if m.activation else "")
                 + (", q/k norms" if m.qk_norm else "") + _experts_text(m))
     documents = (f" packing documents of {scenario.document_length} tokens (each attends "
