@@ -107,6 +107,21 @@ def test_run_writes_every_output_file(tmp_path):
     assert {e["ph"] for e in trace["traceEvents"]} == {"M", "X", "C"}
 
 
+def test_run_says_when_its_trace_is_large_and_what_writes_a_smaller_one(tmp_path, monkeypatch):
+    """Past `report.LARGE_TRACE_BYTES` the summary names trace.json's size and
+    --compact-trace; a compact trace, or a small one, gets no such line."""
+    import zerosim.report
+
+    small = invoke("run", DP1, "--out", str(tmp_path / "small"))
+    size = (tmp_path / "small" / "trace.json").stat().st_size
+    monkeypatch.setattr(zerosim.report, "LARGE_TRACE_BYTES", size - 1)
+    large = invoke("run", DP1, "--out", str(tmp_path / "large"))
+    compact = invoke("run", DP1, "--out", str(tmp_path / "compact"), "--compact-trace")
+    assert "--compact-trace" not in small.stdout and "--compact-trace" not in compact.stdout
+    assert f"trace.json is {size / 1e6:,.0f} MB" in large.stdout
+    assert "--compact-trace keeps one rank per group" in " ".join(large.stdout.split())
+
+
 def test_run_json_prints_the_summary():
     result = invoke("run", DP1, "--no-files", "--json")
     summary = json.loads(result.output)

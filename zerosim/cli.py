@@ -399,9 +399,20 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
     else:
         render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
                        accumulation_steps=loaded.deepspeed.gradient_accumulation_steps,
-                       critical=critical)
+                       critical=critical,
+                       large_trace_bytes=None if compact_trace else _large_trace(target))
     if result.summary["status"] == "oom":
         sys.exit(EXIT_OOM)
+
+
+def _large_trace(folder: Path | None) -> int | None:
+    """The size of the trace.json a run wrote into `folder`, where it is past
+    `report.LARGE_TRACE_BYTES`."""
+    from zerosim.report import LARGE_TRACE_BYTES
+
+    trace = None if folder is None else Path(folder) / "trace.json"
+    size = trace.stat().st_size if trace is not None and trace.is_file() else 0
+    return size if size > LARGE_TRACE_BYTES else None
 
 
 def _with_waits(summary: dict, critical: tuple[int, dict] | None) -> dict:

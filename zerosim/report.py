@@ -351,13 +351,19 @@ def critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
     return table
 
 
+LARGE_TRACE_BYTES = 100_000_000
+"""A full trace.json past this size gets a line on `zerosim run --compact-trace`."""
+
+
 def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                    phases=None, accumulation_steps: int = 1,
-                   critical: tuple[int, dict[str, list[tuple[str, float]]]] | None = None
-                   ) -> None:
+                   critical: tuple[int, dict[str, list[tuple[str, float]]]] | None = None,
+                   large_trace_bytes: int | None = None) -> None:
     """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
     totals beside the per-micro-batch means; with `critical` (the rank that finishes last and
-    its `results.critical.path_totals`) a table of what each phase waited on follows it."""
+    its `results.critical.path_totals`) a table of what each phase waited on follows it;
+    `large_trace_bytes`: the size of a full trace.json past `LARGE_TRACE_BYTES`, which gets a
+    line on `--compact-trace`."""
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
@@ -404,6 +410,10 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
         facts.add_row("simulated in", f"{wall_s:.2f} s")
     if out_dir is not None:
         facts.add_row("outputs", str(out_dir))
+    if large_trace_bytes is not None:
+        facts.add_row("trace", f"trace.json is {large_trace_bytes / 1e6:,.0f} MB, which trace "
+                      "viewers open slowly if at all: --compact-trace keeps one rank per group "
+                      "of ranks with identical timelines and samples each counter track")
     console.print(facts)
     for what, peak, capacity in tight_memory(summary):
         console.print(f"tight: peak {what} {peak:.2f} of {capacity:.2f} GiB is within "
