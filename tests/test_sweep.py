@@ -629,3 +629,25 @@ def test_the_nodes_sweep_puts_the_h200_node_ahead_of_the_h100_one_at_one_clock()
     clock = load_scenario(spec.base, offloaded["dgx-h200"]).hardware.sm_clock_fraction
     assert iteration_s("dgx-h100", **{"hardware.gpu.sm_clock_fraction": clock}) > h200
     assert 1.0 < h200 / iteration_s("dgx-h100") < 1.05
+
+
+def test_axes_are_headed_by_the_shortest_tail_no_other_axis_shares(tmp_path):
+    """Two axes ending in `device` are told apart by the key before it; an axis whose last
+    key is its own keeps that alone; the variant column is `variant`."""
+    optimizer = "deepspeed.zero_optimization.offload_optimizer.device"
+    param = "deepspeed.zero_optimization.offload_param.device"
+    spec = load_sweep(write_sweep(tmp_path, {
+        "base": "tiny.yaml", "grid": {optimizer: ["cpu", "none"], BUCKET: [1e4, 1e5]},
+        "variants": [{"name": "on the host", "set": {param: "cpu"}}, {"name": "plain"}]}))
+    assert spec.axis_labels == {optimizer: "offload_optimizer.device",
+                                BUCKET: "reduce_bucket_size", "variant": "variant",
+                                param: "offload_param.device"}
+    from rich.console import Console
+
+    from zerosim.sweep.report import render_outcome
+
+    console = Console(width=400, record=True)
+    render_outcome(run_sweep(spec.path, out_dir=tmp_path / "out", workers=1), console)
+    header = next(line for line in console.export_text().splitlines() if "status" in line)
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")][:4] == [
+        "offload_optimizer.device", "reduce_bucket_size", "variant", "offload_param.device"]

@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from zerosim.sweep.runner import SweepOutcome
-from zerosim.sweep.spec import VARIANT_COLUMN
 from zerosim.units import figure_text
 
 TABLE_METRICS = {"iteration_s": "iteration s", "tokens_per_s": "tokens/s",
@@ -39,10 +38,6 @@ def _figure(text: str) -> str:
         return figure_text(float(text), 4)
     except ValueError:
         return _number(text)
-
-
-def _axis_header(column: str) -> str:
-    return column if column == VARIANT_COLUMN else column.rsplit(".", 1)[-1]
 
 
 def _rows(outcome: SweepOutcome) -> list[dict[str, str]]:
@@ -80,8 +75,9 @@ def _table(outcome: SweepOutcome, rows: list[dict[str, Any]], title: str) -> Tab
     metrics = _metrics(rows)
     table = Table(title=title, title_justify="left", caption_justify="left",
                   caption="- in an axis column: the base scenario's value")
+    labels = outcome.spec.axis_labels
     for column in axes:
-        table.add_column(_axis_header(column), overflow="fold")
+        table.add_column(labels[column], overflow="fold")
     table.add_column("status")
     for label in metrics.values():
         table.add_column(label, justify="right")

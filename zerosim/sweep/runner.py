@@ -363,7 +363,7 @@ def write_plots(outcome: SweepOutcome) -> tuple[list[Path], str | None]:
             if metric not in frame:
                 continue
             hue = axes[1] if len(axes) > 1 else None
-            figures = [(f"{metric}_vs_{_slug(axes[0])}.png",
+            figures = [(f"{metric}_vs_{outcome.spec.axis_labels[axes[0]]}.png",
                         lambda m=metric, h=hue: metric_plot(frame, x=axes[0], metric=m, hue=h))]
             if hue is not None and heatmap is not None:
                 figures.append((f"{metric}_heatmap.png",
@@ -374,7 +374,3 @@ def write_plots(outcome: SweepOutcome) -> tuple[list[Path], str | None]:
     except Exception as err:
         return written, f"plotting failed: {type(err).__name__}: {err}"
     return written, None
-
-
-def _slug(column: str) -> str:
-    return column.rsplit(".", 1)[-1]

@@ -27,7 +27,7 @@ import itertools
 import json
 import math
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,14 @@ class SweepSpec:
         return columns
 
     @property
+    def axis_labels(self) -> dict[str, str]:
+        """Each swept column's shortest dotted tail that no other swept column ends with
+        (`offload_optimizer.device` beside `offload_param.device`, `reduce_bucket_size`
+        alone): what the terminal table heads it and a plot's file is named after."""
+        columns = self.axis_columns
+        return {column: _shortest_unique_tail(column, columns) for column in columns}
+
+    @property
     def plot_axes(self) -> list[str]:
         """The axes worth plotting against: grid and zip paths, then the variant name."""
         return [*self.grid, *self.zip, *([VARIANT_COLUMN] if self.variants else [])]
@@ -153,6 +161,16 @@ class SweepSpec:
             points.append(Point(index, point_id(overrides), overrides, values, origins))
         _check_unique(self, points)
         return points
+
+
+def _shortest_unique_tail(column: str, columns: Sequence[str]) -> str:
+    parts = column.split(".")
+    for count in range(1, len(parts) + 1):
+        tail = ".".join(parts[-count:])
+        if not any(other != column and (other == tail or other.endswith("." + tail))
+                   for other in columns):
+            return tail
+    return column
 
 
 def point_id(overrides: Mapping[str, Any]) -> str:
