@@ -117,6 +117,8 @@ def test_catalog_entries_build_the_models_the_scenarios_write_out(scenario, name
     ("llama-2-13b", "'llama2-13b'"),
     ("qwen3-7b", "'qwen3-8b'"),
     ("meta-llama/Llama-3-70B", "'meta-llama/Llama-3.1-70B'"),
+    ("Qwen/Qwen3-8B-Instruct", "did you mean 'Qwen/Qwen3-8B' or"),
+    ("qwen3-30b", "did you mean 'qwen3-30b-a3b' or"),
 ])
 def test_a_name_the_catalog_lacks_gets_the_nearest_ones_offered(given, offered):
     with pytest.raises(ScenarioError) as raised:

@@ -232,10 +232,19 @@ def require_catalog_model(name: Any, *, source: str | None, key_path: str,
                         f"{', '.join(catalog_names())}){alternatives}", name)
 
 
+TUNED_SUFFIX = re.compile(r"(-(instruct|chat|it|base|hf))+$")
+"""What a tuned or renamed checkpoint appends to its base model's name."""
+
+
 def nearest_models(name: str, count: int = 3) -> list[str]:
-    """The catalog names and Hub repositories closest to a `name` that is neither (a version
-    left out, a size mistyped): what an error offers instead."""
+    """The catalog names and Hub repositories closest to a `name` that is neither: first the
+    one it names without a tuned suffix (`Qwen/Qwen3-8B-Instruct`, which the Hub does not
+    have, offers `Qwen/Qwen3-8B`) and those it begins (`qwen3-30b`, `qwen3-30b-a3b`), then the
+    most alike (a version left out, a size mistyped): what an error offers instead."""
     known = {**{key: key for key in CATALOG},
              **{hub.lower(): hub for hubs in HUB_REPOSITORIES.values() for hub in hubs}}
-    return [known[key] for key in get_close_matches(name.lower(), sorted(known), n=count,
-                                                    cutoff=0.75)]
+    key = name.lower()
+    first = [k for k in sorted(known)
+             if k == TUNED_SUFFIX.sub("", key) or (len(key) >= 4 and k.startswith(key))]
+    alike = get_close_matches(key, sorted(known), n=count, cutoff=0.75)
+    return [known[k] for k in dict.fromkeys([*first, *alike])][:count]
