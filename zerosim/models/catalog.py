@@ -112,8 +112,8 @@ def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, *, tied: boo
 
 
 def _repositories(base: str, *tuned: str) -> tuple[str, ...]:
-    """A base model's Hub repository and its instruction-tuned ones (`-Instruct` and the like
-    appended), which share its config.json's shape."""
+    """A model's Hub repository and its siblings named by a suffix (the instruction-tuned
+    `-Instruct`, Qwen3's pre-trained `-Base`), which share its config.json's shape."""
     return (base, *(base + suffix for suffix in tuned))
 
 
