@@ -55,6 +55,9 @@ def test_llama_parameter_counts_match_the_published_checkpoints(name, expected):
     ("qwen3-32b", 32_762_123_264),
     ("qwen3-30b-a3b", 30_532_122_624),
     ("tinyllama-1.1b", 1_100_048_384),
+    ("mixtral-8x7b", 46_702_792_704),
+    ("gemma-7b", 8_537_680_896),
+    ("qwen2-7b", 7_615_616_512),
 ])
 def test_hub_models_in_the_catalog_have_their_checkpoints_counts(name, expected):
     """The counts the Hub's safetensors index gives each checkpoint."""
@@ -90,6 +93,8 @@ def test_a_catalog_model_is_found_by_its_hub_repository_in_any_case():
     ("Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b"),
     ("Qwen/Qwen3-8B-Base", "qwen3-8b"),
     ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tinyllama-1.1b"),
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+    ("google/gemma-7b-it", "gemma-7b"),
 ])
 def test_an_instruction_tuned_repository_finds_its_base_models_entry(hub, name):
     """The tuned checkpoints share their base model's config.json shape."""
@@ -113,6 +118,23 @@ def test_catalog_entries_build_the_models_the_scenarios_write_out(scenario, name
                                                                  written.qk_norm)
 
 
+@pytest.mark.parametrize(("name", "folder"), [
+    ("llama3-8b", "Meta-Llama-3-8B"), ("llama3.1-70b", "Llama-3.1-70B"),
+    ("mixtral-8x7b", "Mixtral-8x7B-v0.1"), ("gemma-7b", "gemma-7b"), ("qwen2-7b", "Qwen2-7B"),
+    ("qwen3-8b", "Qwen3-8B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
+])
+def test_catalog_entries_are_the_models_their_hub_config_files_give(name, folder):
+    """The Hub's own config.json of each (tests/data/real_configs, written out unedited), read
+    as a user's file is, gives the catalog's entry, field for field."""
+    from dataclasses import replace
+
+    from zerosim.models.hf import spec_from_hf_file
+
+    path = Path(__file__).parent / "data" / "real_configs" / "models" / folder / "config.json"
+    real = spec_from_hf_file(path, source=str(path), key_path="model")
+    assert replace(CATALOG[name], name=real.name) == real
+
+
 @pytest.mark.parametrize(("given", "offered"), [
     ("llama-2-13b", "'llama2-13b'"),
     ("qwen3-7b", "'qwen3-8b'"),
@@ -125,12 +147,12 @@ def test_a_name_the_catalog_lacks_gets_the_nearest_ones_offered(given, offered):
         require_catalog_model(given, source="s.yaml", key_path="model")
     offer, catalog = raised.value.expected.split("the catalog: ")
     assert "did you mean " in offer and offered in offer
-    assert catalog.startswith("gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b")
+    assert catalog.startswith("gemma-7b, gpt3-175b, llama2-7b, llama2-13b, llama2-70b, llama3-8b")
 
 
 def test_a_name_nothing_resembles_gets_the_catalog_only():
     with pytest.raises(ScenarioError) as raised:
-        require_catalog_model("mixtral-8x7b", source="s.yaml", key_path="model")
+        require_catalog_model("falcon-40b", source="s.yaml", key_path="model")
     assert "did you mean" not in raised.value.expected
     assert raised.value.expected.startswith("a catalog model or its Hub repository (the catalog:")
 

@@ -150,6 +150,21 @@ HUB_CONFIGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         model_type="mistral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
         max_position_embeddings=32768, sliding_window=None, tie_word_embeddings=False)),
+    # 8 experts of 14,336, 2 routed a token; no sliding window (v0.1's config says null)
+    "mixtral-8x7b": (("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x7B-Instruct-v0.1"), dict(
+        model_type="mixtral", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8,
+        num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=32768,
+        sliding_window=None, tie_word_embeddings=False)),
+    # heads of 256, a 256,000-token vocabulary tied to the output layer (gemma's default)
+    "gemma-7b": (_repositories("google/gemma-7b", "-it"), dict(
+        model_type="gemma", hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=16, head_dim=256, vocab_size=256000,
+        max_position_embeddings=8192)),
+    "qwen2-7b": (_repositories("Qwen/Qwen2-7B", "-Instruct"), dict(
+        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+        max_position_embeddings=131072, use_sliding_window=False, tie_word_embeddings=False)),
     "qwen2.5-0.5b": (_repositories("Qwen/Qwen2.5-0.5B", "-Instruct"),
                      _qwen25(896, 4864, 24, 14, 2, small=True)),
     "qwen2.5-1.5b": (_repositories("Qwen/Qwen2.5-1.5B", "-Instruct"),
