@@ -8,11 +8,21 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import simpy
 from click.testing import CliRunner
 
 from zerosim.cli import main
+from zerosim.engine.machine import Machine
+from zerosim.engine.records import PeerWait, Table
 from zerosim.results import load_result
-from zerosim.results.critical import PathStep, path_totals, phase_path, rank_paths, waits_text
+from zerosim.results.critical import (
+    COLUMNS,
+    PathStep,
+    path_totals,
+    phase_path,
+    rank_paths,
+    waits_text,
+)
 from zerosim.vocabulary import PHASE_TIMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,12 +90,115 @@ def test_rank_paths_names_each_phase_time_and_path_totals_sum_them_per_kind():
         ("forward", 1, "forward", "compute", 3, 4.5),
         ("backward", 1, "backward_boundary", "host", 4.5, 5),
         ("backward", 1, "backward_boundary", "pcie.d2h", 5, 8)]
-    frame = pd.DataFrame(rows, columns=["rank", "phase", "micro_batch", "phase_time",
-                                        "start_s", "end_s", "stream", "op_kind",
-                                        "buffer_kind", "op"])
+    assert {r[10] for r in rows} == {0}
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
     assert path_totals(frame, 0) == {
         "forward": [("forward", 2.5)], "backward_non_boundary": [("backward", 2.0)],
         "backward_boundary": [("grad_flush (pageable)", 3.0), ("host", 0.5)]}
+
+
+def wait(rank, kind, joined, met, end, last_rank):
+    return (rank, kind, float(joined), float(met), float(end), last_rank)
+
+
+def ranked(path: list[PathStep]) -> list[tuple[int, str, float, float]]:
+    return [(s.rank, s.op_kind, s.start_s, s.end_s) for s in path]
+
+
+def test_a_collective_joined_early_is_followed_to_the_rank_that_joined_last():
+    """Rank 0 joins an all-gather at 1 s; rank 1, its fetch over a slower link ending at 3 s,
+    joins then; the ring runs to 4 s. Rank 0's path: the ring [3, 4] on its own op, then rank
+    1's fetch and forward: its own all-gather's [1, 3] is not a cause, the fetch is."""
+    spans = [(0, *span("compute", "forward", 0, 1)), (0, *span("allgather", "all_gather", 1, 4)),
+             (1, *span("compute", "forward", 0, 1)), (1, *span("pcie.h2d", "param_fetch", 1, 3)),
+             (1, *span("allgather", "all_gather", 3, 4))]
+    rows = rank_paths(spans, [(0, "forward", 0, 0.0, 4.0)],
+                      [wait(0, "all_gather", 1, 3, 4, 1)])
+    assert [(r[10], r[7], r[4], r[5]) for r in rows] == [
+        (1, "forward", 0, 1), (1, "param_fetch", 1, 3), (0, "all_gather", 3, 4)]
+    assert {r[0] for r in rows} == {0}   # rank 0's phase, whatever rank its steps are on
+
+
+def test_the_last_ranks_op_holds_the_walk_where_nothing_of_it_ends_as_it_joins():
+    """Rank 1's all-gather op began at 2.5 s (a kernel of its own first) and joined at 3 s:
+    [2.5, 3] is that op's own work, found by the rank's op of the collective's kind that was
+    running then; a same-kind op that ended before the ring is not it."""
+    spans = [(0, *span("allgather", "all_gather", 1, 4)),
+             (1, *span("allgather", "all_gather", 0.5, 1, op="earlier")),
+             (1, *span("pcie.h2d", "param_fetch", 1, 2.5)),
+             (1, *span("allgather", "all_gather", 2.5, 4, op="this"))]
+    rows = rank_paths(spans, [(0, "forward", 0, 1.0, 4.0)],
+                      [wait(0, "all_gather", 1, 3, 4, 1)])
+    assert [(r[10], r[9], r[4], r[5]) for r in rows] == [
+        (1, "param_fetch", 1, 2.5), (1, "this", 2.5, 3), (0, "all_gather", 3, 4)]
+
+
+def test_a_wait_applies_only_to_an_op_of_its_kind_that_holds_it():
+    """A reduce-scatter rank 0 joined early ran on another stream while its compute kernel was
+    the op that ended at the phase's end: the kernel is the path, the wait is not followed."""
+    spans = [(0, *span("compute", "backward", 0, 4)), (0, *span("reduce", "reduce_scatter", 1, 3)),
+             (1, *span("compute", "backward", 0, 2))]
+    rows = rank_paths(spans, [(0, "backward", 0, 0.0, 4.0)],
+                      [wait(0, "reduce_scatter", 1, 2, 3, 1)])
+    assert [(r[10], r[7], r[4], r[5]) for r in rows] == [(0, "backward", 0, 4)]
+
+
+def test_a_walk_that_would_hand_back_at_the_same_instant_goes_on_instead():
+    """Contrived records where rank 1's op at 3 s holds a wait for rank 0 that met at 3 s, as
+    rank 0's did for rank 1: the walk crosses once at 3 s, then takes rank 1's op, and ends."""
+    spans = [(0, *span("allgather", "all_gather", 1, 4)),
+             (1, *span("allgather", "all_gather", 2, 4)), (1, *span("compute", "forward", 0, 2))]
+    rows = rank_paths(spans, [(0, "forward", 0, 0.0, 4.0)],
+                      [wait(0, "all_gather", 1, 3, 4, 1), wait(1, "all_gather", 2, 3, 3.5, 0)])
+    assert [(r[10], r[7], r[4], r[5]) for r in rows] == [
+        (1, "forward", 0, 2), (1, "all_gather", 2, 3), (0, "all_gather", 3, 4)]
+
+
+def test_collectives_record_who_waited_for_whom(toy):
+    """Three ranks join an all-gather of 30000 B at 0, 1 and 3 us: the ring starts at 3 us
+    and each GPU sends 2/3 of it, 20000 B, over its 100 GB/s NVLink port (no latency in the
+    toy): 0.2 us, to 3.2 us. Ranks 0 and 1 waited for rank 2; rank 2 did not wait."""
+    waits = Table(PeerWait)
+    env = simpy.Environment()
+    machine = Machine(env, toy.scenario(gpus=3).hardware, 3, None, peer_waits=waits)
+    ends = {}
+
+    def rank_program(rank: int, at: float):
+        yield env.timeout(at)
+        yield from machine.collective(rank, ("k",), "all_gather", 30000, [0, 1, 2])
+        ends[rank] = env.now
+
+    for rank, at in enumerate((0.0, 1e-6, 3e-6)):
+        env.process(rank_program(rank, at))
+    env.run()
+    assert ends == pytest.approx({0: 3.2e-6, 1: 3.2e-6, 2: 3.2e-6}, rel=1e-9)
+    assert [(*row[:2], row[5]) for row in waits.rows] == [(0, "all_gather", 2),
+                                                           (1, "all_gather", 2)]
+    assert [t for row in waits.rows for t in row[2:5]] == pytest.approx(
+        [0.0, 3e-6, 3.2e-6, 1e-6, 3e-6, 3.2e-6], rel=1e-9)
+
+
+def test_the_study_dp4_path_goes_through_the_rank_across_the_socket():
+    """On the study's DP=4 node rank 1 (its GPU's buffers across the socket) joins the
+    reduce-scatters last: rank 0's backward waits on its copies, and the engine's path
+    totals (`simulate_brief(explain=True)`) are the Result's, ranks and all."""
+    from zerosim.api import simulate, simulate_brief
+    from zerosim.results.critical import rank_path
+
+    result = simulate("scenarios/llama13b_dp4.yaml")
+    waits = result.peer_waits
+    assert len(waits) and set(waits.last_rank) == {1} and 1 not in set(waits["rank"])
+    assert (waits.joined_s < waits.met_s).all() and (waits.met_s < waits.end_s).all()
+    path = result.critical_path
+    assert set(path.op_rank) == {0, 1}
+    assert "host" not in set(path.op_kind)
+    from_result = rank_path(path, 0)
+    brief = simulate_brief("scenarios/llama13b_dp4.yaml", explain=True).critical
+    assert brief.rank == from_result.rank == 0
+    assert brief.through.keys() == from_result.through.keys() == {1}
+    assert brief.through[1] == pytest.approx(from_result.through[1], rel=1e-9)
+    assert {key: [k for k, _ in kinds] for key, kinds in brief.kinds.items()} == {
+        key: [k for k, _ in kinds] for key, kinds in from_result.kinds.items()}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +242,30 @@ def test_run_prints_what_each_phase_waited_on_and_writes_it(dp4_run):
              if e["name"] == "thread_name" and e["args"]["name"] == "critical path"}
     assert len(track) == 1 and next(iter(track))[0] == 0
     steps_ = [e for e in events if e["ph"] == "X" and (e["pid"], e["tid"]) in track]
-    assert [e["name"] for e in steps_] == [op or "host" for op in written.op]
+    assert [e["name"] for e in steps_] == [
+        (op or "host") + ("" if op_rank == 0 else f" (rank {op_rank})")
+        for op, op_rank in zip(written.op, written.op_rank, strict=True)]
+
+
+def test_a_folder_written_before_peer_waits_loads_with_each_rank_walked_alone(dp4_run,
+                                                                             tmp_path):
+    """The run's peer_waits.csv holds rank 0's waits for rank 1; without the file (a folder
+    an earlier zerosim wrote) the result loads, no rank waited, and the path stays on rank 0
+    (the waits then count as the collectives' own time)."""
+    import shutil
+
+    folder, _ = dp4_run
+    written = pd.read_csv(folder / "peer_waits.csv")
+    assert list(written.columns) == ["rank", "collective", "joined_s", "met_s", "end_s",
+                                     "last_rank"]
+    assert set(written.last_rank) == {1}
+    older = tmp_path / "older"
+    shutil.copytree(folder, older)
+    (older / "peer_waits.csv").unlink()
+    loaded = load_result(older)
+    assert loaded.peer_waits.empty
+    assert set(loaded.critical_path.op_rank) == {0}
+    assert set(load_result(folder).critical_path.op_rank) == {0, 1}
 
 
 def test_run_without_files_keeps_no_records_and_shows_no_path():

@@ -25,7 +25,7 @@ from zerosim.cli import main
 from zerosim.interrupts import Interrupted
 
 RUN_FILES = {"summary.json", "capacities.json", "scenario.json", "trace.json", "spans.csv",
-             "memory.csv", "phases.csv", "links.csv", "critical_path.csv"}
+             "memory.csv", "phases.csv", "links.csv", "peer_waits.csv", "critical_path.csv"}
 
 
 @pytest.fixture(autouse=True)

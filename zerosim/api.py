@@ -14,6 +14,7 @@ from zerosim.scenario import Scenario, load_scenario
 
 if TYPE_CHECKING:
     from zerosim.results import Result
+    from zerosim.results.critical import RankPath
 
 
 def simulate(scenario: Scenario | str | Path,
@@ -52,8 +53,8 @@ class Brief:
 
     summary: dict[str, Any]
     phases: Table[PhaseSpan]
-    critical: tuple[int, dict[str, list[tuple[str, float]]]] | None = None
-    """With `explain`: the reported rank and what each of its phase times waited on
+    critical: RankPath | None = None
+    """With `explain`: what each phase time of the reported rank waited on
     (`results.critical.engine_path_totals`), what `zerosim run` tabulates."""
 
 
@@ -73,7 +74,7 @@ def simulate_brief(scenario: Scenario | str | Path,
 
         if raw.status == "ok":
             critical = engine_path_totals(raw)
-        summary[WAITS_ON] = None if critical is None else waits_texts(critical[1])
+        summary[WAITS_ON] = None if critical is None else waits_texts(critical.kinds)
     return Brief(summary, with_copies(raw.phases, 0, raw.stands_for), critical)
 
 

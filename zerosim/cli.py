@@ -14,6 +14,7 @@ from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
 from zerosim.tune import KNOBS
 
 if TYPE_CHECKING:
+    from zerosim.results.critical import RankPath
     from zerosim.scenario import Scenario
 
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
@@ -415,21 +416,21 @@ def _large_trace(folder: Path | None) -> int | None:
     return size if size > LARGE_TRACE_BYTES else None
 
 
-def _with_waits(summary: dict, critical: tuple[int, dict] | None) -> dict:
+def _with_waits(summary: dict, critical: RankPath | None) -> dict:
     """The summary with `waits_on` (`results.critical.waits_texts`; None for a run that did
     not fit), as `simulate_summary(explain=True)` gives it."""
     from zerosim.results.critical import WAITS_ON, waits_texts
 
-    return {**summary, WAITS_ON: None if critical is None else waits_texts(critical[1])}
+    return {**summary, WAITS_ON: None if critical is None else waits_texts(critical.kinds)}
 
 
-def _critical_totals(result) -> tuple[int, dict[str, list[tuple[str, float]]]] | None:
-    """The reported rank and what each of its phases waited on, per phase time (the
-    critical-path table of `zerosim run` and `zerosim tune`); None without phases."""
-    from zerosim.results.critical import path_totals, reported_rank
+def _critical_totals(result) -> RankPath | None:
+    """What each phase of the reported rank waited on, per phase time (the critical-path
+    table of `zerosim run` and `zerosim tune`); None without phases."""
+    from zerosim.results.critical import rank_path, reported_rank
 
     rank = reported_rank(result)
-    return None if rank is None else (rank, path_totals(result.critical_path, rank))
+    return None if rank is None else rank_path(result.critical_path, rank)
 
 
 def _draw_figures(result, folder: Path) -> None:
@@ -832,9 +833,9 @@ def tune(scenario: Path, overrides: tuple[str, ...], free: tuple[str, ...],
         lambda: _best_path(scenario, best["overrides"])))
 
 
-def _best_path(scenario: Path, overrides: dict) -> tuple[int, dict] | None:
-    """The fastest configuration simulated once more with every record: its reported rank and
-    what each of its phases waits on."""
+def _best_path(scenario: Path, overrides: dict) -> RankPath | None:
+    """The fastest configuration simulated once more with every record: what each phase of
+    its reported rank waits on."""
     from zerosim.api import simulate
 
     return _critical_totals(simulate(scenario, overrides=overrides))

@@ -13,7 +13,7 @@ from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.compare import DERIVED_SETTINGS
-from zerosim.results.critical import waits_text
+from zerosim.results.critical import RankPath, waits_text
 from zerosim.results.summary import (
     PEAK_ERROR_FRACTION,
     capacity_that_fits,
@@ -331,23 +331,30 @@ def _memory_table(summary: dict) -> Table | None:
     return table
 
 
-def critical_path_table(rank: int, critical: dict[str, list[tuple[str, float]]]
-                        ) -> Table | None:
-    """Rank `rank`'s critical path per phase over the iteration (`results.critical.path_totals`):
-    what the phase waited on, longest first, with its share of the phase."""
-    if not critical:
+def critical_path_table(path: RankPath) -> Table | None:
+    """A rank's critical path per phase over the iteration (`results.critical.RankPath`):
+    what the phase waited on, longest first, with its share of the phase; under it, the other
+    ranks the path went through where the rank waited for them in a collective."""
+    if not path.kinds:
         return None
+    rank = path.rank
     table = Table(title=f"critical path of rank {rank}: what each phase waited on, seconds per "
                         "iteration", title_justify="left")
     table.add_column("phase")
     table.add_column("time", justify="right")
     table.add_column("longest first")
     for key, label in PHASE_ROWS.items():
-        kinds = critical.get(key)
+        kinds = path.kinds.get(key)
         if not kinds:
             continue
         table.add_row(label, _seconds(ordered_sum(seconds for _, seconds in kinds)),
                       waits_text(kinds))
+    if path.through:
+        ranks = ", ".join(f"rank {other} {_seconds(seconds)}"
+                          for other, seconds in path.through.items())
+        table.caption = (f"of which on other ranks' ops, where rank {rank} waited in a "
+                         f"collective for the rank that joined it last: {ranks}")
+        table.caption_justify = "left"
     return table
 
 
@@ -357,11 +364,11 @@ LARGE_TRACE_BYTES = 100_000_000
 
 def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                    phases=None, accumulation_steps: int = 1,
-                   critical: tuple[int, dict[str, list[tuple[str, float]]]] | None = None,
+                   critical: RankPath | None = None,
                    large_trace_bytes: int | None = None) -> None:
     """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
-    totals beside the per-micro-batch means; with `critical` (the rank that finishes last and
-    its `results.critical.path_totals`) a table of what each phase waited on follows it;
+    totals beside the per-micro-batch means; with `critical` (the `results.critical.RankPath`
+    of the rank that finishes last) a table of what each phase waited on follows it;
     `large_trace_bytes`: the size of a full trace.json past `LARGE_TRACE_BYTES`, which gets a
     line on `--compact-trace`."""
     console = _console()
@@ -379,7 +386,7 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                       "compute held: per micro-batch, how long other streams' kernels kept "
                       "compute off the SMs", highlight=False)
     console.print(_phase_table(summary, totals, counts))
-    if critical is not None and (path := critical_path_table(*critical)) is not None:
+    if critical is not None and (path := critical_path_table(critical)) is not None:
         console.print(path)
     if (step := summary.get("zenflow_step_s")) is not None:
         steps = round(summary["iteration_s"] / step)
@@ -537,10 +544,10 @@ def render_calibration(fit, paths) -> None:
 
 
 def render_tune(outcome, *, top: int = 10,
-                best_path: tuple[int, dict[str, list[tuple[str, float]]]] | None = None) -> None:
+                best_path: RankPath | None = None) -> None:
     """The ranked configurations of `zerosim tune` (the best `top` that fit, then a count of
-    the rest), why the best one wins and, with `best_path` (its reported rank and
-    `results.critical.path_totals`), what each of its phases waits on."""
+    the rest), why the best one wins and, with `best_path` (its reported rank's
+    `results.critical.RankPath`), what each of its phases waits on."""
     from zerosim.tune import why_best
 
     console = _console()
@@ -572,7 +579,7 @@ def render_tune(outcome, *, top: int = 10,
                   "whose twin on the GPU fits, or a tiled call whose twin without it fits)",
                   markup=False, highlight=False)
     console.print(why_best(outcome.rows), markup=False, highlight=False)
-    if best_path is not None and (path := critical_path_table(*best_path)) is not None:
+    if best_path is not None and (path := critical_path_table(best_path)) is not None:
         path.title = f"the fastest, {path.title}"
         console.print(path)
     _print_files(console, outcome.files)

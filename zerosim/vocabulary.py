@@ -164,6 +164,9 @@ class OpKind(StrEnum):
     persistent tensors gathered again)."""
     USED_PARAM_CHECK = "used_param_check"
     """DeepSpeed's count of the parameters used in the backward."""
+    MEMORY_REPORT = "memory_report"
+    """DeepSpeed's memory reports around a phase with `memory_breakdown` (`gc.collect()` and
+    `see_memory_usage`), between the phases."""
 
 
 class UpdateDevice(StrEnum):

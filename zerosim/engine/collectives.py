@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import simpy
 
 from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
+from zerosim.engine.records import PeerWait, Table
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.vocabulary import Collective, PeerTransport
@@ -34,6 +35,8 @@ def _add(over: dict[SharedResource, float], resource: SharedResource, share: flo
 class _Rendezvous:
     done: simpy.Event
     arrived: int = 0
+    joined: list[tuple[int, float]] = field(default_factory=list)
+    """Each rank that has joined, and when (kept where waits are recorded)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class Collectives:
                  pcie: tuple[Sequence[SharedResource], Sequence[SharedResource]],
                  host_memory: dict[tuple[int, int], SharedResource],
                  uplinks: dict[int, tuple[SharedResource, SharedResource]], *,
-                 shapes: NetworkShapes | None = None, run_nodes: Sequence[int] | None = None):
+                 shapes: NetworkShapes | None = None, run_nodes: Sequence[int] | None = None,
+                 waits: Table[PeerWait] | None = None):
         """`nvlink`: each GPU's port into its node's ring (`Machine.nvlink`); `pcie`: each
         GPU's PCIe link, (host-to-device, device-to-host): GPUDirect RDMA between a GPU and a
         NIC crosses it, and so does the ring within a node that has no NVLink; `host_memory`:
@@ -82,8 +86,10 @@ class Collectives:
         `uplinks`: per GPU behind a shared PCIe switch, the switch's uplink to the CPU
         (host-to-device, device-to-host; `Machine.uplinks`). `shapes`: the machine's `NetworkShapes`
         (collective shapes and rings kept there). `run_nodes`: each placed node's index among
-        the run's nodes, whose share of the ring its ranks take (`Machine`)."""
+        the run's nodes, whose share of the ring its ranks take (`Machine`). `waits`: where
+        to record each rank that waited for a peer (`PeerWait`), if anywhere."""
         self.run_nodes = run_nodes
+        self.waits = waits
         self.env = env
         self.flows = flows
         self.profile = profile
@@ -142,9 +148,11 @@ class Collectives:
             meeting = self._pending[key] = _Rendezvous(self.env.event())
         meeting.arrived += 1
         layout = self._layout(ranks)
+        if self.waits is not None and layout.arrivals > 1:
+            meeting.joined.append((rank, self.env.now))
         if meeting.arrived == layout.arrivals:
             del self._pending[key]
-            self.env.process(self._run(meeting.done, kind, total_bytes, layout, key))
+            self.env.process(self._run(meeting, kind, total_bytes, layout, key))
         yield meeting.done
 
     def _ring(self, kind: Collective, total_bytes: float, layout: _Layout
@@ -160,16 +168,29 @@ class Collectives:
                 network_latency_s=p.network_latency_s)
         return ring
 
-    def _run(self, done: simpy.Event, kind: Collective, total_bytes: float, layout: _Layout,
-             key: tuple[Any, ...]):
+    def _run(self, meeting: _Rendezvous, kind: Collective, total_bytes: float,
+             layout: _Layout, key: tuple[Any, ...]):
         """Run the collective's ring (see `costs.ring_collective`): its latency, then one flow
         over every GPU's way into the ring (`_ring_usage`)."""
+        met_s = self.env.now
         ring = self._ring(kind, total_bytes, layout)
         yield self.env.timeout(ring.latency_s)
         if layout.simulated:
             yield self.flows.start_usage(ring.bytes_per_gpu, self._ring_usage(layout, ring),
                                          label=f"{kind} {key}")
-        done.succeed()
+        if meeting.joined:
+            self._record_waits(meeting.joined, kind, met_s)
+        meeting.done.succeed()
+
+    def _record_waits(self, joined: list[tuple[int, float]], kind: Collective,
+                      met_s: float) -> None:
+        """A `PeerWait` for each rank that joined before the last one (in the order they
+        joined), the collective ending now."""
+        last_rank = joined[-1][0]
+        add = self.waits.add
+        for rank, joined_s in joined:
+            if joined_s < met_s:
+                add((rank, str(kind), joined_s, met_s, self.env.now, last_rank))
 
     def _ring_usage(self, layout: _Layout, ring: costs.RingCollective) -> Usage:
         """The ring as one flow of each GPU's bytes over every rank's links (`_links`: the

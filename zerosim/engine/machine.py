@@ -16,6 +16,7 @@ import simpy
 
 from zerosim.engine.collectives import Collectives
 from zerosim.engine.flows import FlowNetwork, Reallocations, SharedResource, Usage
+from zerosim.engine.records import PeerWait, Table
 from zerosim.engine.software import PYTORCH_GRAIN_SIZE
 from zerosim.hardware import costs
 from zerosim.hardware.placement import CoreOrder, Placement, Shares, place_ranks
@@ -71,12 +72,14 @@ class Machine:
                  core_order: CoreOrder = "by_gpu", record_rates: bool = True,
                  classes: Sequence[tuple[int, ...]] | None = None,
                  shapes: NetworkShapes | None = None,
-                 run_nodes: Sequence[int] | None = None):
+                 run_nodes: Sequence[int] | None = None,
+                 peer_waits: Table[PeerWait] | None = None):
         """`bound`: the launcher binds each rank to its part of the node (`bound_domains`,
         `runtime.bind_cores_to_rank`), cut from the core list `core_order` says; `shapes`:
         what earlier runs of this layout worked out (`network_shapes`), by default nothing;
         `run_nodes`: each placed node's index among the run's nodes (by default its own: a
-        partly filled last node placed beside node 0 is the run's last)."""
+        partly filled last node placed beside node 0 is the run's last); `peer_waits`: where
+        collectives record the ranks that waited for a peer (`Collectives`), if anywhere."""
         self.env = env
         self.profile = profile
         self.placements = place_ranks(profile, ranks, bound=bound, core_order=core_order)
@@ -95,7 +98,8 @@ class Machine:
         self.collectives = Collectives(env, self.flows, profile, self.placements,
                                        self.stands_for, self.nvlink, self.nic,
                                        (self.h2d, self.d2h), self.memory, self.uplinks,
-                                       shapes=shapes, run_nodes=run_nodes)
+                                       shapes=shapes, run_nodes=run_nodes,
+                                       waits=peer_waits)
 
     @property
     def simulated(self) -> list[Placement]:

@@ -458,6 +458,8 @@ class RankCore:
         if done <= self.env.now:
             self._timer_handover = (self.env.now, done)
             return
+        if self.ctx.record_host:
+            self._record_host(done - self.env.now, OpKind.MEMORY_REPORT, 0.0)
         self.gil.hold()
         yield self.env.timeout(done - self.env.now)
         self.gil.release()

@@ -66,6 +66,23 @@ class PhaseSpan:
     (`streams.SharedSMs`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PeerWait:
+    """A rank that reached a collective before the last of its peers did, and waited."""
+
+    rank: int
+    collective: str
+    """The collective's kind (`vocabulary.Collective`): the op kind of the op that ran it."""
+    joined_s: float
+    """When the rank joined it."""
+    met_s: float
+    """When the last simulated rank joined it and its ring began."""
+    end_s: float
+    """When it ended, on every rank alike."""
+    last_rank: int
+    """The (simulated) rank whose arrival it waited for."""
+
+
 class Table(Generic[R]):
     """Records of one type, every field given, in field order.
 

@@ -19,7 +19,7 @@ from zerosim.engine.machine import Machine, network_shapes
 from zerosim.engine.memory import MemoryPool, NodePool, OutOfMemory
 from zerosim.engine.plan import Plan, plan_of
 from zerosim.engine.rank import RunContext
-from zerosim.engine.records import MemorySample, PhaseSpan, Span, Table, with_copies
+from zerosim.engine.records import MemorySample, PeerWait, PhaseSpan, Span, Table, with_copies
 from zerosim.engine.states import node_holdings
 from zerosim.engine.symmetry import rank_classes
 from zerosim.hardware.placement import folded_nodes, place_ranks, simulated_rank_count
@@ -102,6 +102,10 @@ class RawRun:
     of it counted."""
     gpus_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Each simulated rank's GPU, with the GPUs of the ranks it stands for, itself first."""
+    peer_waits: Table[PeerWait] = field(default_factory=lambda: Table(PeerWait))
+    """Each simulated rank that reached a collective before the last of its peers, where
+    the host thread is recorded (what a critical path follows from rank to rank); empty
+    otherwise."""
 
     def every_rank(self) -> RawRun:
         """This run with its tables, capacities and peaks given for every rank of the
@@ -113,6 +117,7 @@ class RawRun:
         return replace(
             self, spans=with_copies(self.spans, 0, self.stands_for),
             phases=with_copies(self.phases, 0, self.stands_for),
+            peer_waits=with_copies(self.peer_waits, 0, self.stands_for),
             memory=with_copies(self.memory, 1, gpus),
             capacities=_for_every_gpu(self.capacities, gpus),
             peaks=_for_every_gpu(self.peaks, gpus), stands_for={}, gpus_for={})
@@ -313,11 +318,13 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
     plan = plan_of(scenario)
     threads, bound = scenario.runtime.cpu_threads_per_rank, scenario.runtime.bind_cores_to_rank
     order = scenario.runtime.bind_core_list
+    waits = Table(PeerWait)
     machine = Machine(env, scenario.hardware, simulated, threads, bound=bound,
                       core_order=order, record_rates=full, classes=classes,
                       shapes=network_shapes(scenario.hardware, simulated, threads, classes,
                                             bound, order),
-                      run_nodes=tuple(sum(copies[:node]) for node in range(len(copies))))
+                      run_nodes=tuple(sum(copies[:node]) for node in range(len(copies))),
+                      peer_waits=waits if host_spans else None)
     log = Table(MemorySample)
     pools = _pools(env, machine, log if full else None)
     ctx = RunContext(env, scenario, machine, plan, pools, memory_log=log,
@@ -336,7 +343,7 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
                  {name: pool.capacity for name, pool in pools.items()},
                  {name: pool.peak for name, pool in pools.items()}, oom,
                  events if count_events else None,
-                 node_copies=copies, **_folding(machine))
+                 node_copies=copies, peer_waits=waits, **_folding(machine))
     if status == "ok":
         machine.assert_idle()
         _node_holdings(machine, pools, hold=False)

@@ -21,7 +21,7 @@ from zerosim.results.load import CAPACITIES_FILE
 from zerosim.results.result import Result
 from zerosim.results.trace import TraceDetail, build_trace
 
-TABLES = ("spans", "memory", "phases", "links")
+TABLES = ("spans", "memory", "phases", "links", "peer_waits")
 CRITICAL_PATH_FILE = "critical_path.csv"
 """`Result.critical_path`, derived from spans and phases (a loaded result computes it again)."""
 

@@ -34,7 +34,7 @@ NAME_MAX_BYTES = 255    # longest file name on Linux and macOS filesystems
 PATH_MAX_BYTES = 4096
 RESULT_FILE = re.compile(
     r"^(?:(?:summary|capacities|scenario|trace)\.json"
-    r"|(?:spans|memory|phases|links)\.(?:csv|parquet)|critical_path\.csv"
+    r"|(?:spans|memory|phases|links|peer_waits)\.(?:csv|parquet)|critical_path\.csv"
     r"|[\w.-]+\.(?:png|svg|pdf))$")
 """Names of the files `zerosim run` writes (tables, JSON, figures)."""
 MARKER_FILE = "summary.json"

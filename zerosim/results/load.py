@@ -18,6 +18,8 @@ KIND_COLUMNS = {"spans": ("op_kind", "buffer_kind"), "memory": ("buffer_kind",)}
 """Text columns that are often empty: CSV gives an empty field back as NaN, older folders
 lack them."""
 REQUIRED_FILES = ("summary.json", *(f"{name}.csv" for name in TABLE_FILES))
+PEER_WAITS_FILE = "peer_waits.csv"
+"""`Result.peer_waits`; a folder written before it was recorded has none."""
 
 
 class ResultFilesError(ZerosimError):
@@ -59,8 +61,10 @@ def load_result(folder: str | Path) -> Result:
         summary = json.loads((folder / "summary.json").read_text())
         tables = {name: _kind_columns(name, pd.read_csv(folder / f"{name}.csv"))
                   for name in TABLE_FILES}
+        waits = folder / PEER_WAITS_FILE
+        optional = {"peer_waits": pd.read_csv(waits)} if waits.is_file() else {}
     except (ValueError, OSError) as err:
         raise ResultFilesError(f"{folder}: cannot read the result files: {err}") from err
     name = str(summary.get("scenario", folder.name))
     return Result(name, tables["spans"], tables["memory"], tables["phases"], tables["links"],
-                  summary, _capacities(folder, summary, tables["memory"]))
+                  summary, _capacities(folder, summary, tables["memory"]), **optional)

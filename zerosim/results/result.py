@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import pandas as pd
 
-from zerosim.engine.records import Table
+from zerosim.engine.records import PeerWait, Table
 from zerosim.engine.simulate import RawRun
 from zerosim.results.summary import summarize
 from zerosim.vocabulary import (
@@ -42,8 +42,11 @@ class Result:
     `links`: usage of each shared resource over time (t_s, resource, rate, unit): bytes/s for
     PCIe directions, NVLink and host memory; busy hardware threads for a node's CPU.
     `summary`: iteration and phase times, TFLOPS, peaks, PCIe traffic, status.
+    `peer_waits`: one row per rank that joined a collective before the last of its peers
+    (rank, collective, joined_s, met_s, end_s, last_rank: `records.PeerWait`), where the run
+    recorded its host thread; empty where no rank waited for another.
     `critical_path`: what each phase of the rank that finishes last waited on (computed on
-    first use from `spans` and `phases`).
+    first use from `spans`, `phases` and `peer_waits`).
     """
 
     scenario_name: str
@@ -53,6 +56,7 @@ class Result:
     links: pd.DataFrame
     summary: dict[str, Any]
     capacities: dict[str, int]
+    peer_waits: pd.DataFrame = field(default_factory=lambda: _frame(Table(PeerWait)))
 
     @property
     def status(self) -> str:
@@ -88,4 +92,4 @@ def build_result(raw: RawRun) -> Result:
     links = _frame(raw.links)
     links["unit"] = links.resource.map({r: link_unit(r) for r in set(links.resource)})
     return Result(raw.scenario.name, spans, memory, phases, links, summarize(raw),
-                  dict(raw.capacities))
+                  dict(raw.capacities), _frame(raw.peer_waits))

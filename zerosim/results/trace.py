@@ -220,10 +220,12 @@ def _phase_rows(phases: pd.DataFrame) -> pd.DataFrame:
 
 def _critical_rows(critical: pd.DataFrame | None) -> pd.DataFrame:
     """The critical path's steps as span-like rows on its track, each named by the op it
-    waited on (or 'host')."""
+    waited on (or 'host'), and by that op's rank where it is another's."""
     if critical is None:
         return pd.DataFrame()
-    names = [op or stream for op, stream in zip(critical.op, critical.stream, strict=True)]
+    names = [(op or stream) + ("" if op_rank == rank else f" (rank {op_rank})")
+             for op, stream, rank, op_rank in zip(critical.op, critical.stream, critical["rank"],
+                                                  critical.op_rank, strict=True)]
     return critical.assign(stream=CRITICAL_TRACK, op=names, bytes=0.0)
 
 
