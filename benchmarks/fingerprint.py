@@ -4,8 +4,9 @@ every simulated result bit-identical.
 Run: `python benchmarks/fingerprint.py [--only NAME ...] [--rounds N] > FILE`, before and
 after a change, and compare the outputs (`diff`). Each scenario runs twice, every record kept
 (`run_engine`) and summary only (`run_engine(full=False)`, what a sweep point runs); each line
-hashes that run's status, events processed, every table's rows (`repr`, so floats to the last
-bit), capacities, peaks, OOM record, checks, folding and the summary (`results.summary`).
+hashes that run's status, events processed, every table's rows (spans, phases, memory, links
+and peer waits; `repr`, so floats to the last bit), capacities, peaks, OOM record, checks,
+folding and the summary (`results.summary`).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def fingerprint(path: Path, overrides: dict, full: bool) -> str:
              raw.node_copies, raw.stands_for, raw.gpus_for, summarize(raw)]
     for part in parts:
         digest.update(repr(part).encode())
-    for table in (raw.spans, raw.phases, raw.memory, raw.links):
+    for table in (raw.spans, raw.phases, raw.memory, raw.links, raw.peer_waits):
         digest.update(repr(table.names).encode())
         for row in table.rows:
             digest.update(repr(row).encode())

@@ -127,7 +127,10 @@ def critical_path_lines(results: Mapping[int, Result]) -> list[str]:
         return []
     lines = ["", "## What the study's phases wait on in the model", "",
              "Each phase's critical path on the rank that finishes last, as `zerosim run` prints "
-             "it: seconds per iteration, the three largest waits (the host thread's `hooks`, "
+             "it (followed to the rank that joined a collective last where it waited for one: "
+             "at DP=2 and 4, rank 1, whose pinned buffers sit on the other socket from its GPU, "
+             "so the non-boundary backward waits on its gradient copies): seconds per "
+             "iteration, the three largest waits (the host thread's `hooks`, "
              "`launch`, `cuda_malloc` and `collective_launch`; the streams' ops by kind): the "
              "mechanism each Table 2 cell's agreement rests on.", "",
              "| phase | " + " | ".join(f"DP={dp}" for dp in totals) + " |",
