@@ -27,7 +27,7 @@ point with `--explain`) without one.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -49,6 +49,7 @@ SpanRow = tuple[str, str, str, str, float, float]
 WaitRow = tuple[int, str, float, float, float, int]
 """(rank, collective, joined_s, met_s, end_s, last_rank) of one `records.PeerWait`."""
 PEER_WAIT_COLUMNS = tuple(f.name for f in fields(PeerWait))
+"""`Result.peer_waits`' columns, in `WaitRow` order."""
 
 COLUMNS = ("rank", "phase", "micro_batch", "phase_time", "start_s", "end_s", "stream",
            "op_kind", "buffer_kind", "op", "op_rank")
@@ -98,7 +99,7 @@ class _Index:
         self.ends = sorted(self.ending)
         self.waits = sorted(waits, key=lambda w: w[3])
         self.met = [w[3] for w in self.waits]
-        self._by_kind: dict[str, tuple[list[SpanRow], list[float]]] | None = None
+        self._by_kind: dict[str, tuple[list[SpanRow], list[float], float]] | None = None
 
     def latest_end_before(self, t: float) -> float | None:
         i = bisect_left(self.ends, t)
@@ -107,10 +108,9 @@ class _Index:
     def wait_in(self, span: SpanRow, after_s: float, t: float) -> WaitRow | None:
         """The collective run by `span` (of its kind, within it) that this rank joined before
         a peer and that met latest in (after_s, t]; None if none."""
-        i = bisect_left(self.met, t)
-        if i < len(self.met) and self.met[i] == t:
-            i += 1
-        for wait in reversed(self.waits[:i]):
+        waits = self.waits
+        for i in range(bisect_right(self.met, t) - 1, -1, -1):
+            wait = waits[i]
             if wait[3] <= after_s:
                 return None
             if wait[1] == span[1] and span[4] <= wait[2] and wait[4] <= span[5]:
@@ -121,14 +121,21 @@ class _Index:
         """This rank's op that ran the collective of `wait` (a peer's) and began before the
         moment it met: what holds the walk where nothing of the rank ends then."""
         _, kind, _, met, end, _ = wait
-        rows, starts = self._spans_by_kind().get(kind, ((), ()))
-        for span in reversed(rows[:bisect_left(starts, met)]):
-            if span[5] >= end:
-                return span
+        known = self._spans_by_kind().get(kind)
+        if known is None:
+            return None
+        rows, starts, longest = known
+        i = bisect_left(starts, met) - 1
+        while i >= 0 and starts[i] >= end - 2 * longest:   # twice: clear of rounding
+            if rows[i][5] >= end:
+                return rows[i]
+            i -= 1
         return None
 
-    def _spans_by_kind(self) -> dict[str, tuple[list[SpanRow], list[float]]]:
-        """The spans of each op kind by their start, and the starts (made on first use)."""
+    def _spans_by_kind(self) -> dict[str, tuple[list[SpanRow], list[float], float]]:
+        """The spans of each op kind by their start, the starts, and the longest span's
+        length: a span that began more than that before a given end cannot reach it (made
+        on first use)."""
         if self._by_kind is None:
             by_kind: dict[str, list[SpanRow]] = defaultdict(list)
             for ending in self.ending.values():
@@ -137,7 +144,8 @@ class _Index:
             self._by_kind = {}
             for kind, rows in by_kind.items():
                 rows.sort(key=lambda s: (s[4], s[5]))
-                self._by_kind[kind] = (rows, [s[4] for s in rows])
+                self._by_kind[kind] = (rows, [s[4] for s in rows],
+                                       max(s[5] - s[4] for s in rows))
         return self._by_kind
 
 
