@@ -267,6 +267,18 @@ def test_the_critical_path_chart_has_a_bar_per_phase_split_by_what_it_waited_on(
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(text.startswith("cuda_malloc (") for text in legend)
     assert "critical path of rank 0" in ax.get_title()
+    assert "other ranks" not in ax.get_xlabel()   # one rank: nothing to go through
+
+
+def test_the_critical_path_chart_says_how_long_the_path_ran_on_other_ranks():
+    """The study's DP=4 rank 0 waits for rank 1 in its reduce-scatters: the line under the
+    axis gives the path's seconds on rank 1, as `results.critical.rank_path` counts them."""
+    from zerosim.results.critical import rank_path
+
+    result = zerosim.simulate("scenarios/llama13b_dp4.yaml")
+    seconds = rank_path(result.critical_path, 0).through[1]
+    label = plots.critical_path_chart(result).axes[0].get_xlabel()
+    assert label.endswith(f"where the rank waited for them: rank 1 {seconds:.3g} s")
 
 
 # --------------------------------------------------------------------------- sweeps

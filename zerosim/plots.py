@@ -793,12 +793,14 @@ def critical_path_chart(result, *, top: int = 10) -> Figure:
     phase time, split by share into what it waited on (coloured by its stream, the host
     thread's work dark grey, lighter and hatched for a stream's later kinds), the `top` kinds
     of the iteration named and the rest as 'other'; the phase's seconds per iteration at the
-    bar's end."""
-    from zerosim.results.critical import path_totals, reported_rank
+    bar's end; under the axis, the seconds of the path on other ranks' ops, where the rank
+    waited for them in a collective."""
+    from zerosim.results.critical import rank_path, reported_rank
 
     rank = reported_rank(result)
     path = result.critical_path
-    totals = {} if rank is None else path_totals(path, rank)
+    walked = None if rank is None else rank_path(path, rank)
+    totals = {} if walked is None else walked.kinds
     rows = [key for key in PHASE_KEYS if totals.get(key)]
     overall: dict[str, float] = {}
     for key in rows:
@@ -842,7 +844,11 @@ def critical_path_chart(result, *, top: int = 10) -> Figure:
     ax.set_yticks(y, [PHASE_LABELS[key].replace("\n", " ") for key in rows], fontsize=9)
     ax.set_xlim(0, 1)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
-    ax.set_xlabel("share of the phase (seconds per iteration at the right)")
+    label = "share of the phase (seconds per iteration at the right)"
+    if walked is not None and walked.through:
+        label += "\nof which on other ranks' ops, where the rank waited for them: " + ", ".join(
+            f"rank {other} {_duration(seconds)}" for other, seconds in walked.through.items())
+    ax.set_xlabel(label)
     ax.set_title(f"{_scenario_name(result)}: what each phase waited on "
                  f"(critical path of rank {rank})", fontsize=TITLE_SIZE)
     handles = [Patch(facecolor=colors[k], hatch=hatches[k], edgecolor="white",
