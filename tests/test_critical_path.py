@@ -374,7 +374,7 @@ def test_a_summary_with_explain_says_what_the_run_table_says(scenario):
     import warnings
 
     from zerosim.api import simulate, simulate_summary
-    from zerosim.results.critical import WAITS_ON, reported_rank
+    from zerosim.results.critical import WAITS_ON, rank_path, reported_rank, through_text
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -383,10 +383,14 @@ def test_a_summary_with_explain_says_what_the_run_table_says(scenario):
         result = simulate(scenario)
     waits = explained.pop(WAITS_ON)
     assert explained == plain
-    totals = path_totals(result.critical_path, reported_rank(result))
-    assert waits == {key: waits_text(totals[key]) if key in totals else None
-                     for key in PHASE_TIMES}
+    walked = rank_path(result.critical_path, reported_rank(result))
+    totals = walked.kinds
+    assert waits == {**{key: waits_text(totals[key]) if key in totals else None
+                        for key in PHASE_TIMES}, "other_ranks": through_text(walked.through)}
     assert waits["backward_boundary"] is not None
+    # the study's rank 0 waits for rank 1 (its buffers across the socket); Polaris's ranks
+    # keep in step
+    assert waits["other_ranks"] == ("rank 1 4.921" if "dp4" in scenario else None)
 
 
 def test_sweep_explain_adds_what_each_phase_waited_on_and_runs_unexplained_points_again(
@@ -428,6 +432,7 @@ def test_predict_explain_fills_the_waits_on_columns(tmp_path):
     row = json.loads(result.stdout)["rows"][0]
     assert row["waits_on_forward"].startswith("forward ")
     assert row["waits_on_backward_non_boundary"] is None
+    assert "waits_on_other_ranks" in row and row["waits_on_other_ranks"] is None   # one rank
     plain = CliRunner().invoke(main, ["predict", str(small), "--hardware", "polaris-a100",
                                       "--workers", "1", "--json", "--no-files"])
     assert json.loads(plain.stdout)["rows"][0]["waits_on_forward"] is None

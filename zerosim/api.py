@@ -74,7 +74,7 @@ def simulate_brief(scenario: Scenario | str | Path,
 
         if raw.status == "ok":
             critical = engine_path_totals(raw)
-        summary[WAITS_ON] = None if critical is None else waits_texts(critical.kinds)
+        summary[WAITS_ON] = None if critical is None else waits_texts(critical)
     return Brief(summary, with_copies(raw.phases, 0, raw.stands_for), critical)
 
 

@@ -421,7 +421,7 @@ def _with_waits(summary: dict, critical: RankPath | None) -> dict:
     not fit), as `simulate_summary(explain=True)` gives it."""
     from zerosim.results.critical import WAITS_ON, waits_texts
 
-    return {**summary, WAITS_ON: None if critical is None else waits_texts(critical.kinds)}
+    return {**summary, WAITS_ON: None if critical is None else waits_texts(critical)}
 
 
 def _critical_totals(result) -> RankPath | None:
@@ -773,7 +773,8 @@ def _mics_estimate_note(scenario: Scenario, gpus: int) -> str:
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option("--explain", is_flag=True,
               help="Also say what each phase waited on (its critical path, as run prints it): "
-                   "waits_on.<phase> columns; a quarter to a third more time a point.")
+                   "waits_on.<phase> columns, and waits_on.other_ranks, the path's seconds "
+                   "on other ranks' ops; a quarter to a third more time a point.")
 def sweep(sweep_file: Path, out_dir: Path | None, workers: int | None, dask: str | None,
           overrides: tuple[str, ...], plots: bool, no_progress: bool, explain: bool) -> None:
     """Simulate every point of a what-if sweep; run it again to resume after a kill."""
@@ -907,7 +908,8 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
               help="Also draw predictions.png: predicted against measured, per time.")
 @click.option("--explain", is_flag=True,
               help="Also say what each phase waited on (its critical path, as run prints it): "
-                   "the waits_on_<phase> columns of predictions.csv and --json.")
+                   "the waits_on_<phase> and waits_on_other_ranks columns of "
+                   "predictions.csv and --json.")
 def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers: int | None,
             out_dir: Path | None, no_files: bool, as_json: bool, plots: bool,
             explain: bool) -> None:

@@ -13,7 +13,7 @@ from zerosim.hardware.placement import Shares, everywhere, place_ranks
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.hardware.provenance import basis_text
 from zerosim.results.compare import DERIVED_SETTINGS
-from zerosim.results.critical import RankPath, waits_text
+from zerosim.results.critical import RankPath, through_text, waits_text
 from zerosim.results.summary import (
     PEAK_ERROR_FRACTION,
     capacity_that_fits,
@@ -349,9 +349,7 @@ def critical_path_table(path: RankPath) -> Table | None:
             continue
         table.add_row(label, _seconds(ordered_sum(seconds for _, seconds in kinds)),
                       waits_text(kinds))
-    if path.through:
-        ranks = ", ".join(f"rank {other} {_seconds(seconds)}"
-                          for other, seconds in path.through.items())
+    if (ranks := through_text(path.through)) is not None:
         table.caption = (f"of which on other ranks' ops, where rank {rank} waited in a "
                          f"collective for the rank that joined it last: {ranks}")
         table.caption_justify = "left"

@@ -34,9 +34,8 @@ from zerosim.behaviours import (
 )
 from zerosim.errors import Described, ScenarioError
 from zerosim.inputs.tables import read_table
-from zerosim.results.critical import WAITS_ON
+from zerosim.results.critical import WAITS_ON, WAITS_ON_KEYS
 from zerosim.units import GiB, ordered_sum
-from zerosim.vocabulary import PHASE_TIMES
 
 if TYPE_CHECKING:
     from zerosim.hardware.profile import HardwareProfile
@@ -1113,7 +1112,7 @@ PREDICTION_COLUMNS = ("rows", "name", "gpus", "nodes", "build", "bind_cores_to_r
                       *(f"spread_{COLUMN_NAMES[q].rpartition('_')[0]}"
                         for q in WRITTEN_QUANTITIES),
                       "error", "oom", "timed_with", "tight",
-                      *(f"{WAITS_ON}_{key}" for key in PHASE_TIMES))
+                      *(f"{WAITS_ON}_{key}" for key in WAITS_ON_KEYS))
 
 
 def prediction_row(p: Prediction) -> dict[str, Any]:
@@ -1126,7 +1125,7 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
                            "error": p.error, "oom": p.oom, "timed_with": p.timed_with_text,
                            "tight": p.tight,
                            "predicted_memory_reports_s": p.predicted.get(MEMORY_REPORTS),
-                           **{f"{WAITS_ON}_{key}": p.waits_on.get(key) for key in PHASE_TIMES}}
+                           **{f"{WAITS_ON}_{key}": p.waits_on.get(key) for key in WAITS_ON_KEYS}}
     for q in WRITTEN_QUANTITIES:
         scale = GiB if q in MEMORY_QUANTITIES else 1.0
         column = COLUMN_NAMES[q]

@@ -58,6 +58,10 @@ is, another where the phase's rank waited for it in a collective."""
 
 WAITS_ON = "waits_on"
 """The summary key of what each phase waited on, where a run was asked (`waits_texts`)."""
+OTHER_RANKS = "other_ranks"
+"""`waits_on`'s key, beside the phase times, of the path's seconds on other ranks' ops."""
+WAITS_ON_KEYS = (*PHASE_TIMES, OTHER_RANKS)
+"""`waits_on`'s keys, in order."""
 
 KINDS_SHOWN = 4
 """What a phase waited on longest, named one by one (`waits_text`); the rest are counted."""
@@ -351,7 +355,16 @@ def engine_path_totals(raw: RawRun) -> RankPath:
                                   simulated))
 
 
-def waits_texts(totals: dict[str, list[tuple[str, float]]]) -> dict[str, str | None]:
-    """`waits_text` of every phase time (None for one the iteration does not have): a
-    summary's `waits_on`."""
-    return {key: waits_text(totals[key]) if totals.get(key) else None for key in PHASE_TIMES}
+def through_text(through: dict[int, float]) -> str | None:
+    """`RankPath.through` as text, 'rank 1 4.921, rank 3 0.210' (seconds per iteration);
+    None where the path stayed on its rank."""
+    return ", ".join(f"rank {rank} {seconds:.3f}" for rank, seconds in through.items()) or None
+
+
+def waits_texts(path: RankPath) -> dict[str, str | None]:
+    """A summary's `waits_on`: `waits_text` of every phase time (None for one the iteration
+    does not have), and under `OTHER_RANKS` the path's seconds on other ranks' ops
+    (`through_text`)."""
+    totals = path.kinds
+    return {**{key: waits_text(totals[key]) if totals.get(key) else None for key in PHASE_TIMES},
+            OTHER_RANKS: through_text(path.through)}
