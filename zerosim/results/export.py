@@ -1,5 +1,6 @@
 """Write a result to a folder: summary.json, capacities.json (bytes per device), CSV (and
-Parquet with pyarrow), critical_path.csv, trace.json, and with `figures` the plots.
+Parquet with pyarrow) of spans, memory, phases, links and peer waits, critical_path.csv,
+trace.json, and with `figures` the plots.
 
 Everything is written into a temporary folder beside the destination, which then replaces the
 destination in one rename (`zerosim.results.folders`): an interrupted or failed run leaves the

@@ -51,7 +51,7 @@ def _kind_columns(name: str, table: pd.DataFrame) -> pd.DataFrame:
 
 def load_result(folder: str | Path) -> Result:
     """The `Result` saved in `folder` (summary.json, spans/memory/phases/links CSV and, when
-    present, capacities.json), as `zerosim run` wrote it."""
+    present, capacities.json and peer_waits.csv), as `zerosim run` wrote it."""
     folder = Path(folder)
     missing = [name for name in REQUIRED_FILES if not (folder / name).is_file()]
     if missing:
