@@ -190,18 +190,7 @@ def phase_path(spans: Iterable[SpanRow] | _Ranks, start_s: float, end_s: float, 
     t, previous, jumped_at = end_s, None, None
     while t > start_s:
         enclosing = [s for s in enclosing if s[4] < t]
-        candidates = [s for s in index.ending.get(t, ()) if s[4] < t]
-        span: SpanRow | None
-        if candidates:
-            span = _innermost(candidates, previous)
-            enclosing += [s for s in candidates if s is not span and s[4] < span[4]]
-            step = _step(span, max(span[4], start_s), t, rank)
-        else:
-            earlier = index.latest_end_before(t)
-            lower = start_s if earlier is None else max(earlier, start_s)
-            span = max(enclosing, key=lambda s: s[4]) if enclosing else None
-            step = (_host_step(lower, t, rank) if span is None
-                    else _step(span, max(lower, span[4]), t, rank))
+        span, step = _step_ending(index, t, start_s, enclosing, previous, rank)
         wait = None if span is None else index.wait_in(span, step.start_s, t)
         if wait is not None and not (wait[3] == t and jumped_at == t):
             if wait[3] < t:
@@ -216,6 +205,24 @@ def phase_path(spans: Iterable[SpanRow] | _Ranks, start_s: float, end_s: float, 
         t, previous = step.start_s, step
     steps.reverse()
     return steps
+
+
+def _step_ending(index: _Index, t: float, start_s: float, enclosing: list[SpanRow],
+                 previous: PathStep | None, rank: int) -> tuple[SpanRow | None, PathStep]:
+    """The step of the path that ends at `t` on `index`'s rank, and the span it is of (None
+    for the host's): the innermost op ending then (the others that began before it join
+    `enclosing`), else back to the latest earlier end, the enclosing op's or the host's."""
+    candidates = [s for s in index.ending.get(t, ()) if s[4] < t]
+    if candidates:
+        span = _innermost(candidates, previous)
+        enclosing += [s for s in candidates if s is not span and s[4] < span[4]]
+        return span, _step(span, max(span[4], start_s), t, rank)
+    earlier = index.latest_end_before(t)
+    lower = start_s if earlier is None else max(earlier, start_s)
+    if not enclosing:
+        return None, _host_step(lower, t, rank)
+    wrapper = max(enclosing, key=lambda s: s[4])
+    return wrapper, _step(wrapper, max(lower, wrapper[4]), t, rank)
 
 
 def rank_paths(spans: Sequence[tuple], phases: Sequence[tuple],
