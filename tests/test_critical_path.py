@@ -97,8 +97,8 @@ def test_rank_paths_names_each_phase_time_and_path_totals_sum_them_per_kind():
         "backward_boundary": [("grad_flush (pageable)", 3.0), ("host", 0.5)]}
 
 
-def wait(rank, kind, joined, met, end, last_rank):
-    return (rank, kind, float(joined), float(met), float(end), last_rank)
+def wait(rank, kind, joined, met, end, last_rank, op_kind=None):
+    return (rank, kind, op_kind or kind, float(joined), float(met), float(end), last_rank)
 
 
 def ranked(path: list[PathStep]) -> list[tuple[int, str, float, float]]:
@@ -135,12 +135,20 @@ def test_the_last_ranks_op_holds_the_walk_where_nothing_of_it_ends_as_it_joins()
 
 def test_a_wait_applies_only_to_an_op_of_its_kind_that_holds_it():
     """A reduce-scatter rank 0 joined early ran on another stream while its compute kernel was
-    the op that ended at the phase's end: the kernel is the path, the wait is not followed."""
+    the op that ended at the phase's end: the kernel is the path, the wait is not followed.
+    An all-gather run by an op of another kind (ZenFlow's selection) is followed from that
+    op, as its record says."""
     spans = [(0, *span("compute", "backward", 0, 4)), (0, *span("reduce", "reduce_scatter", 1, 3)),
              (1, *span("compute", "backward", 0, 2))]
     rows = rank_paths(spans, [(0, "backward", 0, 0.0, 4.0)],
                       [wait(0, "reduce_scatter", 1, 2, 3, 1)])
     assert [(r[10], r[7], r[4], r[5]) for r in rows] == [(0, "backward", 0, 4)]
+    spans = [(0, *span("reduce", "selective_update", 1, 4)),
+             (1, *span("compute", "backward", 0, 3))]
+    rows = rank_paths(spans, [(0, "backward", 0, 0.0, 4.0)],
+                      [wait(0, "all_gather", 1.5, 3, 3.5, 1, op_kind="selective_update")])
+    assert [(r[10], r[7], r[4], r[5]) for r in rows] == [(1, "backward", 0, 3),
+                                                          (0, "selective_update", 3, 4)]
 
 
 def test_a_walk_that_would_hand_back_at_the_same_instant_goes_on_instead():
@@ -172,9 +180,9 @@ def test_collectives_record_who_waited_for_whom(toy):
         env.process(rank_program(rank, at))
     env.run()
     assert ends == pytest.approx({0: 3.2e-6, 1: 3.2e-6, 2: 3.2e-6}, rel=1e-9)
-    assert [(*row[:2], row[5]) for row in waits.rows] == [(0, "all_gather", 2),
-                                                           (1, "all_gather", 2)]
-    assert [t for row in waits.rows for t in row[2:5]] == pytest.approx(
+    assert [(*row[:3], row[6]) for row in waits.rows] == [(0, "all_gather", "all_gather", 2),
+                                                          (1, "all_gather", "all_gather", 2)]
+    assert [t for row in waits.rows for t in row[3:6]] == pytest.approx(
         [0.0, 3e-6, 3.2e-6, 1e-6, 3e-6, 3.2e-6], rel=1e-9)
 
 
@@ -256,8 +264,8 @@ def test_a_folder_written_before_peer_waits_loads_with_each_rank_walked_alone(dp
 
     folder, _ = dp4_run
     written = pd.read_csv(folder / "peer_waits.csv")
-    assert list(written.columns) == ["rank", "collective", "joined_s", "met_s", "end_s",
-                                     "last_rank"]
+    assert list(written.columns) == ["rank", "collective", "op_kind", "joined_s", "met_s",
+                                     "end_s", "last_rank"]
     assert set(written.last_rank) == {1}
     older = tmp_path / "older"
     shutil.copytree(folder, older)

@@ -15,7 +15,7 @@ from zerosim.engine.flows import FlowNetwork, SharedResource, Usage
 from zerosim.engine.records import PeerWait, Table
 from zerosim.hardware import costs
 from zerosim.hardware.profile import HardwareProfile
-from zerosim.vocabulary import Collective, PeerTransport
+from zerosim.vocabulary import Collective, OpKind, PeerTransport
 
 if TYPE_CHECKING:
     from zerosim.engine.machine import NetworkShapes
@@ -35,8 +35,9 @@ def _add(over: dict[SharedResource, float], resource: SharedResource, share: flo
 class _Rendezvous:
     done: simpy.Event
     arrived: int = 0
-    joined: list[tuple[int, float]] = field(default_factory=list)
-    """Each rank that has joined, and when (kept where waits are recorded)."""
+    joined: list[tuple[int, float, str]] = field(default_factory=list)
+    """Each rank that has joined, when, and the kind of the op it joined from (kept where
+    waits are recorded)."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +140,10 @@ class Collectives:
         return layout
 
     def join(self, rank: int, key: tuple[Any, ...], kind: Collective, total_bytes: float,
-             ranks: Sequence[int]) -> Generator[simpy.Event, Any, None]:
-        """Join collective `key`; it starts when the last simulated rank of `ranks` arrives."""
+             ranks: Sequence[int], within: OpKind | None = None
+             ) -> Generator[simpy.Event, Any, None]:
+        """Join collective `key`; it starts when the last simulated rank of `ranks` arrives.
+        `within`: the kind of the op that runs it, where not the collective's own."""
         if len(ranks) <= 1:
             return
         meeting = self._pending.get(key)
@@ -149,7 +152,7 @@ class Collectives:
         meeting.arrived += 1
         layout = self._layout(ranks)
         if self.waits is not None and layout.arrivals > 1:
-            meeting.joined.append((rank, self.env.now))
+            meeting.joined.append((rank, self.env.now, str(within or kind)))
         if meeting.arrived == layout.arrivals:
             del self._pending[key]
             self.env.process(self._run(meeting, kind, total_bytes, layout, key))
@@ -182,15 +185,15 @@ class Collectives:
             self._record_waits(meeting.joined, kind, met_s)
         meeting.done.succeed()
 
-    def _record_waits(self, joined: list[tuple[int, float]], kind: Collective,
+    def _record_waits(self, joined: list[tuple[int, float, str]], kind: Collective,
                       met_s: float) -> None:
         """A `PeerWait` for each rank that joined before the last one (in the order they
         joined), the collective ending now."""
         last_rank = joined[-1][0]
         add = self.waits.add
-        for rank, joined_s in joined:
+        for rank, joined_s, op_kind in joined:
             if joined_s < met_s:
-                add((rank, str(kind), joined_s, met_s, self.env.now, last_rank))
+                add((rank, str(kind), op_kind, joined_s, met_s, self.env.now, last_rank))
 
     def _ring_usage(self, layout: _Layout, ring: costs.RingCollective) -> Usage:
         """The ring as one flow of each GPU's bytes over every rank's links (`_links`: the

@@ -22,7 +22,7 @@ from zerosim.hardware import costs
 from zerosim.hardware.placement import CoreOrder, Placement, Shares, place_ranks
 from zerosim.hardware.profile import HardwareProfile
 from zerosim.units import ordered_sum
-from zerosim.vocabulary import Collective, LinkKind, PeerTransport
+from zerosim.vocabulary import Collective, LinkKind, OpKind, PeerTransport
 
 Direction = Literal["h2d", "d2h"]
 NvmeDirection = Literal["read", "write"]
@@ -382,9 +382,11 @@ class Machine:
     # ------------------------------------------------------------------ collectives
 
     def collective(self, rank: int, key: tuple[Any, ...], kind: Collective, total_bytes: float,
-                   ranks: Sequence[int]) -> Generator[simpy.Event, Any, None]:
-        """Join a collective; it starts when the last of `ranks` arrives."""
-        return self.collectives.join(rank, key, kind, total_bytes, ranks)
+                   ranks: Sequence[int], within: OpKind | None = None
+                   ) -> Generator[simpy.Event, Any, None]:
+        """Join a collective; it starts when the last of `ranks` arrives. `within`: the kind
+        of the op that runs it, where not the collective's own (`records.PeerWait.op_kind`)."""
+        return self.collectives.join(rank, key, kind, total_bytes, ranks, within)
 
     def assert_idle(self) -> None:
         self.flows.assert_idle()

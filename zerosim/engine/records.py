@@ -72,7 +72,10 @@ class PeerWait:
 
     rank: int
     collective: str
-    """The collective's kind (`vocabulary.Collective`): the op kind of the op that ran it."""
+    """The collective's kind (`vocabulary.Collective`)."""
+    op_kind: str
+    """The kind of the rank's op that ran it (`vocabulary.OpKind`): the collective's own,
+    or that of an op it is a step of (ZenFlow's selection all-gathers its columns)."""
     joined_s: float
     """When the rank joined it."""
     met_s: float

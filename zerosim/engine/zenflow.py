@@ -102,7 +102,8 @@ class SelectiveUpdate:
             yield from turn.wait()
             if core.distributed:
                 yield from core.machine.collective(core.rank, key, Collective.ALL_GATHER,
-                                                   d * selected, core.ranks)
+                                                   d * selected, core.ranks,
+                                                   OpKind.SELECTIVE_UPDATE)
             turn.done()
             clones = core.gpu.allocate(Category.GRAD_PARTITIONS, d * selected,
                                        "ZenFlow's selected gradients")

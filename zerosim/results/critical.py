@@ -31,7 +31,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from zerosim.engine.records import PeerWait, with_copies
 from zerosim.results.summary import last_to_finish, phase_time
@@ -46,10 +46,21 @@ if TYPE_CHECKING:
 
 SpanRow = tuple[str, str, str, str, float, float]
 """(stream, op_kind, buffer_kind, op, start_s, end_s) of one span."""
-WaitRow = tuple[int, str, float, float, float, int]
-"""(rank, collective, joined_s, met_s, end_s, last_rank) of one `records.PeerWait`."""
 PEER_WAIT_COLUMNS = tuple(f.name for f in fields(PeerWait))
-"""`Result.peer_waits`' columns, in `WaitRow` order."""
+"""`Result.peer_waits`' columns, in `records.PeerWait`'s order."""
+
+
+class WaitRow(NamedTuple):
+    """One `records.PeerWait`: `rank` joined a collective (run by an op of `op_kind`) at
+    `joined_s` and waited for `last_rank`, which joined at `met_s`; it ended at `end_s`."""
+
+    rank: int
+    collective: str
+    op_kind: str
+    joined_s: float
+    met_s: float
+    end_s: float
+    last_rank: int
 
 COLUMNS = ("rank", "phase", "micro_batch", "phase_time", "start_s", "end_s", "stream",
            "op_kind", "buffer_kind", "op", "op_rank")
@@ -101,8 +112,8 @@ class _Index:
             if span[5] > span[4]:
                 self.ending[span[5]].append(span)
         self.ends = sorted(self.ending)
-        self.waits = sorted(waits, key=lambda w: w[3])
-        self.met = [w[3] for w in self.waits]
+        self.waits = sorted(waits, key=lambda w: w.met_s)
+        self.met = [w.met_s for w in self.waits]
         self._by_kind: dict[str, tuple[list[SpanRow], list[float], float]] | None = None
 
     def latest_end_before(self, t: float) -> float | None:
@@ -115,17 +126,17 @@ class _Index:
         waits = self.waits
         for i in range(bisect_right(self.met, t) - 1, -1, -1):
             wait = waits[i]
-            if wait[3] <= after_s:
+            if wait.met_s <= after_s:
                 return None
-            if wait[1] == span[1] and span[4] <= wait[2] and wait[4] <= span[5]:
+            if wait.op_kind == span[1] and span[4] <= wait.joined_s and wait.end_s <= span[5]:
                 return wait
         return None
 
     def joining(self, wait: WaitRow) -> SpanRow | None:
         """This rank's op that ran the collective of `wait` (a peer's) and began before the
         moment it met: what holds the walk where nothing of the rank ends then."""
-        _, kind, _, met, end, _ = wait
-        known = self._spans_by_kind().get(kind)
+        met, end = wait.met_s, wait.end_s
+        known = self._spans_by_kind().get(wait.op_kind)
         if known is None:
             return None
         rows, starts, longest = known
@@ -157,11 +168,12 @@ class _Ranks:
     """Every rank's `_Index`, made on first use from `spans_of(rank)` and its peer waits."""
 
     def __init__(self, spans_of: Callable[[int], Iterable[SpanRow]],
-                 waits: Iterable[WaitRow] = ()):
+                 waits: Iterable[tuple] = ()):
         self.spans_of = spans_of
         self.waits: dict[int, list[WaitRow]] = defaultdict(list)
-        for wait in waits:
-            self.waits[wait[0]].append(wait)
+        for row in waits:
+            wait = WaitRow(*row)
+            self.waits[wait.rank].append(wait)
         self._known: dict[int, _Index] = {}
 
     def __getitem__(self, rank: int) -> _Index:
@@ -192,10 +204,10 @@ def phase_path(spans: Iterable[SpanRow] | _Ranks, start_s: float, end_s: float, 
         enclosing = [s for s in enclosing if s[4] < t]
         span, step = _step_ending(index, t, start_s, enclosing, previous, rank)
         wait = None if span is None else index.wait_in(span, step.start_s, t)
-        if wait is not None and not (wait[3] == t and jumped_at == t):
-            if wait[3] < t:
-                steps.append(_step(span, wait[3], t, rank))
-            rank, t, jumped_at = wait[5], wait[3], wait[3]
+        if wait is not None and not (wait.met_s == t and jumped_at == t):
+            if wait.met_s < t:
+                steps.append(_step(span, wait.met_s, t, rank))
+            rank, t, jumped_at = wait.last_rank, wait.met_s, wait.met_s
             index = ranks[rank]
             joining = index.joining(wait)
             enclosing = [] if joining is None else [joining]
@@ -226,10 +238,11 @@ def _step_ending(index: _Index, t: float, start_s: float, enclosing: list[SpanRo
 
 
 def rank_paths(spans: Sequence[tuple], phases: Sequence[tuple],
-               waits: Iterable[WaitRow] = ()) -> list[tuple]:
+               waits: Iterable[tuple] = ()) -> list[tuple]:
     """Rows of `COLUMNS`: the critical path of every phase of every rank.
     `spans`: (rank, stream, op_kind, buffer_kind, op, start_s, end_s) rows;
-    `phases`: (rank, phase, micro_batch, start_s, end_s) rows; `waits`: `WaitRow`s."""
+    `phases`: (rank, phase, micro_batch, start_s, end_s) rows; `waits`: `records.PeerWait`
+    rows (`WaitRow`'s fields)."""
     by_rank: dict[int, list[SpanRow]] = defaultdict(list)
     for rank, *span in spans:
         by_rank[rank].append(tuple(span))

@@ -43,8 +43,8 @@ class Result:
     PCIe directions, NVLink and host memory; busy hardware threads for a node's CPU.
     `summary`: iteration and phase times, TFLOPS, peaks, PCIe traffic, status.
     `peer_waits`: one row per rank that joined a collective before the last of its peers
-    (rank, collective, joined_s, met_s, end_s, last_rank: `records.PeerWait`), where the run
-    recorded its host thread; empty where no rank waited for another.
+    (rank, collective, op_kind, joined_s, met_s, end_s, last_rank: `records.PeerWait`), where
+    the run recorded its host thread; empty where no rank waited for another.
     `critical_path`: what each phase of the rank that finishes last waited on (computed on
     first use from `spans`, `phases` and `peer_waits`).
     """
