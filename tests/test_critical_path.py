@@ -101,10 +101,6 @@ def wait(rank, kind, joined, met, end, last_rank, op_kind=None):
     return (rank, kind, op_kind or kind, float(joined), float(met), float(end), last_rank)
 
 
-def ranked(path: list[PathStep]) -> list[tuple[int, str, float, float]]:
-    return [(s.rank, s.op_kind, s.start_s, s.end_s) for s in path]
-
-
 def test_a_collective_joined_early_is_followed_to_the_rank_that_joined_last():
     """Rank 0 joins an all-gather at 1 s; rank 1, its fetch over a slower link ending at 3 s,
     joins then; the ring runs to 4 s. Rank 0's path: the ring [3, 4] on its own op, then rank
