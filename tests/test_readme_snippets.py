@@ -1,7 +1,7 @@
 """The README's Python snippets run as a reader would paste them: each ```python block, with
 only the folders it reads from filled in (a run of `llama13b_dp1` and a small bucket sweep
 written here first), so a renamed function, column or argument fails here, not in a reader's
-session."""
+session; and the terminal it shows is the one the main job prints."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import matplotlib
 import pytest
+from click.testing import CliRunner
 
 import zerosim
+from zerosim.cli import main
 from zerosim.results.export import write_outputs
 from zerosim.sweep import run_sweep
 
@@ -20,6 +22,15 @@ BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encod
                     re.S)
 RUN_FOLDER = '"/tmp/dp1"'
 SWEEP_CSV = "results/sweeps/buckets/results.csv"
+
+
+def _text_block(introduction: str) -> list[str]:
+    """The lines of the README's ```text block that follows `introduction`."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.findall(re.escape(introduction) + r"[^\n]*\n(?:[^\n]+\n)*\n```text\n(.*?)```",
+                       readme, re.S)
+    assert len(found) == 1, f"one README text block after {introduction!r}, found {len(found)}"
+    return found[0].splitlines()
 
 
 def _block(marker: str) -> str:
@@ -60,3 +71,15 @@ def test_the_plots_snippet_runs(monkeypatch, tmp_path, small_bucket_sweep):
     monkeypatch.chdir(tmp_path)
     exec(compile(code.replace(RUN_FOLDER, repr(str(run))), "README.md", "exec"), {})
     assert {p.suffix for p in (tmp_path / "figures").iterdir()} == {".png", ".svg"}
+
+
+def test_the_terminal_shown_is_what_the_main_job_prints():
+    """The README's example of `zerosim run`'s terminal is the main job's, line for line (the
+    wall time of the simulation, its last line, left out)."""
+    shown = _text_block("The main job's terminal (`zerosim run scenarios/llama13b_dp4.yaml")
+    result = CliRunner().invoke(main, ["run", str(ROOT / "scenarios" / "llama13b_dp4.yaml"),
+                                       "--no-files", "--no-progress"])
+    assert result.exit_code == 0
+    printed = [line.rstrip() for line in result.stdout.splitlines()
+               if not line.startswith("simulated in")]
+    assert shown == printed
