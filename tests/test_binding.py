@@ -182,7 +182,7 @@ def test_check_prints_where_each_ranks_pages_sit():
     from click.testing import CliRunner
 
     from zerosim.cli import main
-    from zerosim.validation.offload_binding import REPO_ROOT
+    from zerosim.validation.reference import REPO_ROOT
 
     study = CliRunner().invoke(main, ["check", str(REPO_ROOT / "scenarios" / "llama13b_dp4.yaml")])
     assert "rank 1: GPU on 0, own buffers on 1, pool on every domain" in " ".join(

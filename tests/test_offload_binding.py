@@ -9,7 +9,8 @@ import pytest
 
 from zerosim.api import load_scenario, simulate_summary
 from zerosim.models.breakdown import total_params
-from zerosim.validation.offload_binding import REPO_ROOT, load_offload_study, timed_step_s
+from zerosim.validation.offload_binding import load_offload_study, timed_step_s
+from zerosim.validation.reference import REPO_ROOT
 from zerosim.validation.validate import offload_binding_cells
 
 STUDY = load_offload_study()

@@ -13,8 +13,9 @@ import yaml
 from zerosim.api import load_scenario, simulate
 from zerosim.models.breakdown import total_params
 from zerosim.units import GiB
+from zerosim.validation.reference import REPO_ROOT
 from zerosim.validation.validate import h200_vm_run_cells
-from zerosim.validation.vm_runs import REPO_ROOT, load_vm_runs
+from zerosim.validation.vm_runs import load_vm_runs
 from zerosim.vocabulary import Phase
 
 RUNS = load_vm_runs()

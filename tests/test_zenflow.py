@@ -15,7 +15,8 @@ from zerosim.engine.plan import plan_of
 from zerosim.errors import ScenarioError, UnsupportedConfigError
 from zerosim.hardware import costs
 from zerosim.hardware.profile import load_profile
-from zerosim.validation.offload_binding import REPO_ROOT, load_offload_study, timed_step_s
+from zerosim.validation.offload_binding import load_offload_study, timed_step_s
+from zerosim.validation.reference import REPO_ROOT
 
 N = 115_008
 SELECTED = N // 2

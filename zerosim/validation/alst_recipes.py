@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 
 DATA_FILE = "alst_recipes.yaml"
 SEQUENCE_MULTIPLE = 256
@@ -49,5 +49,5 @@ def load_recipes() -> Recipes:
     data = reference_data(DATA_FILE)
     recipes = tuple(Recipe(r["name"], r["max_length"], r["note"], dict(r["overrides"]))
                     for r in data["recipes"])
-    return Recipes(data["group"], data["source"], REPO_ROOT / data["scenario"], recipes,
+    return Recipes(data["group"], data["source"], shipped_root() / data["scenario"], recipes,
                    dict(data["common"]))

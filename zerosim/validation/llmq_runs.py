@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 
 DATA_FILE = "llmq_rtx4090.yaml"
 
@@ -59,6 +59,6 @@ def load_llmq_runs() -> LlmqRuns:
     runs = tuple(LlmqRun(r["gpus"], r["model"], r["stage"], r["micro_batch"],
                          r["accumulation"], tuple(r["elapsed_s"]))
                  for r in data["runs"])
+    root = shipped_root()
     return LlmqRuns(data["group"], data["source"],
-                    {int(stage): REPO_ROOT / path for stage, path in data["scenarios"].items()},
-                    runs)
+                    {int(stage): root / path for stage, path in data["scenarios"].items()}, runs)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.units import ordered_sum
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 from zerosim.vocabulary import PhaseTime
 
 DATA_FILE = "deepspeed_offload_dgx_a100.yaml"
@@ -52,7 +52,7 @@ class OffloadStudy:
 
 def load_offload_study() -> OffloadStudy:
     data = reference_data(DATA_FILE)
-    runs = tuple(OffloadRun(r["name"], REPO_ROOT / r["scenario"], dict(r["overrides"]),
+    runs = tuple(OffloadRun(r["name"], shipped_root() / r["scenario"], dict(r["overrides"]),
                             r["step_ms"] / 1000, tuple(v / 1000 for v in r.get("runs_ms", ())),
                             r["source"])
                  for r in data["runs"])

@@ -4,6 +4,8 @@ data/deepspeed_estimator.yaml)."""
 from __future__ import annotations
 
 import copy
+import site
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -14,7 +16,21 @@ from zerosim.yamlio import parse_yaml_text
 
 PHASES = PHASE_TIMES
 REPO_ROOT = Path(__file__).resolve().parents[2]
-"""The checkout's root: the data files name their scenarios relative to it."""
+"""The checkout's root (an install from a wheel has none: `shipped_root`)."""
+INSTALLED_DATA = Path("share") / "zerosim"
+"""Where an install from a wheel puts the shipped `scenarios/`, under its prefix
+(pyproject.toml's `tool.setuptools.data-files`)."""
+
+
+def shipped_root() -> Path:
+    """The folder whose `scenarios/` the data files name their scenarios in: the checkout's
+    root, or, installed from a wheel, the copy under the environment's prefix (or the user
+    base, for `pip install --user`)."""
+    for root in (REPO_ROOT, Path(sys.prefix) / INSTALLED_DATA,
+                 Path(site.getuserbase()) / INSTALLED_DATA):
+        if (root / "scenarios").is_dir():
+            return root
+    return REPO_ROOT
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 
 VERDICT = "reported, not judged"
 
@@ -73,11 +73,12 @@ def default_simulate(scenario: Path, overrides: Mapping[str, Any]) -> float | No
     return float(result.summary["tflops_per_gpu"])
 
 
-def seed003_rows(simulate: SimulateTflops = default_simulate, *, root: Path = REPO_ROOT,
+def seed003_rows(simulate: SimulateTflops = default_simulate, *, root: Path | None = None,
                  data: Seed003 | None = None) -> list[Seed003Row]:
     """One row per case and variant: published TFLOPS/GPU, simulated (in the published
     convention), their ratio, and the verdict "reported, not judged"."""
     data = data or load_seed003()
+    root = root or shipped_root()
     rows = []
     for case in data.cases:
         for variant, published in case.published.items():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 
 DATA_FILE = "superoffload_examples.yaml"
 CHECKPOINTED_PASSES = 4
@@ -33,7 +33,7 @@ class SuperOffloadClaims:
 
 def load_superoffload_claims() -> SuperOffloadClaims:
     data = reference_data(DATA_FILE)
-    return SuperOffloadClaims(data["group"], data["source"], REPO_ROOT / data["scenario"],
+    return SuperOffloadClaims(data["group"], data["source"], shipped_root() / data["scenario"],
                               data["version"], dict(data["zero_offload_overrides"]),
                               data["superoffload_tflops"], data["superoffload_over_zero_offload"])
 

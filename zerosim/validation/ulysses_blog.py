@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.units import GiB
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 
 DATA_FILE = "hf_ulysses_blog.yaml"
 
@@ -63,5 +63,5 @@ def load_blog_runs() -> BlogRuns:
                          _bytes(r, "peak_GiB"), _bytes(r, "out_of_memory_needing_GiB"),
                          r.get("tokens_per_s"))
                  for r in data["runs"])
-    return BlogRuns(data["group"], data["source"], REPO_ROOT / data["scenario"],
+    return BlogRuns(data["group"], data["source"], shipped_root() / data["scenario"],
                     dict(data["stated_overrides"]), runs)

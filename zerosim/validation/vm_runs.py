@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zerosim.units import GiB
-from zerosim.validation.reference import REPO_ROOT, reference_data
+from zerosim.validation.reference import reference_data, shipped_root
 from zerosim.vocabulary import Phase
 
 DATA_FILE = "h200_vm_ds_offload.yaml"
@@ -61,7 +61,7 @@ class VmRuns:
 def load_vm_runs() -> VmRuns:
     data = reference_data(DATA_FILE)
     runs = tuple(
-        VmRun(r["name"], REPO_ROOT / r["scenario"],
+        VmRun(r["name"], shipped_root() / r["scenario"],
               {phase: tuple(r[key]) for phase, key in MEASURED_PHASES.items() if key in r},
               tuple(r.get("cpu_adam_s", ())), r["forward_peak_allocated_GiB"] * GiB,
               r["backward_peak_allocated_GiB"] * GiB,

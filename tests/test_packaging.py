@@ -1,0 +1,59 @@
+"""An install from a wheel carries what `zerosim validate` runs: the shipped scenarios go in as
+data files (pyproject.toml) and the validation finds them there when no checkout sits beside
+the package (`reference.shipped_root`)."""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from fnmatch import fnmatch
+
+from zerosim.validation import reference
+from zerosim.validation.reference import INSTALLED_DATA, REPO_ROOT, shipped_root
+
+SCENARIOS = REPO_ROOT / "scenarios"
+
+
+def data_files() -> dict[str, list[str]]:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return pyproject["tool"]["setuptools"]["data-files"]
+
+
+def test_every_shipped_scenario_file_goes_into_the_wheel_in_its_folder():
+    files = data_files()
+    left_out = []
+    for path in sorted(p for p in SCENARIOS.rglob("*") if p.is_file()):
+        relative = path.relative_to(REPO_ROOT)
+        target = str(INSTALLED_DATA / relative.parent)
+        if not any(fnmatch(str(relative), pattern) for pattern in files.get(target, [])):
+            left_out.append(str(relative))
+    assert not left_out, f"not in pyproject.toml's data-files: {left_out}"
+
+
+def test_the_data_files_name_no_folder_and_install_under_share_zerosim():
+    for target, patterns in data_files().items():
+        assert target.startswith(str(INSTALLED_DATA / "scenarios")), target
+        for pattern in patterns:
+            assert not [p for p in REPO_ROOT.glob(pattern) if p.is_dir()], pattern
+
+
+def test_a_checkout_reads_its_own_scenarios():
+    assert shipped_root() == REPO_ROOT
+
+
+def test_an_install_without_a_checkout_reads_the_copy_under_its_prefix(tmp_path, monkeypatch):
+    site_packages = tmp_path / "lib" / "site-packages"
+    site_packages.mkdir(parents=True)
+    (tmp_path / INSTALLED_DATA / "scenarios").mkdir(parents=True)
+    monkeypatch.setattr(reference, "REPO_ROOT", site_packages)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    assert shipped_root() == tmp_path / INSTALLED_DATA
+
+
+def test_the_user_base_serves_a_user_install(tmp_path, monkeypatch):
+    user_base = tmp_path / "user"
+    (user_base / INSTALLED_DATA / "scenarios").mkdir(parents=True)
+    monkeypatch.setattr(reference, "REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(reference.site, "getuserbase", lambda: str(user_base))
+    assert shipped_root() == user_base / INSTALLED_DATA
