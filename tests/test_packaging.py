@@ -4,9 +4,9 @@ the package (`reference.shipped_root`)."""
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from fnmatch import fnmatch
+from pathlib import Path
 
 from zerosim.validation import reference
 from zerosim.validation.reference import INSTALLED_DATA, REPO_ROOT, shipped_root
@@ -41,19 +41,23 @@ def test_a_checkout_reads_its_own_scenarios():
     assert shipped_root() == REPO_ROOT
 
 
+def without_a_checkout(monkeypatch, tmp_path: Path, data: Path, user_base: Path) -> None:
+    """`reference` as an install from a wheel sees it: the package in site-packages, the
+    scheme's data path and the user base where given."""
+    monkeypatch.setattr(reference, "REPO_ROOT", tmp_path / "lib" / "site-packages")
+    monkeypatch.setattr(reference.sysconfig, "get_path", lambda name: str(data))
+    monkeypatch.setattr(reference.site, "getuserbase", lambda: str(user_base))
+
+
 def test_an_install_without_a_checkout_reads_the_copy_under_its_prefix(tmp_path, monkeypatch):
-    site_packages = tmp_path / "lib" / "site-packages"
-    site_packages.mkdir(parents=True)
-    (tmp_path / INSTALLED_DATA / "scenarios").mkdir(parents=True)
-    monkeypatch.setattr(reference, "REPO_ROOT", site_packages)
-    monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    assert shipped_root() == tmp_path / INSTALLED_DATA
+    prefix = tmp_path / "venv"
+    (prefix / INSTALLED_DATA / "scenarios").mkdir(parents=True)
+    without_a_checkout(monkeypatch, tmp_path, prefix, tmp_path / "user")
+    assert shipped_root() == prefix / INSTALLED_DATA
 
 
 def test_the_user_base_serves_a_user_install(tmp_path, monkeypatch):
     user_base = tmp_path / "user"
     (user_base / INSTALLED_DATA / "scenarios").mkdir(parents=True)
-    monkeypatch.setattr(reference, "REPO_ROOT", tmp_path / "site-packages")
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))
-    monkeypatch.setattr(reference.site, "getuserbase", lambda: str(user_base))
+    without_a_checkout(monkeypatch, tmp_path, tmp_path / "venv", user_base)
     assert shipped_root() == user_base / INSTALLED_DATA

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import site
-import sys
+import sysconfig
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -24,9 +24,10 @@ INSTALLED_DATA = Path("share") / "zerosim"
 
 def shipped_root() -> Path:
     """The folder whose `scenarios/` the data files name their scenarios in: the checkout's
-    root, or, installed from a wheel, the copy under the environment's prefix (or the user
-    base, for `pip install --user`)."""
-    for root in (REPO_ROOT, Path(sys.prefix) / INSTALLED_DATA,
+    root, or, installed from a wheel, the copy where the install scheme puts data (the
+    environment's prefix; /usr/local for a system pip on Debian), or under the user base
+    (`pip install --user`)."""
+    for root in (REPO_ROOT, Path(sysconfig.get_path("data")) / INSTALLED_DATA,
                  Path(site.getuserbase()) / INSTALLED_DATA):
         if (root / "scenarios").is_dir():
             return root
