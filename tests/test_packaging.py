@@ -1,6 +1,7 @@
 """An install from a wheel carries what `zerosim validate` runs: the shipped scenarios go in as
 data files (pyproject.toml) and the validation finds them there when no checkout sits beside
-the package (`reference.shipped_root`)."""
+the package (`zerosim.shipped`), and an error for a scenario not found from here names the
+shipped copy."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
-from zerosim.validation import reference
-from zerosim.validation.reference import INSTALLED_DATA, REPO_ROOT, shipped_root
+import pytest
+
+from zerosim import shipped
+from zerosim.errors import ScenarioError
+from zerosim.inputs import read_input_text
+from zerosim.shipped import CHECKOUT as REPO_ROOT
+from zerosim.shipped import INSTALLED_DATA, shipped_root
 
 SCENARIOS = REPO_ROOT / "scenarios"
 
@@ -42,11 +48,11 @@ def test_a_checkout_reads_its_own_scenarios():
 
 
 def without_a_checkout(monkeypatch, tmp_path: Path, data: Path, user_base: Path) -> None:
-    """`reference` as an install from a wheel sees it: the package in site-packages, the
+    """`shipped` as an install from a wheel sees it: the package in site-packages, the
     scheme's data path and the user base where given."""
-    monkeypatch.setattr(reference, "REPO_ROOT", tmp_path / "lib" / "site-packages")
-    monkeypatch.setattr(reference.sysconfig, "get_path", lambda name: str(data))
-    monkeypatch.setattr(reference.site, "getuserbase", lambda: str(user_base))
+    monkeypatch.setattr(shipped, "CHECKOUT", tmp_path / "lib" / "site-packages")
+    monkeypatch.setattr(shipped.sysconfig, "get_path", lambda name: str(data))
+    monkeypatch.setattr(shipped.site, "getuserbase", lambda: str(user_base))
 
 
 def test_an_install_without_a_checkout_reads_the_copy_under_its_prefix(tmp_path, monkeypatch):
@@ -61,3 +67,14 @@ def test_the_user_base_serves_a_user_install(tmp_path, monkeypatch):
     (user_base / INSTALLED_DATA / "scenarios").mkdir(parents=True)
     without_a_checkout(monkeypatch, tmp_path, tmp_path / "venv", user_base)
     assert shipped_root() == user_base / INSTALLED_DATA
+
+
+def test_a_scenario_not_found_from_here_names_the_shipped_copy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError) as shipped_one:
+        read_input_text("scenarios/llama13b_dp4.yaml")
+    assert "(no such file; zerosim ships one at " in str(shipped_one.value)
+    assert str(shipped_one.value).endswith("scenarios/llama13b_dp4.yaml)")
+    with pytest.raises(ScenarioError) as none_shipped:
+        read_input_text("scenarios/no_such_scenario.yaml")
+    assert str(none_shipped.value).endswith("(no such file)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import Described, ScenarioError
+from zerosim.shipped import shipped_copy
 
 MAX_INPUT_BYTES = 1 << 20
 """The largest input file read (1 MiB): scenarios, profiles and configs are a few KiB."""
@@ -61,8 +62,11 @@ def _check_kind(path: Path, where: str, key_path: str, what: str) -> None:
     try:
         info = os.stat(path)
     except OSError as err:
+        reason = _os_reason(err)
+        if err.errno == errno.ENOENT and (copy := shipped_copy(path)) is not None:
+            reason += f"; zerosim ships one at {_quoted(copy)}"
         raise ScenarioError(where, key_path, f"an existing {what}",
-                            Described(f"{_quoted(path)} ({_os_reason(err)})")) from None
+                            Described(f"{_quoted(path)} ({reason})")) from None
     if stat.S_ISDIR(info.st_mode):
         raise ScenarioError(where, key_path, f"a {what}, not a folder",
                             Described(f"{_quoted(path)} (a folder)"))

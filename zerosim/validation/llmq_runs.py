@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import reference_data, shipped_root
+from zerosim.shipped import shipped_root
+from zerosim.validation.reference import reference_data
 
 DATA_FILE = "llmq_rtx4090.yaml"
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerosim.shipped import shipped_root
 from zerosim.units import ordered_sum
-from zerosim.validation.reference import reference_data, shipped_root
+from zerosim.validation.reference import reference_data
 from zerosim.vocabulary import PhaseTime
 
 DATA_FILE = "deepspeed_offload_dgx_a100.yaml"

@@ -4,34 +4,18 @@ data/deepspeed_estimator.yaml)."""
 from __future__ import annotations
 
 import copy
-import site
-import sysconfig
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
+from zerosim.shipped import CHECKOUT
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import parse_yaml_text
 
 PHASES = PHASE_TIMES
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""The checkout's root (an install from a wheel has none: `shipped_root`)."""
-INSTALLED_DATA = Path("share") / "zerosim"
-"""Where an install from a wheel puts the shipped `scenarios/`, under its prefix
-(pyproject.toml's `tool.setuptools.data-files`)."""
-
-
-def shipped_root() -> Path:
-    """The folder whose `scenarios/` the data files name their scenarios in: the checkout's
-    root, or, installed from a wheel, the copy where the install scheme puts data (the
-    environment's prefix; /usr/local for a system pip on Debian), or under the user base
-    (`pip install --user`)."""
-    for root in (REPO_ROOT, Path(sysconfig.get_path("data")) / INSTALLED_DATA,
-                 Path(site.getuserbase()) / INSTALLED_DATA):
-        if (root / "scenarios").is_dir():
-            return root
-    return REPO_ROOT
+REPO_ROOT = CHECKOUT
+"""The checkout's root; the data files name their scenarios from `shipped_root()`, which is
+it in a checkout and the installed copy in an install from a wheel."""
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zerosim.validation.reference import reference_data, shipped_root
+from zerosim.shipped import shipped_root
+from zerosim.validation.reference import reference_data
 
 VERDICT = "reported, not judged"
 

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zerosim.shipped import shipped_root
 from zerosim.units import GiB
-from zerosim.validation.reference import reference_data, shipped_root
+from zerosim.validation.reference import reference_data
 
 DATA_FILE = "hf_ulysses_blog.yaml"
 

@@ -13,8 +13,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerosim.shipped import shipped_root
 from zerosim.units import GiB
-from zerosim.validation.reference import reference_data, shipped_root
+from zerosim.validation.reference import reference_data
 from zerosim.vocabulary import Phase
 
 DATA_FILE = "h200_vm_ds_offload.yaml"
