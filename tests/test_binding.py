@@ -182,13 +182,13 @@ def test_check_prints_where_each_ranks_pages_sit():
     from click.testing import CliRunner
 
     from zerosim.cli import main
-    from zerosim.validation.reference import REPO_ROOT
+    from zerosim.shipped import CHECKOUT
 
-    study = CliRunner().invoke(main, ["check", str(REPO_ROOT / "scenarios" / "llama13b_dp4.yaml")])
+    study = CliRunner().invoke(main, ["check", str(CHECKOUT / "scenarios" / "llama13b_dp4.yaml")])
     assert "rank 1: GPU on 0, own buffers on 1, pool on every domain" in " ".join(
         study.output.split())
     dgx = CliRunner().invoke(main, [
-        "check", str(REPO_ROOT / "scenarios" / "dgx_a100_offload" / "qwen2.5-3b.yaml"),
+        "check", str(CHECKOUT / "scenarios" / "dgx_a100_offload" / "qwen2.5-3b.yaml"),
         "--set", "runtime.bind_cores_to_rank=true"])
     assert "rank 1: GPU on 3, own buffers on 4, pool on 4, 5, 6, 7" in " ".join(
         dgx.output.split())

@@ -9,8 +9,8 @@ import pytest
 
 from zerosim.api import load_scenario, simulate_summary
 from zerosim.models.breakdown import total_params
+from zerosim.shipped import CHECKOUT
 from zerosim.validation.offload_binding import load_offload_study, timed_step_s
-from zerosim.validation.reference import REPO_ROOT
 from zerosim.validation.validate import offload_binding_cells
 
 STUDY = load_offload_study()
@@ -32,7 +32,7 @@ def test_every_ratio_names_two_runs():
                                               ("qwen2.5-1.5b", 1_543_714_304)])
 def test_the_scenarios_build_the_published_models(stem, params):
     """Qwen2.5-3B and -1.5B as their config.json builds them (tied embeddings, Q/K/V biases)."""
-    scenario = load_scenario(REPO_ROOT / "scenarios" / "dgx_a100_offload" / f"{stem}.yaml")
+    scenario = load_scenario(CHECKOUT / "scenarios" / "dgx_a100_offload" / f"{stem}.yaml")
     assert total_params(scenario.model) == params
     assert scenario.hardware.hbm_Bps == 1555e9
 

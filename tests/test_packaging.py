@@ -14,14 +14,13 @@ import pytest
 from zerosim import shipped
 from zerosim.errors import ScenarioError
 from zerosim.inputs import read_input_text
-from zerosim.shipped import CHECKOUT as REPO_ROOT
-from zerosim.shipped import INSTALLED_DATA, shipped_root
+from zerosim.shipped import CHECKOUT, INSTALLED_DATA, shipped_root
 
-SCENARIOS = REPO_ROOT / "scenarios"
+SCENARIOS = CHECKOUT / "scenarios"
 
 
 def data_files() -> dict[str, list[str]]:
-    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    pyproject = tomllib.loads((CHECKOUT / "pyproject.toml").read_text(encoding="utf-8"))
     return pyproject["tool"]["setuptools"]["data-files"]
 
 
@@ -29,7 +28,7 @@ def test_every_shipped_scenario_file_goes_into_the_wheel_in_its_folder():
     files = data_files()
     left_out = []
     for path in sorted(p for p in SCENARIOS.rglob("*") if p.is_file()):
-        relative = path.relative_to(REPO_ROOT)
+        relative = path.relative_to(CHECKOUT)
         target = str(INSTALLED_DATA / relative.parent)
         if not any(fnmatch(str(relative), pattern) for pattern in files.get(target, [])):
             left_out.append(str(relative))
@@ -40,11 +39,11 @@ def test_the_data_files_name_no_folder_and_install_under_share_zerosim():
     for target, patterns in data_files().items():
         assert target.startswith(str(INSTALLED_DATA / "scenarios")), target
         for pattern in patterns:
-            assert not [p for p in REPO_ROOT.glob(pattern) if p.is_dir()], pattern
+            assert not [p for p in CHECKOUT.glob(pattern) if p.is_dir()], pattern
 
 
 def test_a_checkout_reads_its_own_scenarios():
-    assert shipped_root() == REPO_ROOT
+    assert shipped_root() == CHECKOUT
 
 
 def without_a_checkout(monkeypatch, tmp_path: Path, data: Path, user_base: Path) -> None:

@@ -12,14 +12,14 @@ import yaml
 
 from zerosim.api import load_scenario, simulate
 from zerosim.models.breakdown import total_params
+from zerosim.shipped import CHECKOUT
 from zerosim.units import GiB
-from zerosim.validation.reference import REPO_ROOT
 from zerosim.validation.validate import h200_vm_run_cells
 from zerosim.validation.vm_runs import load_vm_runs
 from zerosim.vocabulary import Phase
 
 RUNS = load_vm_runs()
-RECORDS = [REPO_ROOT / "benchmarks" / "node_probe" / f"h200_ds_offload{suffix}_2026-12-04.jsonl"
+RECORDS = [CHECKOUT / "benchmarks" / "node_probe" / f"h200_ds_offload{suffix}_2026-12-04.jsonl"
            for suffix in ("", "_hooks")]
 
 
@@ -86,8 +86,8 @@ def test_the_probe_scenario_script_rebuilds_each_committed_scenario(run):
     runs on their own node: for these records it gives the committed scenarios, key by key."""
     records = next(path for path in RECORDS
                    if any(json.loads(line)["run"] == run for line in path.read_text().splitlines()))
-    script = REPO_ROOT / "benchmarks" / "node_probe" / "ds_offload_scenario.py"
+    script = CHECKOUT / "benchmarks" / "node_probe" / "ds_offload_scenario.py"
     made = subprocess.run([sys.executable, str(script), str(records), run, "--hardware",
                            "h200-vm"], capture_output=True, text=True, check=True).stdout
-    committed = yaml.safe_load((REPO_ROOT / "scenarios" / "h200_vm" / f"{run}.yaml").read_text())
+    committed = yaml.safe_load((CHECKOUT / "scenarios" / "h200_vm" / f"{run}.yaml").read_text())
     assert yaml.safe_load(made) == committed

@@ -15,8 +15,8 @@ from zerosim.engine.plan import plan_of
 from zerosim.errors import ScenarioError, UnsupportedConfigError
 from zerosim.hardware import costs
 from zerosim.hardware.profile import load_profile
+from zerosim.shipped import CHECKOUT
 from zerosim.validation.offload_binding import load_offload_study, timed_step_s
-from zerosim.validation.reference import REPO_ROOT
 
 N = 115_008
 SELECTED = N // 2
@@ -217,7 +217,7 @@ def test_offloaded_selective_moments_cross_pcie_at_each_step(toy):
     assert list(on_gpu.bytes) == [4 * SELECTED, 0]  # only while the one group_step runs
 
 
-ZENFLOW_SCENARIO = REPO_ROOT / "scenarios" / "dgx_a100_offload" / "qwen2.5-3b-zenflow.yaml"
+ZENFLOW_SCENARIO = CHECKOUT / "scenarios" / "dgx_a100_offload" / "qwen2.5-3b-zenflow.yaml"
 
 
 def test_the_shipped_scenario_is_the_study_run_it_names():

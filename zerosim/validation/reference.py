@@ -8,14 +8,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from zerosim.shipped import CHECKOUT
 from zerosim.vocabulary import PHASE_TIMES
 from zerosim.yamlio import parse_yaml_text
 
 PHASES = PHASE_TIMES
-REPO_ROOT = CHECKOUT
-"""The checkout's root; the data files name their scenarios from `shipped_root()`, which is
-it in a checkout and the installed copy in an install from a wheel."""
 
 
 @dataclass(frozen=True)
