@@ -173,7 +173,8 @@ def test_cli_draws_the_iteration_and_each_phase_the_scenario_runs(tmp_path):
                                 catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == [
-        "sensitivity.csv", "sensitivity.png", "sensitivity_backward_boundary.png",
+        "alternatives.csv", "sensitivity.csv", "sensitivity.png",
+        "sensitivity_backward_boundary.png",
         "sensitivity_backward_non_boundary.png", "sensitivity_forward.png",
         "sensitivity_update.png"]
     refused = CliRunner().invoke(main, ["sensitivity", DP1, "--no-files", "--plots"])

@@ -861,7 +861,8 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
                 as_json: bool, plots: bool) -> None:
     """Which hardware and stack values SCENARIO's prediction hangs on: each moved by --step
     both ways, one at a time, and the elasticity of the iteration and of each phase (the %
-    a 1% error in the value moves the time), ranked, beside the value's basis."""
+    a 1% error in the value moves the time), ranked, beside the value's basis; then each
+    alternative reading of the profile's data run whole (alternatives.csv)."""
     from zerosim.report import render_sensitivity
     from zerosim.scenario.loader import parse_overrides
     from zerosim.sensitivity import DoesNotFit
@@ -887,7 +888,8 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
         _print_json({"scenario": outcome.scenario_name, "hardware": outcome.hardware,
                      "step": outcome.step, "base_s": outcome.base,
                      "against_physics": [r.key for r in outcome.against_physics()],
-                     "rows": [r.as_row() for r in outcome.ranked(everything=everything)]})
+                     "rows": [r.as_row() for r in outcome.ranked(everything=everything)],
+                     "alternatives": [r.as_row(outcome.base) for r in outcome.alternatives]})
         return
     render_sensitivity(outcome, everything=everything)
 

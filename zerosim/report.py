@@ -181,8 +181,12 @@ def render_scenario(scenario: Scenario) -> None:
                 f"{ds.train_micro_batch_size_per_gpu}, grad accumulation "
                 f"{ds.gradient_accumulation_steps}, attention {scenario.attention}, "
                 f"activation checkpointing {scenario.activation_checkpointing}")
-    top.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.gpus_per_node} "
+    top.add_row("hardware", f"{hw.label}: {hw.nodes} node(s) x {hw.gpus_per_node} "
                 f"{hw.gpu_name}; data_parallel {scenario.data_parallel}")
+    if others := [a.name for a in hw.alternatives if a.name != hw.alternative]:
+        top.add_row("readings", f"{', '.join(others)}: the profile's alternatives, other "
+                    "readings of its data (hardware.alternative=NAME runs one; zerosim "
+                    "sensitivity, each)")
     if links := _gpu_links_text(hw):
         top.add_row("gpu links", links)
     top.add_row("runtime", f"DeepSpeed {scenario.runtime.version_text}, "
@@ -629,6 +633,33 @@ def _uncertainty_text(outcome) -> str:
     return text
 
 
+def _change_text(change: float | None) -> str:
+    return "-" if change is None else f"{100 * change:+.1f}%"
+
+
+def _alternatives_table(outcome) -> Table:
+    """Each alternative reading of the profile's data, run whole: what it sets and how much
+    it changes the iteration and each phase (its source: the profile's file, or --json)."""
+    from zerosim.sensitivity import QUANTITIES_SHOWN
+
+    table = Table(title=f"alternative readings of {outcome.hardware}'s data, each run whole "
+                        "(--set hardware.alternative=NAME; why each: the profile's file or "
+                        "--json): % change of the time",
+                  title_justify="left")
+    table.add_column("alternative", no_wrap=True)
+    table.add_column("sets")
+    for q in QUANTITIES_SHOWN:
+        table.add_column(SENSITIVITY_HEADINGS[q], justify="right", no_wrap=True)
+    for reading in outcome.alternatives:
+        alternative = reading.alternative
+        name = alternative.name if alternative.carried_from is None else (
+            f"{alternative.name} (from {alternative.carried_from})")
+        sets = alternative.describe() + (f"; {reading.note}" if reading.note else "")
+        table.add_row(name, sets, *(_change_text(reading.change(q, outcome.base))
+                                    for q in QUANTITIES_SHOWN))
+    return table
+
+
 def _physics_text(outcome) -> str:
     """Whether every value moves the iteration the way a larger one can (a bandwidth shortening
     it, a latency lengthening it), else which do not (`Sensitivity.against_physics`)."""
@@ -674,6 +705,8 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
     console.print(table)
     console.print(_uncertainty_text(outcome), markup=False, highlight=False)
     console.print(_physics_text(outcome), markup=False, highlight=False)
+    if outcome.alternatives:
+        console.print(_alternatives_table(outcome))
     for row in shown:
         if row.note:
             console.print(f"{row.key}: {row.note}", markup=False, highlight=False)

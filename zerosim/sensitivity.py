@@ -13,6 +13,12 @@ whether a configuration fits, not how long it takes, and are left out. A value o
 relative step and is listed as such. A side whose value leaves the key's valid range (a
 fraction above 1, a number outside its plausible range) or whose run does not fit is
 dropped, and the elasticity is taken one-sided, from the base run.
+
+Beside the elasticities, each alternative reading of the profile's data (its `alternatives`:
+sets of values the calibration data fit about as well, or that a sibling part's measurement
+says a run may meet; `zerosim.hardware.alternatives`) is run whole, and what it changes of the
+iteration and each phase is reported: the difference between readings that the data cannot
+tell apart, which no standard error covers.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError, ZerosimError, with_scenario_warnings
+from zerosim.hardware.alternatives import Alternative
 from zerosim.hardware.cpus import BF16_ADAM_KEYS, FP16_ADAM_KEYS, LOW_PRECISION_ADAM_KEYS
 from zerosim.hardware.profile import (
     AT_LEAST_ONE_KEYS,
     CAPACITY_KEYS,
     FRACTION_KEYS,
     QUANTITIES,
+    HardwareProfile,
 )
 from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY, REPEAT_HOOK_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
@@ -47,6 +55,10 @@ ELASTICITY_DIGITS = 9
 bit (a value the configuration does not use) give 0, not 1e-15."""
 QUANTITIES_SHOWN = ("iteration", *PHASE_TIMES)
 """The times whose elasticities each row carries: the iteration, then the phase means."""
+ALTERNATIVE_KEY = "hardware.alternative"
+"""The override that runs one of the profile's alternatives."""
+ALTERNATIVE_COLUMNS = ("alternative", "sets", "carried_from", "iteration_s",
+                       *(f"change_{q}_pct" for q in QUANTITIES_SHOWN), "note", "source")
 COLUMNS = ("key", "basis", "stderr_pct", "value", "low", "high",
            *(f"elasticity_{q}" for q in QUANTITIES_SHOWN), "iteration_sigma_pct",
            "against_physics", "note")
@@ -152,6 +164,38 @@ class Sensitivity:
         return row
 
 
+@dataclass(frozen=True)
+class AlternativeReading:
+    """One alternative of the profile, run whole: its times, or why it has none."""
+
+    alternative: Alternative
+    times: Mapping[str, float | None] | None
+    """The iteration and phase times (s); None where the run did not fit or failed."""
+    note: str = ""
+
+    def change(self, quantity: str, base: Mapping[str, float | None]) -> float | None:
+        """The relative change of a time against the base run (+0.05: 5% longer)."""
+        if self.times is None:
+            return None
+        now, then = self.times.get(quantity), base.get(quantity)
+        if now is None or then is None or then <= 0:
+            return None
+        return now / then - 1
+
+    def as_row(self, base: Mapping[str, float | None]) -> dict[str, Any]:
+        alt = self.alternative
+        row: dict[str, Any] = {"alternative": alt.name, "sets": alt.describe(),
+                               "carried_from": alt.carried_from,
+                               "iteration_s": None if self.times is None
+                               else self.times.get("iteration")}
+        for q in QUANTITIES_SHOWN:
+            change = self.change(q, base)
+            row[f"change_{q}_pct"] = None if change is None else 100 * change
+        row["note"] = self.note
+        row["source"] = alt.source
+        return row
+
+
 @dataclass
 class SensitivityOutcome:
     scenario_name: str
@@ -164,6 +208,8 @@ class SensitivityOutcome:
     executor: str = ""
     wall_s: float = 0.0
     files: list[Path] = field(default_factory=list)
+    alternatives: list[AlternativeReading] = field(default_factory=list)
+    """The profile's alternative readings, each run whole."""
 
     def stated_sigma(self) -> tuple[float, int]:
         """The iteration's relative 1-sigma error from every value with a stated standard
@@ -374,7 +420,8 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
                 workers: int | None = None, out_dir: str | Path | None = None
                 ) -> SensitivityOutcome:
     """Move each value of the scenario at `scenario_path` by `step` both ways and measure the
-    elasticities; write `sensitivity.csv` to `out_dir` when given."""
+    elasticities, and run each alternative of its profile whole; write `sensitivity.csv` (and
+    `alternatives.csv`) to `out_dir` when given."""
     import warnings
 
     from zerosim.sweep.runner import drive, open_executor
@@ -397,6 +444,11 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
                 continue
             labels.append((c.key, side))
             points.append(Point(len(points), f"{c.key}:{side}", fixed | {c.key: value}, {}, {}))
+    readings = alternatives_to_run(scenario.hardware)
+    first_reading = len(points)
+    for alternative in readings:
+        points.append(Point(len(points), f"alternative:{alternative.name}",
+                            fixed | {ALTERNATIVE_KEY: alternative.name}, {}, {}))
     rows: dict[int, Mapping[str, Any]] = {}
 
     def on_row(point: Point, row: Mapping[str, Any]) -> None:
@@ -413,13 +465,34 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
                          "it has no times to differentiate")
     if base is None:
         raise RuntimeError(f"the scenario's own run failed: {rows[0].get('error')}")
-    by_side = {labels[i]: rows[i] for i in range(1, len(points))}
-    outcome = SensitivityOutcome(scenario.name, scenario.hardware.name, step, base,
+    by_side = {labels[i]: rows[i] for i in range(1, first_reading)}
+    outcome = SensitivityOutcome(scenario.name, scenario.hardware.label, step, base,
                                  measure(tried, base, by_side), runs=len(points),
-                                 executor=where, wall_s=time.perf_counter() - started)
+                                 executor=where, wall_s=time.perf_counter() - started,
+                                 alternatives=[
+                                     _reading(alternative, rows[first_reading + i])
+                                     for i, alternative in enumerate(readings)])
     if out_dir is not None:
         outcome.files = [write_table(outcome, Path(out_dir) / "sensitivity.csv")]
+        if outcome.alternatives:
+            outcome.files.append(write_alternatives(outcome,
+                                                    Path(out_dir) / "alternatives.csv"))
     return outcome
+
+
+def alternatives_to_run(profile: HardwareProfile) -> list[Alternative]:
+    """The profile's alternatives other than the one it already runs with."""
+    return [a for a in profile.alternatives if a.name != profile.alternative]
+
+
+def _reading(alternative: Alternative, row: Mapping[str, Any]) -> AlternativeReading:
+    """An alternative's run as a reading: its times, or why it has none."""
+    times = _times(row)
+    if times is not None:
+        return AlternativeReading(alternative, times)
+    note = ("the configuration does not fit with it" if row.get("status") == "oom"
+            else f"it failed: {row.get('error', '')}")
+    return AlternativeReading(alternative, None, note)
 
 
 def write_table(outcome: SensitivityOutcome, path: Path) -> Path:
@@ -427,6 +500,14 @@ def write_table(outcome: SensitivityOutcome, path: Path) -> Path:
     from zerosim.results.folders import write_table as write_csv_table
 
     return write_csv_table(path, COLUMNS, (r.as_row() for r in outcome.ranked(everything=True)))
+
+
+def write_alternatives(outcome: SensitivityOutcome, path: Path) -> Path:
+    """Each alternative reading's times and changes against the base run, as CSV."""
+    from zerosim.results.folders import write_table as write_csv_table
+
+    return write_csv_table(path, ALTERNATIVE_COLUMNS,
+                           (r.as_row(outcome.base) for r in outcome.alternatives))
 
 
 def write_charts(outcome: SensitivityOutcome, folder: Path) -> list[Path]:

@@ -44,6 +44,8 @@ from typing import Any
 
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware import cpus
+from zerosim.hardware.alternatives import SECTION as ALTERNATIVES
+from zerosim.hardware.alternatives import Alternative, parse_alternatives
 from zerosim.hardware.provenance import (
     BASES,
     DERIVED,
@@ -170,6 +172,16 @@ class HardwareProfile:
     nvme_capacity_bytes_per_drive: float
     provenance: Mapping[str, Provenance] = field(repr=False, compare=False)
     observed: Mapping[str, Provenance] = field(repr=False, compare=False)
+    alternatives: tuple[Alternative, ...] = field(default=(), repr=False, compare=False)
+    """Other readings of the data behind the profile (`zerosim.hardware.alternatives`)."""
+    alternative: str | None = None
+    """The alternative whose values the profile runs with (`hardware.alternative`), if any."""
+
+    @property
+    def label(self) -> str:
+        """'h100-jlse', or 'h100-jlse, alternative stream_host_memory'."""
+        return self.name if self.alternative is None else (
+            f"{self.name}, alternative {self.alternative}")
 
     def gpu_domain(self, gpu: int) -> int:
         """The NUMA domain GPU `gpu` (an index over every node) hangs off."""
@@ -338,7 +350,9 @@ TEXTS = {"name": "name", "description": "description", "gpu.name": "gpu_name",
          "host.cpu_name": "cpu_name", "host.cpu_model": "cpu_model"}
 CHOICES = {"host.rank_memory_placement": ("rank_memory_placement", PLACEMENTS),
            "intra_node.transport": ("intra_node_transport", tuple(PeerTransport))}
-OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed"}
+OTHER_KEYS = {"gpu.numa_domain", "pcie.generation", "observed", ALTERNATIVES}
+WHOLE_SECTIONS = ("observed", ALTERNATIVES)
+"""Sections read whole, not walked key by key."""
 GEN4_NVME = "a typical PCIe Gen4 x4 datacenter NVMe drive"
 
 
@@ -480,7 +494,7 @@ def _walk(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}{key}"
-        if path == "observed":
+        if path in WHOLE_SECTIONS:
             flat[path] = value
         elif isinstance(value, Mapping) and "value" not in value:
             flat.update(_walk(value, f"{path}."))
@@ -583,6 +597,7 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
     if not isinstance(observed_raw, Mapping):
         raise ScenarioError(source, "observed", "a mapping of observations", observed_raw)
     observed = {k: parse_provenance(v, source, f"observed.{k}") for k, v in observed_raw.items()}
+    alternatives = profile_alternatives(flat, source)
     if model is not None:
         cpus.check_memory(values["memory_Bps_per_domain"] / GB, values["sockets"],
                           values["numa_domains"], model, source)
@@ -595,7 +610,50 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
         raise ScenarioError(source, "pcie.gpus_per_switch",
                             f"at most gpu.per_node ({values['gpus_per_node']})",
                             values["gpus_per_switch"])
-    return HardwareProfile(**values, provenance=provenance, observed=observed)
+    return HardwareProfile(**values, provenance=provenance, observed=observed,
+                           alternatives=alternatives)
+
+
+def _alternative_value(source: str) -> Callable[[str, Any, str], float]:
+    """How an alternative's value is checked: a numeric profile key's valid, plausible value."""
+    def check(key: str, value: Any, key_path: str) -> float:
+        if key not in QUANTITIES:
+            raise ScenarioError(source, key_path, "a numeric profile key, as hardware.overrides "
+                                f"names it ({', '.join(sorted(QUANTITIES))})", key)
+        _, _, valid, expected = QUANTITIES[key]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not valid(value):
+            raise ScenarioError(source, key_path, expected, value)
+        check_plausible(f"hardware.{key}", value, source=source, key_path=key_path)
+        return float(value)
+
+    return check
+
+
+def _shipped_alternatives(source: str) -> Callable[[str, str], Mapping[str, Any]]:
+    """How a `carried_from` alternative finds its origin: a shipped profile's section."""
+    def section(origin: str, key_path: str) -> Mapping[str, Any]:
+        names = profile_names()
+        if origin not in names:
+            raise ScenarioError(source, key_path, f"a shipped profile ({', '.join(names)})",
+                                origin)
+        return _builtin_alternatives(origin)
+
+    return section
+
+
+def profile_alternatives(tree: Mapping[str, Any], source: str) -> tuple[Alternative, ...]:
+    """The `alternatives` section of a profile's tree, checked as `parse_profile` checks it
+    (a scenario picks one before the tree is patched and parsed)."""
+    return parse_alternatives(tree.get(ALTERNATIVES), source,
+                              check_value=_alternative_value(source),
+                              carried_section=_shipped_alternatives(source))
+
+
+@functools.cache
+def _builtin_alternatives(name: str) -> Mapping[str, Any]:
+    """A shipped profile's `alternatives` section as its file writes it."""
+    section = builtin_profile_tree(name, source=f"profile {name}").get(ALTERNATIVES) or {}
+    return MappingProxyType(dict(section)) if isinstance(section, Mapping) else {}
 
 
 @functools.cache
@@ -703,9 +761,9 @@ def _is_provenance(value: Any) -> bool:
 def flatten_overrides(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """`{pcie: {h2d_pageable_GBps: 12}}` -> `{"pcie.h2d_pageable_GBps": 12}`: a nested override
     patches the keys it names, not the whole section. A `{value, basis, source}` mapping is one
-    value, and so is the `observed` section."""
+    value, and so are the `observed` and `alternatives` sections."""
     return flatten_nested(overrides, lambda dotted, value: not _is_provenance(value)
-                          and dotted != "observed", prefix)
+                          and dotted not in WHOLE_SECTIONS, prefix)
 
 
 def apply_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any], *,

@@ -155,6 +155,7 @@ PLAUSIBLE: dict[str, Plausible | PlausibleText] = {
     "stack.processes.gc_objects_per_zero3_tensor": Plausible(0, 1e7, "an object count"),
     # ---- hardware profile keys
     "hardware.description": PlausibleText(10_000),
+    "hardware.alternative": PlausibleText(64),
     "hardware.nodes": _count(1, 1e6, "a node count"),
     "hardware.gpu.per_node": _count(1, 1024, "a GPU count"),
     "hardware.host.sockets": _count(1, 1024, "a socket count"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +20,7 @@ from zerosim.behaviours import (
     unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
+from zerosim.hardware.alternatives import Alternative, find_alternative
 from zerosim.hardware.costs import (
     CpuPools,
     cpu_pools,
@@ -33,6 +34,7 @@ from zerosim.hardware.profile import (
     builtin_profile_tree,
     flatten_overrides,
     parse_profile,
+    profile_alternatives,
     profile_tree_from_file,
 )
 from zerosim.inputs import check_plausible, check_section, referenced_path
@@ -49,7 +51,7 @@ from zerosim.units import MS
 from zerosim.yamlio import copy_tree, parse_scalar, read_yaml_file
 
 DEFAULT_DEEPSPEED_VERSION = "0.13.3"
-HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides"}
+HARDWARE_REFERENCE_KEYS = {"profile", "file", "overrides", "alternative"}
 DOCUMENT_SECTIONS = ("model", "hardware", "deepspeed")
 """Scenario keys holding another document, whose values are checked where it is resolved."""
 
@@ -255,7 +257,13 @@ class Scenario:
             "activation_checkpointing": self.activation_checkpointing,
             "attention": self.attention,
             "hardware": {"name": self.hardware.name, "nodes": self.hardware.nodes,
-                         "gpus_per_node": self.hardware.gpus_per_node, "values": hardware},
+                         "gpus_per_node": self.hardware.gpus_per_node, "values": hardware,
+                         **({"alternative": self.hardware.alternative}
+                            if self.hardware.alternative is not None else {}),
+                         "alternatives": {a.name: {"sets": dict(a.values), "source": a.source,
+                                                   **({"carried_from": a.carried_from}
+                                                      if a.carried_from else {})}
+                                          for a in self.hardware.alternatives}},
             "data_parallel": self.data_parallel,
             "deepspeed": self.deepspeed.to_dict(),
             "runtime": {"deepspeed_version": self.runtime.version_text,
@@ -485,7 +493,8 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
         extra = set(value) - HARDWARE_REFERENCE_KEYS
         if extra:
             raise ScenarioError(source, f"hardware.{sorted(extra)[0]}",
-                                "profile or file, plus optional overrides", sorted(extra)[0])
+                                "profile or file, plus optional overrides and alternative",
+                                sorted(extra)[0])
         if "profile" in value and "file" in value:
             raise ScenarioError(source, "hardware.file",
                                 "either a catalog profile or a profile file, not both "
@@ -500,22 +509,41 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
             tree = profile_tree_from_file(path, source=source, key_path="hardware.file")
             profile_source = str(path)
     else:
-        tree = {k: v for k, v in value.items() if k != "overrides"}
+        tree = {k: v for k, v in value.items() if k not in ("overrides", "alternative")}
         profile_source = f"{source} (hardware)"
-    if overrides:
-        tree = apply_overrides(tree, overrides, source=source)
+    chosen = _chosen_alternative(value.get("alternative"), tree, profile_source, source)
+    patch = {**(chosen.overrides(str(tree.get("name", profile_source))) if chosen else {}),
+             **overrides}
+    if patch:
+        tree = apply_overrides(tree, patch, source=source)
     try:
-        return parse_profile(tree, profile_source)
+        profile = parse_profile(tree, profile_source)
     except ScenarioError as err:
         key = _overridden_key(err.key_path, overrides)
         if key is not None:
             raise ScenarioError(source, f"hardware.overrides.{key}", err.expected,
                                 err.got) from None
+        if chosen is not None and _overridden_key(err.key_path, chosen.values) is not None:
+            raise ScenarioError(source, "hardware.alternative", "an alternative whose values "
+                                f"{profile_source} takes ({err.key_path}: {err.expected}, "
+                                f"got {err.got!r})", chosen.name) from None
         if overrides:
             patched_by = (f"{profile_source} as patched by {source} "
                           f"(hardware.overrides: {', '.join(sorted(overrides))})")
             raise ScenarioError(patched_by, err.key_path, err.expected, err.got) from None
         raise
+    return profile if chosen is None else replace(profile, alternative=chosen.name)
+
+
+def _chosen_alternative(name: Any, tree: Mapping[str, Any], profile_source: str,
+                        source: str) -> Alternative | None:
+    """The profile's alternative `hardware.alternative` names (None: the shipped values)."""
+    if name is None:
+        return None
+    check_plausible("hardware.alternative", name, source=source, key_path="hardware.alternative")
+    return find_alternative(profile_alternatives(tree, profile_source), name,
+                            profile=str(tree.get("name", profile_source)), source=source,
+                            key_path="hardware.alternative")
 
 
 def _overridden_key(key_path: str, overrides: Mapping[str, Any]) -> str | None:
