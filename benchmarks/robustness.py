@@ -23,7 +23,9 @@ they changed, the parameters on the GPU or the CPU; and MiCS's shard groups (1 t
 flat and hierarchical) on four Polaris nodes at three releases, nothing offloaded, micro-batch
 1 and 4; and unmanaged gradient accumulation (0.19.5) at ZeRO-3 with the optimizer, the
 parameters, both or nothing offloaded and ZeRO-2 with the optimizer or nothing offloaded, GA 1
-and 4; and Ulysses sequence parallelism (0.19.5) for Llama-3.1-8B on 1 to 4 DGX H100 nodes,
+and 4; and every alternative reading of a shipped profile (`hardware.alternative`) on the
+fork's models, bound, with and without the interleaved update; and Ulysses sequence
+parallelism (0.19.5) for Llama-3.1-8B on 1 to 4 DGX H100 nodes,
 groups of 4 to 16 GPUs (one across two nodes), 16K to 256K tokens, at ZeRO-1/2/3 with the
 optimizer, both or nothing offloaded, and under Megatron-DeepSpeed (DistributedAttention) for
 three Polaris models on one and two nodes, groups of 2 to 8, at 0.13.3 and 0.14.4; and three
@@ -383,6 +385,16 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "runtime.synchronize_each_layer": synchronize,
                     "deepspeed.train_micro_batch_size_per_gpu": micro_batch,
                     PARAMS + "device": "cpu" if params else "none"}))
+    for profile, alternative in shipped_alternatives():
+        for name in FORK_MODELS[:1] if quick else FORK_MODELS:
+            for gap in (0, 3):
+                overrides = {"hardware": profile, "hardware.alternative": alternative,
+                             "runtime.deepspeed_version": FORK_BUILDS[0],
+                             "runtime.bind_cores_to_rank": True}
+                if gap:
+                    overrides |= {OFFLOAD + "prefetch_optimizer": True,
+                                  OFFLOAD + "prefetch_optimizer_gap": gap}
+                out.append((POLARIS / f"{name}.yaml", overrides))
     for name in MULTI_NODE_MODELS:
         for nodes in (2, 4) if quick else (2, 4, 8, 16):
             for micro_batch in (1, 4):
@@ -391,6 +403,14 @@ def cases(quick: bool) -> list[tuple[Path, dict]]:
                     "data_parallel": 4 * nodes,
                     "deepspeed.train_micro_batch_size_per_gpu": micro_batch}))
     return out
+
+
+def shipped_alternatives() -> list[tuple[str, str]]:
+    """(profile, alternative) for every alternative reading a shipped profile declares."""
+    from zerosim.hardware.profile import load_profile, profile_names
+
+    return [(name, alternative.name) for name in profile_names()
+            for alternative in load_profile(name).alternatives]
 
 
 def _misfit(oom: dict) -> str:
