@@ -149,6 +149,29 @@ def table2_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
     return cells
 
 
+ALTERNATIVES_GROUP = "Table 2 at the study node's alternative readings"
+
+
+def alternative_cells(study: Study, results: dict[int, Result]) -> list[Cell]:
+    """Table 2's phases at each alternative reading of the study node's profile (reported):
+    how far apart the data leave the readings, beside the judged cells at the values shipped."""
+    cells = []
+    profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
+    for alternative in profile.alternatives:
+        for dp, measured in study.table2.items():
+            tree = study.scenario_for(dp)
+            tree["hardware"] = {"profile": tree["hardware"], "alternative": alternative.name}
+            summary = simulate_summary(scenario_from_dict(
+                tree, source=f"study DP={dp}, alternative {alternative.name}"))
+            shipped = results[dp].summary["phases_s"]
+            for phase in PHASES:
+                note = f"at the values shipped {shipped[phase] / measured[phase] - 1:+.1%}"
+                cells.append(judge(ALTERNATIVES_GROUP, f"DP={dp}, {alternative.name}", phase,
+                                   "s", measured[phase], summary["phases_s"][phase], None,
+                                   note=note))
+    return cells
+
+
 def memory_cells(study: Study, dp1: Result) -> list[Cell]:
     obs = study.observations
     start, end = _phase_window(dp1, Phase.FORWARD, 0)
@@ -1205,7 +1228,8 @@ def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool
     results."""
     study = study or load_study()
     results = {dp: run_study(study, dp) for dp in sorted(study.table2)}
-    cells = table2_cells(study, results) + memory_cells(study, results[1])
+    cells = table2_cells(study, results) + alternative_cells(study, results)
+    cells += memory_cells(study, results[1])
     cells += observation_cells(study, results)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
     probe = pcie_drop_during_unscale(profile)
