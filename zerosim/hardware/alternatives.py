@@ -11,6 +11,10 @@ the dotted keys a scenario's `hardware.overrides` takes, in the same units:
                  calibration data then refit"
         set: {host.memory_GBps_per_domain: 243, pcie.h2d_pageable_GBps: 14.55}
 
+A key under `stack.` (`stack.allocator.heap_reuse_MiB`) sets a value of the scenario's software
+stack, where the reading is of the node's environment more than of its parts (the C library's
+heap on that node); the stack checks it when a scenario runs the alternative.
+
 An alternative may instead take a shipped profile's alternative of the same name whole
 (`carried_from: h100-jlse`), as a value may take another profile's. A scenario runs one with
 `hardware.alternative: NAME` (`--set hardware.alternative=NAME`): its values apply before the
@@ -31,6 +35,8 @@ from zerosim.errors import ScenarioError
 from zerosim.inputs import check_plausible
 
 SECTION = "alternatives"
+STACK_PREFIX = "stack."
+"""How an alternative names a value of the scenario's software stack."""
 NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 """An alternative's name: lower case, digits and underscores, as a sweep axis writes it."""
 FIELDS = frozenset({"source", "set", "carried_from"})
@@ -47,10 +53,18 @@ class Alternative:
     """The shipped profile whose alternative of the same name this one is."""
 
     def overrides(self, profile: str) -> dict[str, dict[str, Any]]:
-        """Its values as `hardware.overrides` entries, each with its provenance."""
+        """Its profile values as `hardware.overrides` entries, each with its provenance."""
+        return self._entries(profile, stack=False)
+
+    def stack_overrides(self, profile: str) -> dict[str, dict[str, Any]]:
+        """Its stack values as `runtime.framework.overrides` entries (without `stack.`)."""
+        return self._entries(profile, stack=True)
+
+    def _entries(self, profile: str, *, stack: bool) -> dict[str, dict[str, Any]]:
         origin = f"alternative {self.name} of profile {profile}"
-        return {key: {"value": value, "basis": "override", "source": origin}
-                for key, value in self.values.items()}
+        return {key.removeprefix(STACK_PREFIX): {"value": value, "basis": "override",
+                                                  "source": origin}
+                for key, value in self.values.items() if key.startswith(STACK_PREFIX) == stack}
 
     def describe(self) -> str:
         """'host.memory_GBps_per_domain 243, pcie.h2d_pageable_GBps 14.55'."""

@@ -45,7 +45,7 @@ from typing import Any
 from zerosim.errors import ScenarioError, ScenarioWarning
 from zerosim.hardware import cpus
 from zerosim.hardware.alternatives import SECTION as ALTERNATIVES
-from zerosim.hardware.alternatives import Alternative, parse_alternatives
+from zerosim.hardware.alternatives import STACK_PREFIX, Alternative, parse_alternatives
 from zerosim.hardware.provenance import (
     BASES,
     DERIVED,
@@ -617,9 +617,16 @@ def parse_profile(tree: Any, source: str) -> HardwareProfile:
 def _alternative_value(source: str) -> Callable[[str, Any, str], float]:
     """How an alternative's value is checked: a numeric profile key's valid, plausible value."""
     def check(key: str, value: Any, key_path: str) -> float:
+        if key.startswith(STACK_PREFIX):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ScenarioError(source, key_path, "a number (a value of the scenario's "
+                                    "software stack, in the key's unit)", value)
+            check_plausible(key, value, source=source, key_path=key_path)
+            return float(value)
         if key not in QUANTITIES:
             raise ScenarioError(source, key_path, "a numeric profile key, as hardware.overrides "
-                                f"names it ({', '.join(sorted(QUANTITIES))})", key)
+                                f"names it ({', '.join(sorted(QUANTITIES))}), or stack.<key>",
+                                key)
         _, _, valid, expected = QUANTITIES[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not valid(value):
             raise ScenarioError(source, key_path, expected, value)

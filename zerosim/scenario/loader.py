@@ -535,6 +535,14 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
     return profile if chosen is None else replace(profile, alternative=chosen.name)
 
 
+def _alternative_stack_values(hardware: HardwareProfile
+                              ) -> tuple[str, dict[str, Any]] | None:
+    """The stack values of the alternative the profile runs with, if it sets any."""
+    chosen = [a for a in hardware.alternatives if a.name == hardware.alternative]
+    values = chosen[0].stack_overrides(hardware.name) if chosen else {}
+    return (f"hardware.alternative ({hardware.alternative}), stack", values) if values else None
+
+
 def _chosen_alternative(name: Any, tree: Mapping[str, Any], profile_source: str,
                         source: str) -> Alternative | None:
     """The profile's alternative `hardware.alternative` names (None: the shipped values)."""
@@ -649,7 +657,8 @@ def build_scenario(tree: Any, *, source: str, base_dir: Path) -> Scenario:
     version = parse_version(raw.runtime.deepspeed_version, source=source)
     model = _resolve_model(raw.model, source, base_dir)
     hardware = _resolve_hardware(raw.hardware, source, base_dir)
-    stack = resolve_stack(raw.runtime.framework, source=source, base_dir=base_dir)
+    stack = resolve_stack(raw.runtime.framework, source=source, base_dir=base_dir,
+                          first=_alternative_stack_values(hardware))
     if raw.runtime.liger_kernel:
         stack = stack.with_liger_kernel()
     data_parallel = raw.data_parallel or hardware.total_gpus

@@ -897,10 +897,12 @@ def apply_stack_overrides(tree: Mapping[str, Any], overrides: Mapping[str, Any],
 
 
 def resolve_stack(value: Any, *, source: str, base_dir: Path,
-                  key_path: str = "runtime.framework") -> SoftwareStack:
+                  key_path: str = "runtime.framework",
+                  first: tuple[str, Mapping[str, Any]] | None = None) -> SoftwareStack:
     """`runtime.framework`: a stack name, {stack: name | file: path, overrides: {...}} (no
     stack or file: the default stack), or a whole stack written inline (a mapping with
-    `name`)."""
+    `name`). `first`: (where they come from, stack values) patched in before the overrides:
+    a hardware alternative's (`hardware.alternative`)."""
     if value is None:
         value = DEFAULT_STACK
     if isinstance(value, str):
@@ -908,7 +910,9 @@ def resolve_stack(value: Any, *, source: str, base_dir: Path,
     if not isinstance(value, Mapping):
         raise ScenarioError(source, key_path, "a stack name or a mapping", value)
     if "name" in value:
-        return parse_stack(value, f"{source}: {key_path}")
+        tree = dict(value) if first is None else apply_stack_overrides(
+            value, first[1], source=source, key_path=first[0])
+        return parse_stack(tree, f"{source}: {key_path}")
     unknown = set(value) - {"stack", "file", "overrides"}
     if unknown or ("stack" in value and "file" in value):
         raise ScenarioError(source, key_path, "at most one of stack: or file:, and optionally "
@@ -927,6 +931,8 @@ def resolve_stack(value: Any, *, source: str, base_dir: Path,
     if not isinstance(overrides, Mapping):
         raise ScenarioError(source, f"{key_path}.overrides", "a mapping of stack keys to values",
                             overrides)
+    if first is not None:
+        tree = apply_stack_overrides(tree, first[1], source=source, key_path=first[0])
     if overrides:
         tree = apply_stack_overrides(tree, overrides, source=source,
                                      key_path=f"{key_path}.overrides")
