@@ -295,3 +295,42 @@ def test_the_fresh_pages_reading_passes_every_table2_cell(table2_fresh):
 @pytest.fixture(scope="module")
 def table2_fresh():
     return _table2({"hardware.alternative": "fresh_flush_pages"})
+
+
+def _two_polaris_runs(tmp_path):
+    table = (CHECKOUT / "zerosim/validation/data/polaris_zero3_offload_runs.csv").read_text()
+    lines = table.splitlines()
+    path = tmp_path / "two.csv"
+    path.write_text("\n".join(lines[:3]) + "\n")
+    return path
+
+
+def test_predict_gives_the_table_at_each_alternative_and_each_readings_rms(tmp_path):
+    from zerosim.runs import ALTERNATIVE_PREDICTION_COLUMNS, predict, read_runs
+
+    table = _two_polaris_runs(tmp_path)
+    out = tmp_path / "pred"
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--out", str(out), "--alternatives"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "alternative readings of polaris-a100's data" in result.output
+    assert "slower_gpu_session (gpu.sm_clock_fraction 0.827): rms fwd" in result.output
+    with (out / "alternatives.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == list(ALTERNATIVE_PREDICTION_COLUMNS)
+    assert [r["alternative"] for r in rows] == ["slower_gpu_session"] * 2
+    at_it = predict(read_runs(table), "polaris-a100", workers=1,
+                    overrides={"hardware.alternative": "slower_gpu_session"})
+    assert [float(r["predicted_iteration_s"]) for r in rows] == pytest.approx(
+        [p.predicted["iteration"] for p in at_it.predictions], rel=1e-12)
+    as_json = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                        "--workers", "1", "--no-files", "--json",
+                                        "--alternatives"])
+    reading, = json.loads(as_json.stdout)["alternatives"]
+    assert reading["alternative"] == "slower_gpu_session"
+    assert reading["rms"]["iteration"] == pytest.approx(at_it.rms("iteration"), rel=1e-12)
+    assert len(reading["rows"]) == 2
+    plain = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                      "--workers", "1", "--no-files", "--json"])
+    assert "alternatives" not in json.loads(plain.stdout)

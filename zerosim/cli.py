@@ -912,20 +912,27 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
               help="Also say what each phase waited on (its critical path, as run prints it): "
                    "the waits_on_<phase> and waits_on_other_ranks columns of "
                    "predictions.csv and --json.")
+@click.option("--alternatives", is_flag=True,
+              help="Also predict the table at each alternative reading of the profile's data "
+                   "(its alternatives, hardware.alternative=NAME): the iteration at each, each "
+                   "reading's rms error where the table has measurements, alternatives.csv.")
 def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers: int | None,
             out_dir: Path | None, no_files: bool, as_json: bool, plots: bool,
-            explain: bool) -> None:
+            explain: bool, alternatives: bool) -> None:
     """Predict a table of measured runs in the Deep Optimizer States artifact format (the
     columns of zerosim/validation/data/polaris_zero3_offload_runs.csv): each distinct
     configuration simulated on --hardware, per optimizer step, beside its runs' mean
     measurements where the table has them."""
     from zerosim.hardware.profile import load_profile
-    from zerosim.report import render_predictions
+    from zerosim.report import render_alternative_predictions, render_predictions
     from zerosim.runs import (
         off_repeat_rows,
+        predict_alternatives,
         prediction_row,
         read_runs,
+        rms_row,
         run_to_run_sd_row,
+        write_alternative_predictions,
         write_predictions,
     )
     from zerosim.runs import predict as run_predict
@@ -940,10 +947,15 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
         f"{runs_table.stem}-{Path(hardware).stem}"))
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
                           workers=workers, source=str(runs_table), explain=explain)
+    readings = predict_alternatives(runs, hardware, overrides=parse_overrides(overrides),
+                                    workers=workers, source=str(runs_table)) if alternatives else []
     series = accumulation_series(outcome.predictions)
     if folder is not None:
         outcome.files = [write_predictions(outcome, folder / "predictions.csv"),
                          write_series(series, folder / "series.csv")]
+        if readings:
+            outcome.files.append(write_alternative_predictions(
+                readings, folder / "alternatives.csv"))
         if plots:
             from zerosim.plots import predicted_vs_measured, save_figure
 
@@ -954,9 +966,15 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
                      "rows": [prediction_row(p) for p in outcome.predictions],
                      "series": series_rows(series),
                      "run_to_run_sd": run_to_run_sd_row(outcome),
-                     "off_repeats": off_repeat_rows(outcome)})
+                     "off_repeats": off_repeat_rows(outcome),
+                     **({"alternatives": [
+                         {"alternative": r.name, "sets": r.sets, "rms": rms_row(r.outcome),
+                          "rows": [prediction_row(p) for p in r.outcome.predictions]}
+                         for r in readings]} if alternatives else {})})
     else:
         render_predictions(outcome, series)
+        if readings:
+            render_alternative_predictions(outcome, readings)
     if any(p.status == "error" for p in outcome.predictions):
         sys.exit(EXIT_POINTS_NOT_RUN)
 

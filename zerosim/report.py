@@ -744,6 +744,33 @@ def _prediction_cell(prediction, quantity: str) -> str:
     return f"{text}/{measured / scale:.{digits}f} {prediction.rel_error(quantity):+.1%}"
 
 
+def render_alternative_predictions(outcome, readings) -> None:
+    """`zerosim predict --alternatives`: each configuration's iteration at the values shipped
+    and at each alternative reading of the profile's data, then each reading's rms error over
+    the measured configurations: which reading the table's runs take."""
+    from zerosim.runs import MEASURED_PHASES
+
+    console = _console(PREDICTIONS_WIDTH)
+    table = Table(title=f"alternative readings of {outcome.hardware}'s data: the iteration per "
+                        "optimizer step, predicted/measured error", title_justify="left")
+    table.add_column("configuration", no_wrap=True)
+    table.add_column("shipped", justify="right", no_wrap=True)
+    for reading in readings:
+        table.add_column(reading.name, justify="right", no_wrap=True)
+    for k, p in enumerate(outcome.predictions):
+        table.add_row(p.scenario_name, _prediction_cell(p, "iteration"),
+                      *(_prediction_cell(r.outcome.predictions[k], "iteration")
+                        for r in readings))
+    console.print(table)
+    for name, sets, result in [("shipped", "", outcome),
+                               *((r.name, r.sets, r.outcome) for r in readings)]:
+        parts = [f"{PREDICTION_HEADINGS[q]} {rms:.1%}" for q in MEASURED_PHASES
+                 if (rms := result.rms(q)) is not None]
+        if parts:
+            console.print(f"{name}{f' ({sets})' if sets else ''}: rms " + ", ".join(parts),
+                          markup=False, highlight=False)
+
+
 def render_predictions(outcome, series=()) -> None:
     """`zerosim predict`: each configuration predicted against its measurements, then the
     rms and largest error of each quantity, the repeats' scatter and the accumulation series

@@ -1156,3 +1156,47 @@ def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
 
     return write_table(path, PREDICTION_COLUMNS,
                        (prediction_row(p) for p in outcome.predictions))
+
+
+ALTERNATIVE = "hardware.alternative"
+ALTERNATIVE_PREDICTION_COLUMNS = ("alternative", *PREDICTION_COLUMNS)
+"""`alternatives.csv` of `zerosim predict --alternatives`: a predictions table's columns for
+each configuration at each alternative reading, named in the first."""
+
+
+@dataclass(frozen=True)
+class AlternativePredictions:
+    """The table predicted at one alternative reading of the profile's data."""
+
+    name: str
+    sets: str
+    outcome: PredictOutcome
+
+
+def predict_alternatives(runs: Sequence[MeasuredRun], hardware: str | Path, *,
+                         overrides: Mapping[str, Any] | None = None,
+                         workers: int | None = None, source: str = "<runs>"
+                         ) -> list[AlternativePredictions]:
+    """The table predicted at each alternative reading of `hardware`'s data (its
+    `alternatives`, but the one `overrides` already runs), as `predict` predicts it."""
+    from zerosim.hardware.profile import load_profile
+
+    fixed = dict(overrides or {})
+    chosen = fixed.get(ALTERNATIVE)
+    return [AlternativePredictions(a.name, a.describe(), predict(
+        runs, hardware, overrides=fixed | {ALTERNATIVE: a.name}, workers=workers,
+        source=source)) for a in load_profile(hardware).alternatives if a.name != chosen]
+
+
+def write_alternative_predictions(readings: Sequence[AlternativePredictions], path: Path
+                                  ) -> Path:
+    from zerosim.results.folders import write_table
+
+    return write_table(path, ALTERNATIVE_PREDICTION_COLUMNS,
+                       ({"alternative": r.name, **prediction_row(p)}
+                        for r in readings for p in r.outcome.predictions))
+
+
+def rms_row(outcome: PredictOutcome) -> dict[str, float | None]:
+    """Each measured quantity's rms error over the table, by its short name."""
+    return {COLUMN_NAMES[q].rpartition("_")[0]: outcome.rms(q) for q in MEASURED_PHASES}
