@@ -1158,7 +1158,6 @@ def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
                        (prediction_row(p) for p in outcome.predictions))
 
 
-ALTERNATIVE = "hardware.alternative"
 ALTERNATIVE_PREDICTION_COLUMNS = ("alternative", *PREDICTION_COLUMNS)
 """`alternatives.csv` of `zerosim predict --alternatives`: a predictions table's columns for
 each configuration at each alternative reading, named in the first."""
@@ -1179,12 +1178,13 @@ def predict_alternatives(runs: Sequence[MeasuredRun], hardware: str | Path, *,
                          ) -> list[AlternativePredictions]:
     """The table predicted at each alternative reading of `hardware`'s data (its
     `alternatives`, but the one `overrides` already runs), as `predict` predicts it."""
+    from zerosim.hardware.alternatives import OVERRIDE_KEY
     from zerosim.hardware.profile import load_profile
 
     fixed = dict(overrides or {})
-    chosen = fixed.get(ALTERNATIVE)
+    chosen = fixed.get(OVERRIDE_KEY)
     return [AlternativePredictions(a.name, a.describe(), predict(
-        runs, hardware, overrides=fixed | {ALTERNATIVE: a.name}, workers=workers,
+        runs, hardware, overrides=fixed | {OVERRIDE_KEY: a.name}, workers=workers,
         source=source)) for a in load_profile(hardware).alternatives if a.name != chosen]
 
 

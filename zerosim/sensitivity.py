@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from zerosim.errors import ScenarioError, ZerosimError, with_scenario_warnings
-from zerosim.hardware.alternatives import Alternative
+from zerosim.hardware.alternatives import OVERRIDE_KEY, Alternative
 from zerosim.hardware.cpus import BF16_ADAM_KEYS, FP16_ADAM_KEYS, LOW_PRECISION_ADAM_KEYS
 from zerosim.hardware.profile import (
     AT_LEAST_ONE_KEYS,
@@ -55,8 +55,6 @@ ELASTICITY_DIGITS = 9
 bit (a value the configuration does not use) give 0, not 1e-15."""
 QUANTITIES_SHOWN = ("iteration", *PHASE_TIMES)
 """The times whose elasticities each row carries: the iteration, then the phase means."""
-ALTERNATIVE_KEY = "hardware.alternative"
-"""The override that runs one of the profile's alternatives."""
 ALTERNATIVE_COLUMNS = ("alternative", "sets", "carried_from", "iteration_s",
                        *(f"change_{q}_pct" for q in QUANTITIES_SHOWN), "note", "source")
 COLUMNS = ("key", "basis", "stderr_pct", "value", "low", "high",
@@ -448,7 +446,7 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
     first_reading = len(points)
     for alternative in readings:
         points.append(Point(len(points), f"alternative:{alternative.name}",
-                            fixed | {ALTERNATIVE_KEY: alternative.name}, {}, {}))
+                            fixed | {OVERRIDE_KEY: alternative.name}, {}, {}))
     rows: dict[int, Mapping[str, Any]] = {}
 
     def on_row(point: Point, row: Mapping[str, Any]) -> None:

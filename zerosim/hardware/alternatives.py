@@ -35,6 +35,8 @@ from zerosim.errors import ScenarioError
 from zerosim.inputs import check_plausible
 
 SECTION = "alternatives"
+OVERRIDE_KEY = "hardware.alternative"
+"""The scenario key (and `--set` path) that runs one of the profile's alternatives."""
 STACK_PREFIX = "stack."
 """How an alternative names a value of the scenario's software stack."""
 NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")

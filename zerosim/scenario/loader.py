@@ -20,7 +20,7 @@ from zerosim.behaviours import (
     unknown_build_text,
 )
 from zerosim.errors import ScenarioError, ScenarioWarning
-from zerosim.hardware.alternatives import Alternative, find_alternative
+from zerosim.hardware.alternatives import OVERRIDE_KEY, Alternative, find_alternative
 from zerosim.hardware.costs import (
     CpuPools,
     cpu_pools,
@@ -524,7 +524,7 @@ def _resolve_hardware(value: Any, source: str, base_dir: Path) -> HardwareProfil
             raise ScenarioError(source, f"hardware.overrides.{key}", err.expected,
                                 err.got) from None
         if chosen is not None and _overridden_key(err.key_path, chosen.values) is not None:
-            raise ScenarioError(source, "hardware.alternative", "an alternative whose values "
+            raise ScenarioError(source, OVERRIDE_KEY, "an alternative whose values "
                                 f"{profile_source} takes ({err.key_path}: {err.expected}, "
                                 f"got {err.got!r})", chosen.name) from None
         if overrides:
@@ -548,10 +548,10 @@ def _chosen_alternative(name: Any, tree: Mapping[str, Any], profile_source: str,
     """The profile's alternative `hardware.alternative` names (None: the shipped values)."""
     if name is None:
         return None
-    check_plausible("hardware.alternative", name, source=source, key_path="hardware.alternative")
+    check_plausible(OVERRIDE_KEY, name, source=source, key_path=OVERRIDE_KEY)
     return find_alternative(profile_alternatives(tree, profile_source), name,
                             profile=str(tree.get("name", profile_source)), source=source,
-                            key_path="hardware.alternative")
+                            key_path=OVERRIDE_KEY)
 
 
 def _overridden_key(key_path: str, overrides: Mapping[str, Any]) -> str | None:
