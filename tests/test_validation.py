@@ -67,8 +67,9 @@ KNOWN_MISSES = {
         "copies across the sockets; the measured one falls x0.55 (11.2 to 6.13 s), as if part of "
         "it did not shrink with DP; the study node's page zeroing, fitted on all three boundary "
         "backwards with the Polaris runs, sits between the two cells (DP=2 -2.4%); were every "
-        "flush temporary on this node fresh (no heap reuse at DP=2 and 4), the three would come "
-        "out +2.2%, -0.1% and -0.2% at 3.15 GB/s, but Polaris's runs want the reuse "
+        "flush temporary on this node fresh (no heap reuse at DP=2 and 4), the three come out "
+        "+2.2%, -0.1% and -2.4% at 3.15 GB/s (h100-jlse's alternative fresh_flush_pages, "
+        "reported in its own group), but Polaris's runs want the reuse "
         "(scenarios/calibration/README.md)"),
     ("GPU kernels (H100)", "GEMM 8192x5120x13824", "PyTorch BF16 throughput"): (
         "+8.8% (5% for a product of K >= 4096 and more): PyTorch runs the 5120-wide block's "
