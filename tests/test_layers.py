@@ -41,3 +41,17 @@ def test_the_check_sees_a_heavy_import():
 def test_a_summary_needs_no_tables_or_figures(module):
     """`zerosim run --no-files` and a sweep point start without pandas or matplotlib."""
     assert modules_loaded_by(module) & {"pandas", "matplotlib"} == set()
+
+
+@pytest.mark.parametrize("first", ["import zerosim", "import zerosim.sensitivity",
+                                   "import zerosim; zerosim.sensitivity"])
+def test_zerosim_sensitivity_is_the_function_whichever_import_came_first(first):
+    """The package exports `sensitivity` under its module's name: a fresh interpreter calls
+    the study through `zerosim.sensitivity(...)` after any order of imports (a missing
+    scenario is refused by the function itself, naming the file)."""
+    code = (f"{first}\nimport zerosim, zerosim.sensitivity\n"
+            "try:\n    zerosim.sensitivity('no/such/scenario.yaml')\n"
+            "except Exception as err:\n    print(type(err).__name__, err)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert "no/such/scenario.yaml" in out.stdout and "not callable" not in out.stdout

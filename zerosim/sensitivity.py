@@ -24,7 +24,9 @@ tell apart, which no standard error covers.
 from __future__ import annotations
 
 import math
+import sys
 import time
+import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -521,3 +523,15 @@ def write_charts(outcome: SensitivityOutcome, folder: Path) -> list[Path]:
         name = "sensitivity.png" if quantity == "iteration" else f"sensitivity_{quantity}.png"
         paths.append(save_figure(sensitivity_chart(outcome, quantity), folder / name, dpi=110))
     return paths
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as its `sensitivity`: the package exports that function under
+    the module's own name, and an `import zerosim.sensitivity` made before `zerosim.sensitivity`
+    is first read binds the name to the module, so `zerosim.sensitivity(...)` works either way."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> SensitivityOutcome:
+        return sensitivity(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -447,7 +447,7 @@ def tree_all_reduce_latency(gpus_per_node: Sequence[int], *, nvlink_latency_s: f
     2 ceil(log2 n) network ones (g the most GPUs on a node, n the nodes), each at the ring's
     step latency. ALCF's nccl-tests on Polaris time an 8-byte all-reduce at 23 us (2 nodes),
     61 us (8) and 184 us (256, NCCL 2.21), where this gives 58, 78 and 128 us and the ring
-    106, 454 and 14,794 (`zerosim validate`, collective latencies)."""
+    106, 454 and 14,838 (`zerosim validate`, collective latencies)."""
     levels = math.ceil(math.log2(len(gpus_per_node)))
     return 2 * ((max(gpus_per_node) - 1) * nvlink_latency_s + levels * network_latency_s)
 

@@ -8,8 +8,9 @@ loss) that carry compute and saved activations. Everything is pure arithmetic on
 Activation accounting follows Korthikanti et al., "Reducing Activation Recomputation in Large
 Transformer Models" (MLSys 2023), adapted per family: 16-bit tensors saved for backward, fused
 softmax storing only its 16-bit output under eager attention, and only the fp32 log-sum-exp per
-head under flash attention. For Llama-2-13B at s=2048 this gives 26.9 GB per micro-batch, the
-study's "about 27 GB" of activations.
+head under flash attention. For Llama-2-13B at s=2048 on the study's stack this gives 29.5 GB
+(27.5 GiB) per micro-batch, SwiGLU's saved output included, against the study's "about 27 GB"
+of activations.
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""Figures the README quotes from `zerosim validate`'s cells, held to the cells the code
+computes now: a model change that moves them fails here until the prose is brought up to date."""
+
+from pathlib import Path
+
+import pytest
+
+from zerosim.validation.validate import POLARIS_GROUP
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+SERIES_TIMES = ("forward", "backward", "iteration", "between phases")
+SERIES_HEADER = ("| series | time | per micro-batch, predicted/measured | "
+                 "per step, predicted/measured |")
+
+
+@pytest.fixture(scope="module")
+def cells(validation_cells):
+    return {(c.group, c.case, c.quantity): c for c in validation_cells}
+
+
+def _series_row(cells, case: str, time: str) -> str:
+    """One row of the README's accumulation-series table, as predict splits the time."""
+    each = cells[(POLARIS_GROUP, case, f"{time}: what each micro-batch adds")]
+    once = cells[(POLARIS_GROUP, case, f"{time}: what the step adds once")]
+    per_micro_batch = (f"{each.simulated:.3f}/{each.measured:.3f} s, "
+                       f"{each.simulated / each.measured - 1:+.1%}")
+    per_step = f"{once.simulated:.2f}/{once.measured:.2f} s"
+    if time != "forward":
+        per_step += f", {once.simulated - once.measured:+.2f} s"
+    name = case.removeprefix("polaris-") if time == SERIES_TIMES[0] else ""
+    return "|" + "|".join(f" {part} " if part else " "
+                          for part in (name, time, per_micro_batch, per_step)) + "|"
+
+
+def test_the_accumulation_series_table_is_what_validate_computes(cells):
+    cases = list(dict.fromkeys(key[1] for key in cells if key[0] == POLARIS_GROUP
+                               and key[2].endswith(": what each micro-batch adds")))
+    assert len(cases) == 2
+    expected = [_series_row(cells, case, time) for case in cases for time in SERIES_TIMES]
+    lines = README.splitlines()
+    start = lines.index(SERIES_HEADER) + 2
+    assert lines[start:start + len(expected)] == expected
+
+
+def _sweep_rows(name: str) -> list[tuple[dict, dict]]:
+    """Each point of a shipped sweep file with its summary row, as `zerosim sweep` runs it."""
+    from zerosim.sweep.spec import load_sweep
+    from zerosim.sweep.worker import run_point
+
+    spec = load_sweep(ROOT / "scenarios" / "sweeps" / name)
+    return [(point.values, run_point(str(spec.base), point.overrides, point.point_id))
+            for point in spec.points()]
+
+
+def _release_cell(row: dict) -> str:
+    """A cell of the README's release table: iteration (non-boundary backward + boundary
+    backward + update), peak HBM / host memory."""
+    phases = "phases_s.backward_non_boundary", "phases_s.backward_boundary", "phases_s.update"
+    parts = " + ".join(f"{row[key]:.2f}" for key in phases)
+    return (f"{row['iteration_s']:.2f} s ({parts}), "
+            f"{row['peak_hbm_GiB']:.0f} / {row['peak_host_GiB']:.0f} GiB")
+
+
+def test_the_release_table_is_what_the_versions_sweep_gives():
+    """README, "What each DeepSpeed release costs the same run": every cell as
+    `zerosim sweep scenarios/sweeps/versions.yaml` computes it now."""
+    cells: dict[str, dict[str, str]] = {}
+    for values, row in _sweep_rows("versions.yaml"):
+        assert row["status"] == "ok", row["error"]
+        cells.setdefault(values["runtime.deepspeed_version"], {})[values["variant"]] = (
+            _release_cell(row))
+    header = "| release | ZeRO-2, CPU optimizer | ZeRO-3, CPU optimizer |"
+    expected = [f"| {release} | {modes['ZeRO-2, CPU optimizer']} | "
+                f"{modes['ZeRO-3, CPU optimizer']} |" for release, modes in cells.items()]
+    lines = README.splitlines()
+    start = lines.index(header) + 2
+    assert lines[start:start + len(expected)] == expected
+
+
+OOM_WHERE = {"gpu": "HBM", "host": "host"}
+
+
+def _mode_cell(row: dict) -> str:
+    """A cell of the README's offload-modes table: iteration, peak HBM / host memory, or the
+    memory and the allocation that did not fit."""
+    import json
+
+    if row["status"] == "oom":
+        oom = json.loads(row["oom"])
+        where = next(label for prefix, label in OOM_WHERE.items()
+                     if oom["device"].startswith(prefix))
+        return f"oom ({where}: {oom['category']})"
+    assert row["status"] == "ok", row["error"]
+    return (f"{row['iteration_s']:.2f} s, "
+            f"{row['peak_hbm_GiB']:.0f} / {row['peak_host_GiB']:.0f} GiB")
+
+
+def test_the_offload_modes_table_is_what_its_sweep_gives():
+    """README, "What the engine replays": every cell as `zerosim sweep
+    scenarios/sweeps/offload_modes.yaml` computes it now."""
+    table: dict[tuple[str, str], dict[int, str]] = {}
+    for values, row in _sweep_rows("offload_modes.yaml"):
+        table.setdefault((values["model"], values["variant"]), {})[values["data_parallel"]] = (
+            _mode_cell(row))
+    expected = [f"| {model} | {mode} | " + " | ".join(cells[dp] for dp in (1, 2, 4)) + " |"
+                for (model, mode), cells in table.items()]
+    lines = README.splitlines()
+    start = lines.index("| model | mode | DP=1 | DP=2 | DP=4 |") + 2
+    assert lines[start:start + len(expected)] == expected
