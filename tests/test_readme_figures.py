@@ -108,3 +108,48 @@ def test_the_offload_modes_table_is_what_its_sweep_gives():
     lines = README.splitlines()
     start = lines.index("| model | mode | DP=1 | DP=2 | DP=4 |") + 2
     assert lines[start:start + len(expected)] == expected
+
+
+def _errors(cells, group: str, quantity: str) -> list[float]:
+    """The relative errors of a group's judged cells of one quantity."""
+    return [c.rel_error for (g, _, q), c in cells.items()
+            if g == group and q == quantity and c.status in ("pass", "fail")]
+
+
+def _rms(errors: list[float]) -> str:
+    return f"{(sum(e * e for e in errors) / len(errors)) ** 0.5:.1%}"
+
+
+def _span(errors: list[float]) -> str:
+    """`-4.3..+5.8%`, as the trust table writes a range of errors."""
+    return f"{min(errors) * 100:+.1f}..{max(errors) * 100:+.1f}%"
+
+
+def _polaris(cells, phase: str) -> list[float]:
+    return _errors(cells, POLARIS_GROUP, f"{phase} per step")
+
+
+def _quoted_figures(cells) -> list[str]:
+    """What the README's trust table and predict section quote of the validation, each
+    written from the cells as the README words it."""
+    nvme = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
+    return [
+        f"Polaris forwards rms {_rms(_polaris(cells, 'forward'))}, backwards "
+        f"{_rms(_polaris(cells, 'backward'))}",
+        f"H100 forwards {_span(_errors(cells, nvme, 'forward per step'))}, backwards "
+        f"{_span(_errors(cells, nvme, 'backward per step'))}",
+        f"Table 2 {_span(_errors(cells, 'Table 2', 'backward_boundary'))} (in-sample)",
+        f"Polaris rms {_rms(_polaris(cells, 'update'))} "
+        f"({_span(_polaris(cells, 'update'))}), Table 2 "
+        f"{_span(_errors(cells, 'Table 2', 'update'))}",
+        "the values shipped give rms " + ", ".join(
+            _rms(_polaris(cells, phase)) for phase in ("forward", "backward", "update"))
+        + f" and {_rms(_polaris(cells, 'iteration'))}",
+    ]
+
+
+def test_the_error_figures_the_readme_quotes_are_the_validations(cells):
+    """Each figure as its sentence words it, wherever the README's lines break."""
+    prose = " ".join(README.split())
+    missing = [figure for figure in _quoted_figures(cells) if figure not in prose]
+    assert missing == []
