@@ -148,8 +148,33 @@ def _quoted_figures(cells) -> list[str]:
     ]
 
 
-def test_the_error_figures_the_readme_quotes_are_the_validations(cells):
-    """Each figure as its sentence words it, wherever the README's lines break."""
-    prose = " ".join(README.split())
-    missing = [figure for figure in _quoted_figures(cells) if figure not in prose]
+def _signed(error: float) -> str:
+    return f"{error * 100:+.1f}%"
+
+
+def _table2(cells, phase: str) -> list[float]:
+    """Table 2's errors of one phase at DP=1, 2 and 4."""
+    return [cells[("Table 2", f"DP={dp}", phase)].rel_error for dp in (1, 2, 4)]
+
+
+def _validation_page_figures(cells) -> list[str]:
+    """What docs/validation.md quotes of Table 2 and of the H200 VM's real runs."""
+    forwards = [_signed(error) for error in _table2(cells, "forward")]
+    boundary = [_signed(error) for error in _table2(cells, "backward_boundary")]
+    vm = "DeepSpeed 0.19.5 ZeRO-3 offload on one H200 (a real run)"
+    updates = _errors(cells, vm, "update (median of 4 iterations)")
+    return [
+        f"The forwards are {forwards[0]}, {forwards[1]} and {forwards[2]} at DP=1, 2 and 4",
+        f"DP=1's boundary backward ({boundary[0]}; DP=2 {boundary[1]})",
+        f"The DP=4 boundary backward is {boundary[2]}",
+        f"The updates come out {_signed(min(updates))} to {_signed(max(updates))}",
+    ]
+
+
+@pytest.mark.parametrize(("page", "figures"), [("README.md", _quoted_figures),
+                                               ("docs/validation.md", _validation_page_figures)])
+def test_the_error_figures_a_page_quotes_are_the_validations(cells, page, figures):
+    """Each figure as its sentence words it, wherever the page's lines break."""
+    prose = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    missing = [figure for figure in figures(cells) if figure not in prose]
     assert missing == []

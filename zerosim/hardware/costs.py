@@ -434,9 +434,9 @@ TREE_ALL_REDUCE_MAX_BYTES = 64 * 1024
 64 KiB, where ALCF's nccl-tests on Polaris stay latency-bound (on 8 nodes an 8-byte one takes
 61 us, 64 KiB 234 us, then the time grows with the size, 753 us at 1 MiB, as NCCL's
 low-latency protocols move little data a step; on 256 nodes 183, 512 and 978 us). Larger
-ones take the ring's latency and rate, which price the step's buckets (64 MiB on 8 nodes
-within 2%); in between (64 KiB to 64 MiB) neither is NCCL's: zerosim issues none there
-but the persistent parameters' gathers, which are all-gathers."""
+ones take the ring's latency and rate, which price the step's buckets (the 64 MiB all-gathers
++4.5% over 2 nodes and +2.5% over 8); in between (64 KiB to 64 MiB) neither is NCCL's:
+zerosim issues none there but the persistent parameters' gathers, which are all-gathers."""
 
 
 def tree_all_reduce_latency(gpus_per_node: Sequence[int], *, nvlink_latency_s: float,

@@ -211,7 +211,7 @@ def capacity_that_fits(oom: dict[str, Any]) -> tuple[str, float] | None:
 
 PEAK_ERROR_FRACTION = 0.04
 """How far zerosim's memory peaks sit from measured ones (`zerosim validate`: rank 0's peak
-allocated GPU memory -3.1% to +1.0% on the two testbeds, the H200 VM's real DeepSpeed runs
+allocated GPU memory -2.9% to +1.0% on the two testbeds, the H200 VM's real DeepSpeed runs
 -0.5% to +4.0%): a configuration that fits by less than this may not fit in a real run."""
 
 
