@@ -1,5 +1,7 @@
-"""Figures the README quotes from `zerosim validate`'s cells, held to the cells the code
-computes now: a model change that moves them fails here until the prose is brought up to date."""
+"""Figures the README and docs/ quote from `zerosim validate`'s cells and the shipped sweeps,
+held to what the code computes now: a model change that moves them fails here until the prose
+is brought up to date (the tables are rebuilt whole, the sentences' figures found in the text
+whatever its line breaks)."""
 
 from pathlib import Path
 
@@ -178,3 +180,36 @@ def test_the_error_figures_a_page_quotes_are_the_validations(cells, page, figure
     prose = " ".join((ROOT / page).read_text(encoding="utf-8").split())
     missing = [figure for figure in figures(cells) if figure not in prose]
     assert missing == []
+
+
+OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."
+DOS_ROWS = {"DeepSpeed 0.13.3": "DeepSpeed 0.13.3",
+            "DeepSpeed 0.13.3, unbound": "DeepSpeed 0.13.3, unbound",
+            "`part_grads_async`": "async flush", "both": "async flush, gap 3"}
+"""docs/engine.md's Deep Optimizer States table's rows, by the sweep variant that runs each."""
+
+
+def _dos_cell_row(row: dict) -> str:
+    return (f"{row['phases_s.backward_boundary']:.2f} s | {row['phases_s.update']:.2f} s | "
+            f"{row['iteration_s']:.2f} s | {row['peak_hbm_GiB']:.1f} GiB | "
+            f"{row['peak_host_GiB']:.0f} GiB")
+
+
+def test_the_deep_optimizer_states_table_is_what_its_sweep_gives():
+    """docs/engine.md, "Deep Optimizer States builds": the table on `polaris-a100` and the gaps
+    after it, as `zerosim sweep scenarios/sweeps/deep_optimizer_states.yaml` computes them; the
+    interleaved update without the asynchronous flush is the base scenario's with it off."""
+    from zerosim.sweep.worker import run_point
+
+    rows = {values["variant"]: row for values, row in _sweep_rows("deep_optimizer_states.yaml")}
+    interleaved = run_point(str(ROOT / "scenarios" / "polaris_dos.yaml"),
+                            {OFFLOAD + "part_grads_async": False}, "interleaved")
+    cells = {name: _dos_cell_row(rows[variant]) for name, variant in DOS_ROWS.items()}
+    cells["`prefetch_optimizer`, gap 3"] = _dos_cell_row(interleaved)
+    page = (ROOT / "docs" / "engine.md").read_text(encoding="utf-8")
+    missing = [f"| {name} | {cell} |" for name, cell in cells.items()
+               if f"| {name} | {cell} |" not in page]
+    gaps = (f"with the asynchronous flush: {rows['async flush, gap 2']['iteration_s']:.2f} s and "
+            f"{rows['async flush, gap 4']['iteration_s']:.2f} s an iteration (gap 3: "
+            f"{rows['async flush, gap 3']['iteration_s']:.2f} s)")
+    assert missing == [] and gaps in " ".join(page.split())
