@@ -213,3 +213,52 @@ def test_the_deep_optimizer_states_table_is_what_its_sweep_gives():
             f"{rows['async flush, gap 4']['iteration_s']:.2f} s an iteration (gap 3: "
             f"{rows['async flush, gap 3']['iteration_s']:.2f} s)")
     assert missing == [] and gaps in " ".join(page.split())
+
+
+NVME_MEMORY = ("rank 0 allocated GPU memory after the forward",
+               "rank 0 allocated GPU memory after the backward",
+               "rank 0 allocated GPU memory after the update",
+               "rank 0 peak allocated GPU memory in the forward",
+               "rank 0 peak allocated GPU memory")
+"""docs/zero3_memory.md's MLP-Offload table's columns, in its order."""
+
+
+def test_the_mlp_offload_memory_table_is_validates(cells):
+    """docs/zero3_memory.md: each run's row, measured / zerosim GiB, as validate's cells."""
+    group = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
+    runs = dict.fromkeys(case for g, case, _ in cells if g == group)
+    assert len(runs) == 4
+    page = (ROOT / "docs" / "zero3_memory.md").read_text(encoding="utf-8").splitlines()
+    for run in runs:
+        size = run.removeprefix("mlp-offload-").split("b-")[0]
+        found = [line for line in page if line.startswith(f"| {size}B (")]
+        expected = " | ".join(f"{cells[(group, run, q)].measured:.2f} / "
+                              f"{cells[(group, run, q)].simulated:.2f}" for q in NVME_MEMORY)
+        assert len(found) == 1 and found[0].endswith(f"| {expected} |"), (run, found)
+
+
+ZERO2_ROWS = {"Qwen2.5-3B, unbound": "qwen2.5-3b unbound",
+              "Qwen2.5-3B, `--bind_cores_to_rank`": "qwen2.5-3b bound",
+              "Qwen2.5-1.5B, bound": "qwen2.5-1.5b bound",
+              "Qwen2.5-1.5B, no offload": "qwen2.5-1.5b without offload",
+              "binding speed-up, 3B": "binding speed-up, 3B (blog)",
+              "Qwen2.5-3B, ZenFlow, its first binding (0.17.5), unbound":
+                  "qwen2.5-3b ZenFlow, its own binding",
+              "Qwen2.5-3B, ZenFlow, new worker binding (0.17.6), unbound":
+                  "qwen2.5-3b ZenFlow, new worker binding",
+              "Qwen2.5-3B, ZenFlow, new worker binding, bound":
+                  "qwen2.5-3b ZenFlow, bound, new worker binding",
+              "Qwen2.5-1.5B, ZenFlow, bound": "qwen2.5-1.5b ZenFlow, bound",
+              "ZenFlow over bound ZeRO Offload, 3B": "ZenFlow over ZeRO Offload, bound, 3B"}
+"""docs/validation.md's ZeRO-2 Offload table's rows, by validate's case."""
+
+
+def test_the_zero2_offload_table_gives_validates_figures(cells):
+    """docs/validation.md, ZeRO-2 Offload on a DGX A100: each row's zerosim column, as
+    validate's cell (3 decimals)."""
+    group = "ZeRO-2 Offload on a DGX A100 (DeepSpeed 0.17)"
+    simulated = {case: c.simulated for (g, case, _), c in cells.items() if g == group}
+    page = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8").splitlines()
+    for label, case in ZERO2_ROWS.items():
+        found = [line.split(" | ") for line in page if line.startswith(f"| {label} | ")]
+        assert len(found) == 1 and found[0][2] == f"{simulated[case]:.3f}", (label, found)
