@@ -3,6 +3,7 @@ held to what the code computes now: a model change that moves them fails here un
 is brought up to date (the tables are rebuilt whole, the sentences' figures found in the text
 whatever its line breaks)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,13 @@ import pytest
 from zerosim.validation.validate import POLARIS_GROUP
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _page(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+README = _page("README.md")
 SERIES_TIMES = ("forward", "backward", "iteration", "between phases")
 SERIES_HEADER = ("| series | time | per micro-batch, predicted/measured | "
                  "per step, predicted/measured |")
@@ -86,8 +93,6 @@ OOM_WHERE = {"gpu": "HBM", "host": "host"}
 def _mode_cell(row: dict) -> str:
     """A cell of the README's offload-modes table: iteration, peak HBM / host memory, or the
     memory and the allocation that did not fit."""
-    import json
-
     if row["status"] == "oom":
         oom = json.loads(row["oom"])
         where = next(label for prefix, label in OOM_WHERE.items()
@@ -177,7 +182,7 @@ def _validation_page_figures(cells) -> list[str]:
                                                ("docs/validation.md", _validation_page_figures)])
 def test_the_error_figures_a_page_quotes_are_the_validations(cells, page, figures):
     """Each figure as its sentence words it, wherever the page's lines break."""
-    prose = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+    prose = " ".join(_page(page).split())
     missing = [figure for figure in figures(cells) if figure not in prose]
     assert missing == []
 
@@ -206,7 +211,7 @@ def test_the_deep_optimizer_states_table_is_what_its_sweep_gives():
                             {OFFLOAD + "part_grads_async": False}, "interleaved")
     cells = {name: _dos_cell_row(rows[variant]) for name, variant in DOS_ROWS.items()}
     cells["`prefetch_optimizer`, gap 3"] = _dos_cell_row(interleaved)
-    page = (ROOT / "docs" / "engine.md").read_text(encoding="utf-8")
+    page = _page("docs/engine.md")
     missing = [f"| {name} | {cell} |" for name, cell in cells.items()
                if f"| {name} | {cell} |" not in page]
     gaps = (f"with the asynchronous flush: {rows['async flush, gap 2']['iteration_s']:.2f} s and "
@@ -228,7 +233,7 @@ def test_the_mlp_offload_memory_table_is_validates(cells):
     group = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
     runs = dict.fromkeys(case for g, case, _ in cells if g == group)
     assert len(runs) == 4
-    page = (ROOT / "docs" / "zero3_memory.md").read_text(encoding="utf-8").splitlines()
+    page = _page("docs/zero3_memory.md").splitlines()
     for run in runs:
         size = run.removeprefix("mlp-offload-").split("b-")[0]
         found = [line for line in page if line.startswith(f"| {size}B (")]
@@ -258,7 +263,7 @@ def test_the_zero2_offload_table_gives_validates_figures(cells):
     validate's cell (3 decimals)."""
     group = "ZeRO-2 Offload on a DGX A100 (DeepSpeed 0.17)"
     simulated = {case: c.simulated for (g, case, _), c in cells.items() if g == group}
-    page = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8").splitlines()
+    page = _page("docs/validation.md").splitlines()
     for label, case in ZERO2_ROWS.items():
         found = [line.split(" | ") for line in page if line.startswith(f"| {label} | ")]
         assert len(found) == 1 and found[0][2] == f"{simulated[case]:.3f}", (label, found)
