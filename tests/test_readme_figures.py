@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from zerosim.validation.validate import POLARIS_GROUP
+from zerosim.validation.validate import NVME_GROUP, POLARIS_GROUP
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,12 +139,11 @@ def _polaris(cells, phase: str) -> list[float]:
 def _quoted_figures(cells) -> list[str]:
     """What the README's trust table and predict section quote of the validation, each
     written from the cells as the README words it."""
-    nvme = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
     return [
         f"Polaris forwards rms {_rms(_polaris(cells, 'forward'))}, backwards "
         f"{_rms(_polaris(cells, 'backward'))}",
-        f"H100 forwards {_span(_errors(cells, nvme, 'forward per step'))}, backwards "
-        f"{_span(_errors(cells, nvme, 'backward per step'))}",
+        f"H100 forwards {_span(_errors(cells, NVME_GROUP, 'forward per step'))}, backwards "
+        f"{_span(_errors(cells, NVME_GROUP, 'backward per step'))}",
         f"Table 2 {_span(_errors(cells, 'Table 2', 'backward_boundary'))} (in-sample)",
         f"Polaris rms {_rms(_polaris(cells, 'update'))} "
         f"({_span(_polaris(cells, 'update'))}), Table 2 "
@@ -230,7 +229,7 @@ NVME_MEMORY = ("rank 0 allocated GPU memory after the forward",
 
 def test_the_mlp_offload_memory_table_is_validates(cells):
     """docs/zero3_memory.md: each run's row, measured / zerosim GiB, as validate's cells."""
-    group = "H100 node, optimizer on NVMe (MLP-Offload baselines, 0.13.3)"
+    group = NVME_GROUP
     runs = dict.fromkeys(case for g, case, _ in cells if g == group)
     assert len(runs) == 4
     page = _page("docs/zero3_memory.md").splitlines()
