@@ -129,6 +129,30 @@ def test_run_json_prints_the_summary():
                                         "update"}
 
 
+def _other_readings(*sets: str) -> str:
+    """`zerosim run`'s `other readings` line of DP1 with `sets`, joined ('' without one)."""
+    result = invoke("run", DP1, "--no-files", "--no-progress",
+                    *(arg for key in sets for arg in ("--set", key)))
+    lines = result.stdout.splitlines()
+    start = [i for i, line in enumerate(lines) if line.startswith("other readings")]
+    if not start:
+        return ""
+    end = next(i for i, line in enumerate(lines) if line.startswith("simulated in"))
+    return " ".join(" ".join(lines[start[0]:end]).split())
+
+
+def test_run_names_the_profiles_other_readings_and_what_runs_them():
+    """The study node's three alternatives; with one taken, the other two; a profile with none
+    (`rtx4090-workstation`), no line."""
+    tail = ("(zerosim sensitivity runs each beside these values, --set "
+            "hardware.alternative=NAME one)")
+    assert _other_readings() == ("other readings of h100-jlse's data: stream_host_memory, "
+                                 "power_capped_clock, fresh_flush_pages " + tail)
+    assert _other_readings("hardware.alternative=power_capped_clock") == (
+        "other readings of h100-jlse's data: stream_host_memory, fresh_flush_pages " + tail)
+    assert _other_readings("hardware=rtx4090-workstation") == ""
+
+
 REFUSED = [
     # DeepSpeed offloads the optimizer only under ZeRO 1-3
     ("deepspeed.zero_optimization.stage=0", "offload_optimizer.device"),

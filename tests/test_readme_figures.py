@@ -117,6 +117,17 @@ def test_the_offload_modes_table_is_what_its_sweep_gives():
     assert lines[start:start + len(expected)] == expected
 
 
+def test_the_readmes_validation_summary_is_the_reports(validation_cells):
+    """README, "Validation against published measurements": the summary by group, as `zerosim
+    validate`'s report writes it from the cells."""
+    from zerosim.validation.report import summary_table
+
+    expected = summary_table(validation_cells)
+    lines = README.splitlines()
+    start = lines.index(expected[0])
+    assert lines[start:start + len(expected)] == expected
+
+
 def _errors(cells, group: str, quantity: str) -> list[float]:
     """The relative errors of a group's judged cells of one quantity."""
     return [c.rel_error for (g, _, q), c in cells.items()
@@ -184,6 +195,26 @@ def test_the_error_figures_a_page_quotes_are_the_validations(cells, page, figure
     prose = " ".join(_page(page).split())
     missing = [figure for figure in figures(cells) if figure not in prose]
     assert missing == []
+
+
+def test_the_growth_between_the_phases_the_readme_quotes_is_the_polaris_cells(cells):
+    """README, multi-node and the trust table: what the Polaris runs spend between their phases
+    beyond zerosim at DP=2 and 4, less DP=1's (`loop_gap.data_parallel_growth` over validate's
+    cells), and that per rank past the first."""
+    from zerosim.validation.loop_gap import data_parallel_growth
+    from zerosim.validation.polaris import case_name, configurations
+
+    gaps = []
+    for configuration in configurations():
+        case = f"{case_name(configuration.first)} (x{len(configuration.runs)})"
+        cell = cells[(POLARIS_GROUP, case, "between the phases, per step")]
+        gaps.append((configuration.first, cell.measured, cell.simulated))
+    growth = data_parallel_growth(gaps)
+    prose = " ".join(README.split())
+    figures = [f"about {growth[2]:.2f} s a step at DP=2 and {growth[4]:.2f} s at DP=4",
+               f"about {growth[4] / 3:.2f} s more for each rank beyond the fourth"]
+    assert [figure for figure in figures if figure not in prose] == []
+    assert prose.count(figures[0]) == 2
 
 
 OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."

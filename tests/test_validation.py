@@ -173,6 +173,30 @@ def test_h100_nvme_cell_within_its_tolerance(cells, case, quantity):
     assert cell.status == "pass", f"{case} {quantity}: {cell.simulated:.3f} vs {cell.measured:.3f}"
 
 
+def test_each_polaris_configurations_gap_between_the_phases_is_reported(cells):
+    """Every configuration's iteration less its three phases, per step, its runs' mean beside
+    zerosim's loop and memory reports: reported, not judged (the collector's time per object
+    and the per-step loop are fitted on these gaps)."""
+    from zerosim.runs import BETWEEN_PHASES
+
+    for configuration in configurations():
+        case = f"{case_name(configuration.first)} (x{len(configuration.runs)})"
+        cell = cells[(POLARIS_GROUP, case, "between the phases, per step")]
+        assert cell.status == "reported"
+        assert cell.measured == configuration.measured(BETWEEN_PHASES) > 0
+
+
+def test_the_polaris_gap_grows_with_the_ranks_beyond_the_model():
+    """What zerosim leaves out between the phases on Polaris (README, multi-node): unbound, at
+    micro-batch 4, the runs' gap less zerosim's grows from DP=1 by 0.04-0.08 s at DP=2 and
+    0.12-0.18 s at DP=4, as if each rank past the first added about 0.05 s a step."""
+    from zerosim.validation.loop_gap import data_parallel_growth, polaris_gaps
+
+    growth = data_parallel_growth(polaris_gaps())
+    assert sorted(growth) == [1, 2, 4] and growth[1] == 0
+    assert 0.04 < growth[2] < 0.08 and 0.12 < growth[4] < 0.18
+
+
 @pytest.mark.parametrize(("case", "layers"), [("44.28b", 64), ("48.16b", 128),
                                               ("68.61b", 80), ("105.89b", 124)])
 def test_the_h100_nodes_loop_between_the_phases_is_reported_beside_zerosims(cells, case,

@@ -401,7 +401,8 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
         render_summary(result.summary, wall_s=wall, out_dir=target, phases=result.phases,
                        accumulation_steps=loaded.deepspeed.gradient_accumulation_steps,
                        critical=critical,
-                       large_trace_bytes=None if compact_trace else _large_trace(target))
+                       large_trace_bytes=None if compact_trace else _large_trace(target),
+                       other_readings=[a.name for a in loaded.hardware.other_alternatives])
     if result.summary["status"] == "oom":
         sys.exit(EXIT_OOM)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -367,12 +368,14 @@ LARGE_TRACE_BYTES = 100_000_000
 def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
                    phases=None, accumulation_steps: int = 1,
                    critical: RankPath | None = None,
-                   large_trace_bytes: int | None = None) -> None:
+                   large_trace_bytes: int | None = None,
+                   other_readings: Sequence[str] = ()) -> None:
     """The summary of a run; with `phases` (Result.phases) the phase table has per-iteration
     totals beside the per-micro-batch means; with `critical` (the `results.critical.RankPath`
     of the rank that finishes last) a table of what each phase waited on follows it;
     `large_trace_bytes`: the size of a full trace.json past `LARGE_TRACE_BYTES`, which gets a
-    line on `--compact-trace`."""
+    line on `--compact-trace`; `other_readings`: the names of the profile's alternatives the
+    run did not take, which get a line on `zerosim sensitivity`."""
     console = _console()
     status = summary["status"]
     colour = "green" if status == "ok" else "red"
@@ -415,6 +418,10 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
         facts.add_row(f"PCIe {direction.upper()}",
                       f"{summary['pcie_GB'][direction]:.1f} GB over all GPUs"
                       + ("" if mean is None else f", {mean:.2f} GB/s mean per GPU"))
+    if other_readings:
+        facts.add_row("other readings", f"of {summary['hardware']}'s data: "
+                      f"{', '.join(other_readings)} (zerosim sensitivity runs each beside "
+                      "these values, --set hardware.alternative=NAME one)")
     if wall_s is not None:
         facts.add_row("simulated in", f"{wall_s:.2f} s")
     if out_dir is not None:

@@ -40,7 +40,6 @@ from zerosim.hardware.profile import (
     CAPACITY_KEYS,
     FRACTION_KEYS,
     QUANTITIES,
-    HardwareProfile,
 )
 from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY, REPEAT_HOOK_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
@@ -444,7 +443,7 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
                 continue
             labels.append((c.key, side))
             points.append(Point(len(points), f"{c.key}:{side}", fixed | {c.key: value}, {}, {}))
-    readings = alternatives_to_run(scenario.hardware)
+    readings = list(scenario.hardware.other_alternatives)
     first_reading = len(points)
     for alternative in readings:
         points.append(Point(len(points), f"alternative:{alternative.name}",
@@ -478,11 +477,6 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
             outcome.files.append(write_alternatives(outcome,
                                                     Path(out_dir) / "alternatives.csv"))
     return outcome
-
-
-def alternatives_to_run(profile: HardwareProfile) -> list[Alternative]:
-    """The profile's alternatives other than the one it already runs with."""
-    return [a for a in profile.alternatives if a.name != profile.alternative]
 
 
 def _reading(alternative: Alternative, row: Mapping[str, Any]) -> AlternativeReading:

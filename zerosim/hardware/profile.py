@@ -178,6 +178,11 @@ class HardwareProfile:
     """The alternative whose values the profile runs with (`hardware.alternative`), if any."""
 
     @property
+    def other_alternatives(self) -> tuple[Alternative, ...]:
+        """Its alternatives other than the one it runs with."""
+        return tuple(a for a in self.alternatives if a.name != self.alternative)
+
+    @property
     def label(self) -> str:
         """'h100-jlse', or 'h100-jlse, alternative stream_host_memory'."""
         return self.name if self.alternative is None else (

@@ -779,11 +779,19 @@ HOST_MEMORY_NOTE = ("reported, not judged: the run's host memory in use counts e
                     "the last two fitted on these cells")
 
 
+POLARIS_BETWEEN_PHASES_NOTE = (
+    "reported, not judged: Megatron's iteration less DeepSpeed's timed forward, backward and "
+    "step; zerosim: the stack's loop per micro-batch and per step and rank 0's gc.collect() at "
+    "each of the six memory reports, the last two fitted on these runs (python -m "
+    "zerosim.validation.loop_gap); the runs' gap also grows with the ranks of the node, which "
+    "zerosim does not model (README, multi-node)")
+
+
 def polaris_cells() -> list[Cell]:
     """The 41 Polaris runs (29 configurations, repeats averaged) predicted as `zerosim
     predict` predicts a table of runs (`zerosim.runs.predict`, on `polaris-a100`): per-step
     forward, backward and update, the iteration, and rank 0's peak allocated GPU memory."""
-    from zerosim.runs import MEASURED_PHASES, PEAK_ALLOCATED, PEAK_HOST, predict
+    from zerosim.runs import BETWEEN_PHASES, MEASURED_PHASES, PEAK_ALLOCATED, PEAK_HOST, predict
     from zerosim.validation.polaris import NAME_PREFIX, PROFILE, load_runs
 
     cells = []
@@ -822,6 +830,10 @@ def polaris_cells() -> list[Cell]:
                            configuration.peak_host_bytes / GiB,
                            prediction.predicted[PEAK_HOST] / GiB, None,
                            note=HOST_MEMORY_NOTE))
+        cells.append(judge(POLARIS_GROUP, case, "between the phases, per step", "s",
+                           configuration.measured(BETWEEN_PHASES),
+                           prediction.predicted[BETWEEN_PHASES], None,
+                           note=POLARIS_BETWEEN_PHASES_NOTE))
     return (cells + series_cells(outcome.predictions, NAME_PREFIX)
             + session_cells(runs, slow_gpu))
 
