@@ -471,39 +471,103 @@ KNOWN_KEYS = ("activation_checkpointing, attention, data_parallel, deepspeed, de
               "trainer, what_if")
 
 
-@pytest.mark.parametrize(("change", "settings", "message"), [
-    ({"deepspeed_version": "banana"}, (),
+REFUSED_ROWS = [
+    ({"deepspeed_version": "banana"},
      "row 2.deepspeed_version: runtime.deepspeed_version: expected a DeepSpeed version like "
      "\"0.13.3\" (quote it), got 'banana'"),
-    ({"num_attention_heads": "7"}, (),
+    ({"num_attention_heads": "7"},
      "row 2.num_attention_heads: model.num_attention_heads: expected a divisor of "
      "hidden_size=5120, got 7"),
-    ({"zero_stage": "0"}, (),
+    ({"zero_stage": "0"},
      "row 2.zero_stage: deepspeed.zero_optimization.offload_optimizer.device: expected 'none' "
      "at stage 0 (DeepSpeed offloads the optimizer only under ZeRO 1-3), got 'cpu'"),
-    ({}, ("foo=1",),
-     f"row 1: --set foo: expected one of the known keys ({KNOWN_KEYS}), got 'foo'"),
-    ({}, ("deepspeed.zero_optimization.stage=0",),
+    ({"data_parallel_size": "2"},
+     "row 2.data_parallel_size: expected num_gpus (1): zerosim replays data parallelism alone, "
+     "not tensor or pipeline parallelism, got '2'"),
+    ({"num_layers": "forty"}, "row 2.num_layers: expected a positive whole number, got 'forty'"),
+]
+UNCHECKED = ("params_analytic_total",)  # 7 heads would warn of another model first
+
+
+def _good_and_bad(tmp_path, change: dict) -> Path:
+    """Row 1 of the shipped table, then row 2 with `change`."""
+    header, good = _rows([1], drop=UNCHECKED).splitlines()
+    bad = _rows([2], drop=UNCHECKED, **change).splitlines()[1]
+    table = tmp_path / "runs.csv"
+    table.write_text(f"{header}\n{good}\n{bad}\n")
+    return table
+
+
+@pytest.mark.parametrize(("change", "message"), REFUSED_ROWS)
+def test_a_row_zerosim_refuses_is_a_refused_row_naming_its_column_and_the_rest_run(
+        tmp_path, monkeypatch, change, message):
+    """A bad value, or a configuration zerosim does not replay (DeepSpeed refuses ZeRO stage 0
+    with an offloaded optimizer, so zerosim does; another parallelism), is refused as `zerosim
+    check` refuses a file, naming the row and the column, and is not simulated; the table's
+    other rows are predicted, every row written, exit 1."""
+    import zerosim.api
+
+    simulated = []
+    real = zerosim.api.simulate_summary
+
+    def counted(*args, **kwargs):
+        simulated.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(zerosim.api, "simulate_summary", counted)
+    table, out = _good_and_bad(tmp_path, change), tmp_path / "out"
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--out", str(out)])
+    assert result.exit_code == 1 and len(simulated) == 1
+    assert f"{table}: {message}" in " ".join(result.stdout.split())
+    rows = {row["rows"]: row for row in csv.DictReader((out / "predictions.csv").open())}
+    assert rows["1"]["status"] == "ok" and rows["1"]["predicted_iteration_s"]
+    assert rows["2"]["status"] == "refused" and rows["2"]["predicted_iteration_s"] == ""
+    assert rows["2"]["error"] == f"{table}: {message}"
+
+
+def test_json_lists_a_refused_row_after_the_configurations(tmp_path):
+    """`--json` rows as predictions.csv's: the configurations, then each row the table could
+    not give as a run, with status `refused` and why."""
+    table = _good_and_bad(tmp_path, {"num_layers": "forty"})
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--no-files", "--json"])
+    assert result.exit_code == 1
+    first, refused = json.loads(result.stdout)["rows"]
+    assert (first["rows"], first["status"]) == ("1", "ok")
+    assert refused == {"rows": "2", "status": "refused", "error": (
+        f"{table}: row 2.num_layers: expected a positive whole number, got 'forty'")}
+
+
+def test_a_table_whose_every_row_is_refused_is_bad_input(tmp_path):
+    """Nothing to predict: the first refusal, exit 2, nothing written."""
+    header, *_ = _rows([1]).splitlines()
+    bad = [_rows([r], zero_stage="0").splitlines()[1] for r in (1, 2)]
+    table, out = tmp_path / "runs.csv", tmp_path / "out"
+    table.write_text("\n".join([header, *bad]) + "\n")
+    result = CliRunner().invoke(main, ["predict", str(table), "--hardware", "polaris-a100",
+                                       "--workers", "1", "--out", str(out)])
+    assert result.exit_code == 2 and "row 1.zero_stage" in result.stderr
+    assert result.stdout == "" and not out.exists()
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (("foo=1",), f"row 1: --set foo: expected one of the known keys ({KNOWN_KEYS}), got 'foo'"),
+    (("deepspeed.zero_optimization.stage=0",),
      "row 1: --set deepspeed.zero_optimization.stage: expected 'none' at stage 0 (DeepSpeed "
      "offloads the optimizer only under ZeRO 1-3), got 'cpu'"),
 ])
-def test_a_value_zerosim_refuses_is_refused_naming_its_row_before_anything_runs(
-        tmp_path, monkeypatch, change, settings, message):
-    """Each row's scenario is resolved as `zerosim check` resolves a file before any is
-    simulated: a refused value (DeepSpeed refuses ZeRO stage 0 with an offloaded optimizer,
-    so zerosim does) names the row and the column, or the --set key, exits 2 and writes
-    nothing."""
+def test_a_set_zerosim_refuses_is_refused_naming_it_before_anything_runs(
+        tmp_path, monkeypatch, settings, message):
+    """A refused `--set` is a bad option, not a row: it is named with the first row it
+    refuses, exits 2 and writes nothing, before anything is simulated."""
     import zerosim.api
 
     def never(*_):
         raise AssertionError("simulated before every row was checked")
 
     monkeypatch.setattr(zerosim.api, "simulate_summary", never)
-    unchecked = ("params_analytic_total",)  # 7 heads would warn of another model first
-    header, good = _rows([1], drop=unchecked).splitlines()
-    bad = _rows([2], drop=unchecked, **change).splitlines()[1]
-    table, out = tmp_path / "runs.csv", tmp_path / "out"
-    table.write_text(f"{header}\n{good}\n{bad}\n")
+    table, out = _good_and_bad(tmp_path, {}), tmp_path / "out"
     result = CliRunner().invoke(main, [
         "predict", str(table), "--hardware", "polaris-a100", "--workers", "1", "--out",
         str(out), *(arg for setting in settings for arg in ("--set", setting))])
@@ -578,7 +642,7 @@ def test_the_forks_options_on_the_plain_release_label_are_the_studys_build():
     """A release refuses the fork's keys, so a measured run that sets one on `0.13.3` (a
     build installed without its git metadata reports no label) ran the fork: it is replayed
     on the study's build, bound, its cache emptied at every phase; rows without the options
-    keep the release, and another release keeps its label (and is refused when simulated)."""
+    keep the release, and another release keeps its label (and is refused, not simulated)."""
     header, row = _rows([13], drop=MEASURED).splitlines()
     row = row.replace("0.13.3+8074cd62", "0.13.3")
     table = (f"{header},part_grads_async,prefetch_optimizer_gap\n{row},True,\n{row},,\n"
@@ -595,9 +659,9 @@ def test_the_forks_options_on_the_plain_release_label_are_the_studys_build():
     assert later.build == "0.14.0"
     p_fork, = predict([fork], "polaris-a100", workers=1).predictions
     assert p_fork.status == "ok"
-    with pytest.raises(ScenarioError) as refused:
-        predict([fork, later], "polaris-a100", workers=1)
-    assert str(refused.value) == (
+    _, p_later = predict([fork, later], "polaris-a100", workers=1).predictions
+    assert (p_later.status, p_later.predicted) == ("refused", {})
+    assert p_later.error == (
         "<runs>: row 3.part_grads_async: deepspeed.zero_optimization.offload_optimizer."
         "part_grads_async: expected absent unless runtime.deepspeed_version names a build of "
         "the Deep Optimizer States fork (DataStates/DeepSpeed, branch deep-optimizer-states) "

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 SET_HELP = "Override a scenario value by dotted path, e.g. deepspeed.zero_optimization.stage=2."
 
 EXIT_OK = 0
-EXIT_POINTS_NOT_RUN = 1   # sweep: some points could not be run (a worker failed)
+EXIT_POINTS_NOT_RUN = 1   # sweep: points not run; predict: rows refused or not simulated
 EXIT_BAD_INPUT = 2        # a scenario, profile, ds_config, option or output folder is refused
 EXIT_OOM = 3              # run: the configuration does not fit (summary status "oom")
 EXIT_INTERNAL_ERROR = 70  # a bug in zerosim (EX_SOFTWARE)
@@ -69,10 +69,10 @@ def _on_interrupt(note: str) -> None:
 
 
 @click.group(cls=_ZerosimGroup, epilog="""\b
-Exit status: 0 done; 1 sweep: some points could not be run; 2 bad input (scenario, profile,
-ds_config, option or output folder; one line names the file, the key, what was expected and
-what was given); 3 run: the configuration does not fit (status oom); 70 a bug in zerosim;
-130 interrupted by Ctrl-C; 143 by SIGTERM.
+Exit status: 0 done; 1 sweep: some points could not be run, predict: some rows refused or not
+simulated; 2 bad input (scenario, profile, ds_config, option or output folder; one line names
+the file, the key, what was expected and what was given); 3 run: the configuration does not
+fit (status oom); 70 a bug in zerosim; 130 interrupted by Ctrl-C; 143 by SIGTERM.
 \b
 Inputs are UTF-8 YAML or JSON files of at most 1 MiB: no key twice in a mapping, at most 32
 levels of nesting, no alias expanding past 100,000 values, and every number within its key's
@@ -895,9 +895,12 @@ def sensitivity(scenario: Path, overrides: tuple[str, ...], step: float, keys: t
     render_sensitivity(outcome, everything=everything)
 
 
-@main.command(epilog="Exit status: 0 every configuration simulated (one that does not fit is "
-                     "a row with status oom), 1 some could not be simulated (status error), "
-                     "2 bad input.")
+@main.command(epilog="Exit status: 0 every row read and every configuration simulated (one "
+                     "that does not fit is a row with status oom), 1 some refused (status "
+                     "refused: a bad value, or a configuration zerosim does not replay; the "
+                     "line names the row and the column) or not simulated (status error), 2 "
+                     "bad input (the table's header, --hardware, a --set, or no row zerosim "
+                     "replays).")
 @click.argument("runs_table", metavar="RUNS.csv",
                 type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--hardware", required=True, metavar="NAME|FILE",
@@ -927,7 +930,9 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
     from zerosim.hardware.profile import load_profile
     from zerosim.report import render_alternative_predictions, render_predictions
     from zerosim.runs import (
+        RefusedRow,
         off_repeat_rows,
+        outcome_rows,
         predict_alternatives,
         prediction_row,
         read_runs,
@@ -942,12 +947,14 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
 
     _files_needed(no_files, plots)
     _files_needed(no_files, out_dir is not None, "--out")
-    runs = _with_warnings(lambda: read_runs(runs_table))
+    refused: list[RefusedRow] = []
+    runs = _with_warnings(lambda: read_runs(runs_table, refused))
     load_profile(hardware)
     folder = None if no_files else _output_folder(out_dir or Path("results") / "predict" / (
         f"{runs_table.stem}-{Path(hardware).stem}"))
     outcome = run_predict(runs, hardware, overrides=parse_overrides(overrides),
-                          workers=workers, source=str(runs_table), explain=explain)
+                          workers=workers, source=str(runs_table), explain=explain,
+                          refused_rows=refused)
     readings = predict_alternatives(runs, hardware, overrides=parse_overrides(overrides),
                                     workers=workers, source=str(runs_table)) if alternatives else []
     series = accumulation_series(outcome.predictions)
@@ -964,7 +971,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
                 outcome.points(), outcome.title), folder / "predictions.png", dpi=110))
     if as_json:
         _print_json({"table": str(runs_table), "hardware": hardware,
-                     "rows": [prediction_row(p) for p in outcome.predictions],
+                     "rows": outcome_rows(outcome),
                      "series": series_rows(series),
                      "run_to_run_sd": run_to_run_sd_row(outcome),
                      "off_repeats": off_repeat_rows(outcome),
@@ -976,7 +983,7 @@ def predict(runs_table: Path, hardware: str, overrides: tuple[str, ...], workers
         render_predictions(outcome, series)
         if readings:
             render_alternative_predictions(outcome, readings)
-    if any(p.status == "error" for p in outcome.predictions):
+    if not outcome.complete:
         sys.exit(EXIT_POINTS_NOT_RUN)
 
 

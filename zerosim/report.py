@@ -729,7 +729,7 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
 PREDICTIONS_WIDTH = 160
 """Columns the predictions table needs: the configuration, the GPUs, five predicted/measured
 pairs with their errors."""
-PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit",
+PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit", "refused": "refused",
                      "error": "could not be simulated"}
 PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
                        "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GiB",
@@ -818,8 +818,10 @@ def render_predictions(outcome, series=()) -> None:
         if errors:
             parts.append(f"{PREDICTION_HEADINGS[quantity]} rms {outcome.rms(quantity):.1%}, "
                          f"largest {max(errors, key=abs):+.1%} ({len(errors)})")
+    for refused in outcome.refused_rows:
+        console.print(f"refused: {refused.error}", markup=False, highlight=False)
     statuses = {status: sum(p.status == status for p in outcome.predictions)
-                for status in ("ok", "oom", "error")}
+                for status in PREDICTION_STATUS}
     timed = sum(bool(p.timed_with) for p in outcome.predictions)
     tight = sum(bool(p.tight) for p in outcome.predictions)
     how = ", ".join(f"{n} {PREDICTION_STATUS[status]}" for status, n in statuses.items() if n)
@@ -827,8 +829,10 @@ def render_predictions(outcome, series=()) -> None:
         how += f" ({timed} of them timed with more memory)"
     if tight:
         how += f", {tight} tight"
+    unread = (f"; {_count(len(outcome.refused_rows), 'row')} of the table refused"
+              if outcome.refused_rows else "")
     console.print(f"{_count(len(outcome.predictions), 'configuration')} ({how}; "
-                  f"{outcome.executor} in {outcome.wall_s:.1f} s)"
+                  f"{outcome.executor} in {outcome.wall_s:.1f} s{unread})"
                   + (": " + "; ".join(parts) if parts else ": nothing measured to compare"),
                   markup=False, highlight=False)
     if (repeats := _repeats_text(outcome)):

@@ -518,10 +518,29 @@ def _nodes(source: str, row: int, r: Mapping[str, str], gpus: int) -> dict[str, 
     return {}
 
 
-def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
+REFUSED = "refused"
+"""The status of a configuration, or of a row, that zerosim does not replay."""
+SIMULATED = ("ok", "oom")
+"""The statuses of a configuration that was simulated (one that does not fit is a result)."""
+
+
+@dataclass(frozen=True)
+class RefusedRow:
+    """A row of a table that zerosim cannot read as a run or cannot replay, and why."""
+
+    row: int
+    """1 for the first data row."""
+    error: ScenarioError
+    """The refusal, naming the table, the row and the column, as a refused file's would."""
+
+
+def read_runs_text(text: str, source: str, refused: list[RefusedRow] | None = None
+                   ) -> list[MeasuredRun]:
     """Every row of a table in the artifact format, in order; a missing configuration column
-    or a bad value is an error naming the row and the column, a row of more or fewer fields
-    than the header (`inputs.tables.read_table`) one naming the row."""
+    is an error, and so is a bad value of a row (naming the row and the column) and a row of
+    more or fewer fields than the header (`inputs.tables.read_table`, naming the row). Given a
+    `refused` list, a row whose values are bad is appended to it instead and left out (what
+    `zerosim predict` does with a table of many runs), unless no row is left."""
     header, table = read_table(text, source, delimiter=_delimiter(text))
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
@@ -534,8 +553,14 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
               + ", ".join(f"{c}={v}" for c, v in filled.items()))
     blanks: dict[str, list[int]] = {}
     relabelled: list[int] = []
-    runs = [_run(source, row, filled | _with_defaults(r, row, blanks), relabelled)
-            for row, r in enumerate(table, start=1)]
+    runs = []
+    for row, r in enumerate(table, start=1):
+        try:
+            runs.append(_run(source, row, filled | _with_defaults(r, row, blanks), relabelled))
+        except ScenarioError as err:
+            if refused is None:
+                raise
+            refused.append(RefusedRow(row, err))
     for column, rows in blanks.items():
         _warn(f"{source}: row(s) {_row_list(rows)}: no {column}; they take "
               f"{column}={DEFAULTS[column]}")
@@ -545,6 +570,8 @@ def read_runs_text(text: str, source: str) -> list[MeasuredRun]:
               f"the study's build {FORK_BASE_RELEASE}+{STUDY_FORK_BUILD} (its launch bound, its "
               "CUDA cache emptied at every phase)")
     if not runs:
+        if refused:
+            raise refused[0].error
         raise ScenarioError(source, "<rows>", "at least one run", Described("none"))
     _warn_unread_columns(source, header)
     _warn_unknown_builds(source, runs, BIND_COLUMN in header)
@@ -640,10 +667,11 @@ def _warn(message: str) -> None:
     warnings.warn(message, ScenarioWarning, stacklevel=3)
 
 
-def read_runs(path: str | Path) -> list[MeasuredRun]:
+def read_runs(path: str | Path, refused: list[RefusedRow] | None = None) -> list[MeasuredRun]:
+    """`read_runs_text` of the table at `path`."""
     from zerosim.inputs.files import read_input_text
 
-    return read_runs_text(read_input_text(Path(path)), str(path))
+    return read_runs_text(read_input_text(Path(path)), str(path), refused)
 
 
 @dataclass(frozen=True)
@@ -845,7 +873,8 @@ class Prediction:
     scenario_name: str
     nodes: int
     status: str
-    """`ok`, `oom` (it does not fit: a result) or `error` (it could not be simulated)."""
+    """`ok`, `oom` (it does not fit: a result), `refused` (zerosim does not replay it; `error`
+    says why, naming the row and column) or `error` (it could not be simulated)."""
     predicted: Mapping[str, float | None]
     """By `QUANTITIES`: seconds, or bytes for the memory."""
     error: str = ""
@@ -945,24 +974,36 @@ def _scenario_of(tree: Mapping[str, Any], overrides: Mapping[str, Any], source: 
 
 
 def check_scenarios(jobs: Iterable[tuple[Configuration, Mapping[str, Any]]],
-                    overrides: Mapping[str, Any], source: str) -> None:
-    """Resolve each configuration's scenario tree before anything is simulated: the first that
-    zerosim refuses is an error naming the table, the row and the column its value comes from
-    (or the `--set` key), so that a bad value is refused as a bad file is, and status `error`
-    is left to a failure of the simulation itself."""
+                    overrides: Mapping[str, Any], source: str) -> list[ScenarioError | None]:
+    """Resolve each configuration's scenario tree before anything is simulated: per
+    configuration, None, or zerosim's refusal naming the table, the row and the column its
+    value comes from (status `refused`; status `error` is left to a failure of the simulation
+    itself). A refusal of a `--set` value is an error raised at once, as a bad option is, and
+    so is a refusal of every configuration."""
+    refusals: list[ScenarioError | None] = []
     for configuration, tree in jobs:
         try:
             _scenario_of(tree, overrides, source)
         except ScenarioError as err:
-            place = _refused_at(configuration.first, err.key_path, overrides)
-            raise ScenarioError(source, place, err.expected, err.got) from None
+            place, setting = _refused_at(configuration.first, err.key_path, overrides)
+            refusal = ScenarioError(source, place, err.expected, err.got)
+            if setting is not None:
+                raise refusal from None
+            refusals.append(refusal)
+        else:
+            refusals.append(None)
+    if refusals and all(refusals):
+        raise refusals[0]
+    return refusals
 
 
-def _refused_at(run: MeasuredRun, key_path: str, overrides: Mapping[str, Any]) -> str:
-    """Where a refusal of `run`'s scenario at `key_path` points: the `--set` behind the value
-    (or behind the column that gives it, as `--set ...stage=0` is behind an offload refused at
-    stage 0), else the row's column, with the scenario key, whose value may be derived from
-    the cell ('cpu', 'flash'), else the row and the key."""
+def _refused_at(run: MeasuredRun, key_path: str, overrides: Mapping[str, Any]
+                ) -> tuple[str, str | None]:
+    """Where a refusal of `run`'s scenario at `key_path` points, and the `--set` key behind it
+    if one is: that `--set` (or the one behind the column that gives the value, as `--set
+    ...stage=0` is behind an offload refused at stage 0), else the row's column, with the
+    scenario key, whose value may be derived from the cell ('cpu', 'flash'), else the row and
+    the key."""
     from zerosim.scenario.loader import override_behind
 
     column = run.column_of(key_path)
@@ -970,10 +1011,10 @@ def _refused_at(run: MeasuredRun, key_path: str, overrides: Mapping[str, Any]) -
         (path for path in overrides if column is not None and run.column_of(path) == column),
         None)
     if setting is not None:
-        return f"row {run.row}: --set {setting}"
+        return f"row {run.row}: --set {setting}", setting
     if column is not None:
-        return f"row {run.row}.{column}: {key_path}"
-    return f"row {run.row}: {key_path}"
+        return f"row {run.row}.{column}: {key_path}", None
+    return f"row {run.row}: {key_path}", None
 
 
 def _prediction(configuration: Configuration, name: str, nodes: int,
@@ -1009,6 +1050,14 @@ class PredictOutcome:
     executor: str = ""
     wall_s: float = 0.0
     files: list[Path] = field(default_factory=list)
+    refused_rows: list[RefusedRow] = field(default_factory=list)
+    """Rows of the table that could not be read as runs (`read_runs`), with why."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether every row of the table was read and every configuration simulated (one
+        that does not fit counts: it is a result)."""
+        return not self.refused_rows and all(p.status in SIMULATED for p in self.predictions)
 
     def errors(self, quantity: str) -> list[float]:
         return [e for p in self.predictions if (e := p.rel_error(quantity)) is not None]
@@ -1058,12 +1107,14 @@ def _check_table_overrides(overrides: Mapping[str, Any]) -> None:
 
 def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
             overrides: Mapping[str, Any] | None = None, workers: int | None = None,
-            source: str = "<runs>", name_prefix: str = "", explain: bool = False
-            ) -> PredictOutcome:
+            source: str = "<runs>", name_prefix: str = "", explain: bool = False,
+            refused_rows: Sequence[RefusedRow] = ()) -> PredictOutcome:
     """Simulate each distinct configuration of `runs` on `hardware` (with `overrides`, as
     `--set` gives them, applied to every one) and set it beside its measurements; one that
-    zerosim refuses is an error naming its row before any is simulated (`check_scenarios`).
-    `explain`: each prediction also says what its phases waited on (`Prediction.waits_on`)."""
+    zerosim refuses to replay is not simulated but given status `refused` with the refusal,
+    naming its row and column (`check_scenarios`; a refused `--set` is an error).
+    `explain`: each prediction also says what its phases waited on (`Prediction.waits_on`);
+    `refused_rows`: the table's rows `read_runs` could not read as runs, kept in the outcome."""
     import time
 
     from zerosim.hardware.profile import load_profile
@@ -1082,19 +1133,25 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
                             description=f"{source}, row(s) {rows}", keep_build=keep_build,
                             source=source) | {"name": f"{name_prefix}{configuration.name}"}
         jobs.append((configuration, tree["name"], run.nodes(profile.gpus_per_node), tree))
-    check_scenarios(((c, tree) for c, _, _, tree in jobs), overrides or {}, source)
-    predictions = []
-    with open_executor(workers, None, len(jobs)) as (executor, _, where):
+    refusals = check_scenarios(((c, tree) for c, _, _, tree in jobs), overrides or {}, source)
+    accepted = [job for job, refusal in zip(jobs, refusals, strict=True) if refusal is None]
+    simulated = []
+    with open_executor(workers, None, len(accepted)) as (executor, _, where):
         futures = [executor.submit(simulate_tree, tree, dict(overrides or {}),
                                    f"{source} row {c.first.row}", measured=c.was_measured,
                                    explain=explain)
-                   for c, _, _, tree in jobs]
-        for (configuration, name, nodes, _), future in zip(jobs, futures, strict=True):
+                   for c, _, _, tree in accepted]
+        for (configuration, name, nodes, _), future in zip(accepted, futures, strict=True):
             error = future.exception()
-            predictions.append(_prediction(configuration, name, nodes,
-                                           error if error is not None else future.result()))
+            simulated.append(_prediction(configuration, name, nodes,
+                                         error if error is not None else future.result()))
+    in_order = iter(simulated)
+    predictions = [next(in_order) if refusal is None else
+                   Prediction(configuration, name, nodes, REFUSED, {}, error=str(refusal))
+                   for (configuration, name, nodes, _), refusal in zip(jobs, refusals,
+                                                                      strict=True)]
     return PredictOutcome(source, str(hardware), predictions, where,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, refused_rows=list(refused_rows))
 
 
 COLUMN_NAMES = {"forward": "forward_s", "backward": "backward_s", "update": "update_s",
@@ -1137,6 +1194,19 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
     return row
 
 
+def refused_row(refused: RefusedRow) -> dict[str, Any]:
+    """A row the table could not give as a run, as a CSV row: its number, status `refused`
+    and why; nothing predicted."""
+    return {"rows": str(refused.row), "status": REFUSED, "error": str(refused.error)}
+
+
+def outcome_rows(outcome: PredictOutcome) -> list[dict[str, Any]]:
+    """Every configuration's row, then every row the table could not give as a run, as
+    predictions.csv and `--json` write them."""
+    return ([prediction_row(p) for p in outcome.predictions]
+            + [refused_row(r) for r in outcome.refused_rows])
+
+
 def off_repeat_rows(outcome: PredictOutcome) -> list[dict[str, Any]]:
     """`runs_off_their_repeats` of the table as JSON rows: the run's row, the other runs'
     rows, the configuration and each phase's deviation."""
@@ -1154,8 +1224,7 @@ def run_to_run_sd_row(outcome: PredictOutcome) -> dict[str, float | None]:
 def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
     from zerosim.results.folders import write_table
 
-    return write_table(path, PREDICTION_COLUMNS,
-                       (prediction_row(p) for p in outcome.predictions))
+    return write_table(path, PREDICTION_COLUMNS, outcome_rows(outcome))
 
 
 ALTERNATIVE_PREDICTION_COLUMNS = ("alternative", *PREDICTION_COLUMNS)
