@@ -242,6 +242,15 @@ def test_a_bad_row_names_its_row_and_column(change, message):
         read_runs_text(_rows([1], **change), "t.csv")
 
 
+def test_a_measurement_written_as_missing_is_not_measured():
+    """An empty cell, or what pandas writes for a missing value (`NaN`, `N/A`, `null`) or a
+    dash, is a run that did not measure that quantity, in any case; the row still runs."""
+    run, = read_runs_text(_rows([1], fwd_ms_mean="NaN", bwd_ms_mean="n/a", step_ms_mean="null",
+                                iter_ms_mean="-", smu_train_rank0_peak_Max_MA_GB="nan",
+                                cpu_used_GB_peak_during_training=""), "t.csv")
+    assert run.seconds == {} and run.peak_gpu_bytes is None and run.peak_host_bytes is None
+
+
 def test_a_table_without_a_configuration_column_is_refused():
     with pytest.raises(ScenarioError, match=r"t.csv: <header>: expected the configuration "
                                             r"columns .*, got no column 'hidden_size'"):

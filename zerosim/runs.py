@@ -424,8 +424,13 @@ def _fork_value(source: str, row: int, column: str, text: str) -> bool | int:
     return value
 
 
+NOT_MEASURED = frozenset({"", "nan", "na", "n/a", "#n/a", "null", "none", "-"})
+"""What a measurement cell holds where the run did not measure it, in any case: empty, or what
+pandas writes and reads for a missing value (`NaN`, `NA`, `N/A`, `null`, `None`) and a dash."""
+
+
 def _measured(source: str, row: int, column: str, text: str | None) -> float | None:
-    if text is None or not text.strip():
+    if text is None or text.strip().lower() in NOT_MEASURED:
         return None
     try:
         value = float(text)
