@@ -251,6 +251,23 @@ def test_a_measurement_written_as_missing_is_not_measured():
     assert run.seconds == {} and run.peak_gpu_bytes is None and run.peak_host_bytes is None
 
 
+def test_an_option_written_as_missing_takes_its_default():
+    """An optional column's cell written as missing is an empty cell: `sub_group_size` takes
+    DeepSpeed's default (a warning names the row), the fork's keys and the binding theirs."""
+    with pytest.warns(ScenarioWarning, match=re.escape("row(s) 1: no sub_group_size")):
+        run, = read_runs_text(_rows([1], sub_group_size="NaN", part_grads_async="nan",
+                                    prefetch_optimizer_gap="None", bind_cores_to_rank="N/A"),
+                              "t.csv")
+    assert (run.sub_group_size, run.part_grads_async, run.prefetch_optimizer_gap,
+            run.bind_cores_to_rank) == (1_000_000_000, False, 0, False)
+
+
+def test_a_configuration_column_written_as_missing_is_a_bad_value():
+    with pytest.raises(ScenarioError, match=re.escape(
+            "row 1.hidden_size: expected a positive whole number, got 'NaN'")):
+        read_runs_text(_rows([1], hidden_size="NaN"), "t.csv")
+
+
 def test_a_table_without_a_configuration_column_is_refused():
     with pytest.raises(ScenarioError, match=r"t.csv: <header>: expected the configuration "
                                             r"columns .*, got no column 'hidden_size'"):

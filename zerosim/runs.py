@@ -424,13 +424,22 @@ def _fork_value(source: str, row: int, column: str, text: str) -> bool | int:
     return value
 
 
-NOT_MEASURED = frozenset({"", "nan", "na", "n/a", "#n/a", "null", "none", "-"})
-"""What a measurement cell holds where the run did not measure it, in any case: empty, or what
-pandas writes and reads for a missing value (`NaN`, `NA`, `N/A`, `null`, `None`) and a dash."""
+MISSING = frozenset({"", "nan", "na", "n/a", "#n/a", "null", "none", "-"})
+"""What a cell holds where the row gives no value, in any case: empty, or what pandas writes
+and reads for a missing value (`NaN`, `NA`, `N/A`, `null`, `None`) and a dash. In an optional
+column (a measurement, an option with a default) it is an empty cell; in a configuration
+column, a bad value."""
+
+
+def _blanked(r: Mapping[str, str | None]) -> dict[str, str | None]:
+    """The row with a cell written as missing (`MISSING`) emptied, in every column but the
+    configuration columns no default stands for (`REQUIRED_COLUMNS`)."""
+    return {column: "" if column not in REQUIRED_COLUMNS and text is not None
+            and text.strip().lower() in MISSING else text for column, text in r.items()}
 
 
 def _measured(source: str, row: int, column: str, text: str | None) -> float | None:
-    if text is None or text.strip().lower() in NOT_MEASURED:
+    if text is None or not text.strip():
         return None
     try:
         value = float(text)
@@ -561,7 +570,8 @@ def read_runs_text(text: str, source: str, refused: list[RefusedRow] | None = No
     runs = []
     for row, r in enumerate(table, start=1):
         try:
-            runs.append(_run(source, row, filled | _with_defaults(r, row, blanks), relabelled))
+            runs.append(_run(source, row, filled | _with_defaults(_blanked(r), row, blanks),
+                             relabelled))
         except ScenarioError as err:
             if refused is None:
                 raise
