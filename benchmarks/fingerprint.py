@@ -5,14 +5,15 @@ Run: `python benchmarks/fingerprint.py [--only NAME ...] [--rounds N] > FILE`, b
 after a change, and compare the outputs (`diff`). Each scenario runs twice, every record kept
 (`run_engine`) and summary only (`run_engine(full=False)`, what a sweep point runs); each line
 hashes that run's status, events processed, every table's rows (spans, phases, memory, links
-and peer waits; `repr`, so floats to the last bit), capacities, peaks, OOM record, checks,
-folding and the summary (`results.summary`).
+and peer waits; `repr`, so floats to the last bit, enum members as their values), capacities,
+peaks, OOM record, checks, folding and the summary (`results.summary`).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -59,6 +60,15 @@ CASES: dict[str, tuple[Path, dict]] = {
 }
 
 
+ENUM_REPR = re.compile(r"<\w+\.\w+: ('[^']*')>")
+
+
+def _text(part) -> bytes:
+    """`repr`, with every `StrEnum` member written as its value: a field that becomes one of
+    the vocabulary's enums, or stops being one, leaves the hash as it was."""
+    return ENUM_REPR.sub(r"\1", repr(part)).encode()
+
+
 def fingerprint(path: Path, overrides: dict, full: bool) -> str:
     from zerosim.engine.simulate import run_engine
     from zerosim.results.summary import summarize
@@ -69,11 +79,11 @@ def fingerprint(path: Path, overrides: dict, full: bool) -> str:
     parts = [raw.status, raw.events, raw.capacities, raw.peaks, raw.oom, raw.checks,
              raw.node_copies, raw.stands_for, raw.gpus_for, summarize(raw)]
     for part in parts:
-        digest.update(repr(part).encode())
+        digest.update(_text(part))
     for table in (raw.spans, raw.phases, raw.memory, raw.links, raw.peer_waits):
-        digest.update(repr(table.names).encode())
+        digest.update(_text(table.names))
         for row in table.rows:
-            digest.update(repr(row).encode())
+            digest.update(_text(row))
     return f"{raw.status} events={raw.events} rows={len(raw.spans)}/{len(raw.memory)}/" \
            f"{len(raw.links)} {digest.hexdigest()}"
 

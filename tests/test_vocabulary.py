@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -161,3 +163,20 @@ def test_trace_slices_carry_the_kinds_that_are_set():
     assert "op_kind" not in slices["other"]["args"]
     names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert {"NVMe read", "CPU"} <= names
+
+
+def test_every_layers_table_of_statuses_covers_the_statuses_it_meets():
+    """Statuses and verdicts are the vocabulary's: each layer that words or orders them names
+    every one it can be handed, and they travel as their plain text."""
+    from zerosim.report import PREDICTION_STATUS
+    from zerosim.tune import STATUS_ORDER
+    from zerosim.validation.report import STATUS_MARK
+    from zerosim.vocabulary import JUDGED, SIMULATED, Status, Verdict
+
+    assert set(PREDICTION_STATUS) == {Status.OK, Status.OOM, Status.REFUSED, Status.ERROR}
+    assert set(STATUS_ORDER) == set(Status) - {Status.PENDING}
+    assert set(STATUS_MARK) == set(Verdict)
+    assert {str(s) for s in SIMULATED} == {"ok", "oom"}
+    assert {str(v) for v in JUDGED} == {"pass", "fail"}
+    assert json.dumps({"status": Status.OOM}) == '{"status": "oom"}'
+    assert pd.DataFrame({"status": [Status.OK]}).to_csv(index=False) == "status\nok\n"

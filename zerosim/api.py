@@ -11,6 +11,7 @@ from zerosim.engine.records import PhaseSpan, Table, with_copies
 from zerosim.engine.simulate import run_engine
 from zerosim.results.summary import summarize
 from zerosim.scenario import Scenario, load_scenario
+from zerosim.vocabulary import Status
 
 if TYPE_CHECKING:
     from zerosim.results import Result
@@ -72,7 +73,7 @@ def simulate_brief(scenario: Scenario | str | Path,
     if explain:
         from zerosim.results.critical import WAITS_ON, engine_path_totals, waits_texts
 
-        if raw.status == "ok":
+        if raw.status == Status.OK:
             critical = engine_path_totals(raw)
         summary[WAITS_ON] = None if critical is None else waits_texts(critical)
     return Brief(summary, with_copies(raw.phases, 0, raw.stands_for), critical)

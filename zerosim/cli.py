@@ -12,6 +12,7 @@ import click
 from zerosim.errors import ScenarioError, ZerosimError, clip
 from zerosim.interrupts import Interrupted, handled_interrupts, received_signal
 from zerosim.tune import KNOBS
+from zerosim.vocabulary import Status
 
 if TYPE_CHECKING:
     from zerosim.results.critical import RankPath
@@ -403,7 +404,7 @@ def run(scenario: Path, overrides: tuple[str, ...], out_dir: Path | None, no_fil
                        critical=critical,
                        large_trace_bytes=None if compact_trace else _large_trace(target),
                        other_readings=[a.name for a in loaded.hardware.other_alternatives])
-    if result.summary["status"] == "oom":
+    if result.summary["status"] == Status.OOM:
         sys.exit(EXIT_OOM)
 
 

@@ -42,6 +42,7 @@ from zerosim.vocabulary import (
     LinkKind,
     Phase,
     PhaseTime,
+    Status,
     Stream,
     base_category,
     device_name,
@@ -371,7 +372,7 @@ def timeline(result, ranks: Iterable[int] | None = None,
                      len(chosen) else "") + ")")
     elif len(chosen) < len(all_ranks):
         title += f" (ranks {', '.join(map(str, chosen))} of {len(all_ranks)})"
-    if result.summary.get("status") == "oom":
+    if result.summary.get("status") == Status.OOM:
         title += " - out of memory"
     _title(strip, ax, title)
     _mark_oom(ax, result, device=None, y_data=False)
@@ -443,7 +444,7 @@ def memory_over_time(result, device: str = device_name(DeviceKind.GPU, 0)) -> Fi
     ax.set_xlabel("time (s)")
     ax.set_ylabel("memory (GiB)")
     title = f"{_scenario_name(result)}: {device} {memory_kind(device)} by category"
-    if result.summary.get("status") == "oom":
+    if result.summary.get("status") == Status.OOM:
         title += " - out of memory"
     _title(strip, ax, title)
     ax.grid(axis="y", color="#DDDDDD", lw=0.5, zorder=1)
@@ -457,7 +458,7 @@ def _mark_oom(ax, result, *, device: str | None, y_data: bool) -> None:
     """A dotted vertical line and a cross where the run ran out of memory (on `device`, or on
     any device when None), with what failed written to its left."""
     oom = result.summary.get("oom")
-    if result.summary.get("status") != "oom" or not oom:
+    if result.summary.get("status") != Status.OOM or not oom:
         return
     if device is not None and oom.get("device") != device:
         return
@@ -547,7 +548,7 @@ def pcie_throughput(result, gpu: int = 0) -> Figure:
     axes[-1].set_xlim(*_time_span(0.0, end))
     axes[-1].set_xlabel("time (s)")
     title = f"{_scenario_name(result)}: {device_name(DeviceKind.GPU, gpu)} PCIe throughput"
-    if result.summary.get("status") == "oom":
+    if result.summary.get("status") == Status.OOM:
         title += " - out of memory"
     _title(strip, axes[0], title)
     return fig
@@ -587,7 +588,7 @@ def phase_breakdown(summaries, measured: Mapping[str, Mapping[str, float]] | Non
         sim_values = [_phase_value(sims.get(label, {}).get("phases_s", {}), phase)
                       for label in labels]
         offset = -width / 2 if measured else 0.0
-        missing = ["OOM" if sims.get(label, {}).get("status") == "oom" else "n/a"
+        missing = ["OOM" if sims.get(label, {}).get("status") == Status.OOM else "n/a"
                    for label in labels]
         _bars(ax, x + offset, sim_values, width, SIMULATED_COLOR, "simulated", missing=missing)
         if measured:
@@ -610,7 +611,7 @@ def phase_breakdown(summaries, measured: Mapping[str, Mapping[str, float]] | Non
     names = sorted({str(s.get("scenario")) for s in sims.values() if s.get("scenario")})
     title = "phase times" + (" (mean per micro-batch, slowest rank)" if sims else "")
     nothing_finished = bool(sims) and not measured and all(
-        s.get("status") == "oom" for s in sims.values())
+        s.get("status") == Status.OOM for s in sims.values())
     if nothing_finished:
         title = "out of memory: no phase finished"
         _oom_box(fig, next(iter(sims.values())).get("oom"))
@@ -964,7 +965,7 @@ def sweep_metric(frame: pd.DataFrame, x: str, metric: str, hue: str | None = Non
         if len(means) < np.isfinite(ys).sum():
             ax.plot(xs, ys, marker="o", ms=3, ls="none", color=color, alpha=0.5)
         if "status" in group.columns:
-            oom_x.extend(xs[(group["status"] == "oom").to_numpy()])
+            oom_x.extend(xs[(group["status"] == Status.OOM).to_numpy()])
     if oom_x:
         ax.plot(oom_x, np.zeros(len(oom_x)), marker="X", ms=9, ls="none", color=OOM_COLOR,
                 transform=ax.get_xaxis_transform(), clip_on=False, label="out of memory",
@@ -991,7 +992,7 @@ def sweep_heatmap(frame: pd.DataFrame, x: str, y: str, metric: str) -> Figure:
     grid = grid.reindex(index=index, columns=columns)
     oom = None
     if "status" in frame.columns:
-        oom = (values.assign(_oom=values["status"] == "oom")
+        oom = (values.assign(_oom=values["status"] == Status.OOM)
                .groupby([y, x], sort=False)["_oom"].any().unstack(x)
                .reindex(index=index, columns=columns))
     fig = _new_figure(max(6.5, 2.5 + 0.9 * len(columns)), max(3.5, 1.6 + 0.5 * len(index)))

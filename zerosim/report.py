@@ -27,7 +27,7 @@ from zerosim.runs import BETWEEN_PHASES as BETWEEN_PHASES_QUANTITY
 from zerosim.runs import MEMORY_QUANTITIES, PEAK_ALLOCATED, PEAK_HOST
 from zerosim.scenario import Scenario
 from zerosim.units import GB, MS, GiB, figure_text, ordered_sum
-from zerosim.vocabulary import PCIE_STREAMS, PeerTransport, PhaseTime
+from zerosim.vocabulary import JUDGED, PCIE_STREAMS, PeerTransport, PhaseTime, Status, Verdict
 
 
 def _console(min_width: int = 100) -> Console:
@@ -378,7 +378,7 @@ def render_summary(summary: dict, *, wall_s: float | None = None, out_dir=None,
     run did not take, which get a line on `zerosim sensitivity`."""
     console = _console()
     status = summary["status"]
-    colour = "green" if status == "ok" else "red"
+    colour = "green" if status == Status.OK else "red"
     nodes = summary["nodes"]
     over = f" over {nodes} nodes" if nodes > 1 else ""
     console.print(f"[bold]{summary['scenario']}[/bold]: status [{colour}]{status}[/{colour}], "
@@ -513,15 +513,17 @@ def render_validation(cells, out_dir) -> None:
     for column in ("case", "quantity", "measured", "simulated", "error", "status"):
         table.add_column(column, justify="right" if column in ("measured", "simulated",
                                                                  "error") else "left")
-    colours = {"pass": "green", "fail": "red", "excluded": "yellow", "reported": "cyan"}
+    colours = {Verdict.PASS: "green", Verdict.FAIL: "red", Verdict.EXCLUDED: "yellow",
+               Verdict.REPORTED: "cyan"}
     for c in cells:
         colour = colours[c.status]
         table.add_row(c.case, c.quantity, format_value(c.measured, c.unit),
                       *c.shown(format_value(c.simulated, c.unit)),
                       f"[{colour}]{c.status}[/{colour}]")
     console.print(table)
-    judged = [c for c in cells if c.status in ("pass", "fail")]
-    console.print(f"{sum(c.status == 'pass' for c in judged)} of {len(judged)} judged cells "
+    judged = [c for c in cells if c.status in JUDGED]
+    passed = sum(c.status == Verdict.PASS for c in judged)
+    console.print(f"{passed} of {len(judged)} judged cells "
                   f"within tolerance; report in {out_dir}")
 
 
@@ -565,7 +567,7 @@ def render_tune(outcome, *, top: int = 10,
     for column in ("#", "configuration", "iteration s", "tokens/s", "peak HBM GiB",
                    "peak host GiB"):
         table.add_column(column, justify="left" if column == "configuration" else "right")
-    fitting = [r for r in outcome.rows if r["status"] == "ok"]
+    fitting = [r for r in outcome.rows if r["status"] == Status.OK]
     for row in fitting[:top]:
         table.add_row(str(row["rank"]), row["config"].describe(), f"{row['iteration_s']:.3f}",
                       f"{row['tokens_per_s']:,.0f}",
@@ -729,8 +731,8 @@ def render_sensitivity(outcome, *, everything: bool = False) -> None:
 PREDICTIONS_WIDTH = 160
 """Columns the predictions table needs: the configuration, the GPUs, five predicted/measured
 pairs with their errors."""
-PREDICTION_STATUS = {"ok": "simulated", "oom": "do not fit", "refused": "refused",
-                     "error": "could not be simulated"}
+PREDICTION_STATUS = {Status.OK: "simulated", Status.OOM: "do not fit", Status.REFUSED: "refused",
+                     Status.ERROR: "could not be simulated"}
 PREDICTION_HEADINGS = {"forward": "fwd", "backward": "bwd", "update": "update",
                        "iteration": "iteration", PEAK_ALLOCATED: "rank 0 GiB",
                        PEAK_HOST: "node host GiB", BETWEEN_PHASES_QUANTITY: "between phases"}
@@ -799,7 +801,7 @@ def render_predictions(outcome, series=()) -> None:
         if not p.predicted:
             table.add_row(name, gpus, p.status.upper(), *([""] * (len(QUANTITIES) - 1)))
             continue
-        table.add_row(name + (" *" if p.status != "ok" else ""), gpus,
+        table.add_row(name + (" *" if p.status != Status.OK else ""), gpus,
                       *(_prediction_cell(p, q) for q in QUANTITIES))
     console.print(table)
     for p in outcome.predictions:

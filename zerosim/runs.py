@@ -36,6 +36,7 @@ from zerosim.errors import Described, ScenarioError
 from zerosim.inputs.tables import read_table
 from zerosim.results.critical import WAITS_ON, WAITS_ON_KEYS
 from zerosim.units import GiB, ordered_sum
+from zerosim.vocabulary import SIMULATED, Status
 
 if TYPE_CHECKING:
     from zerosim.hardware.profile import HardwareProfile
@@ -532,12 +533,6 @@ def _nodes(source: str, row: int, r: Mapping[str, str], gpus: int) -> dict[str, 
     return {}
 
 
-REFUSED = "refused"
-"""The status of a configuration, or of a row, that zerosim does not replay."""
-SIMULATED = ("ok", "oom")
-"""The statuses of a configuration that was simulated (one that does not fit is a result)."""
-
-
 @dataclass(frozen=True)
 class RefusedRow:
     """A row of a table that zerosim cannot read as a run or cannot replay, and why."""
@@ -947,7 +942,7 @@ def simulate_tree(tree: Mapping[str, Any], overrides: Mapping[str, Any], source:
     first_oom = summary.get("oom")
     raised: dict[str, float] = {}
     raises = 0
-    while measured and summary["status"] == "oom" and raises < MAX_CAPACITY_RAISES:
+    while measured and summary["status"] == Status.OOM and raises < MAX_CAPACITY_RAISES:
         fits = capacity_that_fits(summary["oom"])
         if fits is None or fits[0] in overrides:
             break
@@ -1035,13 +1030,13 @@ def _refused_at(run: MeasuredRun, key_path: str, overrides: Mapping[str, Any]
 def _prediction(configuration: Configuration, name: str, nodes: int,
                 summary: Mapping[str, Any] | BaseException) -> Prediction:
     if isinstance(summary, BaseException):
-        return Prediction(configuration, name, nodes, "error", {},
+        return Prediction(configuration, name, nodes, Status.ERROR, {},
                           error=f"{type(summary).__name__}: {summary}")
     from zerosim.results.summary import oom_text, tight_text
 
     oom = summary.get("oom")
     oom_line = oom_text(oom, with_time=False) if oom else ""
-    if summary["status"] != "ok":
+    if summary["status"] != Status.OK:
         return Prediction(configuration, name, nodes, summary["status"], {}, oom=oom_line)
     steps = per_step_seconds(summary["phases_s"], configuration.first.grad_accum_steps)
     times = {**steps, "iteration": summary["iteration_s"]}
@@ -1051,9 +1046,9 @@ def _prediction(configuration: Configuration, name: str, nodes: int,
                  - summary["runtime_context_bytes"],
                  PEAK_HOST: summary["peak_host_GiB"] * GiB}
     timed_with = summary.get("timed_with", {})
-    return Prediction(configuration, name, nodes, "oom" if timed_with else "ok", predicted,
-                      oom=oom_line, timed_with=timed_with,
-                      tight="" if timed_with else tight_text(summary),
+    status = Status.OOM if timed_with else Status.OK
+    return Prediction(configuration, name, nodes, status, predicted, oom=oom_line,
+                      timed_with=timed_with, tight="" if timed_with else tight_text(summary),
                       waits_on=summary.get(WAITS_ON) or {})
 
 
@@ -1162,7 +1157,7 @@ def predict(runs: Sequence[MeasuredRun], hardware: str | Path, *,
                                          error if error is not None else future.result()))
     in_order = iter(simulated)
     predictions = [next(in_order) if refusal is None else
-                   Prediction(configuration, name, nodes, REFUSED, {}, error=str(refusal))
+                   Prediction(configuration, name, nodes, Status.REFUSED, {}, error=str(refusal))
                    for (configuration, name, nodes, _), refusal in zip(jobs, refusals,
                                                                       strict=True)]
     return PredictOutcome(source, str(hardware), predictions, where,
@@ -1212,7 +1207,7 @@ def prediction_row(p: Prediction) -> dict[str, Any]:
 def refused_row(refused: RefusedRow) -> dict[str, Any]:
     """A row the table could not give as a run, as a CSV row: its number, status `refused`
     and why; nothing predicted."""
-    return {"rows": str(refused.row), "status": REFUSED, "error": str(refused.error)}
+    return {"rows": str(refused.row), "status": Status.REFUSED, "error": str(refused.error)}
 
 
 def outcome_rows(outcome: PredictOutcome) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from zerosim.hardware.profile import (
 from zerosim.stacks import GC_OBJECT_KEY, LEAF_HOOK_KEY, PLAIN_COLLECTIVE_KEY, REPEAT_HOOK_KEY
 from zerosim.stacks import TUNABLE_KEYS as STACK_KEYS
 from zerosim.units import ordered_sum
-from zerosim.vocabulary import PHASE_TIMES
+from zerosim.vocabulary import PHASE_TIMES, Status
 
 DEFAULT_STEP = 0.1
 """Relative step of the central differences: each value at x (1 - 0.1) and x (1 + 0.1)."""
@@ -345,7 +345,7 @@ def candidates(scenario, step: float, keys: Iterable[str] = ()) -> list[Candidat
 
 def _times(row: Mapping[str, Any] | None) -> dict[str, float | None] | None:
     """A run's iteration and phase times, None unless it ran and fitted."""
-    if row is None or row.get("status") != "ok":
+    if row is None or row.get("status") != Status.OK:
         return None
     times = {"iteration": row.get("iteration_s")}
     times.update({p: row.get(f"phases_s.{p}") for p in PHASE_TIMES})
@@ -354,9 +354,9 @@ def _times(row: Mapping[str, Any] | None) -> dict[str, float | None] | None:
 
 def _side_note(name: str, row: Mapping[str, Any] | None, value: float | None) -> str:
     """Why one side of a value gave no time: its run did not fit, or it failed."""
-    if value is None or row is None or row.get("status") == "ok":
+    if value is None or row is None or row.get("status") == Status.OK:
         return ""
-    if row.get("status") == "oom":
+    if row.get("status") == Status.OOM:
         return f"at {value:g} ({name}) the configuration does not fit"
     return f"{value:g} ({name}) failed: {row.get('error', '')}"
 
@@ -454,12 +454,12 @@ def sensitivity(scenario_path: str | Path, *, overrides: Mapping[str, Any] | Non
         rows[point.index] = row
 
     def on_failure(point: Point, error: BaseException) -> None:
-        rows[point.index] = {"status": "error", "error": str(error)}
+        rows[point.index] = {"status": Status.ERROR, "error": str(error)}
 
     with open_executor(workers, None, len(points)) as (executor, window, where):
         drive(executor, window, str(scenario_path), points, on_row, on_failure)
     base = _times(rows[0])
-    if rows[0].get("status") == "oom":
+    if rows[0].get("status") == Status.OOM:
         raise DoesNotFit(f"{scenario_path}: the configuration does not fit (status oom): "
                          "it has no times to differentiate")
     if base is None:
@@ -484,7 +484,7 @@ def _reading(alternative: Alternative, row: Mapping[str, Any]) -> AlternativeRea
     times = _times(row)
     if times is not None:
         return AlternativeReading(alternative, times)
-    note = ("the configuration does not fit with it" if row.get("status") == "oom"
+    note = ("the configuration does not fit with it" if row.get("status") == Status.OOM
             else f"it failed: {row.get('error', '')}")
     return AlternativeReading(alternative, None, note)
 

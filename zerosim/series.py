@@ -18,6 +18,7 @@ from pathlib import Path
 from zerosim.results.folders import write_table
 from zerosim.runs import BETWEEN_PHASES, Prediction
 from zerosim.units import ordered_sum
+from zerosim.vocabulary import Status
 
 MIN_SERIES_STEPS = 3
 """Distinct accumulation counts a series needs: two fix a line exactly, a third tests it."""
@@ -100,7 +101,7 @@ def accumulation_series(predictions: Sequence[Prediction]) -> list[AccumulationS
     for the measured line, its configuration's prediction for the predicted one."""
     groups: dict[tuple, list[Prediction]] = {}
     for p in predictions:
-        if p.status == "ok":
+        if p.status == Status.OK:
             groups.setdefault(p.configuration.first.series_key, []).append(p)
     series = []
     for members in groups.values():

@@ -35,6 +35,7 @@ from zerosim.errors import ZerosimError
 from zerosim.results.summary import PEAK_ERROR_FRACTION, tight_memory, tight_text
 from zerosim.scenario.deepspeed import SEQUENCE_PARALLEL_KEY
 from zerosim.units import ordered_sum
+from zerosim.vocabulary import Status
 
 if TYPE_CHECKING:
     from zerosim.scenario import Scenario
@@ -682,7 +683,7 @@ class TuneOutcome:
 
     @property
     def best(self) -> dict[str, Any] | None:
-        return self.rows[0] if self.rows and self.rows[0]["status"] == "ok" else None
+        return self.rows[0] if self.rows and self.rows[0]["status"] == Status.OK else None
 
 
 def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
@@ -708,13 +709,13 @@ def _row(config: Config, status: str, note: str = "") -> dict[str, Any]:
 
 
 def _simulated(row: dict[str, Any], result: Mapping[str, Any]) -> None:
-    row["status"] = result.get("status", "error")
+    row["status"] = result.get("status", Status.ERROR)
     row["note"] = result.get("error") or ""
-    if row["status"] == "oom" and result.get("oom"):
+    if row["status"] == Status.OOM and result.get("oom"):
         oom = json.loads(result["oom"])
         row["note"] = f"out of memory on {oom['device']}: {oom['allocation']}"
     iteration = result.get("iteration_s")
-    if row["status"] == "ok" and iteration:
+    if row["status"] == Status.OK and iteration:
         row["iteration_s"] = iteration
         row["tokens_per_s"] = result["tokens_per_s"]
     row["peak_hbm_GiB"] = result.get("peak_hbm_GiB")
@@ -775,31 +776,31 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     for config in searched:
         point_overrides = fixed | config.overrides() | (
             extra if "nvme" in config.offload else {})
-        row = row_of[config] = _row(config, "pending")
+        row = row_of[config] = _row(config, Status.PENDING)
         row["overrides"] = point_overrides
         rows.append(row)
         try:
             reason = prune_reason(load_scenario(scenario_path, point_overrides))
         except ScenarioError as err:
-            row["status"], row["note"] = "refused", str(err)
+            row["status"], row["note"] = Status.REFUSED, str(err)
             continue
         if reason:
-            row["status"], row["note"] = "pruned", reason
+            row["status"], row["note"] = Status.PRUNED, reason
             continue
         point = Point(len(rows) - 1, point_id(point_overrides), point_overrides,
                       {"config": config.describe()}, {})
         waits_for = config.twin()
         twin = row_of.get(waits_for) if waits_for is not None else None
-        (deferred if twin is not None and twin["status"] == "pending" else todo).append(point)
+        (deferred if twin is not None and twin["status"] == Status.PENDING else todo).append(point)
     outcome = TuneOutcome(scenario, rows, pruned=0)
 
     def on_row(point: Point, result: Mapping[str, Any]) -> None:
         _simulated(rows[point.index], result)
         if on_progress is not None:
-            on_progress(sum(r["status"] != "pending" for r in rows), len(rows))
+            on_progress(sum(r["status"] != Status.PENDING for r in rows), len(rows))
 
     def on_failure(point: Point, error: BaseException) -> None:
-        rows[point.index]["status"], rows[point.index]["note"] = "error", str(error)
+        rows[point.index]["status"], rows[point.index]["note"] = Status.ERROR, str(error)
 
     with open_executor(workers, dask, len(todo) + len(deferred)) as (
             executor, window, outcome.executor):
@@ -809,7 +810,7 @@ def tune(scenario_path: str | Path, *, overrides: Mapping[str, Any] | None = Non
             now, deferred = _not_dominated(deferred, rows, row_of)
             drive(executor, window, str(scenario_path), now, on_row, on_failure)
             outcome.simulated += len(now)
-    outcome.pruned = sum(r["status"] == "pruned" for r in rows)
+    outcome.pruned = sum(r["status"] == Status.PRUNED for r in rows)
     outcome.rows = rank_rows(rows)
     outcome.wall_s = time.perf_counter() - started
     if out_dir is not None:
@@ -830,7 +831,7 @@ def fastest_with_room(fitting: list[dict[str, Any]]) -> dict[str, Any] | None:
 def chosen(rows: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(file stem, row) of the configurations tune writes as files: the fastest that fits
     and, where its peak is tight, the fastest with room to spare."""
-    fitting = [r for r in rows if r["status"] == "ok"]
+    fitting = [r for r in rows if r["status"] == Status.OK]
     if not fitting:
         return []
     picks = [("fastest", fitting[0])]
@@ -896,13 +897,13 @@ def _not_dominated(deferred: list[Any], rows: list[dict[str, Any]],
         twin = config.twin()
         while twin is not None and twin in row_of:
             status = row_of[twin]["status"]
-            if status == "ok":
+            if status == Status.OK:
                 fits = twin
                 break
-            pending = pending or status == "pending"
+            pending = pending or status == Status.PENDING
             twin = twin.twin()
         if fits is not None:
-            rows[point.index]["status"] = "pruned"
+            rows[point.index]["status"] = Status.PRUNED
             rows[point.index]["note"] = _dominated_note(config, fits)
         elif pending:
             waiting.append(point)
@@ -923,14 +924,14 @@ def _dominated_note(config: Config, fits: Config) -> str:
             "tiling only add swaps, copies and work")
 
 
-STATUS_ORDER = {"ok": 0, "oom": 1, "pruned": 2, "refused": 3, "error": 4}
+STATUS_ORDER = {Status.OK: 0, Status.OOM: 1, Status.PRUNED: 2, Status.REFUSED: 3, Status.ERROR: 4}
 
 
 def rank_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ranked = sorted(rows, key=lambda r: (STATUS_ORDER.get(r["status"], 5),
                                          r["iteration_s"] or 0.0))
     for position, row in enumerate(ranked, start=1):
-        row["rank"] = position if row["status"] == "ok" else None
+        row["rank"] = position if row["status"] == Status.OK else None
     return ranked
 
 
@@ -950,7 +951,7 @@ def iteration_parts(row: Mapping[str, Any]) -> dict[str, float]:
 
 def why_best(rows: list[dict[str, Any]]) -> str:
     """One sentence: what the best configuration is and where it beats the next one."""
-    fitting = [r for r in rows if r["status"] == "ok"]
+    fitting = [r for r in rows if r["status"] == Status.OK]
     if not fitting:
         return "no configuration fits"
     best = fitting[0]

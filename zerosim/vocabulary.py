@@ -1,5 +1,5 @@
 """One vocabulary for every layer: streams, phases, op kinds, buffer kinds, memory categories,
-devices and link kinds.
+devices, link kinds, and what became of a run (its status) or of a validation cell.
 
 The engine writes these values into its records as fields; results, plots, validation and tests
 select on the fields, never on display text. Values are `StrEnum`s, so they compare equal to
@@ -88,6 +88,43 @@ class PhaseTime(StrEnum):
 
 PHASE_TIMES: tuple[str, ...] = tuple(p.value for p in PhaseTime)
 """The keys of `summary["phases_s"]`, in order, as plain text."""
+
+
+class Status(StrEnum):
+    """What became of a run, a sweep or tune point, or a row of a table of measured runs
+    (`summary["status"]`, the `status` column of every table written)."""
+
+    OK = "ok"
+    """Simulated to its end."""
+    OOM = "oom"
+    """Simulated until a device or the host ran out of memory: a result, not a failure."""
+    ERROR = "error"
+    """Not simulated: the simulation failed (a bug, named in the row's error)."""
+    REFUSED = "refused"
+    """Not simulated: a configuration zerosim does not replay, or a row it cannot read."""
+    PRUNED = "pruned"
+    """Not simulated: `zerosim tune` ruled the point out from others' results."""
+    PENDING = "pending"
+    """Not simulated yet (`zerosim tune`'s rows while it runs)."""
+
+
+SIMULATED = frozenset({Status.OK, Status.OOM})
+"""The statuses of a run that was simulated (one that does not fit is a result)."""
+
+
+class Verdict(StrEnum):
+    """What `zerosim validate` says of a cell: judged against its tolerance, or reported."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    REPORTED = "reported"
+    """Shown beside the measurement, not judged (fitted on it, or not comparable)."""
+    EXCLUDED = "excluded"
+    """Left out of the judgement for a reason the reference data state."""
+
+
+JUDGED = frozenset({Verdict.PASS, Verdict.FAIL})
+"""The verdicts of a cell judged against its tolerance."""
 
 
 class OpKind(StrEnum):

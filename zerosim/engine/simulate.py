@@ -24,7 +24,7 @@ from zerosim.engine.states import node_holdings
 from zerosim.engine.symmetry import rank_classes
 from zerosim.hardware.placement import folded_nodes, place_ranks, simulated_rank_count
 from zerosim.scenario import Scenario
-from zerosim.vocabulary import DeviceKind, Stream, device_name
+from zerosim.vocabulary import DeviceKind, Status, Stream, device_name
 
 COPY_ENGINE_STREAMS = frozenset(s for s in Stream if s.is_copy_engine)
 _new_timeout = Timeout.__new__
@@ -306,7 +306,7 @@ def _exact(raw: RawRun, pools: dict[str, MemoryPool]) -> bool:
     (`NodePool.order_free`)."""
     if not raw.stands_for:
         return True
-    return raw.status == "ok" and all(pool.order_free for pool in pools.values()
+    return raw.status == Status.OK and all(pool.order_free for pool in pools.values()
                                       if isinstance(pool, NodePool))
 
 
@@ -332,19 +332,19 @@ def _simulate(scenario: Scenario, simulated: int, classes: tuple[tuple[int, ...]
     ranks = [env.process(build_rank(ctx, rank).run()) for rank in machine.stands_for]
     if observer is not None:
         observer(ctx)
-    status, oom, events = "ok", None, None
+    status, oom, events = Status.OK, None, None
     try:
         _node_holdings(machine, pools, hold=True)
         events = run_until(env, AllDone(env, ranks))
     except OutOfMemory as err:
-        status, oom = "oom", err.to_dict()
+        status, oom = Status.OOM, err.to_dict()
     links = machine.flows.rate_table()
     raw = RawRun(scenario, plan, status, ctx.spans, ctx.phases, log, links,
                  {name: pool.capacity for name, pool in pools.items()},
                  {name: pool.peak for name, pool in pools.items()}, oom,
                  events if count_events else None,
                  node_copies=copies, peer_waits=waits, **_folding(machine))
-    if status == "ok":
+    if status == Status.OK:
         machine.assert_idle()
         _node_holdings(machine, pools, hold=False)
         raw.checks = check_invariants(raw, pools)

@@ -25,6 +25,7 @@ from zerosim.vocabulary import (
     DeviceKind,
     Phase,
     PhaseTime,
+    Status,
     device_kind,
     devices_of,
 )
@@ -218,7 +219,7 @@ allocated GPU memory -2.9% to +1.0% on the two testbeds, the H200 VM's real Deep
 def tight_memory(summary: dict[str, Any]) -> list[tuple[str, float, float]]:
     """(what, peak GiB, capacity GiB) of the fullest GPU and node when a run that fits comes
     within `PEAK_ERROR_FRACTION` of their capacity."""
-    if summary.get("status") != "ok":
+    if summary.get("status") != Status.OK:
         return []
     pairs = (("HBM", summary.get("peak_hbm_GiB"), summary.get("hbm_capacity_GiB")),
              ("host memory", summary.get("peak_host_GiB"), summary.get("host_capacity_GiB")))
@@ -271,7 +272,7 @@ def summarize(raw: RawRun) -> dict[str, Any]:
     ranks = scenario.data_parallel
     phases = with_copies(raw.phases, 0, raw.stands_for)
     iteration = (max(row[4] for row in phases.rows)
-                 if raw.status == "ok" and len(phases) else None)
+                 if raw.status == Status.OK and len(phases) else None)
     pcie_bytes = _pcie_bytes_of_every_node(raw)
     model_flops = costs.model_flops_per_microbatch(list(raw.plan.modules))
     tflops = (model_flops * ds.gradient_accumulation_steps / iteration / 1e12

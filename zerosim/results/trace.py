@@ -44,6 +44,7 @@ from zerosim.vocabulary import (
     DeviceKind,
     LinkKind,
     Phase,
+    Status,
     Stream,
     device_name,
     device_parts,
@@ -350,7 +351,7 @@ def _link_counters(links: pd.DataFrame, pid_of: Mapping[str, int]) -> list[dict]
 
 def _oom_event(summary: Mapping[str, Any] | None, pid_of: Mapping[str, int]) -> list[dict]:
     oom = (summary or {}).get("oom")
-    if not summary or summary.get("status") != "oom" or not oom:
+    if not summary or summary.get("status") != Status.OOM or not oom:
         return []
     pid = pid_of.get(str(oom.get("device")), 0)
     return [{"name": "out of memory", "ph": "i", "s": "p", "pid": pid, "tid": 0,
@@ -463,7 +464,7 @@ def _built_trace(spans: pd.DataFrame, phases: pd.DataFrame, memory: pd.DataFrame
                      key=lambda d: (not is_gpu(d), len(d), d))
     others: dict[str, int] = {}
     pid_of = {d: _device_pid(d, ranks, others) for d in devices}
-    if summary and summary.get("status") == "oom":
+    if summary and summary.get("status") == Status.OOM:
         threads.add((pid_of.get(str((summary.get("oom") or {}).get("device")), 0), 0,
                      PHASES_TRACK))
     meta: list[dict] = []

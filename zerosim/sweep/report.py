@@ -10,6 +10,7 @@ from rich.table import Table
 
 from zerosim.sweep.runner import SweepOutcome
 from zerosim.units import figure_text
+from zerosim.vocabulary import Status
 
 TABLE_METRICS = {"iteration_s": "iteration s", "tokens_per_s": "tokens/s",
                  "tflops_per_gpu": "TFLOPS/GPU", "peak_hbm_GiB": "peak HBM GiB",
@@ -83,7 +84,7 @@ def _table(outcome: SweepOutcome, rows: list[dict[str, Any]], title: str) -> Tab
         table.add_column(label, justify="right")
     for row in rows:
         status = row.get("status", "")
-        colour = {"ok": "green", "oom": "yellow"}.get(status, "red")
+        colour = {Status.OK: "green", Status.OOM: "yellow"}.get(status, "red")
         table.add_row(*(_number(row.get(c, "")) for c in axes), f"[{colour}]{status}[/{colour}]",
                       *(_figure(row.get(m, "")) for m in metrics))
     return table
@@ -93,7 +94,7 @@ def render_outcome(outcome: SweepOutcome, console: Console | None = None) -> Non
     console = console or Console(soft_wrap=False, width=max(Console().width, CONSOLE_WIDTH))
     for note in outcome.notes:
         console.print(f"[yellow]warning:[/yellow] {note}", highlight=False)
-    counts = ", ".join(f"{outcome.counts[s]} {s}" for s in ("ok", "oom", "error")
+    counts = ", ".join(f"{outcome.counts[s]} {s}" for s in (Status.OK, Status.OOM, Status.ERROR)
                        if outcome.counts[s])
     done = outcome.total - len(outcome.not_run)
     rate = f", {outcome.points_per_s:.2f} points/s" if outcome.ran else ""

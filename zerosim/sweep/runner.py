@@ -21,6 +21,7 @@ from zerosim.results.critical import WAITS_ON
 from zerosim.sweep.spec import Point, SweepSpec, load_sweep, validate
 from zerosim.sweep.store import ResultStore, Resumed, locked
 from zerosim.sweep.worker import run_point
+from zerosim.vocabulary import Status
 
 DEFAULT_ROOT = Path("results") / "sweeps"
 POINTS_JSON = "points.json"
@@ -202,8 +203,8 @@ class _Progress:
                             TextColumn("{task.fields[oom]} oom, {task.fields[error]} error"),
                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                             console=Console(stderr=True), transient=False)
-        self.task = self.bar.add_task(title, total=total, completed=done, oom=counts["oom"],
-                                      error=counts["error"])
+        self.task = self.bar.add_task(title, total=total, completed=done, oom=counts[Status.OOM],
+                                      error=counts[Status.ERROR])
 
     def __enter__(self) -> _Progress:
         if self.bar is not None:
@@ -216,7 +217,8 @@ class _Progress:
 
     def advance(self, counts: Counter) -> None:
         if self.bar is not None:
-            self.bar.update(self.task, advance=1, oom=counts["oom"], error=counts["error"])
+            self.bar.update(self.task, advance=1, oom=counts[Status.OOM],
+                            error=counts[Status.ERROR])
 
     def print(self, text: str) -> None:
         if self.bar is not None:
@@ -334,7 +336,7 @@ PLOT_METRICS = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "peak_hbm_GiB")
 def explained(row: Mapping[str, str]) -> bool:
     """Whether a results.csv row says what its phases waited on: one that ran with
     `--explain`, or one with nothing to explain (a point that did not fit or failed)."""
-    return row.get("status") != "ok" or any(
+    return row.get("status") != Status.OK or any(
         value for key, value in row.items() if key.startswith(f"{WAITS_ON}."))
 
 

@@ -8,6 +8,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from zerosim.vocabulary import Status
+
 SKIPPED_SUMMARY_KEYS = ("checks",)  # lists of text: one row per point has no room for them
 JSON_SUMMARY_KEYS = ("oom",)        # kept whole, as one JSON cell
 
@@ -69,7 +71,7 @@ def run_point(base: str, overrides: dict[str, Any], point_id: str, explain: bool
             warnings.simplefilter("ignore", ScenarioWarning)
             summary = simulate_summary(base, overrides, explain=explain)
     except Exception as err:
-        row["status"] = "error"
+        row["status"] = Status.ERROR
         row["error"] = error_text(err)
     else:
         row.update(flatten_summary(summary))

@@ -40,7 +40,7 @@ from zerosim.inputs.tables import read_table
 from zerosim.results.folders import write_table, write_text_whole
 from zerosim.scenario import load_scenario, parse_overrides
 from zerosim.units import ordered_sum
-from zerosim.vocabulary import PHASE_TIMES
+from zerosim.vocabulary import PHASE_TIMES, Status
 from zerosim.yamlio import read_yaml_file
 
 PER_STEP_KEYS = ("forward_per_step", "backward_per_step")
@@ -295,7 +295,7 @@ def _per_step(summary: dict[str, Any], phase: str) -> float | None:
 def _phase_value(summary: dict[str, Any], phase: str) -> float:
     if phase in PROBE_KEYS:
         return float(summary["probes"][phase])
-    if summary["status"] != "ok":
+    if summary["status"] != Status.OK:
         return math.inf
     if phase == "iteration":
         value = summary["iteration_s"]

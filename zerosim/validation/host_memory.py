@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zerosim.units import GiB
+from zerosim.vocabulary import Status
 
 RESIDENT_OFF = {"hardware.host.os_resident_GiB": 0, "stack.processes.rank_resident_GiB": 0}
 """Overrides that leave out what `fit_resident` fits."""
@@ -48,7 +49,7 @@ def host_gaps(workers: int | None = 1) -> tuple[np.ndarray, np.ndarray]:
     rows = [(p.configuration.first.gpus,
              (p.configuration.peak_host_bytes - p.predicted[PEAK_HOST]) / GiB)
             for p in outcome.predictions
-            if p.status == "ok" and p.configuration.peak_host_bytes is not None]
+            if p.status == Status.OK and p.configuration.peak_host_bytes is not None]
     ranks, gaps = (np.array(column, dtype=float) for column in zip(*rows, strict=True))
     return ranks, gaps
 

@@ -29,6 +29,7 @@ from zerosim.runs import MeasuredRun, between_phases_s
 from zerosim.scenario.deepspeed import memory_reports_per_step
 from zerosim.units import ordered_sum
 from zerosim.validation import leastsq
+from zerosim.vocabulary import Status
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def polaris_gaps() -> list[tuple[MeasuredRun, float, float]]:
     outcome = predict(polaris.load_runs(), polaris.PROFILE, workers=1, source="Polaris CSV",
                       name_prefix=polaris.NAME_PREFIX)
     return [(p.configuration.first, p.configuration.measured(BETWEEN_PHASES),
-             p.predicted[BETWEEN_PHASES]) for p in outcome.predictions if p.status == "ok"]
+             p.predicted[BETWEEN_PHASES]) for p in outcome.predictions if p.status == Status.OK]
 
 
 def main() -> None:

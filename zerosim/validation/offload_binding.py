@@ -16,7 +16,7 @@ from typing import Any
 from zerosim.shipped import shipped_root
 from zerosim.units import ordered_sum
 from zerosim.validation.reference import reference_data
-from zerosim.vocabulary import PhaseTime
+from zerosim.vocabulary import PhaseTime, Status
 
 DATA_FILE = "deepspeed_offload_dgx_a100.yaml"
 
@@ -67,7 +67,7 @@ def timed_step_s(summary: Mapping[str, Any]) -> float | None:
     batch, which the timer leaves out). With ZenFlow an iteration is a window of steps (one
     micro-batch each, the last the boundary): the window's phases over its steps, as the
     blog's averages over many steps take them. None when the run did not finish."""
-    if summary["status"] != "ok":
+    if summary["status"] != Status.OK:
         return None
     phases = {key: seconds or 0.0 for key, seconds in summary["phases_s"].items()}
     if summary.get("zenflow_step_s") is None:

@@ -20,11 +20,13 @@ from zerosim.validation.polaris import SOURCE as POLARIS_SOURCE
 from zerosim.validation.polaris import configurations as polaris_configurations
 from zerosim.validation.reference import Study, load_estimator_tables
 from zerosim.validation.validate import POLARIS_GROUP, SESSION_GROUP, Cell, cells_frame
+from zerosim.vocabulary import JUDGED, Verdict
 
 if TYPE_CHECKING:
     from zerosim.results.result import Result
 
-STATUS_MARK = {"pass": "pass", "fail": "**FAIL**", "excluded": "excluded", "reported": "reported"}
+STATUS_MARK = {Verdict.PASS: "pass", Verdict.FAIL: "**FAIL**", Verdict.EXCLUDED: "excluded",
+               Verdict.REPORTED: "reported"}
 
 
 def format_value(value: float, unit: str) -> str:
@@ -86,11 +88,11 @@ def group_summaries(cells: list[Cell]) -> list[GroupSummary]:
         groups.setdefault(cell.group, []).append(cell)
     summaries = []
     for group, members in groups.items():
-        judged = [c for c in members if c.status in ("pass", "fail")]
+        judged = [c for c in members if c.status in JUDGED]
         errors = [c.rel_error for c in judged if not c.absolute]
         summaries.append(GroupSummary(
-            group, len(judged), sum(c.status == "pass" for c in judged),
-            sum(c.status == "reported" for c in members),
+            group, len(judged), sum(c.status == Verdict.PASS for c in judged),
+            sum(c.status == Verdict.REPORTED for c in members),
             math.sqrt(ordered_sum(e * e for e in errors) / len(errors)) if errors else None,
             max(errors, key=abs) if errors else None))
     return summaries
@@ -147,8 +149,8 @@ def critical_path_lines(results: Mapping[int, Result]) -> list[str]:
 def markdown(cells: list[Cell], study: Study, profile: HardwareProfile,
              results: Mapping[int, Result] | None = None) -> str:
     estimator_source = load_estimator_tables()[0].source
-    judged = [c for c in cells if c.status in ("pass", "fail")]
-    passed = sum(c.status == "pass" for c in judged)
+    judged = [c for c in cells if c.status in JUDGED]
+    passed = sum(c.status == Verdict.PASS for c in judged)
     lines = [
         "# zerosim validation report",
         "",
@@ -195,7 +197,7 @@ def markdown(cells: list[Cell], study: Study, profile: HardwareProfile,
     ]
     for c in cells:
         unit = f" {c.unit}" if c.unit else ""
-        tol = _tolerance(c) if c.status in ("pass", "fail") else ""
+        tol = _tolerance(c) if c.status in JUDGED else ""
         simulated, error = c.shown(f"{format_value(c.simulated, c.unit)}{unit}")
         lines.append(
             f"| {c.group} | {c.case} | {c.quantity} | {format_value(c.measured, c.unit)}{unit} | "
@@ -212,7 +214,7 @@ def plot(cells: list[Cell]) -> Figure:
     fig = Figure(figsize=(6.5, 6))
     ax = fig.add_subplot()
     phases = [c for c in cells if c.group == "Table 2" and c.unit == "s"]
-    colours = {"pass": "#009E73", "fail": "#D55E00", "excluded": "#999999"}
+    colours = {Verdict.PASS: "#009E73", Verdict.FAIL: "#D55E00", Verdict.EXCLUDED: "#999999"}
     for c in phases:
         ax.scatter(c.measured, c.simulated, color=colours[c.status], zorder=3)
         ax.annotate(f"{c.case} {c.quantity}", (c.measured, c.simulated), fontsize=7,

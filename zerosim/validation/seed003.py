@@ -15,6 +15,7 @@ from typing import Any
 
 from zerosim.shipped import shipped_root
 from zerosim.validation.reference import reference_data
+from zerosim.vocabulary import Status
 
 VERDICT = "reported, not judged"
 
@@ -69,7 +70,7 @@ def default_simulate(scenario: Path, overrides: Mapping[str, Any]) -> float | No
     import zerosim
 
     result = zerosim.simulate(scenario, overrides=dict(overrides))
-    if result.summary.get("status") != "ok":
+    if result.summary.get("status") != Status.OK:
         return None
     return float(result.summary["tflops_per_gpu"])
 

@@ -30,7 +30,16 @@ from zerosim.validation.reference import (
     load_study,
     reference_data,
 )
-from zerosim.vocabulary import DeviceKind, OpKind, Phase, PhaseTime, Stream, device_name
+from zerosim.vocabulary import (
+    DeviceKind,
+    OpKind,
+    Phase,
+    PhaseTime,
+    Status,
+    Stream,
+    Verdict,
+    device_name,
+)
 
 if TYPE_CHECKING:
     from zerosim.runs import Prediction
@@ -100,13 +109,13 @@ def judge(group: str, case: str, quantity: str, unit: str, measured: float, simu
     else pass or fail against `tolerance`, relative or (`absolute`) in the cell's unit."""
     if excluded:
         return Cell(group, case, quantity, unit, measured, simulated, tolerance or 0.0,
-                    "excluded", excluded)
+                    Verdict.EXCLUDED, excluded)
     if tolerance is None:
-        return Cell(group, case, quantity, unit, measured, simulated, 0.0, "reported", note)
+        return Cell(group, case, quantity, unit, measured, simulated, 0.0, Verdict.REPORTED, note)
     allowed = tolerance if absolute else tolerance * abs(measured)
     ok = abs(simulated - measured) <= allowed * (1 + 1e-9)
     return Cell(group, case, quantity, unit, measured, simulated, tolerance,
-                "pass" if ok else "fail", note, absolute)
+                Verdict.PASS if ok else Verdict.FAIL, note, absolute)
 
 
 def run_study(study: Study, data_parallel: int) -> Result:
@@ -756,7 +765,7 @@ def seed003_cells() -> list[Cell]:
                      excluded=None if row.simulated_tflops is not None
                      else "does not fit in zerosim (out of HBM)")
         if row.simulated_tflops is None:
-            cell = replace(cell, simulated_text="oom")
+            cell = replace(cell, simulated_text=Status.OOM)
         cells.append(cell)
     for gain in speedups(rows):
         cells.append(judge("seed 003 (AWS p4d, 64 A100)", f"{gain.model} optimized / unoptimized",
@@ -804,11 +813,11 @@ def polaris_cells() -> list[Cell]:
         configuration = prediction.configuration
         note = f"DeepSpeed {configuration.first.build}"
         case = f"{prediction.scenario_name} (x{len(configuration.runs)})"
-        if prediction.status != "ok":
+        if prediction.status != Status.OK:
             cells.append(replace(judge(POLARIS_GROUP, case, "iteration", "s",
                                        configuration.measured("iteration"), 0.0,
                                        POLARIS_ITERATION_TOLERANCE),
-                                 simulated_text=prediction.status, status="fail"))
+                                 simulated_text=prediction.status, status=Verdict.FAIL))
             continue
         for phase in MEASURED_PHASES:
             tolerance = (POLARIS_ITERATION_TOLERANCE if phase == "iteration"
@@ -816,10 +825,11 @@ def polaris_cells() -> list[Cell]:
             cell = judge(POLARIS_GROUP, case, f"{phase} per step", "s",
                          configuration.measured(phase), prediction.predicted[phase],
                          tolerance, note=note)
-            if cell.status == "fail" and scatter[phase]:
+            if cell.status == Verdict.FAIL and scatter[phase]:
                 cell = replace(cell, note=note + "; " + measurement_noise_note(
                     cell.rel_error, scatter[phase], len(configuration.runs)))
-            if cell.status == "fail" and (slow := slow_gpu_note(configuration, phase, slow_gpu)):
+            slow = slow_gpu_note(configuration, phase, slow_gpu)
+            if cell.status == Verdict.FAIL and slow:
                 cell = replace(cell, note=f"{cell.note}; {slow}")
             cells.append(replace(cell, measure=phase, series=configuration.first.build))
         cells.append(judge(POLARIS_GROUP, case, "rank 0 peak allocated GPU memory", "GiB",
@@ -1053,7 +1063,7 @@ def offload_binding_cells() -> list[Cell]:
                      run.step_s, simulated[run.name] or 0.0, None,
                      note=f"{run.source}{scatter}; nothing fitted on it")
         cells.append(cell if simulated[run.name] is not None
-                     else replace(cell, simulated_text="oom"))
+                     else replace(cell, simulated_text=Status.OOM))
     measured = {run.name: run.step_s for run in study.runs}
     for ratio in study.ratios:
         over, under = simulated[ratio.over], simulated[ratio.under]
@@ -1169,7 +1179,7 @@ def alst_recipe_cells() -> list[Cell]:
     cells = []
     for recipe in recipes.recipes:
         summary = simulate_summary(recipes.scenario, recipes.overrides(recipe))
-        fits = summary["status"] == "ok"
+        fits = summary["status"] == Status.OK
         text = (f"fits, {summary['peak_hbm_GiB']:.1f} of {summary['hbm_capacity_GiB']:.1f} GiB"
                 if fits else summary["status"])
         cell = judge(recipes.group, f"{recipe.name} at {recipe.max_length:,} tokens",
