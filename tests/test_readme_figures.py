@@ -1,9 +1,8 @@
-"""Figures the README and docs/ quote from `zerosim validate`'s cells and the shipped sweeps,
-held to what the code computes now: a model change that moves them fails here until the prose
-is brought up to date (the tables are rebuilt whole, the sentences' figures found in the text
-whatever its line breaks)."""
+"""Figures the README and docs/ quote from `zerosim validate`'s cells, held to what the code
+computes now: a model change that moves them fails here until the prose is brought up to date
+(the tables are rebuilt whole, the sentences' figures found in the text whatever its line
+breaks). What they quote of the shipped sweeps and of single runs: test_sweep_figures.py."""
 
-import json
 from pathlib import Path
 
 import pytest
@@ -52,69 +51,16 @@ def test_the_accumulation_series_table_is_what_validate_computes(cells):
     assert lines[start:start + len(expected)] == expected
 
 
-def _sweep_rows(name: str) -> list[tuple[dict, dict]]:
-    """Each point of a shipped sweep file with its summary row, as `zerosim sweep` runs it."""
-    from zerosim.sweep.spec import load_sweep
-    from zerosim.sweep.worker import run_point
-
-    spec = load_sweep(ROOT / "scenarios" / "sweeps" / name)
-    return [(point.values, run_point(str(spec.base), point.overrides, point.point_id))
-            for point in spec.points()]
-
-
-def _release_cell(row: dict) -> str:
-    """A cell of the README's release table: iteration (non-boundary backward + boundary
-    backward + update), peak HBM / host memory."""
-    phases = "phases_s.backward_non_boundary", "phases_s.backward_boundary", "phases_s.update"
-    parts = " + ".join(f"{row[key]:.2f}" for key in phases)
-    return (f"{row['iteration_s']:.2f} s ({parts}), "
-            f"{row['peak_hbm_GiB']:.0f} / {row['peak_host_GiB']:.0f} GiB")
-
-
-def test_the_release_table_is_what_the_versions_sweep_gives():
-    """README, "What each DeepSpeed release costs the same run": every cell as
-    `zerosim sweep scenarios/sweeps/versions.yaml` computes it now."""
-    cells: dict[str, dict[str, str]] = {}
-    for values, row in _sweep_rows("versions.yaml"):
-        assert row["status"] == "ok", row["error"]
-        cells.setdefault(values["runtime.deepspeed_version"], {})[values["variant"]] = (
-            _release_cell(row))
-    header = "| release | ZeRO-2, CPU optimizer | ZeRO-3, CPU optimizer |"
-    expected = [f"| {release} | {modes['ZeRO-2, CPU optimizer']} | "
-                f"{modes['ZeRO-3, CPU optimizer']} |" for release, modes in cells.items()]
-    lines = README.splitlines()
-    start = lines.index(header) + 2
-    assert lines[start:start + len(expected)] == expected
-
-
-OOM_WHERE = {"gpu": "HBM", "host": "host"}
-
-
-def _mode_cell(row: dict) -> str:
-    """A cell of the README's offload-modes table: iteration, peak HBM / host memory, or the
-    memory and the allocation that did not fit."""
-    if row["status"] == "oom":
-        oom = json.loads(row["oom"])
-        where = next(label for prefix, label in OOM_WHERE.items()
-                     if oom["device"].startswith(prefix))
-        return f"oom ({where}: {oom['category']})"
-    assert row["status"] == "ok", row["error"]
-    return (f"{row['iteration_s']:.2f} s, "
-            f"{row['peak_hbm_GiB']:.0f} / {row['peak_host_GiB']:.0f} GiB")
-
-
-def test_the_offload_modes_table_is_what_its_sweep_gives():
-    """README, "What the engine replays": every cell as `zerosim sweep
-    scenarios/sweeps/offload_modes.yaml` computes it now."""
-    table: dict[tuple[str, str], dict[int, str]] = {}
-    for values, row in _sweep_rows("offload_modes.yaml"):
-        table.setdefault((values["model"], values["variant"]), {})[values["data_parallel"]] = (
-            _mode_cell(row))
-    expected = [f"| {model} | {mode} | " + " | ".join(cells[dp] for dp in (1, 2, 4)) + " |"
-                for (model, mode), cells in table.items()]
-    lines = README.splitlines()
-    start = lines.index("| model | mode | DP=1 | DP=2 | DP=4 |") + 2
-    assert lines[start:start + len(expected)] == expected
+def test_the_backward_each_micro_batch_adds_the_readme_quotes_is_validates(cells):
+    """README, "Software stacks": the Polaris series' backward a micro-batch adds, both models."""
+    added = [cells[key] for key in cells if key[0] == POLARIS_GROUP
+             and key[2] == "backward: what each micro-batch adds"]
+    assert [cell.case.split("-")[1] for cell in added] == ["11.20b", "5.90b"]
+    big, small = added
+    figure = (f"each micro-batch adds is {small.simulated:.2f} s (5.9B; {small.measured:.2f} s "
+              f"measured) and {big.simulated:.2f} s (11.2B; {big.measured:.2f} s measured): "
+              f"{small.rel_error:+.1%} and {big.rel_error:+.1%}")
+    assert figure in " ".join(README.split())
 
 
 def test_the_readmes_validation_summary_is_the_reports(validation_cells):
@@ -215,39 +161,6 @@ def test_the_growth_between_the_phases_the_readme_quotes_is_the_polaris_cells(ce
                f"about {growth[4] / 3:.2f} s more for each rank beyond the fourth"]
     assert [figure for figure in figures if figure not in prose] == []
     assert prose.count(figures[0]) == 2
-
-
-OFFLOAD = "deepspeed.zero_optimization.offload_optimizer."
-DOS_ROWS = {"DeepSpeed 0.13.3": "DeepSpeed 0.13.3",
-            "DeepSpeed 0.13.3, unbound": "DeepSpeed 0.13.3, unbound",
-            "`part_grads_async`": "async flush", "both": "async flush, gap 3"}
-"""docs/engine.md's Deep Optimizer States table's rows, by the sweep variant that runs each."""
-
-
-def _dos_cell_row(row: dict) -> str:
-    return (f"{row['phases_s.backward_boundary']:.2f} s | {row['phases_s.update']:.2f} s | "
-            f"{row['iteration_s']:.2f} s | {row['peak_hbm_GiB']:.1f} GiB | "
-            f"{row['peak_host_GiB']:.0f} GiB")
-
-
-def test_the_deep_optimizer_states_table_is_what_its_sweep_gives():
-    """docs/engine.md, "Deep Optimizer States builds": the table on `polaris-a100` and the gaps
-    after it, as `zerosim sweep scenarios/sweeps/deep_optimizer_states.yaml` computes them; the
-    interleaved update without the asynchronous flush is the base scenario's with it off."""
-    from zerosim.sweep.worker import run_point
-
-    rows = {values["variant"]: row for values, row in _sweep_rows("deep_optimizer_states.yaml")}
-    interleaved = run_point(str(ROOT / "scenarios" / "polaris_dos.yaml"),
-                            {OFFLOAD + "part_grads_async": False}, "interleaved")
-    cells = {name: _dos_cell_row(rows[variant]) for name, variant in DOS_ROWS.items()}
-    cells["`prefetch_optimizer`, gap 3"] = _dos_cell_row(interleaved)
-    page = _page("docs/engine.md")
-    missing = [f"| {name} | {cell} |" for name, cell in cells.items()
-               if f"| {name} | {cell} |" not in page]
-    gaps = (f"with the asynchronous flush: {rows['async flush, gap 2']['iteration_s']:.2f} s and "
-            f"{rows['async flush, gap 4']['iteration_s']:.2f} s an iteration (gap 3: "
-            f"{rows['async flush, gap 3']['iteration_s']:.2f} s)")
-    assert missing == [] and gaps in " ".join(page.split())
 
 
 NVME_MEMORY = ("rank 0 allocated GPU memory after the forward",
