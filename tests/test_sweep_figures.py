@@ -273,6 +273,44 @@ def test_the_interleaved_updates_the_fork_page_quotes_are_what_they_give():
     assert _missing("docs/deep_optimizer_states.md", figures) == []
 
 
+def _scenario_headers() -> list[tuple[str, str]]:
+    """What the shipped scenarios' header comments quote of runs: the nodes sweep's like for
+    like of the H100 and H200 nodes, the parameter-offload VM run's step."""
+    liger = "llama8b_liger_dgx_h100.yaml"
+    at_8k = {"runtime.liger_kernel": False, "sequence_length": 8192}
+    capped = {"hardware.alternative": "power_capped_clock"}
+    h100 = [_summary(liger, {**at_8k, **capped}), _summary(liger, capped)]
+    h200 = [_summary(liger, {**at_8k, "hardware": "dgx-h200"}),
+            _summary(liger, {"hardware": "dgx-h200"})]
+    nodes = {point["hardware"]: row for point, row in _rows("nodes")
+             if point[Z + "offload_optimizer.device"] == "cpu"}
+    step = [_time(_summary(f"h200_vm/{run}.yaml"), "update")
+            for run in ("tinyllama_hooks_param", "tinyllama_hooks")]
+    sweep = "scenarios/sweeps/nodes.yaml"
+    return [
+        (sweep, f"the H200 node comes out "
+                f"{_it(nodes['dgx-h200']) / _it(nodes['dgx-h100']) - 1:.0%} slower than the H100 "
+                "one offloaded"),
+        (sweep, f"takes {_time(h100[0]):.2f} s against the H200 node's {_time(h200[0]):.2f}"),
+        (sweep, f"node is {_time(h200[1]) / _time(h100[1]) - 1:.1%} slower than the H100 one "
+                f"given the same clock, 0.869 ({_time(h200[1]):.2f} s against "
+                f"{_time(h100[1]):.2f};"),
+        ("scenarios/h200_vm/tinyllama_hooks_param.yaml",
+         f"zerosim {step[0]:.2f} and {step[1]:.2f} s)"),
+    ]
+
+
+def _comment(path: str) -> str:
+    """A YAML file's comments as one line of prose."""
+    return " ".join(line.strip().lstrip("#").strip()
+                    for line in (ROOT / path).read_text(encoding="utf-8").splitlines())
+
+
+def test_the_figures_scenario_headers_quote_are_what_they_give():
+    assert [(page, figure) for page, figure in _scenario_headers()
+            if figure not in _comment(page)] == []
+
+
 @pytest.mark.parametrize(("page", "figures"), [
     ("README.md", _readme_sweep_paragraph),
     ("README.md", _readme_tune_paragraph),
