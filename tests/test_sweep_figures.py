@@ -636,3 +636,86 @@ def test_the_deep_optimizer_states_table_is_what_its_sweep_gives():
             f"{rows['async flush, gap 4']['iteration_s']:.2f} s an iteration (gap 3: "
             f"{rows['async flush, gap 3']['iteration_s']:.2f} s)")
     assert missing == [] and gaps in " ".join(page.split())
+
+
+def test_the_figures_of_tunes_fastest_on_the_study_node_are_what_it_gives():
+    """README, "Tuning": the fastest configuration `zerosim tune scenarios/llama13b_dp4.yaml
+    --fix binding --fix threads` finds (ZeRO-3 with nothing offloaded, micro-batch 2 without
+    accumulation, 2e8 buckets, checkpointing), simulated directly (the search itself, 11 s on
+    two workers, is tests/test_tune.py's), and what `zerosim diff` says it moved."""
+    fastest = _diff({MICRO_BATCH: 2, "deepspeed.gradient_accumulation_steps": 1,
+                     Z + "reduce_bucket_size": 2e8, Z + "offload_optimizer.device": "none",
+                     "activation_checkpointing": True})
+    phases = {p.key: p for p in fastest.phases}
+    iteration, boundary, update = (phases[key] for key in ("iteration", "backward_boundary",
+                                                           "update"))
+    tokens = fastest.figures["tokens_per_s"][1]
+    figures = [
+        f"checkpointing ({iteration.b_s:.3f} s, {tokens:,.0f} tokens/s)",
+        f"the iteration {iteration.a_s:.3f} -> {iteration.b_s:.3f} s, the boundary backward "
+        f"{boundary.change_s:.3f} s (`{_waits(boundary)}`), the update {update.change_s:.3f} s "
+        f"(`{_waits(update)}`)",
+    ]
+    assert _missing("README.md", figures) == []
+
+
+SENSITIVITY_QUOTED = {
+    # key: (what the README calls it and how it qualifies it, the phases it quotes beside)
+    "hardware.cpu.page_zeroing_GBps": ("page zeroing (fitted, {iteration}; the boundary "
+                                       "backward {backward_boundary})"),
+    "hardware.host.cpu_boost_GHz": "the CPU clock ({iteration}; the forward {forward}:",
+    "hardware.host.socket_link_total_GBps": "the socket-link total (fitted, {iteration})",
+    "hardware.host.memory_GBps_per_domain": ("the host-memory bandwidth (`assumed` at the DDR5 "
+                                             "peak, {iteration}; the update {update}:"),
+    "hardware.cpu.fp16_check_elements_per_s_per_thread": (
+        "the fp16 overflow check's rate (derived from its measured cycles, {iteration}; the "
+        "update {update})"),
+    "hardware.cpu.elementwise_GBps_per_thread": ("the elementwise rate (fitted, {iteration}; "
+                                                 "the update {update})"),
+    "hardware.pcie.h2d_pageable_GBps": ("the pageable H2D of the copy-back (fitted, "
+                                        "{iteration}; the update {update})"),
+    "stack.host.gc_per_object_ns": "the collector's time per object (fitted, {iteration}:",
+    "hardware.cpu.oversubscription_penalty": ("the oversubscription penalty (fitted, "
+                                              "{iteration}; the update {update})"),
+    "hardware.pcie.d2h_pageable_GBps": ("the pageable D2H of the flush (measured, {iteration}; "
+                                        "the boundary backward {backward_boundary})"),
+    "hardware.host.remote_access_cost": ("the remote-access cost (`assumed`, {iteration}; the "
+                                         "update {update})"),
+    "hardware.gpu.cuda_malloc_GBps": "rate (fitted, the forward {forward})",
+    "stack.host.fetch_hook_us": "the ZeRO-3 hook time (fitted, {iteration}; the forward {forward})",
+    "stack.host.collective_launch_us": ("the per-collective time (`assumed`, {iteration}; the "
+                                        "forward {forward})"),
+    "hardware.cpu.oversubscribed_region_ms": ("the oversubscribed region's wait (`assumed`, "
+                                              "{iteration}; the boundary backward "
+                                              "{backward_boundary})"),
+    "hardware.nvlink.bus_GBps": "and NVLink ({backward_non_boundary})",
+}
+"""README, "Sensitivity": what it says the study's DP=4 iteration and its phases hang on."""
+
+
+def test_the_elasticities_the_readme_quotes_are_what_sensitivity_gives():
+    from zerosim.sensitivity import sensitivity
+
+    outcome = sensitivity(ROOT / "scenarios" / "llama13b_dp4.yaml", workers=1,
+                          keys=list(SENSITIVITY_QUOTED))
+    rows = {row.key: row for row in outcome.rows}
+    figures = [template.format(**{
+        quantity: f"{rows[key].elasticity(quantity):+.2f}"
+        for quantity in ("iteration", "forward", "backward_non_boundary", "backward_boundary",
+                         "update")}) for key, template in SENSITIVITY_QUOTED.items()]
+    figures.append("its non-boundary backward hangs on the socket-link total (fitted, "
+                   f"{rows['hardware.host.socket_link_total_GBps'].backward_non_boundary:+.2f})")
+    polaris = {row.key: row for row in sensitivity(
+        ROOT / "scenarios" / "calibration" / "polaris" / "polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml",
+        workers=1, keys=["hardware.host.memory_GBps_per_domain",
+                         "hardware.gpu.gemm_efficiency"]).rows}
+    memory = polaris["hardware.host.memory_GBps_per_domain"]
+    network, = sensitivity(ROOT / "scenarios" / "polaris_2nodes.yaml", workers=1,
+                           keys=["hardware.network.nic_GBps"]).rows
+    figures += [
+        f"the update is the host-memory bandwidth alone (fitted, {memory.update:+.2f} of the "
+        f"update, {memory.iteration:+.2f} of the iteration) and the forward the GPU's GEMM rate "
+        f"({polaris['hardware.gpu.gemm_efficiency'].forward:+.2f})",
+        f"the network moves the iteration by only {network.iteration:+.2f} per 1%",
+    ]
+    assert _missing("README.md", figures) == []
