@@ -4,9 +4,10 @@ a model change that moves one fails here until the prose is brought up to date. 
 once, as `zerosim sweep` runs its points; each figure is written as its sentence words it and
 looked for in the page whatever its line breaks; the tables are rebuilt row by row.
 
-Not held here (each needs minutes or a search): what `zerosim tune` finds and how many
-configurations it tries, `zerosim sensitivity`'s elasticities, and the MoE scenario's figures
-with a hooked projection per expert (10 s a run)."""
+Not held here (each needs a search or a run of every value): which configuration `zerosim tune`
+finds fastest and how many it tries (the fastest's own figures are held), the iteration's
+stated sigma `zerosim sensitivity` adds up over every value (the quoted elasticities are held),
+and the MoE scenario's figures with a hooked projection per expert (10 s a run)."""
 
 from __future__ import annotations
 
