@@ -29,12 +29,14 @@ def _prose(path: str) -> str:
 
 
 @cache
-def _rows(name: str) -> tuple[tuple[dict, dict], ...]:
-    """Each point of `scenarios/sweeps/<name>.yaml` with its summary row."""
+def _rows(name: str, overrides: tuple[tuple[str, object], ...] = ()
+          ) -> tuple[tuple[dict, dict], ...]:
+    """Each point of `scenarios/sweeps/<name>.yaml` (with `--set` `overrides`) with its summary
+    row."""
     from zerosim.sweep.spec import load_sweep
     from zerosim.sweep.worker import run_point
 
-    spec = load_sweep(ROOT / "scenarios" / "sweeps" / f"{name}.yaml")
+    spec = load_sweep(ROOT / "scenarios" / "sweeps" / f"{name}.yaml", dict(overrides))
     return tuple((point.values, run_point(str(spec.base), point.overrides, point.point_id))
                  for point in spec.points())
 
@@ -231,6 +233,58 @@ def _zpp_row(name: str) -> dict:
          f"{Z}zero_quantized_gradients"), flags, strict=True)))
 
 
+def _engine_page_threads_and_tiles() -> list[str]:
+    """docs/engine.md: the ranks' thread pools on the study's node, the Deep Optimizer States
+    sweep on it, the tiled MLP and packed documents on the Ulysses and ALST scenarios."""
+    threads = _summary("llama13b_dp4.yaml", {"runtime.cpu_threads_per_rank": 48})
+    study = _summary("llama13b_dp4.yaml")
+    h100 = {point["variant"]: row for point, row in
+            _rows("deep_optimizer_states", (("hardware", "h100-jlse"),))}
+    cores = {point["variant"]: row for point, row in _rows(
+        "deep_optimizer_states", (("hardware", "h100-jlse"), ("runtime.cpu_threads_per_rank", 46)))}
+    polaris = {point["variant"]: row for point, row in _rows("deep_optimizer_states")}
+    gaps = [f"async flush, gap {gap}" for gap in (2, 3, 4)]
+
+    def span(rows: dict, phase: str | None = None, digits: int = 2) -> str:
+        values = [_time(rows[gap], phase) for gap in gaps]
+        return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+    def gain(rows: dict) -> list[float]:
+        return [_it(rows["DeepSpeed 0.13.3"]) / _it(rows[gap]) for gap in gaps]
+
+    tiled = [_ulysses_128k({"runtime.tiled_mlp_shards": shards}) for shards in ("auto", 4)]
+    plain = _ulysses_128k({})
+    packed = _summary("llama8b_alst_dgx_h100.yaml",
+                      {"sequence_length": 1048576, "document_length": 1024})
+    alst = _variant("alst", "alst", sequence_length=1048576)
+    plain_dos = h100["DeepSpeed 0.13.3"]
+    return [
+        f"takes `llama13b_dp4` from {_time(study):.2f} to {_time(threads):.2f} s, the update from "
+        f"{_time(study, 'update'):.2f} to {_time(threads, 'update'):.2f} s",
+        f"update on `h100-jlse` {_time(plain_dos, 'update'):.2f} -> "
+        f"{_time(cores['DeepSpeed 0.13.3'], 'update'):.2f} s, its boundary backward "
+        f"{_time(plain_dos, 'backward_boundary'):.2f} -> "
+        f"{_time(cores['DeepSpeed 0.13.3'], 'backward_boundary'):.2f} s (the interleaved update, "
+        f"at gap 3, {_time(h100[gaps[1]], 'update'):.2f} -> "
+        f"{_time(cores[gaps[1]], 'update'):.2f} s)",
+        f"the same sweep gives {_it(plain_dos):.2f} s plain, "
+        f"{_it(h100['DeepSpeed 0.13.3, unbound']):.2f} s unbound, "
+        f"{_it(h100['async flush']):.2f} s with the asynchronous flush (the boundary backward "
+        f"{_time(plain_dos, 'backward_boundary'):.2f} to "
+        f"{_time(h100['async flush'], 'backward_boundary'):.2f} s) and {span(h100)} s with gaps "
+        f"2, 3 and 4 besides (the update {_time(plain_dos, 'update'):.2f} to "
+        f"{span(h100, 'update')} s): {min(gain(h100)):.1f}x the plain offload, against "
+        f"{min(gain(polaris)):.1f}-{max(gain(polaris)):.1f}x on Polaris",
+        f"scenario (`--set runtime.tiled_mlp_shards=auto`: 4 slices of 4,096 tokens a rank): "
+        f"{_time(plain):.2f} -> {_time(tiled[0]):.2f} s an iteration, peak HBM "
+        f"{plain['peak_hbm_GiB']:.1f} -> {tiled[0]['peak_hbm_GiB']:.1f} GiB",
+        f"at a fixed 4 slices (no agreement, no sync) {_time(tiled[1]):.2f} s",
+        f"takes {_it(alst):.1f} s an iteration over one document and {_time(packed):.1f} s over "
+        f"documents of 1,024 tokens (`--set document_length=1024`, peak HBM "
+        f"{packed['peak_hbm_GiB']:.1f} GiB either way)",
+    ]
+
+
 def _engine_page_releases_and_what_ifs() -> list[str]:
     """docs/engine.md: what ZeRO-2's releases and the what-ifs cost the study's runs."""
     versions = {"deepspeed.gradient_accumulation_steps": 2, "activation_checkpointing": True,
@@ -317,7 +371,9 @@ def test_the_figures_scenario_headers_quote_are_what_they_give():
     ("README.md", _readme_tune_paragraph),
     ("docs/engine.md", _engine_page_paragraphs),
     ("docs/engine.md", _engine_page_releases_and_what_ifs),
-], ids=["readme-sweeps", "readme-tune", "engine-page", "engine-page-releases"])
+    ("docs/engine.md", _engine_page_threads_and_tiles),
+], ids=["readme-sweeps", "readme-tune", "engine-page", "engine-page-releases",
+        "engine-page-threads"])
 def test_the_figures_a_page_quotes_are_what_the_sweeps_give(page, figures):
     assert _missing(page, figures()) == []
 
