@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from zerosim.validation.validate import NVME_GROUP, POLARIS_GROUP
+from zerosim.vocabulary import JUDGED, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,7 +78,7 @@ def test_the_readmes_validation_summary_is_the_reports(validation_cells):
 def _errors(cells, group: str, quantity: str) -> list[float]:
     """The relative errors of a group's judged cells of one quantity."""
     return [c.rel_error for (g, _, q), c in cells.items()
-            if g == group and q == quantity and c.status in ("pass", "fail")]
+            if g == group and q == quantity and c.status in JUDGED]
 
 
 def _rms(errors: list[float]) -> str:
@@ -121,12 +122,33 @@ def _table2(cells, phase: str) -> list[float]:
 
 
 def _validation_page_figures(cells) -> list[str]:
-    """What docs/validation.md quotes of Table 2 and of the H200 VM's real runs."""
+    """What docs/validation.md quotes of Table 2, of the H200 VM's real runs, of the H100
+    node's MLP-Offload runs, of the Polaris peaks, of the H200's layers and of PyTorch's H100
+    GEMMs."""
     forwards = [_signed(error) for error in _table2(cells, "forward")]
     boundary = [_signed(error) for error in _table2(cells, "backward_boundary")]
     vm = "DeepSpeed 0.19.5 ZeRO-3 offload on one H200 (a real run)"
     updates = _errors(cells, vm, "update (median of 4 iterations)")
+
+    def to(group: str, quantity: str) -> str:
+        errors = _errors(cells, group, quantity)
+        return f"{_signed(min(errors))} to {_signed(max(errors))}"
+
+    gemms = _errors(cells, "GPU kernels (H100)", "PyTorch BF16 throughput")
+    gemms_pass = sum(c.status == Verdict.PASS for (g, _, q), c in cells.items()
+                     if (g, q) == ("GPU kernels (H100)", "PyTorch BF16 throughput"))
     return [
+        f"backwards {to(NVME_GROUP, 'backward per step')}, steps "
+        f"{to(NVME_GROUP, 'update per step')}, iterations {to(NVME_GROUP, 'iteration per step')}, "
+        f"forwards {to(NVME_GROUP, 'forward per step')}",
+        f"peak memory {to(NVME_GROUP, 'rank 0 peak allocated GPU memory')}, the forward's peak "
+        f"{to(NVME_GROUP, 'rank 0 peak allocated GPU memory in the forward')}",
+        "Every peak on Polaris is now within "
+        f"{to(POLARIS_GROUP, 'rank 0 peak allocated GPU memory')}",
+        f"forward {to('GPU kernels (H200)', 'forward per layer')}, backward "
+        f"{to('GPU kernels (H200)', 'backward per layer')}",
+        f"PyTorch's H100 GEMMs {_signed(min(gemms))} to {_signed(max(gemms))}, {gemms_pass} of "
+        f"{len(gemms)} passing",
         f"The forwards are {forwards[0]}, {forwards[1]} and {forwards[2]} at DP=1, 2 and 4",
         f"DP=1's boundary backward ({boundary[0]}; DP=2 {boundary[1]})",
         f"The DP=4 boundary backward is {boundary[2]}",
