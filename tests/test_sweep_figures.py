@@ -22,6 +22,8 @@ from zerosim.vocabulary import Status
 ROOT = Path(__file__).resolve().parent.parent
 Z = "deepspeed.zero_optimization."
 MICRO_BATCH = "deepspeed.train_micro_batch_size_per_gpu"
+SEQUENCE_PARALLEL = "deepspeed.sequence_parallel_size"
+ALTERNATIVE = "hardware.alternative"
 
 
 def _prose(path: str) -> str:
@@ -39,6 +41,13 @@ def _rows(name: str, overrides: tuple[tuple[str, object], ...] = ()
     spec = load_sweep(ROOT / "scenarios" / "sweeps" / f"{name}.yaml", dict(overrides))
     return tuple((point.values, run_point(str(spec.base), point.overrides, point.point_id))
                  for point in spec.points())
+
+
+def _by(name: str, *keys: str, overrides: tuple[tuple[str, object], ...] = ()) -> dict:
+    """The sweep's rows by their points' values of `keys` (one key: its value; several: the
+    tuple of them)."""
+    return {(point[keys[0]] if len(keys) == 1 else tuple(point[key] for key in keys)): row
+            for point, row in _rows(name, overrides)}
 
 
 def _row(name: str, **values) -> dict:
@@ -70,31 +79,26 @@ def _missing(page: str, figures: list[str]) -> list[str]:
 
 def _readme_sweep_paragraph() -> list[str]:
     """README, "What-if sweeps": what the paragraph on `scenarios/sweeps/` quotes."""
-    batch = {(mb, ga): row for point, row in _rows("batch")
-             for mb, ga in [(point[MICRO_BATCH], point["deepspeed.gradient_accumulation_steps"])]}
+    batch = _by("batch", MICRO_BATCH, "deepspeed.gradient_accumulation_steps")
     assert all(_oom(row) for (mb, _), row in batch.items() if mb == 4)
-    alternative = {point["hardware.alternative"]: _it(row) for point, row in _rows("alternatives")}
-    leaf = {(point[MICRO_BATCH], point[Z + "module_granularity_threshold"]): _it(row)
-            for point, row in _rows("leaf_modules")}
+    alternative = {name: _it(row) for name, row in _by("alternatives", ALTERNATIVE).items()}
+    leaf = {key: _it(row) for key, row in
+            _by("leaf_modules", MICRO_BATCH, Z + "module_granularity_threshold").items()}
     zpp = _zero_plus_plus()
     assert _oom(_variant("mics", "mics4"))
-    sp = {(point["sequence_length"], point["deepspeed.sequence_parallel_size"]): row
-          for point, row in _rows("sequence_parallel")}
+    sp = _by("sequence_parallel", "sequence_length", SEQUENCE_PARALLEL)
     assert [size for (length, size), row in sp.items()
             if length == 262144 and not _oom(row)] == [8]
-    alst = {(point["sequence_length"], point["variant"]): row for point, row in _rows("alst")}
+    alst = _by("alst", "sequence_length", "variant")
     assert not _oom(alst[131072, "ulysses_only"]) and _oom(alst[524288, "ulysses_only"])
     assert not _oom(alst[4194304, "alst"])
-    liger = {(point["sequence_length"], point["runtime.liger_kernel"]): row
-             for point, row in _rows("liger")}
+    liger = _by("liger", "sequence_length", "runtime.liger_kernel")
     assert _oom(liger[65536, False]) and not _oom(liger[65536, True])
-    packed = {(point["sequence_length"], point["document_length"]): row
-              for point, row in _rows("packed_documents")}
+    packed = _by("packed_documents", "sequence_length", "document_length")
     for length in (131072, 524288):
         assert len({round(row["peak_hbm_GiB"], 6) for (each, _), row in packed.items()
                     if each == length}) == 1
-    nodes = {(point["hardware"], point[Z + "offload_optimizer.device"]): row
-             for point, row in _rows("nodes")}
+    nodes = _by("nodes", "hardware", Z + "offload_optimizer.device")
     assert all(_oom(nodes[hardware, "none"])
                for hardware in ("polaris-a100", "rtx4090-workstation", "gh200"))
 
@@ -171,8 +175,7 @@ def _engine_page_paragraphs() -> list[str]:
         """A micro-batch's forward (the summary's phase times are means per micro-batch)."""
         return row["phases_s.forward"]
 
-    sp = {(point["sequence_length"], point["deepspeed.sequence_parallel_size"]): row
-          for point, row in _rows("sequence_parallel")}
+    sp = _by("sequence_parallel", "sequence_length", SEQUENCE_PARALLEL)
     times = _zero_plus_plus()
     alst = _variant("alst", "alst", sequence_length=1048576)
     ulysses = [_ulysses_128k(overrides) for overrides in (
@@ -238,16 +241,15 @@ def _engine_page_threads_and_tiles() -> list[str]:
     sweep on it, the tiled MLP and packed documents on the Ulysses and ALST scenarios."""
     threads = _summary("llama13b_dp4.yaml", {"runtime.cpu_threads_per_rank": 48})
     study = _summary("llama13b_dp4.yaml")
-    h100 = {point["variant"]: row for point, row in
-            _rows("deep_optimizer_states", (("hardware", "h100-jlse"),))}
-    cores = {point["variant"]: row for point, row in _rows(
-        "deep_optimizer_states", (("hardware", "h100-jlse"), ("runtime.cpu_threads_per_rank", 46)))}
-    polaris = {point["variant"]: row for point, row in _rows("deep_optimizer_states")}
+    h100 = _by("deep_optimizer_states", "variant", overrides=(("hardware", "h100-jlse"),))
+    cores = _by("deep_optimizer_states", "variant", overrides=(
+        ("hardware", "h100-jlse"), ("runtime.cpu_threads_per_rank", 46)))
+    polaris = _by("deep_optimizer_states", "variant")
     gaps = [f"async flush, gap {gap}" for gap in (2, 3, 4)]
 
-    def span(rows: dict, phase: str | None = None, digits: int = 2) -> str:
+    def span(rows: dict, phase: str | None = None) -> str:
         values = [_time(rows[gap], phase) for gap in gaps]
-        return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+        return f"{min(values):.2f}-{max(values):.2f}"
 
     def gain(rows: dict) -> list[float]:
         return [_it(rows["DeepSpeed 0.13.3"]) / _it(rows[gap]) for gap in gaps]
@@ -319,7 +321,7 @@ def _engine_page_releases_and_what_ifs() -> list[str]:
 def test_the_interleaved_updates_the_fork_page_quotes_are_what_they_give():
     """docs/deep_optimizer_states.md: the interleaved update's time on `polaris_dos.yaml` at
     gaps 3 and 2 as the sweep runs them, and without the fork's emptied cache."""
-    rows = {point["variant"]: row for point, row in _rows("deep_optimizer_states")}
+    rows = _by("deep_optimizer_states", "variant")
     gap3, gap2 = (_time(rows[f"async flush, gap {gap}"], "update") for gap in (3, 2))
     kept = _time(_summary("polaris_dos.yaml", {"runtime.empty_cache_each_phase": False}),
                  "update")
@@ -337,8 +339,8 @@ def _scenario_headers() -> list[tuple[str, str]]:
     h100 = [_summary(liger, {**at_8k, **capped}), _summary(liger, capped)]
     h200 = [_summary(liger, {**at_8k, "hardware": "dgx-h200"}),
             _summary(liger, {"hardware": "dgx-h200"})]
-    nodes = {point["hardware"]: row for point, row in _rows("nodes")
-             if point[Z + "offload_optimizer.device"] == "cpu"}
+    nodes = {hardware: row for (hardware, device), row in
+             _by("nodes", "hardware", Z + "offload_optimizer.device").items() if device == "cpu"}
     step = [_time(_summary(f"h200_vm/{run}.yaml"), "update")
             for run in ("tinyllama_hooks_param", "tinyllama_hooks")]
     sweep = "scenarios/sweeps/nodes.yaml"
@@ -400,8 +402,8 @@ def _alst_cell(row: dict) -> str:
 
 def test_the_alst_table_is_what_its_sweep_gives():
     """docs/engine.md, "Arctic Long Sequence Training": the tricks one at a time."""
-    cells = {(point["sequence_length"], point["variant"]): _alst_cell(row)
-             for point, row in _rows("alst")}
+    cells = {key: _alst_cell(row) for key, row in
+             _by("alst", "sequence_length", "variant").items()}
     rows = [f"| {label} | " + " | ".join(cells[length, step] for step in ALST_STEPS) + " |"
             for length, label in SEQUENCES.items()]
     assert _table_rows("docs/engine.md", rows) == []
@@ -415,9 +417,8 @@ def test_the_liger_table_is_what_its_sweep_gives():
         seconds = _it(row)
         return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
 
-    cells = {(point["sequence_length"], point["runtime.liger_kernel"]):
-             (cell(row) if _oom(row) else f"{cell(row)}, {row['peak_hbm_GiB']:.1f} GiB")
-             for point, row in _rows("liger")}
+    cells = {key: cell(row) if _oom(row) else f"{cell(row)}, {row['peak_hbm_GiB']:.1f} GiB"
+             for key, row in _by("liger", "sequence_length", "runtime.liger_kernel").items()}
     rows = [f"| {length // 1024}K | {cells[length, False]} | {cells[length, True]} |"
             for length in (4096, 8192, 32768, 65536)]
     assert _table_rows("docs/engine.md", rows) == []
@@ -546,7 +547,7 @@ def test_the_figures_of_single_runs_the_readme_quotes_are_what_they_give():
     def change(row: dict, base: dict, phase: str | None = None) -> str:
         return f"{_time(row, phase) / _time(base, phase) - 1:+.1%}"
 
-    dos = {point["hardware.alternative"]: row for point, row in _rows("alternatives")}
+    dos = _by("alternatives", ALTERNATIVE)
     long = _summary("polaris_dos.yaml", {"sequence_length": 8192, MICRO_BATCH: 1})
     fused = _summary("polaris_dos.yaml", {"sequence_length": 8192, MICRO_BATCH: 1,
                                           "stack.modules.fused_softmax.max_keys": 8192})
@@ -585,8 +586,7 @@ def test_the_figures_of_single_runs_the_readme_quotes_are_what_they_give():
 
 def test_the_peer_transport_figures_are_what_its_sweep_gives():
     """README, "Hardware profiles": the RTX 4090 workstation's transports and its switch."""
-    rows = {(point["sequence_length"], point[MICRO_BATCH], point["variant"]): row
-            for point, row in _rows("peer_transport")}
+    rows = _by("peer_transport", "sequence_length", MICRO_BATCH, "variant")
     order = ("SHM (stock driver)", "SHM rate off the PCIe links", "peer-to-peer (patched driver)")
     small = [_it(rows[512, 1, variant]) for variant in order]
     large = [_it(rows[2048, 4, variant]) for variant in order]
