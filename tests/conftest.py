@@ -236,6 +236,16 @@ def validation_cells() -> list:
     return found
 
 
+LLAMA4_SCOUT = {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
+                "intermediate_size": 8192, "intermediate_size_mlp": 16384,
+                "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                "vocab_size": 202048, "num_local_experts": 16, "num_experts_per_tok": 1,
+                "interleave_moe_layer_step": 1, "use_qk_norm": True,
+                "attn_temperature_tuning": True, "attention_chunk_size": None}
+"""Llama 4 Scout's text config (transformers' `Llama4TextConfig` fields of
+meta-llama/Llama-4-Scout-17B-16E), shared by the model and the figure tests."""
+
+
 def invoke_for_table(args: list[str], table: Path) -> tuple[str, list[dict[str, str]]]:
     """Run a zerosim command that writes one CSV table; its output (it must succeed) and the
     table's rows."""

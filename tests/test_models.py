@@ -4,6 +4,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import LLAMA4_SCOUT
 
 from zerosim.errors import ScenarioError
 from zerosim.models import (
@@ -881,14 +882,6 @@ def test_glm45_biased_qkv_and_deepseek_style_experts():
              for m in build_modules(normed, Workload(sequence_length=8), _hf_recipe())
              if ".self_attn." in m.name]
     assert names == ["q_proj", "k_proj", "v_proj", "q_norm", "k_norm", "o_proj"]
-
-
-LLAMA4_SCOUT = {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
-                "intermediate_size": 8192, "intermediate_size_mlp": 16384,
-                "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
-                "vocab_size": 202048, "num_local_experts": 16, "num_experts_per_tok": 1,
-                "interleave_moe_layer_step": 1, "use_qk_norm": True,
-                "attn_temperature_tuning": True, "attention_chunk_size": None}
 
 
 def test_llama4_runs_every_expert_on_every_token():

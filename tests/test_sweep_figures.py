@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import LLAMA4_SCOUT
 
 from zerosim.vocabulary import Status
 
@@ -553,6 +554,8 @@ def test_the_figures_of_single_runs_the_readme_quotes_are_what_they_give():
                                           "stack.modules.fused_softmax.max_keys": 8192})
     rtx = _summary("llama8b_rtx4090_workstation.yaml")
     moe = _summary("qwen3_moe_dgx_h100.yaml")
+    scout = _summary("qwen3_moe_dgx_h100.yaml", {"model": LLAMA4_SCOUT, "data_parallel": 16,
+                                                 "hardware.nodes": 2})
     figures = [
         f"{saved:.3f} s ({saved / placement['iteration'].a_s:.0%}) off the iteration, "
         f"{-placement['backward_non_boundary'].change_s:.3f} s of it in the non-boundary "
@@ -576,6 +579,8 @@ def test_the_figures_of_single_runs_the_readme_quotes_are_what_they_give():
         f"{rtx['hbm_capacity_GiB']:.0f} GiB",
         f"{moe['iteration_s']:.2f} s an iteration, {moe['phases_s']['update']:.2f} s of it the "
         "optimizer update",
+        "(on two DGX H100 nodes at 4,096 tokens, the settings of "
+        f"`scenarios/qwen3_moe_dgx_h100.yaml`, the forward takes {_time(scout, 'forward'):.2f} s)",
         f"(`polaris-11.20b-dp4-mb4-ga1-sg1e08`, "
         f"{_summary('calibration/polaris/polaris-11.20b-dp4-mb4-ga1-sg1e08.yaml')['iteration_s']:.1f}"
         " s)",
