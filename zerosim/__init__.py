@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from zerosim.results import Result
     from zerosim.scenario import Scenario, load_scenario, scenario_from_dict
     from zerosim.sensitivity import sensitivity
+    from zerosim.sweep.frame import sweep_frame
 
 _ENTRY_POINTS = {
     "simulate": "zerosim.api",
@@ -23,10 +24,11 @@ _ENTRY_POINTS = {
     "load_scenario": "zerosim.scenario",
     "scenario_from_dict": "zerosim.scenario",
     "sensitivity": "zerosim.sensitivity",
+    "sweep_frame": "zerosim.sweep.frame",
 }
 
 __all__ = ["Result", "Scenario", "load_scenario", "scenario_from_dict", "sensitivity",
-           "simulate"]
+           "simulate", "sweep_frame"]
 
 
 def lazy_getattr(package: str, entry_points: dict[str, str],

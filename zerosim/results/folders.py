@@ -218,11 +218,13 @@ def write_table(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, 
                 ) -> Path:
     """A CSV of `rows` under `columns` (a value missing or None an empty cell), written whole
     by `atomic_write`, its folder made: every table a command writes."""
-    def write(handle: IO[str]) -> None:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows(["" if row.get(c) is None else row[c] for c in columns]
-                         for row in rows)
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write(path, write)
+    return atomic_write(path, lambda handle: write_csv(handle, columns, rows))
+
+
+def write_csv(handle: IO[str], columns: Sequence[str], rows: Iterable[Mapping[str, Any]]
+              ) -> None:
+    """`rows` under `columns` as CSV text on `handle`: what `write_table` writes to a file."""
+    writer = csv.writer(handle, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(["" if row.get(c) is None else row[c] for c in columns] for row in rows)

@@ -98,7 +98,7 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     zip: dict[str, list[Any]]
     variants: list[Variant]
-    text: str                     # the spec file's text, copied into the output folder
+    text: str                     # the spec file's text, copied into the output folder ("" inline)
     fixed_origins: dict[str, str] = field(repr=False, default_factory=dict)
 
     @property
@@ -200,12 +200,32 @@ def _short(value: Any) -> str:
 def load_sweep(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] | None = None
                ) -> SweepSpec:
     """Read and check a sweep spec's structure (the points are validated by `validate`)."""
-    from zerosim.scenario import parse_overrides
-
     path = Path(path)
     source = str(path)
     text = read_input_text(path, what="sweep file")
-    tree = parse_yaml_text(text, source)
+    return spec_from_tree(parse_yaml_text(text, source), source=source, path=path,
+                          base_dir=path.parent, text=text, overrides=overrides)
+
+
+def inline_sweep(base: str | Path, *, overrides: Mapping[str, Any] | None = None,
+                 grid: Mapping[str, Any] | None = None, zip: Mapping[str, Any] | None = None,
+                 variants: list[Any] | None = None) -> SweepSpec:
+    """A sweep given as Python values rather than a file: `overrides` is the spec's `set`,
+    `base` is relative to the working folder, and the rest is checked as a spec file is."""
+    sections = {"base": str(base), "set": overrides, "grid": grid, "zip": zip,
+                "variants": variants}
+    tree = {key: value for key, value in sections.items() if value is not None}
+    return spec_from_tree(tree, source=f"sweep of {base}", path=Path(base),
+                          base_dir=Path.cwd(), text="", base_relative_to="the working folder")
+
+
+def spec_from_tree(tree: Any, *, source: str, path: Path, base_dir: Path, text: str,
+                   overrides: Iterable[str] | Mapping[str, Any] | None = None,
+                   base_relative_to: str = "the sweep file") -> SweepSpec:
+    """A spec's parsed tree, its structure checked: what `load_sweep` and `inline_sweep`
+    share, so a sweep given either way is refused alike."""
+    from zerosim.scenario import parse_overrides
+
     if not isinstance(tree, Mapping):
         raise ScenarioError(source, "<root>", "a mapping with base and grid, zip or variants",
                             type(tree).__name__)
@@ -214,12 +234,12 @@ def load_sweep(path: str | Path, overrides: Iterable[str] | Mapping[str, Any] | 
             raise ScenarioError(source, str(key), f"one of the known keys ({', '.join(SPEC_KEYS)})",
                                 key)
     if "base" not in tree or not isinstance(tree["base"], str) or not tree["base"].strip():
-        raise ScenarioError(source, "base", "the path of a scenario YAML (relative to the sweep "
-                            "file)", tree.get("base"))
-    base = (path.parent / tree["base"]).resolve()
+        raise ScenarioError(source, "base", f"the path of a scenario YAML (relative to "
+                            f"{base_relative_to})", tree.get("base"))
+    base = (base_dir / tree["base"]).resolve()
     if not base.is_file():
-        raise ScenarioError(source, "base", "an existing scenario file (relative to the sweep "
-                            "file)", tree["base"])
+        raise ScenarioError(source, "base", f"an existing scenario file (relative to "
+                            f"{base_relative_to})", tree["base"])
     description = tree.get("description") or ""
     if not isinstance(description, str):
         raise ScenarioError(source, "description", "a string", description)

@@ -109,6 +109,42 @@ def locked(out_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def leading_columns(axis_columns: Iterable[str]) -> list[str]:
+    """results.csv's first columns: the point's index and id, then its swept values."""
+    return ["index", "point_id", *axis_columns]
+
+
+def result_cells(leading: list[str], result: Mapping[str, Any]) -> dict[str, str]:
+    """A worker's row as results.csv's cells: each field's text (`cell`), a field named like
+    a swept column prefixed `result.`; the wall time is timings.csv's, not a result."""
+    taken = set(leading) - {"status", "error"}
+    return {f"{COLLISION_PREFIX}{key}" if key in taken else key: cell(value)
+            for key, value in result.items() if key not in ("point_id", "wall_s")}
+
+
+def point_row(leading: list[str], point: Point, cells: Mapping[str, str]) -> dict[str, str]:
+    """The point's row of results.csv: its leading columns, then its cells."""
+    row = {"index": str(point.index), "point_id": point.point_id}
+    for column in leading[2:]:
+        row[column] = cell(point.values.get(column))
+    for key, value in cells.items():
+        row.setdefault(key, value)
+    return row
+
+
+def result_columns(leading: list[str], rows: Iterable[Mapping[str, str]]) -> list[str]:
+    """results.csv's header: the leading columns, `status`, every other field in the order
+    the rows first give it, then `error`."""
+    seen = {*leading, "status", "error"}
+    middle: list[str] = []
+    for row in rows:
+        for key in row:
+            if key not in seen:
+                seen.add(key)
+                middle.append(key)
+    return [*leading, "status", *middle, "error"]
+
+
 @dataclass(frozen=True)
 class Resumed:
     kept: int       # rows of points still in the sweep: these points are not run again
@@ -123,7 +159,7 @@ class ResultStore:
         self.out_dir = out_dir
         self.results_path = out_dir / RESULTS_CSV
         self.timings_path = out_dir / TIMINGS_CSV
-        self.leading = ["index", "point_id", *axis_columns]
+        self.leading = leading_columns(axis_columns)
         self.rows: dict[str, dict[str, str]] = {}
         self.timings: dict[str, dict[str, str]] = {}
         self.columns: list[str] = []
@@ -180,33 +216,14 @@ class ResultStore:
     # -------------------------------------------------------------- writing
 
     def _row(self, point: Point, cells: Mapping[str, str]) -> dict[str, str]:
-        row = {"index": str(point.index), "point_id": point.point_id}
-        for column in self.leading[2:]:
-            row[column] = cell(point.values.get(column))
-        for key, value in cells.items():
-            row.setdefault(key, value)
-        return row
+        return point_row(self.leading, point, cells)
 
     def _columns(self, rows: Iterable[Mapping[str, str]]) -> list[str]:
-        fixed = [*self.leading, "status", "error"]
-        seen = set(fixed)
-        middle: list[str] = []
-        for row in rows:
-            for key in row:
-                if key not in seen:
-                    seen.add(key)
-                    middle.append(key)
-        return [*self.leading, "status", *middle, "error"]
+        return result_columns(self.leading, rows)
 
     def add(self, point: Point, result: Mapping[str, Any]) -> dict[str, str]:
         """Record a worker's row; append it to results.csv and timings.csv at once."""
-        taken = set(self.leading) - {"status", "error"}
-        cells = {}
-        for key, value in result.items():
-            if key in ("point_id", "wall_s"):
-                continue
-            cells[f"{COLLISION_PREFIX}{key}" if key in taken else key] = cell(value)
-        row = self._row(point, cells)
+        row = self._row(point, result_cells(self.leading, result))
         replaced = point.point_id in self.rows
         self.rows[point.point_id] = row
         timing = {"index": str(point.index), "point_id": point.point_id,
