@@ -418,6 +418,25 @@ def test_the_report_has_every_cell_and_the_count_the_cells_give(cells, tmp_path)
     assert len(polaris_points(found)) == 29 * 4
 
 
+def test_the_committed_report_is_what_validate_gives_on_its_workers(cells, tmp_path):
+    """The session's cells (the groups of runs on the sweep's process pool, one worker per
+    CPU) written as `zerosim validate` writes them are the committed results/validation's CSV
+    row for row, to the byte (that report was written at `--workers 1`, and with seed 003's
+    rows, which the session leaves out): the workers change nothing, and the committed report
+    is the current model's."""
+    from zerosim.scenario import scenario_from_dict
+    from zerosim.validation.report import write_report
+    from zerosim.validation.validate import SEED003_GROUP
+
+    study = load_study()
+    profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
+    _, table, _, _ = write_report(list(cells.values()), study, profile, tmp_path)
+    committed = (ROOT / "results" / "validation" / "validation.csv").read_text().splitlines()
+    assert sum(SEED003_GROUP in line for line in committed) == 6
+    assert table.read_text().splitlines() == [line for line in committed
+                                              if not line.startswith(f'"{SEED003_GROUP}"')]
+
+
 def test_the_report_says_what_the_study_runs_phases_wait_on():
     """`zerosim validate` hands the study's results to the report, which tabulates each phase's
     three largest waits: the DP=1 forward waits on the host thread (the emptied CUDA cache's

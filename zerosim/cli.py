@@ -517,7 +517,10 @@ def plot(result_dir: Path, out_dir: Path | None, formats: tuple[str, ...]) -> No
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("results") / "validation", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the cells as JSON.")
-def validate(out_dir: Path, as_json: bool) -> None:
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Parallel workers for the groups of runs (default: one per CPU); 1 runs "
+                   "every case in this process. The report is the same whatever the workers.")
+def validate(out_dir: Path, as_json: bool, workers: int | None) -> None:
     """Compare simulated against every published measurement zerosim ships."""
     from zerosim.report import render_validation
     from zerosim.scenario import scenario_from_dict
@@ -528,7 +531,7 @@ def validate(out_dir: Path, as_json: bool) -> None:
 
     _output_folder(out_dir)
     study = load_study()
-    cells, results = run_validation(study, seed003=True)
+    cells, results = run_validation(study, seed003=True, workers=workers)
     profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
     write_report(cells, study, profile, out_dir, results)
     if as_json:

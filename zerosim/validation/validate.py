@@ -750,6 +750,9 @@ def estimator_cells(tables: tuple[EstimatorTable, ...]) -> list[Cell]:
     return cells
 
 
+SEED003_GROUP = "seed 003 (AWS p4d, 64 A100)"
+
+
 def seed003_cells() -> list[Cell]:
     """Seed 003's RoBERTa runs on 8 p4d nodes: published TFLOPS/GPU beside zerosim's, in the
     published FLOP convention (reported: shapes and efficiencies are assumptions)."""
@@ -758,7 +761,7 @@ def seed003_cells() -> list[Cell]:
     cells = []
     rows = seed003_rows()
     for row in rows:
-        cell = judge("seed 003 (AWS p4d, 64 A100)", f"{row.model} {row.variant}",
+        cell = judge(SEED003_GROUP, f"{row.model} {row.variant}",
                      f"TFLOPS per GPU (DeepSpeed {row.version})", "TFLOPS", row.published_tflops,
                      row.simulated_tflops or 0.0, None,
                      note="assumed shapes and host overheads, see seed003.yaml",
@@ -768,7 +771,7 @@ def seed003_cells() -> list[Cell]:
             cell = replace(cell, simulated_text=Status.OOM)
         cells.append(cell)
     for gain in speedups(rows):
-        cells.append(judge("seed 003 (AWS p4d, 64 A100)", f"{gain.model} optimized / unoptimized",
+        cells.append(judge(SEED003_GROUP, f"{gain.model} optimized / unoptimized",
                            "TFLOPS per GPU, DeepSpeed 0.6.0 over 0.5.10", "", gain.published,
                            gain.simulated or 0.0, None,
                            note="what PR #1453 gained: zerosim replays its coalesced "
@@ -1243,31 +1246,49 @@ def h200_vm_run_cells() -> list[Cell]:
     return cells
 
 
-def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool = True
-             ) -> tuple[list[Cell], dict[int, Result]]:
+POLARIS_GROUPS = (polaris_cells, nvme_h100_cells, offload_binding_cells, h200_vm_run_cells,
+                  superoffload_example_cells, ulysses_blog_cells, alst_recipe_cells, llmq_cells)
+"""The groups `validate` runs with `polaris` (the runs of every testbed beyond the study's),
+in the order their cells are listed."""
+GROUP_COST_S = {"ulysses_blog_cells": 10.7, "seed003_cells": 6.0, "llmq_cells": 4.8,
+                "polaris_cells": 4.0, "collective_cells": 2.4, "alst_recipe_cells": 2.0,
+                "offload_binding_cells": 1.2, "nvme_h100_cells": 1.0}
+"""About how long each group takes on one core (2026-12-07), the longest submitted first so
+that the workers finish together; a group not listed goes last."""
+
+
+def validate(study: Study | None = None, *, seed003: bool = False, polaris: bool = True,
+             workers: int | None = None) -> tuple[list[Cell], dict[int, Result]]:
     """Run every case of the study and the Polaris runs (and, with `seed003`, the multi-node
-    rows of seed 003, a minute more); return the comparison cells and the study's
-    results."""
+    rows of seed 003); return the comparison cells and the study's results.
+
+    The groups that simulate many runs go to the sweep executors (`workers=None`: one process
+    per CPU, 1: in this process) while this process runs the study; the cells come back in
+    the same order whatever the workers, each computed by the same code."""
+    from zerosim.sweep.runner import open_executor
+
     study = study or load_study()
-    results = {dp: run_study(study, dp) for dp in sorted(study.table2)}
-    cells = table2_cells(study, results) + alternative_cells(study, results)
-    cells += memory_cells(study, results[1])
-    cells += observation_cells(study, results)
-    profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
-    probe = pcie_drop_during_unscale(profile)
-    o = study.observations["pcie_drop_during_unscale"]
-    cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
-                       probe, RATIO_TOLERANCE))
-    cells += table1_cells(study) + estimator_cells(load_estimator_tables())
-    cells += gemm_cells() + pytorch_op_cells() + block_cells() + attention_cells()
-    cells += flash_attention_cells()
-    cells += collective_cells() + xla_h100_collective_cells() + cpu_adam_cells()
-    if polaris:
-        cells += polaris_cells() + nvme_h100_cells() + offload_binding_cells()
-        cells += h200_vm_run_cells() + superoffload_example_cells() + ulysses_blog_cells()
-        cells += alst_recipe_cells() + llmq_cells()
-    if seed003:
-        cells += seed003_cells()
+    groups = [collective_cells, *(POLARIS_GROUPS if polaris else ()),
+              *([seed003_cells] if seed003 else [])]
+    with open_executor(workers, None, len(groups)) as (executor, _, _):
+        pending = {group: executor.submit(group) for group in
+                   sorted(groups, key=lambda g: -GROUP_COST_S.get(g.__name__, 0.0))}
+        results = {dp: run_study(study, dp) for dp in sorted(study.table2)}
+        cells = table2_cells(study, results) + alternative_cells(study, results)
+        cells += memory_cells(study, results[1])
+        cells += observation_cells(study, results)
+        profile = scenario_from_dict(study.scenario_for(1), source="study").hardware
+        probe = pcie_drop_during_unscale(profile)
+        o = study.observations["pcie_drop_during_unscale"]
+        cells.append(judge("observations", "probe", "PCIe drop while unscale runs", "", o.value,
+                           probe, RATIO_TOLERANCE))
+        cells += table1_cells(study) + estimator_cells(load_estimator_tables())
+        cells += gemm_cells() + pytorch_op_cells() + block_cells() + attention_cells()
+        cells += flash_attention_cells()
+        cells += pending[collective_cells].result()
+        cells += xla_h100_collective_cells() + cpu_adam_cells()
+        for group in groups[1:]:
+            cells += pending[group].result()
     return cells, results
 
 
