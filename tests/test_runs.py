@@ -380,6 +380,31 @@ def test_cli_prints_each_configuration_and_writes_the_table(tmp_path):
         float(rows[0]["predicted_peak_host_GiB"]) / float(rows[0]["measured_peak_host_GiB"]) - 1)
 
 
+def test_predict_frame_is_the_table_the_command_writes(tmp_path):
+    """`zerosim.predict_frame` from Python: predictions.csv as pandas reads it, nothing
+    written; a `--set` given as a mapping or as the command's text alike."""
+    import pandas as pd
+
+    import zerosim
+
+    table = tmp_path / "runs.csv"
+    table.write_text(_rows([2, 7, 14]))
+    out = tmp_path / "out"
+    invoke_for_table(["predict", str(table), "--hardware", "polaris-a100", "--workers", "1",
+                      "--set", "hardware.gpu.hbm_GiB=20", "--out", str(out)],
+                     out / "predictions.csv")
+    written = pd.read_csv(out / "predictions.csv")
+    frame = zerosim.predict_frame(table, "polaris-a100", workers=1,
+                                  overrides={"hardware.gpu.hbm_GiB": 20})
+    pd.testing.assert_frame_equal(frame, written)
+    assert frame.status.tolist() == ["oom", "ok"] and frame.columns.tolist() == list(
+        PREDICTION_COLUMNS)
+    pd.testing.assert_frame_equal(zerosim.predict_frame(table, "polaris-a100", workers=2,
+                                                        overrides=["hardware.gpu.hbm_GiB=20"]),
+                                  written)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "runs.csv"]
+
+
 def test_cli_json_and_refusals(tmp_path):
     table = tmp_path / "runs.csv"
     table.write_text(_rows([15], drop=MEASURED))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from zerosim.api import simulate
     from zerosim.results import Result
+    from zerosim.runs import predict_frame
     from zerosim.scenario import Scenario, load_scenario, scenario_from_dict
     from zerosim.sensitivity import sensitivity
     from zerosim.sweep.frame import sweep_frame
@@ -23,12 +24,13 @@ _ENTRY_POINTS = {
     "Scenario": "zerosim.scenario",
     "load_scenario": "zerosim.scenario",
     "scenario_from_dict": "zerosim.scenario",
+    "predict_frame": "zerosim.runs",
     "sensitivity": "zerosim.sensitivity",
     "sweep_frame": "zerosim.sweep.frame",
 }
 
-__all__ = ["Result", "Scenario", "load_scenario", "scenario_from_dict", "sensitivity",
-           "simulate", "sweep_frame"]
+__all__ = ["Result", "Scenario", "load_scenario", "predict_frame", "scenario_from_dict",
+           "sensitivity", "simulate", "sweep_frame"]
 
 
 def lazy_getattr(package: str, entry_points: dict[str, str],

@@ -39,6 +39,8 @@ from zerosim.units import GiB, ordered_sum
 from zerosim.vocabulary import SIMULATED, Status
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from zerosim.hardware.profile import HardwareProfile
     from zerosim.scenario import Scenario
 
@@ -1235,6 +1237,23 @@ def write_predictions(outcome: PredictOutcome, path: Path) -> Path:
     from zerosim.results.folders import write_table
 
     return write_table(path, PREDICTION_COLUMNS, outcome_rows(outcome))
+
+
+def predict_frame(runs_table: str | Path, hardware: str | Path, *,
+                  overrides: Mapping[str, Any] | Iterable[str] | None = None,
+                  workers: int | None = None, explain: bool = False) -> pd.DataFrame:
+    """`zerosim predict RUNS.csv --hardware NAME`'s predictions.csv as a DataFrame, nothing
+    written: the table read as the command reads it (its warnings raised as warnings, a row it
+    cannot read kept as a refused row), every configuration simulated on `hardware` with
+    `overrides` (as `--set`), the same columns and values as pandas reads that file."""
+    from zerosim.results.folders import table_as_read
+    from zerosim.scenario.loader import parse_overrides
+
+    refused: list[RefusedRow] = []
+    runs = read_runs(runs_table, refused)
+    outcome = predict(runs, hardware, overrides=parse_overrides(overrides), workers=workers,
+                      source=str(runs_table), explain=explain, refused_rows=refused)
+    return table_as_read(PREDICTION_COLUMNS, outcome_rows(outcome))
 
 
 ALTERNATIVE_PREDICTION_COLUMNS = ("alternative", *PREDICTION_COLUMNS)

@@ -20,11 +20,14 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from zerosim.errors import ZerosimError, clip
 from zerosim.inputs.plausible import FOLDER_NAME_MAX_BYTES
 from zerosim.interrupts import deferred_interrupts
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 STAGING_PREFIX = ".zerosim-staging-"
 """With 8 hex digits after it, the temporary folder's name: an output folder's name may take
@@ -220,6 +223,19 @@ def write_table(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, 
     by `atomic_write`, its folder made: every table a command writes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, lambda handle: write_csv(handle, columns, rows))
+
+
+def table_as_read(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """The DataFrame pandas reads from the CSV `write_table` would write: a command's table
+    handed to Python with the same columns and values as the file, nothing written."""
+    import io
+
+    import pandas as pd
+
+    text = io.StringIO()
+    write_csv(text, columns, rows)
+    text.seek(0)
+    return pd.read_csv(text)
 
 
 def write_csv(handle: IO[str], columns: Sequence[str], rows: Iterable[Mapping[str, Any]]

@@ -10,7 +10,6 @@ results.csv leaves them out).
 
 from __future__ import annotations
 
-import io
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -45,7 +44,7 @@ def sweep_frame(base: str | Path | None = None, *, spec: str | Path | None = Non
     phase waited on (`waits_on.<phase>` columns). A point that does not fit is a row with
     status `oom`; one the engine fails on, status `error` and its text in `error`.
     """
-    import pandas as pd
+    from zerosim.results.folders import table_as_read
 
     chosen = _spec(base, spec, overrides, grid, zip, variants)
     points = chosen.points()
@@ -55,12 +54,7 @@ def sweep_frame(base: str | Path | None = None, *, spec: str | Path | None = Non
     leading = leading_columns(chosen.axis_columns)
     table = [point_row(leading, point, result_cells(leading, rows[point.index]))
              for point in points]
-    from zerosim.results.folders import write_csv
-
-    text = io.StringIO()
-    write_csv(text, result_columns(leading, table), table)
-    text.seek(0)
-    return pd.read_csv(text)
+    return table_as_read(result_columns(leading, table), table)
 
 
 def _spec(base: str | Path | None, spec: str | Path | None,
