@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zerosim.errors import ScenarioWarning
-from zerosim.sweep.runner import _Progress, drive, open_executor
+from zerosim.sweep.runner import ProgressBar, drive, open_executor
 from zerosim.sweep.spec import Point, SweepSpec, inline_sweep, load_sweep, validate
 from zerosim.sweep.store import leading_columns, point_row, result_cells, result_columns
 from zerosim.sweep.worker import error_text
@@ -86,7 +86,7 @@ def _run(spec: SweepSpec, points: list[Point], *, workers: int | None, dask: str
     rows: dict[int, Mapping[str, Any]] = {}
     counts: Counter = Counter()
     with open_executor(workers, dask, len(points)) as (executor, window, _), \
-            _Progress(progress, spec.name, len(points), 0, counts) as bar:
+            ProgressBar(progress, spec.name, len(points), 0, counts) as bar:
         def on_row(point: Point, row: Mapping[str, Any]) -> None:
             rows[point.index] = row
             counts[row["status"]] += 1

@@ -181,7 +181,7 @@ def drive(executor: Executor, window: int, base: str, todo: list[Point],
 # ------------------------------------------------------------------ progress
 
 
-class _Progress:
+class ProgressBar:
     """A rich progress bar on stderr: points done/total, failures, ETA (or nothing)."""
 
     def __init__(self, enabled: bool, title: str, total: int, done: int, counts: Counter):
@@ -206,7 +206,7 @@ class _Progress:
         self.task = self.bar.add_task(title, total=total, completed=done, oom=counts[Status.OOM],
                                       error=counts[Status.ERROR])
 
-    def __enter__(self) -> _Progress:
+    def __enter__(self) -> ProgressBar:
         if self.bar is not None:
             self.bar.start()
         return self
@@ -313,7 +313,7 @@ def _run_points(spec: SweepSpec, todo: list[Point], store: ResultStore,
     with contextlib.ExitStack() as stack:
         executor, window, outcome.executor = lent or stack.enter_context(
             open_executor(workers, None, len(todo)))
-        bar = stack.enter_context(_Progress(progress, spec.name, outcome.total,
+        bar = stack.enter_context(ProgressBar(progress, spec.name, outcome.total,
                                             outcome.total - len(todo), outcome.counts))
 
         def on_row(point: Point, row: Mapping[str, Any]) -> None:
