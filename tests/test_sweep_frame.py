@@ -47,6 +47,22 @@ def test_the_same_sections_given_as_python_values_give_the_same_frame(folder):
     pd.testing.assert_frame_equal(inline, zerosim.sweep_frame(spec="sweep.yaml"))
 
 
+def test_an_axis_may_be_any_sequence_as_python_writes_one(folder):
+    """A tuple, a range or a NumPy array is the list a file would give (NumPy's scalars
+    become Python's, so an integer key takes them); text is a value, not a sequence."""
+    import numpy as np
+
+    listed = zerosim.sweep_frame("tiny.yaml", grid={BUCKET: [1e4, 1e5, 1e6],
+                                                    "sequence_length": [128, 256]})
+    for buckets, lengths in (((1e4, 1e5, 1e6), range(128, 257, 128)),
+                             (np.logspace(4, 6, 3), np.array([128, 256]))):
+        pd.testing.assert_frame_equal(zerosim.sweep_frame(
+            "tiny.yaml", grid={BUCKET: buckets, "sequence_length": lengths}), listed)
+    with pytest.raises(ScenarioError, match=f"sweep of tiny.yaml: grid.{VERSION}: expected a "
+                       "non-empty list of values or a range"):
+        zerosim.sweep_frame("tiny.yaml", grid={VERSION: "0.19.5"})
+
+
 def test_two_processes_give_the_frame_one_gives(folder):
     pd.testing.assert_frame_equal(zerosim.sweep_frame(spec="sweep.yaml", workers=2),
                                   zerosim.sweep_frame(spec="sweep.yaml"))

@@ -211,12 +211,26 @@ def inline_sweep(base: str | Path, *, overrides: Mapping[str, Any] | None = None
                  grid: Mapping[str, Any] | None = None, zip: Mapping[str, Any] | None = None,
                  variants: list[Any] | None = None) -> SweepSpec:
     """A sweep given as Python values rather than a file: `overrides` is the spec's `set`,
-    `base` is relative to the working folder, and the rest is checked as a spec file is."""
-    sections = {"base": str(base), "set": overrides, "grid": grid, "zip": zip,
-                "variants": variants}
+    `base` is relative to the working folder, and the rest is checked as a spec file is. An
+    axis may be any sequence of values (a tuple, a range, a NumPy array: its scalars become
+    Python's), as a list in a file."""
+    sections = {"base": str(base), "set": overrides, "grid": _listed(grid),
+                "zip": _listed(zip), "variants": variants}
     tree = {key: value for key, value in sections.items() if value is not None}
     return spec_from_tree(tree, source=f"sweep of {base}", path=Path(base),
                           base_dir=Path.cwd(), text="", base_relative_to="the working folder")
+
+
+def _listed(axes: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """Each axis given as a sequence (not a range mapping, not text) as a list of plain
+    Python values."""
+    from zerosim.sweep.worker import plain
+
+    if not isinstance(axes, Mapping):
+        return axes
+    return {path: [plain(v) for v in values]
+            if isinstance(values, Iterable) and not isinstance(values, str | bytes | Mapping)
+            else values for path, values in axes.items()}
 
 
 def spec_from_tree(tree: Any, *, source: str, path: Path, base_dir: Path, text: str,
