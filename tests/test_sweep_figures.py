@@ -4,10 +4,12 @@ a model change that moves one fails here until the prose is brought up to date. 
 once, as `zerosim sweep` runs its points; each figure is written as its sentence words it and
 looked for in the page whatever its line breaks; the tables are rebuilt row by row.
 
-Not held here (each needs a search or a run of every value): which configuration `zerosim tune`
-finds fastest and how many it tries (the fastest's own figures are held), the iteration's
-stated sigma `zerosim sensitivity` adds up over every value (the quoted elasticities are held),
-and the MoE scenario's figures with a hooked projection per expert (10 s a run)."""
+Held elsewhere, behind the `figures` marker (`python -m pytest -m figures`, minutes: each needs
+a search or a run of every value): which configuration `zerosim tune` finds fastest and how many
+it tries (the fastest's own figures are held here), the iteration's stated sigma `zerosim
+sensitivity` adds up over every value (the quoted elasticities are held here), and the MoE
+scenario's figures with a hooked projection per expert (10 s a run):
+`tests/test_search_figures.py`."""
 
 from __future__ import annotations
 
