@@ -11,13 +11,13 @@ where they were fitted. Pure: no SimPy.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from zerosim.errors import Described, ScenarioError
-from zerosim.hardware.provenance import DERIVED, parse_provenance
+from zerosim.hardware.provenance import DERIVED, Provenance, parse_provenance
 from zerosim.units import GHZ
 from zerosim.yamlio import dotted_leaf, parse_yaml_text
 
@@ -46,34 +46,23 @@ SUPPLIED_KEYS = (ADAM_KEY, CHECK_KEY, BOOST_KEY, *FAMILY_KEYS, *LOW_PRECISION_AD
 
 
 @dataclass(frozen=True)
-class Quoted:
-    """A catalog number with its provenance, in the unit of its key."""
-
-    value: float
-    basis: str
-    source: str
-    stderr: float | None = None
-    """Relative standard error (a fraction of the value), where the catalog states one."""
-
-
-@dataclass(frozen=True)
 class CpuAdamLoop:
     """DeepSpeed's CPU Adam loops: lanes per SIMD extension, the vector loop's issue rate per
     extension and the scalar loop's measured cycles per element."""
 
     lanes: Mapping[str, int]
     lanes_source: str
-    vector_instructions: Quoted
-    instructions_per_cycle: Mapping[str, Quoted]
+    vector_instructions: Provenance
+    instructions_per_cycle: Mapping[str, Provenance]
     """Per SIMD extension with lanes: the loop's square root and divide hold the divider, which
     takes a wider vector in more cycles, so twice the lanes do not buy twice the rate."""
-    scalar_cycles_per_element: Quoted
+    scalar_cycles_per_element: Provenance
 
     def lanes_for(self, simd: str) -> int:
         """fp32 lanes of the loop DeepSpeed builds for a CPU with `simd` (1: the scalar loop)."""
         return self.lanes.get(simd, 1)
 
-    def issue_rate(self, family: CpuFamily) -> Quoted:
+    def issue_rate(self, family: CpuFamily) -> Provenance:
         """The vector loop's instructions per cycle on `family`'s cores: the family's own
         where the catalog gives one (the divider differs between vendors' cores), else the
         rate measured for its SIMD extension."""
@@ -89,7 +78,7 @@ class CpuFamily:
     description: str
     simd: str
     testbed: str | None
-    adam_instructions_per_cycle: Quoted | None = None
+    adam_instructions_per_cycle: Provenance | None = None
     """`CpuAdamLoop.issue_rate` on these cores, where it was measured on them or on a
     nearer relative than the extension's own measurement."""
 
@@ -101,22 +90,22 @@ class CpuModel:
     family: CpuFamily
     cores: int
     threads_per_core: int
-    base_GHz: Quoted
-    all_core_GHz: Quoted
-    max_turbo_GHz: Quoted
-    memory_GBps_per_socket: Quoted
+    base_GHz: Provenance
+    all_core_GHz: Provenance
+    max_turbo_GHz: Provenance
+    memory_GBps_per_socket: Provenance
 
 
 @dataclass(frozen=True)
 class CpuCatalog:
     adam: CpuAdamLoop
-    check_cycles_per_element: Quoted
+    check_cycles_per_element: Provenance
     """DeepSpeed's fp16 overflow check on the host, per element (`fp16_overflow_check`)."""
-    check_clock_GHz: Quoted
+    check_clock_GHz: Provenance
     """The core clock those cycles were counted at."""
     models: Mapping[str, CpuModel]
     families: Mapping[str, CpuFamily]
-    low_precision_adam_cost: Mapping[str, Mapping[str, Quoted]]
+    low_precision_adam_cost: Mapping[str, Mapping[str, Provenance]]
     """Per build ("avx512", "avx2", "scalar") and dtype pair ("bf16_params", "bf16_states",
     "fp16_params", "fp16_states"): cycles per parameter of DeepSpeedCPUAdam over 16-bit params
     (and moments) against its fp32 loop (`bf16_cpu_adam`, `fp16_cpu_adam`)."""
@@ -180,7 +169,7 @@ def low_precision_adam_values(flat: Mapping[str, Any], model: CpuModel | None
     return values
 
 
-def check_elements_per_s_per_thread(model: CpuModel, cycles: Quoted) -> float:
+def check_elements_per_s_per_thread(model: CpuModel, cycles: Provenance) -> float:
     """The fp16 overflow check's elements per second on one thread: all-core clock over its
     measured cycles per element."""
     return model.all_core_GHz.value * GHZ / cycles.value
@@ -298,12 +287,13 @@ def check_memory(value_GBps: float, sockets: int, domains: int, model: CpuModel,
 # ---------------------------------------------------------------- the catalog file
 
 
-def _quoted(raw: Any, key_path: str) -> Quoted:
+def _quoted(raw: Any, key_path: str) -> Provenance:
+    """A catalog number with its provenance, in the unit of its key: a positive float."""
     prov = parse_provenance(raw, CATALOG, key_path)
     value = prov.value
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ScenarioError(CATALOG, f"{key_path}.value", "a positive number", value)
-    return Quoted(float(value), prov.basis, prov.source, prov.stderr)
+    return replace(prov, value=float(value))
 
 
 def _mapping(raw: Any, key_path: str) -> Mapping[str, Any]:
@@ -378,9 +368,9 @@ def _model(key: str, raw: Any, families: Mapping[str, CpuFamily]) -> CpuModel:
 LOW_PRECISION_BUILDS = ("avx512", "avx2", "scalar")
 
 
-def _low_precision_adam_cost(tree: Mapping[str, Any]) -> dict[str, dict[str, Quoted]]:
+def _low_precision_adam_cost(tree: Mapping[str, Any]) -> dict[str, dict[str, Provenance]]:
     """Per build, every dtype pair of `LOW_PRECISION_SECTIONS`, each section's own."""
-    costs: dict[str, dict[str, Quoted]] = {build: {} for build in LOW_PRECISION_BUILDS}
+    costs: dict[str, dict[str, Provenance]] = {build: {} for build in LOW_PRECISION_BUILDS}
     for section, keys in LOW_PRECISION_SECTIONS.items():
         raw = _mapping(tree.get(section), section)
         for build in LOW_PRECISION_BUILDS:
